@@ -1,0 +1,4 @@
+from torchaxe.cli import main
+import sys
+
+sys.exit(main())

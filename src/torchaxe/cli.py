@@ -1,0 +1,264 @@
+"""The command line: parse, call the API, render, set the exit code.
+
+Exit codes are bit flags: 0 clean, 1 findings, 2 errors. Every error reaches the
+user as one line on stderr; tracebacks only with TORCHAXE_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import click
+
+from torchaxe import __version__
+from torchaxe.backends import TARGET_CHOICES
+from torchaxe.errors import TorchaxeError
+from torchaxe.report import FORMATS
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _split(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Accept both ``--select AX2 --select AX3`` and ``--select AX2,AX3``."""
+    return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, "-V", "--version", prog_name="torchaxe")
+def cli() -> None:
+    """torchaxe: find, measure and fix what makes PyTorch training slow,
+    on Ascend NPU, NVIDIA GPU and CPU.
+
+    \b
+    Start with:
+      torchaxe scan train.py            find code with faster fused replacements
+      torchaxe fix --diff train.py      preview the safe fixes
+      torchaxe rules                    list what torchaxe looks for
+    """
+
+
+def _scan_options(f: Callable) -> Callable:
+    options = [
+        click.option("--target", type=click.Choice(TARGET_CHOICES, case_sensitive=False), default=None,
+                     help="Device to optimise for. auto (default) picks what this machine has: npu, cuda, else cpu."),
+        click.option("--select", multiple=True, metavar="CODES",
+                     help="Only rules whose code starts with one of these (e.g. AX2, AX301). Repeatable or comma-separated."),
+        click.option("--ignore", multiple=True, metavar="CODES", help="Skip rules whose code starts with one of these."),
+        click.option("--exclude", multiple=True, metavar="GLOB",
+                     help="Skip files and folders matching this pattern (added to .git, .venv, build, ...)."),
+        click.option("--jobs", "-j", type=click.IntRange(min=0), default=None,
+                     help="Worker processes (0 = choose from the number of files and cores)."),
+        click.option("--package", "packages", multiple=True, metavar="NAME",
+                     help="Also scan the sources of an installed distribution (third-party code). Repeatable."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _build_options(target, select, ignore, exclude, jobs):
+    from torchaxe.backends import resolve_target
+    from torchaxe.config import find_config
+    from torchaxe.scan.engine import ScanOptions
+
+    config = find_config()
+    return ScanOptions(
+        target=resolve_target(target or config.get("target") or "auto"),
+        select=_split(select) or tuple(config.get("select", ())),
+        ignore=_split(ignore) or tuple(config.get("ignore", ())),
+        exclude=_split(exclude) + tuple(config.get("exclude", ())),
+        jobs=jobs if jobs is not None else int(config.get("jobs", 0)),
+    ), config
+
+
+def _gather_paths(paths: tuple[str, ...], packages: tuple[str, ...]) -> list[str | Path]:
+    from torchaxe.scan.discover import package_paths
+
+    gathered: list[str | Path] = list(paths)
+    for name in packages:
+        gathered.extend(package_paths(name))
+    if not gathered:
+        raise TorchaxeError("nothing to scan: give a file or folder (e.g. `torchaxe scan .`) or --package NAME")
+    return gathered
+
+
+@contextlib.contextmanager
+def _progress(label: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar on stderr when it is a terminal; nothing otherwise."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rich.console import Console
+
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _write_output(text: str, output: str | None) -> None:
+    if output is None or output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    from torchaxe.scan.fix import write_atomic
+
+    path = Path(output)
+    if path.is_dir():
+        raise TorchaxeError(f"--output {output}: is a folder")
+    if not path.parent.exists():
+        raise TorchaxeError(f"--output {output}: folder {path.parent} does not exist")
+    if not path.exists():
+        path.touch(mode=0o644)
+    write_atomic(path, text)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("paths", nargs=-1, type=click.Path(path_type=str))
+@_scan_options
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="Output format (default text). json, sarif and csv are for machines; html is a standalone page.")
+@click.option("--output", "-o", metavar="FILE", help="Write the report to FILE (atomically) instead of stdout.")
+def scan(paths, target, select, ignore, exclude, jobs, packages, fmt, output):
+    """Find code with faster fused ("affinity") replacements.
+
+    Reads Python files and folders (recursively) without importing or running them,
+    and reports each place with a faster alternative on the target device: unfused
+    optimizers, host-device syncs in training loops, slow data loading, and APIs with
+    fused NPU/GPU equivalents. Exit code: 0 clean, 1 findings, 2 errors (bit flags).
+
+    \b
+    Examples:
+      torchaxe scan train.py
+      torchaxe scan --target npu --format csv -o report.csv src/
+      torchaxe scan --select AX2,AX3 --package transformers .
+    """
+    from torchaxe.report import render
+    from torchaxe.scan.engine import scan_paths
+
+    options, config = _build_options(target, select, ignore, exclude, jobs)
+    fmt = fmt or config.get("format") or "text"
+    if fmt not in FORMATS:
+        raise TorchaxeError(f"format {fmt!r} from {config.source}: choose one of {', '.join(FORMATS)}")
+    all_paths = _gather_paths(paths, packages)
+    with _progress("scanning") as progress:
+        result = scan_paths(all_paths, options, progress=progress)
+    buffer = io.StringIO()
+    color = fmt == "text" and output is None and sys.stdout.isatty()
+    render(result, fmt, buffer, color=color)
+    _write_output(buffer.getvalue(), output)
+    sys.exit(result.exit_code)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("paths", nargs=-1, type=click.Path(path_type=str))
+@_scan_options
+@click.option("--unsafe-fixes", is_flag=True, help="Also apply fixes that may change numerics or behaviour.")
+@click.option("--diff", is_flag=True, help="Print a unified diff of the changes and write nothing.")
+def fix(paths, target, select, ignore, exclude, jobs, packages, unsafe_fixes, diff):
+    """Apply the fixes the scan proposes.
+
+    Safe fixes (same numerics) by default; --unsafe-fixes adds those that change
+    numerics or can fail for some programs. Each file is replaced atomically and only
+    if the result still parses. Exit code: 0 nothing left to report, 1 findings remain
+    (or, with --diff, changes would be made), 2 errors.
+
+    \b
+    Examples:
+      torchaxe fix --diff train.py
+      torchaxe fix --unsafe-fixes --target npu src/
+    """
+    from torchaxe.scan.fix import fix_paths
+
+    options, _ = _build_options(target, select, ignore, exclude, jobs)
+    all_paths = _gather_paths(paths, packages)
+    with _progress("fixing") as progress:
+        result = fix_paths(all_paths, options, unsafe=unsafe_fixes, write=not diff, progress=progress)
+    changed = [f for f in result.files if f.changed]
+    if diff:
+        for f in changed:
+            sys.stdout.write(f.diff())
+    err = sys.stderr
+    for d in result.diagnostics:
+        err.write(f"{d.path}{':' + str(d.line) if d.line else ''}: {d.code} {d.message}\n")
+    verb = "Would fix" if diff else "Fixed"
+    err.write(f"{verb} {result.applied} finding(s) in {len(changed)} file(s); {result.remaining} remaining.\n")
+    hidden = sum(1 for f in result.files for g in f.remaining if g.fix and g.fix.edits and g.fix.applicability.value == "unsafe")
+    if hidden and not unsafe_fixes:
+        err.write(f"{hidden} more can be fixed with --unsafe-fixes (they may change numerics; review them).\n")
+    code = (1 if result.remaining or (diff and changed) else 0) | (2 if result.diagnostics else 0)
+    sys.exit(code)
+
+
+@cli.command(context_settings=CONTEXT)
+@click.argument("code", required=False)
+@click.option("--format", "fmt", type=click.Choice(("text", "json")), default="text", help="Output format.")
+def rules(code, fmt):
+    """List the rules, or explain one (e.g. `torchaxe rules AX201`)."""
+    import json
+
+    from torchaxe.scan.rules import all_rules, get_rule
+
+    if code:
+        rule = get_rule(code)
+        if fmt == "json":
+            click.echo(json.dumps({**rule.summary(), "docs": rule.docs()}, indent=2))
+            return
+        from torchaxe.report.rule_docs import render_rule
+
+        render_rule(rule, sys.stdout)
+        return
+    if fmt == "json":
+        click.echo(json.dumps([r.summary() for r in all_rules()], indent=2))
+        return
+    from torchaxe.report.rule_docs import render_rule_table
+
+    render_rule_table(all_rules(), sys.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: one line on stderr for any error, never a traceback."""
+    debug = bool(os.environ.get("TORCHAXE_DEBUG"))
+    try:
+        cli.main(args=argv, prog_name="torchaxe", standalone_mode=False)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except click.exceptions.Abort:
+        sys.stderr.write("torchaxe: interrupted\n")
+        return 130
+    except click.exceptions.ClickException as exc:
+        hint = ""
+        ctx = getattr(exc, "ctx", None)
+        if ctx is not None:
+            hint = f" (see `{ctx.command_path} --help`)"
+        sys.stderr.write(f"torchaxe: error: {exc.format_message()}{hint}\n")
+        return 2
+    except TorchaxeError as exc:
+        sys.stderr.write(f"torchaxe: error: {exc.message}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("torchaxe: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # pragma: no cover - last resort
+        if debug:
+            raise
+        sys.stderr.write(f"torchaxe: internal error: {type(exc).__name__}: {exc} (set TORCHAXE_DEBUG=1 for the traceback)\n")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The static scanner: find code with faster fused replacements, without running it."""

@@ -1,0 +1,159 @@
+"""Which files a scan reads: folders walked recursively with default and user
+excludes, installed packages located without importing them, symlink loops caught."""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.metadata
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchaxe.errors import TorchaxeError
+from torchaxe.findings import Diagnostic
+
+DEFAULT_EXCLUDES = (
+    ".git",
+    ".hg",
+    ".svn",
+    ".venv",
+    "venv",
+    ".tox",
+    ".nox",
+    ".eggs",
+    "__pycache__",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    "build",
+    "dist",
+    "node_modules",
+    "site-packages",
+)
+
+
+@dataclass
+class FileSet:
+    files: list[Path] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+
+def _excluded(path: Path, patterns: tuple[str, ...]) -> bool:
+    name = path.name
+    text = path.as_posix()
+    for pattern in patterns:
+        if fnmatch.fnmatch(name, pattern) or fnmatch.fnmatch(text, pattern) or fnmatch.fnmatch(text, f"*/{pattern}"):
+            return True
+    return False
+
+
+def discover(paths: list[str | Path], exclude: tuple[str, ...] = (), use_default_excludes: bool = True) -> FileSet:
+    """Expand files and folders into the ``.py`` files to scan, in a stable order.
+
+    A path given explicitly is scanned even when an exclude pattern would match it
+    (as ruff does without ``--force-exclude``); a path that does not exist is an error.
+    """
+    patterns = (DEFAULT_EXCLUDES if use_default_excludes else ()) + tuple(exclude)
+    result = FileSet()
+    seen_files: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists() and not path.is_symlink():
+            raise TorchaxeError(f"no such file or folder: {raw}")
+        if path.is_dir():
+            _walk(path, patterns, result, seen_files, set())
+        elif path.is_symlink() and not path.exists():
+            result.diagnostics.append(Diagnostic("AX904", "broken symbolic link", str(path)))
+        else:
+            key = path.resolve()
+            if key not in seen_files:
+                seen_files.add(key)
+                result.files.append(path)
+    return result
+
+
+def _walk(folder: Path, patterns: tuple[str, ...], result: FileSet, seen_files: set[Path], active: set[Path]) -> None:
+    try:
+        real = folder.resolve(strict=True)
+    except (OSError, RuntimeError):
+        result.diagnostics.append(Diagnostic("AX905", "symbolic link loop or unresolvable folder", str(folder)))
+        return
+    if real in active:
+        result.diagnostics.append(
+            Diagnostic("AX905", f"symbolic link loop: leads back to {real}", str(folder))
+        )
+        return
+    active.add(real)
+    try:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except FileNotFoundError:
+            result.diagnostics.append(Diagnostic("AX904", "folder vanished during the scan", str(folder)))
+            return
+        except OSError as exc:
+            result.diagnostics.append(Diagnostic("AX903", f"cannot list folder: {exc.strerror}", str(folder)))
+            return
+        for entry in entries:
+            path = Path(entry.path)
+            if _excluded(path, patterns):
+                continue
+            try:
+                is_dir = entry.is_dir()
+                is_file = entry.is_file()
+            except OSError as exc:
+                result.diagnostics.append(Diagnostic("AX905", f"cannot follow: {exc.strerror}", str(path)))
+                continue
+            if is_dir:
+                _walk(path, patterns, result, seen_files, active)
+            elif is_file and entry.name.endswith(".py"):
+                key = path.resolve()
+                if key not in seen_files:
+                    seen_files.add(key)
+                    result.files.append(path)
+            elif entry.is_symlink() and not is_dir and not is_file:
+                if entry.name.endswith(".py") or _is_loop(path):
+                    result.diagnostics.append(Diagnostic("AX905", "broken or looping symbolic link", str(path)))
+    finally:
+        active.discard(real)
+
+
+def _is_loop(path: Path) -> bool:
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def package_paths(name: str) -> list[Path]:
+    """The source folders or files of an installed distribution or top-level module,
+    found from its metadata without importing it."""
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        dist = None
+    if dist is not None and dist.files:
+        roots: set[Path] = set()
+        for f in dist.files:
+            if f.suffix != ".py" or ".." in f.parts:
+                continue
+            top = f.parts[0]
+            located = Path(str(dist.locate_file(top)))
+            if located.exists():
+                roots.add(located)
+        if roots:
+            return sorted(roots)
+    if "." not in name:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            if spec.submodule_search_locations:
+                return [Path(p) for p in spec.submodule_search_locations]
+            if spec.origin and spec.origin.endswith(".py"):
+                return [Path(spec.origin)]
+    raise TorchaxeError(f"--package {name}: no installed distribution or module of that name in this Python")

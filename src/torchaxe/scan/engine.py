@@ -1,0 +1,252 @@
+"""The scan engine: read each file, skip those that never mention torch, parse once,
+walk the tree once dispatching nodes to the rules that asked for them, honour
+``# noqa``, and turn every problem with a file into a diagnostic."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from torchaxe.findings import Diagnostic, Finding, ScanResult
+from torchaxe.scan.capabilities import torch_capabilities
+from torchaxe.scan.context import FileContext
+from torchaxe.scan.discover import discover
+from torchaxe.scan.rules import Rule, select_rules
+
+_NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+[0-9]+(?:\s*,\s*[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+
+#: Files per task sent to a worker process; large enough to amortise the round trip.
+_CHUNK = 48
+
+
+@dataclass(frozen=True)
+class ScanOptions:
+    """What to scan for. Plain data, so it can be sent to worker processes."""
+
+    target: str = "cpu"
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    jobs: int = 0  # 0: choose from the number of files and cores
+    capabilities: dict[str, Any] = field(default_factory=dict)
+
+    def with_capabilities(self) -> ScanOptions:
+        if self.capabilities:
+            return self
+        return ScanOptions(
+            self.target, self.select, self.ignore, self.exclude, self.jobs, torch_capabilities(self.target)
+        )
+
+
+@dataclass
+class FileReport:
+    path: str
+    findings: list[Finding] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    skipped: bool = False
+
+
+def display_path(path: Path) -> str:
+    """Paths under the working folder are shown relative to it, others absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
+    except OSError:
+        return str(path)
+
+
+def decode_source(data: bytes) -> str:
+    """Decode Python source as the interpreter would: UTF-8 (BOM allowed) unless a
+    PEP 263 coding line in the first two lines says otherwise.
+    Raises UnicodeDecodeError or LookupError when it cannot."""
+    for line in data.split(b"\n", 2)[:2]:
+        m = _CODING.match(line)
+        if m:
+            return data.decode(m.group(1).decode("ascii"))
+    return data.decode("utf-8-sig")
+
+
+class _Dispatcher:
+    """Rules grouped by node type for one pass over the tree."""
+
+    def __init__(self, rules: Iterable[Rule]) -> None:
+        self.rules = list(rules)
+        self.by_type: dict[type, list[Rule]] = {}
+        for rule in self.rules:
+            for node_type in rule.node_types:
+                self.by_type.setdefault(node_type, []).append(rule)
+
+
+def _applicable(rules: list[Rule], source: str, target: str) -> list[Rule]:
+    return [
+        r
+        for r in rules
+        if target in r.targets and (not r.requires_text or any(t in source for t in r.requires_text))
+    ]
+
+
+def scan_source(
+    source: str,
+    path: str,
+    options: ScanOptions,
+    rules: Iterable[Rule] | None = None,
+) -> FileReport:
+    """Scan one file's text. Never raises for bad input: problems become diagnostics."""
+    report = FileReport(path)
+    if rules is None:
+        rules = [cls() for cls in select_rules(options.select, options.ignore)]
+    active = _applicable(list(rules), source, options.target)
+    if not active:
+        return report
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        report.diagnostics.append(Diagnostic("AX901", f"cannot parse: {exc.msg}", path, exc.lineno))
+        return report
+    except (ValueError, RecursionError, MemoryError) as exc:
+        report.diagnostics.append(Diagnostic("AX901", f"cannot parse: {type(exc).__name__}", path))
+        return report
+    ctx = FileContext(path=path, source=source, tree=tree, target=options.target, capabilities=options.capabilities)
+    dispatcher = _Dispatcher(active)
+    findings: list[Finding] = []
+    try:
+        if dispatcher.by_type:
+            _walk(tree, ctx, dispatcher.by_type, findings, report)
+        for rule in active:
+            _run(rule, lambda r=rule: r.check_module(ctx), findings, report, path)
+    except RecursionError:
+        report.diagnostics.append(Diagnostic("AX907", "file nested too deeply to analyse", path))
+    report.findings = _drop_noqa(findings, ctx.lines)
+    return report
+
+
+def _run(rule: Rule, call: Callable[[], Iterable[Finding]], out: list[Finding], report: FileReport, path: str) -> None:
+    try:
+        out.extend(call() or ())
+    except RecursionError:
+        raise
+    except Exception as exc:  # a bug in one rule must not stop the scan
+        report.diagnostics.append(
+            Diagnostic("AX906", f"rule {rule.code} failed: {type(exc).__name__}: {exc}", path)
+        )
+
+
+def _walk(tree: ast.AST, ctx: FileContext, by_type: dict[type, list[Rule]], out: list[Finding], report: FileReport) -> None:
+    parents = ctx.parents
+    iter_children = ast.iter_child_nodes
+
+    def visit(node: ast.AST) -> None:
+        rules = by_type.get(type(node))
+        if rules:
+            for rule in rules:
+                _run(rule, lambda r=rule: r.visit(node, ctx), out, report, ctx.path)
+        parents.append(node)
+        for child in iter_children(node):
+            visit(child)
+        parents.pop()
+
+    visit(tree)
+
+
+def _drop_noqa(findings: list[Finding], lines: list[str]) -> list[Finding]:
+    kept = []
+    for f in findings:
+        if not _silenced(f, lines):
+            kept.append(f)
+    return kept
+
+
+def _silenced(f: Finding, lines: list[str]) -> bool:
+    for lineno in {f.line, f.end_line}:
+        if 0 < lineno <= len(lines) and "noqa" in lines[lineno - 1].lower():
+            m = _NOQA.search(lines[lineno - 1])
+            if m is None:
+                continue
+            codes = m.group("codes")
+            if not codes:
+                return True
+            if any(f.code.upper().startswith(c.strip().upper()) for c in codes.split(",")):
+                return True
+    return False
+
+
+def scan_file(path: Path, options: ScanOptions, rules: list[Rule]) -> FileReport:
+    shown = display_path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return FileReport(shown, diagnostics=[Diagnostic("AX904", "file vanished during the scan", shown)])
+    except IsADirectoryError:
+        return FileReport(shown, diagnostics=[Diagnostic("AX903", "is a folder, not a file", shown)])
+    except OSError as exc:
+        return FileReport(shown, diagnostics=[Diagnostic("AX903", f"cannot read: {exc.strerror or exc}", shown)])
+    if b"torch" not in data:
+        return FileReport(shown, skipped=True)
+    try:
+        source = decode_source(data)
+    except (UnicodeDecodeError, LookupError):
+        return FileReport(shown, diagnostics=[Diagnostic("AX902", "not valid UTF-8 (nor its declared encoding)", shown)])
+    return scan_source(source, shown, options, rules)
+
+
+def _scan_chunk(paths: list[str], options: ScanOptions) -> list[FileReport]:
+    rules = [cls() for cls in select_rules(options.select, options.ignore)]
+    return [scan_file(Path(p), options, rules) for p in paths]
+
+
+def _job_count(requested: int, files: int) -> int:
+    if requested > 0:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, files // (_CHUNK * 2)))
+
+
+def scan_paths(
+    paths: list[str | Path],
+    options: ScanOptions,
+    progress: Callable[[int, int], None] | None = None,
+) -> ScanResult:
+    """Scan files and folders; ``progress(done, total)`` is called as files finish."""
+    started = time.perf_counter()
+    select_rules(options.select, options.ignore)  # bad prefixes fail before any work
+    options = options.with_capabilities()
+    fileset = discover(paths, options.exclude)
+    result = ScanResult(target=options.target, diagnostics=list(fileset.diagnostics))
+    files = [str(p) for p in fileset.files]
+    total = len(files)
+    jobs = _job_count(options.jobs, total)
+    reports: list[FileReport] = []
+    if jobs <= 1 or total <= _CHUNK:
+        rules = [cls() for cls in select_rules(options.select, options.ignore)]
+        for i, p in enumerate(files, 1):
+            reports.append(scan_file(Path(p), options, rules))
+            if progress:
+                progress(i, total)
+    else:
+        chunks = [files[i : i + _CHUNK] for i in range(0, total, _CHUNK)]
+        done = 0
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for chunk_reports in pool.map(_scan_chunk, chunks, [options] * len(chunks)):
+                reports.extend(chunk_reports)
+                done += len(chunk_reports)
+                if progress:
+                    progress(done, total)
+    for rep in reports:
+        if rep.skipped:
+            result.stats.files_skipped += 1
+        else:
+            result.stats.files_scanned += 1
+        result.findings.extend(rep.findings)
+        result.diagnostics.extend(rep.diagnostics)
+    result.findings.sort(key=lambda f: f.sort_key)
+    result.diagnostics.sort(key=lambda d: (d.path, d.line or 0, d.code))
+    result.stats.seconds = time.perf_counter() - started
+    return result

@@ -1,0 +1,115 @@
+"""The rule interface.
+
+One rule is one class in one file. The class carries its code, category, message, fix
+title and safety, its documentation (the docstring, under fixed headings) and its own
+examples: ``Valid`` code it must leave alone and ``Invalid`` code it must flag, with the
+source expected after its fix. The test suite turns every example into a test, and
+``torchaxe rules`` renders the documentation from the classes.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Iterable
+
+from torchaxe.backends import TARGETS
+from torchaxe.findings import Applicability, Finding
+
+if TYPE_CHECKING:
+    from torchaxe.scan.context import FileContext
+
+DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety", "References")
+
+
+@dataclass(frozen=True)
+class Valid:
+    """Code the rule must not flag on ``target``."""
+
+    code: str
+    target: str = "cpu"
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """Code the rule must flag ``count`` times on ``target``.
+
+    ``fixed`` is the whole source after applying this rule's fixes (unsafe ones
+    included); ``None`` means the rule offers no applicable fix for it.
+    """
+
+    code: str
+    target: str = "cpu"
+    fixed: str | None = None
+    count: int = 1
+
+
+class Rule:
+    """Base class of every rule. Subclasses set the class attributes and implement
+    ``visit`` (called for each node of ``node_types``) and/or ``check_module``."""
+
+    code: ClassVar[str] = ""
+    #: Kebab-case, named after the bad pattern.
+    name: ClassVar[str] = ""
+    #: The JSON ``category`` of the findings.
+    category: ClassVar[str] = ""
+    #: What is wrong, in one sentence (a finding may give a more specific one).
+    message: ClassVar[str] = ""
+    #: What the fix does, or None when the rule has no fix.
+    fix_title: ClassVar[str | None] = None
+    #: The applicability of the rule's usual fix.
+    fix_safety: ClassVar[Applicability | None] = None
+    #: Targets on which the rule reports anything.
+    targets: ClassVar[tuple[str, ...]] = TARGETS
+    #: The file is only visited when its text contains one of these (cheap prefilter).
+    requires_text: ClassVar[tuple[str, ...]] = ()
+    node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
+    references: ClassVar[tuple[str, ...]] = ()
+    examples: ClassVar[tuple[Valid | Invalid, ...]] = ()
+
+    def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
+        return ()
+
+    def check_module(self, ctx: FileContext) -> Iterable[Finding]:
+        """Whole-file checks (formula recognition works on function bodies)."""
+        return ()
+
+    # ------------------------------------------------------------ metadata
+    @classmethod
+    def docs(cls) -> dict[str, str]:
+        """The documentation sections parsed from the class docstring."""
+        return parse_doc_sections(inspect.getdoc(cls) or "")
+
+    @classmethod
+    def has_fix(cls) -> bool:
+        """Derived from the examples: a rule has a fix when an example shows one."""
+        return any(isinstance(e, Invalid) and e.fixed is not None for e in cls.examples)
+
+    @classmethod
+    def summary(cls) -> dict[str, object]:
+        return {
+            "code": cls.code,
+            "name": cls.name,
+            "category": cls.category,
+            "message": cls.message,
+            "fix_title": cls.fix_title,
+            "fix_safety": cls.fix_safety.value if cls.fix_safety else None,
+            "has_fix": cls.has_fix(),
+            "targets": list(cls.targets),
+            "references": list(cls.references),
+        }
+
+
+_HEADING = re.compile(r"^##\s+(.+?)\s*$", re.MULTILINE)
+
+
+def parse_doc_sections(doc: str) -> dict[str, str]:
+    """Split a docstring written with ``## Heading`` lines into sections."""
+    sections: dict[str, str] = {}
+    matches = list(_HEADING.finditer(doc))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(doc)
+        sections[m.group(1)] = doc[m.end() : end].strip("\n")
+    return sections

@@ -1,0 +1,64 @@
+"""Every rule's inline examples become tests: Valid code is not flagged, Invalid code
+is flagged the stated number of times and fixes to exactly the stated source."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from torchaxe.scan.capabilities import torch_capabilities
+from torchaxe.scan.engine import ScanOptions, scan_source
+from torchaxe.scan.fix import fix_source, is_applicable
+from torchaxe.scan.rules import Invalid, Valid, all_rules
+
+CASES = [
+    pytest.param(rule, i, example, id=f"{rule.code}-{i}-{type(example).__name__.lower()}-{example.target}")
+    for rule in all_rules()
+    for i, example in enumerate(rule.examples)
+]
+
+
+def _options(rule, target):
+    return ScanOptions(target=target, select=(rule.code,), capabilities=torch_capabilities(target))
+
+
+@pytest.mark.parametrize("rule,index,example", CASES)
+def test_example(rule, index, example):
+    options = _options(rule, example.target)
+    report = scan_source(example.code, "example.py", options)
+    assert not report.diagnostics, report.diagnostics
+    own = [f for f in report.findings if f.code == rule.code]
+    if isinstance(example, Valid):
+        assert own == [], f"{rule.code} flagged valid code:\n{example.code}\n{own}"
+        return
+    assert len(own) == example.count, f"{rule.code} expected {example.count} finding(s), got {own}"
+    for f in own:
+        assert f.category == rule.category
+        assert f.target == example.target
+        assert f.message
+    fixed = fix_source(example.code, "example.py", options, unsafe=True)
+    assert fixed.error is None
+    if example.fixed is None:
+        assert not any(is_applicable(f.fix, unsafe=True) for f in own)
+        assert fixed.fixed == example.code
+    else:
+        assert fixed.fixed == example.fixed
+        ast.parse(fixed.fixed)
+        # Fixing twice changes nothing the second time.
+        again = fix_source(fixed.fixed, "example.py", options, unsafe=True)
+        assert again.fixed == fixed.fixed
+
+
+def test_every_rule_has_positive_and_negative_examples():
+    for rule in all_rules():
+        kinds = {type(e) for e in rule.examples}
+        assert kinds == {Valid, Invalid}, f"{rule.code} needs Valid and Invalid examples"
+
+
+def test_rule_codes_and_names_are_unique():
+    rules = all_rules()
+    codes = [r.code for r in rules]
+    names = [r.name for r in rules]
+    assert len(codes) == len(set(codes))
+    assert len(names) == len(set(names))
