@@ -74,8 +74,8 @@ def _validate(table: Any, path: Path) -> dict[str, Any]:
             raise TorchaxeError(f"{path}: unknown torchaxe setting {key!r} (known: {', '.join(KEYS)})")
         expected = KEYS[key_norm]
         if not isinstance(value, expected) or isinstance(value, bool) and expected is int:
-            kind = expected.__name__ if isinstance(expected, type) else "value"
-            raise TorchaxeError(f"{path}: torchaxe setting {key!r} must be a {kind}")
+            kind = {str: "a string", list: "a list", int: "an integer"}.get(expected, "a value")  # type: ignore[call-overload]
+            raise TorchaxeError(f"{path}: torchaxe setting {key!r} must be {kind}")
         if expected is list and not all(isinstance(v, str) for v in value):
             raise TorchaxeError(f"{path}: torchaxe setting {key!r} must be a list of strings")
         out[key_norm] = value

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from torchaxe.scan.rules.base import Rule
 
 LOOP_TYPES = (ast.For, ast.AsyncFor, ast.While)
+DEFINITION_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 SCOPE_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Module)
 
 
@@ -111,6 +112,12 @@ class FileContext:
         fix: Fix | None = None,
     ) -> Finding:
         start, end = self.start(node), self.end(node)
+        snippet = None
+        if isinstance(node, DEFINITION_TYPES):
+            # A definition is reported on its header line, not over its whole body.
+            header = self.lines[node.lineno - 1].rstrip("\r\n")
+            end = Position(node.lineno, len(header) + 1)
+            snippet = header
         return Finding(
             code=rule.code,
             category=rule.category,
@@ -120,7 +127,7 @@ class FileContext:
             col=start.col,
             end_line=end.line,
             end_col=end.col,
-            snippet=self.snippet(node),
+            snippet=snippet if snippet is not None else self.snippet(node),
             target=self.target,
             replacement=replacement,
             fix=fix,

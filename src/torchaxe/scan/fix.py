@@ -40,8 +40,8 @@ class FileFix:
             difflib.unified_diff(
                 self.original.splitlines(keepends=True),
                 self.fixed.splitlines(keepends=True),
-                fromfile=f"a/{self.path}",
-                tofile=f"b/{self.path}",
+                fromfile=self.path if self.path.startswith("/") else f"a/{self.path}",
+                tofile=self.path if self.path.startswith("/") else f"b/{self.path}",
             )
         )
 
@@ -130,11 +130,7 @@ def add_imports(source: str, imports: list[str]) -> str:
     lines = source.splitlines(keepends=True)
     if insert_after and lines and not lines[insert_after - 1].endswith("\n"):
         lines[insert_after - 1] += "\n"
-    new = [f"{imp}\n" for imp in missing]
-    # Keep the import block visually apart from a docstring directly above it.
-    if insert_after and index == 1 and not isinstance(body[0], (ast.Import, ast.ImportFrom)):
-        new.insert(0, "\n") if (insert_after < len(lines) and lines[insert_after].strip()) else None
-    lines[insert_after:insert_after] = new
+    lines[insert_after:insert_after] = [f"{imp}\n" for imp in missing]
     return "".join(lines)
 
 
@@ -263,8 +259,3 @@ def _encoding_of(data: bytes) -> str:
         if m:
             return m.group(1).decode("ascii")
     return "utf-8"
-
-
-def edits_conflict(a: Edit, b: Edit) -> bool:
-    """Whether two edits touch overlapping text (used by tests of rule fixes)."""
-    return a.start < b.end and b.start < a.end

@@ -1,0 +1,217 @@
+"""AX103: a function or module whose name says it hand-writes an operator that has a
+fused implementation (GELU, SiLU, Mish, RMSNorm, attention, rotary embedding, SwiGLU).
+
+This is the name-level check; recognising the same math by meaning, whatever it is
+called, is the job of the formula rules.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Iterable
+
+from torchaxe.findings import Applicability, Finding
+from torchaxe.scan.context import DEFINITION_TYPES, FileContext, _walk_same_scope
+from torchaxe.scan.rules.base import Invalid, Rule, Valid
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """A family of hand-written operators and its fused replacement per target."""
+
+    label: str
+    names: frozenset[str]
+    #: Dotted call names (or suffixes) that show the body already uses a fused op.
+    fused_calls: tuple[str, ...]
+    replacement: dict[str, str]
+    #: Whether the body must contain a softmax and a matrix product to count.
+    needs_attention_math: bool = False
+
+
+def _names(*names: str) -> frozenset[str]:
+    return frozenset(n.lower() for n in names)
+
+
+OPS = (
+    FusedOp(
+        "GELU",
+        _names("gelu", "gelu_new", "gelu_fast", "gelu_impl", "gelu_tanh", "bias_gelu", "new_gelu", "tanh_gelu",
+               "GELUActivation", "NewGELUActivation", "FastGELUActivation", "GeLU", "GELUTanh"),
+        ("gelu", "fast_gelu"),
+        {"cpu": 'F.gelu(x, approximate="tanh") (or F.gelu(x) for the erf form)',
+         "cuda": 'F.gelu(x, approximate="tanh") (or F.gelu(x) for the erf form)',
+         "npu": "torch_npu.fast_gelu(x)"},
+    ),
+    FusedOp(
+        "SiLU/Swish",
+        _names("swish", "silu", "SiLU", "Swish", "SiLUActivation"),
+        ("silu", "npu_silu"),
+        {"cpu": "F.silu(x)", "cuda": "F.silu(x)", "npu": "F.silu(x) (or torch_npu.contrib.module.SiLU)"},
+    ),
+    FusedOp(
+        "Mish",
+        _names("mish", "Mish", "MishActivation"),
+        ("mish",),
+        {"cpu": "F.mish(x)", "cuda": "F.mish(x)", "npu": "F.mish(x) (or torch_npu.contrib.module.Mish)"},
+    ),
+    FusedOp(
+        "RMSNorm",
+        _names("rms_norm", "rmsnorm", "RMSNorm", "RmsNorm", "LlamaRMSNorm", "T5LayerNorm", "MistralRMSNorm", "Qwen2RMSNorm"),
+        ("rms_norm", "npu_rms_norm", "RMSNorm"),
+        {"cpu": "torch.nn.functional.rms_norm(x, (dim,), weight, eps) / torch.nn.RMSNorm",
+         "cuda": "torch.nn.functional.rms_norm(x, (dim,), weight, eps) / torch.nn.RMSNorm",
+         "npu": "torch_npu.npu_rms_norm(x, weight, epsilon=eps)[0]"},
+    ),
+    FusedOp(
+        "attention",
+        _names("attention", "attn", "_attn", "self_attention", "scaled_dot_product", "scaled_dot_product_attention",
+               "dot_product_attention", "Attention", "SelfAttention", "CausalSelfAttention", "MultiHeadAttention"),
+        ("scaled_dot_product_attention", "npu_fusion_attention", "flash_attn_func", "memory_efficient_attention"),
+        {"cpu": "F.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...)",
+         "cuda": "F.scaled_dot_product_attention(q, k, v, attn_mask=..., is_causal=...) (flash / memory-efficient kernels)",
+         "npu": "torch_npu.npu_fusion_attention(q, k, v, head_num, input_layout, ...)"},
+        needs_attention_math=True,
+    ),
+    FusedOp(
+        "rotary embedding",
+        _names("apply_rotary_pos_emb", "apply_rotary_emb", "rotate_half", "apply_rope", "rope"),
+        ("npu_rotary_mul",),
+        {"npu": "torch_npu.npu_rotary_mul(x, cos, sin)"},
+    ),
+    FusedOp(
+        "SwiGLU",
+        _names("swiglu", "SwiGLU", "swi_glu"),
+        ("npu_swiglu",),
+        {"npu": "torch_npu.npu_swiglu(x, dim=-1)"},
+    ),
+)
+
+_BY_NAME = {name: op for op in OPS for name in op.names}
+_SOFTMAX = ("softmax",)
+_MATMUL = ("matmul", "bmm", "einsum", "baddbmm")
+
+
+def _called_names(body: Iterable[ast.AST]) -> set[str]:
+    names = set()
+    for node in body:
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute):
+                names.add(func.attr)
+            elif isinstance(func, ast.Name):
+                names.add(func.id)
+    return names
+
+
+def _does_math(nodes: list[ast.AST]) -> bool:
+    """Tensor arithmetic: a binary operator or a call, not a bare delegation."""
+    return sum(isinstance(n, (ast.BinOp, ast.Call)) for n in nodes) >= 2
+
+
+class HandWrittenFusedOp(Rule):
+    """
+    ## What it does
+    Flags functions and `nn.Module` classes named after an operator that has a fused
+    implementation — GELU variants, SiLU/Swish, Mish, RMSNorm, attention, rotary
+    position embedding, SwiGLU — when their body computes it with elementary tensor
+    operations instead of calling the fused operator.
+
+    ## Why is this bad?
+    A hand-written activation or norm runs as a chain of elementwise kernels, each
+    reading and writing the whole tensor, forward and backward; a fused operator reads
+    it once. Hand-written attention materialises the full score matrix that
+    `scaled_dot_product_attention` (flash / memory-efficient kernels) or
+    `torch_npu.npu_fusion_attention` never builds.
+
+    ## Example
+    ```python
+    def gelu(x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    ```
+
+    ## Use instead
+    ```python
+    F.gelu(x, approximate="tanh")      # cpu, cuda
+    torch_npu.fast_gelu(x)             # npu
+    ```
+
+    ## Fix safety
+    Display-only: which fused form is equivalent depends on the exact math (erf or tanh
+    GELU, where the epsilon sits in a norm, the mask convention in attention), and a
+    replacement can change numerics. The formula rules check equivalence numerically.
+    NPU replacements are unverified on Ascend hardware.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html
+    - https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html
+    - https://www.hiascend.com/document (torch_npu.fast_gelu, npu_rms_norm, npu_fusion_attention, npu_rotary_mul)
+    """
+
+    code = "AX103"
+    name = "hand-written-fused-op"
+    category = "affinity_api"
+    message = "hand-written operator with a fused implementation"
+    node_types = DEFINITION_TYPES
+    references = (
+        "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
+        "https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html",
+        "https://www.hiascend.com/document (torch_npu affinity operators)",
+    )
+    examples = (
+        Invalid(
+            "import math, torch\ndef gelu(x):\n"
+            "    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))\n"
+        ),
+        Invalid(
+            "import torch\nclass RMSNorm(torch.nn.Module):\n    def forward(self, x):\n"
+            "        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight\n",
+            target="npu",
+        ),
+        Invalid(
+            "import torch\ndef attention(q, k, v):\n    s = q @ k.transpose(-2, -1)\n    return torch.softmax(s, -1) @ v\n",
+            target="cuda",
+        ),
+        Invalid("import torch\ndef rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)\n", target="npu"),
+        Valid("import torch.nn.functional as F\ndef gelu(x):\n    return F.gelu(x)\n"),
+        Valid("import torch\ndef rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)\n", target="cuda"),
+        Valid(
+            "import torch\nimport torch.nn.functional as F\ndef attention(q, k, v):\n"
+            "    return F.scaled_dot_product_attention(q, k, v)\n"
+        ),
+        Valid("import torch\ndef attention(q, k, v):\n    return q + k + v\n"),
+        Valid("import torch\ndef gelu(x):\n    return x\n"),
+    )
+
+    def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
+        assert isinstance(node, DEFINITION_TYPES)
+        op = _BY_NAME.get(node.name.lower())
+        if op is None or ctx.target not in op.replacement:
+            return
+        if isinstance(node, ast.ClassDef):
+            body = [n for stmt in node.body if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    for n in _walk_same_scope(stmt)]
+        else:
+            body = list(_walk_same_scope(node))
+        called = _called_names(body)
+        if any(c in called for c in op.fused_calls):
+            return
+        if not _does_math(body):
+            return
+        if op.needs_attention_math:
+            has_matmul = any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult) for n in body) or any(
+                c in called for c in _MATMUL
+            )
+            if not (has_matmul and any(c in called for c in _SOFTMAX)):
+                return
+        kind = "class" if isinstance(node, ast.ClassDef) else "function"
+        replacement = op.replacement[ctx.target]
+        yield ctx.finding(
+            self,
+            node,
+            f"{kind} {node.name} computes {op.label} by hand as a chain of small kernels; "
+            f"the fused operator on {ctx.target} is {replacement}"
+            + (" (unverified on Ascend hardware)" if ctx.target == "npu" else ""),
+            replacement=replacement,
+            fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY, title=f"use {replacement}"),
+        )

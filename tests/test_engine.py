@@ -1,0 +1,166 @@
+"""The scan engine: which files it reads, what it reports about bad files, noqa,
+rule selection, and that parallel scans give the same answer as serial ones."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchaxe.errors import TorchaxeError
+from torchaxe.scan.engine import ScanOptions, scan_paths
+
+OPT = "import torch\nopt = torch.optim.AdamW(params)\n"
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def test_folder_scan_recurses_and_skips_files_without_torch(tmp_path):
+    write(tmp_path / "a.py", OPT)
+    write(tmp_path / "pkg" / "b.py", OPT)
+    write(tmp_path / "pkg" / "plain.py", "print('no framework here')\n")
+    write(tmp_path / "notes.txt", OPT)
+    result = scan_paths([tmp_path], ScanOptions())
+    assert result.stats.files_scanned == 2
+    assert result.stats.files_skipped == 1
+    assert sorted(Path(f.path).name for f in result.findings) == ["a.py", "b.py"]
+    assert result.exit_code == 1
+
+
+def test_default_and_user_excludes(tmp_path):
+    write(tmp_path / "keep.py", OPT)
+    for folder in (".git", ".venv", "build", "__pycache__"):
+        write(tmp_path / folder / "x.py", OPT)
+    write(tmp_path / "generated" / "y.py", OPT)
+    result = scan_paths([tmp_path], ScanOptions(exclude=("generated",)))
+    assert [Path(f.path).name for f in result.findings] == ["keep.py"]
+
+
+def test_noqa_silences_all_or_named_codes(tmp_path):
+    src = (
+        "import torch\n"
+        "a = torch.optim.AdamW(p)  # noqa\n"
+        "b = torch.optim.AdamW(p)  # noqa: AX201\n"
+        "c = torch.optim.AdamW(p)  # noqa: AX301\n"
+        "d = torch.optim.AdamW(p)  # NOQA:AX2\n"
+    )
+    write(tmp_path / "n.py", src)
+    result = scan_paths([tmp_path], ScanOptions(select=("AX201",)))
+    assert [f.line for f in result.findings] == [4]
+
+
+def test_select_and_ignore_prefixes(tmp_path):
+    write(tmp_path / "a.py", OPT)
+    assert scan_paths([tmp_path], ScanOptions(select=("AX2",))).findings
+    assert not scan_paths([tmp_path], ScanOptions(ignore=("AX2",))).findings
+    assert not scan_paths([tmp_path], ScanOptions(select=("AX1",))).findings
+
+
+def test_unknown_prefix_is_a_clear_error(tmp_path):
+    with pytest.raises(TorchaxeError, match="matches no rule"):
+        scan_paths([tmp_path], ScanOptions(select=("XY9",)))
+
+
+def test_missing_path_is_an_error(tmp_path):
+    with pytest.raises(TorchaxeError, match="no such file"):
+        scan_paths([tmp_path / "nope"], ScanOptions())
+
+
+def test_bad_files_become_diagnostics_and_the_scan_goes_on(tmp_path):
+    write(tmp_path / "good.py", OPT)
+    write(tmp_path / "syntax.py", "import torch\ndef broken(:\n")
+    write(tmp_path / "latin.py", b"import torch\nname = '\xe9t\xe9'\n")
+    write(tmp_path / "declared.py", b"# -*- coding: latin-1 -*-\nimport torch\nname = '\xe9'\nopt = torch.optim.SGD(p)\n")
+    result = scan_paths([tmp_path], ScanOptions())
+    codes = {Path(d.path).name: d.code for d in result.diagnostics}
+    assert codes == {"syntax.py": "AX901", "latin.py": "AX902"}
+    assert {Path(f.path).name for f in result.findings} == {"good.py", "declared.py"}
+    assert result.exit_code == 3
+
+
+def test_unreadable_file_is_a_diagnostic(tmp_path, monkeypatch):
+    write(tmp_path / "ok.py", OPT)
+    secret = write(tmp_path / "secret.py", OPT)
+    real = Path.read_bytes
+
+    def read_bytes(self):
+        if self.name == secret.name:
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    result = scan_paths([tmp_path], ScanOptions())
+    assert [(Path(d.path).name, d.code) for d in result.diagnostics] == [("secret.py", "AX903")]
+    assert "Permission denied" in result.diagnostics[0].message
+    assert len(result.findings) == 1
+
+
+def test_file_vanishing_mid_scan_is_a_diagnostic(tmp_path, monkeypatch):
+    write(tmp_path / "a.py", OPT)
+    gone = write(tmp_path / "b.py", OPT)
+    import torchaxe.scan.engine as engine
+
+    real = engine.scan_file
+
+    def vanish_then_scan(path, options, rules):
+        if path.name == "b.py" and gone.exists():
+            gone.unlink()
+        return real(path, options, rules)
+
+    monkeypatch.setattr(engine, "scan_file", vanish_then_scan)
+    result = scan_paths([tmp_path], ScanOptions())
+    assert [(Path(d.path).name, d.code) for d in result.diagnostics] == [("b.py", "AX904")]
+    assert len(result.findings) == 1
+
+
+def test_symlink_loop_is_a_diagnostic(tmp_path):
+    write(tmp_path / "pkg" / "a.py", OPT)
+    (tmp_path / "pkg" / "loop").symlink_to(tmp_path / "pkg", target_is_directory=True)
+    (tmp_path / "self").symlink_to(tmp_path / "self")
+    result = scan_paths([tmp_path], ScanOptions())
+    assert len(result.findings) == 1
+    assert {d.code for d in result.diagnostics} == {"AX905"}
+
+
+def test_a_crashing_rule_becomes_a_diagnostic(tmp_path, monkeypatch):
+    from torchaxe.scan.rules.ax201_unfused_optimizer import UnfusedOptimizer
+
+    def boom(self, node, ctx):
+        raise ValueError("bug")
+
+    monkeypatch.setattr(UnfusedOptimizer, "visit", boom)
+    write(tmp_path / "a.py", OPT)
+    result = scan_paths([tmp_path], ScanOptions(select=("AX201",)))
+    assert [d.code for d in result.diagnostics] == ["AX906"]
+    assert "bug" in result.diagnostics[0].message
+
+
+def test_scan_never_imports_the_scanned_code(tmp_path):
+    marker = tmp_path / "ran"
+    write(tmp_path / "evil.py", f"import torch\nopen({str(marker)!r}, 'w').write('x')\nopt = torch.optim.SGD(p)\n")
+    result = scan_paths([tmp_path], ScanOptions())
+    assert result.findings and not marker.exists()
+    assert "evil" not in sys.modules
+
+
+def test_parallel_scan_matches_serial(tmp_path):
+    for i in range(120):
+        write(tmp_path / f"m{i:03}.py", OPT if i % 3 else "import torch\nx = 1\n")
+    serial = scan_paths([tmp_path], ScanOptions(jobs=1))
+    parallel = scan_paths([tmp_path], ScanOptions(jobs=2))
+    assert [f.to_dict() for f in serial.findings] == [f.to_dict() for f in parallel.findings]
+    assert serial.stats.files_scanned == parallel.stats.files_scanned == 120
+
+
+def test_columns_count_characters_not_bytes(tmp_path):
+    write(tmp_path / "u.py", "import torch\nnom = 'é'; opt = torch.optim.SGD(p)\n")
+    (f,) = scan_paths([tmp_path], ScanOptions(select=("AX201",))).findings
+    assert f.col == len("nom = 'é'; opt = ") + 1
