@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=64, help="tokens per training sequence")
     parser.add_argument("--vocab-size", type=int, default=256)
     parser.add_argument("--d-model", type=int, default=128)
-    parser.add_argument("--n-layers", type=int, default=2)
+    parser.add_argument("--n-layers", type=int, default=4)
     parser.add_argument("--n-heads", type=int, default=4)
     parser.add_argument("--mlp", choices=("tanh", "erf"), default="tanh",
                         help="MLP activation: hand-written tanh GELU or F.gelu (erf)")
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
 
         running_loss += loss.item()
         if step % args.log_every == 0 or step == args.steps:
-            count = (step - 1) % args.log_every + 1
+            count = (step - 1) % args.log_every + 1  # steps since the last log line
             print(f"step {step}/{args.steps} loss {running_loss / count:.4f}")
             running_loss = 0.0
 

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 LOOP_TYPES = (ast.For, ast.AsyncFor, ast.While)
 DEFINITION_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-SCOPE_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Module)
+#: Nodes whose bodies run at another time than the code around them.
+BOUNDARY_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
 @dataclass
@@ -154,48 +155,75 @@ class FileContext:
     def replace(self, node: ast.AST, content: str) -> Edit:
         return Edit(self.start(node), self.end(node), content)
 
-    def add_keyword(self, call: ast.Call, keyword_text: str) -> Edit:
-        """An edit that appends ``name=value`` to a call's arguments, keeping the
-        call's own layout (trailing comma, closing parenthesis on its own line)."""
+    def add_keyword(self, call: ast.Call, keyword_text: str) -> list[Edit]:
+        """Edits that append ``name=value`` to a call's arguments, keeping the call's
+        layout: a trailing comma, a closing parenthesis on its own line, and a
+        ``# comment`` after the last argument (the new argument goes on its own line
+        after the comment, never into it)."""
         end = self.end(call)
         close = self.offset(end) - 1  # the closing parenthesis
-        args: list[ast.AST] = [*call.args, *call.keywords]
+        args = self.arguments(call)
         if not args:
             pos = self._position_of(close)
-            return Edit(pos, pos, keyword_text)
-        last_end = max(self.offset(self.end(a)) for a in args)
+            return [Edit(pos, pos, keyword_text)]
+        last = args[-1]
+        last_end = self.offset(self.end(last))
         between = self.source[last_end:close]
+        indent = self._indent_of(self.start(last).line)
+        hash_at = between.find("#")
+        if hash_at >= 0:
+            newline_at = between.index("\n", hash_at)  # a comment always ends its line
+            insert = self._position_of(last_end + newline_at)
+            edits = [Edit(insert, insert, f"\n{indent}{keyword_text},")]
+            if "," not in between[:hash_at]:
+                pos = self._position_of(last_end)
+                edits.append(Edit(pos, pos, ","))
+            return edits
         if "," in between:
-            # Trailing comma: put the new argument after it, on the same line as the
-            # last argument when the call closes on that line, else on a new line.
-            comma = last_end + between.index(",") + 1
+            # Trailing comma: the new argument goes after it, on a new line when the
+            # closing parenthesis sits on a line of its own.
+            pos = self._position_of(last_end + between.index(",") + 1)
             if "\n" in between:
-                indent = self._indent_of(self.start(args[-1]).line)
-                pos = self._position_of(comma)
-                return Edit(pos, pos, f"\n{indent}{keyword_text},")
-            pos = self._position_of(comma)
-            return Edit(pos, pos, f" {keyword_text},")
+                return [Edit(pos, pos, f"\n{indent}{keyword_text},")]
+            return [Edit(pos, pos, f" {keyword_text},")]
         pos = self._position_of(last_end)
-        return Edit(pos, pos, f", {keyword_text}")
+        return [Edit(pos, pos, f", {keyword_text}")]
 
-    def remove_keyword(self, call: ast.Call, keyword: ast.keyword) -> Edit:
-        """An edit that deletes one keyword argument and the comma that joins it."""
-        args: list[ast.AST] = [*call.args, *call.keywords]
-        args.sort(key=lambda a: (a.lineno, a.col_offset))  # type: ignore[attr-defined]
-        index = args.index(keyword)
+    def remove_argument(self, call: ast.Call, argument: ast.AST) -> Edit | None:
+        """An edit that deletes one argument (positional or keyword) with the comma
+        that joins it, keeping comments; ``None`` when no clean edit exists (the rule
+        then offers no automatic fix)."""
+        args = self.arguments(call)
+        index = args.index(argument)
+        start, end = self.start(argument), self.end(argument)
+        close = self.offset(self.end(call)) - 1
+        if len(args) == 1:
+            # The only argument: empty the parentheses, unless a comment is inside
+            # (then only the argument and its comma go).
+            open_at = self.source.rfind("(", self.offset(self.end(call.func)), self.offset(start))
+            if open_at >= 0 and "#" not in self.source[open_at:close]:
+                return Edit(self._position_of(open_at + 1), self._position_of(close), "")
         if index > 0:
-            start = self.offset(self.end(args[index - 1]))
-            end = self.offset(self.end(keyword))
-        elif len(args) > 1:
-            start = self.offset(self.start(keyword))
-            end = self.offset(self.start(args[1]))
-        else:
-            start = self.offset(self.start(keyword))
-            end = self.offset(self.end(call)) - 1
-            between = self.source[self.offset(self.end(keyword)) : end]
-            if between.strip() not in ("", ","):
-                end = self.offset(self.end(keyword))
-        return Edit(self._position_of(start), self._position_of(end), "")
+            before = self.end(args[index - 1])
+            if "#" not in self.source[self.offset(before) : self.offset(end)]:
+                return Edit(before, end, "")
+        # Delete the argument and the comma after it; a line it leaves blank goes too.
+        rest = self.source[self.offset(end) : close]
+        stripped = rest.lstrip(" \t")
+        if not stripped.startswith(","):
+            return None
+        after = len(rest) - len(stripped) + 1
+        after += len(rest[after:]) - len(rest[after:].lstrip(" \t"))
+        stop = self._position_of(self.offset(end) + after)
+        alone = not self.lines[start.line - 1][: start.col - 1].strip() and rest[after:].startswith("\n")
+        if alone:
+            return Edit(Position(start.line, 1), Position(stop.line + 1, 1), "")
+        return Edit(start, stop, "")
+
+    @staticmethod
+    def arguments(call: ast.Call) -> list[ast.AST]:
+        """A call's positional and keyword arguments in source order."""
+        return sorted([*call.args, *call.keywords], key=lambda a: (a.lineno, a.col_offset))  # type: ignore[attr-defined]
 
     def _position_of(self, offset: int) -> Position:
         self.offset(Position(1, 1))  # make sure line starts exist
@@ -221,23 +249,47 @@ class FileContext:
                 return node
         return None
 
-    def enclosing_training_loop(self) -> ast.AST | None:
-        """The innermost loop around the current node, within the same function,
-        whose body runs a backward pass or an optimizer step."""
-        for node in reversed(self.parents):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+    def training_loop(self, *nodes: ast.AST) -> ast.AST | None:
+        """The innermost loop, in the same function, that runs ``nodes[-1]`` (the
+        visited node when ``nodes`` is empty) on every iteration and itself runs a
+        training step (see :meth:`runs_training_step`).
+
+        ``nodes`` extend ``parents`` (the visited node, then any descendant of it). A
+        loop's iterable and ``else`` clause run once, so they are not inside it; a
+        function, lambda or class defined in a loop is not in the loop. An evaluation
+        loop nested in an epoch loop is not a training loop even though the epoch loop
+        holds the training loop too: the epoch loop's own body must train.
+        """
+        path = [*self.parents, *nodes]
+        for i in range(len(path) - 2, -1, -1):
+            parent, child = path[i], path[i + 1]
+            if isinstance(parent, BOUNDARY_TYPES):
                 return None
-            if isinstance(node, LOOP_TYPES) and self.is_training_loop(node):
-                return node
+            if isinstance(parent, LOOP_TYPES) and _repeats(parent, child) and self.runs_training_step(parent):
+                return parent
         return None
 
-    def is_training_loop(self, loop: ast.AST) -> bool:
-        key = ("training_loop", id(loop))
+    def runs_training_step(self, loop: ast.AST) -> bool:
+        """Whether the loop's own body (not nested loops or functions) calls
+        ``backward()`` or an optimizer's ``step()``."""
+        key = ("runs_training_step", id(loop))
         if key not in self.cache:
-            self.cache[key] = any(self._is_training_call(n) for n in _walk_same_scope(loop))
+            stack: list[ast.AST] = list(loop.body)  # type: ignore[attr-defined]
+            if isinstance(loop, ast.While):
+                stack.append(loop.test)
+            found = False
+            while stack and not found:
+                node = stack.pop()
+                found = self.is_training_call(node)
+                if not isinstance(node, (*LOOP_TYPES, *BOUNDARY_TYPES)):
+                    stack.extend(ast.iter_child_nodes(node))
+            self.cache[key] = found
         return self.cache[key]
 
-    def _is_training_call(self, node: ast.AST) -> bool:
+    def is_training_call(self, node: ast.AST) -> bool:
+        """A ``backward()`` call, ``torch.autograd.backward``, or the ``step()`` of an
+        optimizer (a name assigned from an optimizer class, or containing "opt");
+        an LR scheduler's ``step()`` is not one."""
         if not isinstance(node, ast.Call):
             return False
         func = node.func
@@ -247,23 +299,29 @@ class FileContext:
             if func.attr == "step":
                 receiver = func.value
                 if isinstance(receiver, ast.Attribute):
-                    receiver_name = receiver.attr
+                    name = receiver.attr
                 elif isinstance(receiver, ast.Name):
-                    receiver_name = receiver.id
+                    name = receiver.id
                 else:
                     return False
-                return "opt" in receiver_name.lower() or receiver_name in self.optimizer_names()
+                if "sched" in name.lower() or name in self._assigned_from(_is_scheduler_name):
+                    return False
+                return "opt" in name.lower() or name in self.optimizer_names()
         return self.qualified_name(func) == "torch.autograd.backward"
 
     def optimizer_names(self) -> frozenset[str]:
         """Names assigned from a ``torch.optim`` (or torch_npu/apex) optimizer."""
-        key = "optimizer_names"
+        return self._assigned_from(_is_optimizer_name)
+
+    def _assigned_from(self, predicate) -> frozenset[str]:
+        """Names (and attribute names) assigned from a call whose qualified name
+        satisfies ``predicate``."""
+        key = ("assigned_from", predicate)
         if key not in self.cache:
             names = set()
             for node in ast.walk(self.tree):
                 if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-                    qn = self.call_name(node.value) or ""
-                    if _is_optimizer_name(qn):
+                    if predicate(self.call_name(node.value) or ""):
                         for t in node.targets:
                             if isinstance(t, ast.Name):
                                 names.add(t.id)
@@ -273,19 +331,32 @@ class FileContext:
         return self.cache[key]
 
 
+def _repeats(loop: ast.AST, child: ast.AST) -> bool:
+    """Whether ``child`` (a direct child of ``loop``) runs on every iteration."""
+    if any(child is s for s in loop.body):  # type: ignore[attr-defined]
+        return True
+    return isinstance(loop, ast.While) and child is loop.test
+
+
+def _is_scheduler_name(qualified: str) -> bool:
+    return qualified.startswith("torch.optim.lr_scheduler.")
+
+
 def _is_optimizer_name(qualified: str) -> bool:
+    if _is_scheduler_name(qualified):
+        return False
     return qualified.startswith(("torch.optim.", "torch_npu.optim.", "apex.optimizers.")) and (
         qualified.rsplit(".", 1)[-1][:1].isupper()
     )
 
 
-def _walk_same_scope(node: ast.AST) -> Iterator[ast.AST]:
+def walk_scope(node: ast.AST) -> Iterator[ast.AST]:
     """Walk a subtree without entering nested functions, lambdas or classes."""
     stack = list(ast.iter_child_nodes(node))
     while stack:
         child = stack.pop()
         yield child
-        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+        if not isinstance(child, BOUNDARY_TYPES):
             stack.extend(ast.iter_child_nodes(child))
 
 

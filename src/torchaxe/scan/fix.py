@@ -155,23 +155,23 @@ def fix_source(source: str, path: str, options: ScanOptions, unsafe: bool = Fals
     rules = [cls() for cls in select_rules(options.select, options.ignore)]
     result = FileFix(path=path, original=source, fixed=source)
     current = source
-    imports: list[str] = []
     for _ in range(MAX_PASSES):
         report = scan_source(current, path, options, rules)
         todo = [f for f in report.findings if is_applicable(f.fix, unsafe)]
         if not todo:
             break
         current, applied = apply_edits(current, [f.fix for f in todo])  # type: ignore[misc]
-        for i in applied:
-            result.applied.append(todo[i])
-            imports.extend(todo[i].fix.imports)  # type: ignore[union-attr]
         if not applied:
             break
-    if imports and current != source:
-        try:
-            current = add_imports(current, imports)
-        except SyntaxError:
-            pass  # reported below
+        result.applied.extend(todo[i] for i in applied)
+        imports = [imp for i in applied for imp in todo[i].fix.imports]  # type: ignore[union-attr]
+        if imports:
+            # Added now, not after the last pass, so the next pass resolves the
+            # names the new code uses.
+            try:
+                current = add_imports(current, imports)
+            except SyntaxError:
+                break  # reported below
     try:
         ast.parse(current)
     except SyntaxError as exc:

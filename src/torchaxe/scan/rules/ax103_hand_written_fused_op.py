@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import DEFINITION_TYPES, FileContext, _walk_same_scope
+from torchaxe.scan.context import DEFINITION_TYPES, FileContext, walk_scope
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 
@@ -190,9 +190,9 @@ class HandWrittenFusedOp(Rule):
             return
         if isinstance(node, ast.ClassDef):
             body = [n for stmt in node.body if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    for n in _walk_same_scope(stmt)]
+                    for n in walk_scope(stmt)]
         else:
-            body = list(_walk_same_scope(node))
+            body = list(walk_scope(node))
         called = _called_names(body)
         if any(c in called for c in op.fused_calls):
             return

@@ -120,16 +120,16 @@ class UnfusedOptimizer(Rule):
         if cls not in ctx.capabilities.get("fused_optimizers", ()):
             return
         if "foreach" in keywords:
-            edit = ctx.replace(keywords["foreach"], "fused=True")
+            edits = [ctx.replace(keywords["foreach"], "fused=True")]
         else:
-            edit = ctx.add_keyword(node, "fused=True")
+            edits = ctx.add_keyword(node, "fused=True")
         yield ctx.finding(
             self,
             node,
             f"torch.optim.{cls} runs unfused on {ctx.target}: fused=True updates all parameters "
             f"in one kernel per step (torch {ctx.capabilities.get('torch_version') or '2.x'} supports it)",
             replacement=f"torch.optim.{cls}(..., fused=True)",
-            fix=ctx.fix(self, [edit], title="pass fused=True"),
+            fix=ctx.fix(self, edits, title="pass fused=True"),
         )
 
     def _npu(self, node: ast.Call, ctx: FileContext, cls: str, keywords: dict) -> Iterable[Finding]:

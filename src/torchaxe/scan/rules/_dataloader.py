@@ -1,0 +1,155 @@
+"""Reading ``torch.utils.data.DataLoader(...)`` calls for the AX4xx rules: which
+argument sets a setting (by keyword or by position), what literal it holds, and an
+edit that sets it. Not a rule module (the leading underscore keeps the registry out).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from torchaxe.findings import Edit
+from torchaxe.scan.context import FileContext
+
+LOADER_NAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+TENSOR_DATASET_NAMES = frozenset({"torch.utils.data.TensorDataset", "torch.utils.data.dataset.TensorDataset"})
+
+#: The positional order of ``DataLoader.__init__`` (torch 2.x); the settings after
+#: ``generator`` (prefetch_factor, persistent_workers, ...) are keyword-only.
+POSITIONS = (
+    "dataset",
+    "batch_size",
+    "shuffle",
+    "sampler",
+    "batch_sampler",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "drop_last",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+)
+
+_NO_VALUE = object()
+
+
+class _Marker:
+    """A named sentinel (its repr shows in test failures)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+MISSING = _Marker("MISSING")
+NOT_LITERAL = _Marker("NOT_LITERAL")
+
+
+@dataclass(frozen=True)
+class LoaderCall:
+    """A DataLoader call whose arguments can all be read (no ``*args``/``**kwargs``)."""
+
+    call: ast.Call
+
+    def argument(self, name: str) -> ast.expr | None:
+        """The expression passed for ``name``, by keyword or by position, or None."""
+        for kw in self.call.keywords:
+            if kw.arg == name:
+                return kw.value
+        if name in POSITIONS:
+            index = POSITIONS.index(name)
+            if index < len(self.call.args):
+                return self.call.args[index]
+        return None
+
+    def literal(self, name: str) -> object:
+        """The literal value passed for ``name``; ``MISSING`` when the argument is
+        absent, ``NOT_LITERAL`` when it is an expression."""
+        node = self.argument(name)
+        if node is None:
+            return MISSING
+        value = literal_value(node)
+        return NOT_LITERAL if value is _NO_VALUE else value
+
+
+def loader_call(node: ast.AST, ctx: FileContext) -> LoaderCall | None:
+    """The call as a :class:`LoaderCall` when it builds a torch DataLoader and every
+    argument is visible; None otherwise (unpacked arguments may set anything)."""
+    if not isinstance(node, ast.Call) or ctx.call_name(node) not in LOADER_NAMES:
+        return None
+    if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+        return None
+    return LoaderCall(node)
+
+
+def literal_value(node: ast.AST) -> object:
+    """The value of a constant (``-1`` included), or a private sentinel."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        value = node.operand.value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value
+    return _NO_VALUE
+
+
+def set_argument(ctx: FileContext, loader: LoaderCall, name: str, value_text: str) -> list[Edit]:
+    """Edits that make the call pass ``value_text`` for ``name``: the existing
+    argument's value is replaced in place, or ``name=value`` is appended."""
+    node = loader.argument(name)
+    if node is not None:
+        return [ctx.replace(node, value_text)]
+    return ctx.add_keyword(loader.call, f"{name}={value_text}")
+
+
+def dataset_expression(ctx: FileContext, loader: LoaderCall) -> ast.expr | None:
+    """The expression that builds the loader's dataset: the ``dataset`` argument, or
+    the value assigned (once) in this file to the name passed there."""
+    node = loader.argument("dataset")
+    if isinstance(node, ast.Name):
+        return _assigned_values(ctx).get(node.id, node)
+    return node
+
+
+def is_tensor_dataset(ctx: FileContext, loader: LoaderCall) -> bool:
+    """Whether the dataset is a ``TensorDataset`` built in this file: its samples
+    are already tensors in memory, so there is nothing to load in parallel."""
+    node = dataset_expression(ctx, loader)
+    return isinstance(node, ast.Call) and ctx.call_name(node) in TENSOR_DATASET_NAMES
+
+
+def holds_device_tensors(ctx: FileContext, loader: LoaderCall) -> bool:
+    """Whether the dataset is a TensorDataset of tensors moved to a device here
+    (``x.cuda()``, ``x.to(device)``...): such batches cannot be pinned."""
+    node = dataset_expression(ctx, loader)
+    if not (isinstance(node, ast.Call) and ctx.call_name(node) in TENSOR_DATASET_NAMES):
+        return False
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in ("cuda", "npu", "to"):
+            return True
+        if isinstance(sub, ast.keyword) and sub.arg == "device":
+            return True
+    return False
+
+
+def _assigned_values(ctx: FileContext) -> dict[str, ast.expr]:
+    """Names bound exactly once in the file, by a plain ``name = value``, with their
+    value. Scope-blind, and a name bound twice is left out rather than guessed."""
+    key = "dataloader.assigned"
+    if key not in ctx.cache:
+        values: dict[str, ast.expr] = {}
+        seen: set[str] = set()
+        for node in ast.walk(ctx.tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                if name in seen:
+                    values.pop(name, None)
+                else:
+                    values[name] = node.value
+                seen.add(name)
+        ctx.cache[key] = values
+    return ctx.cache[key]

@@ -1,0 +1,318 @@
+"""AX203: an optimizer step written by hand, one parameter at a time."""
+
+from __future__ import annotations
+
+import ast
+import re
+from typing import Iterable
+
+from torchaxe.findings import Applicability, Finding
+from torchaxe.scan.context import FileContext
+from torchaxe.scan.rules.base import Invalid, Rule, Valid
+
+#: In-place tensor methods that write a new value into the parameter.
+_UPDATE_METHODS = ("add_", "sub_", "copy_", "addcmul_", "addcdiv_")
+#: Calls that pass a parameter iterable through unchanged (for our purpose).
+_PASS_THROUGH = ("list", "tuple", "filter", "sorted", "reversed")
+#: Step sizes that can be negated without parentheses.
+_SIMPLE = re.compile(r"^(?:[A-Za-z_][\w.]*|[0-9][\w.]*)$")
+
+
+class ManualParameterUpdateLoop(Rule):
+    """
+    ## What it does
+    Flags a gradient-descent update written by hand inside a loop over a model's
+    parameters: `p.data.add_(p.grad, alpha=-lr)`, `p.data.sub_(lr * p.grad)`,
+    `p.data -= lr * p.grad`, `p -= lr * p.grad` (under `torch.no_grad()`),
+    `p.data = p.data - lr * p.grad`, in `for p in model.parameters()`,
+    `for name, p in model.named_parameters()` or a list built from them.
+
+    ## Why is this bad?
+    Each statement launches one or more small kernels per parameter (a multiply, then
+    an add), from a Python loop; a model with hundreds of parameters pays hundreds of
+    launches and interpreter round trips per step. A fused optimizer updates all
+    parameters with one or a few kernels.
+
+    ## Example
+    ```python
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+    ```
+
+    ## Use instead
+    ```python
+    opt = torch.optim.SGD(model.parameters(), lr=lr, fused=True)  # cpu, cuda
+    opt = torch_npu.optim.NpuFusedSGD(model.parameters(), lr=lr)  # npu
+    ...
+    opt.step()
+    ```
+    or, keeping the loop's own logic, `torch._foreach_add_(params, grads, alpha=-lr)`
+    (an underscore API, but the one `torch.optim` itself uses).
+
+    ## Fix safety
+    Display-only: the replacement creates an optimizer object and changes where the
+    step happens, which needs a person. Fused kernels round differently in the last
+    bits, and `torch.optim.SGD` skips parameters whose `.grad` is `None` where the
+    loop would fail. NPU replacements are unverified on Ascend hardware.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.optim.SGD.html
+    - https://pytorch.org/docs/stable/optim.html#algorithms
+    """
+
+    code = "AX203"
+    name = "manual-parameter-update-loop"
+    category = "optimizer_unfused"
+    message = "parameters updated one at a time by a hand-written loop"
+    fix_title = "use a fused optimizer (torch.optim.SGD(..., fused=True))"
+    fix_safety = Applicability.DISPLAY_ONLY
+    requires_text = (".grad",)
+    node_types = (ast.For,)
+    references = (
+        "https://pytorch.org/docs/stable/generated/torch.optim.SGD.html",
+        "https://pytorch.org/docs/stable/optim.html#algorithms",
+    )
+    examples = (
+        Invalid(
+            "import torch\nwith torch.no_grad():\n    for p in model.parameters():\n        p -= lr * p.grad\n"
+        ),
+        Invalid("import torch\nfor p in model.parameters():\n    p.data.add_(p.grad, alpha=-0.01)\n", target="cuda"),
+        Invalid(
+            "import torch\nfor name, param in net.named_parameters():\n"
+            "    if param.grad is not None:\n        param.data.sub_(args.lr * param.grad.data)\n",
+            target="npu",
+        ),
+        Invalid(
+            "import torch\nparams = [p for p in model.parameters() if p.requires_grad]\n"
+            "for p in params:\n    p.data = p.data - lr * p.grad\n    p.data.mul_(1 - wd)\n"
+        ),
+        Invalid(
+            "import torch\nfor p in list(model.parameters()):\n    p.data -= lr * p.grad\n"
+            "for q in model.parameters():\n    q.sub_(q.grad, alpha=lr)\n",
+            count=2,
+        ),
+        Valid("import torch\nfor p in model.parameters():\n    p.requires_grad_(False)\n"),
+        Valid("import torch\nfor p in model.parameters():\n    p.grad.mul_(scale)\n"),
+        Valid(
+            "import torch\nfor ema_p, p in zip(ema.parameters(), model.parameters()):\n"
+            "    ema_p.data.mul_(0.999).add_(p.data, alpha=0.001)\n"
+        ),
+        Valid(
+            "import torch\nfor group in self.param_groups:\n    for p in group['params']:\n"
+            "        p.data.add_(p.grad, alpha=-group['lr'])\n"
+        ),
+        Valid("import torch\nfor p in model.parameters():\n    p.data.clamp_(-0.01, 0.01)\n"),
+        Valid("import torch\nfor p in model.parameters():\n    p.data.add_(p.grad, alpha=-lr)  # noqa: AX203\n"),
+    )
+
+    def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
+        assert isinstance(node, ast.For)
+        param = _loop_parameter(node, ctx)
+        if param is None:
+            return
+        for stmt in _same_scope(node.body):
+            step = _update_step(stmt, param)
+            if step is None:
+                continue
+            lr = _learning_rate(ctx, stmt, param) or "lr"
+            params = _parameter_source(ctx, node.iter)
+            yield ctx.finding(
+                self,
+                stmt,
+                _message(ctx, lr, params),
+                replacement=_replacement(ctx, lr, params),
+                fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY),
+            )
+            return  # one finding per loop: the loop is the problem
+
+
+def _message(ctx: FileContext, lr: str, params: str) -> str:
+    target = ctx.target
+    if target == "npu":
+        instead = (
+            f"torch_npu.optim.NpuFusedSGD({params}, lr={lr}) fuses the update (parameters must be fp16/fp32 "
+            "and keep their identity; unverified on Ascend hardware)"
+        )
+    else:
+        instead = f"{_replacement(ctx, lr, params)} updates every parameter in one fused kernel"
+    waiting = "the step waits" if target == "cpu" else f"the {target} device waits"
+    negative = f"-{lr}" if _SIMPLE.match(lr) else f"-({lr})"
+    return (
+        f"hand-written per-parameter update: each iteration launches its own small kernels from Python "
+        f"(hundreds per step for a real model) and {waiting} on the launches; "
+        f"{instead}, or torch._foreach_add_(params, grads, alpha={negative}) keeps the loop's logic in one "
+        "multi-tensor call. Display-only: moving to an optimizer object needs a person"
+    )
+
+
+def _replacement(ctx: FileContext, lr: str, params: str) -> str:
+    if ctx.target == "npu":
+        return f"torch_npu.optim.NpuFusedSGD({params}, lr={lr})"
+    if "SGD" in ctx.capabilities.get("fused_optimizers", ("SGD",)):
+        return f"torch.optim.SGD({params}, lr={lr}, fused=True)"
+    return f"torch.optim.SGD({params}, lr={lr}, foreach=True)"
+
+
+def _loop_parameter(loop: ast.For, ctx: FileContext) -> str | None:
+    """The loop variable bound to each parameter, when the loop walks parameters."""
+    kind = _iterable_kind(loop.iter, ctx)
+    target = loop.target
+    if kind == "parameters" and isinstance(target, ast.Name):
+        return target.id
+    if (
+        kind == "named_parameters"
+        and isinstance(target, ast.Tuple)
+        and len(target.elts) == 2
+        and isinstance(target.elts[1], ast.Name)
+    ):
+        return target.elts[1].id
+    return None
+
+
+def _iterable_kind(node: ast.AST, ctx: FileContext, depth: int = 0) -> str | None:
+    """``"parameters"`` or ``"named_parameters"`` when ``node`` yields a module's
+    parameters (directly, through list()/filter()/a comprehension, or through a name
+    assigned once from one of those), else None."""
+    if depth > 3:
+        return None
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("parameters", "named_parameters"):
+            return func.attr
+        if isinstance(func, ast.Name) and func.id in _PASS_THROUGH and func.id not in ctx.imports:
+            for arg in node.args:
+                kind = _iterable_kind(arg, ctx, depth + 1)
+                if kind:
+                    return kind
+        return None
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp)) and len(node.generators) == 1:
+        gen = node.generators[0]
+        if isinstance(node.elt, ast.Name) and isinstance(gen.target, ast.Name) and node.elt.id == gen.target.id:
+            return _iterable_kind(gen.iter, ctx, depth + 1)
+        return None
+    if isinstance(node, ast.Name):
+        value = _single_assignments(ctx).get(node.id)
+        if value is not None:
+            return _iterable_kind(value, ctx, depth + 1)
+    return None
+
+
+def _parameter_source(ctx: FileContext, node: ast.AST) -> str:
+    """Text for the parameters to hand an optimizer, e.g. ``model.parameters()``."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "parameters":
+            return ctx.text(sub)
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "named_parameters":
+            return f"{ctx.text(sub.func.value)}.parameters()"
+    if isinstance(node, ast.Name):
+        return node.id
+    return "params"
+
+
+def _single_assignments(ctx: FileContext) -> dict[str, ast.expr]:
+    key = "ax203.assignments"
+    if key not in ctx.cache:
+        values: dict[str, ast.expr] = {}
+        seen: set[str] = set()
+        for node in ast.walk(ctx.tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                if name in seen:
+                    values.pop(name, None)
+                else:
+                    values[name] = node.value
+                seen.add(name)
+        ctx.cache[key] = values
+    return ctx.cache[key]
+
+
+def _same_scope(body: list[ast.stmt]) -> Iterable[ast.stmt]:
+    """The statements of a loop body, nested blocks included, nested functions not."""
+    stack = list(reversed(body))
+    while stack:
+        stmt = stack.pop()
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        yield stmt
+        children = [c for c in ast.iter_child_nodes(stmt) if isinstance(c, ast.stmt)]
+        stack.extend(reversed(children))
+
+
+def _is_param(node: ast.AST, param: str) -> bool:
+    """``p`` or ``p.data``."""
+    if isinstance(node, ast.Attribute) and node.attr == "data":
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == param
+
+
+def _reads_grad(node: ast.AST, param: str) -> bool:
+    return any(
+        isinstance(sub, ast.Attribute)
+        and sub.attr == "grad"
+        and isinstance(sub.value, ast.Name)
+        and sub.value.id == param
+        for sub in ast.walk(node)
+    )
+
+
+def _update_step(stmt: ast.stmt, param: str) -> ast.AST | None:
+    """The expression that steps ``param`` by its gradient, when ``stmt`` is one."""
+    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, (ast.Add, ast.Sub)):
+        if _is_param(stmt.target, param) and _reads_grad(stmt.value, param):
+            return stmt.value
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        target = stmt.targets[0]
+        if isinstance(target, ast.Attribute) and target.attr == "data" and _is_param(target, param):
+            if _reads_grad(stmt.value, param):
+                return stmt.value
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        call = stmt.value
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr in _UPDATE_METHODS and _is_param(func.value, param):
+            if any(_reads_grad(a, param) for a in [*call.args, *call.keywords]):
+                return call
+    return None
+
+
+def _learning_rate(ctx: FileContext, stmt: ast.stmt, param: str) -> str | None:
+    """The step size, as source text, for the common spellings of the update."""
+    def grad_factor(expr: ast.AST) -> ast.AST | None:
+        # lr * p.grad, p.grad * lr
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+            if _reads_grad(expr.right, param) and not _reads_grad(expr.left, param):
+                return expr.left
+            if _reads_grad(expr.left, param) and not _reads_grad(expr.right, param):
+                return expr.right
+        return None
+
+    def negated(expr: ast.AST) -> str | None:
+        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
+            return ctx.text(expr.operand)
+        return None
+
+    if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, ast.Sub):
+        factor = grad_factor(stmt.value)
+        return ctx.text(factor) if factor is not None else None
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        call = stmt.value
+        method = call.func.attr if isinstance(call.func, ast.Attribute) else ""
+        alpha = next((k.value for k in call.keywords if k.arg == "alpha"), None)
+        if method == "add_" and alpha is not None:
+            return negated(alpha)
+        if method == "sub_" and alpha is not None:
+            return ctx.text(alpha)
+        if method == "sub_" and len(call.args) == 1:
+            factor = grad_factor(call.args[0])
+            return ctx.text(factor) if factor is not None else None
+        if method == "add_" and len(call.args) == 1:
+            factor = grad_factor(call.args[0])
+            return negated(factor) if factor is not None else None
+        if method == "add_" and len(call.args) == 2 and _reads_grad(call.args[1], param):
+            return negated(call.args[0])  # the old add_(-lr, grad) spelling
+    if isinstance(stmt, ast.Assign):
+        value = stmt.value
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Sub) and _is_param(value.left, param):
+            factor = grad_factor(value.right)
+            return ctx.text(factor) if factor is not None else None
+    return None

@@ -1,0 +1,232 @@
+"""AX301: a tensor read back to the host (.item(), .cpu(), .numpy(), .tolist()) on
+every training step."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterable
+
+from torchaxe.findings import Applicability, Finding
+from torchaxe.scan.context import FileContext
+from torchaxe.scan.rules import _tensors as T
+from torchaxe.scan.rules.base import Invalid, Rule, Valid
+
+READ_METHODS = frozenset({"item", "cpu", "numpy", "tolist"})
+
+
+def _is_read(ctx: FileContext, node: ast.AST) -> bool:
+    """A call that copies a tensor to host memory: ``.item()``, ``.cpu()``,
+    ``.numpy()``, ``.tolist()``, or a blocking ``.to("cpu")``."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        return False
+    attr = node.func.attr
+    if attr in READ_METHODS:
+        return True
+    if attr == "to" and not T.is_true(getattr(T.keyword(node, "non_blocking"), "value", None)):
+        device = T.keyword(node, "device")
+        device = device.value if device is not None else (node.args[0] if node.args else None)
+        return device is not None and T.is_cpu_device(ctx, device)
+    return False
+
+
+class HostReadInTrainingLoop(Rule):
+    """
+    ## What it does
+    Flags `.item()`, `.cpu()`, `.numpy()`, `.tolist()` and a blocking `.to("cpu")`
+    inside a training loop (a loop whose own body calls `backward()` or an
+    optimizer's `step()`), on the GPU and NPU targets.
+
+    ## Why is this bad?
+    The device runs kernels asynchronously: the host queues the next step's work while
+    the device is still busy with this one. Reading a value back makes the host wait
+    until every kernel queued so far has finished, every step, so the device idles
+    while the host prepares the next step. The loss is largest where the host is the
+    bottleneck: small models, many small kernels, and NPUs, whose operators are
+    dispatched through a task queue that the read drains.
+
+    Not reported on the `cpu` target, where a tensor already lives in host memory and
+    there is no queue to drain. Not reported when the read runs on a few steps only:
+    inside an `if step % N == 0:` branch (N a name, or a literal of 10 or more), an
+    `except` handler or a `raise`; that is the remedy, not the problem. Evaluation
+    loops (no `backward()`/`step()` in their own body) are not reported, even inside
+    an epoch loop, nor are functions defined in the loop. Receivers known to be host
+    values (numpy arrays, batches straight from a DataLoader) are skipped.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        opt.step()
+        total += loss.item()
+    ```
+
+    ## Use instead
+    ```python
+    total = torch.zeros((), device=device)
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        opt.step()
+        total += loss.detach()       # stays on the device, no wait
+    print(total.item())              # one read per epoch
+    ```
+
+    ## Fix safety
+    Display-only: moving the read changes what the program prints and when; the
+    finding shows the replacement, a person makes it.
+
+    ## References
+    - https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution
+    - https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid-unnecessary-cpu-gpu-synchronization
+    """
+
+    code = "AX301"
+    name = "host-read-in-training-loop"
+    category = "host_sync_in_loop"
+    message = "a tensor is read back to the host on every training step"
+    fix_title = "keep the value on the device and read it every N steps or once per epoch"
+    fix_safety = Applicability.DISPLAY_ONLY
+    targets = ("cuda", "npu")
+    requires_text = ("item(", "cpu", "numpy(", "tolist(")
+    node_types = (ast.Call,)
+    references = (
+        "https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution",
+        "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid-unnecessary-cpu-gpu-synchronization",
+    )
+    examples = (
+        Invalid(
+            "import torch\n"
+            "for x, y in loader:\n"
+            "    loss = criterion(model(x), y)\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    total += loss.item()\n",
+            target="cuda",
+        ),
+        Invalid(
+            "def train(model, loader, optimizer):\n"
+            "    for batch in loader:\n"
+            "        out = model(batch)\n"
+            "        out.loss.backward()\n"
+            "        optimizer.step()\n"
+            "        preds = out.logits.argmax(-1).cpu().numpy()\n"
+            "        losses.append(out.loss.detach().cpu())\n",
+            target="npu",
+            count=2,
+        ),
+        Invalid(
+            "import torch as T\n"
+            "while True:\n"
+            "    loss = T.nn.functional.mse_loss(net(x), y)\n"
+            "    T.autograd.backward(loss)\n"
+            "    history.append(loss.tolist())\n",
+            target="cuda",
+        ),
+        Invalid(
+            "for step, batch in enumerate(loader):\n"
+            "    loss = model(batch)\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    for name, value in metrics.items():\n"
+            "        log[name] = value.item()\n"
+            "    if step % 2 == 0:\n"
+            "        print(loss.to('cpu'))\n",
+            target="cuda",
+            count=2,
+        ),
+        Valid(
+            "for x, y in loader:\n"
+            "    loss = model(x, y)\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    total += loss.item()\n",
+            target="cpu",
+        ),
+        Valid(
+            "import torch\n"
+            "for epoch in range(10):\n"
+            "    for x, y in train_loader:\n"
+            "        loss = model(x, y)\n"
+            "        loss.backward()\n"
+            "        opt.step()\n"
+            "    for x, y in val_loader:\n"
+            "        correct += (model(x).argmax(1) == y).sum().item()\n"
+            "    print(loss.item())\n",
+            target="cuda",
+        ),
+        Valid(
+            "for step, (x, y) in enumerate(loader):\n"
+            "    loss = model(x, y)\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    if step % args.log_every == 0:\n"
+            "        print(loss.item())\n"
+            "    if not (step % 100):\n"
+            "        writer.add_scalar('loss', loss.item(), step)\n",
+            target="cuda",
+        ),
+        Valid(
+            "for x, y in loader:\n"
+            "    loss = model(x, y)\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    def report():\n"
+            "        return loss.item()\n"
+            "    total += loss.item()  # noqa: AX301\n",
+            target="cuda",
+        ),
+        Valid(
+            "import numpy as np\n"
+            "for x, y in loader:\n"
+            "    counts = np.bincount(y.numpy())\n"
+            "    loss = model(x.cuda(), y.cuda())\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    seen.extend(counts.tolist())\n"
+            "    copy = loss.detach().to('cpu', non_blocking=True)\n",
+            target="cuda",
+        ),
+        Valid(
+            "with torch.no_grad():\n"
+            "    for x, y in loader:\n"
+            "        acc += (model(x).argmax(1) == y).float().mean().item()\n",
+            target="npu",
+        ),
+    )
+
+    def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
+        assert isinstance(node, ast.Call)
+        if not _is_read(ctx, node):
+            return
+        receiver = node.func.value  # type: ignore[attr-defined]
+        if _chain_has_read(ctx, receiver):
+            return  # x.cpu().numpy(): the first read in the chain is the one reported
+        loop = ctx.training_loop(node)
+        if loop is None or T.rarely_run(ctx, loop, node):
+            return
+        tensors = T.tensors_at(ctx)
+        if tensors.is_host(receiver):
+            return
+        what = T.describe(ctx, node)
+        value = receiver.id if isinstance(receiver, ast.Name) else "loss"
+        yield ctx.finding(
+            self,
+            node,
+            f"`{what}` reads a tensor back to the host inside the training loop: {T.sync_cost(ctx.target)}; "
+            f"accumulate on the device (`total += {value}.detach()`) and read it every N steps or once per epoch",
+            replacement=f"total += {value}.detach()  # read total.item() every N steps or after the loop",
+            fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY),
+        )
+
+
+def _chain_has_read(ctx: FileContext, node: ast.AST) -> bool:
+    while True:
+        if isinstance(node, ast.Call):
+            if _is_read(ctx, node):
+                return True
+            node = node.func
+        elif isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        else:
+            return False

@@ -1,0 +1,140 @@
+"""AX401: a DataLoader that loads every batch in the training process."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterable
+
+from torchaxe.findings import Applicability, Finding
+from torchaxe.scan.context import FileContext
+from torchaxe.scan.rules._dataloader import MISSING, is_tensor_dataset, loader_call, set_argument
+from torchaxe.scan.rules.base import Invalid, Rule, Valid
+
+#: Workers the fix asks for: enough to hide decoding and augmentation behind a step
+#: on most models, few enough not to crowd a shared machine. Tune it by measuring.
+SUGGESTED_WORKERS = 4
+
+_UNSAFE_BECAUSE = (
+    "unsafe: the dataset must pickle to reach the workers, each worker seeds its own "
+    "random state, an IterableDataset yields its data once per worker unless it shards "
+    "by get_worker_info(), and spawn-start platforms need an `if __name__ == '__main__':` guard"
+)
+
+
+class DataLoaderWithoutWorkers(Rule):
+    """
+    ## What it does
+    Flags a `torch.utils.data.DataLoader` built without worker processes
+    (`num_workers` missing or the literal `0`), through any import alias.
+
+    ## Why is this bad?
+    With no workers the training process itself reads, decodes, augments and
+    collates every batch between two steps, and the device idles meanwhile. Worker
+    processes prepare the next batches in parallel while the current step runs.
+
+    ## Example
+    ```python
+    loader = DataLoader(train_set, batch_size=64, shuffle=True)
+    ```
+
+    ## Use instead
+    ```python
+    loader = DataLoader(train_set, batch_size=64, shuffle=True, num_workers=4)
+    ```
+
+    ## Fix safety
+    Unsafe. The fix asks for 4 workers, a conservative start to tune by measuring.
+    The dataset must be picklable, each worker has its own random state (seed numpy
+    and `random` in a `worker_init_fn`), an `IterableDataset` yields its data once per
+    worker unless it shards with `get_worker_info()`, and platforms that start workers
+    with `spawn` need the training code under `if __name__ == "__main__":`. On a CPU
+    target the workers share cores with the training threads. Loaders over a
+    `TensorDataset` built in the same file (data already in memory) and calls with
+    `*args`/`**kwargs` or a non-literal `num_workers` are not flagged.
+
+    ## References
+    - https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading
+    - https://pytorch.org/docs/stable/notes/randomness.html#dataloader
+    """
+
+    code = "AX401"
+    name = "dataloader-without-workers"
+    category = "dataloader_config"
+    message = "DataLoader loads every batch in the training process (no worker processes)"
+    fix_title = f"load batches in {SUGGESTED_WORKERS} worker processes"
+    fix_safety = Applicability.UNSAFE
+    requires_text = ("DataLoader",)
+    node_types = (ast.Call,)
+    references = (
+        "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading",
+        "https://pytorch.org/docs/stable/notes/randomness.html#dataloader",
+    )
+    examples = (
+        Invalid(
+            "import torch\nloader = torch.utils.data.DataLoader(train_set, batch_size=64)\n",
+            fixed="import torch\nloader = torch.utils.data.DataLoader(train_set, batch_size=64, num_workers=4)\n",
+        ),
+        Invalid(
+            "from torch.utils.data import DataLoader as DL\nloader = DL(ds, batch_size=8, num_workers=0)\n",
+            target="cuda",
+            fixed="from torch.utils.data import DataLoader as DL\nloader = DL(ds, batch_size=8, num_workers=4)\n",
+        ),
+        Invalid(
+            "import torch.utils.data as tud\nloader = tud.DataLoader(\n    ds,\n    batch_size=8,\n    shuffle=True,\n)\n",
+            target="npu",
+            fixed=(
+                "import torch.utils.data as tud\nloader = tud.DataLoader(\n    ds,\n    batch_size=8,\n"
+                "    shuffle=True,\n    num_workers=4,\n)\n"
+            ),
+        ),
+        Invalid(
+            "from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 0)\n",
+            fixed="from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 4)\n",
+        ),
+        Invalid(
+            "from torch.utils import data\nloader = data.DataLoader(ds)\n",
+            fixed="from torch.utils import data\nloader = data.DataLoader(ds, num_workers=4)\n",
+        ),
+        Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, batch_size=64, num_workers=8)\n"),
+        Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=args.workers)\n"),
+        Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, **loader_kwargs)\n"),
+        Valid("from torch.utils.data import DataLoader\nloader = DataLoader(*loader_args)\n"),
+        Valid("from mylib.data import DataLoader\nloader = DataLoader(ds, batch_size=64)\n"),
+        Valid("import torch\nloader = torch.utils.data.DataLoader(ds)  # noqa: AX401\n"),
+        Valid(
+            "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+            "train_set = TensorDataset(x, y)\nloader = DataLoader(train_set, batch_size=64)\n"
+        ),
+    )
+
+    def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
+        loader = loader_call(node, ctx)
+        if loader is None:
+            return
+        workers = loader.literal("num_workers")
+        if workers is not MISSING and (isinstance(workers, bool) or workers != 0):
+            return  # workers already, or a value only known at run time
+        if is_tensor_dataset(ctx, loader):
+            return  # in-memory tensors: workers would only add copies between processes
+        why = "num_workers=0" if workers == 0 else "num_workers defaults to 0"
+        cpu_note = (
+            "; on a CPU target the workers share cores with the training threads, so set "
+            "torch.set_num_threads() to the cores left over"
+            if ctx.target == "cpu"
+            else ""
+        )
+        waiting = "the step waits" if ctx.target == "cpu" else f"the {ctx.target} device waits"
+        message = (
+            f"DataLoader loads every batch in the training process ({why}): {waiting} while each batch "
+            f"is read, decoded, augmented and collated; "
+            f"num_workers={SUGGESTED_WORKERS} prepares batches in background processes while steps run "
+            f"(tune the count by measuring{cpu_note}). Fix is {_UNSAFE_BECAUSE}"
+        )
+        edits = set_argument(ctx, loader, "num_workers", str(SUGGESTED_WORKERS))
+        yield ctx.finding(
+            self,
+            node,
+            message,
+            replacement=f"DataLoader(..., num_workers={SUGGESTED_WORKERS})",
+            fix=ctx.fix(self, edits),
+        )

@@ -1,0 +1,81 @@
+"""benchmarks/scan_speed.py must keep running and keep its documented JSON shape."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "scan_speed.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("scan_speed_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def _tree(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text(
+        "import torch\nopt = torch.optim.Adam(model.parameters(), lr=1e-3)\n"
+    )
+    (tmp_path / "loader.py").write_text(
+        "from torch.utils.data import DataLoader\nloader = DataLoader(ds, batch_size=8)\n"
+    )
+    (tmp_path / "plain.py").write_text("print('no framework here')\n")
+    return tmp_path
+
+
+def _fake_timer():
+    """Each call advances one second: every timed span is exactly 1 s."""
+    ticks = itertools.count()
+    return lambda: float(next(ticks))
+
+
+def test_json_has_documented_keys(bench, tmp_path):
+    out, err = io.StringIO(), io.StringIO()
+    argv = ["--tree", str(_tree(tmp_path)), "--repeats", "1", "--jobs", "1,2", "--sample", "2",
+            "--no-torchfix", "--json"]
+    code = bench.main(argv, stdout=out, stderr=err, timer=_fake_timer(),
+                      capabilities={"torch_version": None, "fused_optimizers": ["Adam", "AdamW", "SGD"]})
+    assert code in (0, 1), err.getvalue()
+    data = json.loads(out.getvalue())
+    assert tuple(data) == bench.JSON_KEYS
+    assert data["files_total"] == 3
+    assert set(data["full_tree"]) == {"jobs=1", "jobs=2"}
+    for m in [*data["full_tree"].values(), data["sample"]["torchaxe_inprocess_jobs1"]]:
+        assert tuple(m) == bench.MEASUREMENT_KEYS
+        assert m["seconds"] == [1.0]
+    assert data["full_tree"]["jobs=1"]["files_per_s_median"] == 3.0
+    assert tuple(data["scan"]) == bench.SCAN_KEYS
+    assert data["scan"]["files_scanned"] + data["scan"]["files_skipped"] == 3
+    assert data["scan"]["crashes"] == 0
+    assert data["sample"]["files"] == 2 and data["sample"]["torchfix"] is None
+    assert all(v is None for v in data["ratios"].values())
+    statuses = {t["name"]: t["status"] for t in data["targets"]}
+    assert statuses == {
+        "full tree --jobs 2 >= 300 files/s": "FAIL",
+        "sample in-process --jobs 1 >= 100x torchfix": "SKIP",
+        "zero crashes (AX906)": "PASS",
+    }
+    assert "scan_speed:" in err.getvalue()
+
+
+def test_bad_flag_is_one_line(bench):
+    err = io.StringIO()
+    assert bench.main(["--jobs", "two"], stdout=io.StringIO(), stderr=err) == 2
+    assert err.getvalue().count("\n") == 1 and err.getvalue().startswith("scan_speed: error:")
+
+
+def test_cpu_model_from_canned_text(bench):
+    text = "processor\t: 0\nmodel name\t: Example CPU @ 2.0GHz\nflags\t: fpu\n"
+    assert bench.cpu_model(text) == "Example CPU @ 2.0GHz"

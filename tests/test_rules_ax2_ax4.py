@@ -1,0 +1,349 @@
+"""Behaviour of the optimizer (AX202-AX204) and data-loading (AX401-AX404) rules that
+the inline examples do not pin down: layouts of multi-line calls, rules working
+together on a realistic file, and fixes that must settle after one run."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from torchaxe.findings import Applicability
+from torchaxe.scan.capabilities import torch_capabilities
+from torchaxe.scan.engine import ScanOptions, scan_source
+from torchaxe.scan.fix import fix_source
+from torchaxe.scan.rules import all_rules
+from torchaxe.scan.rules.base import DOC_SECTIONS
+
+OURS = ("AX202", "AX203", "AX204", "AX401", "AX402", "AX403", "AX404")
+
+
+def _options(target: str, select: tuple[str, ...] = OURS) -> ScanOptions:
+    return ScanOptions(target=target, select=select, capabilities=torch_capabilities(target))
+
+
+def _scan(source: str, target: str = "cpu", select: tuple[str, ...] = OURS):
+    report = scan_source(source, "t.py", _options(target, select))
+    assert not report.diagnostics, report.diagnostics
+    return report.findings
+
+
+def _fix(source: str, target: str = "cpu", select: tuple[str, ...] = OURS, unsafe: bool = True) -> str:
+    result = fix_source(source, "t.py", _options(target, select), unsafe=unsafe)
+    assert result.error is None, result.error
+    ast.parse(result.fixed)
+    again = fix_source(result.fixed, "t.py", _options(target, select), unsafe=unsafe)
+    assert again.fixed == result.fixed, "fixing a second time changed the file"
+    return result.fixed
+
+
+# A training script written the way many are: every data-loading default left alone,
+# a hand-rolled zero_grad, an apex optimizer.
+TRAIN = '''\
+"""Train a classifier."""
+import argparse
+
+import torch
+from apex.optimizers import FusedAdam
+from torch.utils.data import DataLoader
+from PIL import Image
+
+
+class Folder(torch.utils.data.Dataset):
+    def __init__(self, paths, labels):
+        self.paths, self.labels = paths, labels
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            img = Image.open(f).convert("RGB")
+        return img, self.labels[i]
+
+
+def main(args):
+    train = DataLoader(
+        Folder(args.train, args.labels),
+        batch_size=args.batch_size,
+        shuffle=True,
+    )
+    val = DataLoader(Folder(args.val, args.val_labels), batch_size=256, num_workers=args.workers)
+    opt = FusedAdam(
+        model.parameters(),
+        lr=args.lr,
+        set_grad_none=True,
+    )
+    for epoch in range(args.epochs):
+        for x, y in train:
+            opt.zero_grad(set_to_none=False)
+            loss = model(x.cuda()).cross_entropy(y.cuda())
+            loss.backward()
+            opt.step()
+'''
+
+TRAIN_FIXED_CUDA = '''\
+"""Train a classifier."""
+import argparse
+
+import torch
+from apex.optimizers import FusedAdam
+from torch.utils.data import DataLoader
+from PIL import Image
+
+
+class Folder(torch.utils.data.Dataset):
+    def __init__(self, paths, labels):
+        self.paths, self.labels = paths, labels
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            img = Image.open(f).convert("RGB")
+        return img, self.labels[i]
+
+
+def main(args):
+    train = DataLoader(
+        Folder(args.train, args.labels),
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=4,
+        pin_memory=True,
+        persistent_workers=True,
+    )
+    val = DataLoader(Folder(args.val, args.val_labels), batch_size=256, num_workers=args.workers, pin_memory=True, persistent_workers=args.workers > 0)
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=args.lr,
+        weight_decay=0, fused=True,
+    )
+    for epoch in range(args.epochs):
+        for x, y in train:
+            opt.zero_grad()
+            loss = model(x.cuda()).cross_entropy(y.cuda())
+            loss.backward()
+            opt.step()
+'''
+
+
+def test_realistic_script_flags_each_problem_once():
+    codes = sorted(f.code for f in _scan(TRAIN, "cuda"))
+    assert codes == ["AX202", "AX204", "AX401", "AX402", "AX402", "AX403", "AX404"]
+
+
+def test_realistic_script_fixes_settle_in_one_run():
+    # AX401 adds workers on the first pass; AX403 then sees them and adds
+    # persistent_workers on a later pass; a second run changes nothing.
+    assert _fix(TRAIN, "cuda") == TRAIN_FIXED_CUDA
+
+
+def test_realistic_script_safe_fixes_only_pin_memory():
+    fixed = _fix(TRAIN, "cuda", unsafe=False)
+    assert fixed.count("pin_memory=True") == 2
+    assert "num_workers=4" not in fixed and "FusedAdam(" in fixed and "set_to_none=False" in fixed
+
+
+def test_pil_decode_suggestion_reads_the_opened_path():
+    (finding,) = _scan(TRAIN, "cuda", ("AX404",))
+    assert finding.replacement == (
+        "torchvision.io.decode_image(torchvision.io.read_file(self.paths[i]), mode=torchvision.io.ImageReadMode.RGB)"
+    )
+    assert "cv2.COLOR_BGR2RGB" in finding.message and "BGR" in finding.message
+    assert "Folder.__getitem__" in finding.message
+    assert finding.fix is not None and finding.fix.applicability is Applicability.DISPLAY_ONLY
+
+
+# ----------------------------------------------------------------- AX4xx layouts
+@pytest.mark.parametrize(
+    "source, fixed",
+    [
+        # Closing parenthesis on the last argument's line, trailing comma.
+        (
+            "from torch.utils.data import DataLoader\nl = DataLoader(ds,\n               batch_size=2,)\n",
+            "from torch.utils.data import DataLoader\nl = DataLoader(ds,\n               batch_size=2, pin_memory=True,)\n",
+        ),
+        # No arguments but the dataset, a comment inside the call.
+        (
+            "from torch.utils.data import DataLoader\nl = DataLoader(\n    ds,  # the data\n)\n",
+            "from torch.utils.data import DataLoader\nl = DataLoader(\n    ds,  # the data\n    pin_memory=True,\n)\n",
+        ),
+        # A comment after the last argument and no trailing comma.
+        (
+            "from torch.utils.data import DataLoader\nl = DataLoader(\n    ds  # the data\n)\n",
+            "from torch.utils.data import DataLoader\nl = DataLoader(\n    ds,  # the data\n    pin_memory=True,\n)\n",
+        ),
+        # pin_memory passed by position: replaced where it stands.
+        (
+            "from torch.utils.data import DataLoader\nl = DataLoader(ds, 8, False, None, None, 2, None,\n    False)\n",
+            "from torch.utils.data import DataLoader\nl = DataLoader(ds, 8, False, None, None, 2, None,\n    True)\n",
+        ),
+    ],
+)
+def test_pin_memory_fix_keeps_layout(source, fixed):
+    assert _fix(source, "cuda", ("AX402",)) == fixed
+
+
+def test_loader_rules_skip_unpacked_arguments_and_other_loaders():
+    source = (
+        "import torch\nfrom torch_geometric.loader import DataLoader as GeoLoader\n"
+        "a = torch.utils.data.DataLoader(ds, *rest)\n"
+        "b = torch.utils.data.DataLoader(ds, **cfg, num_workers=0)\n"
+        "c = GeoLoader(ds)\n"
+    )
+    assert _scan(source, "cuda") == []
+
+
+def test_persistent_workers_parenthesises_low_precedence_expressions():
+    source = "from torch.utils.data import DataLoader\nl = DataLoader(ds, num_workers=a if b else c)\n"
+    fixed = _fix(source, "cpu", ("AX403",))
+    assert "persistent_workers=(a if b else c) > 0" in fixed
+
+
+def test_loader_positions_match_the_installed_torch():
+    import inspect
+
+    from torch.utils.data import DataLoader
+
+    from torchaxe.scan.rules._dataloader import POSITIONS
+
+    params = inspect.signature(DataLoader.__init__).parameters.values()
+    positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.name != "self"]
+    assert tuple(positional) == POSITIONS
+
+
+def test_workers_fix_applies_to_explicit_zero_in_place():
+    source = "from torch.utils.data import DataLoader\nl = DataLoader(ds, num_workers=0, shuffle=True)\n"
+    assert _fix(source, "cpu", ("AX401",)) == (
+        "from torch.utils.data import DataLoader\nl = DataLoader(ds, num_workers=4, shuffle=True)\n"
+    )
+
+
+def test_noqa_on_the_closing_line_of_a_multiline_loader():
+    source = "from torch.utils.data import DataLoader\nl = DataLoader(\n    ds,\n)  # noqa: AX401\n"
+    assert [f.code for f in _scan(source, "cpu", ("AX401",))] == []
+
+
+def test_loader_messages_state_target_and_safety():
+    source = "from torch.utils.data import DataLoader\nl = DataLoader(ds)\n"
+    by_code = {f.code: f for f in _scan(source, "npu")}
+    assert "unsafe" in by_code["AX401"].message and "pickle" in by_code["AX401"].message
+    assert "safe" in by_code["AX402"].message and "unverified on Ascend" in by_code["AX402"].message
+    cpu_codes = {f.code for f in _scan(source, "cpu")}
+    assert "AX402" not in cpu_codes
+
+
+def test_pil_helpers_count_only_when_a_dataset_uses_them():
+    source = (
+        "from PIL import Image\n\n\ndef load(path):\n    return Image.open(path)\n\n\n"
+        "def preview(path):\n    return Image.open(path)\n\n\n"
+        "class Data:\n    def __getitem__(self, i):\n        return load(self.paths[i])\n"
+    )
+    findings = _scan(source, "cpu", ("AX404",))
+    assert [f.line for f in findings] == [5]
+    assert "load, which Data.__getitem__ uses" in findings[0].message
+
+
+# ----------------------------------------------------------------- AX2xx
+def test_zero_grad_keeps_a_comment_inside_the_call():
+    source = "import torch\nopt.zero_grad(\n    set_to_none=False,  # keep zeros\n)\n"
+    fixed = _fix(source, "cpu", ("AX202",))
+    assert "set_to_none" not in fixed and "# keep zeros" in fixed
+
+
+def test_zero_grad_on_npu_defers_to_npu_fused_optimizers():
+    # AX201 would turn this AdamW into NpuFusedAdamW, which needs set_to_none=False:
+    # AX202 still explains, but applies nothing, so the two fixes cannot collide.
+    source = (
+        "import torch\nopt = torch.optim.AdamW(model.parameters())\n"
+        "model.zero_grad(set_to_none=False)\n"
+    )
+    (finding,) = _scan(source, "npu", ("AX202",))
+    assert finding.fix is not None and finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "NpuFused" in finding.message
+    both = _fix(source, "npu", ("AX201", "AX202"))
+    assert "NpuFusedAdamW" in both and "set_to_none=False" in both
+    # On cuda the same file is fixed.
+    assert "set_to_none" not in _fix(source, "cuda", ("AX202",))
+
+
+def test_zero_grad_other_arguments_are_left_alone():
+    assert _scan("import torch\nopt.zero_grad(True)\nopt.zero_grad(set_to_none=None)\n", "cpu", ("AX202",)) == []
+
+
+def test_apex_adam_multiline_drops_apex_only_keywords_in_the_middle():
+    source = (
+        "import torch\nfrom apex.optimizers import FusedAdam\nopt = FusedAdam(\n"
+        "    params,\n    lr=1e-3,\n    bias_correction=True,\n    adam_w_mode=True,\n"
+        "    weight_decay=0.05,  # decoupled\n)\n"
+    )
+    fixed = _fix(source, "cuda", ("AX204",))
+    assert fixed == (
+        "import torch\nfrom apex.optimizers import FusedAdam\nopt = torch.optim.AdamW(\n"
+        "    params,\n    lr=1e-3,\n    weight_decay=0.05,  # decoupled\n    fused=True,\n)\n"
+    )
+
+
+def test_apex_adam_keeps_comments_next_to_dropped_keywords():
+    source = (
+        "import torch\nfrom apex.optimizers import FusedAdam\nopt = FusedAdam(\n"
+        "    params,  # all of them\n    set_grad_none=True,\n    lr=1e-3,  # tuned\n"
+        "    adam_w_mode=True,  # AdamW\n    eps=1e-6)\n"
+    )
+    assert _fix(source, "cuda", ("AX204",)) == (
+        "import torch\nfrom apex.optimizers import FusedAdam\nopt = torch.optim.AdamW(\n"
+        "    params,  # all of them\n    lr=1e-3,  # tuned\n"
+        "    # AdamW\n    eps=1e-6, weight_decay=0, fused=True)\n"
+    )
+
+
+def test_apex_last_keyword_after_a_comment_is_display_only():
+    source = "import apex\nopt = apex.optimizers.FusedAdam(\n    params,  # p\n    bias_correction=True\n)\n"
+    (finding,) = _scan(source, "cuda", ("AX204",))
+    assert finding.fix is not None and finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "comments" in finding.message
+
+
+def test_apex_on_cpu_offers_torch_fused_and_npu_mentions_unverified():
+    source = "import apex\nopt = apex.optimizers.FusedSGD(params, lr=0.1)\n"
+    (cpu,) = _scan(source, "cpu", ("AX204",))
+    assert "cannot run on cpu" in cpu.message and cpu.replacement == "torch.optim.SGD(..., fused=True)"
+    (npu,) = _scan(source, "npu", ("AX204",))
+    assert "unverified on Ascend hardware" in npu.message
+    assert npu.replacement == "torch_npu.optim.NpuFusedSGD(...)"
+
+
+def test_apex_runtime_adam_mode_is_display_only():
+    source = "import apex\nopt = apex.optimizers.FusedAdam(params, adam_w_mode=args.adamw)\n"
+    (finding,) = _scan(source, "cuda", ("AX204",))
+    assert finding.fix is not None and finding.fix.applicability is Applicability.DISPLAY_ONLY
+    assert "only known at run time" in finding.message
+
+
+def test_manual_update_inside_nested_function_is_not_the_loop_s():
+    source = (
+        "import torch\nfor p in model.parameters():\n"
+        "    def hook(g, p=p):\n        p.data.add_(p.grad, alpha=-lr)\n"
+        "    p.register_hook(hook)\n"
+    )
+    assert _scan(source, "cpu", ("AX203",)) == []
+
+
+def test_manual_update_lr_expression_is_parenthesised_when_negated():
+    source = "import torch\nfor p in model.parameters():\n    p.data -= (base_lr * scale) * p.grad\n"
+    (finding,) = _scan(source, "cuda", ("AX203",))
+    assert "lr=base_lr * scale," in finding.message and "alpha=-(base_lr * scale)" in finding.message
+    source = "import torch\nfor p in model.parameters():\n    p.data.sub_(p.grad, alpha=a + b)\n"
+    (finding,) = _scan(source, "cuda", ("AX203",))
+    assert "alpha=-(a + b)" in finding.message
+
+
+# ----------------------------------------------------------------- docs
+@pytest.mark.parametrize("code", OURS)
+def test_rule_documents_every_section(code):
+    (rule,) = [r for r in all_rules() if r.code == code]
+    assert tuple(rule.docs()) == DOC_SECTIONS
+    assert all(rule.docs()[s].strip() for s in DOC_SECTIONS)
+    assert rule.fix_title and rule.fix_safety is not None and rule.references

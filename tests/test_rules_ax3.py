@@ -1,0 +1,434 @@
+"""The AX3xx rules (host-device syncs and transfers) beyond their inline examples:
+where findings point, what their messages say per target, which loops count as
+training steps, which branches count as rare, and the exact text of their fixes."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from torchaxe.findings import Applicability
+from torchaxe.scan.capabilities import torch_capabilities
+from torchaxe.scan.engine import ScanOptions
+from torchaxe.scan.fix import fix_source
+from torchaxe.scan.rules import all_rules
+from torchaxe.scan.rules._tensors import modulo_guard
+from torchaxe.scan.rules.base import DOC_SECTIONS
+
+SYNC_CODES = ("AX301", "AX302", "AX303", "AX304")
+
+LOOP_HEAD = (
+    "import torch\n"
+    "for step, (x, y) in enumerate(loader):\n"
+    "    loss = criterion(model(x), y)\n"
+    "    loss.backward()\n"
+    "    opt.step()\n"
+)
+
+
+def codes(report, prefix="AX3"):
+    return sorted(f.code for f in report.findings if f.code.startswith(prefix))
+
+
+def fix(source, target="cuda", unsafe=False, select=("AX3",)):
+    options = ScanOptions(target=target, select=select, capabilities=torch_capabilities(target))
+    result = fix_source(source, "t.py", options, unsafe=unsafe)
+    assert result.error is None
+    return result.fixed
+
+
+# ------------------------------------------------------------------ metadata
+def test_ax3_rules_document_themselves():
+    rules = [r for r in all_rules() if r.code.startswith("AX3")]
+    assert [r.code for r in rules] == ["AX301", "AX302", "AX303", "AX304", "AX305", "AX306"]
+    for rule in rules:
+        assert tuple(rule.docs()) == DOC_SECTIONS, rule.code
+        assert set(rule.targets) == {"cuda", "npu"}, rule.code
+        assert rule.category in ("host_sync_in_loop", "host_tensor_to_device")
+        assert rule.name == rule.name.lower() and " " not in rule.name
+    assert {r.code for r in rules if r.category == "host_sync_in_loop"} == set(SYNC_CODES)
+
+
+# ------------------------------------------------------------------ positions
+def test_positions_point_at_the_sync(scan):
+    source = LOOP_HEAD + (
+        "    total += loss.item()\n"
+        "    print(f'loss {loss:.3f}')\n"
+        "    if torch.isnan(loss) or done:\n"
+        "        break\n"
+        "    torch.cuda.synchronize()\n"
+    )
+    found = {f.code: f for f in scan(source, target="cuda", select=("AX3",)).findings}
+    assert (found["AX301"].line, found["AX301"].col, found["AX301"].end_col) == (6, 14, 25)
+    # Inside the f-string: the tensor itself, not the whole string.
+    assert (found["AX302"].line, found["AX302"].col, found["AX302"].end_col) == (7, 19, 23)
+    # The part of the condition that is a tensor.
+    assert (found["AX303"].line, found["AX303"].col, found["AX303"].end_col) == (8, 8, 25)
+    assert (found["AX304"].line, found["AX304"].col) == (10, 5)
+    assert found["AX301"].snippet == "    total += loss.item()"
+
+
+def test_one_finding_per_read_chain(scan):
+    source = LOOP_HEAD + (
+        "    preds.append(loss.detach().cpu().numpy())\n    print(f'{loss.item():.3f}')\n    print(float(loss))\n"
+    )
+    findings = scan(source, target="cuda", select=("AX3",)).findings
+    assert codes_of(findings) == ["AX301", "AX301", "AX302"]
+    chain = findings[0]
+    assert chain.line == 6 and source.splitlines()[5][chain.col - 1 : chain.end_col - 1] == "loss.detach().cpu()"
+
+
+def codes_of(findings):
+    return sorted(f.code for f in findings)
+
+
+# ------------------------------------------------------------------ messages
+@pytest.mark.parametrize("target,word,module", [("cuda", "GPU", "torch.cuda"), ("npu", "NPU", "torch.npu")])
+def test_messages_name_the_target(scan, target, word, module):
+    source = LOOP_HEAD + "    total += loss.item()\n    torch.cuda.synchronize()\n    b = torch.zeros(3).cuda()\n"
+    found = {f.code: f for f in scan(source, target=target, select=("AX3",)).findings}
+    assert word in found["AX301"].message and "every step" in found["AX301"].message
+    assert f"{module}.Event" in found["AX304"].message
+    assert word in found["AX305"].message
+    for f in found.values():
+        assert f.target == target
+
+
+def test_sync_rules_are_silent_on_cpu(scan):
+    source = LOOP_HEAD + (
+        "    total += loss.item()\n"
+        "    print(loss)\n"
+        "    if loss > 10:\n"
+        "        break\n"
+        "    torch.cuda.synchronize()\n"
+        "    w = torch.zeros(3).cuda()\n"
+    )
+    assert codes(scan(source, target="cuda", select=("AX3",))) == ["AX301", "AX302", "AX303", "AX304", "AX305"]
+    assert codes(scan(source, target="cpu", select=("AX3",))) == []
+
+
+def test_display_only_findings_carry_no_edits(scan):
+    source = LOOP_HEAD + "    total += loss.item()\n"
+    (finding,) = scan(source, target="cuda", select=("AX301",)).findings
+    data = finding.to_dict()
+    assert data["fix"]["applicability"] == "display-only" and data["fix"]["edits"] == []
+    assert data["category"] == "host_sync_in_loop"
+    assert fix(source) == source
+
+
+# ----------------------------------------------------------- training loops
+EPOCH = (
+    "import torch\n"
+    "for epoch in range(10):\n"
+    "    for x, y in train_loader:\n"
+    "        loss = criterion(model(x), y)\n"
+    "        loss.backward()\n"
+    "        opt.step()\n"
+    "    for x, y in val_loader:\n"
+    "        out = model(x)\n"
+    "        correct += (out.argmax(1) == y).sum().item()\n"
+    "        print(float(criterion(out, y)))\n"
+    "        if torch.isnan(out).any():\n"
+    "            break\n"
+    "        torch.cuda.synchronize()\n"
+    "    print(f'epoch {epoch} loss {loss.item()} {loss}')\n"
+    "    scheduler.step()\n"
+)
+
+
+def test_eval_loop_inside_epoch_loop_is_not_a_training_loop(scan):
+    assert codes(scan(EPOCH, target="cuda", select=("AX3",))) == []
+
+
+def test_lr_scheduler_step_does_not_make_a_training_loop(scan):
+    source = (
+        "import torch\n"
+        "from torch.optim.lr_scheduler import StepLR\n"
+        "sched = StepLR(optimizer, 1)\n"
+        "lr_policy = StepLR(optimizer, 1)\n"
+        "for epoch in range(10):\n"
+        "    acc = train_one_epoch(model, loader)\n"
+        "    sched.step()\n"
+        "    lr_policy.step()\n"
+        "    history.append(acc.item())\n"
+    )
+    assert codes(scan(source, target="cuda", select=("AX3",))) == []
+
+
+def test_gradient_accumulation_loops_are_training_loops(scan):
+    source = (
+        "import torch\n"
+        "for batch in loader:\n"
+        "    for micro in batch.split(4):\n"
+        "        loss = model(micro)\n"
+        "        loss.backward()\n"
+        "        seen += loss.item()\n"
+        "    opt.step()\n"
+        "    print(loss)\n"
+    )
+    found = scan(source, target="cuda", select=("AX3",)).findings
+    assert [(f.code, f.line) for f in found] == [("AX301", 6), ("AX302", 8)]
+
+
+def test_code_run_once_per_loop_is_not_in_it(scan):
+    source = (
+        "import torch\n"
+        "for x in torch.randn(3).cuda().tolist():\n"
+        "    model(x).backward()\n"
+        "    opt.step()\n"
+        "else:\n"
+        "    print(x.item())\n"
+        "while True:\n"
+        "    model(x).backward()\n"
+        "    opt.step()\n"
+        "    class Logger:\n"
+        "        last = loss.item()\n"
+        "    cb = lambda: loss.item()\n"
+    )
+    assert codes(scan(source, target="cuda", select=("AX301", "AX302"))) == []
+
+
+# -------------------------------------------------------------- rare branches
+@pytest.mark.parametrize(
+    "test,side",
+    [
+        ("step % 100 == 0", "body"),
+        ("(step + 1) % args.log_every == 0", "body"),
+        ("i % log_interval == 0 and rank == 0", "body"),
+        ("step % 100 == 0 or step == last", "body"),
+        ("not step % 50", "body"),
+        ("step % 100", "orelse"),
+        ("step % 100 != 0", "orelse"),
+        ("not (step % 100 == 0)", "orelse"),
+        ("step % 2 == 0", None),
+        ("step % 100 == 0 or mode == 'train'", None),
+        ("'%d' % step", None),
+        ("rank == 0", None),
+    ],
+)
+def test_modulo_guard(test, side):
+    assert modulo_guard(ast.parse(test, mode="eval").body) == side
+
+
+def test_syncs_in_rare_branches_are_not_reported(scan):
+    source = LOOP_HEAD + (
+        "    if step % args.log_every == 0:\n"
+        "        print(loss.item(), float(loss))\n"
+        "        torch.cuda.synchronize()\n"
+        "    if step % 100:\n"
+        "        pass\n"
+        "    else:\n"
+        "        print(loss)\n"
+        "    try:\n"
+        "        pass\n"
+        "    except RuntimeError:\n"
+        "        print(loss.item())\n"
+        "    assert ok, f'bad loss {loss}'\n"
+    )
+    assert codes(scan(source, target="cuda", select=("AX3",))) == []
+
+
+def test_frequent_branches_are_reported(scan):
+    source = LOOP_HEAD + (
+        "    if step % 2 == 0:\n"
+        "        print(loss.item())\n"
+        "    if step % 100:\n"
+        "        print(loss.item())\n"
+        "    if rank == 0:\n"
+        "        print(loss.item())\n"
+    )
+    assert [f.line for f in scan(source, target="cuda", select=("AX301",)).findings] == [7, 9, 11]
+
+
+# ------------------------------------------------------------ tensor guesses
+def test_non_tensors_are_not_converted(scan):
+    source = LOOP_HEAD + (
+        "    lr = float(args.lr)\n"
+        "    print(f'epoch {epoch} step {step}', lr, x.shape, x.dtype, len(loader))\n"
+        "    n = int(x.size(0))\n"
+        "    print(model, criterion, opt)\n"
+        "    if loss is None or model.training:\n"
+        "        pass\n"
+        "    accelerator.backward(loss)\n"
+        "    print(accelerator.num_processes)\n"
+        "    print('%d steps' % step, '{}'.format(epoch))\n"
+    )
+    assert codes(scan(source, target="cuda", select=("AX302", "AX303"))) == []
+
+
+def test_names_follow_their_latest_binding(scan):
+    source = LOOP_HEAD + (
+        "    norm = clip(model)\n"
+        "    norm = norm.item() if isinstance(norm, torch.Tensor) else norm\n"
+        "    print(norm)\n"
+        "    value = loss.detach()\n"
+        "    print(value)\n"
+        "    value = value.item()\n"
+        "    print(value)\n"
+    )
+    found = scan(source, target="cuda", select=("AX302",)).findings
+    assert [f.line for f in found] == [10]
+
+
+def test_a_binding_later_in_the_loop_reaches_the_next_iteration(scan):
+    source = (
+        "import torch\n"
+        "total = 0.0\n"
+        "for x, y in loader:\n"
+        "    print(total)\n"
+        "    loss = criterion(model(x), y)\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    total = total + loss\n"
+    )
+    assert [f.line for f in scan(source, target="cuda", select=("AX302",)).findings] == [4]
+
+
+def test_a_conditional_binding_does_not_hide_an_earlier_one(scan):
+    source = LOOP_HEAD + ("    out = model(x)\n    if world > 1:\n        out = gather(out)\n    print(out)\n")
+    assert [f.line for f in scan(source, target="cuda", select=("AX302",)).findings] == [9]
+
+
+# ------------------------------------------------------------------ AX305
+def test_ax305_fix_keeps_a_multiline_chain_layout():
+    source = "import torch\nmask = (\n    torch.ones(n, n)\n    .triu()\n    .to(device)\n)\n"
+    assert fix(source) == "import torch\nmask = (\n    torch.ones(n, n, device=device)\n    .triu()\n)\n"
+
+
+def test_ax305_random_factories_need_unsafe_fixes():
+    source = "import torch\nz = torch.randn(4, 8).cuda()\nw = torch.zeros(4).npu()\n"
+    assert fix(source, target="npu") == 'import torch\nz = torch.randn(4, 8).cuda()\nw = torch.zeros(4, device="npu")\n'
+    assert fix(source, target="npu", unsafe=True) == (
+        'import torch\nz = torch.randn(4, 8, device="cuda")\nw = torch.zeros(4, device="npu")\n'
+    )
+
+
+def test_ax305_moves_with_more_than_a_device_are_advice_only(scan):
+    source = (
+        "import torch\n"
+        "a = torch.tensor(x).to(device, non_blocking=True)\n"
+        "b = torch.tensor(x).to(device, torch.float16)\n"
+        "c = torch.arange(4).cuda(1)\n"
+    )
+    found = scan(source, target="cuda", select=("AX305",)).findings
+    assert len(found) == 3
+    assert all(f.fix.applicability is Applicability.DISPLAY_ONLY and not f.fix.edits for f in found)
+    assert fix(source) == source
+
+
+def test_ax305_from_numpy_only_in_loops(scan):
+    once = "import torch\nx = torch.from_numpy(a).cuda()\n"
+    looped = "import torch\nfor a in arrays:\n    x = torch.from_numpy(a).cuda()\n"
+    assert codes(scan(once, target="cuda", select=("AX305",))) == []
+    (finding,) = scan(looped, target="cuda", select=("AX305",)).findings
+    assert "pin_memory()" in finding.message and "non_blocking=True" in finding.message
+    assert "every iteration" in finding.message
+    assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+
+
+# ------------------------------------------------------------------ AX306
+PINNED = (
+    "import torch\n"
+    "from torch.utils.data import DataLoader\n"
+    "loader = DataLoader(ds, **{'batch_size': 8, 'pin_memory': True})\n"
+    "for batch in loader:\n"
+    "    batch = batch.to(device)\n"
+    "    x, y = batch\n"
+    "    x = x.cuda()\n"
+    "    y = y.to(\n"
+    "        device\n"
+    "    )\n"
+    "    loss = model(x, y)\n"
+    "    loss.backward()\n"
+    "    opt.step()\n"
+)
+
+
+def test_ax306_item_copies_are_safe_whole_batches_unsafe(scan):
+    found = scan(PINNED, target="cuda", select=("AX306",)).findings
+    assert [(f.line, f.fix.applicability) for f in found] == [
+        (5, Applicability.UNSAFE),
+        (7, Applicability.SAFE),
+        (8, Applicability.SAFE),
+    ]
+    safe = fix(PINNED)
+    assert "batch = batch.to(device)\n" in safe
+    assert "x = x.cuda(non_blocking=True)\n" in safe
+    assert "    y = y.to(\n        device, non_blocking=True\n    )\n" in safe
+    assert "batch = batch.to(device, non_blocking=True)\n" in fix(PINNED, unsafe=True)
+
+
+def test_ax306_needs_a_pinned_loader_and_a_training_loop(scan):
+    unpinned = PINNED.replace("'pin_memory': True", "'pin_memory': False")
+    assert codes(scan(unpinned, target="cuda", select=("AX306",))) == []
+    no_training = PINNED.replace("    loss.backward()\n    opt.step()\n", "")
+    assert codes(scan(no_training, target="cuda", select=("AX306",))) == []
+
+
+def test_noqa_on_the_last_line_of_a_multiline_call(scan):
+    source = PINNED.replace("        device\n    )\n", "        device\n    )  # noqa: AX306\n")
+    assert [f.line for f in scan(source, target="cuda", select=("AX306",)).findings] == [5, 7]
+
+
+def test_fixes_compose_across_ax3_rules():
+    source = PINNED + "    mask = torch.ones(4).to(device)\n    print(loss.item())\n"
+    fixed = fix(source, unsafe=True)
+    assert "mask = torch.ones(4, device=device)\n" in fixed
+    assert "x = x.cuda(non_blocking=True)\n" in fixed
+    assert "print(loss.item())\n" in fixed  # advice only
+    assert fix(fixed, unsafe=True) == fixed
+
+
+def test_ax306_batches_from_next_over_a_loader_wrapper(scan):
+    source = (
+        "import torch\n"
+        "loader = torch.utils.data.DataLoader(ds, pin_memory=True)\n"
+        "batches = infinite(loader)\n"
+        "train_iter = iter(loader)\n"
+        "for step in range(steps):\n"
+        "    batch = next(batches)\n"
+        "    x, y = next(train_iter)\n"
+        "    batch = batch.to(device)\n"
+        "    x = x.to(device)\n"
+        "    model(batch, x).backward()\n"
+        "    opt.step()\n"
+    )
+    found = scan(source, target="cuda", select=("AX306",)).findings
+    assert [(f.line, f.fix.applicability) for f in found] == [(8, Applicability.UNSAFE), (9, Applicability.SAFE)]
+    assert "accepts non_blocking" in found[0].message
+
+
+def test_ax302_names_the_tensor_inside_an_f_string(scan):
+    source = LOOP_HEAD + "    log(f'step {step} loss {loss:.4f}')\n"
+    (finding,) = scan(source, target="npu", select=("AX302",)).findings
+    assert finding.message.startswith("`{loss}` in an f-string converts a tensor")
+    assert "NPU" in finding.message and "loss.detach()" in finding.message
+
+
+@pytest.mark.parametrize(
+    "factory,safety",
+    [
+        ("torch.arange(n)", Applicability.SAFE),
+        ("torch.arange(0, n, 2, dtype=torch.long)", Applicability.SAFE),
+        ("torch.arange(0, 1, 0.1)", Applicability.UNSAFE),
+        ("torch.arange(n, dtype=torch.float32)", Applicability.UNSAFE),
+        ("torch.arange(n) / n", None),
+        ("torch.linspace(0, 1, 5)", Applicability.UNSAFE),
+        ("torch.full((2,), 0.5)", Applicability.SAFE),
+        ("torch.eye(3)", Applicability.SAFE),
+        ("torch.randint(0, 9, (3,))", Applicability.UNSAFE),
+    ],
+)
+def test_ax305_fix_safety_follows_exactness(scan, factory, safety):
+    found = scan(f"import torch\nx = {factory}.to(device)\n", target="cuda", select=("AX305",)).findings
+    if safety is None:
+        assert found == []  # the move applies to an expression, not to the factory
+    else:
+        assert [f.fix.applicability for f in found] == [safety]
+
+
+def test_ax305_comprehensions_count_as_loops(scan):
+    source = "import torch\nxs = [torch.from_numpy(a).cuda() for a in arrays]\nys = [torch.tensor(a).cuda() for a in arrays]\n"
+    found = scan(source, target="cuda", select=("AX305",)).findings
+    assert len(found) == 2 and all("every iteration" in f.message for f in found)
