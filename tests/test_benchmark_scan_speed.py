@@ -45,7 +45,8 @@ def test_json_has_documented_keys(bench, tmp_path):
     out, err = io.StringIO(), io.StringIO()
     argv = ["--tree", str(_tree(tmp_path)), "--repeats", "1", "--jobs", "1,2", "--sample", "2",
             "--no-torchfix", "--json"]
-    code = bench.main(argv, stdout=out, stderr=err, timer=_fake_timer(),
+    clocks = bench.Clocks(wall=_fake_timer(), cpu=_fake_timer())
+    code = bench.main(argv, stdout=out, stderr=err, clocks=clocks,
                       capabilities={"torch_version": None, "fused_optimizers": ["Adam", "AdamW", "SGD"]})
     assert code in (0, 1), err.getvalue()
     data = json.loads(out.getvalue())
@@ -54,7 +55,7 @@ def test_json_has_documented_keys(bench, tmp_path):
     assert set(data["full_tree"]) == {"jobs=1", "jobs=2"}
     for m in [*data["full_tree"].values(), data["sample"]["torchaxe_inprocess_jobs1"]]:
         assert tuple(m) == bench.MEASUREMENT_KEYS
-        assert m["seconds"] == [1.0]
+        assert m["seconds"] == [1.0] and m["cpu_seconds"] == [1.0]
     assert data["full_tree"]["jobs=1"]["files_per_s_median"] == 3.0
     assert tuple(data["scan"]) == bench.SCAN_KEYS
     assert data["scan"]["files_scanned"] + data["scan"]["files_skipped"] == 3

@@ -48,3 +48,4 @@ def test_bad_values_are_clear_errors(tmp_path, text, needle):
     (tmp_path / "pyproject.toml").write_text(text)
     with pytest.raises(TorchaxeError, match=needle):
         find_config(tmp_path)
+

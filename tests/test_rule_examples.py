@@ -62,3 +62,26 @@ def test_rule_codes_and_names_are_unique():
     names = [r.name for r in rules]
     assert len(codes) == len(set(codes))
     assert len(names) == len(set(names))
+
+
+def test_every_rule_documents_itself():
+    from torchaxe.scan.rules.base import DOC_SECTIONS
+
+    for rule in all_rules():
+        docs = rule.docs()
+        missing = [s for s in DOC_SECTIONS if not docs.get(s, "").strip()]
+        assert not missing, f"{rule.code} lacks documentation sections {missing}"
+        assert rule.code and rule.name and rule.category and rule.message
+        assert rule.name == rule.name.lower() and " " not in rule.name
+
+
+def test_docs_rule_reference_is_generated_from_the_rules():
+    import io
+    from pathlib import Path
+
+    from torchaxe.report.rule_docs import render_reference
+
+    out = io.StringIO()
+    render_reference(all_rules(), out)
+    committed = Path(__file__).resolve().parent.parent / "docs" / "rules.md"
+    assert committed.read_text() == out.getvalue(), "run `torchaxe rules --format markdown > docs/rules.md`"

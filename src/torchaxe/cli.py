@@ -203,12 +203,19 @@ def fix(paths, target, select, ignore, exclude, jobs, packages, unsafe_fixes, di
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("code", required=False)
-@click.option("--format", "fmt", type=click.Choice(("text", "json")), default="text", help="Output format.")
+@click.option("--format", "fmt", type=click.Choice(("text", "json", "markdown")), default="text",
+              help="Output format; markdown prints the full reference of every rule (docs/rules.md).")
 def rules(code, fmt):
     """List the rules, or explain one (e.g. `torchaxe rules AX201`)."""
     import json
 
     from torchaxe.scan.rules import all_rules, get_rule
+
+    if fmt == "markdown":
+        from torchaxe.report.rule_docs import render_reference
+
+        render_reference([get_rule(code)] if code else all_rules(), sys.stdout)
+        return
 
     if code:
         rule = get_rule(code)
