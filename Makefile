@@ -21,7 +21,7 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/torchaxe scan --target npu examples/ ; test $$? -le 1
 	@echo
-	@echo "Preview of the safe fixes on the GPT example (nothing is written):"
+	@echo "Preview of every fix (safe and unsafe) for a CPU target on the GPT example; nothing is written:"
 	$(BIN)/torchaxe fix --diff --unsafe-fixes --target cpu examples/gpt/train.py ; test $$? -le 1
 
 test: $(STAMP)

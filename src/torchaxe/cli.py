@@ -28,7 +28,48 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p.strip() for v in values for p in v.split(",") if p.strip())
 
 
-@click.group(context_settings=CONTEXT)
+#: Commands that live beside their own package, imported only when used so that
+#: `torchaxe --help` and `torchaxe scan` stay fast. name -> "module:attribute".
+LAZY_COMMANDS: dict[str, str] = {
+    "verify": "torchaxe.scan.formulas.verify_cli:verify",
+    "profile": "torchaxe.runtime.profile_cli:profile",
+    "trial": "torchaxe.runtime.trial_cli:trial",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose extra commands are imported on first use; a command whose
+    module is not there (yet) is simply not offered."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        import importlib.util
+
+        names = set(super().list_commands(ctx))
+        for name, target in LAZY_COMMANDS.items():
+            module = target.split(":", 1)[0]
+            try:
+                if importlib.util.find_spec(module) is not None:
+                    names.add(name)
+            except ImportError:
+                continue
+        return sorted(names)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        command = super().get_command(ctx, name)
+        if command is not None or name not in LAZY_COMMANDS:
+            return command
+        import importlib
+
+        module, attribute = LAZY_COMMANDS[name].split(":", 1)
+        try:
+            return getattr(importlib.import_module(module), attribute)
+        except ModuleNotFoundError as exc:
+            if exc.name and module.startswith(exc.name):
+                return None
+            raise
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT)
 @click.version_option(__version__, "-V", "--version", prog_name="torchaxe")
 def cli() -> None:
     """torchaxe: find, measure and fix what makes PyTorch training slow,
