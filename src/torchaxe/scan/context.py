@@ -364,20 +364,32 @@ def _collect_imports(tree: ast.Module) -> dict[str, str]:
     """Map each name bound by an import anywhere in the file to its dotted origin.
 
     ``import torch.nn.functional`` binds ``torch`` (to ``torch``); aliases bind the
-    full path. Relative imports are skipped: they are the user's own code.
+    full path. Relative imports are skipped: they are the user's own code. Imports are
+    statements, so only statement lists are walked, never expressions.
     """
     names: dict[str, str] = {}
-    for node in ast.walk(tree):
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
-                    names[alias.asname] = alias.name
+                    names.setdefault(alias.asname, alias.name)
                 else:
                     head = alias.name.split(".", 1)[0]
-                    names[head] = head
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for alias in node.names:
-                if alias.name == "*":
-                    continue
-                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                    names.setdefault(head, head)
+        elif isinstance(node, ast.ImportFrom):
+            if node.module and not node.level:
+                for alias in node.names:
+                    if alias.name != "*":
+                        names.setdefault(alias.asname or alias.name, f"{node.module}.{alias.name}")
+        else:
+            for name in _STATEMENT_FIELDS:
+                block = getattr(node, name, None)
+                if block:
+                    stack.extend(block)
     return names
+
+
+#: Fields of compound statements that hold statement lists (or handlers/cases).
+_STATEMENT_FIELDS = ("body", "orelse", "finalbody", "handlers", "cases")

@@ -134,23 +134,56 @@ def _run(rule: Rule, call: Callable[[], Iterable[Finding]], out: list[Finding], 
     except RecursionError:
         raise
     except Exception as exc:  # a bug in one rule must not stop the scan
-        report.diagnostics.append(
-            Diagnostic("AX906", f"rule {rule.code} failed: {type(exc).__name__}: {exc}", path)
-        )
+        _rule_failed(rule, exc, report, path)
+
+
+def _rule_failed(rule: Rule, exc: Exception, report: FileReport, path: str) -> None:
+    report.diagnostics.append(Diagnostic("AX906", f"rule {rule.code} failed: {type(exc).__name__}: {exc}", path))
+
+
+#: For each node type, the fields that can hold child nodes (found on first use):
+#: cheaper than ``ast.iter_child_nodes``, which tries every field of every node.
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(node_type: type) -> tuple[str, ...]:
+    fields = _CHILD_FIELDS.get(node_type)
+    if fields is None:
+        # ``ctx`` (Load/Store) carries nothing a rule looks at.
+        fields = _CHILD_FIELDS[node_type] = tuple(f for f in node_type._fields if f != "ctx")
+    return fields
 
 
 def _walk(tree: ast.AST, ctx: FileContext, by_type: dict[type, list[Rule]], out: list[Finding], report: FileReport) -> None:
+    """One depth-first pass in source order, keeping ``ctx.parents`` current and
+    calling each rule registered for the node's type."""
     parents = ctx.parents
-    iter_children = ast.iter_child_nodes
+    AST = ast.AST
 
     def visit(node: ast.AST) -> None:
-        rules = by_type.get(type(node))
+        node_type = type(node)
+        rules = by_type.get(node_type)
         if rules:
             for rule in rules:
-                _run(rule, lambda r=rule: r.visit(node, ctx), out, report, ctx.path)
+                try:
+                    found = rule.visit(node, ctx)
+                    if found:
+                        out.extend(found)
+                except RecursionError:
+                    raise
+                except Exception as exc:  # a bug in one rule must not stop the scan
+                    _rule_failed(rule, exc, report, ctx.path)
         parents.append(node)
-        for child in iter_children(node):
-            visit(child)
+        for name in _CHILD_FIELDS.get(node_type) or _child_fields(node_type):
+            value = getattr(node, name, None)
+            if value is None:
+                continue
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, AST):
+                        visit(item)
+            elif isinstance(value, AST):
+                visit(value)
         parents.pop()
 
     visit(tree)
