@@ -103,6 +103,13 @@ class NpuAffinityTable(Rule):
     category = "affinity_api"
     message = "listed in the NPU affinity table with a torch_npu replacement"
     targets = ("npu",)
+    requires_text = (
+        *(f"def {name}(" for name in FUNCTIONS),
+        *(f"class {name}" for name in CLASSES),
+        "matmul",
+        "roll(",
+        "SiLU",
+    )
     node_types = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Call)
     references = ("https://www.hiascend.com/document (pytorch_analyse affinity API list)",)
     examples = (

@@ -88,6 +88,17 @@ OPS = (
 )
 
 _BY_NAME = {name: op for op in OPS for name in op.names}
+
+# A file is only parsed for this rule when one of these appears in it: the names
+# above as they are spelled in code (plain substring tests are cheap; a regex over
+# every file is not). Lower and capitalised spellings cover the snake_case function
+# and CamelCase class forms.
+_PREFILTER = (
+    "gelu", "GELU", "GeLU", "Gelu", "silu", "SiLU", "swish", "Swish", "mish", "Mish",
+    "rms_norm", "rmsnorm", "RMSNorm", "RmsNorm", "T5LayerNorm", "ttention", "attn",
+    "scaled_dot_product", "rotary", "rotate_half", "apply_rope", "def rope(", "swiglu",
+    "SwiGLU", "swi_glu",
+)
 _SOFTMAX = ("softmax",)
 _MATMUL = ("matmul", "bmm", "einsum", "baddbmm")
 
@@ -153,6 +164,7 @@ class HandWrittenFusedOp(Rule):
     category = "affinity_api"
     message = "hand-written operator with a fused implementation"
     node_types = DEFINITION_TYPES
+    requires_text = _PREFILTER
     references = (
         "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
         "https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html",

@@ -108,13 +108,20 @@ class ManualParameterUpdateLoop(Rule):
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.For)
+        # Cheap test first: only a loop whose variable is updated from its .grad can
+        # matter, and only then is it worth resolving what the loop iterates.
+        target = node.target
+        if isinstance(target, ast.Tuple) and len(target.elts) == 2:
+            target = target.elts[1]
+        if not isinstance(target, ast.Name):
+            return
+        updates = [stmt for stmt in _same_scope(node.body) if _update_step(stmt, target.id) is not None]
+        if not updates:
+            return
         param = _loop_parameter(node, ctx)
         if param is None:
             return
-        for stmt in _same_scope(node.body):
-            step = _update_step(stmt, param)
-            if step is None:
-                continue
+        for stmt in updates:
             lr = _learning_rate(ctx, stmt, param) or "lr"
             params = _parameter_source(ctx, node.iter)
             yield ctx.finding(
