@@ -28,7 +28,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/scan_speed.py
+	-$(BIN)/python benchmarks/scan_speed.py
+	-$(BIN)/python benchmarks/harness_overhead.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

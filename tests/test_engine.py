@@ -35,6 +35,13 @@ def test_folder_scan_recurses_and_skips_files_without_torch(tmp_path):
     assert result.exit_code == 1
 
 
+def test_files_no_rule_can_match_are_skipped_unparsed(tmp_path):
+    write(tmp_path / "model.py", "import torch\nx = torch.ones(3)\ndef broken(:\n")
+    result = scan_paths([tmp_path], ScanOptions(select=("AX201",)))
+    assert result.stats.files_skipped == 1 and result.stats.files_scanned == 0
+    assert not result.diagnostics and result.exit_code == 0
+
+
 def test_default_and_user_excludes(tmp_path):
     write(tmp_path / "keep.py", OPT)
     for folder in (".git", ".venv", "build", "__pycache__"):
@@ -76,7 +83,7 @@ def test_missing_path_is_an_error(tmp_path):
 
 def test_bad_files_become_diagnostics_and_the_scan_goes_on(tmp_path):
     write(tmp_path / "good.py", OPT)
-    write(tmp_path / "syntax.py", "import torch\ndef broken(:\n")
+    write(tmp_path / "syntax.py", "import torch\nopt = torch.optim.SGD(p)\ndef broken(:\n")
     write(tmp_path / "latin.py", b"import torch\nname = '\xe9t\xe9'\n")
     write(tmp_path / "declared.py", b"# -*- coding: latin-1 -*-\nimport torch\nname = '\xe9'\nopt = torch.optim.SGD(p)\n")
     result = scan_paths([tmp_path], ScanOptions())
@@ -157,7 +164,8 @@ def test_parallel_scan_matches_serial(tmp_path):
     serial = scan_paths([tmp_path], ScanOptions(jobs=1))
     parallel = scan_paths([tmp_path], ScanOptions(jobs=2))
     assert [f.to_dict() for f in serial.findings] == [f.to_dict() for f in parallel.findings]
-    assert serial.stats.files_scanned == parallel.stats.files_scanned == 120
+    assert serial.stats.files_scanned == parallel.stats.files_scanned == 80
+    assert serial.stats.files_skipped == parallel.stats.files_skipped == 40
 
 
 def test_columns_count_characters_not_bytes(tmp_path):

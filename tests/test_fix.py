@@ -11,7 +11,8 @@ import pytest
 
 from torchaxe.findings import Applicability, Edit, Fix, Position
 from torchaxe.scan.engine import ScanOptions
-from torchaxe.scan.fix import add_imports, apply_edits, fix_paths, write_atomic
+from torchaxe.atomic import write_text_atomic
+from torchaxe.scan.fix import add_imports, apply_edits, fix_paths
 
 TRAIN = '''"""Train a small model."""
 from __future__ import annotations
@@ -83,7 +84,7 @@ def test_failed_write_leaves_original_untouched(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "replace", fail)
     with pytest.raises(OSError):
-        write_atomic(f, "broken")
+        write_text_atomic(f, "broken")
     assert f.read_text() == TRAIN
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 

@@ -153,16 +153,14 @@ def _write_output(text: str, output: str | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    from torchaxe.scan.fix import write_atomic
+    from torchaxe.atomic import write_text_atomic
 
     path = Path(output)
     if path.is_dir():
         raise TorchaxeError(f"--output {output}: is a folder")
     if not path.parent.exists():
         raise TorchaxeError(f"--output {output}: folder {path.parent} does not exist")
-    if not path.exists():
-        path.touch(mode=0o644)
-    write_atomic(path, text)
+    write_text_atomic(path, text)
 
 
 @cli.command(context_settings=CONTEXT)

@@ -22,3 +22,32 @@ class Backend(ABC):
     @abstractmethod
     def synchronize(self) -> None:
         """Wait for all queued device work to finish."""
+
+    # The methods below have working defaults, so a backend only overrides what its
+    # device has. The harness calls them at step boundaries only.
+
+    def is_initialized(self) -> bool:
+        """Whether this process has started using the device. Until it has, the
+        harness neither synchronises nor reads device memory, since either would
+        create a device context the script may never have wanted (on the wrong
+        device, for a torchrun rank that has not called ``set_device`` yet)."""
+        return True
+
+    def reset_peak_memory(self) -> None:
+        """Start a new peak of device memory (see :meth:`peak_memory_bytes`)."""
+        return None
+
+    def peak_memory_bytes(self) -> int | None:
+        """Highest device memory allocated by tensors since the last reset, or
+        ``None`` where the device has no such counter (the cpu)."""
+        return None
+
+    def profiler_activities(self) -> tuple[str, ...]:
+        """The ``torch.profiler.ProfilerActivity`` names (lower case) to record."""
+        return ("cpu",)
+
+    def enable_sync_warnings(self):
+        """Ask the device runtime to warn at every host-device synchronisation (a
+        warning whose message contains ``synchroniz``), and return a function that
+        undoes it; ``None`` where the runtime cannot do it."""
+        return None

@@ -18,3 +18,28 @@ class CudaBackend(Backend):
         import torch
 
         torch.cuda.synchronize()
+
+    def is_initialized(self) -> bool:
+        import torch
+
+        return bool(torch.cuda.is_initialized())
+
+    def reset_peak_memory(self) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+    def peak_memory_bytes(self) -> int | None:
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+
+    def profiler_activities(self) -> tuple[str, ...]:
+        return ("cpu", "cuda")
+
+    def enable_sync_warnings(self):
+        import torch
+
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        return lambda: torch.cuda.set_sync_debug_mode(previous)

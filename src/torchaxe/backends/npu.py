@@ -31,3 +31,30 @@ class NpuBackend(Backend):
         import torch
 
         torch.npu.synchronize()
+
+    def is_initialized(self) -> bool:
+        # torch_npu mirrors torch.cuda's API (torch.npu.is_initialized); a process
+        # that never imported torch_npu cannot have used the device.
+        import sys
+
+        if "torch_npu" not in sys.modules:
+            return False
+        import torch
+
+        check = getattr(torch.npu, "is_initialized", None)
+        return bool(check()) if check is not None else True
+
+    def reset_peak_memory(self) -> None:
+        _torch_npu()
+        import torch
+
+        torch.npu.reset_peak_memory_stats()
+
+    def peak_memory_bytes(self) -> int | None:
+        _torch_npu()
+        import torch
+
+        return int(torch.npu.max_memory_allocated())
+
+    # Device-side op times on the NPU come from torch_npu.profiler output, read by
+    # trace import; torch.profiler here records the host side only.

@@ -237,7 +237,7 @@ def _summary(console: Console, result: ScanResult, counts: Counts) -> None:
     stats = result.stats
     files = (
         f"{plural(stats.files_scanned, 'file')} scanned, {stats.files_skipped} skipped "
-        f"(no mention of torch) in {stats.seconds:.2f} s"
+        f"(nothing a rule looks for) in {stats.seconds:.2f} s"
     )
     if not result.findings:
         console.print(_text(("No findings", "bold green"), f" for target {result.target}: {files}."))

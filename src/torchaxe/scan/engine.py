@@ -105,6 +105,8 @@ def scan_source(
         rules = [cls() for cls in select_rules(options.select, options.ignore)]
     active = _applicable(list(rules), source, options.target)
     if not active:
+        # Nothing any selected rule looks for: not worth parsing (counted as skipped).
+        report.skipped = True
         return report
     try:
         tree = ast.parse(source, filename=path)

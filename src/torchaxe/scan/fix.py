@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import ast
 import difflib
-import os
-import stat
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from torchaxe.atomic import write_text_atomic
 from torchaxe.errors import TorchaxeError
 from torchaxe.findings import Applicability, Diagnostic, Edit, Finding, Fix
 from torchaxe.scan.engine import ScanOptions, decode_source, display_path, scan_source
@@ -183,26 +181,6 @@ def fix_source(source: str, path: str, options: ScanOptions, unsafe: bool = Fals
     return result
 
 
-def write_atomic(path: Path, text: str, encoding: str = "utf-8") -> None:
-    """Replace a file's content via a temp file in the same folder and a rename,
-    keeping its permission bits; on any failure the original is untouched."""
-    mode = stat.S_IMODE(path.stat().st_mode)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".torchaxe-tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding=encoding, newline="") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def fix_paths(
     paths: list[str | Path],
     options: ScanOptions,
@@ -240,7 +218,7 @@ def fix_paths(
                 result.diagnostics.append(Diagnostic("AX908", ff.error, shown))
             elif ff.changed and write:
                 try:
-                    write_atomic(path, ff.fixed, _encoding_of(data))
+                    write_text_atomic(path, ff.fixed, _encoding_of(data))
                 except OSError as exc:
                     raise TorchaxeError(f"cannot write {shown}: {exc.strerror or exc}") from None
             result.files.append(ff)

@@ -1,0 +1,143 @@
+"""Short text summaries of a Profile and of a merge of rank profiles.
+
+The profile itself is the JSON file; this is what a person reads on stderr after
+``torchaxe profile``: how the run ended, step time, and the biggest costs found.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from torchaxe.runtime.merge import MergeReport
+from torchaxe.runtime.profile import Profile
+
+#: Lines of host-sync sites and of ops shown in the summary.
+TOP_SYNCS = 3
+TOP_OPS = 5
+
+#: How each kind of host read is written in the summary.
+CALLS = {
+    "item": ".item()",
+    "tolist": ".tolist()",
+    "numpy": ".numpy()",
+    "cpu": ".cpu()",
+    "__bool__": "bool(tensor)",
+    "__float__": "float(tensor)",
+    "__int__": "int(tensor)",
+    "__index__": "tensor as index",
+    "__repr__": "print/repr(tensor)",
+    "device-sync": "device sync",
+}
+
+
+def seconds_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    if seconds >= 10:
+        return f"{seconds:.1f} s"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 0.01:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def bytes_text(count: int | None) -> str:
+    if count is None:
+        return "n/a"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
+
+
+def percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> None:
+    """A dozen lines: status, step time, data wait, syncs, gc, memory, ops, shapes."""
+    s = profile.summary
+    run = profile.run
+    who = f" [rank {run.rank}/{run.world_size}]" if run.rank is not None and (run.world_size or 0) > 1 else ""
+    out.write(f"torchaxe profile{who}: {profile.status}: {profile.detail}\n")
+    counts = {}
+    for step in profile.steps:
+        counts[step.phase] = counts.get(step.phase, 0) + 1
+    parts = [f"{counts[p]} {p}" for p in ("warmup", "ops", "measured") if counts.get(p)]
+    out.write(f"  steps       {' + '.join(parts) or 'none'} on {run.target}\n")
+    if s.steps_measured:
+        spread = f"; IQR {percent(s.step_seconds_spread)} of median" if s.step_seconds_spread is not None else ""
+        out.write(f"  step time   median {seconds_text(s.step_seconds_median)}, p90 {seconds_text(s.step_seconds_p90)} "
+                  f"(min {seconds_text(s.step_seconds_min)}, max {seconds_text(s.step_seconds_max)}{spread})\n")
+        out.write(f"  data wait   {percent(s.data_wait_fraction)} of step time "
+                  f"(median {seconds_text(s.data_wait_seconds_median)} per step)\n")
+        syncs = f"{s.host_syncs_per_step:.1f}" if s.host_syncs_per_step is not None else "n/a"
+        note = " (on cpu: reads that would synchronise a device)" if run.target == "cpu" else ""
+        out.write(f"  host syncs  {syncs} per step{note}\n")
+    for site in profile.host_syncs[:TOP_SYNCS]:
+        code = f"  {site.code}" if site.code else ""
+        out.write(f"                {site.location} {CALLS.get(site.call, site.call)} x{site.count}{code}\n")
+    if s.steps_measured:
+        out.write(f"  gc          {seconds_text(s.gc_seconds_per_step)} per step ({percent(s.gc_fraction)})\n")
+    device = bytes_text(s.peak_device_memory_bytes) if s.peak_device_memory_bytes is not None else f"n/a on {run.target}"
+    out.write(f"  memory      host RSS peak {bytes_text(s.host_rss_peak_bytes)}; device peak {device}\n")
+    ops = [o for o in profile.ops if o.kind == "op"]
+    if ops:
+        window = profile.ops_steps
+        steps = f"steps {window[0]}-{window[-1]}" if len(window) > 1 else (f"step {window[0]}" if window else "the window")
+        use_device = any(o.device_self_seconds for o in ops)
+        total = sum((o.device_self_seconds or 0.0) if use_device else o.self_seconds for o in ops) or 1.0
+        out.write(f"  ops         top by {'device' if use_device else 'host'} self time over {steps}:\n")
+        for op in ops[:TOP_OPS]:
+            t = (op.device_self_seconds or 0.0) if use_device else op.self_seconds
+            source = ""
+            if op.sources:
+                first = op.sources[0]
+                source = f"  from {first.function} ({first.location})" if first.function else f"  from {first.location}"
+            out.write(f"                {op.name:<28} {seconds_text(t):>9} {100 * t / total:5.1f}%  {op.calls} calls{source}\n")
+    if profile.shapes is not None:
+        shapes = profile.shapes
+        batches = shapes.batches
+        batch_text = ""
+        if batches is not None:
+            n = len(batches.signatures)
+            batch_text = f"; {n}{'+' if batches.truncated else ''} batch shape{'s' if n != 1 else ''}"
+        dynamic = shapes.dynamic_modules
+        if dynamic:
+            listed = ", ".join(dynamic[:4]) + (f" and {len(dynamic) - 4} more" if len(dynamic) > 4 else "")
+            out.write(f"  shapes      dynamic in {len(dynamic)} of {len(shapes.modules)} modules ({listed}){batch_text}\n")
+        else:
+            out.write(f"  shapes      static: every one of {len(shapes.modules)} modules saw one input shape{batch_text}\n")
+    for warning in profile.warnings:
+        out.write(f"  warning: {warning}\n")
+    if path:
+        out.write(f"  profile written to {path}\n")
+
+
+def render_merge(report: MergeReport, out: TextIO) -> None:
+    """A table of the ranks, then the slowest rank and its distance from the median."""
+    from torchaxe.runtime.merge import OUTSIDE_BACKWARD
+
+    out.write(f"{len(report.ranks)} of {report.world_size} ranks\n")
+    out.write(f"{'rank':>4}  {'status':<11} {'steps':>5}  {'median':>10}  {'p90':>10}  {'outside bwd':>11}  "
+              f"{'data wait':>9}  {'syncs/step':>10}\n")
+    for r in report.ranks:
+        syncs = f"{r.host_syncs_per_step:.1f}" if r.host_syncs_per_step is not None else "n/a"
+        out.write(f"{r.rank:>4}  {r.status:<11} {r.steps_measured:>5}  {seconds_text(r.step_seconds_median):>10}  "
+                  f"{seconds_text(r.step_seconds_p90):>10}  {seconds_text(r.outside_backward_seconds_median):>11}  "
+                  f"{percent(r.data_wait_fraction):>9}  {syncs:>10}\n")
+    slowest = report.slowest
+    if slowest is not None:
+        by = report.slowest_by
+        what = "time outside backward" if by == OUTSIDE_BACKWARD else "step time"
+        counts = report.slowest_counts()
+        steps = f"; slowest on {counts.get(slowest.rank, 0)} of {len(report.steps)} steps" if report.steps else ""
+        out.write(f"slowest rank {slowest.rank}: median {what} {seconds_text(slowest.measure(by))}, "
+                  f"{percent(report.slowest_vs_median)} above the median rank "
+                  f"({seconds_text(report.median_rank_measure)}){steps}\n")
+        if by == OUTSIDE_BACKWARD:
+            out.write("  (in data-parallel training every rank's step lasts as long as the slowest one's: the others "
+                      "wait inside backward for its gradients, so ranks are compared by their time outside backward)\n")
+    for warning in report.warnings:
+        out.write(f"warning: {warning}\n")

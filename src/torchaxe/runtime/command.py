@@ -1,0 +1,169 @@
+"""The training command: what the user typed after ``--``, and running it in-process.
+
+``python train.py ARGS``, ``python -m package.module ARGS`` and plain ``train.py
+ARGS`` are accepted. The script runs in this interpreter (so the harness can hook
+into it) with what it would have seen under ``python``: ``sys.argv``, ``sys.path[0]``
+(the script's folder, or the working folder for ``-m``) and ``__name__ ==
+"__main__"``. Everything changed is put back afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import runpy
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from torchaxe.errors import TorchaxeError
+
+_PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$", re.IGNORECASE)
+#: Interpreter options that change nothing the harness could honour differently.
+_HARMLESS_FLAGS = {"-u", "-B", "-E", "-s", "-I", "-q"}
+
+
+@dataclass(frozen=True)
+class ScriptCommand:
+    """A script (``kind == "path"``) or a module (``kind == "module"``) with its arguments."""
+
+    kind: str
+    target: str
+    args: tuple[str, ...] = ()
+    #: The command as typed, for the profile.
+    typed: tuple[str, ...] = ()
+
+    @property
+    def display(self) -> str:
+        return self.target if self.kind == "path" else f"-m {self.target}"
+
+    @property
+    def folder(self) -> Path:
+        """The folder put first on ``sys.path``: the script's own, or the working folder."""
+        if self.kind == "path":
+            real = Path(os.path.realpath(self.target))
+            # A folder with __main__.py, or a zip archive, is itself put on the path.
+            if real.is_dir() or real.suffix in (".zip", ".pyz"):
+                return real
+            return real.parent
+        return Path.cwd()
+
+
+def _is_python(token: str) -> bool:
+    name = os.path.basename(token)
+    return bool(_PYTHON.match(name)) or os.path.abspath(token) == os.path.abspath(sys.executable)
+
+
+def parse_command(argv: Sequence[str]) -> ScriptCommand:
+    """Understand ``python [-u] train.py ARGS``, ``python -m mod ARGS`` or ``train.py ARGS``.
+
+    Raises TorchaxeError, in one line, for anything else (other interpreter options,
+    ``-c``, a launcher such as torchrun, a script that is not there)."""
+    tokens = list(argv)
+    typed = tuple(argv)
+    if not tokens:
+        raise TorchaxeError("nothing to run: give the training command, e.g. `torchaxe profile -- python train.py`")
+    head = os.path.basename(tokens[0])
+    if head in ("torchrun", "torch.distributed.run") or head.startswith("torchrun"):
+        raise TorchaxeError(
+            "run torchrun outside torchaxe, so that every rank is profiled: "
+            "`torchrun --nproc_per_node N --no-python torchaxe profile -- python train.py`"
+        )
+    if _is_python(tokens[0]):
+        tokens.pop(0)
+        while tokens and tokens[0].startswith("-") and tokens[0] != "-":
+            flag = tokens[0]
+            if flag == "-m" or (flag.startswith("-m") and not flag.startswith("--")):
+                break
+            if flag in _HARMLESS_FLAGS:
+                tokens.pop(0)
+                continue
+            if flag == "-c":
+                raise TorchaxeError("python -c is not supported: torchaxe profiles a script file or a module (-m)")
+            raise TorchaxeError(
+                f"python option {flag} is not supported: the script runs inside torchaxe's interpreter; "
+                "set it with an environment variable (PYTHONWARNINGS, PYTHONOPTIMIZE, ...) instead"
+            )
+        if not tokens:
+            raise TorchaxeError("no script after `python`: give the training script, e.g. `python train.py`")
+    first = tokens[0]
+    if first == "-m" or (first.startswith("-m") and not first.startswith("--")):
+        module = first[2:] if first != "-m" else (tokens[1] if len(tokens) > 1 else "")
+        rest = tokens[1:] if first != "-m" else tokens[2:]
+        if not module:
+            raise TorchaxeError("-m needs a module name, e.g. `python -m package.train`")
+        return ScriptCommand("module", module, tuple(rest), typed)
+    if first == "-":
+        raise TorchaxeError("reading the script from stdin is not supported: give a file")
+    if first.startswith("-"):
+        raise TorchaxeError(f"{first}: expected a script, `python SCRIPT` or `python -m MODULE`")
+    path = Path(first)
+    if not path.exists():
+        raise TorchaxeError(f"script not found: {first}")
+    if path.is_dir() and not (path / "__main__.py").exists():
+        raise TorchaxeError(f"{first}: is a folder without __main__.py")
+    return ScriptCommand("path", first, tuple(tokens[1:]), typed)
+
+
+def check_module(command: ScriptCommand) -> None:
+    """Fail early, in one line, when a ``-m`` module cannot be found (with the
+    working folder on ``sys.path``, as ``python -m`` would have it)."""
+    if command.kind != "module":
+        return
+    import importlib.util
+
+    folder = str(command.folder)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        spec = importlib.util.find_spec(command.target)
+    except (ImportError, ValueError) as exc:
+        raise TorchaxeError(f"-m {command.target}: {exc}") from None
+    finally:
+        if added:
+            sys.path.remove(folder)
+    if spec is None:
+        raise TorchaxeError(f"-m {command.target}: no module of that name (looked in {folder} and sys.path)")
+
+
+def run_command(command: ScriptCommand) -> None:
+    """Run the script or module as ``__main__`` in this interpreter; exceptions
+    (including SystemExit) propagate to the caller. ``sys.argv``, ``sys.path`` and
+    the modules imported from the script's folder are restored or dropped after."""
+    saved_argv = sys.argv[:]
+    saved_path = sys.path[:]
+    before = set(sys.modules)
+    folder = str(command.folder)
+    try:
+        if sys.path:
+            sys.path[0] = folder
+        else:
+            sys.path.append(folder)
+        if command.kind == "path":
+            sys.argv = [command.target, *command.args]
+            runpy.run_path(command.target, run_name="__main__")
+        else:
+            # run_module replaces argv[0] with the module's file, as python -m does.
+            sys.argv = [command.target, *command.args]
+            runpy.run_module(command.target, run_name="__main__", alter_sys=True)
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        _forget_local_modules(before, folder)
+
+
+def _forget_local_modules(before: set[str], folder: str) -> None:
+    """Drop modules the script imported from its own folder, so that a second run
+    in the same interpreter (tests, trials) imports the user's current code. Modules
+    from anywhere else (torch's lazily imported parts) stay: dropping those would
+    leave two copies of one module."""
+    prefix = os.path.realpath(folder).rstrip(os.sep) + os.sep
+    for name in set(sys.modules) - before:
+        if name.split(".", 1)[0] in ("torchaxe", "torch"):
+            continue  # a checkout of torchaxe or torch can sit below the working folder
+        module = sys.modules.get(name)
+        filename = getattr(module, "__file__", None) or ""
+        if filename and os.path.realpath(filename).startswith(prefix):
+            sys.modules.pop(name, None)

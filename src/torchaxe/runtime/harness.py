@@ -1,0 +1,779 @@
+"""The harness: run the user's unmodified training script with probes, step by step.
+
+``Harness(options).run(command)`` runs the script in this interpreter (see
+``command.py``) after installing the probes (``probes.py``), cuts the run into steps
+at every optimizer step (a global ``register_optimizer_step_post_hook``) or every
+return of a ``--step-marker`` function, and stops it by raising
+:class:`StopProfiling` from the step boundary once warmup + op-profiling + measured
+steps are done. Whatever ends the script (the stop, its own end, ``sys.exit``, an
+exception, a timeout, Ctrl-C), the run yields a :class:`Profile` of what was
+measured, with a status that says how it ended.
+
+Step ``k`` lasts from the end of step ``k-1`` to the end of step ``k``; step 1 starts
+at the first sign of training (the first DataLoader fetch or module call). The device
+is synchronised at step boundaries only, through the backend.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from torchaxe import __version__
+from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.command import ScriptCommand, check_module, run_command
+from torchaxe.runtime.profile import ErrorInfo, Profile, RunInfo, ShapeReport, StepRecord
+
+#: Exit codes of ``torchaxe profile``, by status (see docs/profile.md).
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_SCRIPT_ERROR = 3
+EXIT_SCRIPT_EXIT = 4
+EXIT_TIMEOUT = 5
+EXIT_NO_STEPS = 6
+EXIT_INTERRUPTED = 130
+
+#: Frames of the user's traceback shown when their script raises.
+TRACEBACK_FRAMES = 8
+
+
+class StopProfiling(BaseException):
+    """Raised from a step boundary to end the script once enough steps are measured.
+
+    A BaseException, so that the user's ``except Exception`` does not swallow it; a
+    script that swallows it anyway gets it again at the next step boundary or
+    DataLoader fetch."""
+
+
+@dataclass(frozen=True)
+class HarnessOptions:
+    """What to measure. ``steps=None`` lets the script run to its end."""
+
+    steps: int | None = 10
+    warmup: int = 2
+    ops: bool = False
+    ops_steps: int = 3
+    shapes: bool = False
+    timeout: float | None = None
+    #: After a timeout, how long the script gets to unwind before the profile is
+    #: written without it (a script stuck in C code never sees the interrupt);
+    #: default half the timeout, between 1 and 10 seconds.
+    grace: float | None = None
+    step_marker: str | None = None
+    target: str | None = "auto"
+
+    def __post_init__(self) -> None:
+        if self.steps is not None and self.steps < 1:
+            raise TorchaxeError(f"--steps {self.steps}: must be at least 1 (or `all`)")
+        if self.warmup < 0:
+            raise TorchaxeError(f"--warmup {self.warmup}: must be 0 or more")
+        if self.ops_steps < 1:
+            raise TorchaxeError(f"--ops-steps {self.ops_steps}: must be at least 1")
+        if self.timeout is not None and self.timeout <= 0:
+            raise TorchaxeError(f"--timeout {self.timeout}: must be a positive number of seconds")
+        if self.step_marker is not None:
+            StepMarker.parse(self.step_marker)
+
+    @property
+    def grace_seconds(self) -> float:
+        if self.grace is not None:
+            return self.grace
+        return min(10.0, max(1.0, 0.5 * (self.timeout or 0.0)))
+
+    @property
+    def steps_before_measuring(self) -> int:
+        return self.warmup + (self.ops_steps if self.ops else 0)
+
+    def phase(self, index: int) -> str:
+        """The phase of step ``index`` (1-based): warmup, then ops, then measured."""
+        if index <= self.warmup:
+            return "warmup"
+        if self.ops and index <= self.warmup + self.ops_steps:
+            return "ops"
+        return "measured"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps if self.steps is not None else "all",
+            "warmup": self.warmup,
+            "ops": self.ops,
+            "ops_steps": self.ops_steps if self.ops else 0,
+            "shapes": self.shapes,
+            "timeout": self.timeout,
+            "step_marker": self.step_marker,
+        }
+
+
+# --------------------------------------------------------------------- recorder
+
+
+class StepRecorder:
+    """Cuts the run into steps and accumulates what each step spent its time on.
+
+    The probes report into it (data wait, syncs, gc); step boundaries come from the
+    optimizer hook or the step marker (``step_end``).
+    """
+
+    def __init__(self, options: HarnessOptions, backend: Any, clock: Callable[[], float],
+                 rss: Callable[[], int | None] = lambda: None) -> None:
+        self.options = options
+        self.backend = backend
+        self.clock = clock
+        self.rss = rss
+        self.origin = clock()
+        self.steps: list[StepRecord] = []
+        self.measured = 0
+        self.stop_requested = False
+        self.window: Any = None  # an OpWindow when --ops
+        self.on_device_ready: Callable[[], None] = lambda: None
+        self._device_ready = False
+        self._start: float | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._backward = 0.0
+        self._wait = 0.0
+        self._batches = 0
+        self._syncs = 0
+        self._gc = 0.0
+        self._gc_count = 0
+
+    # -- what the probes report
+
+    def add_data_wait(self, seconds: float, batches: int) -> None:
+        self._wait += seconds
+        self._batches += batches
+
+    def add_backward(self, seconds: float) -> None:
+        self._backward += seconds
+
+    def add_sync(self) -> None:
+        self._syncs += 1
+
+    def add_gc(self, seconds: float) -> None:
+        self._gc += seconds
+        self._gc_count += 1
+
+    def check_stop(self) -> None:
+        if self.stop_requested:
+            raise StopProfiling("torchaxe: the steps asked for are measured")
+
+    # -- boundaries
+
+    @property
+    def started(self) -> bool:
+        return self._start is not None
+
+    def _synchronized_now(self) -> float:
+        backend = self.backend
+        if backend.is_initialized():
+            backend.synchronize()
+            if not self._device_ready:
+                self._device_ready = True
+                backend.reset_peak_memory()
+                self.on_device_ready()
+        return self.clock()
+
+    def activity(self) -> None:
+        """The first sign of training (a DataLoader fetch, a module call): step 1 starts."""
+        if self._start is None and not self.stop_requested:
+            self._begin(self._synchronized_now(), 1)
+
+    def _begin(self, now: float, index: int) -> None:
+        window = self.window
+        if window is not None and not window.started and self.options.phase(index) == "ops":
+            window.start()
+            now = self.clock()  # the profiler's start-up is not the step's time
+        self._start = now
+        self._reset()
+
+    def step_end(self) -> None:
+        """The end of a step: record it, and stop the script when enough are measured."""
+        self.check_stop()
+        now = self._synchronized_now()
+        if self._start is None:
+            self._begin(now, 1)
+            return
+        index = len(self.steps) + 1
+        phase = self.options.phase(index)
+        memory = None
+        if self._device_ready:
+            memory = self.backend.peak_memory_bytes()
+            self.backend.reset_peak_memory()
+        self.steps.append(StepRecord(
+            index=index,
+            phase=phase,
+            seconds=now - self._start,
+            data_wait_seconds=self._wait,
+            batches=self._batches,
+            backward_seconds=self._backward,
+            host_syncs=self._syncs,
+            gc_seconds=self._gc,
+            gc_collections=self._gc_count,
+            peak_device_memory_bytes=memory,
+            host_rss_bytes=self.rss(),
+            start_seconds=self._start - self.origin,
+        ))
+        window = self.window
+        if phase == "ops" and window is not None:
+            window.steps.append(index)
+        if phase == "measured":
+            self.measured += 1
+            if self.options.steps is not None and self.measured >= self.options.steps:
+                self.stop_requested = True
+                self._start = None
+                raise StopProfiling("torchaxe: the steps asked for are measured")
+        if phase == "ops" and self.options.phase(index + 1) != "ops":
+            window.stop()
+            now = self.clock()  # nor is its shutdown
+        self._begin(now, index + 1)
+
+
+# ----------------------------------------------------------------- step sources
+
+
+class OptimizerStepProbe:
+    """A step ends whenever the run's optimizer finishes ``step()``. With several
+    optimizers (a GAN's two), the first one to step marks the boundaries."""
+
+    def __init__(self, recorder: StepRecorder) -> None:
+        self.recorder = recorder
+        self._handle = None
+        self._optimizer: Any = None
+        self.calls = 0
+
+    def install(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        def hook(optimizer, args, kwargs):
+            current = self._optimizer() if self._optimizer is not None else None
+            if current is None:
+                self._optimizer = weakref.ref(optimizer)
+            elif current is not optimizer:
+                return
+            self.calls += 1
+            self.recorder.step_end()
+
+        self._handle = register_optimizer_step_post_hook(hook)
+
+    def uninstall(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
+@dataclass
+class StepMarker:
+    """``--step-marker module:function``: each return of the function ends a step.
+
+    ``function`` may be dotted (``Trainer.train_step``). The module is imported
+    before the script runs, with the script's folder on ``sys.path``. A function of
+    the script itself (``__main__:train_step``, or the script's own name) is found
+    when it is first called, through a trace function that is removed as soon as
+    that call returns (the start-up runs slower until then)."""
+
+    module: str
+    qualname: str
+    calls: int = 0
+    _restore: list[Callable[[], None]] = field(default_factory=list)
+    _imported: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "StepMarker":
+        module, sep, qualname = text.partition(":")
+        parts = qualname.split(".")
+        if not sep or not module or not all(p.isidentifier() for p in parts) or \
+                not all(p.isidentifier() for p in module.split(".")):
+            raise TorchaxeError(f"--step-marker {text}: expected MODULE:FUNCTION, e.g. train:train_step or mylib.loop:Trainer.step")
+        return cls(module, qualname)
+
+    def _in_script(self, command: ScriptCommand) -> bool:
+        if self.module == "__main__":
+            return True
+        if command.kind == "path":
+            return self.module == Path(command.target).stem
+        return self.module == command.target
+
+    def install(self, recorder: StepRecorder, command: ScriptCommand) -> None:
+        if self._in_script(command):
+            self._install_traced(recorder, command)
+        else:
+            self._install_imported(recorder, command)
+
+    def _wrap(self, function: Callable, recorder: StepRecorder) -> Callable:
+        import functools
+
+        @functools.wraps(function)
+        def marked(*args, **kwargs):
+            recorder.activity()
+            result = function(*args, **kwargs)
+            self.calls += 1
+            recorder.step_end()
+            return result
+
+        return marked
+
+    def _install_imported(self, recorder: StepRecorder, command: ScriptCommand) -> None:
+        import importlib
+
+        folder = str(command.folder)
+        before = set(sys.modules)
+        sys.path.insert(0, folder)
+        try:
+            module = importlib.import_module(self.module)
+        except ImportError as exc:
+            raise TorchaxeError(f"--step-marker {self.module}:{self.qualname}: cannot import {self.module} ({exc})") from None
+        finally:
+            sys.path.remove(folder)
+        if self.module not in before:
+            self._imported = self.module
+        *owners, name = self.qualname.split(".")
+        owner: Any = module
+        for part in owners:
+            owner = getattr(owner, part, None)
+        function = getattr(owner, name, None) if owner is not None else None
+        if not callable(function):
+            raise TorchaxeError(f"--step-marker {self.module}:{self.qualname}: no function {self.qualname} in {self.module}")
+        original = owner.__dict__.get(name, function) if hasattr(owner, "__dict__") else function
+        if isinstance(original, (staticmethod, classmethod)):
+            wrapped: Any = type(original)(self._wrap(original.__func__, recorder))
+        else:
+            wrapped = self._wrap(function, recorder)
+        setattr(owner, name, wrapped)
+        self._restore.append(lambda: setattr(owner, name, original))
+
+    def _install_traced(self, recorder: StepRecorder, command: ScriptCommand) -> None:
+        import importlib.util
+
+        if command.kind == "path":
+            filename = os.path.realpath(command.target)
+        else:
+            spec = importlib.util.find_spec(command.target)
+            filename = os.path.realpath(spec.origin) if spec and spec.origin else ""
+        qualname = self.qualname
+        last = qualname.rsplit(".", 1)[-1]
+        marker = self
+
+        def on_return(frame, event, arg):
+            if event == "return":
+                sys.settrace(None)
+                marker.calls += 1
+                recorder.step_end()
+            return on_return
+
+        def on_call(frame, event, arg):
+            code = frame.f_code
+            if event != "call" or code.co_name != last or getattr(code, "co_qualname", qualname) != qualname:
+                return None
+            if os.path.realpath(code.co_filename) != filename:
+                return None
+            marker._replace_in(frame.f_globals, recorder)
+            recorder.activity()
+            return on_return
+
+        sys.settrace(on_call)
+        self._restore.append(lambda: sys.settrace(None))
+
+    def _replace_in(self, namespace: dict, recorder: StepRecorder) -> None:
+        *owners, name = self.qualname.split(".")
+        owner: Any = None
+        if owners:
+            owner = namespace.get(owners[0])
+            for part in owners[1:]:
+                owner = getattr(owner, part, None)
+            if owner is None:
+                return
+            original = owner.__dict__.get(name)
+            if original is None:
+                return
+            if isinstance(original, (staticmethod, classmethod)):
+                setattr(owner, name, type(original)(self._wrap(original.__func__, recorder)))
+            else:
+                setattr(owner, name, self._wrap(original, recorder))
+        elif callable(namespace.get(name)):
+            namespace[name] = self._wrap(namespace[name], recorder)
+
+    def uninstall(self) -> None:
+        while self._restore:
+            self._restore.pop()()
+        if self._imported:
+            sys.modules.pop(self._imported, None)
+            self._imported = None
+
+
+# --------------------------------------------------------------------- watchdog
+
+
+class Watchdog:
+    """``--timeout``: interrupts the script (SIGINT to the thread running it) when
+    the time is up; if it has not ended ``grace`` seconds later, calls ``abandon``
+    (the CLI writes the profile from there and exits)."""
+
+    def __init__(self, timeout: float, grace: float, abandon: Callable[[], None] | None = None) -> None:
+        self.timeout = timeout
+        self.grace = grace
+        self.abandon = abandon
+        self.fired = False
+        self._done = threading.Event()
+        self._delivered = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._target = threading.get_ident()
+        self._previous: Any = None
+        self._handling = False
+
+    def start(self) -> None:
+        self._target = threading.get_ident()
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self._handling = True
+        self._thread = threading.Thread(target=self._watch, name="torchaxe-watchdog", daemon=True)
+        self._thread.start()
+
+    def _on_sigint(self, signum, frame) -> None:
+        self._delivered.set()
+        if not self._done.is_set():
+            raise KeyboardInterrupt
+
+    def _watch(self) -> None:
+        if self._done.wait(self.timeout):
+            return
+        with self._lock:
+            if self._done.is_set():
+                return
+            self.fired = True
+            if self._handling and hasattr(signal, "pthread_kill"):
+                signal.pthread_kill(self._target, signal.SIGINT)
+            elif self._handling:  # pragma: no cover - no POSIX thread signals (Windows)
+                import _thread
+
+                _thread.interrupt_main()
+            # Off the main thread there is no way to interrupt the script: it is
+            # left to finish (status timeout) or to be abandoned after the grace.
+        if self._done.wait(self.grace):
+            return
+        if self.abandon is not None:
+            self.abandon()
+
+    def finish(self) -> None:
+        """The run is over: stop watching, and absorb a timeout interrupt that was
+        sent but has not been delivered yet."""
+        with self._lock:
+            self._done.set()
+        if self.fired and self._handling:
+            self._delivered.wait(1.0)
+        if self._handling:
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+            self._handling = False
+
+
+# ----------------------------------------------------------------------- harness
+
+
+def _exit_code_of(exc: SystemExit) -> tuple[int, str | None]:
+    code = exc.code
+    if code is None:
+        return 0, None
+    if isinstance(code, bool) or not isinstance(code, int):
+        return 1, str(code)
+    return code, None
+
+
+def _harness_file(filename: str) -> bool:
+    import runpy
+
+    torchaxe_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return (filename.startswith(torchaxe_dir + os.sep) or filename == runpy.__file__
+            or filename.startswith("<frozen runpy"))
+
+
+def error_info(exc: BaseException, codes: Any) -> ErrorInfo:
+    """The user's exception with their traceback (torchaxe's and runpy's frames left
+    out, the last few frames only)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _harness_file(f.filename)]
+    user = [f for f in frames if codes.kind(f.filename) == "user"]
+    where = user[-1] if user else (frames[-1] if frames else None)
+    shown = frames[-TRACEBACK_FRAMES:]
+    lines = ["Traceback (most recent call last):\n"]
+    if len(frames) > len(shown):
+        lines.append(f"  ... {len(frames) - len(shown)} earlier frame(s)\n")
+    lines += traceback.format_list(shown)
+    lines += traceback.format_exception_only(type(exc), exc)
+    return ErrorInfo(
+        type=type(exc).__qualname__ if type(exc).__module__ in ("builtins", "__main__") else f"{type(exc).__module__}.{type(exc).__qualname__}",
+        message=str(exc),
+        file=codes.show(where.filename) if where else None,
+        line=where.lineno if where else None,
+        traceback="".join(lines),
+    )
+
+
+def _int_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def distributed_identity() -> tuple[int | None, int | None, int | None]:
+    """(rank, local rank, world size): from torch.distributed when a process group
+    is up, else from the variables torchrun sets."""
+    rank, local, world = _int_env("RANK"), _int_env("LOCAL_RANK"), _int_env("WORLD_SIZE")
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+    except Exception:  # a half-torn-down group: keep what the environment says
+        pass
+    return rank, local, world
+
+
+def _close_process_group() -> None:
+    """The script was stopped before it could tear down its process group."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def exit_code_for(profile: Profile) -> int:
+    """What ``torchaxe profile`` exits with for a profile (docs/profile.md)."""
+    status = profile.status
+    if status == "error":
+        return EXIT_SCRIPT_ERROR
+    if status == "timeout":
+        return EXIT_TIMEOUT
+    if status == "interrupted":
+        return EXIT_INTERRUPTED
+    if status == "exited" and profile.exit_code:
+        return EXIT_SCRIPT_EXIT
+    if not profile.steps:
+        return EXIT_NO_STEPS
+    return EXIT_OK
+
+
+class Harness:
+    """Runs one command under the probes and returns its Profile.
+
+    ``backend`` and ``clock`` are injectable (tests use a fake clock); ``abandon``
+    receives the profile when a timed-out script ignores the interrupt.
+    """
+
+    def __init__(self, options: HarnessOptions | None = None, *, backend: Any = None,
+                 clock: Callable[[], float] = time.perf_counter,
+                 abandon: Callable[[Profile], None] | None = None) -> None:
+        self.options = options or HarnessOptions()
+        self.backend = backend
+        self.clock = clock
+        self.abandon = abandon
+
+    def run(self, command: ScriptCommand) -> Profile:
+        from torchaxe.backends import get_backend
+        from torchaxe.runtime.probes import (
+            BackwardProbe, CodeMap, DataWaitProbe, FirstForwardProbe, GcProbe, HostMemory, HostSyncProbe,
+            ModuleShapeProbe, ShapeTallier,
+        )
+
+        options = self.options
+        check_module(command)
+        import torch
+
+        backend = self.backend or get_backend(options.target)
+        codes = CodeMap()
+        memory = HostMemory()
+        clock = self.clock
+        recorder = StepRecorder(options, backend, clock, memory.rss_bytes)
+        started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+        syncs = HostSyncProbe(recorder, codes, count_host_tensors=backend.name == "cpu")
+        recorder.on_device_ready = lambda: syncs.watch_sync_warnings(backend.enable_sync_warnings)
+        batch_shapes = ShapeTallier(torch.Tensor) if options.shapes else None
+        module_shapes = ModuleShapeProbe() if options.shapes else None
+        if options.ops:
+            from torchaxe.runtime.opstats import OpWindow
+
+            recorder.window = OpWindow(backend.profiler_activities(), record_shapes=options.shapes)
+        marker = StepMarker.parse(options.step_marker) if options.step_marker else None
+        optimizer_steps = None if marker else OptimizerStepProbe(recorder)
+        probes: list[Any] = [DataWaitProbe(recorder, clock, batch_shapes), BackwardProbe(recorder, clock), syncs,
+                             GcProbe(recorder, clock), FirstForwardProbe(recorder)]
+        if module_shapes is not None:
+            probes.append(module_shapes)
+        if optimizer_steps is not None:
+            probes.append(optimizer_steps)
+
+        state: dict[str, Any] = {"status": "completed", "error": None, "exit_code": None, "message": None}
+
+        def snapshot(final: bool) -> Profile:
+            return self._profile(command, backend, recorder, codes, memory, syncs, module_shapes, batch_shapes,
+                                 marker, optimizer_steps, state, started_at, final)
+
+        watchdog = None
+        if options.timeout is not None:
+            abandon = None
+            if self.abandon is not None:
+                def abandon() -> None:
+                    state["status"] = "timeout"
+                    state["message"] = f"did not stop within {options.grace_seconds:g} s of the timeout"
+                    self.abandon(snapshot(final=False))
+            watchdog = Watchdog(options.timeout, options.grace_seconds, abandon)
+
+        installed: list[Any] = []
+        try:
+            for probe in probes:
+                probe.install()
+                installed.append(probe)
+            if marker is not None:
+                marker.install(recorder, command)
+                installed.append(marker)
+            if watchdog is not None:
+                watchdog.start()
+            try:
+                run_command(command)
+            except StopProfiling:
+                state["status"] = "stopped"
+            except SystemExit as exc:
+                state["status"] = "exited"
+                state["exit_code"], state["message"] = _exit_code_of(exc)
+            except KeyboardInterrupt:
+                state["status"] = "interrupted"
+            except BaseException as exc:  # the user's bug, reported in the profile
+                state["status"] = "error"
+                state["error"] = error_info(exc, codes)
+            finally:
+                if watchdog is not None:
+                    watchdog.finish()
+        finally:
+            for probe in reversed(installed):
+                probe.uninstall()
+        if watchdog is not None and watchdog.fired and state["status"] != "stopped":
+            state["status"] = "timeout"
+        elif recorder.stop_requested and state["status"] not in ("stopped", "interrupted"):
+            # The script caught the stop and ended some other way.
+            state["caught_stop"] = True
+            if state["status"] == "error":
+                state["swallowed"] = state["error"]
+                state["error"] = None
+            state["status"] = "stopped"
+            state["exit_code"] = None
+        profile = snapshot(final=True)
+        if profile.status != "completed":
+            if profile.status != "exited":
+                _close_process_group()
+            gc.collect()  # DataLoader iterators of the stopped loop shut their workers down
+        memory.close()
+        return profile
+
+    def _profile(self, command, backend, recorder, codes, memory, syncs, module_shapes, batch_shapes, marker,
+                 optimizer_steps, state, started_at, final) -> Profile:
+        options = self.options
+        import torch
+
+        ops, ops_steps = [], []
+        if final and recorder.window is not None:
+            ops = recorder.window.table(codes)
+            ops_steps = list(recorder.window.steps)
+        shapes = None
+        if final and (module_shapes is not None or batch_shapes is not None):
+            shapes = ShapeReport(
+                modules=module_shapes.tallies() if module_shapes is not None else [],
+                batches=batch_shapes.tally("DataLoader", "batch") if batch_shapes is not None and batch_shapes.calls else None,
+            )
+        rank, local_rank, world = distributed_identity()
+        steps = list(recorder.steps)
+        status = state["status"]
+        warnings = self._warnings(steps, status, marker, optimizer_steps, state)
+        profile = Profile(
+            status=status,
+            run=RunInfo(
+                command=list(command.typed) or [command.target, *command.args],
+                target=backend.name,
+                source="harness",
+                started_at=started_at,
+                torchaxe_version=__version__,
+                torch_version=torch.__version__,
+                python_version=platform.python_version(),
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                rank=rank,
+                local_rank=local_rank,
+                world_size=world,
+                options=options.to_dict(),
+            ),
+            steps=steps,
+            host_syncs=syncs.sites(),
+            ops=ops,
+            ops_steps=ops_steps,
+            shapes=shapes,
+            error=state["error"],
+            exit_code=state["exit_code"],
+            warnings=warnings,
+            seconds=self.clock() - recorder.origin,
+            host_rss_peak_bytes=memory.peak_rss_bytes(),
+        )
+        profile.detail = self._detail(profile, command, state)
+        return profile
+
+    def _detail(self, profile: Profile, command: ScriptCommand, state: dict) -> str:
+        n = len(profile.measured_steps)
+        steps = f"{n} measured step{'s' if n != 1 else ''}"
+        status = profile.status
+        if status == "completed":
+            return f"the script ran to its end; {steps}"
+        if status == "stopped":
+            return f"stopped after {steps}" + (" (the script caught the stop and went on)" if state.get("caught_stop") else "")
+        if status == "exited":
+            extra = f": {state['message']}" if state.get("message") else ""
+            return f"the script called sys.exit({profile.exit_code}){extra}; {steps}"
+        if status == "error" and profile.error is not None:
+            where = f" at {profile.error.location}" if profile.error.location else ""
+            return f"the script raised {profile.error.type}{where}: {profile.error.message}; {steps}"
+        if status == "timeout":
+            extra = f" ({state['message']})" if state.get("message") else ""
+            return f"stopped by --timeout {self.options.timeout:g} s{extra}; {steps}"
+        return f"interrupted (Ctrl-C); {steps}"
+
+    def _warnings(self, steps: list[StepRecord], status: str, marker: StepMarker | None,
+                  optimizer_steps: OptimizerStepProbe | None, state: dict) -> list[str]:
+        options = self.options
+        out = []
+        if not steps:
+            if marker is not None:
+                out.append(f"no step was seen: --step-marker {marker.module}:{marker.qualname} "
+                           f"{'was never called' if not marker.calls else 'returned only once'}")
+            elif optimizer_steps is not None and optimizer_steps.calls <= 1:
+                out.append("no step was seen: no torch.optim optimizer stepped more than once; "
+                           "for a loop without one, pass --step-marker MODULE:FUNCTION")
+        measured = sum(1 for s in steps if s.phase == "measured")
+        wanted = options.steps
+        if status == "completed" and wanted is not None and measured < wanted:
+            out.append(f"the script ended after {len(steps)} steps: {measured} measured of the {wanted} asked for "
+                       f"(after {options.steps_before_measuring} warmup/op-profiling steps)")
+        if steps and not measured:
+            out.append("no measured steps: every step was warmup or op profiling, so the summary is empty; "
+                       "lower --warmup or raise the script's step count")
+        elif 0 < measured < 5:
+            out.append(f"only {measured} measured step{'s' if measured != 1 else ''}: the median is rough")
+        from torchaxe.runtime.stats import Samples
+
+        times = Samples.of(s.seconds for s in steps if s.phase == "measured")
+        if times.is_noisy():
+            out.append(f"step time varies: interquartile range {100 * (times.relative_spread or 0):.0f}% of the median")
+        if state.get("swallowed") is not None:
+            err = state["swallowed"]
+            out.append(f"after the stop the script raised {err.type}: {err.message}")
+        return out

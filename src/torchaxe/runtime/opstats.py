@@ -1,0 +1,202 @@
+"""The op-level breakdown: torch.profiler over a few steps, turned into OpStats.
+
+The window is started and stopped by the harness at step boundaries. The profiler
+runs with its Python tracer on (``with_stack``), which is what lets each operator be
+traced back to the user's line through its parent events; those steps are slowed
+down by it, so they are marked ``ops`` and left out of the step-time summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from collections import Counter, defaultdict
+from typing import Any, Iterator
+
+from torchaxe.runtime.probes import CodeMap
+from torchaxe.runtime.profile import OpShapeGroup, OpSource, OpStat
+
+#: Rows kept in the op table, and shape groups and sources per row.
+MAX_OPS = 100
+MAX_SHAPE_GROUPS = 10
+MAX_SOURCES = 5
+
+_PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.*)$")
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence the C++ side's start/stop banner (kineto prints to file descriptor 2)."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            try:
+                yield
+            finally:
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+class OpWindow:
+    """One torch.profiler recording between two step boundaries."""
+
+    def __init__(self, activities: tuple[str, ...], record_shapes: bool) -> None:
+        self.activities = activities
+        self.record_shapes = record_shapes
+        self._profiler: Any = None
+        self._search_path: list[str] = []
+        self.steps: list[int] = []
+
+    def start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        kinds = [getattr(ProfilerActivity, name.upper()) for name in self.activities
+                 if hasattr(ProfilerActivity, name.upper())]
+        self._profiler = profile(activities=kinds, record_shapes=self.record_shapes, with_stack=True)
+        with _quiet_stderr():
+            self._profiler.start()
+
+    @property
+    def started(self) -> bool:
+        return self._profiler is not None
+
+    def stop(self) -> None:
+        if self._profiler is None or self._search_path:
+            return
+        # The profiler names files relative to the working folder or to the sys.path
+        # entry they were found under; keep both, as the script had them, to find
+        # the files again.
+        self._search_path = [os.getcwd()] + [p or os.getcwd() for p in sys.path]
+        with _quiet_stderr():
+            self._profiler.stop()
+
+    def table(self, codes: CodeMap) -> list[OpStat]:
+        """The operators of the window, most host self time first."""
+        if self._profiler is None:
+            return []
+        self.stop()
+        events = [e for e in self._profiler.events() if not getattr(e, "is_python_function", False)]
+        return build_table(events, codes, self._search_path, self.record_shapes)
+
+
+def _device_self_us(event: Any) -> float:
+    value = getattr(event, "self_device_time_total", None)
+    if value is None:
+        value = getattr(event, "self_cuda_time_total", 0.0)
+    return float(value or 0.0)
+
+
+class _SourceFinder:
+    """Maps an event to the user's line that led to it, through its parents."""
+
+    def __init__(self, codes: CodeMap, search_path: list[str]) -> None:
+        self.codes = codes
+        self.search_path = search_path
+        self._files: dict[str, str | None] = {}
+        self._defs: dict[str, list[tuple[int, int, str]]] = {}
+
+    def _resolve(self, shown: str) -> str | None:
+        if shown in self._files:
+            return self._files[shown]
+        found = None
+        candidates = [shown] if os.path.isabs(shown) else [os.path.join(d, shown) for d in self.search_path]
+        for path in candidates:
+            if os.path.isfile(path):
+                found = path
+                break
+        self._files[shown] = found
+        return found
+
+    def _def_line(self, path: str, line: int, function: str) -> int:
+        """The line where ``function`` starts, for a ``line`` inside it. The tracer
+        gives the start line for functions entered while recording, but the running
+        line for those already under way when it started; this makes them alike."""
+        defs = self._defs.get(path)
+        if defs is None:
+            import ast
+
+            defs = []
+            try:
+                tree = ast.parse(open(path, encoding="utf-8").read())
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                tree = None
+            if tree is not None:
+                for node in ast.walk(tree):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                        defs.append((start, node.end_lineno or node.lineno, node.name))
+            self._defs[path] = defs
+        inside = [(start, end) for start, end, name in defs if name == function and start <= line <= end]
+        return max(inside)[0] if inside else line
+
+    def source(self, event: Any) -> tuple[str, str] | None:
+        parent = getattr(event, "cpu_parent", None)
+        hops = 0
+        while parent is not None and hops < 256:
+            if getattr(parent, "is_python_function", False):
+                match = _PY_FRAME.match(parent.name)
+                if match:
+                    path = self._resolve(match["file"])
+                    if path is not None and self.codes.kind(path) == "user":
+                        line = self._def_line(path, int(match["line"]), match["function"])
+                        return f"{self.codes.show(path)}:{line}", match["function"]
+            parent = parent.cpu_parent
+            hops += 1
+        return None
+
+
+def build_table(events: list[Any], codes: CodeMap, search_path: list[str], with_shapes: bool) -> list[OpStat]:
+    """Aggregate profiler events (``FunctionEvent``-like objects) by operator name."""
+    finder = _SourceFinder(codes, search_path)
+    rows: dict[str, dict[str, Any]] = {}
+    shape_rows: dict[str, dict[tuple, list]] = defaultdict(dict)
+    sources: dict[str, Counter] = defaultdict(Counter)
+    for event in events:
+        name = event.name
+        row = rows.get(name)
+        if row is None:
+            row = rows[name] = {"calls": 0, "self": 0.0, "total": 0.0, "device": 0.0,
+                                "range": bool(getattr(event, "is_user_annotation", False))}
+        self_us = float(event.self_cpu_time_total)
+        row["calls"] += 1
+        row["self"] += self_us
+        row["total"] += float(event.cpu_time_total)
+        row["device"] += _device_self_us(event)
+        if with_shapes:
+            shapes = tuple(tuple(s) if isinstance(s, (list, tuple)) and all(isinstance(d, int) for d in s) else None
+                           for s in (getattr(event, "input_shapes", None) or ()))
+            group = shape_rows[name].setdefault(shapes, [0, 0.0])
+            group[0] += 1
+            group[1] += self_us
+        if not row["range"]:
+            where = finder.source(event)
+            if where is not None:
+                sources[name][where] += 1
+    saw_device = any(r["device"] > 0 for r in rows.values())
+    table = []
+    for name, row in rows.items():
+        groups = sorted(shape_rows.get(name, {}).items(), key=lambda kv: -kv[1][1])[:MAX_SHAPE_GROUPS]
+        table.append(OpStat(
+            name=name,
+            kind="range" if row["range"] else "op",
+            calls=row["calls"],
+            self_seconds=row["self"] / 1e6,
+            total_seconds=row["total"] / 1e6,
+            device_self_seconds=row["device"] / 1e6 if saw_device else None,
+            input_shapes=[OpShapeGroup(input_shapes=[list(s) if s is not None else None for s in shapes],
+                                       calls=calls, self_seconds=us / 1e6)
+                          for shapes, (calls, us) in groups],
+            sources=[OpSource(location=loc, function=function, count=n)
+                     for (loc, function), n in sources[name].most_common(MAX_SOURCES)],
+        ))
+    table.sort(key=lambda o: (-(o.device_self_seconds or 0.0), -o.self_seconds, o.name))
+    return table[:MAX_OPS]

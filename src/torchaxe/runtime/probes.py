@@ -1,0 +1,626 @@
+"""The probes the harness installs in the user's process, each with one job.
+
+Every probe has ``install()`` and ``uninstall()``, touches only what it restores, and
+reports into a :class:`StepSink` (the harness's step recorder). They are built to cost
+microseconds per event: the default set (data wait, host syncs, garbage collection)
+must add no more than a few percent to a training step (benchmarks/harness_overhead.py).
+
+``CodeMap`` decides whose code a frame belongs to: torch's (and torchaxe's) own, a
+library's (the standard library, site-packages), or the user's.
+"""
+
+from __future__ import annotations
+
+import gc
+import linecache
+import os
+import sys
+import sysconfig
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from torchaxe.runtime.profile import HostSyncSite, InputSignature, ShapeTally
+
+#: Distinct input signatures kept per module before it is marked ``truncated``.
+MAX_SIGNATURES = 32
+
+
+class StepSink(Protocol):
+    """What the probes report to (implemented by the harness's StepRecorder)."""
+
+    started: bool
+
+    def activity(self) -> None: ...
+    def add_data_wait(self, seconds: float, batches: int) -> None: ...
+    def add_backward(self, seconds: float) -> None: ...
+    def add_sync(self) -> None: ...
+    def add_gc(self, seconds: float) -> None: ...
+    def check_stop(self) -> None: ...
+
+
+# --------------------------------------------------------------------- whose code
+
+
+def _package_dir(name: str) -> str | None:
+    """A package's folder, found without importing it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.realpath(list(spec.submodule_search_locations)[0])
+
+
+class CodeMap:
+    """Classifies source files: ``internal`` (torch, torch_npu, torchaxe), ``library``
+    (standard library, site-packages, frozen modules) or ``user``. Results are cached
+    per file name, so a lookup on a hot path is one dict access."""
+
+    def __init__(self, internal: tuple[str, ...] | None = None, library: tuple[str, ...] | None = None,
+                 cwd: str | None = None) -> None:
+        if internal is None:
+            internal = tuple(d for d in (_package_dir("torch"), _package_dir("torch_npu"), _package_dir("torchaxe")) if d)
+        if library is None:
+            paths = sysconfig.get_paths()
+            library = tuple({os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths})
+        self._internal = tuple(p.rstrip(os.sep) + os.sep for p in internal)
+        self._library = tuple(p.rstrip(os.sep) + os.sep for p in library)
+        self._cwd = (cwd or os.getcwd()).rstrip(os.sep) + os.sep
+        self._kinds: dict[str, str] = {}
+        self._shown: dict[str, str] = {}
+        torch_dir = next((p for p in self._internal if p.endswith(f"{os.sep}torch{os.sep}")), None)
+        #: torch's Python-side Tensor methods (``__format__``, ``__repr__``, ``__array__``):
+        #: a read they make is the caller's read. Their kind is ``tensor``.
+        self._tensor_files = frozenset(
+            os.path.join(torch_dir, name) for name in ("_tensor.py", "_tensor_str.py")
+        ) if torch_dir else frozenset()
+
+    def kind(self, filename: str) -> str:
+        """``internal``, ``tensor`` (torch's Tensor methods), ``library`` or ``user``."""
+        found = self._kinds.get(filename)
+        if found is None:
+            found = self._classify(filename)
+            self._kinds[filename] = found
+        return found
+
+    def _classify(self, filename: str) -> str:
+        if filename.startswith("<"):
+            return "library"  # <frozen runpy>, <string>, <stdin>
+        real = os.path.realpath(filename)
+        if real in self._tensor_files:
+            return "tensor"
+        if real.startswith(self._internal):
+            return "internal"
+        if real.startswith(self._library):
+            return "library"
+        return "user"
+
+    def show(self, filename: str) -> str:
+        """The file name as the user would type it: relative to the working folder
+        when it is below it, else absolute."""
+        shown = self._shown.get(filename)
+        if shown is None:
+            real = os.path.abspath(filename)
+            shown = real[len(self._cwd):] if real.startswith(self._cwd) else real
+            self._shown[filename] = shown
+        return shown
+
+
+# ----------------------------------------------------------------------- data wait
+
+
+class DataWaitProbe:
+    """Times ``DataLoader.__iter__`` (worker start-up) and the iterator's
+    ``__next__`` (waiting for a batch): the time the training loop is blocked on
+    data. With ``batch_shapes`` it also tallies the shapes of the batches."""
+
+    def __init__(self, sink: StepSink, clock: Callable[[], float], batch_shapes: "ShapeTallier | None" = None) -> None:
+        self.sink = sink
+        self.clock = clock
+        self.batch_shapes = batch_shapes
+        self._saved: list[tuple[type, str, Any]] = []
+        self._local = threading.local()
+
+    def install(self) -> None:
+        from torch.utils.data import dataloader
+
+        self._patch(dataloader._BaseDataLoaderIter, "__next__", self._timed_next)
+        self._patch(dataloader.DataLoader, "__iter__", self._timed_iter)
+
+    def _patch(self, owner: type, name: str, make: Callable[[Any], Callable]) -> None:
+        original = owner.__dict__[name]
+        self._saved.append((owner, name, original))
+        wrapper = make(original)
+        wrapper.__name__ = name
+        wrapper.__qualname__ = f"{owner.__name__}.{name}"
+        wrapper.__wrapped__ = original
+        setattr(owner, name, wrapper)
+
+    def uninstall(self) -> None:
+        while self._saved:
+            owner, name, original = self._saved.pop()
+            setattr(owner, name, original)
+
+    def _timed(self, original: Callable, counts_batch: bool) -> Callable:
+        sink, clock, local, shapes = self.sink, self.clock, self._local, self.batch_shapes
+
+        def timed(loader_or_iter):
+            sink.check_stop()
+            if getattr(local, "depth", 0):  # a loader read inside another one's fetch
+                return original(loader_or_iter)
+            sink.activity()
+            local.depth = 1
+            start = clock()
+            fetched = False
+            try:
+                result = original(loader_or_iter)
+                fetched = counts_batch
+                return result
+            finally:
+                local.depth = 0
+                sink.add_data_wait(clock() - start, 1 if fetched else 0)
+                if fetched and shapes is not None:
+                    shapes.add(result)
+
+        return timed
+
+    def _timed_next(self, original: Callable) -> Callable:
+        return self._timed(original, counts_batch=True)
+
+    def _timed_iter(self, original: Callable) -> Callable:
+        return self._timed(original, counts_batch=False)
+
+
+# ------------------------------------------------------------------------ backward
+
+
+class BackwardProbe:
+    """Times ``torch.autograd.backward`` (what ``loss.backward()`` calls). In
+    data-parallel training a rank waits there for the others' gradients, so the
+    time a rank spends outside backward tells the rank the others wait for."""
+
+    def __init__(self, sink: StepSink, clock: Callable[[], float]) -> None:
+        self.sink = sink
+        self.clock = clock
+        self._original: Callable | None = None
+        self._local = threading.local()
+
+    def install(self) -> None:
+        import functools
+
+        import torch.autograd
+
+        original = self._original = torch.autograd.backward
+        sink, clock, local = self.sink, self.clock, self._local
+
+        @functools.wraps(original)
+        def backward(*args, **kwargs):
+            if getattr(local, "inside", False):
+                return original(*args, **kwargs)
+            local.inside = True
+            start = clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                local.inside = False
+                sink.add_backward(clock() - start)
+
+        torch.autograd.backward = backward
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            import torch.autograd
+
+            torch.autograd.backward = self._original
+            self._original = None
+
+
+# ----------------------------------------------------------------------- host syncs
+
+#: Tensor methods that read values back to the host. On a device each one waits for
+#: the device to finish the work queued so far.
+SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__", "__repr__")
+
+
+def _is_compiling() -> Callable[[], bool]:
+    import torch
+
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if check is None:
+        check = getattr(getattr(torch, "_dynamo", None), "is_compiling", None)
+    return check or (lambda: False)
+
+
+def _filters_changed() -> None:
+    """Tell the warnings machinery its filter list was replaced (its cache is keyed
+    on a version number the public functions bump)."""
+    import warnings
+
+    for name in ("_filters_mutated", "_filters_mutated_lock_held"):
+        bump = getattr(warnings, name, None)
+        if bump is not None:
+            try:
+                bump()
+            except Exception:
+                continue
+            return
+
+
+class HostSyncProbe:
+    """Counts host reads of tensor values made by the user's code, with the line
+    that made them.
+
+    Wraps the :data:`SYNC_METHODS` of ``torch.Tensor``. A read is counted when the
+    first frame outside torch's Tensor methods is not torch's own code (the CPU
+    optimizer reading its step counter is not the user's sync); a read nested in a
+    counted one (``print(t)`` reads every element) is not counted again. A read from
+    a library (a logger formatting the loss) is attributed to the user's line that
+    called the library, with the library's line kept as ``via``. On an accelerator
+    only tensors on the device count; on the cpu every read counts, being where a
+    device would synchronise.
+    """
+
+    def __init__(self, sink: StepSink, codes: CodeMap, count_host_tensors: bool) -> None:
+        self.sink = sink
+        self.codes = codes
+        self.count_host_tensors = count_host_tensors
+        self._local = threading.local()
+        self._saved: list[tuple[str, Any, bool]] = []
+        #: (file, line, call) -> [count, function, via]
+        self._sites: dict[tuple[str, int, str], list] = {}
+        self._restore_warnings: Callable[[], None] | None = None
+        self._saved_show: Callable | None = None
+        self._wrapper_code: Any = None
+
+    # -- install
+
+    def install(self) -> None:
+        import warnings
+
+        import torch
+
+        compiling = _is_compiling()
+        for name in SYNC_METHODS:
+            original = getattr(torch.Tensor, name)
+            self._saved.append((name, original, name in torch.Tensor.__dict__))
+            setattr(torch.Tensor, name, self._wrap(name, original, compiling))
+        self._saved_show = warnings.showwarning
+        warnings.showwarning = self._show_warning
+
+    def uninstall(self) -> None:
+        import warnings
+
+        import torch
+
+        while self._saved:
+            name, original, own = self._saved.pop()
+            if own:
+                setattr(torch.Tensor, name, original)
+            else:
+                delattr(torch.Tensor, name)
+        if self._saved_show is not None:
+            warnings.showwarning = self._saved_show
+            self._saved_show = None
+        if self._restore_warnings is not None:
+            self._restore_warnings()
+            self._restore_warnings = None
+
+    def _wrap(self, name: str, original: Callable, compiling: Callable[[], bool]) -> Callable:
+        local, hit, count_host, sink = self._local, self._hit, self.count_host_tensors, self.sink
+
+        def wrapper(tensor, *args, **kwargs):
+            depth = getattr(local, "depth", 0)
+            if depth == 0 and sink.started and not compiling() and (count_host or not tensor.is_cpu):
+                hit(name, sys._getframe(1))
+            local.depth = depth + 1
+            try:
+                return original(tensor, *args, **kwargs)
+            finally:
+                local.depth = depth
+
+        self._wrapper_code = wrapper.__code__
+        wrapper.__name__ = name
+        wrapper.__qualname__ = f"Tensor.{name}"
+        wrapper.__doc__ = original.__doc__
+        wrapper.__wrapped__ = original
+        return wrapper
+
+    def _show_warning(self, message, category, filename, lineno, file=None, line=None):
+        """Count the device runtime's sync warnings; put the user's line back on the
+        warnings torch raises inside a wrapper (``float(loss)`` on a tensor that
+        requires grad), which would otherwise point at this file."""
+        if self._restore_warnings is not None and "synchroniz" in str(message):
+            if getattr(self._local, "depth", 0) == 0 and self.sink.started:
+                self._hit("device-sync", sys._getframe(1), device_runtime=True)
+            return
+        code = self._wrapper_code
+        if code is not None and filename == code.co_filename:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code is not code:
+                frame = frame.f_back
+            if frame is not None and frame.f_back is not None:
+                caller = frame.f_back
+                filename, lineno, line = caller.f_code.co_filename, caller.f_lineno, None
+        self._saved_show(message, category, filename, lineno, file, line)
+
+    # -- device runtime warnings (cuda's sync debug mode)
+
+    def watch_sync_warnings(self, enable: Callable[[], Callable[[], None] | None]) -> None:
+        """Also count the synchronisations the device runtime warns about (calls
+        inside torch included), attributed to the user's line. ``enable`` switches
+        the runtime's warnings on and returns what switches them off."""
+        import warnings
+
+        if self._restore_warnings is not None:
+            return
+        undo = enable()
+        if undo is None:
+            return
+        saved_filters = warnings.filters[:]
+        warnings.filterwarnings("always", message=r".*synchroniz")
+
+        def restore() -> None:
+            undo()
+            warnings.filters[:] = saved_filters
+            _filters_changed()
+
+        self._restore_warnings = restore
+
+    # -- attribution
+
+    def _hit(self, call: str, frame, device_runtime: bool = False) -> None:
+        codes = self.codes
+        via = None
+        if device_runtime:
+            # The warning is raised wherever torch synchronised; the user's line is
+            # the first of theirs above it.
+            frame = self._user_frame(frame)
+            if frame is None:
+                return  # torch's own work with no user code above it (a hook, a thread)
+        else:
+            kind = codes.kind
+            while frame is not None and kind(frame.f_code.co_filename) == "tensor":
+                frame = frame.f_back
+            if frame is None:
+                return
+            where = kind(frame.f_code.co_filename)
+            if where == "internal":
+                return
+            if where == "library":
+                user = self._user_frame(frame.f_back)
+                if user is not None:
+                    via = f"{codes.show(frame.f_code.co_filename)}:{frame.f_lineno}"
+                    frame = user
+        self.sink.add_sync()
+        key = (frame.f_code.co_filename, frame.f_lineno, call)
+        entry = self._sites.get(key)
+        if entry is None:
+            self._sites[key] = [1, frame.f_code.co_name, via]
+        else:
+            entry[0] += 1
+
+    def _user_frame(self, frame, limit: int = 64):
+        kind = self.codes.kind
+        for _ in range(limit):
+            if frame is None or kind(frame.f_code.co_filename) == "user":
+                return frame
+            frame = frame.f_back
+        return None
+
+    def sites(self) -> list[HostSyncSite]:
+        """Every line that read tensors back, most frequent first."""
+        out = []
+        for (filename, line, call), (count, function, via) in self._sites.items():
+            code = linecache.getline(filename, line).strip() or None
+            out.append(HostSyncSite(file=self.codes.show(filename), line=line, call=call, count=count,
+                                    function=function, code=code, via=via))
+        out.sort(key=lambda s: (-s.count, s.file, s.line, s.call))
+        return out
+
+
+# ----------------------------------------------------------------------------- gc
+
+
+class GcProbe:
+    """Times Python's garbage collections through ``gc.callbacks``."""
+
+    def __init__(self, sink: StepSink, clock: Callable[[], float]) -> None:
+        self.sink = sink
+        self.clock = clock
+        self._start: float | None = None
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = self.clock()
+        elif self._start is not None:
+            self.sink.add_gc(self.clock() - self._start)
+            self._start = None
+
+    def install(self) -> None:
+        gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+
+# ------------------------------------------------------------------------- memory
+
+
+class HostMemory:
+    """The process's resident set size: ``/proc/self/statm`` where there is one (a
+    ``pread`` on a file kept open, a couple of microseconds), else None per step and
+    the peak from ``getrusage`` at the end."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        try:
+            self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def rss_bytes(self) -> int | None:
+        if self._fd is None:
+            return None
+        try:
+            fields = os.pread(self._fd, 128, 0).split()
+            return int(fields[1]) * self._page
+        except (OSError, IndexError, ValueError):
+            return None
+
+    @staticmethod
+    def peak_rss_bytes() -> int | None:
+        try:
+            import resource
+        except ImportError:  # pragma: no cover - Windows
+            return None
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# -------------------------------------------------------------------------- shapes
+
+
+def _dtype_name(dtype: Any, cache: dict = {}) -> str:  # noqa: B006 - a deliberate cache
+    name = cache.get(dtype)
+    if name is None:
+        name = str(dtype).removeprefix("torch.")
+        cache[dtype] = name
+    return name
+
+
+def input_signature(values: Any, tensor_type: type) -> tuple[tuple[tuple[int, ...] | None, str | None], ...]:
+    """The shapes and dtypes of the tensors among ``values`` (a tuple of arguments or
+    one batch), one level into lists, tuples and dicts; other values are ``(None,
+    None)`` placeholders so that positions line up."""
+    if isinstance(values, dict):
+        values = tuple(values.values())
+    elif not isinstance(values, (tuple, list)):
+        values = (values,)
+    out = []
+    for value in values:
+        if isinstance(value, tensor_type):
+            out.append((tuple(value.shape), _dtype_name(value.dtype)))
+        elif isinstance(value, (tuple, list, dict)):
+            inner = value.values() if isinstance(value, dict) else value
+            for item in inner:
+                if isinstance(item, tensor_type):
+                    out.append((tuple(item.shape), _dtype_name(item.dtype)))
+                else:
+                    out.append((None, None))
+        else:
+            out.append((None, None))
+    return tuple(out)
+
+
+@dataclass
+class ShapeTallier:
+    """Counts the distinct input signatures of one module or of the batches."""
+
+    tensor_type: type
+    calls: int = 0
+    counts: dict = field(default_factory=dict)
+    truncated: bool = False
+
+    def add(self, values: Any) -> None:
+        self.calls += 1
+        signature = input_signature(values, self.tensor_type)
+        if signature in self.counts:
+            self.counts[signature] += 1
+        elif len(self.counts) < MAX_SIGNATURES:
+            self.counts[signature] = 1
+        else:
+            self.truncated = True
+
+    def tally(self, name: str, type_name: str) -> ShapeTally:
+        signatures = [
+            InputSignature(shapes=[list(s) if s is not None else None for s, _ in sig],
+                           dtypes=[d for _, d in sig], count=count)
+            for sig, count in sorted(self.counts.items(), key=lambda kv: -kv[1])
+        ]
+        return ShapeTally(name=name, type=type_name, calls=self.calls, signatures=signatures, truncated=self.truncated)
+
+
+class ModuleShapeProbe:
+    """Tallies the input shapes of every ``nn.Module`` call (a global forward
+    pre-hook); module names are resolved at the end, from the roots of the modules
+    seen (``GPT.blocks.0.attn``)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[Any, ShapeTallier]] = {}
+        self._handle = None
+
+    def install(self) -> None:
+        import torch
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        tensor_type = torch.Tensor
+        seen = self._seen
+
+        def hook(module, args):
+            entry = seen.get(id(module))
+            if entry is None:
+                entry = seen[id(module)] = (module, ShapeTallier(tensor_type))
+            entry[1].add(args)
+
+        self._handle = register_module_forward_pre_hook(hook)
+
+    def uninstall(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def tallies(self) -> list[ShapeTally]:
+        modules = {key: module for key, (module, _) in self._seen.items()}
+        inside: set[int] = set()
+        for module in modules.values():
+            for _, sub in module.named_modules():
+                if sub is not module:
+                    inside.add(id(sub))
+        names: dict[int, str] = {}
+        roots_by_class: dict[str, int] = {}
+        for key, module in modules.items():
+            if key in inside:
+                continue
+            cls = type(module).__name__
+            roots_by_class[cls] = roots_by_class.get(cls, 0) + 1
+            prefix = cls if roots_by_class[cls] == 1 else f"{cls}#{roots_by_class[cls]}"
+            for name, sub in module.named_modules(prefix=prefix):
+                if id(sub) in modules and id(sub) not in names:
+                    names[id(sub)] = name
+        out = [tallier.tally(names.get(key, type(module).__name__), type(module).__name__)
+               for key, (module, tallier) in self._seen.items()]
+        self._seen.clear()
+        return out
+
+
+class FirstForwardProbe:
+    """Reports the first ``nn.Module`` call as the start of training, then removes itself."""
+
+    def __init__(self, sink: StepSink) -> None:
+        self.sink = sink
+        self._handle = None
+
+    def install(self) -> None:
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        def hook(module, args):
+            self.uninstall()
+            self.sink.activity()
+
+        self._handle = register_module_forward_pre_hook(hook)
+
+    def uninstall(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None

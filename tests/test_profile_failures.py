@@ -1,0 +1,215 @@
+"""However the user's script ends, the harness returns a Profile of what was measured
+with a status saying how it ended, and leaves the interpreter as it found it."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from profile_support import PRELUDE, line_of, run_script, write_script
+from torchaxe.runtime.harness import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SCRIPT_ERROR,
+    EXIT_SCRIPT_EXIT,
+    EXIT_TIMEOUT,
+    Harness,
+    HarnessOptions,
+    exit_code_for,
+)
+from torchaxe.runtime.command import parse_command
+
+
+def test_script_raising_is_an_error_with_the_users_traceback(tmp_path):
+    source = PRELUDE + """
+def check(i):
+    if i == 3:
+        raise ValueError(f"bad batch {i}")   # RAISE
+for i in range(10):
+    step()
+    check(i)
+"""
+    path = write_script(tmp_path, source)
+    profile = Harness(HarnessOptions(steps=10, warmup=1, target="cpu")).run(parse_command(["python", str(path)]))
+    assert profile.status == "error" and exit_code_for(profile) == EXIT_SCRIPT_ERROR
+    assert len(profile.steps) == 4  # what was measured before the error is kept
+    error = profile.error
+    assert error.type == "ValueError" and error.message == "bad batch 3"
+    assert error.file == str(path) and error.line == line_of(path, "RAISE")
+    assert error.traceback.startswith("Traceback (most recent call last):")
+    assert str(path) in error.traceback and "ValueError: bad batch 3" in error.traceback
+    assert "torchaxe" not in error.traceback and "runpy" not in error.traceback
+    assert "raised ValueError at" in profile.detail
+
+
+def test_error_from_torch_points_at_the_users_line(tmp_path):
+    source = PRELUDE + """
+step()
+model(torch.ones(2, 5))                      # SHAPES
+"""
+    path = write_script(tmp_path, source)
+    profile = run_script(tmp_path, source, steps=3)
+    assert profile.status == "error" and profile.error.type == "RuntimeError"
+    assert profile.error.line == line_of(path, "SHAPES")
+    assert "torch/nn" in profile.error.traceback  # torch's frames stay: they are part of the story
+
+
+@pytest.mark.parametrize("call, code, exit_code, message", [
+    ("sys.exit(3)", 3, EXIT_SCRIPT_EXIT, None),
+    ("sys.exit(0)", 0, EXIT_OK, None),
+    ("sys.exit()", 0, EXIT_OK, None),
+    ("sys.exit('out of data')", 1, EXIT_SCRIPT_EXIT, "out of data"),
+])
+def test_sys_exit_is_exited_with_its_code(tmp_path, call, code, exit_code, message):
+    source = PRELUDE + f"for _ in range(3):\n    step()\n{call}\n"
+    profile = run_script(tmp_path, source, steps=10, warmup=0)
+    assert profile.status == "exited" and profile.exit_code == code
+    assert exit_code_for(profile) == exit_code
+    assert len(profile.steps) == 3
+    assert f"sys.exit({code})" in profile.detail
+    if message:
+        assert message in profile.detail
+
+
+def test_argparse_error_in_the_script_is_an_exit(tmp_path, capsys):
+    source = "import argparse\nargparse.ArgumentParser().parse_args()\n"
+    profile = run_script(tmp_path, source, "--no-such-flag")
+    assert profile.status == "exited" and profile.exit_code == 2
+    assert exit_code_for(profile) == EXIT_SCRIPT_EXIT
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_timeout_stops_a_hanging_script(tmp_path):
+    source = PRELUDE + "import time\nfor _ in range(3):\n    step()\ntime.sleep(60)\n"
+    started = time.monotonic()
+    profile = run_script(tmp_path, source, steps=10, warmup=0, timeout=1.0)
+    assert time.monotonic() - started < 20
+    assert profile.status == "timeout" and exit_code_for(profile) == EXIT_TIMEOUT
+    assert len(profile.steps) == 3
+    assert "--timeout 1 s" in profile.detail
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_timeout_stops_a_busy_loop(tmp_path):
+    source = PRELUDE + "step()\nstep()\nwhile True:\n    pass\n"
+    profile = run_script(tmp_path, source, steps=10, warmup=0, timeout=0.5)
+    assert profile.status == "timeout" and len(profile.steps) == 2
+
+
+def test_a_timeout_that_does_not_fire_changes_nothing(tmp_path):
+    profile = run_script(tmp_path, PRELUDE + "for _ in range(3):\n    step()\n", steps=2, warmup=0, timeout=30)
+    assert profile.status == "stopped"
+    assert not [t for t in threading.enumerate() if t.name == "torchaxe-watchdog" and t.is_alive()]
+
+
+def test_a_script_that_ignores_the_timeout_is_abandoned_with_a_profile(tmp_path, monkeypatch):
+    leave = threading.Event()
+    monkeypatch.setitem(sys.modules, "torchaxe_test_leave", leave)
+    source = PRELUDE + """
+import time
+import torchaxe_test_leave as leave
+step(); step()
+while not leave.is_set():
+    try:
+        time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass                      # a script that will not stop
+"""
+    abandoned = []
+
+    def abandon(profile):
+        # The CLI writes this profile and exits the process; here the test records
+        # it and lets the script go.
+        abandoned.append(profile)
+        leave.set()
+
+    path = write_script(tmp_path, source)
+    harness = Harness(HarnessOptions(steps=10, warmup=0, timeout=0.5, grace=0.5, target="cpu"), abandon=abandon)
+    profile = harness.run(parse_command(["python", str(path)]))
+    [taken] = abandoned
+    assert taken.status == "timeout" and len(taken.steps) == 2
+    assert "did not stop within 0.5 s of the timeout" in taken.detail
+    assert exit_code_for(taken) == EXIT_TIMEOUT
+    assert profile.status == "timeout"
+
+
+def test_ctrl_c_is_interrupted(tmp_path):
+    source = PRELUDE + """
+import os, signal
+for i in range(10):
+    step()
+    if i == 2:
+        os.kill(os.getpid(), signal.SIGINT)   # as if the user pressed Ctrl-C
+"""
+    profile = run_script(tmp_path, source, steps=10, warmup=0)
+    assert profile.status == "interrupted" and exit_code_for(profile) == EXIT_INTERRUPTED
+    assert len(profile.steps) == 3
+    assert profile.detail.startswith("interrupted")
+
+
+def test_a_swallowed_stop_is_raised_again(tmp_path):
+    source = PRELUDE + """
+done = 0
+for _ in range(10):
+    try:
+        step()
+    except BaseException:
+        pass                                   # swallows everything, even the stop
+    done += 1
+with open(sys.argv[1], "w") as fh:
+    fh.write(str(done))
+"""
+    out = tmp_path / "done.txt"
+    profile = run_script(tmp_path, source, str(out), steps=2, warmup=1)
+    assert out.read_text() == "10"
+    assert profile.status == "stopped" and len(profile.steps) == 3
+    assert "caught the stop and went on" in profile.detail
+    assert exit_code_for(profile) == EXIT_OK
+
+
+def test_except_exception_does_not_swallow_the_stop(tmp_path):
+    source = PRELUDE + """
+reached = []
+for _ in range(10):
+    try:
+        step()
+    except Exception:
+        reached.append("caught")
+assert False, "not reached"
+"""
+    profile = run_script(tmp_path, source, steps=2, warmup=0)
+    assert profile.status == "stopped" and len(profile.steps) == 2
+
+
+def test_stop_closes_dataloader_workers(tmp_path):
+    import multiprocessing
+
+    source = PRELUDE + """
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.ones(64, 4)), batch_size=2, num_workers=2)
+for (batch,) in loader:
+    loss = model(batch).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+    before = set(multiprocessing.active_children())
+    profile = run_script(tmp_path, source, steps=2, warmup=1)
+    assert profile.status == "stopped"
+    deadline = time.monotonic() + 10
+    while set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not set(multiprocessing.active_children()) - before
+
+
+def test_interpreter_state_is_restored_after_every_ending(tmp_path):
+    import torch
+
+    argv, path = sys.argv[:], sys.path[:]
+    for body in ("raise KeyError('k')", "sys.exit(5)", "import os, signal; os.kill(os.getpid(), signal.SIGINT)"):
+        run_script(tmp_path, PRELUDE + f"step()\n{body}\n", steps=5)
+        assert sys.argv == argv and sys.path == path
+        assert "item" not in torch.Tensor.__dict__
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -1,0 +1,516 @@
+"""The harness, in-process: step counting, data wait, host syncs, shapes, ops, the
+ways a script is started, and step markers. The examples are the workloads."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+
+from profile_support import EXAMPLES, PRELUDE, TINY_GPT, TINY_SEQ, line_of, run_command, run_script, write_script
+from torchaxe.runtime.harness import EXIT_NO_STEPS, EXIT_OK, exit_code_for
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture
+def one_thread(monkeypatch):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    yield
+    torch.set_num_threads(threads)
+
+
+def _def_line(path, cls, method):
+    import ast
+
+    tree = ast.parse(path.read_text())
+    [node] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    return next(f.lineno for f in node.body if isinstance(f, ast.FunctionDef) and f.name == method)
+
+
+def _line_containing(path, text):
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if text in line:
+            return number
+    raise AssertionError(text)
+
+
+# ------------------------------------------------------------------- examples
+
+
+def test_gpt_example_is_stopped_after_warmup_and_steps(capsys):
+    script = EXAMPLES / "gpt" / "train.py"
+    profile = run_command(["python", str(script), *TINY_GPT], steps=3, warmup=2)
+    assert profile.status == "stopped" and exit_code_for(profile) == EXIT_OK
+    assert [s.phase for s in profile.steps] == ["warmup", "warmup", "measured", "measured", "measured"]
+    assert [s.index for s in profile.steps] == [1, 2, 3, 4, 5]
+    assert all(s.seconds > 0 and s.batches == 1 for s in profile.steps)
+    assert "done:" not in capsys.readouterr().out  # stopped before the script's own end
+    item_line = _line_containing(script, "running_loss += loss.item()")
+    [site] = [s for s in profile.host_syncs if s.line == item_line]
+    assert site.call == "item" and site.count == 4 and site.file.endswith("examples/gpt/train.py")
+    assert site.code == "running_loss += loss.item()" and site.function == "main"
+    summary = profile.summary
+    assert summary.steps_measured == 3 and summary.host_syncs_per_step == 1.0
+    assert 0 < summary.data_wait_fraction < 0.5
+    assert summary.step_seconds_median > 0 and summary.host_rss_peak_bytes > 10 << 20
+    assert profile.run.target == "cpu" and profile.run.options["steps"] == 3
+    assert profile.run.command[:2] == ["python", str(script)]
+
+
+def test_image_classifier_waits_for_data(tmp_path):
+    script = EXAMPLES / "image_classifier" / "train.py"
+    args = ["--data-dir", str(tmp_path / "jpegs"), "--images-per-class", "4", "--num-workers", "2", "--log-every", "100"]
+    profile = run_command(["python", str(script), *args], steps=2, warmup=1)
+    assert profile.status == "stopped"
+    # 16 images at batch 16: every step is an epoch, with two new worker processes.
+    assert profile.summary.data_wait_fraction > 0.2
+    calls = {(s.line, s.call) for s in profile.host_syncs}
+    predictions = _line_containing(script, "logits.argmax(dim=1).cpu().numpy()")
+    assert {(predictions, "cpu"), (predictions, "numpy"), (_line_containing(script, "labels.tolist()"), "tolist")} <= calls
+
+
+def test_seq_varlen_has_dynamic_shapes_and_gpt_static_ones():
+    seq = run_command(["python", str(EXAMPLES / "seq_varlen" / "train.py"), *TINY_SEQ], steps=4, warmup=1, shapes=True)
+    shapes = seq.shapes
+    assert shapes.batches is not None and shapes.batches.dynamic and len(shapes.batches.signatures) > 1
+    assert {"GRUClassifier", "GRUClassifier.embedding", "GRUClassifier.gru"} <= set(shapes.dynamic_modules)
+    names = {m.name: m for m in shapes.modules}
+    assert names["GRUClassifier.head.0"].type == "Linear" and not names["GRUClassifier.head.0"].dynamic
+    assert seq.to_dict()["shapes"]["static"] is False
+
+    gpt = run_command(["python", str(EXAMPLES / "gpt" / "train.py"), *TINY_GPT], steps=2, warmup=1, shapes=True)
+    data = gpt.to_dict()["shapes"]
+    assert data["static"] is True and data["dynamic_modules"] == []
+    qkv = {m.name: m for m in gpt.shapes.modules}["GPT.blocks.1.attn.qkv"]
+    assert qkv.calls == 3 and qkv.signatures[0].shapes == [[4, 16, 32]] and qkv.signatures[0].dtypes == ["float32"]
+    assert gpt.shapes.batches.signatures[0].shapes == [[4, 17]]
+
+
+def test_ops_window_on_gpt_with_shapes_and_sources():
+    script = EXAMPLES / "gpt" / "train.py"
+    profile = run_command(["python", str(script), *TINY_GPT], steps=2, warmup=1, ops=True, ops_steps=2, shapes=True)
+    assert [s.phase for s in profile.steps] == ["warmup", "ops", "ops", "measured", "measured"]
+    assert profile.ops_steps == [2, 3]
+    assert profile.summary.steps_measured == 2
+    ops = {o.name: o for o in profile.ops}
+    assert "aten::mm" in ops or "aten::addmm" in ops
+    mm = ops.get("aten::mm") or ops["aten::addmm"]
+    assert mm.kind == "op" and mm.calls > 0 and mm.self_seconds > 0
+    assert mm.input_shapes and all(g.calls > 0 for g in mm.input_shapes)
+    # Sources name the user's function that led to the op (by the line it starts on).
+    located = {(src.location, src.function) for op in profile.ops for src in op.sources}
+    attention = _def_line(script, "CausalSelfAttention", "forward")
+    assert (f"examples/gpt/train.py:{attention}", "forward") in {(loc[loc.index("examples/"):], f)
+                                                                 for loc, f in located if "examples/" in loc}
+    assert any(o.kind == "range" and o.name.startswith("Optimizer.step") for o in profile.ops)
+    # self times are sorted, largest first
+    assert [o.self_seconds for o in profile.ops] == sorted((o.self_seconds for o in profile.ops), reverse=True)
+
+
+# ------------------------------------------------------------------ counting
+
+
+def test_steps_and_warmup_counting_with_a_fake_clock(tmp_path, monkeypatch):
+    clock = types.SimpleNamespace(now=100.0)
+    monkeypatch.setitem(sys.modules, "torchaxe_test_clock", clock)
+    source = PRELUDE + """
+import torchaxe_test_clock as clock
+for k in range(1, 20):
+    out = model(x)                  # the first call starts step 1
+    clock.now += k                  # step k lasts k seconds
+    out.sum().backward()
+    opt.step()
+"""
+    profile = run_script(tmp_path, source, steps=3, warmup=2, clock=lambda: clock.now)
+    assert profile.status == "stopped"
+    assert [(s.index, s.phase, s.seconds) for s in profile.steps] == [
+        (1, "warmup", 1.0), (2, "warmup", 2.0), (3, "measured", 3.0), (4, "measured", 4.0), (5, "measured", 5.0)]
+    assert [s.start_seconds for s in profile.steps] == [0.0, 1.0, 3.0, 6.0, 10.0]
+    assert profile.summary.step_seconds_median == 4.0
+    assert profile.summary.step_seconds_min == 3.0 and profile.summary.step_seconds_max == 5.0
+
+
+def test_steps_all_lets_the_script_finish(tmp_path):
+    source = PRELUDE + "for _ in range(7):\n    step()\nprint('finished')\n"
+    profile = run_script(tmp_path, source, steps=None, warmup=1)
+    assert profile.status == "completed" and exit_code_for(profile) == EXIT_OK
+    assert len(profile.steps) == 7 and profile.summary.steps_measured == 6
+    assert not any("ended after" in w for w in profile.warnings)
+
+
+def test_a_script_shorter_than_asked_completes_with_a_warning(tmp_path):
+    profile = run_script(tmp_path, PRELUDE + "for _ in range(4):\n    step()\n", steps=10, warmup=2)
+    assert profile.status == "completed"
+    assert [s.phase for s in profile.steps] == ["warmup", "warmup", "measured", "measured"]
+    assert any("ended after 4 steps: 2 measured of the 10 asked for" in w for w in profile.warnings)
+    assert any("only 2 measured steps" in w for w in profile.warnings)
+
+
+def test_no_optimizer_means_no_steps(tmp_path):
+    profile = run_script(tmp_path, "import torch\nfor _ in range(3):\n    torch.ones(2).sum()\n", steps=2, warmup=0)
+    assert profile.status == "completed" and profile.steps == []
+    assert exit_code_for(profile) == EXIT_NO_STEPS
+    assert any("--step-marker" in w for w in profile.warnings)
+
+
+def test_only_the_first_optimizer_marks_steps(tmp_path):
+    source = PRELUDE + """
+other = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+for _ in range(5):
+    step()
+    other.step()
+    other.step()
+"""
+    profile = run_script(tmp_path, source, steps=None, warmup=0)
+    assert len(profile.steps) == 5
+
+
+def test_data_wait_is_measured_on_a_sleeping_dataset(tmp_path):
+    source = PRELUDE + """
+import time
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self):
+        return 100
+    def __getitem__(self, i):
+        time.sleep(0.03)
+        return torch.ones(4)
+for batch in DataLoader(Slow(), batch_size=1):
+    loss = model(batch).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+    profile = run_script(tmp_path, source, steps=3, warmup=1)
+    measured = profile.measured_steps
+    assert len(measured) == 3
+    assert all(0.025 < s.data_wait_seconds <= s.seconds for s in measured)
+    assert all(s.batches == 1 for s in measured)
+    assert profile.summary.data_wait_fraction > 0.6
+
+
+def test_host_syncs_are_counted_once_each_with_their_line(tmp_path):
+    source = PRELUDE + """
+opt = torch.optim.Adam(model.parameters())  # reads its step counter with .item() inside torch
+for _ in range(6):
+    loss = step()
+    a = loss.item()                      # ITEM
+    b = float(loss)                      # FLOAT
+    if loss > 100:                       # BOOL
+        pass
+    c = f"{loss:.3f}"                    # FORMAT
+    print(loss)                          # PRINT
+    d = loss.detach().cpu().numpy()      # CPU
+    e = loss.detach().view(1).tolist()   # TOLIST
+"""
+    path = write_script(tmp_path, source)
+    profile = run_command(["python", str(path)], steps=3, warmup=1)
+    sites = {(s.line, s.call): s for s in profile.host_syncs}
+    expected = {
+        (line_of(path, "ITEM"), "item"), (line_of(path, "FLOAT"), "__float__"), (line_of(path, "BOOL"), "__bool__"),
+        (line_of(path, "FORMAT"), "item"), (line_of(path, "PRINT"), "__repr__"), (line_of(path, "CPU"), "cpu"),
+        (line_of(path, "CPU"), "numpy"), (line_of(path, "TOLIST"), "tolist"),
+    }
+    assert set(sites) == expected
+    # 4 steps ran; the reads after the 4th never happened (the script was stopped).
+    assert all(s.count == 3 for s in sites.values())
+    assert all(s.file.endswith("train.py") and s.via is None for s in sites.values())
+    assert [s.host_syncs for s in profile.steps] == [0, 8, 8, 8]
+    assert profile.summary.host_syncs_per_step == 8
+
+
+def test_reads_in_setup_code_are_not_training_syncs(tmp_path):
+    source = PRELUDE + "n = int(torch.tensor(3))\nfor _ in range(n):\n    step()\n"
+    profile = run_script(tmp_path, source, steps=None, warmup=0)
+    assert profile.host_syncs == []
+
+
+def test_a_read_inside_a_library_is_the_users_line_via_the_library(tmp_path):
+    source = PRELUDE + """
+import io, logging
+log = logging.getLogger("torchaxe-test")
+log.propagate = False
+log.setLevel(logging.INFO)
+log.addHandler(logging.StreamHandler(io.StringIO()))
+for _ in range(4):
+    loss = step()
+    log.info("loss %s", loss)            # LOG
+"""
+    path = write_script(tmp_path, source)
+    profile = run_command(["python", str(path)], steps=2, warmup=1)
+    [site] = profile.host_syncs
+    assert site.line == line_of(path, "LOG") and site.call == "__repr__"
+    assert site.via is not None and "logging" in site.via
+
+
+def test_torchs_own_warnings_keep_the_users_line(tmp_path, monkeypatch):
+    """A warning torch raises inside ``item()`` (from C++, so located at the Python
+    frame that called it: the harness's wrapper) still points at the user's line."""
+    import warnings
+
+    import torch
+
+    original = torch.Tensor.item
+
+    def warning_item(self):
+        warnings.warn("read inside item", UserWarning, stacklevel=2)  # where C++ warnings point
+        return original(self)
+
+    monkeypatch.setattr(torch.Tensor, "item", warning_item)
+    source = PRELUDE + """
+for _ in range(3):
+    loss = step()
+    value = loss.item()                  # ITEM
+"""
+    path = write_script(tmp_path, source)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_command(["python", str(path)], steps=None, warmup=0)
+    ours = [w for w in caught if "read inside item" in str(w.message)]
+    assert len(ours) == 3
+    assert all(w.filename == str(path) and w.lineno == line_of(path, "ITEM") for w in ours)
+
+
+def test_probes_are_removed_afterwards(tmp_path):
+    import gc
+
+    import torch
+    from torch.utils.data import dataloader
+    from torch.nn.modules import module
+    from torch.optim import optimizer
+
+    before = (torch.Tensor.__dict__.get("item"), dataloader._BaseDataLoaderIter.__next__,
+              dataloader.DataLoader.__iter__, len(gc.callbacks), len(module._global_forward_pre_hooks),
+              len(optimizer._global_optimizer_post_hooks), sys.gettrace())
+    run_script(tmp_path, PRELUDE + "for _ in range(3):\n    step().item()\n", steps=1, warmup=0, shapes=True)
+    after = (torch.Tensor.__dict__.get("item"), dataloader._BaseDataLoaderIter.__next__,
+             dataloader.DataLoader.__iter__, len(gc.callbacks), len(module._global_forward_pre_hooks),
+             len(optimizer._global_optimizer_post_hooks), sys.gettrace())
+    assert before == after
+    assert "item" not in torch.Tensor.__dict__ and "__bool__" not in torch.Tensor.__dict__
+
+
+# ------------------------------------------------------------ how it is started
+
+
+def test_script_sees_what_python_would_give_it(tmp_path):
+    source = """
+import os, sys
+assert __name__ == "__main__", __name__
+assert sys.argv == [__file__, "--lr", "3", "pos"], sys.argv
+assert sys.path[0] == os.path.dirname(os.path.realpath(__file__)), sys.path[0]
+import helper_module_for_argv_test              # a module beside the script
+assert helper_module_for_argv_test.VALUE == 7
+"""
+    (tmp_path / "helper_module_for_argv_test.py").write_text("VALUE = 7\n")
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    profile = run_script(tmp_path, source, "--lr", "3", "pos", steps=None)
+    assert profile.status == "completed", profile.detail
+    assert sys.argv == saved_argv and sys.path == saved_path
+    assert "helper_module_for_argv_test" not in sys.modules
+
+
+def test_module_form_runs_as_main_with_the_working_folder_on_the_path(tmp_path, monkeypatch):
+    package = tmp_path / "mytrainpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(PRELUDE + """
+import os
+assert __name__ == "__main__"
+assert sys.argv[1:] == ["--epochs", "2"], sys.argv
+assert sys.argv[0].endswith(os.path.join("mytrainpkg", "train.py")), sys.argv[0]
+assert sys.path[0] == os.getcwd()
+for _ in range(5):
+    step()
+""")
+    monkeypatch.chdir(tmp_path)
+    profile = run_command(["python", "-m", "mytrainpkg.train", "--epochs", "2"], steps=2, warmup=1)
+    assert profile.status == "stopped", profile.detail
+    assert len(profile.steps) == 3
+    assert profile.run.command == ["python", "-m", "mytrainpkg.train", "--epochs", "2"]
+    assert "mytrainpkg.train" not in sys.modules
+
+
+def test_script_without_python_in_front(tmp_path):
+    path = write_script(tmp_path, PRELUDE + "for _ in range(3):\n    step()\n")
+    profile = run_command([str(path)], steps=None, warmup=0)
+    assert profile.status == "completed" and len(profile.steps) == 3
+
+
+# -------------------------------------------------------------- step markers
+
+
+LOOP_WITHOUT_OPTIMIZER = """
+import torch
+w = torch.zeros(3, requires_grad=True)
+def train_step(i):
+    loss = (w - i).pow(2).sum()
+    loss.backward()
+    with torch.no_grad():
+        w.sub_(0.1 * w.grad)
+        w.grad = None
+    return loss
+"""
+
+
+def test_step_marker_in_an_imported_module(tmp_path):
+    (tmp_path / "marker_loop_mod.py").write_text(LOOP_WITHOUT_OPTIMIZER)
+    source = "import marker_loop_mod\nfor i in range(8):\n    marker_loop_mod.train_step(i)\n"
+    profile = run_script(tmp_path, source, steps=3, warmup=1, step_marker="marker_loop_mod:train_step")
+    assert profile.status == "stopped"
+    assert [s.phase for s in profile.steps] == ["warmup", "measured", "measured", "measured"]
+    assert "marker_loop_mod" not in sys.modules
+
+
+def test_step_marker_on_a_function_of_the_script_itself(tmp_path):
+    source = LOOP_WITHOUT_OPTIMIZER + "for i in range(8):\n    train_step(i)\n"
+    for marker in ("__main__:train_step", "train:train_step"):
+        profile = run_script(tmp_path, source, steps=2, warmup=1, step_marker=marker)
+        assert profile.status == "stopped", (marker, profile.detail)
+        assert len(profile.steps) == 3, marker
+    assert sys.gettrace() is None
+
+
+def test_step_marker_on_a_method_of_the_script(tmp_path):
+    source = LOOP_WITHOUT_OPTIMIZER + """
+class Trainer:
+    def step(self, i):
+        return train_step(i)
+t = Trainer()
+for i in range(8):
+    t.step(i)
+"""
+    profile = run_script(tmp_path, source, steps=2, warmup=0, step_marker="__main__:Trainer.step")
+    assert profile.status == "stopped" and len(profile.steps) == 2
+
+
+def test_step_marker_that_is_never_called(tmp_path):
+    (tmp_path / "marker_unused_mod.py").write_text("def train_step():\n    pass\n")
+    profile = run_script(tmp_path, "import marker_unused_mod\n", steps=2, step_marker="marker_unused_mod:train_step")
+    assert profile.status == "completed" and not profile.steps
+    assert any("was never called" in w for w in profile.warnings)
+
+
+@pytest.mark.parametrize("marker, message", [
+    ("no_colon", "expected MODULE:FUNCTION"),
+    ("mod:", "expected MODULE:FUNCTION"),
+    ("mod:not-a-name", "expected MODULE:FUNCTION"),
+    ("marker_missing_module_xyz:f", "cannot import marker_missing_module_xyz"),
+    ("os:no_such_function_here", "no function no_such_function_here in os"),
+])
+def test_bad_step_markers_are_usage_errors(tmp_path, marker, message):
+    from torchaxe.errors import TorchaxeError
+
+    with pytest.raises(TorchaxeError, match=message):
+        run_script(tmp_path, PRELUDE, step_marker=marker)
+
+
+
+def test_a_folder_with_main_runs_with_itself_on_the_path(tmp_path):
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "helper_for_folder_test.py").write_text("N = 3\n")
+    write_script(app, PRELUDE + "import helper_for_folder_test\nfor _ in range(helper_for_folder_test.N):\n    step()\n",
+                 name="__main__.py")
+    profile = run_command(["python", str(app)], steps=None, warmup=0)
+    assert profile.status == "completed", profile.detail
+    assert len(profile.steps) == 3
+
+
+def test_code_map_classifies_files(tmp_path):
+    from torchaxe.runtime.probes import CodeMap
+
+    torch_dir, lib, work = tmp_path / "site" / "torch", tmp_path / "lib", tmp_path / "work"
+    codes = CodeMap(internal=(str(torch_dir),), library=(str(lib), str(tmp_path / "site")), cwd=str(work))
+    assert codes.kind(str(torch_dir / "optim" / "adam.py")) == "internal"
+    assert codes.kind(str(torch_dir / "_tensor.py")) == "tensor"
+    assert codes.kind(str(tmp_path / "site" / "transformers" / "x.py")) == "library"
+    assert codes.kind(str(lib / "logging" / "__init__.py")) == "library"
+    assert codes.kind("<frozen runpy>") == "library"
+    assert codes.kind(str(work / "train.py")) == "user"
+    assert codes.show(str(work / "sub" / "train.py")) == "sub/train.py"
+    assert codes.show("/elsewhere/train.py") == "/elsewhere/train.py"
+
+
+def test_input_signature():
+    import torch
+
+    from torchaxe.runtime.probes import ShapeTallier, input_signature
+
+    batch = {"ids": torch.zeros(2, 5, dtype=torch.long), "mask": torch.ones(2, 5, dtype=torch.bool), "n": 3}
+    assert input_signature(batch, torch.Tensor) == (((2, 5), "int64"), ((2, 5), "bool"), (None, None))
+    args = (torch.zeros(3), (torch.zeros(1, 2), None), 1.5)
+    assert input_signature(args, torch.Tensor) == (((3,), "float32"), ((1, 2), "float32"), (None, None),
+                                                   (None, None))
+    tally = ShapeTallier(torch.Tensor)
+    for n in range(40):
+        tally.add((torch.zeros(n % 35 + 1),))
+    result = tally.tally("m", "Linear")
+    assert result.calls == 40 and len(result.signatures) == 32 and result.truncated and result.dynamic
+    assert result.signatures[0].count == 2
+
+
+class FakeDevice:
+    """A backend with a device: counts synchronisations, reports memory, and has a
+    runtime that warns at synchronisations (like cuda's sync debug mode)."""
+
+    name = "cuda"
+
+    def __init__(self):
+        self.syncs = 0
+        self.peak = 0
+        self.warnings_on = False
+
+    def is_initialized(self):
+        return True
+
+    def synchronize(self):
+        self.syncs += 1
+
+    def reset_peak_memory(self):
+        self.peak = 0
+
+    def peak_memory_bytes(self):
+        self.peak += 1000
+        return self.peak
+
+    def profiler_activities(self):
+        return ("cpu",)
+
+    def enable_sync_warnings(self):
+        self.warnings_on = True
+
+        def undo():
+            self.warnings_on = False
+        return undo
+
+
+def test_backend_synchronises_at_boundaries_and_reports_memory_and_sync_warnings(tmp_path):
+    from torchaxe.runtime.command import parse_command
+    from torchaxe.runtime.harness import Harness, HarnessOptions
+
+    source = PRELUDE + """
+import warnings
+for _ in range(4):
+    step()
+    warnings.warn("called a synchronizing CUDA operation")   # DEVICE
+    loss = step().item()                                       # HOST
+"""
+    path = write_script(tmp_path, source)
+    device = FakeDevice()
+    profile = Harness(HarnessOptions(steps=None, warmup=0), backend=device).run(parse_command(["python", str(path)]))
+    assert profile.run.target == "cuda"
+    assert device.syncs == 1 + len(profile.steps) and len(profile.steps) == 8
+    assert all(s.peak_device_memory_bytes == 1000 for s in profile.steps)
+    assert profile.summary.peak_device_memory_bytes == 1000
+    sites = {(s.line, s.call): s.count for s in profile.host_syncs}
+    # On a device only device tensors count: the cpu tensor's .item() is not a sync.
+    assert sites == {(line_of(path, "DEVICE"), "device-sync"): 4}
+    assert device.warnings_on is False
