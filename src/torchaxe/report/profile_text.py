@@ -70,22 +70,25 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
         spread = f"; IQR {percent(s.step_seconds_spread)} of median" if s.step_seconds_spread is not None else ""
         out.write(f"  step time   median {seconds_text(s.step_seconds_median)}, p90 {seconds_text(s.step_seconds_p90)} "
                   f"(min {seconds_text(s.step_seconds_min)}, max {seconds_text(s.step_seconds_max)}{spread})\n")
-        out.write(f"  data wait   {percent(s.data_wait_fraction)} of step time "
-                  f"(median {seconds_text(s.data_wait_seconds_median)} per step)\n")
+        if s.data_wait_fraction is not None or run.source == "harness":
+            out.write(f"  data wait   {percent(s.data_wait_fraction)} of step time "
+                      f"(median {seconds_text(s.data_wait_seconds_median)} per step)\n")
         syncs = f"{s.host_syncs_per_step:.1f}" if s.host_syncs_per_step is not None else "n/a"
         note = " (on cpu: reads that would synchronise a device)" if run.target == "cpu" else ""
         out.write(f"  host syncs  {syncs} per step{note}\n")
     for site in profile.host_syncs[:TOP_SYNCS]:
         code = f"  {site.code}" if site.code else ""
         out.write(f"                {site.location} {CALLS.get(site.call, site.call)} x{site.count}{code}\n")
-    if s.steps_measured:
+    if s.steps_measured and run.source == "harness":
         out.write(f"  gc          {seconds_text(s.gc_seconds_per_step)} per step ({percent(s.gc_fraction)})\n")
+    traced = run.source != "harness"
     device = bytes_text(s.peak_device_memory_bytes) if s.peak_device_memory_bytes is not None else f"n/a on {run.target}"
-    out.write(f"  memory      host RSS peak {bytes_text(s.host_rss_peak_bytes)}; device peak {device}\n")
+    if not traced:
+        out.write(f"  memory      host RSS peak {bytes_text(s.host_rss_peak_bytes)}; device peak {device}\n")
     ops = [o for o in profile.ops if o.kind == "op"]
     if ops:
         window = profile.ops_steps
-        steps = f"steps {window[0]}-{window[-1]}" if len(window) > 1 else (f"step {window[0]}" if window else "the window")
+        steps = f"steps {window[0]}-{window[-1]}" if len(window) > 1 else (f"step {window[0]}" if window else ("the trace" if run.source != "harness" else "the window"))
         use_device = any(o.device_self_seconds for o in ops)
         total = sum((o.device_self_seconds or 0.0) if use_device else o.self_seconds for o in ops) or 1.0
         out.write(f"  ops         top by {'device' if use_device else 'host'} self time over {steps}:\n")
@@ -96,6 +99,18 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
                 first = op.sources[0]
                 source = f"  from {first.function} ({first.location})" if first.function else f"  from {first.location}"
             out.write(f"                {op.name:<28} {seconds_text(t):>9} {100 * t / total:5.1f}%  {op.calls} calls{source}\n")
+    kernels = [o for o in profile.ops if o.kind == "kernel"]
+    if kernels:
+        total = sum(k.device_self_seconds or 0.0 for k in kernels) or 1.0
+        out.write("  kernels     top by device time:\n")
+        for kernel in kernels[:TOP_OPS]:
+            t = kernel.device_self_seconds or 0.0
+            out.write(f"                {_short(kernel.name, 44):<44} {seconds_text(t):>9} {100 * t / total:5.1f}%  "
+                      f"{kernel.calls} calls\n")
+    for finding in profile.findings:
+        out.write(f"  {finding.kind}: {finding.message}\n")
+        if finding.suggestion:
+            out.write(f"      -> {finding.suggestion}\n")
     if profile.shapes is not None:
         shapes = profile.shapes
         batches = shapes.batches
@@ -113,6 +128,10 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
         out.write(f"  warning: {warning}\n")
     if path:
         out.write(f"  profile written to {path}\n")
+
+
+def _short(name: str, width: int) -> str:
+    return name if len(name) <= width else name[: width - 3] + "..."
 
 
 def render_merge(report: MergeReport, out: TextIO) -> None:

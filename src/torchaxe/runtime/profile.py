@@ -488,6 +488,39 @@ class ErrorInfo:
 
 
 @dataclass
+class ProfileFinding:
+    """Something an analysis of the profile found worth changing (trace import: host
+    syncs, host-to-device copies, dynamic-shape operators, an optimizer stepped op by
+    op), with what to do about it. Findings are data; the text summary renders them."""
+
+    #: What was found: ``host-sync``, ``host-to-device-copy``, ``dynamic-shape``,
+    #: ``unfused-optimizer``, ``online-compile``, ``launches`` (new kinds may be added).
+    kind: str
+    message: str
+    #: What to change, or null when the finding is information only.
+    suggestion: str | None = None
+    #: How many events the finding rests on (calls, kernels), where it is a count.
+    count: int | None = None
+    #: The operator or kernel names involved, most frequent first.
+    ops: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "suggestion": self.suggestion,
+                "count": self.count, "ops": list(self.ops)}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "finding") -> "ProfileFinding":
+        r = _Reader(data, where)
+        return cls(
+            kind=r.str("kind"),
+            message=r.str("message"),
+            suggestion=r.str("suggestion", optional=True),
+            count=r.int("count", optional=True),
+            ops=r.list("ops", lambda v, w: v if isinstance(v, str) else _bad(w, "a string", v)),
+        )
+
+
+@dataclass
 class RunInfo:
     """What was run, where, and with which settings."""
 
@@ -661,6 +694,8 @@ class Profile:
     seconds: float | None = None
     #: Highest resident set size the process reached (getrusage).
     host_rss_peak_bytes: int | None = None
+    #: What an analysis found worth changing (trace import fills it), most important first.
+    findings: list[ProfileFinding] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -686,6 +721,7 @@ class Profile:
             "host_rss_peak_bytes": self.host_rss_peak_bytes,
             "summary": self.summary.to_dict(),
             "warnings": list(self.warnings),
+            "findings": [f.to_dict() for f in self.findings],
             "steps": [s.to_dict() for s in self.steps],
             "host_syncs": [s.to_dict() for s in self.host_syncs],
             "ops_steps": list(self.ops_steps),
@@ -719,6 +755,7 @@ class Profile:
             warnings=r.list("warnings", lambda v, w: v if isinstance(v, str) else _bad(w, "a string", v)),
             seconds=r.float("seconds", optional=True),
             host_rss_peak_bytes=r.int("host_rss_peak_bytes", optional=True),
+            findings=r.list("findings", ProfileFinding.from_dict),
         )
 
 

@@ -108,8 +108,12 @@ class ProfileGroup(click.Group):
               help="Steps recorded by --ops.")
 @click.option("--shapes", is_flag=True,
               help="Record the input shapes of every module and batch (and, with --ops, of every op).")
+@click.option("--from-trace", "from_trace", metavar="PATH",
+              help="Do not run anything: read a torch.profiler Chrome trace (.json, .json.gz) or torch_npu.profiler "
+                   "output (a *_ascend_pt folder, its ASCEND_PROFILER_OUTPUT, trace_view.json, kernel_details.csv, "
+                   "op_statistic.csv) into a Profile, with findings.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, cls=CommandArgument)
-def profile(steps, warmup, out, target, timeout, step_marker, ops, ops_steps, shapes, command):
+def profile(steps, warmup, out, target, timeout, step_marker, ops, ops_steps, shapes, from_trace, command):
     """Run a training script unmodified and measure its steps.
 
     The script runs in torchaxe's own interpreter, as `python SCRIPT ARGS` would run
@@ -126,7 +130,13 @@ def profile(steps, warmup, out, target, timeout, step_marker, ops, ops_steps, sh
       torchaxe profile --steps 20 --ops --shapes -- python -m mypkg.train
       torchrun --nproc_per_node 4 --no-python torchaxe profile -- python train.py
       torchaxe profile merge torchaxe-profile.rank*.json
+      torchaxe profile --from-trace run_ascend_pt/ --out npu-profile.json
     """
+    if from_trace is not None:
+        if command:
+            raise TorchaxeError("--from-trace reads a trace: give it no training command")
+        _import_trace(from_trace, Path(out))
+        return
     from torchaxe.config import find_config
     from torchaxe.runtime.command import parse_command
     from torchaxe.runtime.harness import Harness, HarnessOptions, distributed_identity, exit_code_for
@@ -163,6 +173,21 @@ def profile(steps, warmup, out, target, timeout, step_marker, ops, ops_steps, sh
     if result.status in ("stopped", "timeout", "interrupted"):
         _leave_if_threads_linger(threads_before, code)
     sys.exit(code)
+
+
+def _import_trace(trace: str, path: Path) -> None:
+    """``--from-trace``: read the trace, write the profile, print the summary."""
+    from torchaxe.report.profile_text import render_profile_summary
+    from torchaxe.runtime.profile import save_profile
+    from torchaxe.runtime.traces import load_trace
+
+    if path.is_dir():
+        raise TorchaxeError(f"--out {path}: is a folder")
+    if not path.parent.exists():
+        raise TorchaxeError(f"--out {path}: folder {path.parent} does not exist")
+    result = load_trace(trace)
+    save_profile(result, path)
+    render_profile_summary(result, str(path), sys.stderr)
 
 
 def _report(result, path: Path) -> None:
