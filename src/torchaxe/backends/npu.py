@@ -58,3 +58,12 @@ class NpuBackend(Backend):
 
     # Device-side op times on the NPU come from torch_npu.profiler output, read by
     # trace import; torch.profiler here records the host side only.
+
+
+def set_compile_mode(jit_compile: bool) -> None:
+    """Turn the NPU's online operator compilation on or off for this process
+    (``torch_npu.npu.set_compile_mode(jit_compile=...)``); the trials' ``npu`` knob.
+    On for fixed shapes usually pays off, off for dynamic shapes. Unverified on
+    Ascend hardware: tested against a stand-in ``torch_npu`` that records the call."""
+    torch_npu = _torch_npu()
+    torch_npu.npu.set_compile_mode(jit_compile=bool(jit_compile))

@@ -1,0 +1,294 @@
+"""The trial bootstrap: apply one knob set inside a fresh process, then run the
+user's unmodified script under the harness and write its Profile.
+
+    python -m torchaxe.runtime.bootstrap KNOBS.json [--out PROFILE.json] [--steps N]
+        [--warmup K] [--timeout S] [--target T] -- python train.py ARGS
+
+Order, so that every knob takes effect where it must:
+
+1. environment variables and CPU affinity, before torch is imported (``OMP_NUM_THREADS``
+   and the affinity mask size torch's thread pools at import);
+2. the npu compile mode, through ``torchaxe.backends.npu`` (imports ``torch_npu``);
+3. torch settings: ``torch.backends.cudnn.benchmark``,
+   ``torch.set_float32_matmul_precision``, ``torch.set_num_threads``,
+   ``torch.set_num_interop_threads``;
+4. patches that act while the script runs: ``DataLoader.__init__`` takes the
+   dataloader overrides; ``nn.Module.__call__`` compiles the model (see
+   :class:`ModelCompiler`);
+5. the harness (``Harness(HarnessOptions(...)).run``) runs the script and stops it
+   after warmup + steps. What was applied is recorded in the profile under
+   ``run.options.knobs``.
+
+Settings the script makes itself (its own ``torch.set_num_threads``, its own
+``num_workers=``) are overridden only for the DataLoader keywords; torch settings the
+script changes after start-up win over the knob. The user's files are never edited.
+Exit code: the harness's (``exit_code_for``: 0 measured, 3 the script raised, 4
+``sys.exit`` non-zero, 5 timeout, 6 no steps, 130 interrupted), or 2 when the knobs
+cannot be applied (one line on stderr, starting ``torchaxe bootstrap: error:``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+import tempfile
+import threading
+from typing import Any, Sequence
+
+from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.knobs import KnobSet, load_knob_set
+
+#: Where the applied knobs are recorded in the profile: ``run.options[OPTIONS_KEY]``.
+OPTIONS_KEY = "knobs"
+
+
+class AppliedKnobs:
+    """What the bootstrap actually did, for the profile (tests and users check it)."""
+
+    def __init__(self, knobs: KnobSet) -> None:
+        self.record: dict[str, Any] = {"name": knobs.name, "requested": knobs.to_dict()}
+
+    def note(self, key: str, value: Any) -> None:
+        self.record[key] = value
+
+
+def apply_environment(knobs: KnobSet, applied: AppliedKnobs, environ: Any = os.environ) -> None:
+    for var, value in knobs.env.items():
+        if value is None:
+            environ.pop(var, None)
+        else:
+            environ[var] = value
+    if knobs.env:
+        applied.note("env", dict(knobs.env))
+
+
+def apply_affinity(knobs: KnobSet, applied: AppliedKnobs) -> None:
+    if knobs.cpu_affinity is None:
+        return
+    if not hasattr(os, "sched_setaffinity"):
+        raise TorchaxeError("cpu_affinity: this platform has no os.sched_setaffinity")
+    try:
+        os.sched_setaffinity(0, set(knobs.cpu_affinity))
+    except (OSError, ValueError) as exc:
+        raise TorchaxeError(f"cpu_affinity {list(knobs.cpu_affinity)}: cannot pin to these CPUs: {exc}") from None
+    applied.note("cpu_affinity", sorted(os.sched_getaffinity(0)))
+
+
+def apply_npu(knobs: KnobSet, applied: AppliedKnobs) -> None:
+    if knobs.npu.jit_compile is None:
+        return
+    from torchaxe.backends import npu
+
+    try:
+        npu.set_compile_mode(knobs.npu.jit_compile)
+    except ModuleNotFoundError:
+        raise TorchaxeError("npu.jit_compile: torch_npu is not installed here") from None
+    applied.note("npu", {"jit_compile": knobs.npu.jit_compile})
+
+
+def apply_torch(knobs: KnobSet, applied: AppliedKnobs) -> None:
+    import torch
+
+    t = knobs.torch
+    done: dict[str, Any] = {}
+    if t.cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = t.cudnn_benchmark
+        done["cudnn_benchmark"] = torch.backends.cudnn.benchmark
+    if t.matmul_precision is not None:
+        torch.set_float32_matmul_precision(t.matmul_precision)
+        done["matmul_precision"] = torch.get_float32_matmul_precision()
+    if t.num_threads is not None:
+        torch.set_num_threads(t.num_threads)
+        done["num_threads"] = torch.get_num_threads()
+    if t.interop_threads is not None:
+        try:
+            torch.set_num_interop_threads(t.interop_threads)
+        except RuntimeError as exc:
+            raise TorchaxeError(f"torch.interop_threads: {exc}") from None
+        done["interop_threads"] = torch.get_num_interop_threads()
+    if done:
+        applied.note("torch", done)
+
+
+class DataLoaderOverride:
+    """Patches ``DataLoader.__init__`` so that every loader the script builds gets the
+    knob's keywords, whether the script passed them by position, by name or not at all.
+    ``prefetch_factor`` and ``persistent_workers`` need worker processes: on a loader
+    that ends up with ``num_workers=0`` they are left out (torch refuses them there)."""
+
+    def __init__(self, overrides: dict[str, Any], applied: AppliedKnobs) -> None:
+        self.overrides = overrides
+        self.applied = applied
+        self.loaders: list[dict[str, Any]] = []
+        self._original = None
+
+    def install(self) -> None:
+        if not self.overrides:
+            return
+        from torch.utils.data import DataLoader
+
+        original = DataLoader.__init__
+        self._original = original
+        signature = inspect.signature(original)
+        override = self
+
+        def __init__(loader, *args, **kwargs):
+            try:
+                bound = signature.bind(loader, *args, **kwargs)
+            except TypeError:
+                return original(loader, *args, **kwargs)  # let torch say what is wrong
+            arguments = bound.arguments
+            settings = dict(override.overrides)
+            workers = settings.get("num_workers", arguments.get("num_workers", 0))
+            if not workers:
+                settings.pop("prefetch_factor", None)
+                settings.pop("persistent_workers", None)
+            arguments.update(settings)
+            override.loaders.append({k: arguments.get(k, signature.parameters[k].default)
+                                     for k in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")})
+            override.applied.note("dataloader", {"overrides": override.overrides, "loaders": override.loaders})
+            return original(*bound.args, **bound.kwargs)
+
+        __init__.__wrapped__ = original  # type: ignore[attr-defined]
+        DataLoader.__init__ = __init__
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            from torch.utils.data import DataLoader
+
+            DataLoader.__init__ = self._original
+            self._original = None
+
+
+class ModelCompiler:
+    """Compiles the model at its first forward, without touching the script.
+
+    "The model" is the first ``nn.Module`` with parameters that the script calls from
+    outside any other module's forward (a loss function without parameters called
+    first does not count). It is compiled in place with ``module.compile(**kwargs)``
+    (``torch.compile`` of its ``forward``, same object, same ``state_dict`` keys, so
+    the script's optimizer, checkpoints and ``.train()``/``.eval()`` calls all keep
+    working), and the patch of ``nn.Module.__call__`` is removed at once, so that
+    later calls (and compiled code) run torch's own ``__call__`` untouched. Only one
+    model is compiled; a second top-level model (a GAN's discriminator) is not.
+    """
+
+    def __init__(self, kwargs: dict[str, Any], applied: AppliedKnobs) -> None:
+        self.kwargs = kwargs
+        self.applied = applied
+        self._original = None
+        self._local = threading.local()
+
+    def install(self) -> None:
+        from torch import nn
+
+        original = nn.Module.__call__
+        self._original = original
+        compiler = self
+
+        def __call__(module, *args, **kwargs):
+            depth = getattr(compiler._local, "depth", 0)
+            if depth == 0 and compiler._original is not None and _has_parameters(module):
+                compiler.uninstall()
+                module.compile(**compiler.kwargs)
+                compiler.applied.note("compile", {"module": type(module).__qualname__, "kwargs": compiler.kwargs})
+                return original(module, *args, **kwargs)
+            compiler._local.depth = depth + 1
+            try:
+                return original(module, *args, **kwargs)
+            finally:
+                compiler._local.depth = depth
+
+        nn.Module.__call__ = __call__
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            from torch import nn
+
+            nn.Module.__call__ = self._original
+            self._original = None
+
+
+def _has_parameters(module: Any) -> bool:
+    try:
+        next(module.parameters())
+    except StopIteration:
+        return False
+    return True
+
+
+def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(argv)
+    if "--" not in argv:
+        raise TorchaxeError("usage: python -m torchaxe.runtime.bootstrap KNOBS.json [options] -- python train.py ARGS")
+    cut = argv.index("--")
+    parser = argparse.ArgumentParser(prog="python -m torchaxe.runtime.bootstrap")
+    parser.add_argument("knobs")
+    parser.add_argument("--out")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--target", default="auto")
+    return parser.parse_args(argv[:cut]), argv[cut + 1:]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Apply the knobs, run the script under the harness, write the profile."""
+    try:
+        args, command_argv = _parse(sys.argv[1:] if argv is None else argv)
+        knobs = load_knob_set(args.knobs)
+        applied = AppliedKnobs(knobs)
+        apply_environment(knobs, applied)
+        apply_affinity(knobs, applied)
+
+        from torchaxe.runtime.command import parse_command
+        from torchaxe.runtime.harness import Harness, HarnessOptions, exit_code_for
+
+        script = parse_command(command_argv)
+        options = HarnessOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, target=args.target)
+        out = args.out or tempfile.mkstemp(prefix="torchaxe-trial-", suffix=".json")[1]
+        apply_npu(knobs, applied)
+        apply_torch(knobs, applied)
+        loaders = DataLoaderOverride(knobs.dataloader.overrides(), applied)
+        compiler = ModelCompiler(knobs.compile.kwargs(), applied) if knobs.compile is not None else None
+    except TorchaxeError as exc:
+        sys.stderr.write(f"torchaxe bootstrap: error: {exc.message}\n")
+        return 2
+
+    from torchaxe.runtime.profile import save_profile
+
+    def abandon(measured) -> None:
+        measured.run.options[OPTIONS_KEY] = applied.record
+        save_profile(measured, out)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code_for(measured))
+
+    loaders.install()
+    if compiler is not None:
+        compiler.install()
+    try:
+        profile = Harness(options, abandon=abandon).run(script)
+    finally:
+        if compiler is not None:
+            compiler.uninstall()
+        loaders.uninstall()
+    profile.run.options[OPTIONS_KEY] = applied.record
+    save_profile(profile, out)
+    code = exit_code_for(profile)
+    if profile.error is not None and profile.error.traceback:
+        sys.stderr.write(profile.error.traceback)
+    sys.stderr.write(f"torchaxe bootstrap: {profile.status}: {profile.detail}; profile written to {out}\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if profile.status in ("stopped", "timeout", "interrupted"):
+        # A stopped script can leave non-daemon threads (a prefetcher) that would
+        # keep the process alive: leave without waiting for them.
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""Trials: run the user's script under several knob sets, interleaved, and compare.
+
+``run_trials(knob_sets, command, TrialOptions(...))`` runs, for each of ``repeats``
+rounds, every knob set once in the order given (A B C A B C ...), each in a fresh
+subprocess through the bootstrap (``python -m torchaxe.runtime.bootstrap``), which
+applies the knobs and records warmup + ``steps`` steps with the harness. Interleaving
+spreads slow drifts of the machine (other work, thermal state) over all sets alike.
+
+Per knob set the result keeps every measured step time (raw samples, by repeat) and
+gives their median, p90 and spread; the **ratio** to the first knob set (the
+baseline) is computed per repeat, from the medians of the two runs of that round,
+and quoted as the median of those ratios with their min..max. A ratio below 1 means
+faster steps than the baseline.
+
+A knob set whose run breaks (the script raises, exits non-zero, times out, or no step
+is seen) is marked failed with a one-line error and the tail of its stderr, and is not
+run again; the other sets go on. The run itself is injectable (``runner``), so tests
+of the bookkeeping need no subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.knobs import KnobSet
+from torchaxe.runtime.stats import Samples
+
+SCHEMA = "torchaxe.trial/1"
+#: Lines of a failed run's stderr kept in the report.
+STDERR_TAIL_LINES = 15
+#: Beyond ``--timeout``, how long the subprocess gets (start-up, writing the profile)
+#: before it is killed.
+KILL_GRACE_SECONDS = 20.0
+
+
+@dataclass(frozen=True)
+class TrialOptions:
+    repeats: int = 3
+    steps: int = 10
+    warmup: int = 2
+    #: Per run, counted by the harness from the start of the script.
+    timeout: float | None = None
+    target: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise TorchaxeError(f"--repeats {self.repeats}: must be at least 1")
+        if self.steps < 1:
+            raise TorchaxeError(f"--steps {self.steps}: must be at least 1")
+        if self.warmup < 0:
+            raise TorchaxeError(f"--warmup {self.warmup}: must be 0 or more")
+        if self.timeout is not None and self.timeout <= 0:
+            raise TorchaxeError(f"--timeout {self.timeout}: must be a positive number of seconds")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"repeats": self.repeats, "steps": self.steps, "warmup": self.warmup, "timeout": self.timeout,
+                "target": self.target}
+
+
+@dataclass
+class TrialRun:
+    """One run of one knob set: its measured step times, or why it failed."""
+
+    knobs: str
+    repeat: int
+    ok: bool
+    step_seconds: list[float] = field(default_factory=list)
+    status: str | None = None  # the profile's status, when a profile was written
+    returncode: int | None = None
+    seconds: float | None = None  # wall time of the subprocess
+    error: str | None = None
+    stderr_tail: str = ""
+    applied: dict[str, Any] | None = None  # run.options.knobs of the profile
+
+    @property
+    def median(self) -> float | None:
+        return Samples.of(self.step_seconds).median
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"repeat": self.repeat, "ok": self.ok, "status": self.status, "returncode": self.returncode,
+                "seconds": self.seconds, "median_step_seconds": self.median, "step_seconds": list(self.step_seconds),
+                "error": self.error, "stderr_tail": self.stderr_tail or None, "applied": self.applied}
+
+
+@dataclass
+class Ratio:
+    """Step-time ratio to the baseline, one value per repeat that both completed."""
+
+    per_repeat: list[float]
+
+    @property
+    def samples(self) -> Samples:
+        return Samples.of(self.per_repeat)
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.samples
+        return {"median": s.median, "min": s.min, "max": s.max, "per_repeat": list(self.per_repeat)}
+
+
+@dataclass
+class KnobResult:
+    knobs: KnobSet
+    runs: list[TrialRun] = field(default_factory=list)
+    ratio: Ratio | None = None
+
+    @property
+    def name(self) -> str:
+        return self.knobs.name
+
+    @property
+    def failed_run(self) -> TrialRun | None:
+        return next((r for r in self.runs if not r.ok), None)
+
+    @property
+    def ok(self) -> bool:
+        return self.failed_run is None and bool(self.runs)
+
+    @property
+    def samples(self) -> Samples:
+        return Samples.of(s for r in self.runs if r.ok for s in r.step_seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.samples
+        failed = self.failed_run
+        return {
+            "name": self.name,
+            "file": self.knobs.source,
+            "knobs": self.knobs.to_dict(),
+            "status": "ok" if self.ok else "failed",
+            "error": failed.error if failed else None,
+            "stderr_tail": failed.stderr_tail if failed else None,
+            "step_seconds": {"median": s.median, "p90": s.p90, "min": s.min, "max": s.max,
+                             "spread": s.relative_spread, "samples": len(s), "noisy": s.is_noisy()},
+            "ratio": self.ratio.to_dict() if self.ratio is not None else None,
+            "runs": [r.to_dict() for r in self.runs],
+        }
+
+
+@dataclass
+class TrialReport:
+    command: list[str]
+    options: TrialOptions
+    results: list[KnobResult]
+
+    @property
+    def baseline(self) -> KnobResult:
+        return self.results[0]
+
+    @property
+    def failed(self) -> list[KnobResult]:
+        return [r for r in self.results if not r.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "command": list(self.command), "options": self.options.to_dict(),
+                "baseline": self.baseline.name, "knob_sets": [r.to_dict() for r in self.results]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+
+Runner = Callable[[KnobSet, Sequence[str], TrialOptions, int], TrialRun]
+
+
+def unique_names(knob_sets: Sequence[KnobSet]) -> list[KnobSet]:
+    """The same names twice (an A/A comparison of one file) get ``-2``, ``-3`` suffixes."""
+    from dataclasses import replace
+
+    seen: dict[str, int] = {}
+    out = []
+    for k in knob_sets:
+        count = seen.get(k.name, 0) + 1
+        seen[k.name] = count
+        out.append(k if count == 1 else replace(k, name=f"{k.name}-{count}"))
+    return out
+
+
+def run_trials(knob_sets: Sequence[KnobSet], command: Sequence[str], options: TrialOptions | None = None, *,
+               runner: Runner | None = None, progress: Callable[[str], None] = lambda line: None) -> TrialReport:
+    """Run every knob set ``options.repeats`` times, interleaved, and compare them."""
+    options = options or TrialOptions()
+    if not knob_sets:
+        raise TorchaxeError("no knob sets: give at least one --knobs FILE")
+    runner = runner or run_in_subprocess
+    results = [KnobResult(k) for k in unique_names(knob_sets)]
+    for repeat in range(1, options.repeats + 1):
+        for result in results:
+            if result.failed_run is not None:
+                continue  # broken once: not run again
+            progress(f"repeat {repeat}/{options.repeats}: {result.name} ...")
+            run = runner(result.knobs, command, options, repeat)
+            run.knobs = result.name
+            result.runs.append(run)
+            if run.ok:
+                progress(f"repeat {repeat}/{options.repeats}: {result.name}: median step "
+                         f"{_ms(run.median)} over {len(run.step_seconds)} steps")
+            else:
+                progress(f"repeat {repeat}/{options.repeats}: {result.name}: FAILED: {run.error}")
+    _ratios(results)
+    return TrialReport(list(command), options, results)
+
+
+def _ratios(results: list[KnobResult]) -> None:
+    baseline = results[0]
+    by_repeat = {r.repeat: r.median for r in baseline.runs if r.ok and r.median}
+    for result in results:
+        if not result.ok:
+            continue
+        ratios = [run.median / by_repeat[run.repeat] for run in result.runs
+                  if run.ok and run.median is not None and by_repeat.get(run.repeat)]
+        result.ratio = Ratio(ratios) if ratios else None
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.2f} ms"
+
+
+# ------------------------------------------------------------------ the subprocess
+
+
+def bootstrap_argv(knobs_path: str, profile_path: str, command: Sequence[str], options: TrialOptions) -> list[str]:
+    """The command line of one run: the documented bootstrap, then the user's command."""
+    argv = [sys.executable, "-m", "torchaxe.runtime.bootstrap", knobs_path, "--out", profile_path,
+            "--steps", str(options.steps), "--warmup", str(options.warmup), "--target", options.target]
+    if options.timeout is not None:
+        argv += ["--timeout", repr(options.timeout)]
+    return [*argv, "--", *command]
+
+
+def child_environment(knobs: KnobSet, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a run: ours with the knob's variables (so they are there
+    from the interpreter's first instruction, before any import)."""
+    env = dict(os.environ if base is None else base)
+    for var, value in knobs.env.items():
+        if value is None:
+            env.pop(var, None)
+        else:
+            env[var] = value
+    return env
+
+
+def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOptions, repeat: int) -> TrialRun:
+    """Run the command once under ``knobs`` through the bootstrap; the script's
+    stdout is discarded, its stderr kept for the error report."""
+    from torchaxe.runtime.profile import ProfileFormatError, load_profile
+
+    with tempfile.TemporaryDirectory(prefix="torchaxe-trial-") as tmp:
+        knobs_path = Path(tmp) / "knobs.json"
+        knobs_path.write_text(json.dumps(knobs.to_dict()), encoding="utf-8")
+        profile_path = Path(tmp) / "profile.json"
+        stderr_path = Path(tmp) / "stderr.txt"
+        argv = bootstrap_argv(str(knobs_path), str(profile_path), command, options)
+        limit = None if options.timeout is None else options.timeout + KILL_GRACE_SECONDS
+        started = time.perf_counter()
+        killed = False
+        with open(stderr_path, "wb") as err:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    env=child_environment(knobs), start_new_session=True)
+            try:
+                returncode = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                killed = True
+                _kill_group(proc)
+                returncode = proc.wait()
+            finally:
+                if proc.poll() is None:  # interrupted while waiting: take the run down with us
+                    _kill_group(proc)
+                    proc.wait()
+        seconds = time.perf_counter() - started
+        stderr_text = stderr_path.read_text(encoding="utf-8", errors="replace")
+        tail = "\n".join(stderr_text.rstrip().splitlines()[-STDERR_TAIL_LINES:])
+        run = TrialRun(knobs=knobs.name, repeat=repeat, ok=False, returncode=returncode, seconds=seconds)
+        profile = None
+        if profile_path.exists() and profile_path.stat().st_size:
+            try:
+                profile = load_profile(profile_path)
+            except (ProfileFormatError, TorchaxeError):
+                profile = None
+    if profile is not None:
+        run.status = profile.status
+        run.applied = profile.run.options.get("knobs")
+        run.step_seconds = [s.seconds for s in profile.measured_steps]
+    if killed:
+        run.error = f"timeout: killed {KILL_GRACE_SECONDS:g} s after --timeout {options.timeout:g} s"
+    elif profile is None:
+        run.error = _last_error_line(tail) or f"the run exited with code {returncode} without writing a profile"
+    elif profile.status in ("error", "timeout", "interrupted") or (profile.status == "exited" and profile.exit_code):
+        run.error = f"{profile.status}: {profile.detail}"
+    elif not run.step_seconds:
+        run.error = f"no measured steps: {profile.detail}" + (f" ({profile.warnings[0]})" if profile.warnings else "")
+    elif returncode != 0:
+        run.error = f"the run exited with code {returncode}: {profile.detail}"
+    else:
+        run.ok = True
+    if not run.ok:
+        run.stderr_tail = tail
+    return run
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def _last_error_line(tail: str) -> str | None:
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "error" in line.lower():
+            return line
+    return lines[-1] if lines else None

@@ -1,0 +1,292 @@
+"""Trials without subprocesses: knob validation, interleaving, failures, ratios,
+rendering, the bootstrap's patches applied in-process, and CLI usage errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import types
+
+import pytest
+
+from torchaxe.cli import main
+from torchaxe.runtime import bootstrap
+from torchaxe.runtime.knobs import KnobError, KnobSet, knob_set_from_dict, load_knob_set
+from torchaxe.runtime.trials import TrialOptions, TrialRun, run_trials, unique_names, child_environment, bootstrap_argv
+from torchaxe.report.trial_text import render_trial_report
+
+FULL = {
+    "name": "fused",
+    "env": {"OMP_NUM_THREADS": "2", "GONE": None},
+    "torch": {"cudnn_benchmark": True, "matmul_precision": "high", "num_threads": 2, "interop_threads": 1},
+    "compile": {"mode": "default", "dynamic": None, "backend": "inductor"},
+    "dataloader": {"num_workers": 2, "pin_memory": True, "persistent_workers": True, "prefetch_factor": 4},
+    "cpu_affinity": [1, 0],
+    "npu": {"jit_compile": False},
+}
+
+
+def test_full_knob_set_round_trips(tmp_path):
+    path = tmp_path / "fused.json"
+    path.write_text(json.dumps(FULL))
+    knobs = load_knob_set(path)
+    assert knobs.name == "fused"
+    assert knobs.env == {"OMP_NUM_THREADS": "2", "GONE": None}
+    assert knobs.torch.num_threads == 2 and knobs.torch.matmul_precision == "high"
+    assert knobs.compile.kwargs() == {"backend": "inductor", "fullgraph": False, "dynamic": None}
+    assert knobs.dataloader.overrides() == {"num_workers": 2, "pin_memory": True, "persistent_workers": True,
+                                            "prefetch_factor": 4}
+    assert knobs.cpu_affinity == (0, 1)
+    assert knobs.npu.jit_compile is False
+    again = knob_set_from_dict(knobs.to_dict(), "again")
+    assert again.to_dict() == knobs.to_dict()
+
+
+def test_name_defaults_to_file_stem(tmp_path):
+    path = tmp_path / "baseline.json"
+    path.write_text("{}")
+    knobs = load_knob_set(path)
+    assert knobs.name == "baseline" and knobs.summary == "(no knobs)"
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"envv": {}}, "a.json: envv: unknown key"),
+    ([], "a.json: expected a JSON object of knobs"),
+    ({"env": {"X": 1}}, "a.json: env.X: expected a string (or null to unset it), got number 1"),
+    ({"env": []}, "a.json: env: expected an object"),
+    ({"torch": {"num_threads": 0}}, "a.json: torch.num_threads: 0 is below the minimum 1"),
+    ({"torch": {"num_threads": "2"}}, "a.json: torch.num_threads: expected an integer, got string \"2\""),
+    ({"torch": {"matmul_precision": "low"}}, "a.json: torch.matmul_precision: \"low\" is not one of highest, high, medium"),
+    ({"torch": {"cudnn_benchmark": 1}}, "a.json: torch.cudnn_benchmark: expected true or false"),
+    ({"torch": {"threads": 1}}, "a.json: torch.threads: unknown key"),
+    ({"compile": {"mode": "fast"}}, "a.json: compile.mode: \"fast\" is not one of"),
+    ({"compile": {"backend": 3}}, "a.json: compile.backend: expected a backend name"),
+    ({"dataloader": {"num_workers": -1}}, "a.json: dataloader.num_workers: -1 is below the minimum 0"),
+    ({"dataloader": {"batch_size": 4}}, "a.json: dataloader.batch_size: unknown key"),
+    ({"cpu_affinity": []}, "a.json: cpu_affinity: expected a non-empty list"),
+    ({"cpu_affinity": [0, "1"]}, "a.json: cpu_affinity[1]: expected an integer"),
+    ({"npu": {"jit_compile": "no"}}, "a.json: npu.jit_compile: expected true or false"),
+    ({"name": ""}, "a.json: name: expected a non-empty string"),
+])
+def test_bad_knobs_are_refused_in_one_line(data, message):
+    with pytest.raises(KnobError) as info:
+        knob_set_from_dict(data, "a.json")
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(KnobError, match="missing.json: knob file not found"):
+        load_knob_set(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(KnobError, match=r"bad.json: not valid JSON: .* line 1 column 2"):
+        load_knob_set(bad)
+
+
+# ------------------------------------------------------------ run_trials, fake runner
+
+
+def fake_runner(medians: dict[str, list[float]], fail: dict[str, int] | None = None, calls: list | None = None):
+    fail = fail or {}
+
+    def run(knobs: KnobSet, command, options, repeat):
+        if calls is not None:
+            calls.append((knobs.name, repeat))
+        if fail.get(knobs.name) == repeat:
+            return TrialRun(knobs.name, repeat, ok=False, returncode=3, error="error: boom", stderr_tail="Trace\nboom")
+        m = medians[knobs.name][repeat - 1]
+        return TrialRun(knobs.name, repeat, ok=True, step_seconds=[m * 0.9, m, m * 1.1], returncode=0, status="stopped")
+
+    return run
+
+
+def sets(*names):
+    return [KnobSet(name=n) for n in names]
+
+
+def test_runs_are_interleaved_and_ratios_are_per_repeat():
+    calls = []
+    runner = fake_runner({"a": [0.010, 0.020, 0.010], "b": [0.005, 0.010, 0.006]}, calls=calls)
+    report = run_trials(sets("a", "b"), ["python", "t.py"], TrialOptions(repeats=3), runner=runner)
+    assert calls == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3)]
+    a, b = report.results
+    assert a.ratio.per_repeat == [1.0, 1.0, 1.0]
+    assert b.ratio.per_repeat == pytest.approx([0.5, 0.5, 0.6])
+    assert b.ratio.samples.median == pytest.approx(0.5)
+    assert len(b.samples) == 9  # raw samples kept, by run
+    data = json.loads(report.to_json())
+    assert data["schema"] == "torchaxe.trial/1" and data["baseline"] == "a"
+    kb = data["knob_sets"][1]
+    assert kb["status"] == "ok" and kb["ratio"]["min"] == pytest.approx(0.5) and kb["ratio"]["max"] == pytest.approx(0.6)
+    assert kb["runs"][0]["step_seconds"] == pytest.approx([0.0045, 0.005, 0.0055])
+
+
+def test_a_failing_set_is_reported_and_the_others_still_run():
+    calls = []
+    runner = fake_runner({"a": [0.01] * 3, "b": [0.02] * 3, "c": [0.005] * 3}, fail={"b": 2}, calls=calls)
+    progress = []
+    report = run_trials(sets("a", "b", "c"), ["t.py"], TrialOptions(repeats=3), runner=runner, progress=progress.append)
+    assert ("b", 3) not in calls and ("c", 3) in calls
+    assert [r.name for r in report.failed] == ["b"]
+    b = report.results[1]
+    assert b.ratio is None and b.failed_run.error == "error: boom"
+    assert report.results[2].ratio.samples.median == pytest.approx(0.5)
+    assert any("b: FAILED: error: boom" in line for line in progress)
+    out = io.StringIO()
+    render_trial_report(report, out)
+    text = out.getvalue()
+    assert "FAILED" in text and "b failed (repeat 2): error: boom" in text and "| boom" in text
+    assert "0.500 (0.500..0.500)" in text
+
+
+def test_failed_baseline_gives_no_ratios():
+    runner = fake_runner({"a": [0.01], "b": [0.02]}, fail={"a": 1})
+    report = run_trials(sets("a", "b"), ["t.py"], TrialOptions(repeats=1), runner=runner)
+    assert report.results[1].ok and report.results[1].ratio is None
+    out = io.StringIO()
+    render_trial_report(report, out)
+    assert "the baseline a failed: no ratios" in out.getvalue()
+
+
+def test_same_name_twice_is_told_apart():
+    assert [k.name for k in unique_names(sets("a", "a", "b", "a"))] == ["a", "a-2", "b", "a-3"]
+
+
+def test_options_are_checked():
+    with pytest.raises(Exception, match="--repeats 0"):
+        TrialOptions(repeats=0)
+
+
+def test_child_environment_sets_and_unsets():
+    knobs = KnobSet(name="x", env={"NEW": "1", "OLD": None})
+    env = child_environment(knobs, {"OLD": "x", "KEEP": "y"})
+    assert env == {"NEW": "1", "KEEP": "y"}
+
+
+def test_bootstrap_command_line():
+    argv = bootstrap_argv("k.json", "p.json", ["python", "t.py", "--lr", "1"], TrialOptions(steps=4, warmup=1, timeout=9))
+    assert argv[1:4] == ["-m", "torchaxe.runtime.bootstrap", "k.json"]
+    assert argv[argv.index("--"):] == ["--", "python", "t.py", "--lr", "1"]
+    assert argv[argv.index("--timeout") + 1] == "9"
+
+
+# ------------------------------------------------------------ bootstrap, in-process
+
+
+def test_dataloader_override_handles_positional_and_keyword_arguments():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.zeros(4, 1))
+    applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
+    override = bootstrap.DataLoaderOverride({"num_workers": 2, "pin_memory": True, "prefetch_factor": 3}, applied)
+    original = DataLoader.__init__
+    override.install()
+    try:
+        positional = DataLoader(data, 2, False, None, None, 0)  # num_workers by position
+        keyword = DataLoader(data, batch_size=2, num_workers=1)
+    finally:
+        override.uninstall()
+    assert DataLoader.__init__ is original
+    for loader in (positional, keyword):
+        assert (loader.num_workers, loader.pin_memory, loader.prefetch_factor) == (2, True, 3)
+    assert len(applied.record["dataloader"]["loaders"]) == 2
+    assert DataLoader(data, num_workers=0).num_workers == 0  # uninstalled
+
+
+def test_worker_only_options_are_dropped_when_no_workers():
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
+    override = bootstrap.DataLoaderOverride({"persistent_workers": True, "prefetch_factor": 4}, applied)
+    override.install()
+    try:
+        loader = DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)  # torch would refuse both here
+    finally:
+        override.uninstall()
+    assert loader.num_workers == 0 and loader.persistent_workers is False
+
+
+def test_torch_settings_are_applied_and_recorded():
+    import torch
+
+    before = (torch.get_num_threads(), torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark)
+    knobs = knob_set_from_dict({"torch": {"num_threads": 1, "matmul_precision": "medium", "cudnn_benchmark": True}}, "t")
+    applied = bootstrap.AppliedKnobs(knobs)
+    try:
+        bootstrap.apply_torch(knobs, applied)
+        assert torch.get_num_threads() == 1
+        assert torch.get_float32_matmul_precision() == "medium"
+        assert torch.backends.cudnn.benchmark is True
+    finally:
+        torch.set_num_threads(before[0])
+        torch.set_float32_matmul_precision(before[1])
+        torch.backends.cudnn.benchmark = before[2]
+    assert applied.record["torch"] == {"cudnn_benchmark": True, "matmul_precision": "medium", "num_threads": 1}
+
+
+def test_npu_compile_mode_goes_through_the_npu_backend(monkeypatch):
+    calls = []
+    fake = types.ModuleType("torch_npu")
+    fake.npu = types.SimpleNamespace(set_compile_mode=lambda **kw: calls.append(kw))
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    knobs = knob_set_from_dict({"npu": {"jit_compile": False}}, "n")
+    applied = bootstrap.AppliedKnobs(knobs)
+    bootstrap.apply_npu(knobs, applied)
+    assert calls == [{"jit_compile": False}]
+    assert applied.record["npu"] == {"jit_compile": False}
+
+
+def test_npu_knob_without_torch_npu_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_npu", None)  # import fails
+    knobs = knob_set_from_dict({"npu": {"jit_compile": True}}, "n")
+    with pytest.raises(Exception, match="npu.jit_compile: torch_npu is not installed"):
+        bootstrap.apply_npu(knobs, bootstrap.AppliedKnobs(knobs))
+
+
+def test_model_compiler_picks_the_top_level_model_and_unpatches(monkeypatch):
+    import torch
+    from torch import nn
+
+    compiled = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: compiled.append((type(self).__name__, kw)))
+    original = nn.Module.__call__
+    applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
+    compiler = bootstrap.ModelCompiler({"backend": "eager"}, applied)
+    compiler.install()
+    try:
+        nn.ReLU()(torch.zeros(1))  # no parameters: not the model
+        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        model(torch.zeros(1, 2))
+        nn.Linear(2, 2)(torch.zeros(1, 2))  # a second model: left alone
+    finally:
+        compiler.uninstall()
+    assert compiled == [("Sequential", {"backend": "eager"})]
+    assert nn.Module.__call__ is original
+    assert applied.record["compile"]["module"] == "Sequential"
+
+
+# ------------------------------------------------------------ CLI usage errors
+
+
+def test_cli_bad_knob_file_is_a_usage_error(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"torch": {"num_threads": "two"}}')
+    script = tmp_path / "t.py"
+    script.write_text("")
+    code = main(["trial", "--knobs", str(bad), "--", "python", str(script)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "bad.json: torch.num_threads: expected an integer" in err and "Traceback" not in err
+
+
+def test_cli_missing_script_and_missing_knobs(tmp_path, capsys):
+    good = tmp_path / "a.json"
+    good.write_text("{}")
+    assert main(["trial", "--knobs", str(good), "--", "python", str(tmp_path / "nope.py")]) == 2
+    assert "script not found" in capsys.readouterr().err
+    assert main(["trial", "--", "python", "x.py"]) == 2
+    assert "--knobs" in capsys.readouterr().err
