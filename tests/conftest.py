@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
+
+# Keep the tests' on-disk state (the formula fingerprint store) out of the user's
+# cache folder; every test process gets its own.
+if "TORCHAXE_HOME" not in os.environ:
+    os.environ["TORCHAXE_HOME"] = tempfile.mkdtemp(prefix="torchaxe-test-home-")
+    atexit.register(shutil.rmtree, os.environ["TORCHAXE_HOME"], True)
 
 from torchaxe.scan.engine import ScanOptions, scan_source
 from torchaxe.scan.capabilities import torch_capabilities

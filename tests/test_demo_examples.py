@@ -21,6 +21,10 @@ CATEGORIES = {
     "dataloader_config",
     "image_decode",
     "affinity_api",
+    # The hand-written formulas of examples/gpt (AX110, AX115, AX118).
+    "gelu_tanh",
+    "rms_norm",
+    "attention",
 }
 
 

@@ -2,7 +2,8 @@
 fused implementation (GELU, SiLU, Mish, RMSNorm, attention, rotary embedding, SwiGLU).
 
 This is the name-level check; recognising the same math by meaning, whatever it is
-called, is the job of the formula rules.
+called, is the job of the formula rules (AX110-AX119): a definition in which one of
+them found a formula is left to it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import DEFINITION_TYPES, FileContext, walk_scope
+from torchaxe.scan.formulas.analysis import covers
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 
@@ -150,8 +152,9 @@ class HandWrittenFusedOp(Rule):
     ## Fix safety
     Display-only: which fused form is equivalent depends on the exact math (erf or tanh
     GELU, where the epsilon sits in a norm, the mask convention in attention), and a
-    replacement can change numerics. The formula rules check equivalence numerically.
-    NPU replacements are unverified on Ascend hardware.
+    replacement can change numerics. The formula rules (AX110-AX119) check equivalence
+    numerically; a definition in which they found the formula is not reported here
+    again. NPU replacements are unverified on Ascend hardware.
 
     ## References
     - https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html
@@ -172,19 +175,25 @@ class HandWrittenFusedOp(Rule):
     )
     examples = (
         Invalid(
-            "import math, torch\ndef gelu(x):\n"
-            "    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))\n"
+            "import torch\nimport torch.nn.functional as F\ndef mish(x):\n"
+            "    return x * torch.tanh(F.softplus(x))\n"
         ),
         Invalid(
             "import torch\nclass RMSNorm(torch.nn.Module):\n    def forward(self, x):\n"
-            "        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight\n",
+            "        norm = x.norm(2, dim=-1, keepdim=True) * self.scale\n"
+            "        return x / (norm + self.eps) * self.g\n",
             target="npu",
         ),
         Invalid(
-            "import torch\ndef attention(q, k, v):\n    s = q @ k.transpose(-2, -1)\n    return torch.softmax(s, -1) @ v\n",
+            "import torch\ndef attention(q, k_t, v):\n    s = torch.bmm(q, k_t)\n    return torch.softmax(s, -1) @ v\n",
             target="cuda",
         ),
         Invalid("import torch\ndef rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)\n", target="npu"),
+        # Recognised by meaning by AX110 (and reported there), so not reported by name.
+        Valid(
+            "import math, torch\ndef gelu(x):\n"
+            "    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))\n"
+        ),
         Valid("import torch.nn.functional as F\ndef gelu(x):\n    return F.gelu(x)\n"),
         Valid("import torch\ndef rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)\n", target="cuda"),
         Valid(
@@ -216,6 +225,8 @@ class HandWrittenFusedOp(Rule):
             )
             if not (has_matmul and any(c in called for c in _SOFTMAX)):
                 return
+        if covers(ctx, node):
+            return  # the formula rules (AX110-AX119) report this math by meaning
         kind = "class" if isinstance(node, ast.ClassDef) else "function"
         replacement = op.replacement[ctx.target]
         yield ctx.finding(

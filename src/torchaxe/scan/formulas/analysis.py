@@ -1,0 +1,410 @@
+"""One file's formula matches: where they are, what their inputs are called in the
+source, and whether the matched expression can be rewritten in place.
+
+This is the only entry point the rules use. It is computed once per file (cached on
+the ``FileContext``) and imports torch only when the file holds a candidate: a tree
+with an operation some reference needs.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import gc
+import itertools
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from torchaxe.scan.formulas import vocabulary as V
+from torchaxe.scan.formulas.inline import FileUnit, Root, read_scope
+from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
+from torchaxe.scan.formulas.store import STORE, Match, decode, encode, file_key, root_key
+
+if TYPE_CHECKING:
+    from torchaxe.scan.context import FileContext
+
+#: Operations a scope must call (or call a function that does) to be read at all.
+#: Strong words always count; weak words (a mean, a variance, a norm) only in a
+#: definition that also takes a second moment or a power (``** 0.5``, ``pow``, a
+#: variance), as a norm written with them must; the rotary and SwiGLU words only on
+#: npu, where they have fused operators.
+STRONG_WORDS = ("tanh", "erf", "erfc", "ndtr", "sigmoid", "expit", "exp", "rsqrt", "sqrt", "softmax", "Softmax")
+WEAK_WORDS = ("mean", "var", "std", "var_mean", "norm", "vector_norm")
+NPU_WORDS = ("silu", "view_as_complex", "cat", "concat", "stack")
+_POWER = ("**", "pow(", "std(", "var(", "var_mean(", "square(", ".norm(")
+#: Categories with a fused operator on npu only (torch has none for them).
+NPU_ONLY = frozenset({"swiglu", "rotary", "quick_gelu"})
+ALL_CATEGORIES = frozenset({"attention", "rotary", "swiglu", "layer_norm", "rms_norm", "softmax", "gelu_tanh",
+                            "gelu_erf", "quick_gelu", "silu"})
+_CACHE_KEY = "formulas.matches"
+#: A scope that already calls the fused operator keeps the hand-written form as a
+#: fallback (``if self.flash: F.scaled_dot_product_attention(...) else: ...``).
+#: Written as attribute calls (``F.gelu(``), so that a helper named ``gelu`` is not one.
+FUSED_CALLS = {
+    "attention": (".scaled_dot_product_attention(", ".npu_fusion_attention(", "flash_attn_func(",
+                  ".memory_efficient_attention("),
+    "gelu_tanh": (".gelu(",), "gelu_erf": (".gelu(",), "quick_gelu": (".fast_gelu(",),
+    "silu": (".silu(",), "swiglu": (".npu_swiglu(",), "rms_norm": (".rms_norm(", ".npu_rms_norm("),
+    "layer_norm": (".layer_norm(",), "rotary": (".npu_rotary_mul(",), "softmax": (),
+}
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where an expression is, with the position attributes of an ``ast`` node (so
+    that the ``FileContext`` helpers take it), and nothing else: it can be stored."""
+
+    lineno: int
+    col_offset: int
+    end_lineno: int
+    end_col_offset: int
+
+    @classmethod
+    def of(cls, node: ast.AST) -> Span:
+        return cls(node.lineno, node.col_offset, node.end_lineno or node.lineno,  # type: ignore[attr-defined]
+                   node.end_col_offset or 0)  # type: ignore[attr-defined]
+
+
+@dataclass
+class FormulaMatch:
+    """A hand-written formula found in a file."""
+
+    category: str
+    reference: str
+    max_abs: float
+    max_rel: float
+    #: The expression to report (and, when ``fixable``, to replace).
+    node: Span
+    #: Source text of each input (x, weight, q, ...), None when it has none here.
+    inputs: dict[str, str | None]
+    params: dict[str, Any]
+    #: The whole hand-written computation is this one expression, inputs excepted.
+    fixable: bool
+    #: The formula was assembled from several statements (locals inlined).
+    spread: bool
+    scope_name: str
+    #: The matched tree and its scope (to drop a match nested in another).
+    tree: Node | None = field(default=None, repr=False, compare=False)
+    scope_id: int = field(default=0, repr=False, compare=False)
+    #: ids of the functions inlined into the matched tree.
+    callees: frozenset[int] = field(default=frozenset(), repr=False, compare=False)
+
+    @property
+    def line(self) -> int:
+        return self.node.lineno  # type: ignore[attr-defined]
+
+    @property
+    def end_line(self) -> int:
+        return self.node.end_lineno or self.line  # type: ignore[attr-defined]
+
+    def to_data(self) -> list[Any]:
+        n = self.node
+        return [self.category, self.reference, self.max_abs, self.max_rel,
+                [n.lineno, n.col_offset, n.end_lineno, n.end_col_offset], self.inputs, self.params, self.fixable,
+                self.spread, self.scope_name]
+
+    @classmethod
+    def from_data(cls, data: list[Any]) -> FormulaMatch:
+        category, reference, max_abs, max_rel, span, inputs, params, fixable, spread, scope_name = data
+        return cls(category, reference, max_abs, max_rel, Span(*span), inputs, params, fixable, spread, scope_name)
+
+
+def categories_for(target: str) -> frozenset[str]:
+    return ALL_CATEGORIES if target == "npu" else ALL_CATEGORIES - NPU_ONLY
+
+
+def formula_matches(ctx: FileContext) -> list[FormulaMatch]:
+    """Every hand-written formula in the file, for the file's target: cached on the
+    context, and stored by the file's content so that an unchanged file is not
+    analysed again by a later scan."""
+    cached = ctx.cache.get(_CACHE_KEY)
+    if cached is None:
+        key = file_key(ctx.source, ctx.target)
+        stored = STORE.get_file(key)
+        if stored is not None:
+            cached = [FormulaMatch.from_data(d) for d in stored]
+        else:
+            cached = _analyse(ctx)
+            STORE.put_file(key, [m.to_data() for m in cached])
+        ctx.cache[_CACHE_KEY] = cached
+    return cached
+
+
+def covers(ctx: FileContext, definition: ast.AST) -> bool:
+    """Whether a formula match lies inside a function or class definition (the
+    name-level rule AX103 then leaves it to the formula rules)."""
+    first = definition.lineno  # type: ignore[attr-defined]
+    last = definition.end_lineno or first  # type: ignore[attr-defined]
+    return any(first <= m.line and m.end_line <= last for m in formula_matches(ctx))
+
+
+# ---------------------------------------------------------------- scopes
+def _word_offsets(words: tuple[str, ...], source: str, skip_definitions: bool = False) -> list[int]:
+    """Offsets where one of ``words`` is called: the identifier followed by ``(``
+    (formula words are operations, so this misses nothing that matters and skips
+    ``except``, ``expand``, ``normal``). With ``skip_definitions``, ``def word(`` does
+    not count. ``str.find`` per word is several times faster than one regex."""
+    offsets: list[int] = []
+    for word in words:
+        probe = word + "("
+        pos = source.find(probe)
+        while pos != -1:
+            before = source[pos - 1] if pos else " "
+            if not (before.isalnum() or before == "_") and not (
+                    skip_definitions and source[max(0, pos - 4):pos] == "def "):
+                offsets.append(pos)
+            pos = source.find(probe, pos + len(probe))
+    return offsets
+
+
+def _to_lines(offsets: list[int], starts: list[int]) -> list[int]:
+    return sorted({bisect.bisect_right(starts, o) + 1 for o in offsets})
+
+
+def _overlaps(node: ast.AST, hits: list[int]) -> bool:
+    first = node.lineno  # type: ignore[attr-defined]
+    last = node.end_lineno or first  # type: ignore[attr-defined]
+    i = bisect.bisect_left(hits, first)
+    return i < len(hits) and hits[i] <= last
+
+
+_COMPOUND = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try)
+
+
+def _definitions(body: list[ast.stmt], cls: ast.ClassDef | None) -> Iterator[tuple[ast.AST, ast.ClassDef | None]]:
+    """Every function definition in a statement list, nested ones included, with the
+    class whose method it is."""
+    for stmt in body:
+        if isinstance(stmt, _SCOPES):
+            yield stmt, cls
+            yield from _definitions(stmt.body, None)
+        elif isinstance(stmt, ast.ClassDef):
+            yield from _definitions(stmt.body, stmt)
+        elif isinstance(stmt, _COMPOUND) or type(stmt).__name__ == "TryStar":
+            for block in ("body", "orelse", "finalbody"):
+                inner = getattr(stmt, block, None)
+                if inner:
+                    yield from _definitions(inner, cls)
+            for handler in getattr(stmt, "handlers", ()):
+                yield from _definitions(handler.body, cls)
+
+
+def _plan(ctx: FileContext) -> tuple[list[tuple[ast.AST, ast.ClassDef | None]], list[int], set[int]]:
+    """The scopes to read, the relevant lines, and the definitions worth inlining.
+
+    A definition holding a formula word is *hot*; a line that calls a hot
+    definition by name is relevant too (``q * cos + rotate_half(q) * sin``), so its
+    scope is read and the call inlined there.
+    """
+    source = ctx.source
+    strong_words = STRONG_WORDS + NPU_WORDS if ctx.target == "npu" else STRONG_WORDS
+    strong = _word_offsets(strong_words, source)
+    weak = _word_offsets(WEAK_WORDS, source)
+    if not strong and not weak:
+        return [], [], set()
+    starts = list(itertools.accumulate(map(len, ctx.lines)))
+    hits = _to_lines(strong, starts)
+    definitions = list(_definitions(ctx.tree.body, None))
+    if weak:
+        weak_lines = _to_lines(weak, starts)
+        accepted: set[int] = set()
+        for d, _ in definitions:
+            if _overlaps(d, weak_lines) and not _overlaps(d, hits):
+                first, last = d.lineno, d.end_lineno or d.lineno  # type: ignore[attr-defined]
+                text = "".join(ctx.lines[first - 1 : last])
+                if any(p in text for p in _POWER):
+                    accepted.update(n for n in weak_lines if first <= n <= last)
+        hits = sorted(set(hits).union(accepted))
+    if not hits:
+        return [], [], set()
+    hot = [(d, c) for d, c in definitions if _overlaps(d, hits)]
+    relevant = hits
+    names = tuple(sorted({d.name for d, _ in hot}))  # type: ignore[attr-defined]
+    if names:
+        relevant = sorted(set(hits).union(_to_lines(_word_offsets(names, source, skip_definitions=True), starts)))
+    chosen = [(d, c) for d, c in definitions if _overlaps(d, relevant)]
+    if any(_overlaps(s, relevant) for s in ctx.tree.body if not isinstance(s, (*_SCOPES, ast.ClassDef))):
+        chosen.append((ctx.tree, None))
+    return chosen, relevant, {id(d) for d, _ in hot}
+
+
+def _scope_name(scope: ast.AST, cls: ast.ClassDef | None) -> str:
+    if isinstance(scope, _SCOPES):
+        return f"{cls.name}.{scope.name}" if cls is not None else scope.name  # type: ignore[attr-defined]
+    if isinstance(scope, ast.Lambda):
+        return "a lambda"
+    return "module level"
+
+
+# ---------------------------------------------------------------- analysis
+def _analyse(ctx: FileContext) -> list[FormulaMatch]:
+    scopes, relevant, hot = _plan(ctx)
+    if not scopes:
+        return []
+    unit = FileUnit(ctx.imports, ctx.qualified_name, ctx.text, ctx.tree, ctx.lines, relevant, hot)
+    roots: list[tuple[Root, str]] = []
+    for scope, cls in scopes:
+        try:
+            name = _scope_name(scope, cls)
+            roots.extend((r, name) for r in read_scope(unit, scope, cls))
+        except RecursionError:
+            continue
+    while unit.lambdas:
+        lam, cls = unit.lambdas.pop()
+        try:
+            roots.extend((r, "a lambda") for r in read_scope(unit, lam, cls))
+        except RecursionError:
+            continue
+    candidates = [(r, n) for r, n in roots if r.node.ops & V.ANCHORS and r.node.size >= 3 and r.node.vars]
+    if not candidates:
+        return []
+    categories = categories_for(ctx.target)
+    results = _fingerprints([r.node for r, _ in candidates], categories)
+    found: list[FormulaMatch] = []
+    reported: set[tuple[int, int]] = set()
+    fused_seen: dict[tuple[int, str], bool] = {}
+    placed: set[tuple[int, str, Span | None]] = set()
+    for (root, scope_name), matches in zip(candidates, results):
+        for match in matches:
+            key = (id(root.scope), id(match.node))
+            if key in reported:
+                continue
+            if _has_fused_call(ctx, root.scope, match.category, fused_seen):
+                continue
+            located = _locate(ctx, root, match, scope_name)
+            place = (id(root.scope), match.category, located.node if located else None)
+            if located is not None and place not in placed:
+                # The second reading of a scope (branches skipped) only adds new places.
+                reported.add(key)
+                placed.add(place)
+                found.append(located)
+    found = _drop_nested(found)
+    # A formula written in a helper and completed by its caller (LLaMA's
+    # ``self._norm(x.float()).type_as(x) * self.weight``) is reported in the helper.
+    written = {(m.scope_id, m.category) for m in found}
+    found = [m for m in found if not any((c, m.category) in written for c in m.callees)]
+    found.sort(key=lambda m: (m.line, m.node.col_offset))
+    return found
+
+
+_WRAPPERS = frozenset({"cast", "dropout", "contiguous", "clone", "detach"})
+
+
+def _drop_nested(found: list[FormulaMatch]) -> list[FormulaMatch]:
+    """Of two matches in one scope where one tree holds the other (a formula built
+    over several statements), keep the larger, unless it only wraps the smaller in a
+    cast: then the smaller, which is where the math is written, stays."""
+    drop: set[int] = set()
+    for i, outer in enumerate(found):
+        for j, inner in enumerate(found):
+            if i == j or outer.scope_id != inner.scope_id or outer.tree is None or inner.tree is None:
+                continue
+            if inner.tree is outer.tree or not any(n is inner.tree for n in walk(outer.tree)):
+                continue
+            core = outer.tree
+            while core.op in _WRAPPERS and core.args:
+                core = core.args[0]
+            drop.add(i if core is inner.tree else j)
+    return [m for k, m in enumerate(found) if k not in drop]
+
+
+def _has_fused_call(ctx: FileContext, scope: ast.AST, category: str, seen: dict[tuple[int, str], bool]) -> bool:
+    key = (id(scope), category)
+    if key not in seen:
+        if isinstance(scope, ast.Module) or not hasattr(scope, "lineno"):
+            text = ""
+        else:
+            text = "".join(ctx.lines[scope.lineno - 1 : scope.end_lineno or scope.lineno])  # type: ignore[attr-defined]
+        seen[key] = any(call in text for call in FUSED_CALLS.get(category, ()))
+    return seen[key]
+
+
+def _compute() -> Any:
+    """The evaluating half, imported on first use: it imports torch."""
+    if "torch" not in sys.modules:
+        from torchaxe.scan.formulas import fingerprints
+
+        # torch leaves some 160,000 long-lived objects behind; without this every
+        # later garbage collection walks them, and a scan of many files slows by a third.
+        gc.freeze()
+        return fingerprints.compute
+    from torchaxe.scan.formulas.fingerprints import compute
+
+    return compute
+
+
+def _fingerprints(nodes: list[Node], categories: frozenset[str]) -> list[list[Match]]:
+    """Each root's matches, from the store when it has them; only the others are
+    evaluated (and only then is torch imported)."""
+    keys = [root_key(node, categories) for node in nodes]
+    stored = STORE.get_many([k.key for k in keys])
+    fresh: dict[str, list] = {}
+    results = []
+    for node, key in zip(nodes, keys):
+        entry = stored.get(key.key, fresh.get(key.key))
+        if entry is None:
+            entry = fresh[key.key] = encode(_compute()(node, key.roles, categories), node)
+        results.append(decode(entry, node))
+    STORE.put_many(fresh)
+    return results
+
+
+def _locate(ctx: FileContext, root: Root, match: Match, scope_name: str) -> FormulaMatch | None:
+    node = match.node
+    expr = root.made.get(id(node))
+    if expr is None:
+        if id(node) in root.scope_made or id(node) in root.scope_inlined:
+            return None  # built by another statement or by a callee: reported there
+        expr = root.expr
+        spread = True
+    else:
+        spread = not _all_made_here(node, match.inputs.values(), root.made, root.inlined_made)
+    inputs: dict[str, str | None] = {}
+    for role, inner in match.inputs.items():
+        inputs[role] = _input_text(ctx, inner, root, expr)
+    fixable = not spread and all(t is not None for t in inputs.values())
+    for role, inner in match.inputs.items():
+        if inputs[role] is None:
+            # Named elsewhere in the statement, or a parameter: good enough for the message.
+            sources = root.named.get(id(inner)) or root.scope_named.get(id(inner))
+            if sources:
+                names = [s for s in sources if isinstance(s, ast.Name)]
+                inputs[role] = ctx.text((names or sources)[0])
+            elif inner.op == VAR and inner.value.replace(".", "").isidentifier():
+                inputs[role] = inner.value
+    callees = frozenset(id(root.scope_inlined[id(n)]) for n in walk(node) if id(n) in root.scope_inlined)
+    return FormulaMatch(match.category, match.reference, match.max_abs, match.max_rel, Span.of(expr), inputs,
+                        match.params, fixable, spread, scope_name, node, id(root.scope), callees)
+
+
+def _all_made_here(node: Node, inputs: Any, made: dict[int, ast.AST], inlined: set[int]) -> bool:
+    """Whether every operation of ``node`` outside its inputs was written in this
+    statement (nothing came from an inlined local or callee)."""
+    stop = {id(i) for i in inputs}
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in stop or id(n) in seen or n.op in (VAR, CONST):
+            continue
+        seen.add(id(n))
+        if id(n) not in made and id(n) not in inlined:
+            return False
+        stack.extend(n.children())
+    return True
+
+
+def _within(inner: ast.AST, outer: ast.AST) -> bool:
+    start = (inner.lineno, inner.col_offset)  # type: ignore[attr-defined]
+    end = (inner.end_lineno, inner.end_col_offset)  # type: ignore[attr-defined]
+    return (outer.lineno, outer.col_offset) <= start and end <= (outer.end_lineno, outer.end_col_offset)  # type: ignore[attr-defined]
+
+
+def _input_text(ctx: FileContext, inner: Node, root: Root, expr: ast.AST) -> str | None:
+    for source in root.named.get(id(inner), ()):
+        if _within(source, expr):
+            return ctx.text(source)
+    if inner.op == CONST and isinstance(inner.value, (int, float)):
+        return repr(inner.value)
+    return None

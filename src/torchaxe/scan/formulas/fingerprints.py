@@ -1,0 +1,850 @@
+"""Numeric fingerprints: which reference function, if any, a tree computes.
+
+A root is evaluated once on the primary probe; every subtree that holds a relevant
+operation is then compared with the references that fit its shape, largest subtree
+first, and a subtree inside a match is not looked at again. A match must hold on the
+confirmation probes too (another size, values up to |x| ~ 30, float32). Results are
+cached by the root's normalised text and variable roles, so the same formula written
+in many files is evaluated once per process.
+
+Where a reference has parameters (a norm's eps, weight and bias, attention's scale,
+rotary's cos and sin) they are fitted from the values and then identified with a
+subtree (``self.weight``, ``1 + self.weight``) when one holds them.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from typing import Any, Callable, Iterator
+
+import torch
+
+from torchaxe.scan.formulas import references as R
+from torchaxe.scan.formulas import vocabulary as V
+from torchaxe.scan.formulas.interpreter import Evaluator, is_tensor
+from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
+from torchaxe.scan.formulas.probes import (
+    CONFIRMATIONS, PRIMARY, SCALAR, SCALAR_VALUE, Probe, data_children, data_vars, fresh_full, half_width_roles,
+    make_env,
+)
+from torchaxe.scan.formulas.store import Match
+
+CATEGORIES = ("attention", "rotary", "swiglu", "layer_norm", "rms_norm", "softmax", "gelu_tanh", "gelu_erf",
+              "quick_gelu", "silu")
+
+
+# ------------------------------------------------------------------ probing
+_ENV_CACHE: dict[tuple[Probe, str, str], Any] = {}
+
+
+class Probing:
+    """Values of one tree's nodes on one probe, and comparisons at its tolerance."""
+
+    def __init__(self, roles: dict[str, str], probe: Probe):
+        self.roles = roles
+        self.probe = probe
+        env = {}
+        missing = {}
+        for name, role in roles.items():
+            key = (probe, name, role)
+            if key in _ENV_CACHE:
+                env[name] = _ENV_CACHE[key]
+            else:
+                missing[name] = role
+        if missing:
+            fresh = make_env(missing, probe)
+            for name, value in fresh.items():
+                _ENV_CACHE[(probe, name, missing[name])] = value
+            env.update(fresh)
+        if len(_ENV_CACHE) > 50_000:
+            _ENV_CACHE.clear()
+        self.env = env
+        self.evaluator = Evaluator(env, fill=self._fill)
+        self.float64 = probe.dtype == "float64"
+
+    def _fill(self, node: Node, like: torch.Tensor) -> torch.Tensor:
+        g = torch.Generator().manual_seed((self.probe.seed * 7919 + zlib.crc32(node.key.encode())) & 0x7FFFFFFF)
+        return torch.randn(like.shape, generator=g, dtype=like.dtype) * self.probe.sigma
+
+    def tensor(self, node: Node) -> torch.Tensor | None:
+        value = self.evaluator.value(node)
+        return value if is_tensor(value) else None
+
+    def value(self, node: Node) -> Any:
+        return self.evaluator.value(node)
+
+    def reevaluate(self, root: Node, overrides: dict[int, Any]) -> torch.Tensor | None:
+        value = Evaluator(self.env, overrides, self._fill).value(root)
+        return value if is_tensor(value) else None
+
+    def fresh(self, like: torch.Tensor, salt: str) -> torch.Tensor:
+        x = fresh_full(self.probe, salt)
+        if x.shape != like.shape:
+            g = torch.Generator().manual_seed(hash(salt) & 0xFFFF)
+            x = torch.randn(like.shape, generator=g, dtype=like.dtype) * self.probe.sigma
+        return x.to(like.dtype)
+
+    def compare(self, cand: Any, ref: Any) -> tuple[bool, float, float]:
+        """Whether ``cand`` equals ``ref`` to this probe's tolerance, with the max
+        absolute and relative error."""
+        if not isinstance(cand, torch.Tensor) or not isinstance(ref, torch.Tensor):
+            return False, math.inf, math.inf
+        if cand.shape != ref.shape:
+            try:
+                cand = cand.expand(ref.shape) if cand.numel() <= ref.numel() else cand
+            except RuntimeError:
+                return False, math.inf, math.inf
+            if cand.shape != ref.shape:
+                return False, math.inf, math.inf
+        if cand.is_complex() or ref.is_complex():
+            return False, math.inf, math.inf
+        cand = cand.to(torch.float64)
+        ref = ref.to(torch.float64)
+        finite = torch.isfinite(ref)
+        if not torch.equal(torch.isfinite(cand), finite) or not bool(finite.any()):
+            return False, math.inf, math.inf
+        if not bool(finite.all()):
+            if not torch.equal(cand[~finite], ref[~finite]) and not bool(torch.isnan(ref[~finite]).all()):
+                return False, math.inf, math.inf
+            cand, ref = cand[finite], ref[finite]
+        diff = (cand - ref).abs()
+        magnitude = ref.abs()
+        top = float(magnitude.max())
+        # Relative where the reference is large, absolute where it is small: 1e-4
+        # accepts constants truncated to four digits (0.7978 for sqrt(2/pi), 3e-5)
+        # and still tells the tanh GELU from the erf GELU (5e-4 apart).
+        tol = 1e-4 if self.float64 else 2e-4
+        ok = bool((diff <= tol * magnitude.clamp_min(1.0)).all())
+        max_abs = float(diff.max())
+        return ok, max_abs, max_abs / max(top, 1e-30)
+
+    def close_to(self, value: Any, target: float) -> bool:
+        if isinstance(value, (int, float)):
+            return abs(value - target) <= 1e-5 * max(1.0, abs(target))
+        if isinstance(value, torch.Tensor) and not value.is_complex():
+            return self.compare(value, torch.full_like(value, target, dtype=torch.float64))[0]
+        return False
+
+
+# ------------------------------------------------------------------ tree helpers
+def _reaches_var_avoiding(root: Node, avoid: Node) -> tuple[bool, set[str]]:
+    """Whether a variable is reachable from ``root`` without passing ``avoid``, and
+    the operations met on the way."""
+    ops: set[str] = set()
+    stack, seen = [root], set()
+    reached = False
+    while stack:
+        node = stack.pop()
+        if node is avoid or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op == VAR:
+            reached = True
+            continue
+        ops.add(node.op)
+        stack.extend(c for c in data_children(node) if c.vars)
+    return reached, ops
+
+
+def dominators(node: Node) -> Iterator[Node]:
+    """The proper subtrees every path from ``node`` to a variable goes through, largest
+    first: the candidate inputs of an elementwise function written out by hand."""
+    needed = data_vars(node)
+    candidates = [x for x in walk(node) if x is not node and x.op != CONST and needed <= x.vars]
+    candidates.sort(key=lambda x: -x.size)
+    for x in candidates:
+        reached, _ = _reaches_var_avoiding(node, x)
+        if not reached:
+            yield x
+
+
+def dominator(node: Node) -> Node | None:
+    return next(dominators(node), None)
+
+
+def _uncast(node: Node) -> Node:
+    while node.op == "cast" and node.args:
+        node = node.args[0]
+    return node
+
+
+def ops_outside(node: Node, inner: Node) -> set[str]:
+    return _reaches_var_avoiding(node, inner)[1]
+
+
+def depends_on(root: Node, target: Node) -> set[int]:
+    """Ids of the nodes under ``root`` whose value depends on ``target``."""
+    dep: set[int] = set()
+    for node in walk(root):
+        if node is target or any(id(c) in dep for c in node.children()):
+            dep.add(id(node))
+    return dep
+
+
+def _float_constants(node: Node) -> list[tuple[float, Node]]:
+    return [(n.value, n) for n in walk(node) if n.op == CONST and isinstance(n.value, float) and 0.0 < n.value < 0.5]
+
+
+def _identify(probing: Probing, root: Node, avoid: Node, target: torch.Tensor, neutral: float) -> tuple[str, Node | None] | None:
+    """Which subtree of ``root`` (not depending on ``avoid``) holds ``target``, a
+    per-channel vector: ``("none", None)`` when it is the neutral value, ``("node",
+    n)`` when a subtree holds it, ``None`` when nothing does."""
+    if probing.compare(target, torch.full_like(target, neutral))[0]:
+        return "none", None
+    dependent = depends_on(root, avoid)
+    size = target.numel()
+    for node in sorted(walk(root), key=lambda n: n.size):
+        if id(node) in dependent or not node.vars:
+            continue
+        value = probing.value(node)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = torch.full_like(target, float(value))
+        if not isinstance(value, torch.Tensor) or value.is_complex() or value.numel() not in (1, size):
+            continue
+        if probing.compare(value.reshape(-1).expand(size).to(target.dtype), target)[0]:
+            return "node", node
+    return None
+
+
+# ------------------------------------------------------------------ matchers
+class Matcher:
+    categories: tuple[str, ...] = ()
+
+    def precheck(self, node: Node) -> bool:
+        raise NotImplementedError
+
+    def check(self, node: Node, probing: Probing, allowed: frozenset[str]) -> Match | None:
+        raise NotImplementedError
+
+
+_UNARY: tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor], str], ...] = (
+    ("gelu_tanh", R.gelu_tanh, "0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x**3)))"),
+    ("gelu_erf", R.gelu_erf, "0.5*x*(1 + erf(x/sqrt(2)))"),
+    ("quick_gelu", R.quick_gelu, "x*sigmoid(1.702*x)"),
+    ("silu", R.silu, "x*sigmoid(x)"),
+)
+_UNARY_ANCHORS = frozenset({"tanh", "erf", "erfc", "ndtr", "sigmoid", "exp"})
+
+
+class ActivationMatcher(Matcher):
+    """GELU (tanh and erf), quick GELU and SiLU written out elementwise."""
+
+    categories = tuple(c for c, _, _ in _UNARY)
+
+    def precheck(self, node: Node) -> bool:
+        return node.op in ("mul", "div") and bool(node.ops & _UNARY_ANCHORS)
+
+    def check(self, node, probing, allowed):
+        x_node = next((d for d in dominators(node) if ops_outside(node, d) & _UNARY_ANCHORS), None)
+        if x_node is None:
+            return None
+        y, x = probing.tensor(node), probing.tensor(x_node)
+        if y is None or x is None or y.shape != x.shape:
+            return None
+        best = None
+        for category, fn, text in _UNARY:
+            if category not in allowed:
+                continue
+            ok, err, rel = probing.compare(y, fn(x))
+            if ok and (best is None or err < best.max_abs):
+                best = Match(category, node, {"x": x_node}, {}, text, err, rel)
+        return best
+
+
+class SoftmaxMatcher(Matcher):
+    """exp(x - max) / sum(exp(x - max)) and its variants."""
+
+    categories = ("softmax",)
+
+    def precheck(self, node):
+        return node.op in ("div", "mul", "exp") and "exp" in node.ops and bool(node.ops & {"sum", "logsumexp"})
+
+    def check(self, node, probing, allowed):
+        y = probing.tensor(node)
+        if y is None:
+            return None
+        # The smallest input first: exp(x - max(x)) is a softmax of x, not of x - max(x).
+        for x_node in sorted((d for d in dominators(node) if "exp" in ops_outside(node, d)), key=lambda d: d.size):
+            found = self._check_input(node, x_node, y, probing)
+            if found is not None:
+                return found
+        return None
+
+    def _check_input(self, node: Node, x_node: Node, y: torch.Tensor, probing: Probing) -> Match | None:
+        x = probing.tensor(x_node)
+        if x is None or y.shape != x.shape:
+            return None
+        for dim in range(-1, -x.ndim - 1, -1):
+            ok, err, rel = probing.compare(y, torch.softmax(x, dim))
+            if ok:
+                inputs = {"x": x_node}
+                dim_node = self._dim_node(node, x_node)
+                if dim_node is not None:
+                    inputs["dim"] = dim_node
+                return Match("softmax", node, inputs, {"dim": dim}, "exp(x - max(x)) / sum(exp(x - max(x)))", err, rel)
+        return None
+
+    def _dim_node(self, node: Node, x_node: Node) -> Node | None:
+        """The dimension argument of the normalising sum, as written."""
+        dependent = depends_on(node, x_node)
+        for n in sorted(walk(node), key=lambda n: n.op != "sum"):
+            if n.op in ("sum", "logsumexp", "amax", "max") and id(n) in dependent:
+                dim = n.args[1] if len(n.args) > 1 else n.kwarg("dim")
+                if dim is not None and (dim.op != CONST or isinstance(dim.value, int)):
+                    return dim
+        return None
+
+
+_NORM_REDUCE = frozenset({"mean", "sum", "norm", "vector_norm", "var", "std", "var_mean"})
+_NORM_ROOT = frozenset({"rsqrt", "sqrt", "pow", "norm", "vector_norm", "std", "div", "reciprocal"})
+
+
+class NormMatcher(Matcher):
+    """LayerNorm and RMSNorm over the last dimension, with fitted eps, weight and bias."""
+
+    categories = ("layer_norm", "rms_norm")
+
+    def precheck(self, node):
+        return node.op in ("mul", "div", "add", "sub", "cast") and bool(node.ops & _NORM_REDUCE) and bool(
+            node.ops & _NORM_ROOT)
+
+    def _inputs(self, node: Node) -> list[Node]:
+        found: list[Node] = []
+        for reduction in walk(node):
+            if reduction.op in _NORM_REDUCE and reduction.args:
+                inner = sorted((n for n in walk(reduction.args[0]) if n.vars and n.op != CONST), key=lambda n: -n.size)
+                for x in inner[:6]:
+                    # The uncast input first: it is what a replacement takes.
+                    for candidate in (_uncast(x), x):
+                        if all(candidate is not f for f in found):
+                            found.append(candidate)
+        return found
+
+    def _eps(self, node: Node, probing: Probing) -> list[tuple[float, Node | None]]:
+        eps: list[tuple[float, Node | None]] = [(0.0, None)]
+        for n in walk(node):
+            if n.op == VAR and probing.roles.get(n.value) == SCALAR:
+                eps.append((SCALAR_VALUE, n))
+        eps.extend(_float_constants(node))
+        return eps
+
+    def check(self, node, probing, allowed):
+        y = probing.tensor(node)
+        if y is None or y.ndim < 1:
+            return None
+        eps_candidates = self._eps(node, probing)
+        for x_node in self._inputs(node):
+            x = probing.tensor(x_node)
+            if x is None or x.shape != y.shape or not ops_outside(node, x_node) & _NORM_ROOT:
+                continue
+            if x.shape[-1] < 2:
+                continue  # a norm over one element is anything (GRN's spatial norm on a probe)
+            for eps, eps_node in eps_candidates:
+                if "layer_norm" in allowed:
+                    found = self._fit_layer(node, x_node, x, y, eps, eps_node, probing)
+                    if found:
+                        return found
+                if "rms_norm" in allowed:
+                    found = self._fit_rms(node, x_node, x, y, eps, eps_node, probing)
+                    if found:
+                        return found
+            if "layer_norm" in allowed and x.ndim > 1:
+                # Channels-first LayerNorm (ConvNeXt): the same over another dimension.
+                for dim in range(-2, -x.ndim, -1):  # never dim 0: that is a batch (BatchNorm)
+                    for eps, eps_node in eps_candidates:
+                        found = self._fit_layer(node, x_node, x.movedim(dim, -1), y.movedim(dim, -1), eps, eps_node,
+                                                probing)
+                        if found:
+                            found.params["dim"] = dim
+                            return found
+        return None
+
+    def _fit_rms(self, node, x_node, x, y, eps, eps_node, probing):
+        size = x.shape[-1]
+        variants = [("inside", R.rms_normalise)]
+        if eps:
+            variants.append(("outside", R.rms_normalise_eps_outside))
+        for placement, fn in variants:
+            base = fn(x, eps)
+            flat_b, flat_y = base.reshape(-1, size), y.reshape(-1, size)
+            gain = (flat_b * flat_y).sum(0) / (flat_b * flat_b).sum(0).clamp_min(1e-30)
+            ok, err, rel = probing.compare(y, base * gain)
+            if not ok:
+                continue
+            weight = _identify(probing, node, x_node, gain, 1.0)
+            if weight is None:
+                continue
+            inputs = {"x": x_node}
+            if weight[1] is not None:
+                inputs["weight"] = weight[1]
+            if eps_node is not None:
+                inputs["eps"] = eps_node
+            text = "x * rsqrt(mean(x**2, -1) + eps)" if placement == "inside" else "x / (sqrt(mean(x**2, -1)) + eps)"
+            if weight[1] is not None:
+                text += " * weight"
+            params = {"eps": eps, "eps_placement": placement, "casts": "cast" in node.ops}
+            return Match("rms_norm", node, inputs, params, text, err, rel)
+        return None
+
+    def _fit_layer(self, node, x_node, x, y, eps, eps_node, probing):
+        size = x.shape[-1]
+        if size < 3:
+            return None
+        variants = [("inside", R.layer_normalise)]
+        if eps:
+            variants.append(("outside", R.layer_normalise_eps_outside))
+        # The unbiased variance is another normalisation (by a constant factor); it is
+        # reported as LayerNorm with that difference named, never rewritten.
+        variants.append(("unbiased", R.layer_normalise_unbiased_inside))
+        if eps:
+            variants.append(("unbiased, outside", R.layer_normalise_unbiased))
+        for placement, fn in variants:
+            base = fn(x, eps)
+            flat_b, flat_y = base.reshape(-1, size), y.reshape(-1, size)
+            mean_b, mean_y = flat_b.mean(0), flat_y.mean(0)
+            cov = ((flat_b - mean_b) * (flat_y - mean_y)).mean(0)
+            var = ((flat_b - mean_b) ** 2).mean(0).clamp_min(1e-30)
+            gain = cov / var
+            shift = mean_y - gain * mean_b
+            ok, err, rel = probing.compare(y, base * gain + shift)
+            if not ok:
+                continue
+            weight = _identify(probing, node, x_node, gain, 1.0)
+            bias = _identify(probing, node, x_node, shift, 0.0)
+            if weight is None or bias is None:
+                continue
+            inputs = {"x": x_node}
+            if weight[1] is not None:
+                inputs["weight"] = weight[1]
+            if bias[1] is not None:
+                inputs["bias"] = bias[1]
+            if eps_node is not None:
+                inputs["eps"] = eps_node
+            text = {"inside": "(x - mean) / sqrt(var + eps)", "outside": "(x - mean) / (std + eps)",
+                    "unbiased": "(x - mean) / sqrt(unbiased var + eps)",
+                    "unbiased, outside": "(x - mean) / (unbiased std + eps)"}[placement]
+            params = {"eps": eps, "eps_placement": placement, "casts": "cast" in node.ops}
+            return Match("layer_norm", node, inputs, params,
+                         text + (" * weight" if weight[1] is not None else "") + (" + bias" if bias[1] is not None else ""),
+                         err, rel)
+        return None
+
+
+_TRANSPOSES = frozenset({"transpose", "swapaxes", "mT", "T", "permute", "t"})
+
+
+class AttentionMatcher(Matcher):
+    """softmax(q @ k^T * scale [+ mask]) [dropout] @ v, matmul or einsum forms."""
+
+    categories = ("attention",)
+
+    def precheck(self, node):
+        return node.op in ("matmul", "bmm", "einsum") and bool(node.ops & {"softmax", "exp"}) and bool(
+            node.ops & {"transpose", "swapaxes", "mT", "T", "permute", "t", "einsum"})
+
+    def check(self, node, probing, allowed):
+        if node.op == "einsum":
+            if len(node.args) != 3:
+                return None
+            p_node, v_node = node.args[1], node.args[2]
+        elif len(node.args) == 2:
+            p_node, v_node = node.args
+        else:
+            return None
+        p, v, y = probing.tensor(p_node), probing.tensor(v_node), probing.tensor(node)
+        if p is None or v is None or y is None or p.ndim < 2 or v.ndim < 2:
+            return None
+        tol = 1e-6 if probing.float64 else 1e-4
+
+        def stochastic(t: torch.Tensor) -> bool:
+            return float(t.min()) >= -tol and bool(((t.sum(-1) - 1).abs() <= tol * t.shape[-1]).all())
+
+        weights_node, extra_factor = p_node, False
+        if not stochastic(p):
+            # Weights scaled after the softmax (a head mask): find the softmax itself.
+            inner = [n for n in walk(p_node) if n is not p_node and n.ops & {"softmax", "exp"}
+                     and n.op not in (VAR, CONST)]
+            weights_node = next((n for n in sorted(inner, key=lambda n: -n.size)
+                                 if (t := probing.tensor(n)) is not None and t.shape == p.shape and stochastic(t)), None)
+            if weights_node is None:
+                return None
+            p, extra_factor = probing.tensor(weights_node), True
+        layout = None
+        if node.op != "einsum":
+            layout = "BNSD"
+        elif p.shape[-1] == v.shape[-2] and probing.compare(y, p @ v)[0]:
+            layout = "BNSD"
+        elif p.ndim == 4 and v.ndim == 4 and probing.compare(y, (p @ v.transpose(1, 2)).transpose(1, 2))[0]:
+            layout = "BSND"
+        if layout is None:
+            return None
+        p_node_outer, p_node = p_node, weights_node
+        for s_node in sorted((n for n in walk(p_node) if n.op in ("matmul", "bmm", "einsum")), key=lambda n: -n.size):
+            s = probing.tensor(s_node)
+            if s is None or s.shape != p.shape:
+                continue
+            qk = self._split_qk(s_node, s, probing)
+            if qk is None:
+                continue
+            q_node, k_node, qk_layout = qk
+            fit = self._fit(p_node, s_node, p, s, probing)
+            if fit is None:
+                continue
+            scale, additive, weight = fit
+            q = probing.tensor(q_node)
+            head = q.shape[-1] if q is not None else 0
+            inputs = {"q": q_node, "k": k_node, "v": v_node}
+            params: dict[str, Any] = {
+                "scale": scale,
+                "default_scale": bool(head) and abs(scale * math.sqrt(head) - 1.0) < 1e-5,
+                "masked": bool(additive is not None or (p <= 0).any() or p_node.ops & {"masked_fill", "where"}
+                               or extra_factor),
+                "dropout": "dropout" in node.ops,
+                "layout": layout if qk_layout in (layout, "BNSD-kt") else "mixed",
+                "k_transposed": qk_layout == "BNSD-kt",
+            }
+            if additive is not None:
+                inputs["mask"] = additive
+            for mask_holder in walk(p_node):
+                if mask_holder.op == "masked_fill" and len(mask_holder.args) >= 2:
+                    inputs.setdefault("mask", mask_holder.args[1])
+            scale_node = self._scale_node(p_node, s_node, scale, probing)
+            if scale_node is not None:
+                inputs["scale"], params["scale_op"] = scale_node
+                # sqrt(q.size(-1)) is SDPA's default; sqrt(self.head_dim) is only equal to it.
+                params["scale_from_shape"] = bool(scale_node[0].vars) and scale_node[0].vars <= (
+                    data_vars(q_node) | data_vars(k_node))
+            text = "softmax(q @ k^T * scale" + (" + mask" if params["masked"] else "") + ") @ v"
+            logits = scale * s.to(torch.float64)
+            if additive is not None:
+                logits = logits + weight * probing.tensor(additive).to(torch.float64).expand_as(logits)
+            ref_p = torch.softmax(torch.where(p > 1e-30, logits, torch.full_like(logits, -math.inf)), -1)
+            if extra_factor:
+                ok, err, rel = probing.compare(p, ref_p)  # the weights; the head mask is the user's
+            else:
+                v64 = v.to(torch.float64)
+                ref = ref_p @ v64 if layout == "BNSD" else (ref_p @ v64.transpose(1, 2)).transpose(1, 2)
+                ok, err, rel = probing.compare(y, ref)
+            if not ok:
+                continue
+            return Match("attention", node, inputs, params, text, err, rel)
+        return None
+
+    def _split_qk(self, s_node: Node, s: torch.Tensor, probing: Probing):
+        if s_node.op == "einsum":
+            if len(s_node.args) != 3:
+                return None
+            a_node, b_node = s_node.args[1], s_node.args[2]
+            a, b = probing.tensor(a_node), probing.tensor(b_node)
+            if a is None or b is None:
+                return None
+            if a.shape[-1] == b.shape[-1] and probing.compare(s, a @ b.transpose(-2, -1))[0]:
+                return a_node, b_node, "BNSD"
+            if a.ndim == 4 and b.ndim == 4 and probing.compare(s, a.transpose(1, 2) @ b.transpose(1, 2).transpose(-2, -1))[0]:
+                return a_node, b_node, "BSND"
+            return None
+        if len(s_node.args) != 2:
+            return None
+        a_node, kt_node = s_node.args
+        if kt_node.op not in _TRANSPOSES or not kt_node.args:
+            # A key transposed where it was made (Whisper's permute(0, 2, 3, 1)).
+            if kt_node.ops & _TRANSPOSES:
+                return a_node, kt_node, "BNSD-kt"
+            return None
+        k_node = kt_node.args[0]
+        a, k = probing.tensor(a_node), probing.tensor(k_node)
+        if a is None or k is None or k.ndim < 2:
+            return None
+        if probing.compare(s, a @ k.transpose(-2, -1))[0]:
+            return a_node, k_node, "BNSD"
+        # k.permute(0, 2, 3, 1): transposed while it is moved to heads-first.
+        return a_node, kt_node, "BNSD-kt"
+
+    def _fit(self, p_node: Node, s_node: Node, p: torch.Tensor, s: torch.Tensor, probing: Probing):
+        """The scale c and an additive term M with p = softmax(c * s + M) on the
+        entries softmax keeps; None when no such c > 0 exists."""
+        p64, s64 = p.to(torch.float64), s.to(torch.float64)
+        valid = p64 > 1e-30
+        count = valid.sum(-1, keepdim=True).clamp_min(1)
+
+        def centre(t: torch.Tensor) -> torch.Tensor:
+            t = torch.where(valid, t, torch.zeros_like(t))
+            return torch.where(valid, t - t.sum(-1, keepdim=True) / count, torch.zeros_like(t))
+
+        logp = centre(torch.log(torch.where(valid, p64, torch.ones_like(p64))))
+        cs = centre(s64)
+        denom = float((cs * cs).sum())
+        if denom <= 0:
+            return None
+        scale = float((logp * cs).sum()) / denom
+        tol = (1e-6 if probing.float64 else 2e-4) * max(1.0, float(logp.abs().max()))
+        if scale > 0 and float((logp - scale * cs).abs().max()) <= tol:
+            return scale, None, 0.0
+        dependent = depends_on(p_node, s_node)
+        # Additive terms: the operands of a sum whose other operand holds the scores.
+        terms = [a for n in walk(p_node) if n.op in ("add", "sub") and id(n) in dependent
+                 for a in n.args if id(a) not in dependent and a.vars]
+        for m_node in terms:
+            m = probing.tensor(m_node)
+            if m is None:
+                continue
+            try:
+                cm = centre(m.to(torch.float64).expand_as(p64))
+            except RuntimeError:
+                continue
+            design = torch.stack((cs[valid], cm[valid]), -1)
+            coef = torch.linalg.lstsq(design, logp[valid].unsqueeze(-1)).solution.squeeze(-1)
+            scale, weight = float(coef[0]), float(coef[1])
+            if scale > 0 and abs(weight) > 1e-3 and float((logp - scale * cs - weight * cm).abs().max()) <= tol:
+                return scale, m_node, weight
+        return None
+
+    def _scale_node(self, p_node: Node, s_node: Node, scale: float, probing: Probing):
+        dependent = depends_on(p_node, s_node)
+        for node in walk(p_node):
+            if node.op not in ("mul", "div") or id(node) not in dependent or len(node.args) != 2:
+                continue
+            for i, other in enumerate(node.args):
+                if id(other) in dependent:
+                    continue
+                value = probing.value(other)
+                if isinstance(value, torch.Tensor) and value.numel() == 1:
+                    value = float(value)
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or value == 0:
+                    continue
+                if node.op == "mul" and abs(value - scale) <= 1e-5 * abs(scale):
+                    return other, "mul"
+                if node.op == "div" and i == 1 and abs(1.0 / value - scale) <= 1e-5 * abs(scale):
+                    return other, "div"
+        return None
+
+
+class RotaryMatcher(Matcher):
+    """x * cos + rotate(x) * sin, with rotate-half, interleaved or complex-multiply
+    rotation: the tree is linear in x with a per-element cos and sin, which are
+    solved for from three evaluations."""
+
+    categories = ("rotary",)
+
+    def precheck(self, node):
+        return node.op in ("add", "sub", "cat", "flatten", "reshape", "view", "cast", "view_as_real") and bool(
+            node.ops & {"cat", "stack", "view_as_complex"}) and "mul" in node.ops
+
+    def _inputs(self, node: Node) -> list[Node]:
+        found: list[Node] = []
+        for n in walk(node):
+            if n.op in ("getitem", "chunk", "split", "unbind", "reshape", "view", "view_as_complex", "cast",
+                        "unflatten") and n.args:
+                chain = [n.args[0]]
+                while chain[-1].op == "cast" and chain[-1].args:
+                    chain.append(chain[-1].args[0])
+                # The uncast input first: it is what a replacement takes.
+                for x in reversed(chain):
+                    if x.vars and x is not node and all(x is not f for f in found):
+                        found.append(x)
+        return found[:6]
+
+    def check(self, node, probing, allowed):
+        y = probing.tensor(node)
+        if y is None or y.ndim < 2 or y.shape[-1] % 2:
+            return None
+        for x_node in self._inputs(node):
+            x0 = probing.tensor(x_node)
+            if x0 is None or x0.shape[-1] != y.shape[-1]:
+                continue
+            try:
+                if torch.broadcast_shapes(x0.shape, y.shape) != y.shape:
+                    continue
+            except RuntimeError:
+                continue
+            check = probing.fresh(x0, "rotary")
+            y_check = probing.reevaluate(node, {id(x_node): check})
+            if y_check is None or y_check.shape != y.shape:
+                continue
+            x0 = x0.expand(y.shape)
+            for mode, rotate in (("half", R.rotate_half), ("interleave", R.rotate_interleave)):
+                # x1 = 1 and x2 = rotate(1) make the 2x2 system per element well
+                # conditioned (determinant -2), even in float32.
+                x1 = torch.ones_like(check)
+                x2 = rotate(x1)
+                y1 = probing.reevaluate(node, {id(x_node): x1})
+                y2 = probing.reevaluate(node, {id(x_node): x2})
+                if y1 is None or y2 is None or y1.shape != y.shape or y2.shape != y.shape:
+                    continue
+                x1, x2 = x1.expand(y.shape).to(torch.float64), x2.expand(y.shape).to(torch.float64)
+                r1, r2 = rotate(x1), rotate(x2)
+                det = x1 * r2 - x2 * r1
+                y1, y2 = y1.to(torch.float64), y2.to(torch.float64)
+                cos = (y1 * r2 - y2 * r1) / det
+                sin = (x1 * y2 - x2 * y1) / det
+                if float(sin.abs().max()) < 1e-6:
+                    continue
+                xc = check.expand(y.shape).to(torch.float64)
+                ok, err, rel = probing.compare(y_check, xc * cos + rotate(xc) * sin)
+                x064 = x0.to(torch.float64)
+                ok0 = probing.compare(y, x064 * cos + rotate(x064) * sin)[0]
+                if not (ok and ok0):
+                    continue
+                inputs = {"x": x_node}
+                for name, target in (("cos", cos), ("sin", sin)):
+                    holder = self._holder(node, x_node, target, probing)
+                    if holder is not None:
+                        inputs[name] = holder
+                text = "x * cos + rotate_half(x) * sin" if mode == "half" else "x * cos + rotate_interleaved(x) * sin"
+                return Match("rotary", node, inputs, {"mode": mode}, text, err, rel)
+        return None
+
+    def _holder(self, node: Node, x_node: Node, target: torch.Tensor, probing: Probing) -> Node | None:
+        dependent = depends_on(node, x_node)
+        for n in sorted(walk(node), key=lambda n: n.size):
+            if id(n) in dependent or not n.vars:
+                continue
+            v = probing.tensor(n)
+            if v is None:
+                continue
+            try:
+                if probing.compare(v.expand(target.shape), target)[0]:
+                    return n
+            except RuntimeError:
+                continue
+        return None
+
+
+class SwigluMatcher(Matcher):
+    """silu(a) * b, and silu(z[..., :h]) * z[..., h:] from one tensor (chunk, split, slices)."""
+
+    categories = ("swiglu",)
+
+    def precheck(self, node):
+        return node.op == "mul" and len(node.args) == 2 and bool(node.ops & {"silu", "sigmoid", "exp"})
+
+    def check(self, node, probing, allowed):
+        y = probing.tensor(node)
+        if y is None:
+            return None
+        for gate, up in (node.args, node.args[::-1]):
+            if gate.op == "silu" and gate.args:
+                a_node = gate.args[0]
+            elif gate.ops & {"sigmoid", "exp"}:
+                a_node = dominator(gate)
+                if a_node is None:
+                    continue
+                g, a0 = probing.tensor(gate), probing.tensor(a_node)
+                if g is None or a0 is None or not probing.compare(g, R.silu(a0))[0]:
+                    continue
+            else:
+                continue
+            if not up.vars or id(up) in depends_on(up, a_node):
+                continue
+            a, b = probing.tensor(a_node), probing.tensor(up)
+            if a is None or b is None or a.shape != b.shape:
+                continue
+            ok, err, rel = probing.compare(y, R.silu(a) * b)
+            if not ok:
+                continue
+            inputs = {"a": a_node, "b": up}
+            shared_a = {id(n) for n in walk(a_node)}
+            for z_node in sorted((n for n in walk(up) if id(n) in shared_a and n.vars), key=lambda n: -n.size)[:4]:
+                z = probing.tensor(z_node)
+                if z is not None and z.shape[-1] == 2 * a.shape[-1] and probing.compare(y, R.swiglu(z, -1))[0]:
+                    inputs["z"] = z_node
+                    break
+            return Match("swiglu", node, inputs, {"single_input": "z" in inputs}, "silu(a) * b", err, rel)
+        return None
+
+
+MATCHERS: tuple[Matcher, ...] = (AttentionMatcher(), RotaryMatcher(), SwigluMatcher(), NormMatcher(),
+                                 SoftmaxMatcher(), ActivationMatcher())
+
+# ------------------------------------------------------------------ driver
+def compute(root: Node, roles: dict[str, str], categories: frozenset[str]) -> list[Match]:
+    """The matches in one root, largest first (``store`` caches them)."""
+    # Probes are tiny: waking a thread pool costs a thousand times the arithmetic.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        order = list(walk(root))
+        matches = _match(root, roles, categories, order)
+        if not matches:
+            second = half_width_roles(root, roles)
+            if second is not None and not is_tensor(Probing(roles, PRIMARY).value(root)):
+                matches = _match(root, second, categories, order)
+        return matches
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _match(root: Node, roles: dict[str, str], categories: frozenset[str], order: list[Node]) -> list[Match]:
+    candidates = [n for n in order if n.op not in (VAR, CONST) and n.size >= 3 and n.ops & V.ANCHORS]
+    if not candidates:
+        return []
+    candidates.sort(key=lambda n: -n.size)
+    matchers = [m for m in MATCHERS if categories.intersection(m.categories)]
+    parents: dict[int, list[Node]] = {}
+    for n in order:
+        for child in n.children():
+            parents.setdefault(id(child), []).append(n)
+    primary = Probing(roles, PRIMARY)
+    covered: set[int] = set()
+    found: list[Match] = []
+    confirmations: list[Probing] | None = None
+    for node in candidates:
+        if id(node) in covered:
+            continue
+        for matcher in matchers:
+            if not matcher.precheck(node):
+                continue
+            match = _safe_check(matcher, node, primary, categories)
+            if match is None:
+                continue
+            if match.category in _ELEMENTWISE and _inside_larger_formula(match, parents):
+                continue
+            if confirmations is None:
+                confirmations = [Probing(roles, p) for p in CONFIRMATIONS]
+            if not _confirm(match, matcher, confirmations):
+                continue
+            found.append(match)
+            covered.update(id(n) for n in walk(node))
+            break
+    return found
+
+
+_ELEMENTWISE = frozenset({"gelu_tanh", "gelu_erf", "quick_gelu", "silu"})
+_ARITHMETIC = frozenset({"add", "sub", "mul", "div", "pow", "neg", "reciprocal"})
+
+
+def _inside_larger_formula(match: Match, parents: dict[int, list[Node]]) -> bool:
+    """An activation that is one term of more arithmetic on its own input (a
+    derivative such as Mish's backward, x*sigmoid(x)*(1 - tanh(...x...)**2)) is not a
+    formula a fused activation replaces."""
+    x = match.inputs.get("x")
+    if x is None:
+        return False
+    for parent in parents.get(id(match.node), ()):
+        if parent.op not in _ARITHMETIC:
+            continue
+        for other in parent.children():
+            if other is not match.node and any(n is x for n in walk(other)):
+                return True
+    return False
+
+
+def _safe_check(matcher: Matcher, node: Node, probing: Probing, categories: frozenset[str]) -> Match | None:
+    """A check that fails on unusual values (a linear solve, a dtype a comparison
+    does not take) is no match: it must not stop the scan."""
+    try:
+        return matcher.check(node, probing, categories)
+    except (RuntimeError, ValueError, TypeError, IndexError, ZeroDivisionError, OverflowError, AttributeError):
+        return None
+
+
+def _confirm(match: Match, matcher: Matcher, probings: list[Probing]) -> bool:
+    for probing in probings:
+        again = _safe_check(matcher, match.node, probing, frozenset((match.category,)))
+        if again is None or again.category != match.category:
+            return False
+        if probing.float64:
+            match.max_abs = max(match.max_abs, again.max_abs)
+            match.max_rel = max(match.max_rel, again.max_rel)
+    return True

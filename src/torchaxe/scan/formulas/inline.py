@@ -1,0 +1,640 @@
+"""Local inlining: a function body read as straight-line code.
+
+Each assignment binds its name to the tree of its value, so that ``cdf = ...;
+return x * cdf`` is seen as one expression. Branches are read as taken (the first
+branch's bindings win after an ``if``), names assigned in loops or by ``with`` become
+fresh opaque variables, and calls to functions of the same file (``rotate_half(q)``)
+or to methods of the same class (``self._norm(x)``) that hold math are inlined a few
+levels deep.
+
+Reading is lazy: a statement is lowered now only when it is *relevant* (its lines
+hold a word some formula needs, it calls a function that does, or it reads a name a
+relevant statement bound); any other assignment binds a thunk that is lowered only if
+a relevant statement reads the name. Relevant expression statements, assignment
+values and return values are the *roots* the fingerprints look into.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from torchaxe.scan.formulas.ir import Builder, Node
+from torchaxe.scan.formulas.lowering import ExpressionLowering
+
+#: Inlining stops this many calls deep, and skips callees longer than this.
+MAX_INLINE_DEPTH = 3
+MAX_INLINE_STATEMENTS = 40
+#: Scopes with more statements than this are read up to that point only.
+MAX_STATEMENTS = 600
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef)
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+
+
+@dataclass
+class Root:
+    """One expression of a scope and its tree. ``made``/``named`` are shared by every
+    root of the same statement (see ``ExpressionLowering``)."""
+
+    expr: ast.expr
+    node: Node
+    scope: ast.AST
+    made: dict[int, ast.AST]
+    named: dict[int, list[ast.AST]]
+    #: id of every tree node built by any statement of this scope.
+    scope_made: set[int]
+    #: ids of the nodes built by the callees this statement inlines -> the callee.
+    inlined_made: dict[int, ast.AST] = field(default_factory=dict)
+    #: ids of the nodes built by any callee inlined in this scope -> the callee.
+    scope_inlined: dict[int, ast.AST] = field(default_factory=dict)
+    #: Every expression of the scope (local names included) that evaluates to a node.
+    scope_named: dict[int, list[ast.AST]] = field(default_factory=dict)
+
+
+@dataclass
+class FileUnit:
+    """What the lowering needs to know about the file: import bindings, the
+    functions and classes it defines, which lines matter, and the queue of lambdas
+    found on the way."""
+
+    imports: dict[str, str]
+    resolve: Callable[[ast.AST], str | None]
+    text: Callable[[ast.AST], str]
+    tree: ast.Module
+    lines: list[str] = field(default_factory=list)
+    #: Sorted line numbers that hold a formula word or call a function holding one.
+    relevant_lines: list[int] = field(default_factory=list)
+    #: ids of the definitions that hold a formula word (worth inlining).
+    hot_definitions: set[int] = field(default_factory=set)
+    builder: Builder = field(default_factory=Builder)
+    functions: dict[str, ast.FunctionDef] = field(default_factory=dict)
+    methods: dict[int, dict[str, ast.FunctionDef]] = field(default_factory=dict)
+    module_names: set[str] = field(default_factory=set)
+    lambdas: list[tuple[ast.Lambda, ast.ClassDef | None]] = field(default_factory=list)
+    inline_cache: dict[tuple, tuple[Node | None, dict[int, ast.AST]]] = field(default_factory=dict)
+    _module_constants: dict[str, float] | None = None
+    _class_constants: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for stmt in self.tree.body:
+            if isinstance(stmt, _SCOPES):
+                self.functions[stmt.name] = stmt  # type: ignore[assignment]
+                self.module_names.add(stmt.name)
+            elif isinstance(stmt, ast.ClassDef):
+                self.module_names.add(stmt.name)
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                self.module_names.update(t.id for t in targets if isinstance(t, ast.Name))
+
+    def module_constants(self) -> dict[str, float]:
+        """Module-level names assigned a number once (``C = math.sqrt(2 / math.pi)``)."""
+        if self._module_constants is None:
+            self._module_constants = {}  # while reading them, they see none
+            self._module_constants = self._constants(
+                [(s.targets[0].id, s.value) for s in self.tree.body
+                 if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)],
+                self.tree, None)
+        return self._module_constants
+
+    def class_constants(self, cls: ast.ClassDef) -> dict[str, float]:
+        """Attributes a class sets to a number: in its body (``eps = 1e-6``) or in
+        ``__init__`` (``self.c = math.sqrt(2 / math.pi)``), and nowhere else."""
+        found = self._class_constants.get(id(cls))
+        if found is None:
+            self._class_constants[id(cls)] = {}
+            pairs = [(s.targets[0].id, s.value) for s in cls.body
+                     if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)]
+            init = self.class_methods(cls).get("__init__")
+            if init is not None:
+                for stmt in ast.walk(init):
+                    if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                        for t in targets:
+                            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                                value = stmt.value if isinstance(stmt, ast.Assign) and len(targets) == 1 else None
+                                pairs.append((t.attr, value))
+            found = self._constants(pairs, cls, cls)
+            self._class_constants[id(cls)] = found
+        return found
+
+    def _constants(self, pairs: list[tuple[str, ast.expr | None]], node: ast.AST, cls: ast.ClassDef | None) -> dict[str, float]:
+        counts: dict[str, int] = {}
+        for name, _ in pairs:
+            counts[name] = counts.get(name, 0) + 1
+        constants: dict[str, float] = {}
+        scope = Scope(self, node, cls, depth=MAX_INLINE_DEPTH)  # reads nothing, inlines nothing
+        for name, value in pairs:
+            if counts[name] != 1 or value is None or not _may_be_constant(value):
+                continue
+            lowered = ExpressionLowering(scope, self.builder, self.text).lower(value)
+            if lowered.is_const and isinstance(lowered.value, (int, float)) and not isinstance(lowered.value, bool):
+                constants[name] = lowered.value
+        return constants
+
+    def class_methods(self, cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+        found = self.methods.get(id(cls))
+        if found is None:
+            found = {s.name: s for s in cls.body if isinstance(s, _SCOPES)}  # type: ignore[misc]
+            self.methods[id(cls)] = found
+        return found
+
+    def add_lambda(self, node: ast.Lambda, scope: Scope) -> None:
+        if scope.depth == 0:
+            self.lambdas.append((node, scope.cls))
+
+    def is_relevant(self, node: ast.AST) -> bool:
+        first = node.lineno  # type: ignore[attr-defined]
+        last = node.end_lineno or first  # type: ignore[attr-defined]
+        i = bisect.bisect_left(self.relevant_lines, first)
+        return i < len(self.relevant_lines) and self.relevant_lines[i] <= last
+
+    def identifiers(self, node: ast.AST) -> set[str]:
+        """The identifiers in a statement's source lines (a cheap over-estimate of
+        the names it reads)."""
+        first = node.lineno  # type: ignore[attr-defined]
+        last = node.end_lineno or first  # type: ignore[attr-defined]
+        return set(_IDENTIFIER.findall("".join(self.lines[first - 1 : last])))
+
+
+class Thunk:
+    """A binding not lowered yet: the value expression with the bindings it sees."""
+
+    __slots__ = ("expr", "env", "versions", "node", "kind", "extra")
+
+    def __init__(self, expr: ast.expr | None, env: dict, versions: dict[str, int], kind: str = "value",
+                 extra: object = None):
+        self.expr = expr
+        self.env = env
+        self.versions = versions
+        self.node: Node | None = None
+        self.kind = kind
+        self.extra = extra
+
+
+class Scope:
+    """The straight-line reading of one function, lambda or module body."""
+
+    def __init__(self, unit: FileUnit, node: ast.AST, cls: ast.ClassDef | None, depth: int = 0,
+                 stack: tuple[ast.AST, ...] = ()):
+        self.unit = unit
+        self.node = node
+        self.cls = cls
+        self.depth = depth
+        self.stack = stack + (node,)
+        self.env: dict[str, Node | Thunk] = {}
+        self.versions: dict[str, int] = {}
+        self.hot: set[str] = set()
+        self.roots: list[Root] = []
+        self.returns: list[Node] = []
+        self.made_ids: set[int] = set()
+        self.inlined_ids: dict[int, ast.AST] = {}
+        self.named_ids: dict[int, list[ast.AST]] = {}
+        self.self_name: str | None = None
+        #: After an ``if``, whose bindings win: the branch's (optional features on:
+        #: the mask is applied) or the ones before it (the softcapping is off).
+        self.take_branches = True
+
+    # ------------------------------------------------------------- names
+    def lookup(self, name: str) -> Node | None:
+        value = self.env.get(name)
+        if isinstance(value, Thunk):
+            return self._force(value)
+        return value
+
+    def is_self(self, node: ast.AST) -> bool:
+        return isinstance(node, ast.Name) and self.self_name is not None and node.id == self.self_name
+
+    def is_self_chain(self, node: ast.AST) -> bool:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return self.is_self(node)
+
+    def opaque_name(self, node: ast.AST, text: str) -> str:
+        """An opaque expression's variable name: its text, qualified by the versions
+        of the locals it reads (``self.fc(h)`` before and after ``h = ...`` differ)."""
+        text = " ".join(text.split())
+        tags = sorted({t for t in _IDENTIFIER.findall(text) if t in self.versions})
+        if tags:
+            text += "@" + ",".join(f"{t}{self.versions[t]}" for t in tags)
+        return text
+
+    def _force(self, thunk: Thunk) -> Node:
+        if thunk.node is not None:
+            return thunk.node
+        b = self.unit.builder
+        saved_env, saved_versions = self.env, self.versions
+        self.env, self.versions = thunk.env, thunk.versions
+        try:
+            if thunk.kind == "item":
+                source, index = thunk.extra  # type: ignore[misc]
+                base = self._force(source)
+                if base.op == "tuple" and index < len(base.args) and not base.kwargs:
+                    node = base.args[index]
+                else:
+                    node = b.op("getitem", (base, b.const(index)))
+            else:
+                low = ExpressionLowering(self, b, self.unit.text)
+                node = low.lower(thunk.expr)  # type: ignore[arg-type]
+                if thunk.kind == "aug":
+                    op, name = thunk.extra  # type: ignore[misc]
+                    node = b.op(op, (self.lookup(name) or b.var(name), node))
+                self._collect(low, None, None)
+        finally:
+            self.env, self.versions = saved_env, saved_versions
+        thunk.node = node
+        return node
+
+    def _snapshot(self) -> tuple[dict, dict[str, int]]:
+        return dict(self.env), dict(self.versions)
+
+    def _bump(self, name: str) -> None:
+        self.versions[name] = self.versions.get(name, 0) + 1
+
+    def bind(self, target: ast.AST, value: Node | Thunk) -> None:
+        b = self.unit.builder
+        if isinstance(target, ast.Name):
+            self.env[target.id] = value
+            self._bump(target.id)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            if any(isinstance(e, ast.Starred) for e in target.elts):
+                for name in _names_in(target):
+                    self.kill(name)
+                return
+            if isinstance(value, Node) and value.op == "tuple" and len(value.args) == len(target.elts) and not value.kwargs:
+                for elt, part in zip(target.elts, value.args):
+                    self.bind(elt, part)
+            elif isinstance(value, Node):
+                for i, elt in enumerate(target.elts):
+                    self.bind(elt, b.op("getitem", (value, b.const(i))))
+            else:
+                for i, elt in enumerate(target.elts):
+                    self.bind(elt, Thunk(None, {}, {}, "item", (value, i)))
+        elif isinstance(target, ast.Subscript):
+            base = target.value
+            while isinstance(base, (ast.Subscript, ast.Attribute)):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in self.env:
+                self.kill(base.id)  # written in place: its value is no longer known
+
+    def kill(self, name: str) -> None:
+        self._bump(name)
+        self.env[name] = self.unit.builder.var(f"{name}@{self.versions[name]}")
+
+    # ------------------------------------------------------------- reading
+    def bind_parameters(self, args: ast.arguments, values: dict[str, Node] | None = None) -> None:
+        """Bind parameters: to the call's arguments when inlining, otherwise to free
+        variables (int, bool and str defaults to their value)."""
+        b = self.unit.builder
+        positional = [*args.posonlyargs, *args.args]
+        if values is not None:
+            self.env.update(values)
+            return
+        if positional and isinstance(self.node, _SCOPES) and self.cls is not None and not _is_static(self.node):
+            self.self_name = positional[0].arg
+        for name, default in _defaults(args).items():
+            # None defaults stay variables: `if mask is not None:` branches are read as taken.
+            if isinstance(default, ast.Constant) and isinstance(default.value, (bool, int, str)):
+                self.env[name] = b.const(default.value)
+
+    def read_body(self, body: list[ast.stmt]) -> None:
+        self._block(body[:MAX_STATEMENTS])
+
+    def read_expression(self, expr: ast.expr) -> None:
+        self._root(expr, ExpressionLowering(self, self.unit.builder, self.unit.text))
+
+    def _root(self, expr: ast.expr, low: ExpressionLowering) -> Node:
+        node = low.lower(expr)
+        self._collect(low, expr, node)
+        return node
+
+    def _collect(self, low: ExpressionLowering, expr: ast.expr | None, node: Node | None) -> None:
+        self.made_ids.update(low.made)
+        for key, sources in low.named.items():
+            self.named_ids.setdefault(key, []).extend(sources)
+        if self.depth:
+            self.made_ids.update(low.inlined_made)
+            return  # an inlined callee: its roots belong to its own scope
+        self.inlined_ids.update(low.inlined_made)
+        if expr is None:
+            low.subroots.clear()
+            return  # a thunk forced on demand: not a root of its own
+        shared = (self.made_ids, low.inlined_made, self.inlined_ids, self.named_ids)
+        self.roots.append(Root(expr, node, self.node, low.made, low.named, *shared))  # type: ignore[arg-type]
+        for sub_expr, sub in low.subroots:
+            self.roots.append(Root(sub_expr, sub, self.node, low.made, low.named, *shared))
+        low.subroots.clear()
+
+    def _relevant(self, stmt: ast.stmt) -> bool:
+        if self.depth:
+            return False
+        return self.unit.is_relevant(stmt) or bool(self.hot and self.hot & self.unit.identifiers(stmt))
+
+    def _block(self, body: list[ast.stmt]) -> bool:
+        """Read statements; returns True when the block always ends (return/raise)."""
+        for stmt in body:
+            if self._statement(stmt):
+                return True
+        return False
+
+    def _value(self, stmt: ast.stmt, expr: ast.expr, relevant: bool) -> Node | Thunk:
+        if relevant:
+            return self._root(expr, ExpressionLowering(self, self.unit.builder, self.unit.text))
+        env, versions = self._snapshot()
+        return Thunk(expr, env, versions)
+
+    def _statement(self, stmt: ast.stmt) -> bool:
+        relevant = isinstance(stmt, (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)) and (
+            self._relevant(stmt))
+        if isinstance(stmt, ast.Expr):
+            if relevant and not isinstance(stmt.value, ast.Constant):
+                self._value(stmt, stmt.value, True)
+        elif isinstance(stmt, ast.Assign):
+            value = self._value(stmt, stmt.value, relevant)
+            for target in stmt.targets:
+                self.bind(target, value)
+                if relevant:
+                    self.hot.update(_names_in(target))
+        elif isinstance(stmt, ast.AnnAssign):
+            if stmt.value is not None:
+                self.bind(stmt.target, self._value(stmt, stmt.value, relevant))
+                if relevant:
+                    self.hot.update(_names_in(stmt.target))
+        elif isinstance(stmt, ast.AugAssign):
+            self._augmented(stmt, relevant)
+        elif isinstance(stmt, ast.Return):
+            if stmt.value is not None and (relevant or self.depth):
+                low = ExpressionLowering(self, self.unit.builder, self.unit.text)
+                node = low.lower(stmt.value)
+                self._collect(low, stmt.value if relevant else None, node)
+                self.returns.append(node)
+            return True
+        elif isinstance(stmt, (ast.Raise, ast.Continue, ast.Break)):
+            return True
+        elif isinstance(stmt, ast.If):
+            return self._if(stmt)
+        elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+            self._loop(stmt)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                if item.optional_vars is not None:
+                    for name in _names_in(item.optional_vars):
+                        self.kill(name)
+            return self._block(stmt.body)
+        elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            ends = self._block(stmt.body)  # type: ignore[attr-defined]
+            for handler in stmt.handlers:  # type: ignore[attr-defined]
+                saved = dict(self.env)
+                self._block(handler.body)
+                self.env = saved
+            if not ends:
+                self._block(stmt.orelse)  # type: ignore[attr-defined]
+            self._block(stmt.finalbody)  # type: ignore[attr-defined]
+        elif isinstance(stmt, (*_SCOPES, ast.ClassDef)):
+            self.kill(stmt.name)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            for alias in stmt.names:
+                self.kill((alias.asname or alias.name).split(".", 1)[0])
+        elif isinstance(stmt, ast.Delete):
+            for target in stmt.targets:
+                for name in _names_in(target):
+                    self.kill(name)
+        return False
+
+    def _augmented(self, stmt: ast.AugAssign, relevant: bool) -> None:
+        op = _AUG.get(type(stmt.op))
+        b = self.unit.builder
+        if not isinstance(stmt.target, ast.Name) or op is None:
+            if relevant:
+                self._value(stmt, stmt.value, True)
+            self.bind(stmt.target, b.const(None))
+            return
+        name = stmt.target.id
+        if relevant:
+            low = ExpressionLowering(self, b, self.unit.text)
+            current = self.lookup(name) or b.var(name)
+            combined = b.op(op, (current, low.lower(stmt.value)))
+            self._collect(low, stmt.value, combined)
+            self.bind(stmt.target, combined)
+            self.hot.add(name)
+        else:
+            env, versions = self._snapshot()
+            self.bind(stmt.target, Thunk(stmt.value, env, versions, "aug", (op, name)))
+
+    def _if(self, stmt: ast.If) -> bool:
+        before = dict(self.env)
+        body_ends = self._block(stmt.body)
+        after_body = self.env
+        self.env = dict(before)
+        else_ends = self._block(stmt.orelse)
+        after_else = self.env
+        if body_ends and else_ends:
+            return True
+        if body_ends:
+            self.env = after_else
+        elif else_ends:
+            self.env = after_body
+        elif self.take_branches:
+            self.env = {**after_else, **after_body}
+        else:
+            self.env = {**after_body, **after_else}
+        return False
+
+    def _loop(self, stmt: ast.For | ast.AsyncFor | ast.While) -> None:
+        if not isinstance(stmt, ast.While):
+            for name in _names_in(stmt.target):
+                self.kill(name)
+        assigned = set(_assigned_names(stmt.body))
+        before = dict(self.env)
+        for name in assigned:
+            self.kill(name)  # loop-carried: unknown at the start of an iteration
+        self._block(stmt.body)
+        self.env = before
+        for name in assigned:
+            self.kill(name)
+        self._block(stmt.orelse)
+
+    # ------------------------------------------------------------- inlining
+    def inline_function(self, name: str, call: ast.Call, low: ExpressionLowering) -> Node | None:
+        callee = self.unit.functions.get(name)
+        if callee is None:
+            return None
+        return self._inline(callee, None, call, low)
+
+    def inline_method(self, name: str, call: ast.Call, low: ExpressionLowering) -> Node | None:
+        if self.cls is None:
+            return None
+        callee = self.unit.class_methods(self.cls).get(name)
+        if callee is None:
+            return None
+        receiver = self.lookup(self.self_name or "") or self.unit.builder.var(self.self_name or "self")
+        return self._inline(callee, receiver, call, low)
+
+    def _inline(self, callee: ast.FunctionDef, receiver: Node | None, call: ast.Call, low: ExpressionLowering) -> Node | None:
+        if id(callee) not in self.unit.hot_definitions:
+            return None  # no formula word in it: an opaque call loses nothing
+        if self.depth >= MAX_INLINE_DEPTH or callee in self.stack or len(callee.body) > MAX_INLINE_STATEMENTS:
+            return None
+        if callee.decorator_list and not all(_is_harmless_decorator(d) for d in callee.decorator_list):
+            return None
+        values = self._arguments(callee, receiver, call, low)
+        if values is None:
+            return None
+        key = (id(callee), tuple(sorted((k, id(v)) for k, v in values.items())))
+        cached = self.unit.inline_cache.get(key)
+        if cached is None:
+            inner = Scope(self.unit, callee, self.cls if receiver is not None else None, self.depth + 1, self.stack)
+            if receiver is not None:
+                inner.self_name = [*callee.args.posonlyargs, *callee.args.args][0].arg
+            inner.bind_parameters(callee.args, values)
+            inner.read_body(callee.body)
+            result = inner.returns[0] if inner.returns else None
+            cached = (result, {made: callee for made in inner.made_ids})
+            self.unit.inline_cache[key] = cached
+        result, made = cached
+        if result is None:
+            return None
+        for key_id, owner in made.items():
+            low.inlined_made.setdefault(key_id, owner)
+        return result
+
+    def _arguments(self, callee: ast.FunctionDef, receiver: Node | None, call: ast.Call,
+                   low: ExpressionLowering) -> dict[str, Node] | None:
+        a = callee.args
+        if a.vararg or a.kwarg or any(isinstance(x, ast.Starred) for x in call.args):
+            return None
+        positional = [*a.posonlyargs, *a.args]
+        values: dict[str, Node] = {}
+        if receiver is not None:
+            if not positional or _is_static(callee):
+                return None
+            values[positional[0].arg] = receiver
+            positional = positional[1:]
+        if len(call.args) > len(positional):
+            return None
+        for param, arg in zip(positional, call.args):
+            values[param.arg] = low.lower(arg)
+        names = {p.arg for p in [*positional, *a.kwonlyargs]}
+        for kw in call.keywords:
+            if kw.arg not in names or kw.arg in values:
+                return None
+            values[kw.arg] = low.lower(kw.value)
+        defaults = _defaults(a)
+        b = self.unit.builder
+        for param in [*positional, *a.kwonlyargs]:
+            if param.arg in values:
+                continue
+            default = defaults.get(param.arg)
+            if not isinstance(default, ast.Constant):
+                return None
+            values[param.arg] = b.const(default.value)
+        return values
+
+
+_AUG = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow", ast.MatMult: "matmul"}
+
+
+def _defaults(args: ast.arguments) -> dict[str, ast.expr]:
+    positional = [a.arg for a in (*args.posonlyargs, *args.args)]
+    found = dict(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    found.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+    return found
+
+
+def _is_static(fn: ast.AST) -> bool:
+    return any(isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod") for d in getattr(fn, "decorator_list", ()))
+
+
+def _is_harmless_decorator(node: ast.AST) -> bool:
+    """Decorators that keep the function's math: jit/compile markers and the like."""
+    while isinstance(node, ast.Call):
+        node = node.func
+    name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+    return name in ("script", "jit", "compile", "torch_compile", "no_grad", "inference_mode", "wraps", "lru_cache",
+                    "cache", "staticmethod", "autocast", "custom_fwd", "custom_bwd", "ignore", "unused")
+
+
+_CONSTANT_PARTS = (ast.Constant, ast.Name, ast.Attribute, ast.BinOp, ast.UnaryOp, ast.Call, ast.operator, ast.unaryop,
+                   ast.Load)
+
+
+def _may_be_constant(node: ast.expr) -> bool:
+    """Cheap test before lowering: a small expression of numbers, names and arithmetic."""
+    if not isinstance(node, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Call)):
+        return False
+    for count, part in enumerate(ast.walk(node)):
+        if count > 24 or not isinstance(part, _CONSTANT_PARTS):
+            return False
+    return True
+
+
+def _names_in(target: ast.AST) -> Iterator[str]:
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for elt in target.elts:
+            yield from _names_in(elt)
+    elif isinstance(target, ast.Starred):
+        yield from _names_in(target.value)
+
+
+def _assigned_names(body: list[ast.stmt]) -> Iterator[str]:
+    """Names bound by the statements of a block (nested blocks included, expressions
+    not searched)."""
+    for stmt in body:
+        if isinstance(stmt, ast.Assign):
+            for t in stmt.targets:
+                yield from _names_in(t)
+        elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
+            yield from _names_in(stmt.target)
+        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+            yield from _names_in(stmt.target)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                if item.optional_vars is not None:
+                    yield from _names_in(item.optional_vars)
+        for block in ("body", "orelse", "finalbody"):
+            inner = getattr(stmt, block, None)
+            if isinstance(inner, list) and not isinstance(stmt, (*_SCOPES, ast.ClassDef)):
+                yield from _assigned_names(inner)
+        for handler in getattr(stmt, "handlers", ()):
+            yield from _assigned_names(handler.body)
+
+
+def read_scope(unit: FileUnit, node: ast.AST, cls: ast.ClassDef | None) -> list[Root]:
+    """The roots of one function, lambda or module body: read with the branches of
+    its ``if`` statements taken, and, when it has any, read again with them skipped
+    (an optional step such as logit soft-capping can hide the formula either way)."""
+    roots = []
+    for take in (True, False):
+        scope = Scope(unit, node, cls)
+        scope.take_branches = take
+        if isinstance(node, (*_SCOPES, ast.Lambda)):
+            scope.bind_parameters(node.args)  # type: ignore[attr-defined]
+        if isinstance(node, ast.Lambda):
+            scope.read_expression(node.body)
+        elif isinstance(node, ast.Module):
+            scope.read_body([s for s in node.body if not isinstance(s, (*_SCOPES, ast.ClassDef))])
+        else:
+            scope.read_body(node.body)  # type: ignore[attr-defined]
+        roots.extend(scope.roots)
+        if not _has_if(getattr(node, "body", [])):
+            break
+    return roots
+
+
+def _has_if(body: object) -> bool:
+    if not isinstance(body, list):
+        return False
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            return True
+        if isinstance(stmt, (*_SCOPES, ast.ClassDef)):
+            continue
+        for block in ("body", "orelse", "finalbody"):
+            if _has_if(getattr(stmt, block, None)):
+                return True
+    return False

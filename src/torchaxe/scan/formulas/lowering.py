@@ -1,0 +1,251 @@
+"""Lowering one Python expression to an expression tree.
+
+Only names on the whitelist (``vocabulary``) become operations; everything else (a
+module call such as ``self.proj(x)``, an unknown function, a comprehension) becomes an
+opaque free variable named after its source text, and the expressions inside it are
+handed back as separate roots so that math nested in an opaque call is still seen.
+``self.eps``, ``self.weight`` and parameters are free variables too.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING, Callable
+
+from torchaxe.scan.formulas import vocabulary as V
+from torchaxe.scan.formulas.ir import Builder, Node
+from torchaxe.scan.formulas.probes import scalarish
+
+if TYPE_CHECKING:
+    from torchaxe.scan.formulas.inline import Scope
+
+_BINOPS = {
+    ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floordiv", ast.Mod: "mod",
+    ast.Pow: "pow", ast.MatMult: "matmul", ast.BitAnd: "and_", ast.BitOr: "or_",
+}
+_UNARY = {ast.USub: "neg", ast.UAdd: "pos", ast.Invert: "invert"}
+_COMPARE = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge"}
+#: Callees whose name says they are dropout modules (``self.attn_dropout(p)``).
+_DROPOUT_HINTS = ("dropout", "drop")
+
+
+class ExpressionLowering:
+    """Lowers the expressions of one statement in one scope.
+
+    ``made`` maps each tree node built here to the expression that built it (the first
+    one); ``named`` maps every node to all the expressions (local names included) that
+    evaluate to it. The rules use both to decide whether a match can be rewritten in
+    place. ``subroots`` collects the expressions found inside opaque calls.
+    """
+
+    def __init__(self, scope: Scope, builder: Builder, text: Callable[[ast.AST], str]):
+        self.scope = scope
+        self.b = builder
+        self.text = text
+        self.made: dict[int, ast.AST] = {}
+        self.named: dict[int, list[ast.AST]] = {}
+        self.subroots: list[tuple[ast.expr, Node]] = []
+        #: Results of inlined calls: built by the callee, not by this statement.
+        self.inlined: set[int] = set()
+        #: Every node the callees inlined here built (part of this statement's math),
+        #: with the callee that built it.
+        self.inlined_made: dict[int, ast.AST] = {}
+
+    # ----------------------------------------------------------------- entry
+    def lower(self, node: ast.expr) -> Node:
+        method = getattr(self, "_" + type(node).__name__, None)
+        result = method(node) if method is not None else self.opaque(node)
+        if isinstance(node, ast.Name) or id(result) in self.inlined:
+            self.named.setdefault(id(result), []).append(node)
+        else:
+            self.made.setdefault(id(result), node)
+            self.named.setdefault(id(result), []).append(node)
+        return result
+
+    # ----------------------------------------------------------------- leaves
+    def _Constant(self, node: ast.Constant) -> Node:
+        if isinstance(node.value, (bytes, complex)):
+            return self.opaque(node)
+        return self.b.const(node.value)
+
+    def _Name(self, node: ast.Name) -> Node:
+        bound = self.scope.lookup(node.id)
+        if bound is not None:
+            return bound
+        origin = self.scope.unit.imports.get(node.id)
+        if origin is not None:
+            return self._qualified_leaf(origin) or self.b.var(origin)
+        constant = self.scope.unit.module_constants().get(node.id)
+        if constant is not None:
+            return self.b.const(constant)  # SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
+        return self.b.var(node.id)
+
+    def _qualified_leaf(self, qualified: str) -> Node | None:
+        if qualified in V.CONSTANTS:
+            return self.b.const(V.CONSTANTS[qualified])
+        if qualified in V.DTYPES:
+            return self.b.const(("dtype", qualified))
+        return None
+
+    def _Attribute(self, node: ast.Attribute) -> Node:
+        qualified = self.scope.unit.resolve(node)
+        if qualified is not None:
+            return self._qualified_leaf(qualified) or self.b.var(qualified)
+        if self.scope.is_self_chain(node.value):
+            if self.scope.is_self(node.value) and self.scope.cls is not None:
+                constant = self.scope.unit.class_constants(self.scope.cls).get(node.attr)
+                if constant is not None:
+                    return self.b.const(constant)  # self.c = math.sqrt(2 / math.pi) in __init__
+            return self.opaque(node)  # self.eps, self.weight, self.config.eps
+        attr = V.ATTRIBUTES.get(node.attr)
+        if attr is None:
+            return self.opaque(node)
+        value = self.lower(node.value)
+        if attr in ("attr_min", "attr_max", "attr_eps", "attr_tiny") and value.op != "finfo":
+            return self.opaque(node)
+        if value.is_var and attr not in ("shape", "T", "mT", "dtype", "ndim", "real", "imag", "device"):
+            return self.opaque(node)
+        return self.b.op(attr, (value,))
+
+    # ----------------------------------------------------------------- operators
+    def _BinOp(self, node: ast.BinOp) -> Node:
+        op = _BINOPS.get(type(node.op))
+        if op is None:
+            return self.opaque(node)
+        return self.b.op(op, (self.lower(node.left), self.lower(node.right)))
+
+    def _UnaryOp(self, node: ast.UnaryOp) -> Node:
+        op = _UNARY.get(type(node.op))
+        if op is None:
+            return self.opaque(node)
+        return self.b.op(op, (self.lower(node.operand),))
+
+    def _Compare(self, node: ast.Compare) -> Node:
+        if len(node.ops) != 1 or type(node.ops[0]) not in _COMPARE:
+            return self.opaque(node)
+        return self.b.op(_COMPARE[type(node.ops[0])], (self.lower(node.left), self.lower(node.comparators[0])))
+
+    def _Tuple(self, node: ast.Tuple | ast.List) -> Node:
+        return self.b.op("tuple", [self.lower(e) for e in node.elts])
+
+    _List = _Tuple
+
+    def _Starred(self, node: ast.Starred) -> Node:
+        return self.b.op("star", (self.lower(node.value),))
+
+    def _Subscript(self, node: ast.Subscript) -> Node:
+        return self.b.op("getitem", (self.lower(node.value), self._index(node.slice)))
+
+    def _index(self, node: ast.expr) -> Node:
+        if isinstance(node, ast.Slice):
+            parts = [self.lower(p) if p is not None else self.b.const(None) for p in (node.lower, node.upper, node.step)]
+            result = self.b.op("slice", parts)
+        elif isinstance(node, ast.Tuple):
+            result = self.b.op("tuple", [self._index(e) for e in node.elts])
+        else:
+            return self.lower(node)
+        self.made.setdefault(id(result), node)
+        return result
+
+    def _IfExp(self, node: ast.IfExp) -> Node:
+        self.subroot(node.body)
+        self.subroot(node.orelse)
+        return self.opaque(node, lower_children=False)
+
+    def _Lambda(self, node: ast.Lambda) -> Node:
+        self.scope.unit.add_lambda(node, self.scope)
+        return self.opaque(node, lower_children=False)
+
+    # ----------------------------------------------------------------- calls
+    def _Call(self, node: ast.Call) -> Node:
+        func = node.func
+        if any(k.arg is None for k in node.keywords):
+            return self.opaque(node)  # **kwargs: unknown arguments
+        qualified = self.scope.unit.resolve(func)
+        if qualified is not None:
+            op = V.FUNCTIONS.get(qualified)
+            if op is None:
+                return self.opaque(node)
+            if qualified.startswith(("math.", "numpy.")):
+                # Numbers only (math.sqrt(q.size(-1)), np.sqrt(2 / np.pi)): numpy code on
+                # arrays has no torch replacement.
+                result = self._apply(op, None, node)
+                if result.is_const or all(scalarish(a) for a in result.args):
+                    return result
+                if len(result.args) == 1 and not result.kwargs and op in V.SCALAR_FUNCTIONS:
+                    # math.sqrt(self.dim_per_head): a function of a number.
+                    return self.b.op("math_" + op, result.args)
+                return self.opaque(node, lower_children=False)
+            return self._apply(op, None, node)
+        if isinstance(func, ast.Name):
+            if func.id in self.scope.env:
+                return self.opaque(node)  # a local callable
+            inlined = self.scope.inline_function(func.id, node, self)
+            if inlined is not None:
+                self.inlined.add(id(inlined))
+                return inlined
+            if func.id in V.BUILTINS and func.id not in self.scope.unit.module_names:
+                return self._apply(V.BUILTINS[func.id], None, node)
+            return self.opaque(node)
+        if isinstance(func, ast.Call) and len(node.args) == 1 and not node.keywords:
+            # nn.Softmax(dim=-1)(scores)
+            if self.scope.unit.resolve(func.func) == "torch.nn.Softmax":
+                dim = next((k.value for k in func.keywords if k.arg == "dim"), func.args[0] if func.args else None)
+                if dim is not None:
+                    return self.b.op("softmax", (self.lower(node.args[0]),), {"dim": self.lower(dim)})
+            return self.opaque(node)
+        if isinstance(func, ast.Attribute):
+            receiver = func.value
+            if self.scope.is_self(receiver):
+                inlined = self.scope.inline_method(func.attr, node, self)
+                if inlined is not None:
+                    self.inlined.add(id(inlined))
+                    return inlined
+                single = len(node.args) == 1 and not node.keywords
+                if single and any(h in func.attr.lower() for h in _DROPOUT_HINTS):
+                    return self.b.op("dropout", (self.lower(node.args[0]),))
+                if single and "softmax" in func.attr.lower() and "log" not in func.attr.lower():
+                    # self.softmax = nn.Softmax(dim=-1), as attention modules write it.
+                    return self.b.op("softmax", (self.lower(node.args[0]),), {"dim": self.b.const(-1)})
+                return self.opaque(node)
+            method = V.METHODS.get(func.attr)
+            if method is not None:
+                return self._apply(method, self.lower(receiver), node)
+        return self.opaque(node)
+
+    def _apply(self, op: str, receiver: Node | None, node: ast.Call) -> Node:
+        args = [receiver] if receiver is not None else []
+        args.extend(self.lower(a) for a in node.args)
+        kwargs = {k.arg: self.lower(k.value) for k in node.keywords if k.arg not in V.DROPPED_KEYWORDS}
+        if op == "cast":
+            return self.b.op("cast", args[:1]) if args else self.opaque(node)
+        if op == "dropout":
+            return self.b.op("dropout", args[:1]) if args else self.opaque(node)
+        if op in ("float", "int") and len(args) == 1 and args[0].is_const and isinstance(args[0].value, str):
+            try:
+                return self.b.const(float(args[0].value) if op == "float" else int(args[0].value))
+            except ValueError:
+                return self.opaque(node)
+        if op == "tensor":
+            if len(args) == 1 and args[0].is_const and isinstance(args[0].value, (int, float)):
+                return self.b.const(float(args[0].value))
+            if len(args) == 1 and scalarish(args[0]):
+                return args[0]  # torch.tensor(torch.finfo(x.dtype).min): a number
+            return self.opaque(node)
+        return self.b.op(op, args, kwargs)
+
+    # ----------------------------------------------------------------- opaque
+    def opaque(self, node: ast.expr, lower_children: bool = True) -> Node:
+        """A free variable standing for an expression the interpreter does not know.
+        The expressions inside a call are lowered as separate roots."""
+        if lower_children and isinstance(node, ast.Call):
+            for arg in node.args:
+                self.subroot(arg.value if isinstance(arg, ast.Starred) else arg)
+            for kw in node.keywords:
+                self.subroot(kw.value)
+        return self.b.var(self.scope.opaque_name(node, self.text(node)))
+
+    def subroot(self, node: ast.expr) -> None:
+        if isinstance(node, (ast.Constant, ast.Name)):
+            return
+        self.subroots.append((node, self.lower(node)))

@@ -1,0 +1,350 @@
+"""Probe values for the free variables of a tree, by the role each plays.
+
+A variable's role is read from how the tree uses it: reduced over or multiplied as a
+matrix (a full tensor), added to a reduction (a positive scalar such as ``eps``),
+scaling a norm's output (a last-dimension vector such as ``weight``), used as a mask,
+multiplied with a complex view (rotary frequencies), or used as a dimension or a size.
+Probes are hypercubes (every dimension the same size), so transposes and views keep
+shapes compatible and only the arithmetic decides a match.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from torchaxe.scan.formulas import vocabulary as V
+from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
+
+FULL, VECTOR, SCALAR, BOOL, COMPLEX, INT, SIZE, HALF, CUBE, BOUND, COUNT, MATRIX, SHAPE = (
+    "full", "vector", "scalar", "bool", "complex", "int", "size", "half", "cube", "bound", "count", "matrix",
+    "shape")
+#: Operations whose extra arguments are sizes (a whole shape may stand in one of them).
+_SIZE_ARGS = frozenset({"view", "reshape", "expand", "repeat", "unflatten"})
+
+#: The value a scalar variable takes: not 1 or 0 (they hide mistakes) and large enough
+#: that where an ``eps`` sits in a formula changes the result.
+SCALAR_VALUE = 0.37
+
+_SCALAR_NAMES = re.compile(r"(eps|epsilon|scale|scaling|temperature|norm_factor|inv_freq_scale)$", re.IGNORECASE)
+_SIZE_NAMES = re.compile(
+    r"(^|_)(d_model|d_k|d_head|head_dim|hidden_size|hidden_dim|embed_dim|n_embd|model_dim|dim_head|"
+    r"head_size|kv_dim|qk_dim)$",
+    re.IGNORECASE,
+)
+_DATA_FIRST = V.REDUCTIONS | {"softmax", "log_softmax", "shape", "size", "dim", "ndim", "numel", "view_as_complex",
+                              "chunk", "split", "unbind", "getitem", "linear", "layer_norm", "expand_as",
+                              "view_as", "reshape_as"}
+_INT_ARGS = V.REDUCTIONS | {"softmax", "log_softmax", "transpose", "swapaxes", "permute", "view", "reshape",
+                            "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "repeat", "narrow", "chunk",
+                            "split", "unbind", "size", "getitem", "tril", "triu", "flip", "repeat_interleave",
+                            "cat", "stack"}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One draw of probe values: hypercube side ``n``, dtype, spread, seed."""
+
+    n: int
+    dtype: str
+    sigma: float
+    seed: int
+
+
+#: Recognition runs on the first probe; a match must hold on the others too (another
+#: shape, large values, float32).
+PRIMARY = Probe(4, "float64", 1.0, 11)
+#: Sides are multiples of 4, so that halves (rotary, SwiGLU) and their halves are whole.
+CONFIRMATIONS = (Probe(8, "float64", 6.0, 23), Probe(4, "float32", 1.0, 37))
+
+
+def _leaf_name(name: str) -> str:
+    return name.rsplit(".", 1)[-1].split("@", 1)[0]
+
+
+def _strip(node: Node) -> Node:
+    """Below casts and constant scalings: ``(x.pow(2).mean(-1) * 1.0).float()``."""
+    while True:
+        if node.op in ("cast", "dropout", "contiguous") and node.args:
+            node = node.args[0]
+        elif node.op in ("mul", "div") and len(node.args) == 2 and node.args[1].op == CONST:
+            node = node.args[0]
+        elif node.op == "mul" and len(node.args) == 2 and node.args[0].op == CONST:
+            node = node.args[1]
+        else:
+            return node
+
+
+def data_children(node: Node) -> tuple[Node, ...]:
+    """The arguments that flow into ``node``'s value as data (not a dimension, a size
+    or an index)."""
+    if node.op in _INT_ARGS and node.op not in ("cat", "stack"):
+        return node.args[:1]
+    return node.children()
+
+
+def _data_vars(node: Node, memo: dict[int, frozenset[str]]) -> frozenset[str]:
+    """The variables that reach ``node``'s value as data (not as a dimension, a size
+    or an index)."""
+    found = memo.get(id(node))
+    if found is not None:
+        return found
+    if node.op == VAR:
+        found = frozenset((node.value,))
+    elif node.op == CONST:
+        found = frozenset()
+    else:
+        args = data_children(node)
+        found = frozenset().union(*(_data_vars(a, memo) for a in args)) if args else frozenset()
+    memo[id(node)] = found
+    return found
+
+
+def _through_layout(node: Node) -> set[str]:
+    """The variables ``node`` is (a slice, view or cast of)."""
+    while node.op in V.LAYOUT and node.args:
+        node = node.args[0]
+    return {node.value} if node.op == VAR else set()
+
+
+def data_vars(node: Node) -> frozenset[str]:
+    return _data_vars(node, {})
+
+
+def data_vars_of_data_ops(root: Node) -> set[str]:
+    """Variables reduced, sliced, split or multiplied as matrices somewhere in ``root``."""
+    return _collect(root)[0]
+
+
+def infer_roles(root: Node) -> dict[str, str]:
+    """The role of each free variable of ``root``."""
+    data, ints, scalars, bools, complexes, dims, sizes = _collect(root)
+    # bmm takes batches of matrices: what flows into its operands is three-dimensional.
+    cubes: set[str] = set()
+    bounds: set[str] = set()
+    arithmetic: set[str] = set()
+    ranks: dict[str, set[int]] = {}
+    for node in walk(root):
+        if node.op in ("add", "sub", "mul", "div", "floordiv", "mod", "pow"):
+            arithmetic.update(a.value for a in node.args if a.op == VAR)
+        if node.op == "getitem" and len(node.args) == 2 and node.args[0].op == VAR:
+            # x[:n, :n] indexes a matrix: as many dimensions as indices (no ..., no None).
+            index = node.args[1]
+            parts = index.args if index.op == "tuple" else (index,)
+            if index.op == "tuple" and all(p.op == "slice" or (p.op == CONST and isinstance(p.value, int))
+                                           for p in parts):
+                ranks.setdefault(node.args[0].value, set()).add(len(parts))
+        if node.op in ("bmm", "baddbmm"):
+            memo: dict[int, frozenset[str]] = {}
+            for arg in node.args:
+                cubes |= _strict_data(arg, memo)
+        elif node.op == "einsum" and node.args and node.args[0].op == CONST and isinstance(node.args[0].value, str):
+            # 'b i d, b j d -> b i j': each operand has as many dimensions as letters.
+            inputs = node.args[0].value.split("->")[0].split(",")
+            memo = {}
+            for spec, arg in zip(inputs, node.args[1:]):
+                letters = [c for c in spec if c.isalpha()]
+                if "." not in spec and 2 <= len(letters) <= 3:
+                    for name in _strict_data(arg, memo):
+                        ranks.setdefault(name, set()).add(len(letters))
+        elif node.op == "slice":
+            for arg in node.args:
+                bounds |= arg.vars
+    reduces = bool(root.ops & (V.REDUCTIONS | V.MATMULS))
+    roles: dict[str, str] = {}
+    for name in root.vars:
+        leaf = _leaf_name(name)
+        if _SIZE_NAMES.search(leaf) or (name in sizes and name not in data):
+            role = SIZE
+        elif _SCALAR_NAMES.search(leaf):
+            role = SCALAR
+        elif name in complexes:
+            role = COMPLEX
+        elif name in bools:
+            role = BOOL
+        elif name in scalars and name not in data:
+            role = SCALAR
+        elif name in cubes:
+            role = CUBE
+        elif ranks.get(name) in ({2}, {3}) and name not in complexes:
+            role = MATRIX if ranks[name] == {2} else CUBE
+        elif name in data:
+            role = FULL
+        elif name in bounds and name not in data:
+            role = BOUND
+        elif name in ints and name in arithmetic:
+            role = COUNT  # a size that is also computed with (C // self.n_head)
+        elif name in ints and name not in dims:
+            role = SHAPE  # x.view(self.shape): a whole shape
+        elif name in ints:
+            role = INT
+        else:
+            role = VECTOR if reduces else FULL
+        roles[name] = role
+    return roles
+
+
+_BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "where", "and_", "or_", "pow"})
+_SHAPE_OPS = frozenset({"size", "shape", "dim", "ndim", "numel"})
+
+
+def scalarish(node: Node) -> bool:
+    """A number rather than a tensor: a constant, a shape, a variable named like a
+    scale or a size, or arithmetic on those."""
+    if node.op == CONST:
+        return True
+    if node.op == VAR:
+        leaf = _leaf_name(node.value)
+        return bool(_SCALAR_NAMES.search(leaf) or _SIZE_NAMES.search(leaf))
+    if node.op in _SHAPE_OPS or (node.op == "getitem" and node.args and node.args[0].op in _SHAPE_OPS):
+        return True
+    if node.op in ("attr_min", "attr_max", "attr_eps", "attr_tiny") or node.op.startswith("math_"):
+        return True
+    if node.op in ("add", "sub", "mul", "div", "floordiv", "pow", "sqrt", "rsqrt", "neg", "reciprocal", "float",
+                   "int", "exp", "log"):
+        return all(scalarish(a) for a in node.args)
+    return False
+
+
+def _strict_data(node: Node, memo: dict[int, frozenset[str]]) -> frozenset[str]:
+    """The variables that *are* ``node``'s data: reached through layout operations,
+    elementwise functions and products with numbers, but not through a sum or a
+    product of two tensors (``scores + mask``: neither is the other's data)."""
+    found = memo.get(id(node))
+    if found is not None:
+        return found
+    if node.op == VAR:
+        found = frozenset((node.value,))
+    elif node.op == CONST:
+        found = frozenset()
+    else:
+        args = data_children(node)
+        if node.op == "masked_fill":
+            args = args[:1]
+        elif node.op in _BINARY:
+            tensors = [a for a in args if not scalarish(a)]
+            args = tensors if len(tensors) == 1 else ()
+        found = frozenset().union(*(_strict_data(a, memo) for a in args)) if args else frozenset()
+    memo[id(node)] = found
+    return found
+
+
+def _collect(root: Node) -> tuple[set[str], ...]:
+    """Evidence for the roles: (data, ints, scalars, bools, complexes, dims, sizes)."""
+    memo: dict[int, frozenset[str]] = {}
+    dims: set[str] = set()
+    sizes: set[str] = set()
+    data: set[str] = set()
+    ints: set[str] = set()
+    scalars: set[str] = set()
+    bools: set[str] = set()
+    complexes: set[str] = set()
+    nodes = list(walk(root))
+    for node in nodes:
+        op, args = node.op, node.args
+        if op in (VAR, CONST):
+            continue
+        if op in _DATA_FIRST and args:
+            data |= _strict_data(args[0], memo)
+        elif op in ("matmul", "bmm", "mm", "outer"):
+            for a in args[:2]:
+                data |= _strict_data(a, memo)
+        elif op == "einsum":
+            for a in args[1:]:
+                data |= _strict_data(a, memo)
+        elif op == "baddbmm":
+            for a in args[1:3]:
+                data |= _strict_data(a, memo)
+        if op in _INT_ARGS:
+            for extra in (*args[1:], *(v for _, v in node.kwargs)):
+                ints |= extra.vars
+                if op not in _SIZE_ARGS:
+                    dims |= extra.vars
+        if op in ("add", "sub") and len(args) == 2:
+            for mine, other in ((args[0], args[1]), (args[1], args[0])):
+                if mine.op == VAR and _strip(other).op in V.REDUCTIONS:
+                    scalars.add(mine.value)
+        if op.startswith("math_"):
+            sizes |= {a.value for a in args if a.op == VAR}
+        if op in ("mul", "div") and len(args) == 2:
+            for mine, other in ((args[0], args[1]), (args[1], args[0])):
+                if _strip(other).op in V.MATMULS and not mine.ops & V.MATMULS and mine.vars:
+                    scalars |= mine.vars
+                if "view_as_complex" in other.ops and "view_as_complex" not in mine.ops:
+                    complexes |= _through_layout(mine)
+        if op == "masked_fill" and len(args) >= 2:
+            bools |= _through_layout(args[1])
+        if op == "where" and args:
+            bools |= _through_layout(args[0])
+        if op in ("invert", "and_", "or_"):
+            for a in args:
+                bools |= _through_layout(a)
+    return data, ints, scalars | sizes, bools, complexes, dims, sizes
+
+
+def half_width_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
+    """Second guess when the tree does not evaluate: full tensors that are never
+    reduced, sliced or multiplied as matrices may be half as wide as the data they
+    meet (the cos and sin of a split-halves rotary embedding)."""
+    data = data_vars_of_data_ops(root)
+    changed = {name: HALF for name, role in roles.items() if role == FULL and name not in data}
+    return {**roles, **changed} if changed else None
+
+
+def _generator(torch: Any, probe: Probe, name: str) -> Any:
+    return torch.Generator().manual_seed((probe.seed * 1_000_003) ^ zlib.crc32(name.encode()))
+
+
+def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
+    """Probe values for every variable, deterministic per (probe, name)."""
+    import torch
+
+    dtype = getattr(torch, probe.dtype)
+    n = probe.n
+    shape = (n, n, n, n)
+    env: dict[str, Any] = {}
+    for name, role in roles.items():
+        g = _generator(torch, probe, name)
+        if role == FULL:
+            env[name] = torch.randn(shape, generator=g, dtype=dtype) * probe.sigma
+        elif role == VECTOR:
+            env[name] = torch.rand((n,), generator=g, dtype=dtype) + 0.5
+        elif role == SCALAR:
+            env[name] = SCALAR_VALUE
+        elif role == INT:
+            env[name] = -1
+        elif role == SHAPE:
+            env[name] = shape
+        elif role == COUNT:
+            env[name] = 2
+        elif role == BOUND:
+            env[name] = n // 2  # a slice bound: half the width, like a half-width tensor
+        elif role == SIZE:
+            env[name] = n
+        elif role == BOOL:
+            # Every row keeps a True and a False, so that a softmax masked with it
+            # or with its inverse never masks a whole row.
+            mask = torch.rand(shape, generator=g) < 0.5
+            eye = torch.eye(n, dtype=torch.bool)
+            env[name] = (mask | eye) & ~torch.roll(eye, 1, dims=-1)
+        elif role == MATRIX:
+            env[name] = torch.randn((n, n), generator=g, dtype=dtype) * probe.sigma
+        elif role == CUBE:
+            env[name] = torch.randn((n, n, n), generator=g, dtype=dtype) * probe.sigma
+        elif role == HALF:
+            env[name] = torch.randn((n, n, n, n // 2), generator=g, dtype=dtype) * probe.sigma
+        elif role == COMPLEX:
+            angle = torch.rand((n, n, n, n // 2), generator=g, dtype=dtype) * 6.2831853
+            env[name] = torch.polar(torch.ones_like(angle), angle)
+    return env
+
+
+def fresh_full(probe: Probe, salt: str) -> Any:
+    """Another full probe tensor, for re-evaluating a tree with a new input."""
+    import torch
+
+    g = _generator(torch, probe, "fresh:" + salt)
+    n = probe.n
+    return torch.randn((n, n, n, n), generator=g, dtype=getattr(torch, probe.dtype)) * probe.sigma

@@ -1,0 +1,148 @@
+"""Shared machinery of the formula rules (AX110-AX119): each rule reports the
+matches of one category that ``torchaxe.scan.formulas.analysis`` found in the file
+and proposes the fused replacement for the target.
+
+A rewrite is offered only where it is certain: the whole hand-written computation is
+one expression (nothing inlined from other statements), every input has source text
+inside it, and nothing the fused operator cannot express (a mask, dropout, another
+layout) is involved. Otherwise the finding shows the replacement as advice. Not a rule
+module (the leading underscore keeps the registry out).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Iterable
+
+from torchaxe.findings import Applicability, Finding
+from torchaxe.scan.rules.base import Rule
+
+if TYPE_CHECKING:
+    from torchaxe.scan.context import FileContext
+    from torchaxe.scan.formulas.analysis import FormulaMatch
+
+UNVERIFIED = "unverified on Ascend hardware"
+#: A fix that keeps numerics is called safe only when the hand-written form is the
+#: exact formula (its constants are not truncated beyond float32 precision).
+SAFE_RELATIVE_ERROR = 1e-6
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a rule proposes for one match on one target."""
+
+    replacement: str
+    #: The advice part of the message: why the replacement is faster, what changes.
+    note: str
+    title: str
+    applicability: Applicability = Applicability.SAFE
+    #: Whether ``replacement`` may replace the matched expression in place.
+    edit: bool = True
+    imports: tuple[str, ...] = ()
+
+
+class FormulaRule(Rule):
+    """Base of the formula rules; subclasses set ``category``, ``label`` and ``propose``."""
+
+    #: What the formula is called in messages ("tanh-approximation GELU").
+    label: ClassVar[str] = ""
+    #: The fix's usual applicability per target, for an exact hand-written form
+    #: written as one expression (``torchaxe verify`` checks the safe ones).
+    safety_by_target: ClassVar[dict[str, Applicability]] = {}
+
+    def check_module(self, ctx: FileContext) -> Iterable[Finding]:
+        from torchaxe.scan.formulas.analysis import formula_matches
+
+        for match in formula_matches(ctx):
+            if match.category == self.category:
+                yield self.report(ctx, match)
+
+    def propose(self, ctx: FileContext, match: FormulaMatch) -> Proposal:
+        raise NotImplementedError
+
+    def report(self, ctx: FileContext, match: FormulaMatch) -> Finding:
+        proposal = self.propose(ctx, match)
+        message = (
+            f"{self.label} written out by hand in {match.scope_name}: it matches {match.reference} "
+            f"on random probes (max error {match.max_abs:.1e}); {proposal.note}"
+        )
+        if match.spread:
+            message += " (the formula is assembled from several statements, so there is no automatic fix)"
+        if "torch_npu" in proposal.replacement and UNVERIFIED not in message:
+            message += f"; {UNVERIFIED}"
+        edits = [ctx.replace(match.node, proposal.replacement)] if proposal.edit and match.fixable else []
+        fix = ctx.fix(
+            self,
+            edits,
+            imports=proposal.imports if edits else (),
+            applicability=proposal.applicability if edits else Applicability.DISPLAY_ONLY,
+            title=proposal.title,
+        )
+        return ctx.finding(self, match.node, message, replacement=proposal.replacement, fix=fix)
+
+
+# ---------------------------------------------------------------- helpers
+def functional(ctx: FileContext) -> tuple[str, tuple[str, ...]]:
+    """How this file can name ``torch.nn.functional``, and the import that needs."""
+    for name, origin in sorted(ctx.imports.items()):
+        if origin == "torch.nn.functional":
+            return name, ()
+    if ctx.imports.get("torch") == "torch":
+        return "torch.nn.functional", ()
+    if "F" not in ctx.imports:
+        return "F", ("import torch.nn.functional as F",)
+    return "torch.nn.functional", ("import torch",)
+
+
+def torch_name(ctx: FileContext) -> tuple[str, tuple[str, ...]]:
+    """How this file can name ``torch``, and the import that needs."""
+    for name, origin in sorted(ctx.imports.items()):
+        if origin == "torch":
+            return name, ()
+    return "torch", ("import torch",)
+
+
+_SIMPLE = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant)
+_NAME_CHAIN = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*(\.[A-Za-z_][A-Za-z_0-9]*)*$")
+
+
+def atom(text: str) -> str:
+    """``text`` made safe to put before ``.attr`` or after a unary operator."""
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return f"({text})"
+    return text if isinstance(node, _SIMPLE) else f"({text})"
+
+
+def is_name(text: str | None) -> bool:
+    """A plain name or attribute chain: cheap and side-effect free to repeat."""
+    return text is not None and bool(_NAME_CHAIN.match(text.strip()))
+
+
+def exact(match: FormulaMatch) -> bool:
+    """The hand-written form equals the reference to float32 precision."""
+    return match.max_rel <= SAFE_RELATIVE_ERROR
+
+
+def fmt_number(value: float) -> str:
+    return repr(value) if value else "0.0"
+
+
+def eps_text(match: FormulaMatch) -> str | None:
+    """The epsilon's source text (or literal), None when it cannot be written."""
+    if "eps" in match.inputs:
+        return match.inputs["eps"]
+    return fmt_number(float(match.params.get("eps", 0.0)))
+
+
+def torch_version_at_least(ctx: FileContext, major: int, minor: int) -> bool | None:
+    version = ctx.capabilities.get("torch_version")
+    if not version:
+        return None
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if not m:
+        return None
+    return (int(m.group(1)), int(m.group(2))) >= (major, minor)

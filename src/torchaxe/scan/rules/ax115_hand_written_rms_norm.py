@@ -1,0 +1,140 @@
+"""AX115: RMSNorm computed by hand, recognised by its values."""
+
+from __future__ import annotations
+
+from torchaxe.findings import Applicability
+from torchaxe.scan.rules._formula import (
+    FormulaRule, Proposal, atom, eps_text, exact, functional, is_name, torch_version_at_least,
+)
+from torchaxe.scan.rules.base import Invalid, Valid
+
+
+class HandWrittenRmsNorm(FormulaRule):
+    """
+    ## What it does
+    Flags code that computes RMSNorm over the last dimension,
+    `x * rsqrt(mean(x**2, -1) + eps) * weight`, with elementary tensor operations
+    (`rsqrt` or `1 / sqrt`, `pow(2)`, `x * x` or `square`, `mean` or `sum / n`,
+    `norm(...) / sqrt(n)`, an optional weight such as `self.weight` or
+    `1 + self.weight`), including the LLaMA form that normalises in float32 and casts
+    back. Recognised by fitting its values on random inputs: eps, weight and where eps
+    sits are read from the computation, and a normalisation that is not RMS (L2
+    normalisation, mean absolute value, LayerNorm) does not match.
+
+    ## Why is this bad?
+    The written-out norm launches five to eight kernels forward and more backward, each
+    a pass over the activation tensor, on every layer of the model.
+    `F.rms_norm` (torch >= 2.4) and `torch_npu.npu_rms_norm` compute it in one kernel.
+
+    ## Example
+    ```python
+    class RMSNorm(nn.Module):
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+    ```
+
+    ## Use instead
+    ```python
+    return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)          # cpu, cuda
+    return torch_npu.npu_rms_norm(x, self.weight, epsilon=self.eps)[0]   # npu
+    ```
+
+    ## Fix safety
+    Safe on cpu and cuda when the hand-written form has eps inside the square root, no
+    dtype casts and exact constants: `F.rms_norm` computes the same formula. With casts
+    (normalising in float32) the fix is unsafe: the fused kernel keeps the input dtype.
+    eps outside the square root is reported without a fix. On npu the fix is unsafe
+    (`npu_rms_norm` needs a weight, returns a tuple whose first element is the output,
+    and is unverified on Ascend hardware).
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html
+    - https://www.hiascend.com/document (torch_npu.npu_rms_norm)
+    """
+
+    code = "AX115"
+    name = "hand-written-rms-norm"
+    category = "rms_norm"
+    label = "RMSNorm"
+    message = "RMSNorm computed by hand instead of a fused norm"
+    fix_title = "use F.rms_norm"
+    fix_safety = Applicability.SAFE
+    safety_by_target = {"cpu": Applicability.SAFE, "cuda": Applicability.SAFE, "npu": Applicability.UNSAFE}
+    requires_text = ("sqrt", ".norm(", "** -0.5", "**-0.5", "** 0.5", "**0.5")
+    references = (
+        "https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html",
+        "https://www.hiascend.com/document (torch_npu.npu_rms_norm)",
+    )
+    examples = (
+        Invalid(
+            "import torch\nimport torch.nn.functional as F\n\n\nclass RMSNorm(torch.nn.Module):\n"
+            "    def forward(self, x):\n"
+            "        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight\n",
+            fixed="import torch\nimport torch.nn.functional as F\n\n\nclass RMSNorm(torch.nn.Module):\n"
+            "    def forward(self, x):\n        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)\n",
+        ),
+        Invalid(
+            "import torch\n\n\nclass RMSNorm(torch.nn.Module):\n    def forward(self, x):\n"
+            "        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight\n",
+            target="npu",
+            fixed="import torch\nimport torch_npu\n\n\nclass RMSNorm(torch.nn.Module):\n    def forward(self, x):\n"
+            "        return torch_npu.npu_rms_norm(x, self.weight, epsilon=self.eps)[0]\n",
+        ),
+        Invalid(
+            "import torch\n\n\nclass LlamaRMSNorm(torch.nn.Module):\n"
+            "    def _norm(self, x):\n        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)\n\n"
+            "    def forward(self, x):\n        output = self._norm(x.float()).type_as(x)\n"
+            "        return output * self.weight\n",
+            target="cuda",
+            fixed="import torch\n\n\nclass LlamaRMSNorm(torch.nn.Module):\n"
+            "    def _norm(self, x):\n        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, self.eps)\n\n"
+            "    def forward(self, x):\n        output = self._norm(x.float()).type_as(x)\n"
+            "        return output * self.weight\n",
+        ),
+        Invalid(
+            "import torch\ndef rms(h, g, eps=1e-6):\n"
+            "    return h / torch.sqrt((h * h).sum(-1, keepdim=True) / h.shape[-1] + eps) * g\n",
+            fixed="import torch\ndef rms(h, g, eps=1e-6):\n"
+            "    return torch.nn.functional.rms_norm(h, (h.shape[-1],), g, eps)\n",
+        ),
+        Valid("import torch\ndef l2(x):\n    return x / x.norm(dim=-1, keepdim=True)\n"),
+        Valid("import torch\ndef scale(x, eps):\n    return x / (x.abs().mean(-1, keepdim=True) + eps)\n"),
+        Valid("import torch.nn.functional as F\ndef norm(x, w):\n    return F.rms_norm(x, (x.shape[-1],), w)\n"),
+    )
+
+    def propose(self, ctx, match):
+        x, weight, eps = match.inputs["x"], match.inputs.get("weight"), eps_text(match)
+        casts = match.params.get("casts", False)
+        outside = match.params.get("eps_placement") == "outside"
+        if ctx.target == "npu":
+            if weight is None:
+                return Proposal(
+                    f"torch_npu.npu_rms_norm({x}, torch.ones({atom(x)}.shape[-1]), epsilon={eps})[0]",
+                    "torch_npu.npu_rms_norm(x, gamma, epsilon=eps)[0] computes it in one kernel (it needs a gamma "
+                    "tensor: pass ones, or the norm's weight)",
+                    "use torch_npu.npu_rms_norm", Applicability.DISPLAY_ONLY, edit=False,
+                )
+            replacement = f"torch_npu.npu_rms_norm({x}, {weight}, epsilon={eps})[0]"
+            note = f"{replacement} computes it in one kernel (the first output of npu_rms_norm is the normalised tensor)"
+            if outside:
+                note += "; the hand-written form adds eps outside the square root, npu_rms_norm inside"
+            return Proposal(replacement, note, "use torch_npu.npu_rms_norm", Applicability.UNSAFE, edit=not outside,
+                            imports=("import torch_npu",))
+        fn, imports = functional(ctx)
+        size_of = x if is_name(x) else weight if is_name(weight) else None
+        shape = f"({atom(size_of)}.shape[-1],)" if size_of else "(x.shape[-1],)"
+        replacement = f"{fn}.rms_norm({x}, {shape}, {weight or 'None'}, {eps})"
+        available = torch_version_at_least(ctx, 2, 4)
+        if available is False:
+            return Proposal(replacement, "F.rms_norm (torch >= 2.4, also torch.nn.RMSNorm) computes it in one "
+                            "kernel; upgrade torch to use it", "use F.rms_norm", Applicability.DISPLAY_ONLY, edit=False)
+        note = (f"{replacement} computes it in one fused kernel on cuda (on cpu the gain depends on the torch build: "
+                "`torchaxe verify AX115` measures it)" if ctx.target == "cpu" else
+                f"{replacement} computes it in one fused kernel")
+        safe = exact(match) and not casts
+        if casts:
+            note += " (the hand-written form normalises in another dtype and casts back; the fused kernel keeps the input dtype)"
+        if outside:
+            note += "; the hand-written form adds eps outside the square root, F.rms_norm inside (differs for tiny activations)"
+        return Proposal(replacement, note, "use F.rms_norm", Applicability.SAFE if safe else Applicability.UNSAFE,
+                        edit=not outside and size_of is not None, imports=imports)

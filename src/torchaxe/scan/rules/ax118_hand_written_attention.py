@@ -1,0 +1,154 @@
+"""AX118: scaled dot-product attention computed by hand (scores, softmax, @ v)."""
+
+from __future__ import annotations
+
+from torchaxe.findings import Applicability
+from torchaxe.scan.rules._formula import UNVERIFIED, FormulaRule, Proposal, atom, exact, functional
+from torchaxe.scan.rules.base import Invalid, Valid
+
+
+def _scale_argument(match) -> str | None:
+    """SDPA's ``scale=`` argument ("" for the default), None when it cannot be written."""
+    params, scale = match.params, match.inputs.get("scale")
+    if scale is not None:
+        if params.get("scale_from_shape") and params.get("default_scale"):
+            return ""
+        if params.get("scale_op") == "mul":
+            return f", scale={scale}"
+        return f", scale=1 / {atom(scale)}"
+    if abs(params.get("scale", 0.0) - 1.0) < 1e-6:
+        return ", scale=1.0"
+    return None
+
+
+class HandWrittenAttention(FormulaRule):
+    """
+    ## What it does
+    Flags attention computed by hand: `softmax(q @ k^T * scale [+ mask]) [dropout] @ v`,
+    with `matmul`, `@`, `bmm` or `einsum` (BNSD or BSND layouts), a scale written as a
+    division by `sqrt(d)` or a multiplication, an additive or `masked_fill` mask and
+    dropout on the weights. Recognised by its values on random inputs: the weights must
+    be a softmax over the key dimension of a scaled `q @ k^T`.
+
+    ## Why is this bad?
+    The hand-written form materialises the full (L x L) score matrix per head, reads
+    and writes it four or five times (scale, mask, softmax, dropout, product) and keeps
+    it for the backward pass. `F.scaled_dot_product_attention` dispatches to flash or
+    memory-efficient kernels that never build it (and to a fused kernel on CPU);
+    `torch_npu.npu_fusion_attention` is the NPU's fused attention.
+
+    ## Example
+    ```python
+    def attention(q, k, v):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        return torch.softmax(scores, dim=-1) @ v
+    ```
+
+    ## Use instead
+    ```python
+    def attention(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v)
+    ```
+
+    ## Fix safety
+    Safe on cpu and cuda when the whole computation is one expression in the (batch,
+    heads, sequence, head_dim) layout with no mask and no dropout: SDPA computes the
+    same function (the scale is kept: omitted when it is `1/sqrt(q.size(-1))`, passed
+    as `scale=` otherwise). Masks (SDPA's boolean `attn_mask` is True where attention
+    is allowed, the opposite of `masked_fill`'s), dropout (`dropout_p` must follow
+    `self.training`), other layouts and formulas spread over statements are reported
+    with the suggested call but no automatic fix. On npu `npu_fusion_attention` needs
+    `head_num`, an `input_layout`, an explicit `scale` (its default is 1) and a mask in
+    which True means "drop"; it supports float16 and bfloat16 only. Always advice,
+    unverified on Ascend hardware.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html
+    - https://www.hiascend.com/document (torch_npu.npu_fusion_attention)
+    """
+
+    code = "AX118"
+    name = "hand-written-attention"
+    category = "attention"
+    label = "scaled dot-product attention"
+    message = "attention computed by hand instead of a fused attention kernel"
+    fix_title = "use F.scaled_dot_product_attention"
+    fix_safety = Applicability.SAFE
+    safety_by_target = {"cpu": Applicability.SAFE, "cuda": Applicability.SAFE, "npu": Applicability.DISPLAY_ONLY}
+    requires_text = ("softmax(", "Softmax(", "torch.exp(", ".exp()")
+    references = (
+        "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
+        "https://www.hiascend.com/document (torch_npu.npu_fusion_attention)",
+    )
+    examples = (
+        Invalid(
+            "import math\nimport torch\nimport torch.nn.functional as F\n\n\ndef attention(q, k, v):\n"
+            "    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ v\n",
+            fixed="import math\nimport torch\nimport torch.nn.functional as F\n\n\ndef attention(q, k, v):\n"
+            "    return F.scaled_dot_product_attention(q, k, v)\n",
+        ),
+        Invalid(
+            "import torch\n\n\ndef attention(q, k, v, scale):\n"
+            "    return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(2, 3)) * scale, -1), v)\n",
+            target="cuda",
+            fixed="import torch\n\n\ndef attention(q, k, v, scale):\n"
+            "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)\n",
+        ),
+        Invalid(
+            "import math\nimport torch\n\n\nclass Attention(torch.nn.Module):\n"
+            "    def forward(self, q, k, v, mask=None):\n"
+            "        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)\n"
+            "        if mask is not None:\n            scores = scores.masked_fill(mask == 0, float('-inf'))\n"
+            "        attn = self.dropout(torch.softmax(scores, dim=-1))\n        return torch.matmul(attn, v)\n",
+            target="npu",
+        ),
+        Invalid(
+            "import torch\n\n\ndef attn(q, k, v):\n    w = torch.einsum('bhqd,bhkd->bhqk', q, k) * q.shape[-1] ** -0.5\n"
+            "    return torch.einsum('bhqk,bhkd->bhqd', w.softmax(dim=-1), v)\n",
+        ),
+        Valid("import torch.nn.functional as F\ndef attention(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)\n"),
+        Valid("import torch\ndef not_attention(q, k, v):\n    return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v\n"),
+        Valid("import torch\ndef gate(x, w, v):\n    return torch.softmax(x @ w, dim=-1) @ v\n"),
+    )
+
+    def propose(self, ctx, match):
+        q, k, v = match.inputs["q"], match.inputs["k"], match.inputs["v"]
+        params = match.params
+        if params.get("k_transposed"):
+            k = f"{atom(k)}.transpose(-2, -1)"  # the source keeps the key already transposed
+        scale = _scale_argument(match)
+        if ctx.target == "npu":
+            layout = params.get("layout") if params.get("layout") in ("BNSD", "BSND") else "BNSD"
+            scale_value = "scale=<the score scale>" if scale is None else (
+                "scale=1 / math.sqrt(head_dim)" if scale == "" else scale.lstrip(", "))
+            mask = ", atten_mask=<True where masked>" if params.get("masked") else ""
+            replacement = f'torch_npu.npu_fusion_attention({q}, {k}, {v}, head_num, "{layout}"{mask}, {scale_value})[0]'
+            return Proposal(
+                replacement,
+                f"{replacement} is the NPU's fused attention (pass head_num and the scale explicitly: its default scale "
+                "is 1; its atten_mask is True where a position is dropped; float16/bfloat16 only; the first output is "
+                f"the attention result); {UNVERIFIED}",
+                "use torch_npu.npu_fusion_attention", Applicability.DISPLAY_ONLY, edit=False,
+            )
+        fn, imports = functional(ctx)
+        extra = []
+        if params.get("masked"):
+            mask = match.inputs.get("mask")
+            extra.append(f"attn_mask=<{'from ' + mask if mask else 'the mask'}: True where attention is allowed> "
+                         "or is_causal=True")
+        if params.get("dropout"):
+            extra.append("dropout_p=(p if self.training else 0.0)")
+        scale_arg = scale if scale is not None else ", scale=<the score scale>"
+        replacement = f"{fn}.scaled_dot_product_attention({q}, {k}, {v}{scale_arg}" + "".join(
+            f", {e}" for e in extra) + ")"
+        note = (f"{fn}.scaled_dot_product_attention computes it without materialising the score matrix (flash and "
+                "memory-efficient kernels on cuda, a fused kernel on cpu)")
+        layout_ok = params.get("layout") == "BNSD"
+        if not layout_ok:
+            note += "; q, k and v must be transposed to (batch, heads, sequence, head_dim) first"
+        certain = not extra and layout_ok and scale is not None and not params.get("k_transposed")
+        if extra:
+            note += "; the mask and dropout need care (see the rule's documentation)"
+        safe = exact(match)
+        return Proposal(replacement, note, "use F.scaled_dot_product_attention",
+                        Applicability.SAFE if safe else Applicability.UNSAFE, edit=certain, imports=imports)

@@ -1,0 +1,324 @@
+"""Softmax and scaled dot-product attention written by hand, and look-alikes."""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def softmax_stable(x):  # formula: softmax
+    e = torch.exp(x - x.max(dim=-1, keepdim=True)[0])
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def softmax_naive(x):  # formula: softmax
+    return torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)
+
+
+def softmax_logsumexp(x):  # formula: softmax
+    return torch.exp(x - torch.logsumexp(x, dim=-1, keepdim=True))
+
+
+def softmax_rows(x):  # formula: softmax
+    return x.exp() / x.exp().sum(1, keepdim=True)
+
+
+class TemperatureSoftmax(nn.Module):  # formula: softmax
+    def forward(self, logits):
+        z = logits / self.temperature
+        z = z - z.amax(-1, keepdim=True)
+        p = z.exp()
+        return p / p.sum(-1, keepdim=True)
+
+
+def softmax_values(scores):  # formula: softmax
+    shifted = scores - scores.max(-1, keepdim=True).values
+    return shifted.exp() / shifted.exp().sum(-1, keepdim=True)
+
+
+class CausalSelfAttention(nn.Module):  # formula: attention
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class BertSelfAttention(nn.Module):  # formula: attention
+    def forward(self, hidden_states, attention_mask=None):
+        query_layer = self.transpose_for_scores(self.query(hidden_states))
+        key_layer = self.transpose_for_scores(self.key(hidden_states))
+        value_layer = self.transpose_for_scores(self.value(hidden_states))
+        attention_scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))
+        attention_scores = attention_scores / math.sqrt(self.attention_head_size)
+        if attention_mask is not None:
+            attention_scores = attention_scores + attention_mask
+        attention_probs = nn.functional.softmax(attention_scores, dim=-1)
+        attention_probs = self.dropout(attention_probs)
+        context_layer = torch.matmul(attention_probs, value_layer)
+        return context_layer
+
+
+def scaled_dot_product(q, k, v):  # formula: attention
+    d_k = q.size(-1)
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d_k)
+    p_attn = scores.softmax(dim=-1)
+    return torch.matmul(p_attn, v)
+
+
+class EinsumAttention(nn.Module):  # formula: attention
+    def forward(self, q, k, v):
+        sim = torch.einsum("bhid,bhjd->bhij", q, k) * self.scale
+        attn = sim.softmax(dim=-1)
+        return torch.einsum("bhij,bhjd->bhid", attn, v)
+
+
+def bmm_attention(q, k, v):  # formula: attention
+    d = q.shape[-1]
+    w = torch.bmm(q, k.transpose(1, 2)) / math.sqrt(d)
+    w = torch.softmax(w, dim=-1)
+    return torch.bmm(w, v)
+
+
+class VitAttention(nn.Module):  # formula: attention
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q = q * self.scale
+        attn = q @ k.transpose(-2, -1)
+        attn = attn.softmax(dim=-1)
+        attn = self.attn_drop(attn)
+        x = attn @ v
+        return self.proj(x.transpose(1, 2).reshape(B, N, C))
+
+
+class T5StyleAttention(nn.Module):  # formula: attention
+    def forward(self, q, k, v, position_bias):
+        scores = torch.matmul(q, k.transpose(3, 2))
+        scores += position_bias
+        attn_weights = F.softmax(scores.float(), dim=-1).type_as(scores)
+        attn_weights = F.dropout(attn_weights, p=self.dropout, training=self.training)
+        return torch.matmul(attn_weights, v)
+
+
+class LlamaStyleAttention(nn.Module):  # formula: attention
+    def forward(self, xq, keys, values, mask=None):
+        xq = xq.transpose(1, 2)
+        keys = keys.transpose(1, 2)
+        values = values.transpose(1, 2)
+        scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores + mask
+        scores = F.softmax(scores.float(), dim=-1).type_as(xq)
+        output = torch.matmul(scores, values)
+        return output.transpose(1, 2).contiguous()
+
+
+def einsum_bsnd_attention(q, k, v, scale):  # formula: attention
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+def attention_one_line(q, k, v):  # formula: attention
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def masked_attention(q, k, v, mask):  # formula: attention
+    scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return scores.softmax(-1) @ v
+
+
+# ----------------------------------------------------------------------- look-alikes
+def normalise_by_sum(x):  # lookalike: softmax
+    return x / x.sum(-1, keepdim=True)
+
+
+def log_softmax_by_hand(x):  # lookalike: softmax
+    return x - torch.logsumexp(x, dim=-1, keepdim=True)
+
+
+def sigmoid_by_hand(x):  # lookalike: softmax
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def softmax_over_everything(x):  # lookalike: softmax
+    return torch.exp(x) / torch.exp(x).sum()
+
+
+def masked_exp_norm(x, m):  # lookalike: softmax
+    e = torch.exp(x) * m
+    return e / e.sum(-1, keepdim=True)
+
+
+def softmax_fused(x):  # lookalike: softmax
+    return torch.softmax(x, dim=-1)
+
+
+def sdpa_already(q, k, v):  # lookalike: attention
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def softmax_over_queries(q, k, v):  # lookalike: attention
+    return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v
+
+
+def classifier_mixture(x, w, v):  # lookalike: attention
+    return torch.softmax(x @ w, dim=-1) @ v
+
+
+def sigmoid_attention(q, k, v):  # lookalike: attention
+    return torch.sigmoid(q @ k.transpose(-2, -1)) @ v
+
+
+def linear_attention(q, k, v):  # lookalike: attention
+    q = q.softmax(dim=-1)
+    k = k.softmax(dim=-2)
+    context = k.transpose(-2, -1) @ v
+    return q @ context
+
+
+class GPT2StyleAttention(nn.Module):  # formula: attention
+    def _attn(self, query, key, value, attention_mask=None, head_mask=None):
+        attn_weights = torch.matmul(query, key.transpose(-1, -2))
+        attn_weights = attn_weights / torch.full([], value.size(-1) ** 0.5, dtype=attn_weights.dtype)
+        query_length, key_length = query.size(-2), key.size(-2)
+        causal_mask = self.bias[:, :, key_length - query_length : key_length, :key_length]
+        mask_value = torch.finfo(attn_weights.dtype).min
+        attn_weights = torch.where(causal_mask, attn_weights, mask_value)
+        if attention_mask is not None:
+            attn_weights = attn_weights + attention_mask
+        attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+        attn_weights = self.attn_dropout(attn_weights)
+        if head_mask is not None:
+            attn_weights = attn_weights * head_mask
+        attn_output = torch.matmul(attn_weights, value)
+        return attn_output, attn_weights
+
+
+class WhisperStyleAttention(nn.Module):  # formula: attention
+    def qkv_attention(self, q, k, v, mask=None):
+        n_batch, n_ctx, n_state = q.shape
+        scale = (n_state // self.n_head) ** -0.25
+        q = q.view(*q.shape[:2], self.n_head, -1).permute(0, 2, 1, 3) * scale
+        k = k.view(*k.shape[:2], self.n_head, -1).permute(0, 2, 3, 1) * scale
+        v = v.view(*v.shape[:2], self.n_head, -1).permute(0, 2, 1, 3)
+        qk = q @ k
+        if mask is not None:
+            qk = qk + mask[:n_ctx, :n_ctx]
+        qk = qk.float()
+        w = F.softmax(qk, dim=-1).to(q.dtype)
+        return (w @ v).permute(0, 2, 1, 3).flatten(start_dim=2)
+
+
+def eager_attention_forward(module, query, key_states, value_states, attention_mask, scaling, dropout=0.0):  # formula: attention
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        causal_mask = attention_mask[:, :, :, : key_states.shape[-2]]
+        attn_weights = attn_weights + causal_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    return attn_output
+
+
+def softmax_inplace_divide(logits):  # formula: softmax
+    probs = torch.exp(logits - logits.max())
+    probs /= probs.sum(-1, keepdim=True)
+    return probs
+
+
+def softmax_div_method(scores):  # formula: softmax
+    return scores.exp().div(scores.exp().sum(-1, keepdim=True))
+
+
+class WindowAttention(nn.Module):  # formula: attention
+    def forward(self, x, mask=None):
+        B_, N, C = x.shape
+        qkv = self.qkv(x).reshape(B_, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        q = q * self.scale
+        attn = q @ k.transpose(-2, -1)
+        attn = attn + self.relative_position_bias.unsqueeze(0)
+        attn = self.softmax(attn)
+        attn = self.attn_drop(attn)
+        return (attn @ v).transpose(1, 2).reshape(B_, N, C)
+
+
+class CrossAttention(nn.Module):  # formula: attention
+    def forward(self, q, k, v):
+        sim = torch.einsum("b i d, b j d -> b i j", q, k) * self.scale
+        attn = sim.softmax(dim=-1)
+        return torch.einsum("b i j, b j d -> b i d", attn, v)
+
+
+class DistilBertStyleAttention(nn.Module):  # formula: attention
+    def forward(self, q, k, v, mask, head_mask=None):
+        q = q / math.sqrt(self.dim_per_head)
+        scores = torch.matmul(q, k.transpose(2, 3))
+        mask = (mask == 0).view(self.mask_reshp).expand_as(scores)
+        scores = scores.masked_fill(mask, torch.tensor(torch.finfo(scores.dtype).min))
+        weights = nn.functional.softmax(scores, dim=-1)
+        weights = self.dropout(weights)
+        if head_mask is not None:
+            weights = weights * head_mask
+        return torch.matmul(weights, v)
+
+
+def softmax_module_inline(scores, v):  # formula: attention
+    return nn.Softmax(dim=-1)(scores @ v.transpose(-2, -1)) @ v
+
+
+class ClipStyleAttention(nn.Module):  # formula: attention
+    def forward(self, query_states, key_states, value_states):
+        attn_weights = torch.bmm(query_states, key_states.transpose(1, 2))
+        attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+        attn_probs = nn.functional.dropout(attn_weights, p=self.dropout, training=self.training)
+        return torch.bmm(attn_probs, value_states)
+
+
+class FlashOrManualAttention(nn.Module):  # lookalike: attention
+    def forward(self, q, k, v):
+        if self.flash:
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+        return y
+
+
+class LevitStyleAttention(nn.Module):  # formula: attention
+    def forward(self, x):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).view(B, N, self.num_heads, -1).split([self.key_dim, self.key_dim, self.val_dim], dim=3)
+        q = q.permute(0, 2, 1, 3)
+        k = k.permute(0, 2, 3, 1)
+        v = v.permute(0, 2, 1, 3)
+        attn = q @ k * self.scale + self.attention_bias
+        attn = attn.softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(B, N, self.val_attn_dim)
+
+
+class SoftcappedAttention(nn.Module):  # formula: attention
+    def forward(self, q, k, v, mask):
+        q = q * self.scaling
+        scores = torch.matmul(q, k.transpose(2, 3))
+        if self.attn_logit_softcapping is not None:
+            scores = scores / self.attn_logit_softcapping
+            scores = torch.tanh(scores)
+            scores = scores * self.attn_logit_softcapping
+        scores = scores + mask
+        scores = F.softmax(scores.float(), dim=-1).type_as(q)
+        return torch.matmul(scores, v)

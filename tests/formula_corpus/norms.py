@@ -1,0 +1,178 @@
+"""RMSNorm and LayerNorm written by hand, and normalisations that are neither."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(torch.nn.Module):  # formula: rms_norm
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float()).type_as(x)
+        return output * self.weight
+
+
+class LlamaStyleRMSNorm(nn.Module):  # formula: rms_norm
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class T5StyleLayerNorm(nn.Module):  # formula: rms_norm
+    def forward(self, hidden_states):
+        variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        if self.weight.dtype in [torch.float16, torch.bfloat16]:
+            hidden_states = hidden_states.to(self.weight.dtype)
+        return self.weight * hidden_states
+
+
+class GemmaStyleRMSNorm(nn.Module):  # formula: rms_norm
+    def forward(self, x):
+        output = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        output = output * (1.0 + self.weight.float())
+        return output.type_as(x)
+
+
+def rms_norm(x, weight, eps=1e-6):  # formula: rms_norm
+    return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + eps) * weight
+
+
+class ScaledRMSNorm(nn.Module):  # formula: rms_norm
+    def forward(self, x):
+        norm = x.norm(2, dim=-1, keepdim=True) * (x.shape[-1] ** -0.5)
+        return self.g * x / (norm + self.eps)
+
+
+class RMSNormSqrt(nn.Module):  # formula: rms_norm
+    def forward(self, x):
+        return x / torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + self.eps) * self.scale
+
+
+def rms_norm_chain(x, weight, eps: float = 1e-5):  # formula: rms_norm
+    return (x * x).mean(-1, keepdim=True).add(eps).rsqrt() * x * weight
+
+
+def rms_norm_power(x):  # formula: rms_norm
+    return x * (x.square().mean(-1, keepdim=True) + 1e-5) ** -0.5
+
+
+class LayerNorm(nn.Module):  # formula: layer_norm
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        var = x.var(-1, keepdim=True, unbiased=False)
+        return self.a * (x - mean) / torch.sqrt(var + self.eps) + self.b
+
+
+class BertLayerNorm(nn.Module):  # formula: layer_norm
+    def forward(self, x):
+        u = x.mean(-1, keepdim=True)
+        s = (x - u).pow(2).mean(-1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + self.variance_epsilon)
+        return self.weight * x + self.bias
+
+
+def layer_norm_var_mean(x, weight, bias, eps=1e-5):  # formula: layer_norm
+    var, mean = torch.var_mean(x, dim=-1, keepdim=True, unbiased=False)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+def layer_norm_one_expression(x, w, b, eps=1e-5):  # formula: layer_norm
+    return (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True, correction=0) + eps) * w + b
+
+
+def layer_norm_no_affine(x):  # formula: layer_norm
+    mu = x.mean(dim=-1, keepdim=True)
+    sigma2 = ((x - mu) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mu) / (sigma2 + 1e-6).sqrt()
+
+
+class AnnotatedLayerNorm(nn.Module):  # formula: layer_norm
+    def forward(self, x):
+        mean = x.mean(-1, keepdim=True)
+        std = x.std(-1, keepdim=True)
+        return self.a_2 * (x - mean) / (std + self.eps) + self.b_2
+
+
+class ChannelsLastLayerNorm(nn.Module):  # formula: layer_norm
+    def forward(self, x):
+        u = x.mean(-1, keepdim=True)
+        s = (x - u).pow(2).mean(-1, keepdim=True)
+        x = (x - u) * torch.rsqrt(s + self.eps)
+        return x * self.weight + self.bias
+
+
+# ----------------------------------------------------------------------- look-alikes
+def l2_normalize(x):  # lookalike: rms_norm
+    return x / x.norm(dim=-1, keepdim=True)
+
+
+def mean_abs_norm(x, eps=1e-6):  # lookalike: rms_norm
+    return x / (x.abs().mean(-1, keepdim=True) + eps)
+
+
+def sum_of_squares_norm(x, eps=1e-6):  # lookalike: rms_norm
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def rms_over_batch(x, eps=1e-6):  # lookalike: rms_norm
+    return x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps)
+
+
+def max_norm(x, eps=1e-6):  # lookalike: rms_norm
+    return x / (x.abs().amax(-1, keepdim=True) + eps)
+
+
+def rms_fused(x, w):  # lookalike: rms_norm
+    return F.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+
+def batch_norm_by_hand(x, eps=1e-5):  # lookalike: layer_norm
+    mean = x.mean(0, keepdim=True)
+    var = x.var(0, keepdim=True, unbiased=False)
+    return (x - mean) / torch.sqrt(var + eps)
+
+
+def centre_only(x):  # lookalike: layer_norm
+    return x - x.mean(-1, keepdim=True)
+
+
+def scale_by_mean(x):  # lookalike: layer_norm
+    return x / x.mean(-1, keepdim=True)
+
+
+def layer_norm_fused(x, w, b):  # lookalike: layer_norm
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def standardise_global(x):  # lookalike: layer_norm
+    return (x - x.mean()) / x.std()
+
+
+class ConvNextLayerNorm(nn.Module):  # formula: layer_norm
+    def forward(self, x):
+        u = x.mean(1, keepdim=True)
+        s = (x - u).pow(2).mean(1, keepdim=True)
+        x = (x - u) / torch.sqrt(s + self.eps)
+        return self.weight[:, None, None] * x + self.bias[:, None, None]
+
+
+def hard_swish(x):  # lookalike: silu
+    return x * F.relu6(x + 3) / 6
+
+
+class GlobalResponseNorm(nn.Module):  # lookalike: rms_norm
+    def forward(self, x):
+        x_g = x.norm(p=2, dim=self.spatial_dim, keepdim=True)
+        x_n = x_g / (x_g.mean(dim=self.channel_dim, keepdim=True) + self.eps)
+        return x + torch.addcmul(self.bias.view(self.wb_shape), self.weight.view(self.wb_shape), x * x_n)

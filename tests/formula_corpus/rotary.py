@@ -1,0 +1,89 @@
+"""Rotary position embedding applied by hand, and position code that is not rotary."""
+
+import torch
+import torch.nn as nn
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):  # formula: rotary
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def rotate_half_chunk(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope_chunk(t, cos, sin):  # formula: rotary
+    return t * cos + rotate_half_chunk(t) * sin
+
+
+def apply_rotary_emb(xq, xk, freqs_cis):  # formula: rotary
+    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)
+    xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)
+    return xq_out.type_as(xq), xk_out.type_as(xk)
+
+
+def rotate_every_two(x):
+    x1 = x[:, :, :, ::2]
+    x2 = x[:, :, :, 1::2]
+    x = torch.stack((-x2, x1), dim=-1)
+    return x.flatten(-2)
+
+
+def apply_rotary_gptj(x, sin, cos):  # formula: rotary
+    return (x * cos) + (rotate_every_two(x) * sin)
+
+
+def rope_split_halves(x, cos, sin):  # formula: rotary
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):  # formula: rotary
+    def forward(self, q, cos, sin):
+        half = q.shape[-1] // 2
+        q1, q2 = q[..., :half], q[..., half:]
+        rotated = torch.cat((-q2, q1), dim=-1)
+        return q * cos + rotated * sin
+
+
+# ----------------------------------------------------------------------- look-alikes
+def add_positions(x, pe):  # lookalike: rotary
+    return x + pe[: x.size(1)]
+
+
+def scale_without_rotation(x, cos, sin):  # lookalike: rotary
+    return x * cos + x * sin
+
+
+def concat_halves(x, cos):  # lookalike: rotary
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1, x2), dim=-1) * cos
+
+
+def swap_halves(x):  # lookalike: rotary
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x2, x1), dim=-1)
+
+
+def sinusoidal_table(position, div_term):  # lookalike: rotary
+    return torch.cat((torch.sin(position * div_term), torch.cos(position * div_term)), dim=-1)
+
+
+def apply_partial_rotary(q, cos, sin, rotary_ndims):  # formula: rotary
+    q_rot = q[..., :rotary_ndims]
+    q_pass = q[..., rotary_ndims:]
+    q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
+    return torch.cat((q_embed, q_pass), dim=-1)

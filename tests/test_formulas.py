@@ -1,0 +1,279 @@
+"""The formula machinery: lowering and local inlining, the safe interpreter, roles,
+fingerprints in many spellings, the fingerprint store, lazy torch import, and the
+interplay with the name-level rule AX103."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from torchaxe.scan.context import FileContext
+from torchaxe.scan.formulas.analysis import formula_matches
+from torchaxe.scan.formulas.inline import FileUnit, read_scope
+from torchaxe.scan.formulas.ir import Builder, normalised
+from torchaxe.scan.formulas.probes import infer_roles
+from torchaxe.scan.formulas.store import FingerprintStore
+
+
+def matches(source: str, target: str = "npu"):
+    source = textwrap.dedent(source)
+    ctx = FileContext("t.py", source, ast.parse(source), target)
+    return formula_matches(ctx)
+
+
+def roots(source: str):
+    source = textwrap.dedent(source)
+    tree = ast.parse(source)
+    ctx = FileContext("t.py", source, tree, "npu")
+    unit = FileUnit(ctx.imports, ctx.qualified_name, ctx.text, tree, ctx.lines,
+                    relevant_lines=list(range(1, len(ctx.lines) + 1)),
+                    hot_definitions={id(n) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)})
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
+    return read_scope(unit, fn, None)
+
+
+# ----------------------------------------------------------------------- lowering
+def test_locals_are_inlined_into_one_expression():
+    found = roots("""
+        import torch
+        def f(x):
+            cdf = 0.5 * (1.0 + torch.tanh(x))
+            return x * cdf
+    """)
+    text, names = normalised(found[-1].node)
+    assert "tanh" in text and text.startswith("mul(")
+    assert names == ("x",)
+
+
+def test_unknown_calls_are_opaque_variables_and_their_arguments_are_roots():
+    found = roots("""
+        import torch
+        def f(self, x):
+            return self.proj(x * torch.sigmoid(x))
+    """)
+    texts = [normalised(r.node)[0] for r in found]
+    assert texts[0] == "v0"  # self.proj(...) is a free variable
+    assert any("sigmoid" in t for t in texts[1:])  # the argument is looked into
+
+
+def test_constants_fold_to_the_same_leaf():
+    b = Builder()
+    import math
+
+    a = b.op("sqrt", (b.op("div", (b.const(2), b.const(math.pi))),))
+    assert a.is_const and abs(a.value - 0.7978845608028654) < 1e-15
+
+
+def test_names_bound_in_loops_are_not_inlined():
+    found = roots("""
+        import torch
+        def f(x):
+            for _ in range(3):
+                x = torch.tanh(x)
+            return x * torch.sigmoid(x)
+    """)
+    text, names = normalised(found[-1].node)
+    assert names == ("x@3",) or names[0].startswith("x@")
+
+
+def test_roles_read_from_use():
+    found = roots("""
+        import torch
+        def f(x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+    """)
+    roles = infer_roles(found[-1].node)
+    assert roles == {"x": "full", "self.eps": "scalar", "self.weight": "vector"}
+
+
+# ----------------------------------------------------------------------- interpreter
+def test_interpreter_never_calls_what_it_does_not_know():
+    # os.system is not on the whitelist: it is a free variable, never called.
+    found = matches("""
+        import os, torch
+        def f(x):
+            return x * torch.sigmoid(x) + os.system("touch /tmp/torchaxe-should-not-exist")
+    """)
+    import os.path
+
+    assert not os.path.exists("/tmp/torchaxe-should-not-exist")
+    assert [m.category for m in found] == ["silu"]
+
+
+def test_interpreter_caps_what_a_formula_may_allocate():
+    import torch
+
+    from torchaxe.scan.formulas.interpreter import FAIL, Evaluator
+
+    b = Builder()
+    x = b.var("x")
+    big = b.op("repeat", (x, b.const(100000), b.const(100000)))
+    outer = b.op("mul", (b.op("unsqueeze", (b.op("reshape", (x, b.const(-1))), b.const(1))),
+                         b.op("reshape", (x, b.const(-1)))))
+    env = {"x": torch.randn(16, 16, 16, 16)}
+    # The repeat is refused (the layout op passes its input through), the outer
+    # product of 65536 x 65536 elements is refused outright.
+    assert Evaluator(env).value(big).shape == (16, 16, 16, 16)
+    assert Evaluator(env).value(outer) is FAIL
+
+
+# ----------------------------------------------------------------------- fingerprints
+@pytest.mark.parametrize("body,category", [
+    ("0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))", "gelu_tanh"),
+    ("0.5 * x * (1 + torch.tanh(0.79788456 * (x + 0.044715 * x * x * x)))", "gelu_tanh"),
+    ("x * (1 + torch.tanh(0.7978845608 * x * (1 + 0.044715 * x ** 2))) / 2", "gelu_tanh"),
+    ("x * torch.sigmoid(1.5957691216057308 * (x + 0.044715 * x ** 3))", "gelu_tanh"),
+    ("0.5 * x * (1 + torch.erf(x / math.sqrt(2)))", "gelu_erf"),
+    ("x * torch.special.ndtr(x)", "gelu_erf"),
+    ("x * torch.sigmoid(1.702 * x)", "quick_gelu"),
+    ("x / (1 + torch.exp(-x))", "silu"),
+    ("torch.exp(x - x.amax(-1, keepdim=True)) / torch.exp(x - x.amax(-1, keepdim=True)).sum(-1, keepdim=True)",
+     "softmax"),
+])
+def test_one_line_forms(body, category):
+    found = matches(f"import math, torch\ndef f(x):\n    return {body}\n")
+    assert [m.category for m in found] == [category]
+    assert found[0].max_abs < 1e-4
+
+
+@pytest.mark.parametrize("body", [
+    "0.5 * x * (1 + torch.tanh(x))",
+    "0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.44715 * x ** 3)))",
+    "0.5 * (1 + torch.erf(x / math.sqrt(2)))",
+    "x * torch.sigmoid(1.5 * x)",
+    "x * torch.sigmoid(-x)",
+    "x / x.sum(-1, keepdim=True)",
+    "x - torch.logsumexp(x, -1, keepdim=True)",
+    "x / x.norm(dim=-1, keepdim=True)",
+])
+def test_look_alikes_are_not_matched(body):
+    assert matches(f"import math, torch\ndef f(x):\n    return {body}\n") == []
+
+
+def test_largest_match_wins():
+    found = matches("""
+        import torch
+        def swiglu(x):
+            a, b = x.chunk(2, -1)
+            return a * torch.sigmoid(a) * b
+    """)
+    assert [m.category for m in found] == ["swiglu"]  # not the SiLU inside it
+    found_cpu = matches("""
+        import torch
+        def swiglu(x):
+            a, b = x.chunk(2, -1)
+            return a * torch.sigmoid(a) * b
+    """, target="cpu")
+    assert [m.category for m in found_cpu] == ["silu"]  # no fused SwiGLU on cpu
+
+
+def test_a_helper_and_its_caller_report_once():
+    found = matches("""
+        import torch
+        def gelu(x):
+            return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))
+        def mlp(self, h):
+            return self.fc2(gelu(self.fc1(h)))
+    """)
+    assert [(m.category, m.scope_name) for m in found] == [("gelu_tanh", "gelu")]
+
+
+def test_attention_parameters_are_read():
+    found = matches("""
+        import math, torch
+        def attn(q, k, v, mask):
+            s = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+            s = s.masked_fill(mask == 0, float("-inf"))
+            return torch.softmax(s, dim=-1) @ v
+    """)
+    [m] = found
+    assert m.category == "attention" and m.params["masked"] and m.params["default_scale"]
+    assert (m.inputs["q"], m.inputs["k"], m.inputs["v"]) == ("q", "k", "v")
+    assert m.spread and not m.fixable
+
+
+def test_norm_eps_and_weight_are_identified():
+    [m] = matches("""
+        import torch
+        def rms(h, g, eps=1e-6):
+            return h / torch.sqrt((h * h).sum(-1, keepdim=True) / h.shape[-1] + eps) * (1 + g)
+    """)
+    assert m.category == "rms_norm"
+    assert m.inputs == {"x": "h", "weight": "(1 + g)", "eps": "eps"} or m.inputs["weight"] == "1 + g"
+
+
+def test_match_errors_are_reported_on_float64_probes():
+    [m] = matches("import math, torch\ndef f(x):\n    return 0.5 * x * (1 + torch.tanh(0.7978 * (x + 0.044715 * x**3)))\n")
+    assert m.category == "gelu_tanh" and 1e-6 < m.max_abs < 1e-3  # truncated constant: close, not exact
+
+
+# ----------------------------------------------------------------------- store
+def test_store_round_trip_and_version_reset(tmp_path):
+    store = FingerprintStore(tmp_path, use_disk=True)
+    store.put_many({"k1": [["silu", 3, {"x": 0}, {}, "x*sigmoid(x)", 0.0, 0.0]]})
+    again = FingerprintStore(tmp_path, use_disk=True)
+    assert again.get_many(["k1", "k2"]) == {"k1": [["silu", 3, {"x": 0}, {}, "x*sigmoid(x)", 0.0, 0.0]]}
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "fingerprints.sqlite3")
+    db.execute("UPDATE meta SET value = 'older' WHERE name = 'version'")
+    db.commit()
+    db.close()
+    assert FingerprintStore(tmp_path, use_disk=True).get_many(["k1"]) == {}
+
+
+def test_store_turns_itself_off_when_the_disk_fails(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x")
+    store = FingerprintStore(blocker / "sub", use_disk=True)
+    store.put_many({"k": []})  # no exception
+    assert store.get_many(["k"]) == {"k": []}  # memory still works
+
+
+# ----------------------------------------------------------------------- laziness, AX103
+def test_torch_is_imported_only_for_a_candidate(tmp_path):
+    plain = tmp_path / "plain.py"
+    plain.write_text("import torch\nx = torch.zeros(3)\ny = x.mean()\nopt = torch.optim.SGD(p, lr=1)\n")
+    code = textwrap.dedent(f"""
+        import sys, json
+        import torchaxe
+        from torchaxe.scan.engine import scan_paths, ScanOptions
+        first = 'torch' in sys.modules
+        scan_paths([{str(plain)!r}], ScanOptions(target='cpu', capabilities={{'fused_optimizers': ['SGD']}}))
+        print(json.dumps([first, 'torch' in sys.modules]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == [False, False]
+
+
+def test_ax103_leaves_a_recognised_formula_to_the_formula_rules(scan):
+    source = "import math, torch\ndef gelu(x):\n    return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))\n"
+    codes = [f.code for f in scan(source, target="cpu").findings]
+    assert codes == ["AX110"]
+
+
+def test_npu_messages_say_unverified(scan):
+    source = "import torch\ndef act(x):\n    return x * torch.sigmoid(1.702 * x)\n"
+    [finding] = scan(source, target="npu").findings
+    assert finding.code == "AX112" and "unverified on Ascend hardware" in finding.message
+    assert finding.fix.imports == ("import torch_npu",)
+
+
+def test_an_unchanged_file_is_not_analysed_again(monkeypatch):
+    from torchaxe.scan.formulas import analysis
+
+    source = "import torch\ndef swish(v):\n    return v * torch.sigmoid(v)\n"
+    first = matches(source, target="cuda")
+
+    def fail(ctx):
+        raise AssertionError("analysed again")
+
+    monkeypatch.setattr(analysis, "_analyse", fail)
+    again = matches(source, target="cuda")
+    assert [(m.category, m.line, m.inputs, m.fixable) for m in again] == [
+        (m.category, m.line, m.inputs, m.fixable) for m in first]
