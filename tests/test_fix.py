@@ -116,6 +116,9 @@ def test_overlapping_fixes_apply_one_and_keep_the_other():
         ("import os\nimport torch\n\nx = 1\n", "import os\nimport torch\nimport torch_npu\n\nx = 1\n"),
         ("import torch_npu.optim\nx = 1\n", "import torch_npu.optim\nx = 1\n"),
         ("import torch_npu as tn\nx = 1\n", "import torch_npu as tn\nimport torch_npu\nx = 1\n"),
+        # An import inside a function binds a local name only: the module still needs one.
+        ("import os\ndef f():\n    import torch_npu\n", "import os\nimport torch_npu\ndef f():\n    import torch_npu\n"),
+        ("try:\n    import torch_npu\nexcept ImportError:\n    pass\n", "try:\n    import torch_npu\nexcept ImportError:\n    pass\n"),
     ],
 )
 def test_add_imports(source, expected):

@@ -132,9 +132,24 @@ def add_imports(source: str, imports: list[str]) -> str:
     return "".join(lines)
 
 
+def _module_level_statements(tree: ast.Module):
+    """Statements that run at import time: the module body and the blocks of its
+    ``if``/``try``/``with`` statements, never function or class bodies (an import
+    inside a function binds a local name only)."""
+    stack: list[ast.AST] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (ast.If, ast.Try, ast.With)) or type(node).__name__ == "TryStar":
+            for name in ("body", "orelse", "finalbody", "handlers"):
+                block = getattr(node, name, None) or []
+                for item in block:
+                    stack.extend(item.body if isinstance(item, ast.ExceptHandler) else [item])
+
+
 def _has_import(tree: ast.Module, statement: str) -> bool:
     wanted = ast.parse(statement).body[0]
-    for node in ast.walk(tree):
+    for node in _module_level_statements(tree):
         if isinstance(wanted, ast.Import) and isinstance(node, ast.Import):
             for want in wanted.names:
                 for have in node.names:
