@@ -313,6 +313,24 @@ class FileContext:
         """Names assigned from a ``torch.optim`` (or torch_npu/apex) optimizer."""
         return self._assigned_from(_is_optimizer_name)
 
+    def single_assignments(self) -> dict[str, ast.expr]:
+        """Names bound exactly once in the file by a plain ``name = value``, with
+        their value. Scope-blind; a name bound twice is left out rather than guessed."""
+        key = "single_assignments"
+        if key not in self.cache:
+            values: dict[str, ast.expr] = {}
+            seen: set[str] = set()
+            for node in ast.walk(self.tree):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    name = node.targets[0].id
+                    if name in seen:
+                        values.pop(name, None)
+                    else:
+                        values[name] = node.value
+                    seen.add(name)
+            self.cache[key] = values
+        return self.cache[key]
+
     def _assigned_from(self, predicate) -> frozenset[str]:
         """Names (and attribute names) assigned from a call whose qualified name
         satisfies ``predicate``."""

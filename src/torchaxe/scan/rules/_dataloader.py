@@ -50,6 +50,8 @@ NOT_LITERAL = _Marker("NOT_LITERAL")
 
 
 @dataclass(frozen=True)
+
+
 class LoaderCall:
     """A DataLoader call whose arguments can all be read (no ``*args``/``**kwargs``)."""
 
@@ -111,7 +113,7 @@ def dataset_expression(ctx: FileContext, loader: LoaderCall) -> ast.expr | None:
     the value assigned (once) in this file to the name passed there."""
     node = loader.argument("dataset")
     if isinstance(node, ast.Name):
-        return _assigned_values(ctx).get(node.id, node)
+        return ctx.single_assignments().get(node.id, node)
     return node
 
 
@@ -134,22 +136,3 @@ def holds_device_tensors(ctx: FileContext, loader: LoaderCall) -> bool:
         if isinstance(sub, ast.keyword) and sub.arg == "device":
             return True
     return False
-
-
-def _assigned_values(ctx: FileContext) -> dict[str, ast.expr]:
-    """Names bound exactly once in the file, by a plain ``name = value``, with their
-    value. Scope-blind, and a name bound twice is left out rather than guessed."""
-    key = "dataloader.assigned"
-    if key not in ctx.cache:
-        values: dict[str, ast.expr] = {}
-        seen: set[str] = set()
-        for node in ast.walk(ctx.tree):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                name = node.targets[0].id
-                if name in seen:
-                    values.pop(name, None)
-                else:
-                    values[name] = node.value
-                seen.add(name)
-        ctx.cache[key] = values
-    return ctx.cache[key]

@@ -199,7 +199,7 @@ def _iterable_kind(node: ast.AST, ctx: FileContext, depth: int = 0) -> str | Non
             return _iterable_kind(gen.iter, ctx, depth + 1)
         return None
     if isinstance(node, ast.Name):
-        value = _single_assignments(ctx).get(node.id)
+        value = ctx.single_assignments().get(node.id)
         if value is not None:
             return _iterable_kind(value, ctx, depth + 1)
     return None
@@ -215,23 +215,6 @@ def _parameter_source(ctx: FileContext, node: ast.AST) -> str:
     if isinstance(node, ast.Name):
         return node.id
     return "params"
-
-
-def _single_assignments(ctx: FileContext) -> dict[str, ast.expr]:
-    key = "ax203.assignments"
-    if key not in ctx.cache:
-        values: dict[str, ast.expr] = {}
-        seen: set[str] = set()
-        for node in ast.walk(ctx.tree):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                name = node.targets[0].id
-                if name in seen:
-                    values.pop(name, None)
-                else:
-                    values[name] = node.value
-                seen.add(name)
-        ctx.cache[key] = values
-    return ctx.cache[key]
 
 
 def _same_scope(body: list[ast.stmt]) -> Iterable[ast.stmt]:
