@@ -589,7 +589,7 @@ def render_text(data: dict[str, Any], out: TextIO) -> None:
     for m in data["full_tree"].values():
         w(f"{m['label']:<46}{_fmt_measurement(m)}\n")
     s = data["scan"]
-    w(f"\nfull tree: {s['files_scanned']} scanned, {s['files_skipped']} skipped (no 'torch'); "
+    w(f"\nfull tree: {s['files_scanned']} scanned, {s['files_skipped']} skipped (no 'torch' or nothing a rule looks for); "
       f"{s['findings']} findings {s['findings_by_code']}; crashes ({CRASH_CODE}) {s['crashes']}; "
       f"unparsable ({UNPARSABLE_CODE}) {s['unparsable']}; same counts every run: {s['consistent_across_runs']}\n")
     for line in s["crash_examples"]:
