@@ -245,7 +245,14 @@ def fix(paths, target, select, ignore, exclude, jobs, packages, unsafe_fixes, di
 @click.option("--format", "fmt", type=click.Choice(("text", "json", "markdown")), default="text",
               help="Output format; markdown prints the full reference of every rule (docs/rules.md).")
 def rules(code, fmt):
-    """List the rules, or explain one (e.g. `torchaxe rules AX201`)."""
+    """List the rules, or explain one.
+
+    \b
+    Examples:
+      torchaxe rules
+      torchaxe rules AX201
+      torchaxe rules --format markdown > docs/rules.md
+    """
     import json
 
     from torchaxe.scan.rules import all_rules, get_rule
