@@ -242,13 +242,6 @@ class FileContext:
         return text[: len(text) - len(text.lstrip())]
 
     # ------------------------------------------------------------ structure
-    def enclosing(self, types: type | tuple[type, ...]) -> ast.AST | None:
-        """The innermost ancestor of the current node of the given type(s)."""
-        for node in reversed(self.parents):
-            if isinstance(node, types):
-                return node
-        return None
-
     def training_loop(self, *nodes: ast.AST) -> ast.AST | None:
         """The innermost loop, in the same function, that runs ``nodes[-1]`` (the
         visited node when ``nodes`` is empty) on every iteration and itself runs a

@@ -163,9 +163,13 @@ def _has_import(tree: ast.Module, statement: str) -> bool:
     return False
 
 
-def fix_source(source: str, path: str, options: ScanOptions, unsafe: bool = False) -> FileFix:
-    """Fix one file's text in memory, rescanning until nothing applicable is left."""
-    rules = [cls() for cls in select_rules(options.select, options.ignore)]
+def fix_source(
+    source: str, path: str, options: ScanOptions, unsafe: bool = False, rules: list | None = None
+) -> FileFix:
+    """Fix one file's text in memory, rescanning until nothing applicable is left.
+    ``rules`` (instances) may be passed in to share them between files."""
+    if rules is None:
+        rules = [cls() for cls in select_rules(options.select, options.ignore)]
     result = FileFix(path=path, original=source, fixed=source)
     current = source
     for _ in range(MAX_PASSES):
@@ -205,7 +209,7 @@ def fix_paths(
     progress: Callable[[int, int], None] | None = None,
 ) -> FixResult:
     """Fix every file under ``paths``; with ``write=False`` only compute the fixes."""
-    select_rules(options.select, options.ignore)
+    rules = [cls() for cls in select_rules(options.select, options.ignore)]
     options = options.with_capabilities()
     fileset = discover(paths, options.exclude)
     result = FixResult(diagnostics=list(fileset.diagnostics))
@@ -228,7 +232,7 @@ def fix_paths(
             except (SyntaxError, ValueError) as exc:
                 result.diagnostics.append(Diagnostic("AX901", f"cannot parse: {getattr(exc, 'msg', exc)}", shown))
                 continue
-            ff = fix_source(source, shown, options, unsafe)
+            ff = fix_source(source, shown, options, unsafe, rules)
             if ff.error:
                 result.diagnostics.append(Diagnostic("AX908", ff.error, shown))
             elif ff.changed and write:
