@@ -34,6 +34,13 @@ LAZY_COMMANDS: dict[str, str] = {
     "verify": "torchaxe.scan.formulas.verify_cli:verify",
     "profile": "torchaxe.runtime.profile_cli:profile",
     "trial": "torchaxe.runtime.trial_cli:trial",
+    "shapes": "torchaxe.shapes.cli:shapes",
+    "tune": "torchaxe.tune.cli:tune",
+    "kb": "torchaxe.tune.kb_cli:kb",
+    "topo": "torchaxe.bind.cli:topo",
+    "launch": "torchaxe.bind.cli:launch",
+    "bind": "torchaxe.bind.cli:bind",
+    "data": "torchaxe.data.cli:data",
 }
 
 
