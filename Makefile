@@ -18,11 +18,20 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 setup: $(STAMP)
 
+DEMO_BUDGET ?= 4m
+
 demo: $(STAMP)
+	@echo "1. What the scanner finds in the bundled examples, for an Ascend NPU target:"
 	$(BIN)/torchaxe scan --target npu examples/ ; test $$? -le 1
 	@echo
-	@echo "Preview of every fix (safe and unsafe) for a CPU target on the GPT example; nothing is written:"
-	$(BIN)/torchaxe fix --diff --unsafe-fixes --target cpu examples/gpt/train.py ; test $$? -le 1
+	@echo "2. torchaxe advise on the GPT example: profile it, measure every candidate change on this"
+	@echo "   machine (within $(DEMO_BUDGET)), rank them. Nothing of the example is changed."
+	$(BIN)/torchaxe advise --budget $(DEMO_BUDGET) --html torchaxe-report.html -- python examples/gpt/train.py
+	@echo
+	@echo "3. What \`torchaxe apply --unsafe-fixes\` would change (nothing is written):"
+	$(BIN)/torchaxe apply --diff --unsafe-fixes
+	@echo
+	@echo "The HTML report is in torchaxe-report.html; the advice in torchaxe-advice.json."
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto

@@ -24,12 +24,20 @@ tree with jobs=2; >= 100x TorchFix's rate on the same sample (torchaxe in-proces
 the CLI-to-CLI ratio is printed beside it); zero rule crashes (AX906). Unparsable files
 (AX901) are reported separately and are not crashes.
 
+With ``--work`` nothing is timed: two cold scans of the tree (the result cache off),
+one with ``--jobs 2`` and one in-process with ``--jobs 1``, count what the formula rules
+did (files analysed, candidate trees, trees that passed the structural prefilter and
+were evaluated, node evaluations on probes, processes that imported torch, whether sympy
+was imported). These counts do not depend on the machine's load, so they compare
+changes where timings on a shared machine cannot. Keys: ``WORK_KEYS``.
+
 Progress goes to stderr, results to stdout: a table, or with ``--json`` one JSON object
 whose top-level keys are ``JSON_KEYS``. Exit code: 0 every measured target passed,
 1 a target failed, 2 the benchmark could not run (one line on stderr).
 
     .venv/bin/python benchmarks/scan_speed.py                 # torch tree, jobs 1 and 2
     .venv/bin/python benchmarks/scan_speed.py --json --sample 150 --repeats 3
+    .venv/bin/python benchmarks/scan_speed.py --work            # cold-scan work counts
 """
 
 from __future__ import annotations
@@ -99,6 +107,23 @@ SCAN_KEYS = (
     "crash_examples",
     "unparsable_files",
     "consistent_across_runs",
+)
+
+#: Keys of the ``--work`` object.
+WORK_KEYS = (
+    "benchmark",
+    "date",
+    "tree",
+    "files_total",
+    "target",
+    "files_analysed",
+    "candidate_trees",
+    "trees_evaluated",
+    "node_evaluations",
+    "findings",
+    "jobs2_processes_importing_torch",
+    "jobs2_findings",
+    "sympy_imported",
 )
 
 TARGET_FILES_PER_S = 300.0
@@ -414,6 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Runs of TorchFix (default 1: it is slow, ~1 file/s).")
     p.add_argument("--target", default="cpu", choices=("cpu", "cuda", "npu"), help="torchaxe --target (default cpu).")
     p.add_argument("--json", action="store_true", help="Print one JSON object instead of the table.")
+    p.add_argument("--work", action="store_true",
+                   help="Count the formula work of one cold scan (no result cache) instead of timing: files analysed, "
+                        "trees evaluated, node evaluations, processes that imported torch. Noise-free.")
     return p
 
 
@@ -564,6 +592,98 @@ def _target(name: str, value: float | None, threshold: float, unit: str) -> dict
             "unit": unit, "status": status}
 
 
+# --------------------------------------------------------------------------- work counts
+def count_work(tree: Path, target: str, capabilities: dict[str, Any] | None, log: Callable[[str], None]) -> dict[str, Any]:
+    """Cold scans of ``tree`` with counters on the formula machinery (see ``--work``).
+
+    The ``--jobs 2`` scan runs first, while this process has not imported torch, so
+    that its workers start as a user's would. Processes that import torch for the
+    formula rules are recorded by pid in a temporary file."""
+    from torchaxe.scan.capabilities import torch_capabilities
+    from torchaxe.scan.discover import discover
+    from torchaxe.scan.engine import ScanOptions, scan_paths
+    from torchaxe.scan.formulas import analysis
+    from torchaxe.scan.formulas.store import FingerprintStore
+
+    if "torch" in sys.modules:
+        raise BenchmarkError("--work needs a process that has not imported torch")
+    caps = capabilities if capabilities is not None else torch_capabilities(target)
+    files = discover([tree]).files
+    counts = {"files_analysed": 0, "candidate_trees": 0, "trees_evaluated": 0, "node_evaluations": 0}
+    originals = (analysis.STORE, analysis._compute, analysis._analyse, analysis._fingerprints)
+    with tempfile.TemporaryDirectory() as tmp:
+        pids = Path(tmp) / "pids"
+        pids.write_text("")
+
+        def compute() -> Any:
+            if "torch" not in sys.modules:
+                with open(pids, "a") as f:
+                    f.write(f"{os.getpid()}\n")
+            return originals[1]()
+
+        try:
+            analysis._compute = compute
+            analysis.STORE = FingerprintStore(use_disk=False)
+            log("work: cold scan with --jobs 2")
+            parallel = scan_paths([tree], ScanOptions(target=target, jobs=2, capabilities=caps))
+            importers = len(set(pids.read_text().split()))
+
+            def analyse(ctx: Any) -> Any:
+                counts["files_analysed"] += 1
+                return originals[2](ctx)
+
+            def fingerprints(nodes: list[Any], categories: Any) -> Any:
+                counts["candidate_trees"] += len(nodes)
+                return originals[3](nodes, categories)
+
+            analysis.STORE = FingerprintStore(use_disk=False)
+            analysis._analyse = analyse
+            analysis._fingerprints = fingerprints
+            import torch  # noqa: F401  (the counters below wrap torch-side code)
+
+            from torchaxe.scan.formulas import fingerprints as fp
+            from torchaxe.scan.formulas import interpreter
+
+            before_sympy = "sympy" in sys.modules
+            original_tree, original_node = fp.compute, interpreter.Evaluator._compute
+
+            def tree_counted(*a: Any, **k: Any) -> Any:
+                counts["trees_evaluated"] += 1
+                return original_tree(*a, **k)
+
+            def node_counted(self: Any, node: Any) -> Any:
+                counts["node_evaluations"] += 1
+                return original_node(self, node)
+
+            fp.compute, interpreter.Evaluator._compute = tree_counted, node_counted
+            try:
+                log("work: cold scan with --jobs 1, counting")
+                serial = scan_paths([tree], ScanOptions(target=target, jobs=1, capabilities=caps))
+            finally:
+                fp.compute, interpreter.Evaluator._compute = original_tree, original_node
+        finally:
+            analysis.STORE, analysis._compute, analysis._analyse, analysis._fingerprints = originals
+    return {
+        "benchmark": "scan_speed --work",
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "tree": str(tree),
+        "files_total": len(files),
+        "target": target,
+        **counts,
+        "findings": len(serial.findings),
+        "jobs2_processes_importing_torch": importers,
+        "jobs2_findings": len(parallel.findings),
+        "sympy_imported": "sympy" in sys.modules and not before_sympy,
+    }
+
+
+def render_work(data: dict[str, Any], out: TextIO) -> None:
+    out.write(f"torchaxe formula work, one cold scan  {data['date']}\n")
+    out.write(f"tree: {data['tree']} ({data['files_total']} .py files), target {data['target']}\n")
+    for key in WORK_KEYS[5:]:
+        out.write(f"  {key:<36}{data[key]}\n")
+
+
 # --------------------------------------------------------------------------- rendering
 def _fmt_measurement(m: dict[str, Any]) -> str:
     runs = " ".join(f"{s:.2f}" for s in m["seconds"])
@@ -632,6 +752,15 @@ def main(
 
     try:
         args = build_parser().parse_args(argv)
+        if args.work:
+            tree = (Path(args.tree) if args.tree else torch_source_tree()).resolve()
+            if not tree.is_dir():
+                raise BenchmarkError(f"--tree {args.tree}: not a folder")
+            work = count_work(tree, args.target, capabilities, log)
+            out.write(json.dumps(work, indent=2) + "\n" if args.json else "")
+            if not args.json:
+                render_work(work, out)
+            return 0
         data = run_benchmark(args, argv, log, clocks=clocks, capabilities=capabilities)
     except BenchmarkError as exc:
         err.write(f"scan_speed: error: {exc}\n")

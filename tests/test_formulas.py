@@ -277,3 +277,238 @@ def test_an_unchanged_file_is_not_analysed_again(monkeypatch):
     again = matches(source, target="cuda")
     assert [(m.category, m.line, m.inputs, m.fixable) for m in again] == [
         (m.category, m.line, m.inputs, m.fixable) for m in first]
+
+
+# ----------------------------------------------------------------------- cold-scan work
+def test_broadcast_shape_agrees_with_torch():
+    import torch
+
+    from torchaxe.scan.formulas.interpreter import broadcast_shape
+
+    for a, b in [((4, 1, 3), (2, 1)), ((), (3,)), ((5,), (1, 5)), ((2, 3), (2, 3)), ((1,), (7, 1, 1))]:
+        assert broadcast_shape(torch.Size(a), torch.Size(b)) == torch.broadcast_shapes(a, b)
+    with pytest.raises(RuntimeError):
+        broadcast_shape((2, 3), (4, 3))
+
+
+@pytest.mark.parametrize("body,worth", [
+    ("x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)", True),
+    ("(x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-5) ** 0.5", True),
+    ("0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))", True),
+    # A division by a sum (no square root): not a norm.
+    ("torch.exp(x) / torch.exp(x).sum(-1, keepdim=True) + torch.sqrt(y).mean()", True),
+    ("x / x.sum(-1, keepdim=True) + y.mean()", False),
+    # x only inside the statistics (a BatchNorm backward): not a norm of x.
+    ("(g * (x - m)).sum(0) * torch.rsqrt(v + 1e-5)", False),
+    ("(x - m).pow(2).mean(-1) * y", False),
+    # tanh of x, but no input every path goes through with the tanh outside it.
+    ("x * torch.tanh(y)", False),
+])
+def test_structural_prefilter(body, worth):
+    from torchaxe.scan.formulas.analysis import categories_for
+    from torchaxe.scan.formulas.prefilter import worth_evaluating
+
+    found = roots(f"import torch\ndef f(x, y, g, m, v):\n    return {body}\n")
+    assert worth_evaluating(found[-1].node, categories_for("npu")) is worth
+
+
+def test_torch_is_not_imported_when_the_structure_rules_every_formula_out(tmp_path):
+    source = tmp_path / "stats.py"
+    source.write_text(textwrap.dedent("""
+        import torch
+        def normalise_counts(x):
+            return x / x.sum(-1, keepdim=True)
+        def batch_norm_backward(g, x, m, v):
+            return (g * (x - m)).sum(0) * torch.rsqrt(v + 1e-5)
+        def gated(x, y):
+            return x * torch.tanh(y)
+    """))
+    code = textwrap.dedent(f"""
+        import json, os, sys
+        os.environ['TORCHAXE_NO_CACHE'] = '1'
+        from torchaxe.scan.engine import scan_paths, ScanOptions
+        from torchaxe.scan.formulas import analysis
+        seen = []
+        original = analysis._analyse
+        analysis._analyse = lambda ctx: seen.append(ctx.path) or original(ctx)
+        result = scan_paths([{str(source)!r}], ScanOptions(target='npu', capabilities={{'fused_optimizers': []}}))
+        print(json.dumps([len(seen), [f.code for f in result.findings], 'torch' in sys.modules]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    analysed, codes, imported = json.loads(out)
+    assert analysed == 1  # the file was analysed: it holds formula words
+    assert not [c for c in codes if c.startswith("AX11")]
+    assert imported is False
+
+
+def test_trees_travel_to_the_evaluator_unchanged():
+    from torchaxe.scan.formulas import remote
+    from torchaxe.scan.formulas.ir import walk
+
+    found = roots("""
+        import math, torch
+        def f(self, x, mask):
+            q, k, v = x.split(4, dim=-1)
+            s = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+            s = s.masked_fill(mask[..., :4] == 0, float("-inf"))
+            z = torch.einsum("bhij,bhjd->bhid", s.softmax(-1), v) * (1 + 2j).real
+            return z + self.eps * (None is None)
+    """)
+    for root in found:
+        again = remote.tree_in(json.loads(json.dumps(remote.tree_out(root.node))))
+        assert [n.key for n in walk(again)] == [n.key for n in walk(root.node)]
+        assert [type(n.value) for n in walk(again)] == [type(n.value) for n in walk(root.node)]
+    b = Builder()
+    with pytest.raises(remote.Unencodable):
+        remote.tree_out(b.op("mul", (b.var("x"), b.const(b"bytes"))))
+
+
+def test_a_parallel_scan_evaluates_in_one_process(tmp_path):
+    """Workers hand their trees to the evaluator: torch is imported in one process, and
+    the findings are those of a serial scan."""
+    gelu = "import torch\ndef act(x):\n    return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))\n"
+    silu = "import torch\ndef act(v):\n    return v * torch.sigmoid(v)\n"
+    for i in range(60):  # more than one chunk of files, so that both workers get some
+        (tmp_path / f"m{i:03}.py").write_text((gelu, silu, "import torch\nopt = torch.optim.AdamW(p)\n")[i % 3]
+                                              + f"# file {i}\n")
+    log = tmp_path / "pids.log"
+    code = textwrap.dedent(f"""
+        import json, os, sys
+        os.environ['TORCHAXE_NO_CACHE'] = '1'
+        from torchaxe.scan.engine import scan_paths, ScanOptions
+        from torchaxe.scan.formulas import analysis
+        original = analysis._compute
+        def logged():
+            with open({str(log)!r}, 'a') as f:
+                f.write(f'{{os.getpid()}}\\n')
+            return original()
+        analysis._compute = logged
+        opts = ScanOptions(target='npu', capabilities={{'fused_optimizers': ['AdamW']}})
+        parallel = scan_paths([{str(tmp_path)!r}], ScanOptions(**{{**opts.__dict__, 'jobs': 2}}))
+        in_parent = 'torch' in sys.modules
+        with open({str(log)!r}, 'a') as f:
+            f.write('serial\\n')
+        serial = scan_paths([{str(tmp_path)!r}], ScanOptions(**{{**opts.__dict__, 'jobs': 1}}))
+        print(json.dumps([[f.to_dict() for f in parallel.findings], [f.to_dict() for f in serial.findings],
+                          [d.code for d in parallel.diagnostics], in_parent, os.getpid()]))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    parallel, serial, diagnostics, in_parent, parent = json.loads(out)
+    assert parallel == serial and not diagnostics
+    assert sum(f["code"] == "AX110" for f in parallel) == 20 and sum(f["code"] == "AX113" for f in parallel) == 20
+    assert not in_parent  # the parallel scan left the parent without torch
+    during, after = log.read_text().split("serial")
+    # One process, not the parent, evaluated for both workers; the serial scan evaluates in the parent.
+    assert len(set(during.split())) == 1 and int(during.split()[0]) != parent
+    assert set(after.split()) == {str(parent)}
+
+
+def test_a_worker_evaluates_itself_when_the_evaluator_is_gone():
+    import multiprocessing
+
+    from torchaxe.scan.formulas import remote
+
+    context = multiprocessing.get_context()
+    gone = context.Process(target=int)
+    gone.start()
+    gone.join()
+    link = remote.Link(context.Queue(), [context.Queue()], 0, gone.pid)
+    tree = roots("import torch\ndef f(x):\n    return x * torch.sigmoid(x)\n")[-1].node
+    assert link.evaluate([(tree, {"x": "full"})], frozenset({"silu"})) is None
+    assert link.broken  # and it does not ask again
+
+
+# ----------------------------------------------------------------------- activation attributes, equations, baddbmm
+_MLP = """
+    import torch
+    import torch.nn as nn
+    from transformers.activations import ACT2FN
+    class MLP(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            {init}
+        def forward(self, x):
+            return self.down(self.act_fn(self.gate(x)) * self.up(x))
+"""
+
+
+@pytest.mark.parametrize("init,found", [
+    ('self.act_fn = ACT2FN["silu"]', True),
+    ("self.act_fn = nn.SiLU()", True),
+    ("self.act_fn = torch.nn.functional.silu", True),
+    ("self.act_fn = ACT2FN[config.hidden_act]", False),  # decided at run time
+    ("self.act_fn = nn.GELU()", False),  # a GeGLU
+    ("if config.silu:\n                self.act_fn = nn.SiLU()", False),  # maybe never set here
+    ("self.act_fn = nn.SiLU()\n            self.act_fn = nn.ReLU()", False),  # set twice
+    ("self.act_fn = nn.SiLU()\n            setattr(self, 'act_fn', nn.ReLU())", False),
+])
+def test_activation_attributes_resolve_only_when_certain(init, found):
+    source = _MLP.replace("{init}", init)
+    assert [m.category for m in matches(source)] == (["swiglu"] if found else [])
+
+
+def test_an_activation_attribute_becomes_its_operation():
+    source = textwrap.dedent("""
+        import torch.nn as nn
+        class Block(nn.Module):
+            def __init__(self):
+                self.act = nn.GELU(approximate="tanh")
+                self.other = nn.GELU(approximate=self.mode)
+            def forward(self, x):
+                return self.act(x) + self.other(x)
+    """)
+    tree = ast.parse(source)
+    ctx = FileContext("t.py", source, tree, "npu")
+    unit = FileUnit(ctx.imports, ctx.qualified_name, ctx.text, tree, ctx.lines,
+                    relevant_lines=list(range(1, len(ctx.lines) + 1)), hot_definitions=set())
+    cls = tree.body[1]
+    [root] = read_scope(unit, cls.body[1], cls)
+    text, _ = normalised(root.node)
+    assert text.startswith("add(gelu(v0,approximate=#'tanh'),v1)")  # self.other stays opaque
+
+
+@pytest.mark.parametrize("equation,static", [
+    ('f"b h i d, {kv} -> b h i j"', True),
+    ('"b h i d, " + kv + " -> b h i j"', True),
+    ("EQUATION", True),
+    ('f"b h i d, {self.kv} -> b h i j"', False),
+    ('f"b h i d, {kv!r} -> b h i j"', False),
+])
+def test_einsum_equations_are_read_when_they_are_constants(equation, static):
+    found = roots(f"""
+        import torch
+        EQUATION = "b h i d, b h j d -> b h i j"
+        def f(self, q, k):
+            kv = "b h j d"
+            return torch.einsum({equation}, q, k)
+    """)
+    node = found[-1].node
+    assert node.op == "einsum"
+    assert (node.args[0].is_const and node.args[0].value == "b h i d, b h j d -> b h i j") is static
+
+
+def test_baddbmm_is_read_as_scaled_scores_plus_input():
+    def tree(call: str) -> str:
+        return normalised(roots(f"import torch\ndef f(m, q, k):\n    return {call}\n")[-1].node)[0]
+
+    assert tree("torch.baddbmm(m, q, k, beta=0, alpha=0.5)") == "mul(bmm(v0,v1),#0.5)"
+    assert tree("torch.baddbmm(m, q, k)") == "add(v0,bmm(v1,v2))"
+    assert tree("m.baddbmm(batch1=q, batch2=k, beta=2.0)") == "add(mul(#2.0,v0),bmm(v1,v2))"
+    assert tree("torch.baddbmm(m, q, k, out=m, value=3)").startswith("v")  # not a form it knows: opaque
+
+
+def test_a_tensor_viewed_before_bmm_keeps_its_own_rank():
+    found = roots("""
+        import torch
+        def f(q, k):
+            b, h, s, d = q.shape
+            return torch.bmm(q.view(b * h, s, d), k)
+    """)
+    roles = infer_roles(found[-1].node)
+    assert roles["q"] == "full" and roles["k"] == "cube"
+
+
+def test_a_swiglu_through_act2fn_is_reported_by_the_scan(scan):
+    source = textwrap.dedent(_MLP.replace("{init}", 'self.act_fn = ACT2FN["silu"]'))
+    assert "silu(" not in source and "sigmoid(" not in source
+    assert [f.code for f in scan(source, target="npu").findings] == ["AX114"]

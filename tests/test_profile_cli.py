@@ -219,7 +219,9 @@ time.sleep(120)
 """)
     out = tmp_path / "p.json"
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "torchaxe", "profile", "--timeout", "3", "-o", str(out), "--",
+    # 8 s: on a loaded machine the script's imports alone can take several seconds, and
+    # the two steps must come before the timeout.
+    done = subprocess.run([sys.executable, "-m", "torchaxe", "profile", "--timeout", "8", "-o", str(out), "--",
                            "python", str(path)], capture_output=True, text=True, env=_env(), timeout=120)
     assert done.returncode == 5, done.stderr
     assert time.monotonic() - started < 60

@@ -41,6 +41,9 @@ LAZY_COMMANDS: dict[str, str] = {
     "launch": "torchaxe.bind.cli:launch",
     "bind": "torchaxe.bind.cli:bind",
     "data": "torchaxe.data.cli:data",
+    "advise": "torchaxe.advise.cli:advise",
+    "apply": "torchaxe.advise.cli:apply",
+    "run": "torchaxe.advise.cli:run",
 }
 
 

@@ -69,6 +69,13 @@ def _validate(table: Any, path: Path) -> dict[str, Any]:
         if key in ("scan",) and isinstance(value, dict):
             out.update(_validate(value, path))
             continue
+        if key == "run":
+            # The runtime knobs `torchaxe apply` writes and `torchaxe run` applies;
+            # validated as a knob set when used (runtime/knobs.py).
+            if not isinstance(value, dict):
+                raise TorchaxeError(f"{path}: torchaxe setting 'run' must be a table of knobs")
+            out["run"] = value
+            continue
         key_norm = key.replace("-", "_")
         if key_norm not in KEYS:
             raise TorchaxeError(f"{path}: unknown torchaxe setting {key!r} (known: {', '.join(KEYS)})")

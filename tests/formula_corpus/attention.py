@@ -322,3 +322,73 @@ class SoftcappedAttention(nn.Module):  # formula: attention
         scores = scores + mask
         scores = F.softmax(scores.float(), dim=-1).type_as(q)
         return torch.matmul(scores, v)
+
+
+# ----------------------------------------------------------------------- einsum equations built from pieces
+HEADS_FIRST = "b h i d, b h j d -> b h i j"
+
+
+class FStringEinsumAttention(nn.Module):  # formula: attention
+    def forward(self, q, k, v):
+        kv_eq = "b h j d"
+        sim = torch.einsum(f"b h i d, {kv_eq} -> b h i j", q, k) * self.scale
+        attn = sim.softmax(dim=-1)
+        return torch.einsum(f"b h i j, {kv_eq} -> b h i d", attn, v)
+
+
+def constant_equation_attention(q, k, v, scale):  # formula: attention
+    sim = torch.einsum(HEADS_FIRST, q, k) * scale
+    attn = F.softmax(sim, dim=-1)
+    return torch.einsum("b h i j, " + "b h j d -> b h i d", attn, v)
+
+
+class RuntimeEquationAttention(nn.Module):  # lookalike: attention
+    """The equation is chosen at run time: not read, so nothing is claimed."""
+
+    def forward(self, q, k, v):
+        sim = torch.einsum(self.qk_equation, q, k) * self.scale
+        attn = sim.softmax(dim=-1)
+        return torch.einsum(f"{self.av_lhs} -> b h i d", attn, v)
+
+
+# ----------------------------------------------------------------------- scores from baddbmm
+class NeoXStyleAttention(nn.Module):  # formula: attention
+    def _attn(self, query, key, value, attention_mask=None):
+        batch_size, num_attention_heads, query_length, attn_head_size = query.size()
+        key_length = key.size(-2)
+        query = query.view(batch_size * num_attention_heads, query_length, attn_head_size)
+        key = key.view(batch_size * num_attention_heads, key_length, attn_head_size)
+        attn_scores = torch.zeros(
+            batch_size * num_attention_heads, query_length, key_length, dtype=query.dtype, device=key.device
+        )
+        attn_scores = torch.baddbmm(
+            attn_scores, query, key.transpose(1, 2), beta=1.0, alpha=1.0 / math.sqrt(attn_head_size)
+        )
+        attn_scores = attn_scores.view(batch_size, num_attention_heads, query_length, key_length)
+        attn_weights = nn.functional.softmax(attn_scores, dim=-1)
+        return torch.matmul(attn_weights, value)
+
+
+class EmptyBaddbmmAttention(nn.Module):  # formula: attention
+    def forward(self, q, k, v):
+        bh, s, d = q.shape
+        scores = torch.empty(bh, s, k.shape[1], dtype=q.dtype, device=q.device)
+        scores = torch.baddbmm(scores, q, k.transpose(-1, -2), beta=0, alpha=self.scale)
+        probs = scores.softmax(dim=-1)
+        return torch.bmm(probs, v)
+
+
+class AlibiBaddbmmAttention(nn.Module):  # formula: attention
+    def forward(self, query_layer, key_layer, value_layer, alibi):
+        scores = alibi.baddbmm(batch1=query_layer, batch2=key_layer.transpose(-1, -2), beta=self.beta,
+                               alpha=self.inv_norm_factor)
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query_layer.dtype)
+        return torch.bmm(probs, value_layer)
+
+
+class BaddbmmWithoutSoftmax(nn.Module):  # lookalike: attention
+    """Scores from baddbmm, but no softmax: a linear attention, not SDPA."""
+
+    def forward(self, q, k, v, bias):
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2), beta=1.0, alpha=self.scale)
+        return torch.bmm(scores, v)

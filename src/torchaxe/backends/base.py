@@ -51,3 +51,17 @@ class Backend(ABC):
         warning whose message contains ``synchroniz``), and return a function that
         undoes it; ``None`` where the runtime cannot do it."""
         return None
+
+    def device_module(self):
+        """The torch namespace of this device's runtime (``torch.cuda``,
+        ``torch.npu``), for streams and events (``Stream``, ``current_stream``,
+        ``stream``); ``None`` where there is no device queue (the cpu)."""
+        return None
+
+    def device_locations(self, root="/", environ=None, vendor_tool=None) -> list:
+        """Each visible device's PCI address and NUMA node
+        (:class:`torchaxe.backends.pci.DeviceLocation`), read below ``root`` without
+        torch (core binding, ``torchaxe topo``). ``environ`` (default ``os.environ``)
+        supplies the ``*_VISIBLE_DEVICES`` variable; ``vendor_tool`` returns a vendor
+        tool's text where the backend reads one (npu-smi). None here: the cpu."""
+        return []

@@ -43,3 +43,17 @@ class CudaBackend(Backend):
         previous = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode("warn")
         return lambda: torch.cuda.set_sync_debug_mode(previous)
+
+    def device_module(self):
+        import torch
+
+        return torch.cuda
+
+    def device_locations(self, root="/", environ=None, vendor_tool=None) -> list:
+        # Read from the driver's /proc listing or sysfs, not torch: no CUDA context
+        # is created in a launcher that only plans the binding.
+        import os
+
+        from torchaxe.backends.pci import nvidia_locations
+
+        return nvidia_locations(root, os.environ if environ is None else environ)

@@ -34,10 +34,10 @@ import inspect
 import os
 import sys
 import tempfile
-import threading
 from typing import Any, Sequence
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.first_model import FirstModel
 from torchaxe.runtime.knobs import KnobSet, load_knob_set
 
 #: Where the applied knobs are recorded in the profile: ``run.options[OPTIONS_KEY]``.
@@ -115,8 +115,9 @@ def apply_torch(knobs: KnobSet, applied: AppliedKnobs) -> None:
 class DataLoaderOverride:
     """Patches ``DataLoader.__init__`` so that every loader the script builds gets the
     knob's keywords, whether the script passed them by position, by name or not at all.
-    ``prefetch_factor`` and ``persistent_workers`` need worker processes: on a loader
-    that ends up with ``num_workers=0`` they are left out (torch refuses them there)."""
+    ``prefetch_factor``, ``persistent_workers`` and ``multiprocessing_context`` need
+    worker processes: on a loader that ends up with ``num_workers=0`` they are left out
+    (torch refuses them there)."""
 
     def __init__(self, overrides: dict[str, Any], applied: AppliedKnobs) -> None:
         self.overrides = overrides
@@ -145,9 +146,16 @@ class DataLoaderOverride:
             if not workers:
                 settings.pop("prefetch_factor", None)
                 settings.pop("persistent_workers", None)
+                settings.pop("multiprocessing_context", None)
             arguments.update(settings)
-            override.loaders.append({k: arguments.get(k, signature.parameters[k].default)
-                                     for k in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")})
+            final = {k: arguments.get(k, signature.parameters[k].default)
+                     for k in ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor",
+                               "multiprocessing_context", "timeout")
+                     if k in signature.parameters}
+            context = final.get("multiprocessing_context")
+            if context is not None and not isinstance(context, str):  # a context object: its method's name
+                final["multiprocessing_context"] = getattr(context, "get_start_method", lambda: str(context))()
+            override.loaders.append(final)
             override.applied.note("dataloader", {"overrides": override.overrides, "loaders": override.loaders})
             return original(*bound.args, **bound.kwargs)
 
@@ -162,61 +170,95 @@ class DataLoaderOverride:
             self._original = None
 
 
-class ModelCompiler:
+class ModelCompiler(FirstModel):
     """Compiles the model at its first forward, without touching the script.
 
-    "The model" is the first ``nn.Module`` with parameters that the script calls from
-    outside any other module's forward (a loss function without parameters called
-    first does not count). It is compiled in place with ``module.compile(**kwargs)``
-    (``torch.compile`` of its ``forward``, same object, same ``state_dict`` keys, so
-    the script's optimizer, checkpoints and ``.train()``/``.eval()`` calls all keep
-    working), and the patch of ``nn.Module.__call__`` is removed at once, so that
-    later calls (and compiled code) run torch's own ``__call__`` untouched. Only one
-    model is compiled; a second top-level model (a GAN's discriminator) is not.
+    "The model" is found as runtime/first_model.py describes. It is compiled in place
+    with ``module.compile(**kwargs)`` (``torch.compile`` of its ``forward``, same
+    object, same ``state_dict`` keys, so the script's optimizer, checkpoints and
+    ``.train()``/``.eval()`` calls all keep working). Only one model is compiled; a
+    second top-level model (a GAN's discriminator) is not.
     """
 
     def __init__(self, kwargs: dict[str, Any], applied: AppliedKnobs) -> None:
+        super().__init__(self.compile)
         self.kwargs = kwargs
         self.applied = applied
+
+    def compile(self, module: Any) -> None:
+        module.compile(**self.kwargs)
+        self.applied.note("compile", {"module": type(module).__qualname__, "kwargs": self.kwargs})
+
+
+class ModelAutocast(FirstModel):
+    """Runs the model's forward under ``torch.autocast`` (mixed precision) without
+    touching the script: "the model" is found as :class:`ModelCompiler` finds it, and
+    its ``forward`` is wrapped on the instance at its first call. The autocast device
+    is the one its parameters live on."""
+
+    def __init__(self, dtype: str, applied: AppliedKnobs) -> None:
+        super().__init__(self.wrap)
+        self.dtype = dtype
+        self.applied = applied
+
+    def wrap(self, module: Any) -> None:
+        import functools
+
+        import torch
+
+        device_type = next(module.parameters()).device.type
+        dtype = getattr(torch, self.dtype)
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def autocast_forward(*args, **kwargs):
+            with torch.autocast(device_type=device_type, dtype=dtype):
+                return forward(*args, **kwargs)
+
+        module.forward = autocast_forward
+        self.applied.note("autocast", {"module": type(module).__qualname__, "device_type": device_type,
+                                       "dtype": self.dtype})
+
+
+class LossRecorder:
+    """Records the value of every scalar tensor ``backward()`` is called on (the
+    loss), by patching ``torch.Tensor.backward``. Reading it synchronises the device
+    once per step, so it is only installed when asked for (``observe.loss``)."""
+
+    LIMIT = 10_000
+
+    def __init__(self, applied: AppliedKnobs) -> None:
+        self.values: list[float] = []
         self._original = None
-        self._local = threading.local()
+        applied.note("loss", self.values)
 
     def install(self) -> None:
-        from torch import nn
+        import torch
 
-        original = nn.Module.__call__
+        original = torch.Tensor.backward
         self._original = original
-        compiler = self
+        values = self.values
 
-        def __call__(module, *args, **kwargs):
-            depth = getattr(compiler._local, "depth", 0)
-            if depth == 0 and compiler._original is not None and _has_parameters(module):
-                compiler.uninstall()
-                module.compile(**compiler.kwargs)
-                compiler.applied.note("compile", {"module": type(module).__qualname__, "kwargs": compiler.kwargs})
-                return original(module, *args, **kwargs)
-            compiler._local.depth = depth + 1
-            try:
-                return original(module, *args, **kwargs)
-            finally:
-                compiler._local.depth = depth
+        def backward(tensor, *args, **kwargs):
+            if tensor.numel() == 1 and len(values) < self.LIMIT:
+                values.append(float(tensor.detach().float().cpu()))
+            return original(tensor, *args, **kwargs)
 
-        nn.Module.__call__ = __call__
+        torch.Tensor.backward = backward
 
     def uninstall(self) -> None:
         if self._original is not None:
-            from torch import nn
+            import torch
 
-            nn.Module.__call__ = self._original
+            torch.Tensor.backward = self._original
             self._original = None
 
 
-def _has_parameters(module: Any) -> bool:
-    try:
-        next(module.parameters())
-    except StopIteration:
-        return False
-    return True
+
+def _steps(text: str) -> int | None:
+    if text.lower() == "all":
+        return None
+    return int(text)
 
 
 def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -227,10 +269,15 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m torchaxe.runtime.bootstrap")
     parser.add_argument("knobs")
     parser.add_argument("--out")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=_steps, default=10, help="measured steps, or `all` to run to the end")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--target", default="auto")
+    parser.add_argument("--ops", action="store_true")
+    parser.add_argument("--shapes", action="store_true")
+    parser.add_argument("--step-marker", default=None)
+    parser.add_argument("--context-out", default=None,
+                        help="also write the run's imported files and settings here (runtime/run_context.py)")
     return parser.parse_args(argv[:cut]), argv[cut + 1:]
 
 
@@ -242,41 +289,96 @@ def main(argv: Sequence[str] | None = None) -> int:
         applied = AppliedKnobs(knobs)
         apply_environment(knobs, applied)
         apply_affinity(knobs, applied)
+        binding = None
+        if knobs.bind is not None:  # before torch is imported, like cpu_affinity
+            from torchaxe.bind.knob import BoundRun
+
+            binding = BoundRun(knobs.bind, applied.note)
 
         from torchaxe.runtime.command import parse_command
         from torchaxe.runtime.harness import Harness, HarnessOptions, exit_code_for
 
         script = parse_command(command_argv)
-        options = HarnessOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, target=args.target)
+        options = HarnessOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, target=args.target,
+                                 ops=args.ops, shapes=args.shapes, step_marker=args.step_marker)
         out = args.out or tempfile.mkstemp(prefix="torchaxe-trial-", suffix=".json")[1]
         apply_npu(knobs, applied)
         apply_torch(knobs, applied)
         loaders = DataLoaderOverride(knobs.dataloader.overrides(), applied)
         compiler = ModelCompiler(knobs.compile.kwargs(), applied) if knobs.compile is not None else None
+        autocast = ModelAutocast(knobs.autocast.dtype, applied) if knobs.autocast is not None else None
+        losses = LossRecorder(applied) if knobs.observe_loss else None
+        bucketing = None
+        if knobs.bucketing is not None:
+            from torchaxe.shapes.knob import CollateBucketing
+
+            bucketing = CollateBucketing(knobs.bucketing, applied.note)
+        from torchaxe.runtime.overlay import check_overlay, source_overlay
+
+        overlay = check_overlay(knobs.sources)
+        tuned = None
+        if knobs.tune is not None:
+            from torchaxe.tune.knob import TunedModel
+
+            tuned = TunedModel(knobs.tune, applied.note)
     except TorchaxeError as exc:
         sys.stderr.write(f"torchaxe bootstrap: error: {exc.message}\n")
         return 2
 
     from torchaxe.runtime.profile import save_profile
 
+    def write_context() -> None:
+        if args.context_out:
+            from torchaxe.runtime import run_context
+
+            try:
+                run_context.write(args.context_out)
+            except OSError as exc:
+                sys.stderr.write(f"torchaxe bootstrap: cannot write {args.context_out}: {exc}\n")
+
     def abandon(measured) -> None:
         measured.run.options[OPTIONS_KEY] = applied.record
         save_profile(measured, out)
+        write_context()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_code_for(measured))
 
     loaders.install()
+    if binding is not None:
+        binding.install()
+    if losses is not None:
+        losses.install()
+    if bucketing is not None:
+        bucketing.install()
+    if autocast is not None:
+        autocast.install()
     if compiler is not None:
         compiler.install()
+    if tuned is not None:
+        tuned.install()
+    if overlay:
+        applied.note("sources", dict(knobs.sources))
     try:
-        profile = Harness(options, abandon=abandon).run(script)
+        with source_overlay(overlay):
+            profile = Harness(options, abandon=abandon).run(script)
     finally:
+        if tuned is not None:
+            tuned.uninstall()
         if compiler is not None:
             compiler.uninstall()
+        if autocast is not None:
+            autocast.uninstall()
+        if losses is not None:
+            losses.uninstall()
+        if bucketing is not None:
+            bucketing.uninstall()
+        if binding is not None:
+            binding.uninstall()
         loaders.uninstall()
     profile.run.options[OPTIONS_KEY] = applied.record
     save_profile(profile, out)
+    write_context()
     code = exit_code_for(profile)
     if profile.error is not None and profile.error.traceback:
         sys.stderr.write(profile.error.traceback)

@@ -143,7 +143,9 @@ def run_command(command: ScriptCommand) -> None:
             sys.path.append(folder)
         if command.kind == "path":
             sys.argv = [command.target, *command.args]
-            runpy.run_path(command.target, run_name="__main__")
+            from torchaxe.runtime.overlay import run_main
+
+            run_main(command.target)
         else:
             # run_module replaces argv[0] with the module's file, as python -m does.
             sys.argv = [command.target, *command.args]

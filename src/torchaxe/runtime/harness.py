@@ -29,7 +29,7 @@ import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from torchaxe import __version__
 from torchaxe.errors import TorchaxeError
@@ -570,16 +570,21 @@ class Harness:
     """Runs one command under the probes and returns its Profile.
 
     ``backend`` and ``clock`` are injectable (tests use a fake clock); ``abandon``
-    receives the profile when a timed-out script ignores the interrupt.
+    receives the profile when a timed-out script ignores the interrupt. ``probes``
+    are extra probes for other analyses (the data axis): each is called with the
+    step recorder and returns an object with ``install()``/``uninstall()``, installed
+    after the harness's own probes and removed before them.
     """
 
     def __init__(self, options: HarnessOptions | None = None, *, backend: Any = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 abandon: Callable[[Profile], None] | None = None) -> None:
+                 abandon: Callable[[Profile], None] | None = None,
+                 probes: Sequence[Callable[[StepRecorder], Any]] = ()) -> None:
         self.options = options or HarnessOptions()
         self.backend = backend
         self.clock = clock
         self.abandon = abandon
+        self.extra_probes = tuple(probes)
 
     def run(self, command: ScriptCommand) -> Profile:
         from torchaxe.backends import get_backend
@@ -615,6 +620,7 @@ class Harness:
             probes.append(module_shapes)
         if optimizer_steps is not None:
             probes.append(optimizer_steps)
+        probes.extend(make(recorder) for make in self.extra_probes)
 
         state: dict[str, Any] = {"status": "completed", "error": None, "exit_code": None, "message": None}
 

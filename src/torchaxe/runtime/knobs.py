@@ -7,7 +7,8 @@ A knob-set file is one JSON object (docs/trial.md)::
      "torch": {"cudnn_benchmark": true, "matmul_precision": "high",
                "num_threads": 2, "interop_threads": 1},
      "compile": {"mode": "default", "dynamic": null, "backend": "inductor", "fullgraph": false},
-     "dataloader": {"num_workers": 2, "pin_memory": true, "persistent_workers": true, "prefetch_factor": 4},
+     "dataloader": {"num_workers": 2, "pin_memory": true, "persistent_workers": true, "prefetch_factor": 4,
+                    "multiprocessing_context": "fork", "timeout": 60},
      "cpu_affinity": [0, 1],
      "npu": {"jit_compile": false}}
 
@@ -27,9 +28,12 @@ from typing import Any
 
 from torchaxe.errors import TorchaxeError
 
-TOP_KEYS = ("name", "env", "torch", "compile", "dataloader", "cpu_affinity", "npu")
+TOP_KEYS = ("name", "env", "torch", "compile", "dataloader", "cpu_affinity", "npu", "sources", "autocast", "bucketing", "tune",
+            "observe", "bind")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: DataLoader worker start methods (``dataloader.multiprocessing_context``).
+START_METHODS = ("fork", "spawn", "forkserver")
 
 
 class KnobError(TorchaxeError):
@@ -73,6 +77,10 @@ class DataLoaderKnobs:
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
     prefetch_factor: int | None = None
+    #: The workers' start method (``fork``, ``spawn``, ``forkserver``).
+    multiprocessing_context: str | None = None
+    #: Seconds a worker batch may take before the loader raises (a hung loader).
+    timeout: float | None = None
 
     def overrides(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -88,6 +96,19 @@ class NpuKnobs:
         return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
+AUTOCAST_DTYPES = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class AutocastKnobs:
+    """Mixed precision: the model's forward runs under ``torch.autocast`` with this dtype."""
+
+    dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype}
+
+
 @dataclass(frozen=True)
 class KnobSet:
     """One set of knobs. ``env`` maps a variable to its value, or to ``None`` to unset it."""
@@ -99,6 +120,19 @@ class KnobSet:
     dataloader: DataLoaderKnobs = field(default_factory=DataLoaderKnobs)
     cpu_affinity: tuple[int, ...] | None = None
     npu: NpuKnobs = field(default_factory=NpuKnobs)
+    #: Source files read in place of the user's (original path -> replacement path):
+    #: how a code fix is measured before it is applied (runtime/overlay.py).
+    sources: dict[str, str] = field(default_factory=dict)
+    autocast: AutocastKnobs | None = None
+    #: Record the training loss of every step (the scalar ``backward()`` is called
+    #: on) into the profile's applied knobs: how ``advise --check-accuracy`` compares runs.
+    observe_loss: bool = False
+    #: Pad every DataLoader's batches to a few sizes (torchaxe.shapes.knob).
+    bucketing: Any = None
+    #: Apply the knowledge base's tuned winners to the model (torchaxe.tune.knob).
+    tune: dict[str, Any] | None = None
+    #: Bind the run as a one-rank core-binding plan says (torchaxe.bind.knob).
+    bind: Any = None
     #: The file it was read from, for messages.
     source: str | None = None
 
@@ -117,6 +151,18 @@ class KnobSet:
             out["cpu_affinity"] = list(self.cpu_affinity)
         if self.npu.to_dict():
             out["npu"] = self.npu.to_dict()
+        if self.sources:
+            out["sources"] = dict(self.sources)
+        if self.autocast is not None:
+            out["autocast"] = self.autocast.to_dict()
+        if self.observe_loss:
+            out["observe"] = {"loss": True}
+        if self.bucketing is not None:
+            out["bucketing"] = self.bucketing.to_dict()
+        if self.tune is not None:
+            out["tune"] = dict(self.tune)
+        if self.bind is not None:
+            out["bind"] = self.bind.to_dict()
         return out
 
     @property
@@ -232,12 +278,20 @@ def knob_set_from_dict(data: Any, where: str, default_name: str = "knobs") -> Kn
         )
 
     dl = c.obj(data.get("dataloader", {}), "dataloader",
-               ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor"))
+               ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "multiprocessing_context",
+                "timeout"))
+    loader_timeout = dl.get("timeout")
+    if loader_timeout is not None and (isinstance(loader_timeout, bool) or not isinstance(loader_timeout, (int, float))
+                                       or not loader_timeout > 0 or loader_timeout == float("inf")):
+        c.fail("dataloader.timeout", f"expected a positive number of seconds, got {_kind(loader_timeout)}")
     loader = DataLoaderKnobs(
         num_workers=c.int(dl.get("num_workers"), "dataloader.num_workers", 0),
         pin_memory=c.bool(dl.get("pin_memory"), "dataloader.pin_memory"),
         persistent_workers=c.bool(dl.get("persistent_workers"), "dataloader.persistent_workers"),
         prefetch_factor=c.int(dl.get("prefetch_factor"), "dataloader.prefetch_factor", 1),
+        multiprocessing_context=c.choice(dl.get("multiprocessing_context"), "dataloader.multiprocessing_context",
+                                         START_METHODS),
+        timeout=float(loader_timeout) if loader_timeout is not None else None,
     )
 
     affinity = None
@@ -252,8 +306,48 @@ def knob_set_from_dict(data: Any, where: str, default_name: str = "knobs") -> Kn
     n = c.obj(data.get("npu", {}), "npu", ("jit_compile",))
     npu = NpuKnobs(jit_compile=c.bool(n.get("jit_compile"), "npu.jit_compile"))
 
+    raw_sources = data.get("sources", {})
+    if not isinstance(raw_sources, dict):
+        c.fail("sources", f"expected an object of original path to replacement path, got {_kind(raw_sources)}")
+    sources: dict[str, str] = {}
+    for original, replacement in raw_sources.items():
+        if not original or not isinstance(replacement, str) or not replacement:
+            c.fail(f"sources.{original}", f"expected a replacement file path, got {_kind(replacement)}")
+        sources[original] = replacement
+
+    observe = c.obj(data.get("observe", {}), "observe", ("loss",))
+    c.bool(observe.get("loss"), "observe.loss")
+
+    autocast = None
+    if data.get("autocast") is not None:
+        a = c.obj(data["autocast"], "autocast", ("dtype",))
+        dtype = c.choice(a.get("dtype", "bfloat16"), "autocast.dtype", AUTOCAST_DTYPES)
+        autocast = AutocastKnobs(dtype=dtype or "bfloat16")
+
+    bucketing = None
+    if data.get("bucketing") is not None:
+        from torchaxe.shapes.knob import bucketing_from_dict
+
+        bucketing = bucketing_from_dict(data["bucketing"], c.fail)
+
+    tune = None
+    if data.get("tune") is not None:
+        from torchaxe.tune.knob import parse_tune_knob
+
+        tune = parse_tune_knob(data["tune"], where)
+
+    bind = None
+    if data.get("bind") is not None:
+        from torchaxe.bind.knob import bind_from_dict
+
+        bind = bind_from_dict(data["bind"], c.fail)
+        if affinity is not None:
+            c.fail("bind", "cpu_affinity pins the process too: give one of them")
+
     return KnobSet(name=name.strip(), env=env, torch=torch_knobs, compile=compile_knobs, dataloader=loader,
-                   cpu_affinity=affinity, npu=npu, source=where)
+                   cpu_affinity=affinity, npu=npu, sources=sources, autocast=autocast,
+                   observe_loss=bool(observe.get("loss")), bucketing=bucketing, source=where, tune=tune,
+                   bind=bind)
 
 
 def load_knob_set(path: str | Path) -> KnobSet:

@@ -26,6 +26,18 @@ from torchaxe.runtime.profile import HostSyncSite, InputSignature, ShapeTally
 MAX_SIGNATURES = 32
 
 
+
+def patch_method(saved: list, owner: type, name: str, make: Callable[[Any], Callable]) -> None:
+    """Replace ``owner.name`` by ``make(original)``, named like it, and remember the
+    original in ``saved`` (``(owner, name, original)``) to be put back in reverse order."""
+    original = owner.__dict__[name]
+    saved.append((owner, name, original))
+    wrapper = make(original)
+    wrapper.__name__ = name
+    wrapper.__qualname__ = f"{owner.__name__}.{name}"
+    wrapper.__wrapped__ = original
+    setattr(owner, name, wrapper)
+
 class StepSink(Protocol):
     """What the probes report to (implemented by the harness's StepRecorder)."""
 
@@ -132,13 +144,7 @@ class DataWaitProbe:
         self._patch(dataloader.DataLoader, "__iter__", self._timed_iter)
 
     def _patch(self, owner: type, name: str, make: Callable[[Any], Callable]) -> None:
-        original = owner.__dict__[name]
-        self._saved.append((owner, name, original))
-        wrapper = make(original)
-        wrapper.__name__ = name
-        wrapper.__qualname__ = f"{owner.__name__}.{name}"
-        wrapper.__wrapped__ = original
-        setattr(owner, name, wrapper)
+        patch_method(self._saved, owner, name, make)
 
     def uninstall(self) -> None:
         while self._saved:

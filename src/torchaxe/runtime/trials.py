@@ -81,6 +81,8 @@ class TrialRun:
     error: str | None = None
     stderr_tail: str = ""
     applied: dict[str, Any] | None = None  # run.options.knobs of the profile
+    #: Per measured step, time blocked on the DataLoader (same order as step_seconds).
+    data_wait_seconds: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float | None:
@@ -289,6 +291,7 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
         run.status = profile.status
         run.applied = profile.run.options.get("knobs")
         run.step_seconds = [s.seconds for s in profile.measured_steps]
+        run.data_wait_seconds = [s.data_wait_seconds or 0.0 for s in profile.measured_steps]
     if killed:
         run.error = f"timeout: killed {KILL_GRACE_SECONDS:g} s after --timeout {options.timeout:g} s"
     elif profile is None:

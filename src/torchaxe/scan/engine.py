@@ -5,6 +5,7 @@ walk the tree once dispatching nodes to the rules that asked for them, honour
 from __future__ import annotations
 
 import ast
+import multiprocessing
 import os
 import re
 import time
@@ -17,6 +18,7 @@ from torchaxe.findings import Diagnostic, Finding, ScanResult
 from torchaxe.scan.capabilities import torch_capabilities
 from torchaxe.scan.context import FileContext
 from torchaxe.scan.discover import discover
+from torchaxe.scan.formulas import remote
 from torchaxe.scan.rules import Rule, select_rules
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+[0-9]+(?:\s*,\s*[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
@@ -268,12 +270,23 @@ def scan_paths(
     else:
         chunks = [files[i : i + _CHUNK] for i in range(0, total, _CHUNK)]
         done = 0
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for chunk_reports in pool.map(_scan_chunk, chunks, [options] * len(chunks)):
-                reports.extend(chunk_reports)
-                done += len(chunk_reports)
-                if progress:
-                    progress(done, total)
+        context = multiprocessing.get_context()
+        rules = [cls() for cls in select_rules(options.select, options.ignore)]
+        # Formula rules evaluate candidate trees with torch: one evaluator process
+        # imports it once for all workers, and only if some file needs it.
+        evaluator = remote.Evaluator(context, jobs) if any(r.uses_formulas for r in rules) else None
+        try:
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
+                                     initializer=remote.connect if evaluator else None,
+                                     initargs=evaluator.worker_args() if evaluator else ()) as pool:
+                for chunk_reports in pool.map(_scan_chunk, chunks, [options] * len(chunks)):
+                    reports.extend(chunk_reports)
+                    done += len(chunk_reports)
+                    if progress:
+                        progress(done, total)
+        finally:
+            if evaluator is not None:
+                evaluator.close()
     for rep in reports:
         if rep.skipped:
             result.stats.files_skipped += 1

@@ -8,6 +8,8 @@ probes (``interpreter``, ``probes``) and compared with reference functions
 locations and rewrites for the formula rules (AX110-AX119), and ``verify`` measures
 each replacement against its hand-written form.
 
-Nothing here imports torch until a file holds a candidate, and nothing runs the
-scanned code: the interpreter only calls the operators on its whitelist.
+Nothing here imports torch until a file holds a candidate that passes the structural
+tests of ``prefilter``; in a parallel scan only one process (``remote``) imports it for
+all workers. Nothing runs the scanned code: the interpreter only calls the operators
+on its whitelist.
 """

@@ -16,9 +16,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
+from torchaxe.scan.formulas import remote
 from torchaxe.scan.formulas import vocabulary as V
-from torchaxe.scan.formulas.inline import FileUnit, Root, read_scope
+from torchaxe.scan.formulas.inline import (
+    ACTIVATION_WORDS, FileUnit, Root, activation_attributes, activation_tables, read_scope,
+)
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
+from torchaxe.scan.formulas.prefilter import worth_evaluating
 from torchaxe.scan.formulas.store import STORE, Match, decode, encode, file_key, root_key
 
 if TYPE_CHECKING:
@@ -202,11 +206,16 @@ def _plan(ctx: FileContext) -> tuple[list[tuple[ast.AST, ast.ClassDef | None]], 
     strong_words = STRONG_WORDS + NPU_WORDS if ctx.target == "npu" else STRONG_WORDS
     strong = _word_offsets(strong_words, source)
     weak = _word_offsets(WEAK_WORDS, source)
+    definitions: list[tuple[ast.AST, ast.ClassDef | None]] | None = None
+    if any(w in source for w in ACTIVATION_WORDS):
+        definitions = list(_definitions(ctx.tree.body, None))
+        strong.extend(_activation_calls(ctx, definitions))
     if not strong and not weak:
         return [], [], set()
     starts = list(itertools.accumulate(map(len, ctx.lines)))
     hits = _to_lines(strong, starts)
-    definitions = list(_definitions(ctx.tree.body, None))
+    if definitions is None:
+        definitions = list(_definitions(ctx.tree.body, None))
     if weak:
         weak_lines = _to_lines(weak, starts)
         accepted: set[int] = set()
@@ -228,6 +237,32 @@ def _plan(ctx: FileContext) -> tuple[list[tuple[ast.AST, ast.ClassDef | None]], 
     if any(_overlaps(s, relevant) for s in ctx.tree.body if not isinstance(s, (*_SCOPES, ast.ClassDef))):
         chosen.append((ctx.tree, None))
     return chosen, relevant, {id(d) for d, _ in hot}
+
+
+def _activation_calls(ctx: FileContext, definitions: list[tuple[ast.AST, ast.ClassDef | None]]) -> list[int]:
+    """Offsets of calls ``.<attr>(`` to an attribute that ``__init__`` certainly sets
+    to an activation (``self.act_fn(gate) * up`` is a SwiGLU with no formula word)."""
+    classes = {id(c): c for _, c in definitions if c is not None}
+    if not classes:
+        return []
+    tables = activation_tables(ctx.tree)
+    offsets: list[int] = []
+    starts: list[int] = []
+    for cls in classes.values():
+        init = next((s for s in cls.body if isinstance(s, _SCOPES) and s.name == "__init__"), None)
+        found = activation_attributes(cls, init, ctx.qualified_name, tables)  # type: ignore[arg-type]
+        if not found:
+            continue
+        starts = starts or [0, *itertools.accumulate(map(len, ctx.lines))]
+        first, last = cls.lineno, cls.end_lineno or cls.lineno
+        begin, end = starts[first - 1], starts[min(last, len(ctx.lines))]
+        for attr in found:
+            probe = f".{attr}("
+            pos = ctx.source.find(probe, begin, end)
+            while pos != -1:
+                offsets.append(pos + 1)
+                pos = ctx.source.find(probe, pos + len(probe), end)
+    return offsets
 
 
 def _scope_name(scope: ast.AST, cls: ast.ClassDef | None) -> str:
@@ -336,19 +371,37 @@ def _compute() -> Any:
 
 
 def _fingerprints(nodes: list[Node], categories: frozenset[str]) -> list[list[Match]]:
-    """Each root's matches, from the store when it has them; only the others are
-    evaluated (and only then is torch imported)."""
-    keys = [root_key(node, categories) for node in nodes]
-    stored = STORE.get_many([k.key for k in keys])
-    fresh: dict[str, list] = {}
-    results = []
+    """Each root's matches: none for a root whose structure rules every formula out,
+    from the store when it has them; only the others are evaluated (and only then is
+    torch imported)."""
+    keys = [root_key(node, categories) if worth_evaluating(node, categories) else None for node in nodes]
+    stored = STORE.get_many([k.key for k in keys if k is not None])
+    todo: dict[str, tuple[Node, dict[str, str]]] = {}
     for node, key in zip(nodes, keys):
+        if key is not None and key.key not in stored and key.key not in todo:
+            todo[key.key] = (node, key.roles)
+    fresh = _evaluate(todo, categories) if todo else {}
+    results: list[list[Match]] = []
+    for node, key in zip(nodes, keys):
+        if key is None:
+            results.append([])
+            continue
         entry = stored.get(key.key, fresh.get(key.key))
-        if entry is None:
-            entry = fresh[key.key] = encode(_compute()(node, key.roles, categories), node)
         results.append(decode(entry, node))
     STORE.put_many(fresh)
     return results
+
+
+def _evaluate(todo: dict[str, tuple[Node, dict[str, str]]], categories: frozenset[str]) -> dict[str, list]:
+    """Store entries for the trees of ``todo``: from the scan's evaluator process when
+    this is a worker of a parallel scan without torch, else computed here."""
+    channel = remote.link()
+    if channel is not None:
+        entries = channel.evaluate(list(todo.values()), categories)
+        if entries is not None:
+            return dict(zip(todo, entries))
+    compute = _compute()
+    return {k: encode(compute(node, roles, categories), node) for k, (node, roles) in todo.items()}
 
 
 def _locate(ctx: FileContext, root: Root, match: Match, scope_name: str) -> FormulaMatch | None:

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
+from torchaxe.scan.formulas import prefilter as P
 from torchaxe.scan.formulas import references as R
-from torchaxe.scan.formulas import vocabulary as V
-from torchaxe.scan.formulas.interpreter import Evaluator, is_tensor
+from torchaxe.scan.formulas.interpreter import Evaluator, broadcast_shape, is_tensor
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
+from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
 from torchaxe.scan.formulas.probes import (
-    CONFIRMATIONS, PRIMARY, SCALAR, SCALAR_VALUE, Probe, data_children, data_vars, fresh_full, half_width_roles,
-    make_env,
+    CONFIRMATIONS, PRIMARY, SCALAR, SCALAR_VALUE, Probe, data_vars, fresh_full, half_width_roles, make_env,
 )
 from torchaxe.scan.formulas.store import Match
 
@@ -128,51 +128,6 @@ class Probing:
 
 
 # ------------------------------------------------------------------ tree helpers
-def _reaches_var_avoiding(root: Node, avoid: Node) -> tuple[bool, set[str]]:
-    """Whether a variable is reachable from ``root`` without passing ``avoid``, and
-    the operations met on the way."""
-    ops: set[str] = set()
-    stack, seen = [root], set()
-    reached = False
-    while stack:
-        node = stack.pop()
-        if node is avoid or id(node) in seen:
-            continue
-        seen.add(id(node))
-        if node.op == VAR:
-            reached = True
-            continue
-        ops.add(node.op)
-        stack.extend(c for c in data_children(node) if c.vars)
-    return reached, ops
-
-
-def dominators(node: Node) -> Iterator[Node]:
-    """The proper subtrees every path from ``node`` to a variable goes through, largest
-    first: the candidate inputs of an elementwise function written out by hand."""
-    needed = data_vars(node)
-    candidates = [x for x in walk(node) if x is not node and x.op != CONST and needed <= x.vars]
-    candidates.sort(key=lambda x: -x.size)
-    for x in candidates:
-        reached, _ = _reaches_var_avoiding(node, x)
-        if not reached:
-            yield x
-
-
-def dominator(node: Node) -> Node | None:
-    return next(dominators(node), None)
-
-
-def _uncast(node: Node) -> Node:
-    while node.op == "cast" and node.args:
-        node = node.args[0]
-    return node
-
-
-def ops_outside(node: Node, inner: Node) -> set[str]:
-    return _reaches_var_avoiding(node, inner)[1]
-
-
 def depends_on(root: Node, target: Node) -> set[int]:
     """Ids of the nodes under ``root`` whose value depends on ``target``."""
     dep: set[int] = set()
@@ -224,7 +179,6 @@ _UNARY: tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor], str], ...] = (
     ("quick_gelu", R.quick_gelu, "x*sigmoid(1.702*x)"),
     ("silu", R.silu, "x*sigmoid(x)"),
 )
-_UNARY_ANCHORS = frozenset({"tanh", "erf", "erfc", "ndtr", "sigmoid", "exp"})
 
 
 class ActivationMatcher(Matcher):
@@ -233,10 +187,10 @@ class ActivationMatcher(Matcher):
     categories = tuple(c for c, _, _ in _UNARY)
 
     def precheck(self, node: Node) -> bool:
-        return node.op in ("mul", "div") and bool(node.ops & _UNARY_ANCHORS)
+        return P.activation(node)
 
     def check(self, node, probing, allowed):
-        x_node = next((d for d in dominators(node) if ops_outside(node, d) & _UNARY_ANCHORS), None)
+        x_node = P.activation_input(node)
         if x_node is None:
             return None
         y, x = probing.tensor(node), probing.tensor(x_node)
@@ -258,7 +212,7 @@ class SoftmaxMatcher(Matcher):
     categories = ("softmax",)
 
     def precheck(self, node):
-        return node.op in ("div", "mul", "exp") and "exp" in node.ops and bool(node.ops & {"sum", "logsumexp"})
+        return P.softmax(node)
 
     def check(self, node, probing, allowed):
         y = probing.tensor(node)
@@ -296,30 +250,13 @@ class SoftmaxMatcher(Matcher):
         return None
 
 
-_NORM_REDUCE = frozenset({"mean", "sum", "norm", "vector_norm", "var", "std", "var_mean"})
-_NORM_ROOT = frozenset({"rsqrt", "sqrt", "pow", "norm", "vector_norm", "std", "div", "reciprocal"})
-
-
 class NormMatcher(Matcher):
     """LayerNorm and RMSNorm over the last dimension, with fitted eps, weight and bias."""
 
     categories = ("layer_norm", "rms_norm")
 
     def precheck(self, node):
-        return node.op in ("mul", "div", "add", "sub", "cast") and bool(node.ops & _NORM_REDUCE) and bool(
-            node.ops & _NORM_ROOT)
-
-    def _inputs(self, node: Node) -> list[Node]:
-        found: list[Node] = []
-        for reduction in walk(node):
-            if reduction.op in _NORM_REDUCE and reduction.args:
-                inner = sorted((n for n in walk(reduction.args[0]) if n.vars and n.op != CONST), key=lambda n: -n.size)
-                for x in inner[:6]:
-                    # The uncast input first: it is what a replacement takes.
-                    for candidate in (_uncast(x), x):
-                        if all(candidate is not f for f in found):
-                            found.append(candidate)
-        return found
+        return P.norm(node)
 
     def _eps(self, node: Node, probing: Probing) -> list[tuple[float, Node | None]]:
         eps: list[tuple[float, Node | None]] = [(0.0, None)]
@@ -334,9 +271,9 @@ class NormMatcher(Matcher):
         if y is None or y.ndim < 1:
             return None
         eps_candidates = self._eps(node, probing)
-        for x_node in self._inputs(node):
+        for x_node in P.norm_inputs(node):
             x = probing.tensor(x_node)
-            if x is None or x.shape != y.shape or not ops_outside(node, x_node) & _NORM_ROOT:
+            if x is None or x.shape != y.shape or not ops_outside(node, x_node) & P.NORM_ROOT:
                 continue
             if x.shape[-1] < 2:
                 continue  # a norm over one element is anything (GRN's spatial norm on a probe)
@@ -431,17 +368,13 @@ class NormMatcher(Matcher):
         return None
 
 
-_TRANSPOSES = frozenset({"transpose", "swapaxes", "mT", "T", "permute", "t"})
-
-
 class AttentionMatcher(Matcher):
     """softmax(q @ k^T * scale [+ mask]) [dropout] @ v, matmul or einsum forms."""
 
     categories = ("attention",)
 
     def precheck(self, node):
-        return node.op in ("matmul", "bmm", "einsum") and bool(node.ops & {"softmax", "exp"}) and bool(
-            node.ops & {"transpose", "swapaxes", "mT", "T", "permute", "t", "einsum"})
+        return P.attention(node)
 
     def check(self, node, probing, allowed):
         if node.op == "einsum":
@@ -481,10 +414,13 @@ class AttentionMatcher(Matcher):
             return None
         p_node_outer, p_node = p_node, weights_node
         for s_node in sorted((n for n in walk(p_node) if n.op in ("matmul", "bmm", "einsum")), key=lambda n: -n.size):
-            s = probing.tensor(s_node)
-            if s is None or s.shape != p.shape:
+            s_raw = probing.tensor(s_node)
+            if s_raw is None or s_raw.shape[-1:] != p.shape[-1:] or s_raw.numel() != p.numel():
                 continue
-            qk = self._split_qk(s_node, s, probing)
+            # Scores made per (batch * head) by bmm and viewed back to four dimensions
+            # (GPT-NeoX) are the same scores: compared in the weights' shape.
+            s = s_raw.reshape(p.shape)
+            qk = self._split_qk(s_node, s_raw, probing)
             if qk is None:
                 continue
             q_node, k_node, qk_layout = qk
@@ -547,9 +483,9 @@ class AttentionMatcher(Matcher):
         if len(s_node.args) != 2:
             return None
         a_node, kt_node = s_node.args
-        if kt_node.op not in _TRANSPOSES or not kt_node.args:
+        if kt_node.op not in P.TRANSPOSES or not kt_node.args:
             # A key transposed where it was made (Whisper's permute(0, 2, 3, 1)).
-            if kt_node.ops & _TRANSPOSES:
+            if kt_node.ops & P.TRANSPOSES:
                 return a_node, kt_node, "BNSD-kt"
             return None
         k_node = kt_node.args[0]
@@ -628,8 +564,7 @@ class RotaryMatcher(Matcher):
     categories = ("rotary",)
 
     def precheck(self, node):
-        return node.op in ("add", "sub", "cat", "flatten", "reshape", "view", "cast", "view_as_real") and bool(
-            node.ops & {"cat", "stack", "view_as_complex"}) and "mul" in node.ops
+        return P.rotary(node)
 
     def _inputs(self, node: Node) -> list[Node]:
         found: list[Node] = []
@@ -654,7 +589,7 @@ class RotaryMatcher(Matcher):
             if x0 is None or x0.shape[-1] != y.shape[-1]:
                 continue
             try:
-                if torch.broadcast_shapes(x0.shape, y.shape) != y.shape:
+                if broadcast_shape(x0.shape, y.shape) != y.shape:
                     continue
             except RuntimeError:
                 continue
@@ -717,7 +652,7 @@ class SwigluMatcher(Matcher):
     categories = ("swiglu",)
 
     def precheck(self, node):
-        return node.op == "mul" and len(node.args) == 2 and bool(node.ops & {"silu", "sigmoid", "exp"})
+        return P.swiglu(node)
 
     def check(self, node, probing, allowed):
         y = probing.tensor(node)
@@ -765,27 +700,27 @@ def compute(root: Node, roles: dict[str, str], categories: frozenset[str]) -> li
     torch.set_num_threads(1)
     try:
         order = list(walk(root))
-        matches = _match(root, roles, categories, order)
+        primary = Probing(roles, PRIMARY)
+        matches = _match(root, primary, categories, order)
         if not matches:
             second = half_width_roles(root, roles)
-            if second is not None and not is_tensor(Probing(roles, PRIMARY).value(root)):
-                matches = _match(root, second, categories, order)
+            if second is not None and not is_tensor(primary.value(root)):
+                matches = _match(root, Probing(second, PRIMARY), categories, order)
         return matches
     finally:
         torch.set_num_threads(threads)
 
 
-def _match(root: Node, roles: dict[str, str], categories: frozenset[str], order: list[Node]) -> list[Match]:
-    candidates = [n for n in order if n.op not in (VAR, CONST) and n.size >= 3 and n.ops & V.ANCHORS]
+def _match(root: Node, primary: Probing, categories: frozenset[str], order: list[Node]) -> list[Match]:
+    candidates = P.candidates(order)
     if not candidates:
         return []
-    candidates.sort(key=lambda n: -n.size)
+    roles = primary.roles
     matchers = [m for m in MATCHERS if categories.intersection(m.categories)]
     parents: dict[int, list[Node]] = {}
     for n in order:
         for child in n.children():
             parents.setdefault(id(child), []).append(n)
-    primary = Probing(roles, PRIMARY)
     covered: set[int] = set()
     found: list[Match] = []
     confirmations: list[Probing] | None = None

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from torchaxe.scan.formulas import vocabulary as V
 from torchaxe.scan.formulas.ir import Builder, Node
 from torchaxe.scan.formulas.lowering import ExpressionLowering
 
@@ -76,8 +77,9 @@ class FileUnit:
     module_names: set[str] = field(default_factory=set)
     lambdas: list[tuple[ast.Lambda, ast.ClassDef | None]] = field(default_factory=list)
     inline_cache: dict[tuple, tuple[Node | None, dict[int, ast.AST]]] = field(default_factory=dict)
-    _module_constants: dict[str, float] | None = None
-    _class_constants: dict[int, dict[str, float]] = field(default_factory=dict)
+    _module_constants: dict[str, float | str] | None = None
+    _class_constants: dict[int, dict[str, float | str]] = field(default_factory=dict)
+    _class_activations: dict[int, dict[str, Activation]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for stmt in self.tree.body:
@@ -90,8 +92,8 @@ class FileUnit:
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                 self.module_names.update(t.id for t in targets if isinstance(t, ast.Name))
 
-    def module_constants(self) -> dict[str, float]:
-        """Module-level names assigned a number once (``C = math.sqrt(2 / math.pi)``)."""
+    def module_constants(self) -> dict[str, float | str]:
+        """Module-level names assigned a number or a string once (``C = math.sqrt(2 / math.pi)``)."""
         if self._module_constants is None:
             self._module_constants = {}  # while reading them, they see none
             self._module_constants = self._constants(
@@ -100,8 +102,8 @@ class FileUnit:
                 self.tree, None)
         return self._module_constants
 
-    def class_constants(self, cls: ast.ClassDef) -> dict[str, float]:
-        """Attributes a class sets to a number: in its body (``eps = 1e-6``) or in
+    def class_constants(self, cls: ast.ClassDef) -> dict[str, float | str]:
+        """Attributes a class sets to a number or a string: in its body (``eps = 1e-6``) or in
         ``__init__`` (``self.c = math.sqrt(2 / math.pi)``), and nowhere else."""
         found = self._class_constants.get(id(cls))
         if found is None:
@@ -121,19 +123,30 @@ class FileUnit:
             self._class_constants[id(cls)] = found
         return found
 
-    def _constants(self, pairs: list[tuple[str, ast.expr | None]], node: ast.AST, cls: ast.ClassDef | None) -> dict[str, float]:
+    def _constants(self, pairs: list[tuple[str, ast.expr | None]], node: ast.AST,
+                   cls: ast.ClassDef | None) -> dict[str, float | str]:
         counts: dict[str, int] = {}
         for name, _ in pairs:
             counts[name] = counts.get(name, 0) + 1
-        constants: dict[str, float] = {}
+        constants: dict[str, float | str] = {}
         scope = Scope(self, node, cls, depth=MAX_INLINE_DEPTH)  # reads nothing, inlines nothing
         for name, value in pairs:
             if counts[name] != 1 or value is None or not _may_be_constant(value):
                 continue
             lowered = ExpressionLowering(scope, self.builder, self.text).lower(value)
-            if lowered.is_const and isinstance(lowered.value, (int, float)) and not isinstance(lowered.value, bool):
+            # Numbers, and strings (an einsum equation kept in a constant).
+            if lowered.is_const and isinstance(lowered.value, (int, float, str)) and not isinstance(lowered.value, bool):
                 constants[name] = lowered.value
         return constants
+
+    def class_activations(self, cls: ast.ClassDef) -> dict[str, Activation]:
+        """The attributes of ``cls`` that are certainly a known activation (see
+        ``activation_attributes``)."""
+        found = self._class_activations.get(id(cls))
+        if found is None:
+            found = self._class_activations[id(cls)] = activation_attributes(
+                cls, self.class_methods(cls).get("__init__"), self.resolve, activation_tables(self.tree))
+        return found
 
     def class_methods(self, cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
         found = self.methods.get(id(cls))
@@ -158,6 +171,121 @@ class FileUnit:
         first = node.lineno  # type: ignore[attr-defined]
         last = node.end_lineno or first  # type: ignore[attr-defined]
         return set(_IDENTIFIER.findall("".join(self.lines[first - 1 : last])))
+
+
+# ------------------------------------------------------------------ activation attributes
+#: An activation: the operation and its ``approximate`` argument (GELU's "tanh").
+Activation = tuple[str, str | None]
+
+#: Activation modules (called once built: ``self.act = nn.SiLU()``).
+_ACTIVATION_MODULES: dict[str, str] = {
+    "torch.nn.SiLU": "silu", "torch.nn.GELU": "gelu", "torch.nn.ReLU": "relu", "torch.nn.Sigmoid": "sigmoid",
+    "torch.nn.Tanh": "tanh",
+    "torch.nn.modules.activation.SiLU": "silu", "torch.nn.modules.activation.GELU": "gelu",
+}
+#: Activation functions (assigned, not called: ``self.act = F.silu``).
+_ACTIVATION_FUNCTIONS = frozenset({"silu", "gelu", "relu", "sigmoid", "tanh"})
+#: Hugging Face ``ACT2FN`` / ``get_activation`` names whose function is exactly one of
+#: these (``gelu_new`` is the tanh approximation, written out by the library).
+_ACT2FN: dict[str, Activation] = {
+    "silu": ("silu", None), "swish": ("silu", None), "gelu": ("gelu", None), "gelu_new": ("gelu", "tanh"),
+    "gelu_pytorch_tanh": ("gelu", "tanh"), "relu": ("relu", None), "sigmoid": ("sigmoid", None),
+    "tanh": ("tanh", None),
+}
+#: Words without which a file has no activation attribute worth resolving.
+ACTIVATION_WORDS = ("SiLU", "GELU", "Sigmoid", "Tanh", "ReLU", "ACT2FN", "get_activation", "silu", "gelu", "sigmoid",
+                    "tanh", "relu")
+
+
+def activation_tables(tree: ast.Module) -> tuple[frozenset[str], frozenset[str]]:
+    """Local names bound to Hugging Face's ``ACT2FN`` and ``get_activation``, through
+    absolute imports (``transformers.activations``) or the relative ones inside the
+    library (``from ...activations import ACT2FN``), which ``FileContext`` skips."""
+    tables: set[str] = set()
+    getters: set[str] = set()
+    for stmt in tree.body:
+        if not isinstance(stmt, ast.ImportFrom) or not stmt.module:
+            continue
+        module = stmt.module.rsplit(".", 1)[-1]
+        if module not in ("activations", "transformers"):
+            continue
+        for alias in stmt.names:
+            if alias.name == "ACT2FN":
+                tables.add(alias.asname or alias.name)
+            elif alias.name == "get_activation":
+                getters.add(alias.asname or alias.name)
+    return frozenset(tables), frozenset(getters)
+
+
+def _activation_value(value: ast.expr, resolve: Callable[[ast.AST], str | None],
+                      tables: tuple[frozenset[str], frozenset[str]]) -> Activation | None:
+    if isinstance(value, ast.Call):
+        qualified = resolve(value.func)
+        if qualified in _ACTIVATION_MODULES:
+            op = _ACTIVATION_MODULES[qualified]
+            approximate: ast.expr | None = next((k.value for k in value.keywords if k.arg == "approximate"), None)
+            if op == "gelu" and approximate is None and value.args:
+                approximate = value.args[0]
+            if approximate is None:
+                return op, None
+            if isinstance(approximate, ast.Constant) and approximate.value in ("none", "tanh"):
+                return op, None if approximate.value == "none" else "tanh"
+            return None  # chosen at run time
+        if (isinstance(value.func, ast.Name) and value.func.id in tables[1] and len(value.args) == 1
+                and isinstance(value.args[0], ast.Constant)):
+            return _ACT2FN.get(value.args[0].value)  # type: ignore[arg-type]
+        return None
+    if isinstance(value, ast.Subscript) and isinstance(value.value, ast.Name) and value.value.id in tables[0]:
+        key = value.slice
+        return _ACT2FN.get(key.value) if isinstance(key, ast.Constant) else None  # type: ignore[arg-type]
+    qualified = resolve(value)
+    op = V.FUNCTIONS.get(qualified) if qualified else None
+    return (op, None) if op in _ACTIVATION_FUNCTIONS else None
+
+
+def activation_attributes(cls: ast.ClassDef, init: ast.FunctionDef | None,
+                          resolve: Callable[[ast.AST], str | None],
+                          tables: tuple[frozenset[str], frozenset[str]]) -> dict[str, Activation]:
+    """Attributes ``self.<name>`` that are certainly a known activation: assigned
+    once in the whole class, in ``__init__``'s own statements (not under an ``if``,
+    a loop or a ``try``), to an activation module, function or ``ACT2FN`` entry named
+    by a constant. ``ACT2FN[config.hidden_act]`` or ``act_layer()`` is decided at run
+    time: such an attribute stays an opaque call."""
+    if init is None or not init.args.args:
+        return {}
+    me = init.args.args[0].arg
+    found: dict[str, Activation] = {}
+    for stmt in init.body:
+        if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+            continue
+        target = stmt.targets[0]
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == me:
+            activation = _activation_value(stmt.value, resolve, tables)
+            if activation is not None:
+                found[target.attr] = activation
+    # Certain only if nothing else in the class sets the same name (a class attribute
+    # of that name included).
+    for stmt in cls.body:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            for t in stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]:
+                if isinstance(t, ast.Name):
+                    found.pop(t.id, None)
+    if not found:
+        return found
+    counts: dict[str, int] = {}
+    for node in ast.walk(cls):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets
+                       for t in (target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target])]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+            return {}  # attributes set by name: nothing is certain
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr in found:
+                counts[t.attr] = counts.get(t.attr, 0) + 1
+    return {name: act for name, act in found.items() if counts.get(name) == 1}
 
 
 class Thunk:
@@ -558,12 +686,13 @@ def _is_harmless_decorator(node: ast.AST) -> bool:
 
 
 _CONSTANT_PARTS = (ast.Constant, ast.Name, ast.Attribute, ast.BinOp, ast.UnaryOp, ast.Call, ast.operator, ast.unaryop,
-                   ast.Load)
+                   ast.Load, ast.JoinedStr, ast.FormattedValue)
 
 
 def _may_be_constant(node: ast.expr) -> bool:
-    """Cheap test before lowering: a small expression of numbers, names and arithmetic."""
-    if not isinstance(node, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Call)):
+    """Cheap test before lowering: a small expression of numbers, strings, names and
+    arithmetic."""
+    if not isinstance(node, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.Call, ast.JoinedStr)):
         return False
     for count, part in enumerate(ast.walk(node)):
         if count > 24 or not isinstance(part, _CONSTANT_PARTS):

@@ -54,9 +54,29 @@ def _small_int(value: Any) -> bool:
     return isinstance(value, int) and abs(value) <= 64
 
 
+def broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape ``a`` and ``b`` broadcast to; RuntimeError when they do not.
+
+    Written out because ``torch.broadcast_shapes`` imports sympy on its first call
+    (half a second, more than all the probe arithmetic of a large scan)."""
+    if len(a) < len(b):
+        a, b = b, a
+    out = list(a)
+    offset = len(a) - len(b)
+    for i, size in enumerate(b):
+        mine = out[offset + i]
+        if mine == size or size == 1:
+            continue
+        if mine == 1:
+            out[offset + i] = size
+        else:
+            raise RuntimeError(f"shapes {tuple(a)} and {tuple(b)} do not broadcast")
+    return tuple(out)
+
+
 def _check_broadcast(a: Any, b: Any) -> None:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape != b.shape:
-        shape = torch.broadcast_shapes(a.shape, b.shape)
+        shape = broadcast_shape(a.shape, b.shape)
         if math.prod(shape) > MAX_ELEMENTS:
             raise EvaluationError("broadcast too large")
 
@@ -71,7 +91,7 @@ def _binary(fn: Callable[[Any, Any], Any]) -> Callable[..., Any]:
 
 def _matmul(a: Any, b: Any) -> Any:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.ndim > 2 and b.ndim > 2:
-        if math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])) * a.shape[-2] * b.shape[-1] > MAX_ELEMENTS:
+        if math.prod(broadcast_shape(a.shape[:-2], b.shape[:-2])) * a.shape[-2] * b.shape[-1] > MAX_ELEMENTS:
             raise EvaluationError("product too large")
     return operator.matmul(a, b)
 

@@ -125,6 +125,23 @@ class ExpressionLowering:
             return self.opaque(node)
         return self.b.op(_COMPARE[type(node.ops[0])], (self.lower(node.left), self.lower(node.comparators[0])))
 
+    def _JoinedStr(self, node: ast.JoinedStr) -> Node:
+        """An f-string whose every part is a constant (``f"b h i d, {kv_eq} -> b h i j"``
+        with ``kv_eq`` bound to a string): that string. Otherwise opaque."""
+        parts: list[str] = []
+        for part in node.values:
+            if isinstance(part, ast.Constant) and isinstance(part.value, str):
+                parts.append(part.value)
+                continue
+            if not isinstance(part, ast.FormattedValue) or part.format_spec is not None or part.conversion not in (
+                    -1, ord("s")):
+                return self.opaque(node, lower_children=False)
+            value = self.lower(part.value)
+            if not value.is_const or not isinstance(value.value, (str, int)) or isinstance(value.value, bool):
+                return self.opaque(node, lower_children=False)
+            parts.append(str(value.value))
+        return self.b.const("".join(parts))
+
     def _Tuple(self, node: ast.Tuple | ast.List) -> Node:
         return self.b.op("tuple", [self.lower(e) for e in node.elts])
 
@@ -202,6 +219,13 @@ class ExpressionLowering:
                     self.inlined.add(id(inlined))
                     return inlined
                 single = len(node.args) == 1 and not node.keywords
+                activation = self.scope.unit.class_activations(self.scope.cls).get(func.attr) if (
+                    single and self.scope.cls is not None) else None
+                if activation is not None:
+                    # self.act_fn = nn.SiLU() (or ACT2FN["silu"]) in __init__, and nowhere else.
+                    op, approximate = activation
+                    kwargs = {"approximate": self.b.const(approximate)} if approximate else None
+                    return self.b.op(op, (self.lower(node.args[0]),), kwargs)
                 if single and any(h in func.attr.lower() for h in _DROPOUT_HINTS):
                     return self.b.op("dropout", (self.lower(node.args[0]),))
                 if single and "softmax" in func.attr.lower() and "log" not in func.attr.lower():
@@ -226,6 +250,8 @@ class ExpressionLowering:
                 return self.b.const(float(args[0].value) if op == "float" else int(args[0].value))
             except ValueError:
                 return self.opaque(node)
+        if op == "baddbmm":
+            return self._baddbmm(args, kwargs, node)
         if op == "tensor":
             if len(args) == 1 and args[0].is_const and isinstance(args[0].value, (int, float)):
                 return self.b.const(float(args[0].value))
@@ -233,6 +259,34 @@ class ExpressionLowering:
                 return args[0]  # torch.tensor(torch.finfo(x.dtype).min): a number
             return self.opaque(node)
         return self.b.op(op, args, kwargs)
+
+    def _baddbmm(self, args: list[Node], kwargs: dict[str, Node], node: ast.Call) -> Node:
+        """``baddbmm(input, b1, b2, beta=, alpha=)`` as the arithmetic it is, ``beta *
+        input + alpha * (b1 @ b2)``, so that attention scores made with it (GPT-NeoX,
+        Bloom, StarCoder) read like ``q @ k^T * scale + mask``. With ``beta=0`` the
+        input is ignored (it is often ``torch.empty``), as torch ignores it."""
+        args = args + [kwargs[k] for k in ("batch1", "batch2") if k in kwargs]  # alibi.baddbmm(batch1=q, batch2=k)
+        if len(args) != 3 or set(kwargs) - {"beta", "alpha", "batch1", "batch2"}:
+            return self.opaque(node)
+        base, b1, b2 = args
+        b = self.b
+        scores = b.op("bmm", (b1, b2))
+        built = [scores]
+        alpha = kwargs.get("alpha")
+        if alpha is not None and not (alpha.is_const and alpha.value == 1):
+            scores = b.op("mul", (scores, alpha))
+            built.append(scores)
+        beta = kwargs.get("beta")
+        if beta is not None and beta.is_const and beta.value == 0:
+            result = scores
+        else:
+            term = base if beta is None or (beta.is_const and beta.value == 1) else b.op("mul", (beta, base))
+            built.append(term)
+            result = b.op("add", (term, scores))
+        for part in built:
+            # Written in this call (which ``lower`` records as making the result).
+            self.made.setdefault(id(part), node)
+        return result
 
     # ----------------------------------------------------------------- opaque
     def opaque(self, node: ast.expr, lower_children: bool = True) -> Node:

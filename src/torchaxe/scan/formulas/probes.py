@@ -139,7 +139,8 @@ def infer_roles(root: Node) -> dict[str, str]:
         if node.op in ("bmm", "baddbmm"):
             memo: dict[int, frozenset[str]] = {}
             for arg in node.args:
-                cubes |= _strict_data(arg, memo)
+                # Not through a view: q.view(B * H, T, D) takes a 4-D q to bmm (GPT-NeoX).
+                cubes |= _strict_data(arg, memo, stop=_RESHAPES)
         elif node.op == "einsum" and node.args and node.args[0].op == CONST and isinstance(node.args[0].value, str):
             # 'b i d, b j d -> b i j': each operand has as many dimensions as letters.
             inputs = node.args[0].value.split("->")[0].split(",")
@@ -208,7 +209,10 @@ def scalarish(node: Node) -> bool:
     return False
 
 
-def _strict_data(node: Node, memo: dict[int, frozenset[str]]) -> frozenset[str]:
+_RESHAPES = frozenset({"reshape", "view", "flatten", "unflatten"})
+
+
+def _strict_data(node: Node, memo: dict[int, frozenset[str]], stop: frozenset[str] = frozenset()) -> frozenset[str]:
     """The variables that *are* ``node``'s data: reached through layout operations,
     elementwise functions and products with numbers, but not through a sum or a
     product of two tensors (``scores + mask``: neither is the other's data)."""
@@ -217,7 +221,7 @@ def _strict_data(node: Node, memo: dict[int, frozenset[str]]) -> frozenset[str]:
         return found
     if node.op == VAR:
         found = frozenset((node.value,))
-    elif node.op == CONST:
+    elif node.op == CONST or node.op in stop:
         found = frozenset()
     else:
         args = data_children(node)
@@ -226,7 +230,7 @@ def _strict_data(node: Node, memo: dict[int, frozenset[str]]) -> frozenset[str]:
         elif node.op in _BINARY:
             tensors = [a for a in args if not scalarish(a)]
             args = tensors if len(tensors) == 1 else ()
-        found = frozenset().union(*(_strict_data(a, memo) for a in args)) if args else frozenset()
+        found = frozenset().union(*(_strict_data(a, memo, stop) for a in args)) if args else frozenset()
     memo[id(node)] = found
     return found
 

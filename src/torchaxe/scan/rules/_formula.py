@@ -51,6 +51,7 @@ class FormulaRule(Rule):
     #: The fix's usual applicability per target, for an exact hand-written form
     #: written as one expression (``torchaxe verify`` checks the safe ones).
     safety_by_target: ClassVar[dict[str, Applicability]] = {}
+    uses_formulas = True
 
     def check_module(self, ctx: FileContext) -> Iterable[Finding]:
         from torchaxe.scan.formulas.analysis import formula_matches

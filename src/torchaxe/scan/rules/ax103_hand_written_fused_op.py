@@ -168,6 +168,7 @@ class HandWrittenFusedOp(Rule):
     message = "hand-written operator with a fused implementation"
     node_types = DEFINITION_TYPES
     requires_text = _PREFILTER
+    uses_formulas = True
     references = (
         "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
         "https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html",

@@ -13,7 +13,11 @@ class HandWrittenSwiglu(FormulaRule):
     On the `npu` target, flags a SwiGLU gate, `silu(a) * b`, computed from separate
     operators: `F.silu(gate) * up`, a hand-written `a * sigmoid(a) * b`, and the
     one-tensor forms that split a projection in two (`x.chunk(2, -1)`, `x.split(h, -1)`,
-    `x[..., :h]` / `x[..., h:]`). Recognised by its values on random inputs.
+    `x[..., :h]` / `x[..., h:]`). The SiLU may be a module attribute
+    (`self.act_fn(gate) * up`) when `__init__` sets it once, unconditionally, to
+    `nn.SiLU()`, `F.silu` or `ACT2FN["silu"]`; an activation chosen at run time
+    (`ACT2FN[config.hidden_act]`, `act_layer()`) is not assumed. Recognised by its values
+    on random inputs.
 
     ## Why is this bad?
     The gate runs a SiLU kernel and a multiplication (and a split) each reading and
@@ -56,7 +60,7 @@ class HandWrittenSwiglu(FormulaRule):
     fix_safety = Applicability.UNSAFE
     safety_by_target = {"npu": Applicability.UNSAFE}
     targets = ("npu",)
-    requires_text = ("silu(", "sigmoid(", "torch.exp(", ".exp()")
+    requires_text = ("silu(", "sigmoid(", "torch.exp(", ".exp()", "SiLU(", ".silu", "ACT2FN", "get_activation(")
     references = ("https://www.hiascend.com/document (torch_npu.npu_swiglu)",)
     examples = (
         Invalid(

@@ -27,8 +27,11 @@ class HandWrittenAttention(FormulaRule):
     Flags attention computed by hand: `softmax(q @ k^T * scale [+ mask]) [dropout] @ v`,
     with `matmul`, `@`, `bmm` or `einsum` (BNSD or BSND layouts), a scale written as a
     division by `sqrt(d)` or a multiplication, an additive or `masked_fill` mask and
-    dropout on the weights. Recognised by its values on random inputs: the weights must
-    be a softmax over the key dimension of a scaled `q @ k^T`.
+    dropout on the weights. Scores made with `torch.baddbmm(bias, q, k^T, beta=,
+    alpha=)` count (`alpha` is the scale, `beta * bias` the mask), and so do einsum
+    equations built from constants (an f-string or a `+` of string constants); an
+    equation chosen at run time is not read. Recognised by its values on random inputs:
+    the weights must be a softmax over the key dimension of a scaled `q @ k^T`.
 
     ## Why is this bad?
     The hand-written form materialises the full (L x L) score matrix per head, reads

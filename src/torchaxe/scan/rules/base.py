@@ -65,6 +65,8 @@ class Rule:
     targets: ClassVar[tuple[str, ...]] = TARGETS
     #: The file is only visited when its text contains one of these (cheap prefilter).
     requires_text: ClassVar[tuple[str, ...]] = ()
+    #: The rule reads formula matches (so a parallel scan starts an evaluator for it).
+    uses_formulas: ClassVar[bool] = False
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
     references: ClassVar[tuple[str, ...]] = ()
     examples: ClassVar[tuple[Valid | Invalid, ...]] = ()

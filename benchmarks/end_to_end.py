@@ -1,0 +1,167 @@
+"""What torchaxe delivers end to end: advise -> apply -> run, against the original
+script and against the best configuration found by trying the candidate changes
+exhaustively.
+
+On a copy of the GPT example (examples/gpt, at its default size unless ``--args``):
+
+1. ``torchaxe advise --budget B`` on the copy (JSON advice kept);
+2. ``torchaxe apply --unsafe-fixes`` on the copy: its code is fixed and its run knobs
+   go to the copy's torchaxe.toml;
+3. the **tuned** run (the fixed copy under its run knobs, as ``torchaxe run`` applies
+   them) against the **original** (the same process reading the original file through
+   the source overlay), interleaved, ``--repeats`` rounds;
+4. **exhaustive**: every combination of the candidate changes advise knew (code rules
+   and knob candidates; at most one per group -- one compile mode, one precision),
+   each measured against the original, interleaved; ``--pruned`` restricts the
+   combinations to the candidates whose own measured ratio was below 1.
+
+Printed: the median step time of each side, the speedup of the tuned run over the
+original (median of per-round ratios, with min..max), the exhaustive best and its
+speedup, how many combinations were tried and how long everything took. Targets:
+tuned >= 2x the original; tuned within 10% of the exhaustive best.
+
+    .venv/bin/python benchmarks/end_to_end.py --budget 6m --repeats 3
+    .venv/bin/python benchmarks/end_to_end.py --pruned --record benchmarks/RESULTS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from torchaxe.advise.candidates import fixed_sources  # noqa: E402
+from torchaxe.advise.measure import Measurer  # noqa: E402
+from torchaxe.advise.pipeline import _merge_knobs  # noqa: E402
+from torchaxe.runtime.knobs import knob_set_from_dict  # noqa: E402
+from torchaxe.runtime.trials import TrialOptions  # noqa: E402
+from torchaxe.scan.engine import ScanOptions, scan_paths  # noqa: E402
+
+
+def torchaxe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torchaxe", *args], cwd=cwd, text=True, capture_output=True)
+
+
+def log(line: str) -> None:
+    print(f"end_to_end: {line}", file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", default="6m", help="advise's --budget")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the final comparisons")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--args", default="", help="extra arguments for examples/gpt/train.py")
+    parser.add_argument("--pruned", action="store_true",
+                        help="exhaustive over the candidates whose own ratio was below 1 only")
+    parser.add_argument("--max-combinations", type=int, default=64)
+    parser.add_argument("--record", metavar="FILE", help="append the result table to FILE (RESULTS.md)")
+    args = parser.parse_args()
+
+    started = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="torchaxe-e2e-"))
+    home = work / "home"
+    os.environ["TORCHAXE_HOME"] = str(home)
+    copy = work / "gpt"
+    shutil.copytree(ROOT / "examples" / "gpt", copy)
+    script = copy / "train.py"
+    original_text = script.read_text()
+    original_file = work / "original-train.py"
+    original_file.write_text(original_text)
+    extra = args.args.split()
+    command = ["python", str(script), *extra]
+
+    log(f"advise --budget {args.budget} on a copy of examples/gpt")
+    t0 = time.perf_counter()
+    result = torchaxe("advise", "--budget", args.budget, "--format", "json", "--save", str(work / "advice.json"),
+                      "-q", "--", *command, cwd=copy)
+    advise_seconds = time.perf_counter() - t0
+    if result.returncode != 0:
+        print(result.stderr, file=sys.stderr)
+        return 2
+    advice = json.loads(result.stdout)
+    chosen = [r["key"] for r in advice["recommendations"] if r["selected"]]
+    log(f"advise took {advise_seconds:.0f} s; chosen: {', '.join(chosen) or 'nothing'}")
+    applied = torchaxe("apply", "--unsafe-fixes", "--advice", str(work / "advice.json"), cwd=copy)
+    if applied.returncode != 0:
+        print(applied.stderr, file=sys.stderr)
+        return 2
+    from torchaxe.advise.apply import read_run_knobs
+
+    run_knobs, _ = read_run_knobs(copy)
+    options = TrialOptions(repeats=1, steps=args.steps, warmup=args.warmup, timeout=600.0, target="cpu")
+    measurer = Measurer(command, options, progress=log)
+    original = knob_set_from_dict({"name": "original", "sources": {str(script): str(original_file)}}, "e2e")
+    tuned = knob_set_from_dict({"name": "tuned", **run_knobs}, "e2e")
+    base, (tuned_arm,), _ = measurer.compare(original, [tuned], args.repeats, "tuned vs original")
+
+    # Exhaustive: combinations of the candidates advise knew, on the original code.
+    script.write_text(original_text)
+    findings = scan_paths([script], ScanOptions(target="cpu")).findings
+    candidates = [r for r in advice["recommendations"] if r["status"] in ("measured", "failed")]
+    if args.pruned:
+        candidates = [r for r in candidates if r["status"] == "measured" and r["ratios"]
+                      and sorted(r["ratios"])[len(r["ratios"]) // 2] < 1.0]
+    groups: dict[str, list[dict]] = {}
+    for r in candidates:
+        group = "compile" if r["key"].startswith("knob:compile") else \
+            "precision" if r["key"].startswith("knob:autocast") else r["key"]
+        groups.setdefault(group, []).append(r)
+    options_per_group = [[None, *members] for members in groups.values()]
+    combos = [tuple(r for r in combo if r is not None) for combo in itertools.product(*options_per_group)]
+    combos = [c for c in combos if c][: args.max_combinations]
+    log(f"exhaustive: {len(combos)} combinations of {len(candidates)} candidates")
+    arms = []
+    for n, combo in enumerate(combos):
+        fragment = _merge_knobs([r["knobs"] for r in combo if r["applies"] == "knob"])
+        codes = [code for r in combo if r["applies"] == "code" for code in r["rules"]]
+        if codes:
+            folder = work / f"combo-{n}"
+            folder.mkdir()
+            fragment["sources"] = fixed_sources(findings, codes, folder)
+        arms.append(knob_set_from_dict({"name": "+".join(r["key"] for r in combo), **fragment}, "e2e"))
+    plain = knob_set_from_dict({"name": "original"}, "e2e")
+    ex_base, ex_arms, _ = measurer.compare(plain, arms, max(1, args.repeats - 1), "exhaustive") if arms else \
+        (None, [], True)
+    ok = [a for a in ex_arms if a.ok and a.ratio]
+    best = min(ok, key=lambda a: a.ratio) if ok else None
+
+    speedup = 1 / tuned_arm.ratio if tuned_arm.ratio else None
+    best_speedup = 1 / best.ratio if best else None
+    lines = [
+        f"end-to-end on examples/gpt/train.py {' '.join(extra)} ({platform.machine()}, {os.cpu_count()} cores, "
+        f"{time.strftime('%Y-%m-%d')})",
+        f"  advise: {advise_seconds:.0f} s (budget {args.budget}); chosen: {', '.join(chosen) or 'nothing'}",
+        f"  original step median {1e3 * (base.median or 0):.1f} ms; tuned {1e3 * (tuned_arm.median or 0):.1f} ms",
+        f"  tuned vs original: {speedup:.2f}x (per-round ratios {', '.join(f'{r:.3f}' for r in tuned_arm.ratios)})"
+        if speedup else f"  tuned vs original: not measured ({tuned_arm.error})",
+        f"  exhaustive ({'pruned, ' if args.pruned else ''}{len(arms)} combinations): best {best.name} "
+        f"{best_speedup:.2f}x" if best else "  exhaustive: nothing measured",
+        f"  tuned / exhaustive best: {speedup / best_speedup:.2f}" if speedup and best_speedup else "",
+        f"  targets: tuned >= 2x: {'PASS' if speedup and speedup >= 2 else 'FAIL'}; within 10% of the best: "
+        f"{'PASS' if speedup and best_speedup and speedup >= 0.9 * best_speedup else 'FAIL'}",
+        f"  total {time.perf_counter() - started:.0f} s",
+    ]
+    text = "\n".join(line for line in lines if line)
+    print(text)
+    if args.record:
+        with open(args.record, "a", encoding="utf-8") as handle:
+            handle.write("\n```\n" + text + "\n```\n")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0 if speedup and speedup >= 2 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

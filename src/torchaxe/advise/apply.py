@@ -1,0 +1,217 @@
+"""``torchaxe apply``: carry out what ``advise`` chose, and ``torchaxe run``'s knobs.
+
+Code changes are the scanner's fixes of the chosen rules, written atomically (safe
+fixes by default, unsafe ones with ``unsafe=True``). Before the first change to a
+workload its original files are kept under ``$TORCHAXE_HOME/originals/`` so that a
+later ``advise`` can measure the gain achieved against them. Runtime knobs go to the
+``run`` table of the project's ``torchaxe.toml`` (or ``[tool.torchaxe.run]`` of a
+pyproject.toml that already holds the configuration), edited in place so the user's
+comments stay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from torchaxe.advise.recommendation import SCHEMA
+from torchaxe.atomic import write_text_atomic
+from torchaxe.errors import TorchaxeError
+
+ORIGINALS_SCHEMA = "torchaxe.originals/1"
+
+
+def home() -> Path:
+    return Path(os.environ.get("TORCHAXE_HOME") or Path.home() / ".cache" / "torchaxe")
+
+
+def workload_id(script: str | Path) -> str:
+    """A stable name for the workload: the script's real path."""
+    return hashlib.sha256(os.path.realpath(script).encode()).hexdigest()[:16]
+
+
+def load_advice(path: str | Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TorchaxeError(f"{path}: no advice file: run `torchaxe advise -- python train.py` first") from None
+    except (OSError, ValueError) as exc:
+        raise TorchaxeError(f"{path}: not a readable advice file: {exc}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise TorchaxeError(f"{path}: not a torchaxe advice file (schema {SCHEMA} expected)")
+    if not isinstance(data.get("recommendations"), list) or not isinstance(data.get("command"), list):
+        raise TorchaxeError(f"{path}: advice file without recommendations or command")
+    return data
+
+
+# ------------------------------------------------------------------ originals
+
+
+def originals_dir(script: str | Path) -> Path:
+    return home() / "originals" / workload_id(script)
+
+
+def keep_originals(script: str | Path, files: Sequence[str | Path]) -> Path:
+    """Copy ``files`` as they are now, unless an earlier apply already kept them."""
+    folder = originals_dir(script)
+    manifest_path = folder / "manifest.json"
+    manifest: dict[str, Any] = {"schema": ORIGINALS_SCHEMA, "script": os.path.realpath(script), "files": {}}
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            pass
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        real = os.path.realpath(path)
+        if real in manifest["files"]:
+            continue
+        copy = folder / f"{len(manifest['files'])}-{Path(real).name}"
+        write_text_atomic(copy, Path(real).read_text(encoding="utf-8"))
+        manifest["files"][real] = str(copy)
+    manifest["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    write_text_atomic(manifest_path, json.dumps(manifest, indent=1) + "\n")
+    return folder
+
+
+def kept_originals(script: str | Path) -> dict[str, str]:
+    """original path -> kept copy, for files that changed since they were kept."""
+    manifest_path = originals_dir(script) / "manifest.json"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for real, copy in (manifest.get("files") or {}).items():
+        try:
+            if Path(real).read_bytes() != Path(copy).read_bytes():
+                out[real] = copy
+        except OSError:
+            continue
+    return out
+
+
+# ------------------------------------------------------------------ knobs in the config
+
+
+def config_path_for(script_folder: Path) -> Path:
+    """Where the run knobs live: the nearest torchaxe.toml (or pyproject.toml with a
+    [tool.torchaxe] table) above the script, else a new torchaxe.toml beside it."""
+    from torchaxe.config import find_config
+
+    found = find_config(script_folder).source
+    return found if found is not None else script_folder / "torchaxe.toml"
+
+
+def write_run_knobs(path: Path, knobs: dict[str, Any]) -> None:
+    import tomlkit
+
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    try:
+        doc = tomlkit.parse(text)
+    except Exception as exc:  # tomlkit raises its own ParseError subclasses
+        raise TorchaxeError(f"{path}: invalid TOML: {exc}") from None
+    if path.name == "pyproject.toml":
+        tool = doc.setdefault("tool", tomlkit.table())
+        table = tool.setdefault("torchaxe", tomlkit.table())
+    else:
+        table = doc
+    run = tomlkit.table()
+    run.comment("written by `torchaxe apply`; applied by `torchaxe run` (docs/advise.md)")
+    for key, value in knobs.items():
+        if isinstance(value, dict):
+            inline = tomlkit.inline_table()
+            inline.update(value)
+            run[key] = inline
+        else:
+            run[key] = value
+    table["run"] = run
+    write_text_atomic(path, tomlkit.dumps(doc))
+
+
+def read_run_knobs(script_folder: Path, cwd: Path | None = None) -> tuple[dict[str, Any], Path | None]:
+    """The ``run`` table nearest the script (then the working folder)."""
+    from torchaxe.config import find_config
+
+    for start in (script_folder, cwd or Path.cwd()):
+        config = find_config(start)
+        if config.get("run") is not None:
+            return dict(config.get("run")), config.source
+    return {}, None
+
+
+# ------------------------------------------------------------------ apply
+
+
+@dataclass
+class ApplyResult:
+    changed_files: list[str] = field(default_factory=list)
+    applied_fixes: int = 0
+    skipped_unsafe: list[str] = field(default_factory=list)
+    skipped_outside: list[str] = field(default_factory=list)
+    knobs: dict[str, Any] = field(default_factory=dict)
+    config: Path | None = None
+    originals: Path | None = None
+    diffs: list[str] = field(default_factory=list)
+
+
+def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence[str] = (),
+                 write: bool = True) -> ApplyResult:
+    """Apply the chosen recommendations (or the ones named in ``keys``)."""
+    from torchaxe.advise.pipeline import _merge_knobs
+    from torchaxe.runtime.command import parse_command
+    from torchaxe.scan.engine import ScanOptions
+    from torchaxe.scan.fix import fix_paths
+
+    script = parse_command(advice["command"])
+    folder = script.folder
+    recs = [r for r in advice["recommendations"] if isinstance(r, dict)]
+    known = {r.get("key") for r in recs}
+    for key in keys:
+        if key not in known:
+            raise TorchaxeError(f"--only {key}: no such recommendation in the advice (see its `key` fields)")
+    chosen = [r for r in recs if (r.get("key") in keys if keys else r.get("selected"))]
+    result = ApplyResult()
+    codes: list[str] = []
+    for r in chosen:
+        if r.get("applies") != "code" or r.get("status") == "advice":
+            continue
+        if r.get("unsafe") and not unsafe:
+            result.skipped_unsafe.append(r["key"])
+            continue
+        codes.extend(r.get("rules") or [])
+    files: list[str] = []
+    for r in chosen:
+        if r.get("applies") == "code" and r.get("status") != "advice":
+            for f in r.get("files") or []:
+                real = os.path.realpath(f)
+                if not real.startswith(str(folder).rstrip(os.sep) + os.sep):
+                    result.skipped_outside.append(f)
+                elif real not in files:
+                    files.append(real)
+    if codes and files:
+        options = ScanOptions(target=advice.get("target", "cpu"), select=tuple(sorted(set(codes))))
+        preview = fix_paths(files, options, unsafe=unsafe, write=False)
+        changed = [ff for ff in preview.files if ff.changed]
+        result.diffs = [ff.diff() for ff in changed]
+        if write and changed:
+            result.originals = keep_originals(script.target if script.kind == "path" else folder,
+                                              [ff.path for ff in changed])
+            done = fix_paths(files, options, unsafe=unsafe, write=True)
+            result.applied_fixes = sum(len(ff.applied) for ff in done.files)
+        result.changed_files = [ff.path for ff in changed]
+    fragments = [r.get("knobs") or {} for r in chosen if r.get("applies") == "knob"]
+    if fragments:
+        result.knobs = _merge_knobs(fragments)
+        result.config = config_path_for(folder)
+        if write:
+            from torchaxe.runtime.knobs import knob_set_from_dict
+
+            knob_set_from_dict({"name": "run", **result.knobs}, str(result.config))  # refuse what run would refuse
+            write_run_knobs(result.config, result.knobs)
+    return result

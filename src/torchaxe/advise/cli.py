@@ -1,0 +1,278 @@
+"""``torchaxe advise``, ``torchaxe apply`` and ``torchaxe run``."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from torchaxe.backends import TARGET_CHOICES
+from torchaxe.errors import TorchaxeError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+DEFAULT_ADVICE = "torchaxe-advice.json"
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1.5h`` -> seconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise TorchaxeError(f"--budget {text!r}: expected a duration such as 90s, 10m or 1h")
+    value = float(match.group(1))
+    unit = (match.group(2) or "s").lower()
+    seconds = value * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}[unit]
+    if seconds <= 0:
+        raise TorchaxeError(f"--budget {text!r}: must be more than zero")
+    return seconds
+
+
+def _progress_printer(quiet: bool):
+    if quiet:
+        return lambda line: None
+    from rich.console import Console
+
+    console = Console(file=sys.stderr, highlight=False)
+
+    def show(line: str) -> None:
+        console.print(f"[dim]torchaxe advise:[/dim] {line}")
+
+    return show
+
+
+@click.command("advise", context_settings=CONTEXT)
+@click.option("--budget", default="10m", show_default=True, metavar="DURATION",
+              help="Wall-clock time for measuring (90s, 10m, 1h). Changes that do not fit are listed unmeasured.")
+@click.option("--target", type=click.Choice(TARGET_CHOICES, case_sensitive=False), default="auto",
+              show_default=True, help="Device backend; auto picks what this machine has.")
+@click.option("--format", "fmt", type=click.Choice(("text", "json", "html")), default="text", show_default=True,
+              help="What goes to stdout (or to --out).")
+@click.option("-o", "--out", type=click.Path(dir_okay=False), default=None,
+              help="Write the report (in --format) to this file instead of stdout, atomically.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Also write the self-contained HTML report here (whatever --format prints).")
+@click.option("--save", type=click.Path(dir_okay=False), default=DEFAULT_ADVICE, show_default=True,
+              help="Where the advice is kept as JSON for `torchaxe apply`.")
+@click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Interleaved rounds per change (original, change, original, change ...).")
+@click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Measured steps per run, after the warmup.")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Steps discarded at the start of every run (compilation happens here).")
+@click.option("--check-accuracy", is_flag=True,
+              help="Record the loss of every step and compare each change's losses with the original's "
+                   "(same seed), next to the run-to-run noise.")
+@click.option("--no-installed", is_flag=True, help="Scan only the script's folder, not the installed packages "
+              "the run imported.")
+@click.option("--step-marker", default=None, metavar="MODULE:FUNCTION",
+              help="End a step whenever this function returns (when the script has no optimizer.step()).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Per-run limit (default: 10x the first run, at least 120 s).")
+@click.option("--skip", multiple=True, metavar="KEY",
+              help="Do not try changes whose key starts with this (knob:compile, knob:autocast, code:AX201, env:). "
+                   "Repeatable.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, check_accuracy, no_installed, step_marker,
+           timeout, skip, quiet, command):
+    """Find, measure and rank everything that would make a training script faster.
+
+    Profiles a few steps of the unchanged script, scans its folder and the installed
+    packages it imported, checks the environment, then measures each candidate change
+    on this machine -- code fixes (without touching your files), torch.compile,
+    mixed precision, DataLoader settings, environment variables -- interleaved with
+    the original, within --budget. Recommendations are ranked by measured time saved
+    per step, each with its accuracy cost; the clearly faster ones are measured
+    together. Nothing of yours is changed: `torchaxe apply` does that.
+
+    \b
+    Examples:
+      torchaxe advise -- python train.py --lr 3e-4
+      torchaxe advise --budget 3m --html report.html -- python train.py
+      torchaxe advise --check-accuracy -- python -m mypkg.train
+    \b
+    Exit codes: 0 advice made (partial advice too), 2 usage error or a script that fails.
+    """
+    from torchaxe.advise.pipeline import AdviseOptions, advise as run_advise
+    from torchaxe.atomic import write_text_atomic
+
+    options = AdviseOptions(target=target, budget=parse_duration(budget), repeats=repeats, steps=steps,
+                            warmup=warmup, check_accuracy=check_accuracy, scan_installed=not no_installed,
+                            step_marker=step_marker, timeout=timeout, skip=tuple(skip))
+    for option, path in (("--out", out), ("--html", html_out), ("--save", save)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise TorchaxeError(f"{option} {path}: folder does not exist")
+    result = run_advise(list(command), options, progress=_progress_printer(quiet))
+    write_text_atomic(save, result.to_json())
+    if html_out:
+        write_text_atomic(html_out, _render(result, "html"))
+        if not quiet:
+            click.echo(f"torchaxe advise: HTML report written to {html_out}", err=True)
+    text = _render(result, fmt)
+    if out:
+        write_text_atomic(out, text)
+        click.echo(f"torchaxe advise: report written to {out}", err=True)
+    else:
+        click.echo(text, nl=False)
+    if not quiet:
+        click.echo(f"torchaxe advise: advice kept in {save} (for `torchaxe apply`)", err=True)
+
+
+def _render(result, fmt: str) -> str:
+    import io
+
+    if fmt == "json":
+        return result.to_json()
+    if fmt == "html":
+        from torchaxe.report.advice_html import render_advice_html
+
+        return render_advice_html(result)
+    from torchaxe.report.advice_text import render_advice_text
+
+    buffer = io.StringIO()
+    render_advice_text(result, buffer)
+    return buffer.getvalue()
+
+
+@click.command("apply", context_settings=CONTEXT)
+@click.option("--advice", "advice_path", type=click.Path(dir_okay=False), default=DEFAULT_ADVICE, show_default=True,
+              help="The advice file `torchaxe advise` wrote.")
+@click.option("--unsafe-fixes", is_flag=True, help="Also apply code fixes that change numerics (marked unsafe).")
+@click.option("--only", "keys", multiple=True, metavar="KEY",
+              help="Apply these recommendations (their `key`, e.g. code:AX110 or knob:compile) instead of the "
+                   "chosen ones. Repeatable.")
+@click.option("--diff", is_flag=True, help="Show the code changes and the knobs; change nothing.")
+def apply(advice_path, unsafe_fixes, keys, diff):
+    """Apply the changes `torchaxe advise` chose: code fixes and runtime knobs.
+
+    Code fixes are written to your files atomically (safe ones by default); the
+    files as they were are kept under $TORCHAXE_HOME/originals so that the next
+    `torchaxe advise` measures the gain achieved against them. Runtime knobs
+    (torch.compile, mixed precision, DataLoader settings, environment variables) go
+    to the `run` table of torchaxe.toml, which `torchaxe run` applies with no code
+    change.
+
+    \b
+    Examples:
+      torchaxe apply --diff
+      torchaxe apply --unsafe-fixes
+      torchaxe apply --only knob:compile
+    """
+    from torchaxe.advise.apply import apply_advice, load_advice
+
+    advice = load_advice(advice_path)
+    result = apply_advice(advice, unsafe=unsafe_fixes, keys=keys, write=not diff)
+    for text in result.diffs:
+        if diff:
+            click.echo(text, nl=False)
+    verb = "would change" if diff else "changed"
+    if result.changed_files:
+        click.echo(f"torchaxe apply: {verb} {len(result.changed_files)} file(s): {', '.join(result.changed_files)}",
+                   err=True)
+    if result.originals is not None:
+        click.echo(f"torchaxe apply: the original files are kept in {result.originals}", err=True)
+    if result.skipped_unsafe:
+        click.echo(f"torchaxe apply: left out (unsafe, add --unsafe-fixes): {', '.join(result.skipped_unsafe)}",
+                   err=True)
+    if result.skipped_outside:
+        click.echo("torchaxe apply: left out (installed packages, not your project): "
+                   + ", ".join(sorted(set(result.skipped_outside))), err=True)
+    if result.knobs:
+        import json
+
+        click.echo(f"torchaxe apply: {'would write' if diff else 'wrote'} run knobs to {result.config}: "
+                   f"{json.dumps(result.knobs, sort_keys=True)}", err=True)
+        if not diff:
+            click.echo("torchaxe apply: run them with `torchaxe run -- " + " ".join(advice["command"]) + "`", err=True)
+    if not result.changed_files and not result.knobs:
+        click.echo("torchaxe apply: nothing to apply (no chosen change; see `--only`)", err=True)
+
+
+@click.command("run", context_settings=CONTEXT)
+@click.option("--target", type=click.Choice(TARGET_CHOICES, case_sensitive=False), default="auto",
+              show_default=True, help="Device backend.")
+@click.option("--show", is_flag=True, help="Print the knobs that would be applied, and run nothing.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(target, show, command):
+    """Run a training script to its end with the knobs from torchaxe.toml applied.
+
+    The `run` table (written by `torchaxe apply`, or by hand: the knob-set format
+    of docs/trial.md) is read from the nearest torchaxe.toml above the script, then
+    above the working folder. The script itself is not changed. Its exit code is
+    torchaxe run's.
+
+    \b
+    Examples:
+      torchaxe run -- python train.py --epochs 10
+      torchaxe run --show -- python train.py
+    """
+    import json
+
+    from torchaxe.advise.apply import read_run_knobs
+    from torchaxe.runtime.command import check_module, parse_command
+    from torchaxe.runtime.knobs import knob_set_from_dict
+
+    script = parse_command(command)
+    check_module(script)
+    raw, source = read_run_knobs(script.folder)
+    loader_note = None
+    if "dataloader" not in raw:
+        # A loader setting `torchaxe data --tune` measured for this very command.
+        from torchaxe.data.tuning import stored_loader_knobs
+
+        try:
+            stored = stored_loader_knobs(list(command))
+        except TorchaxeError as exc:
+            click.echo(f"torchaxe run: warning: knowledge base not read ({exc}); no tuned loader setting", err=True)
+            stored = None
+        if stored:
+            raw = {**raw, "dataloader": stored["dataloader"]}
+            loader_note = f"tuned DataLoader setting from the knowledge base: {stored['dataloader']}"
+    knobs = knob_set_from_dict({"name": "run", **raw}, str(source or "torchaxe.toml"))
+    if show:
+        click.echo(json.dumps(knobs.to_dict(), indent=2, sort_keys=True))
+        return
+    if loader_note:
+        click.echo(f"torchaxe run: {loader_note}", err=True)
+    if source is None and not loader_note:
+        click.echo("torchaxe run: no `run` knobs found (torchaxe.toml): running the script as it is", err=True)
+    else:
+        click.echo(f"torchaxe run: knobs from {source}: {knobs.summary}", err=True)
+    with tempfile.TemporaryDirectory(prefix="torchaxe-run-") as tmp:
+        path = Path(tmp) / "knobs.json"
+        path.write_text(json.dumps(knobs.to_dict()), encoding="utf-8")
+        argv = [sys.executable, "-m", "torchaxe.runtime.bootstrap", str(path), "--out", str(Path(tmp) / "p.json"),
+                "--steps", "all", "--warmup", "0", "--target", target, "--", *command]
+        env = dict(os.environ)
+        for var, value in knobs.env.items():
+            if value is None:
+                env.pop(var, None)
+            else:
+                env[var] = value
+        code = subprocess.call(argv, env=env)
+        code = _script_exit_code(Path(tmp) / "p.json", code)
+    sys.exit(code)
+
+
+def _script_exit_code(profile_path: Path, bootstrap_code: int) -> int:
+    """The script's own exit code, as `python train.py` would have returned it: the
+    bootstrap's codes describe the harness (docs/trial.md), not the script."""
+    import json
+
+    try:
+        profile = json.loads(profile_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return bootstrap_code
+    if profile.get("exit_code") is not None:
+        return int(profile["exit_code"])
+    if profile.get("status") == "error":
+        return 1
+    if profile.get("status") == "interrupted":
+        return 130
+    return bootstrap_code

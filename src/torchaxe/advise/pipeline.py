@@ -1,0 +1,509 @@
+"""``torchaxe advise``: scan, profile, check, measure, rank.
+
+1. **Profile** the unchanged script for a few steps in a subprocess (op times with
+   the user lines they came from, shapes, data wait; the files it imported and the
+   settings it left on).
+2. **Scan** the script's folder and the installed third-party files the run actually
+   imported.
+3. **Check** the environment (environment.py).
+4. **Candidates**: a code candidate per rule with an automatic fix, knob candidates
+   from what the profile showed (candidates.py).
+5. **Measure** every candidate against the original, interleaved, within the budget;
+   then the chosen ones together (measure.py).
+6. **Rank** by measured time saved per step, the accuracy cost beside each.
+
+Everything that takes time reports progress; Ctrl-C stops the measuring and the
+advice made of what was measured so far is returned, marked partial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from torchaxe.advise.candidates import Candidate, code_candidates, fixed_sources, knob_candidates
+from torchaxe.advise.environment import environment_checks
+from torchaxe.advise.measure import ArmResult, Measurer
+from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
+from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
+from torchaxe.runtime.trials import Runner, TrialOptions, bootstrap_argv, run_in_subprocess
+
+#: A change must save at least this fraction of the step (median over rounds) to
+#: be chosen for the combined run.
+MIN_GAIN = 0.03
+
+
+@dataclass(frozen=True)
+class AdviseOptions:
+    target: str = "auto"
+    budget: float = 600.0
+    repeats: int = 2
+    steps: int = 8
+    warmup: int = 3
+    check_accuracy: bool = False
+    #: Also scan the installed packages the run imported.
+    scan_installed: bool = True
+    step_marker: str | None = None
+    #: Per-run limit; default from the budget.
+    timeout: float | None = None
+    #: Candidates whose key starts with one of these are not tried (``--skip knob:compile``).
+    skip: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.budget <= 0:
+            raise TorchaxeError(f"--budget {self.budget:g}: must be a positive duration")
+        if self.repeats < 1:
+            raise TorchaxeError(f"--repeats {self.repeats}: must be at least 1")
+        if self.steps < 1:
+            raise TorchaxeError(f"--steps {self.steps}: must be at least 1")
+
+
+@dataclass
+class BaselineProfile:
+    profile: dict[str, Any]
+    context: dict[str, Any]
+    seconds: float
+
+
+ProfileRunner = Callable[[Sequence[str], AdviseOptions, str], BaselineProfile]
+
+
+def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target: str) -> BaselineProfile:
+    """Run the unchanged script once under the harness with op and shape recording."""
+    from torchaxe.runtime import run_context
+
+    with tempfile.TemporaryDirectory(prefix="torchaxe-advise-") as tmp:
+        knobs = Path(tmp) / "knobs.json"
+        knobs.write_text('{"name": "original"}', encoding="utf-8")
+        out = Path(tmp) / "profile.json"
+        ctx = Path(tmp) / "context.json"
+        trial = TrialOptions(repeats=1, steps=options.steps, warmup=options.warmup, timeout=options.timeout,
+                             target=target)
+        argv = bootstrap_argv(str(knobs), str(out), command, trial)
+        cut = argv.index("--")
+        extra = ["--ops", "--shapes", "--context-out", str(ctx)]
+        if options.step_marker:
+            extra += ["--step-marker", options.step_marker]
+        argv = [*argv[:cut], *extra, *argv[cut:]]
+        started = time.perf_counter()
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True, errors="replace")
+        seconds = time.perf_counter() - started
+        if not out.exists():
+            tail = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+            raise TorchaxeError(f"the script failed before its first step: {tail[-1] if tail else 'no output'}")
+        profile = json.loads(out.read_text(encoding="utf-8"))
+        context = run_context.load(ctx)
+    return BaselineProfile(profile, context, seconds)
+
+
+def _check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:
+    steps = (profile.get("summary") or {}).get("steps_measured") or 0
+    if profile.get("status") == "error":
+        error = profile.get("error") or {}
+        where = f" at {error.get('file')}:{error.get('line')}" if error.get("file") else ""
+        raise TorchaxeError(f"the script raised {error.get('type', 'an error')}{where}: "
+                            f"{error.get('message', profile.get('detail', ''))}")
+    if not steps:
+        raise TorchaxeError(
+            "no training step was detected (no optimizer.step() was seen): give the function that does one step "
+            "with --step-marker MODULE:FUNCTION")
+
+
+def scan_for_advice(folder: Path, installed: Sequence[str], target: str, progress: Callable[[str], None]):
+    """Findings in the script's folder and in the imported files outside it."""
+    from torchaxe.scan.engine import ScanOptions, scan_paths
+
+    options = ScanOptions(target=target)
+    progress(f"scanning {folder}")
+    own = scan_paths([folder], options)
+    prefix = str(folder).rstrip(os.sep) + os.sep
+    outside = [p for p in installed if not p.startswith(prefix) and os.path.isfile(p)]
+    extra = None
+    if outside:
+        progress(f"scanning {len(outside)} imported files outside the script's folder")
+        extra = scan_paths(list(outside), options)
+    return own, extra
+
+
+def _merge_knobs(fragments: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for frag in fragments:
+        for key, value in frag.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = {**out[key], **value}
+            else:
+                out[key] = value
+    return out
+
+
+def _loss_delta(arm: ArmResult, base: ArmResult) -> tuple[float | None, float | None]:
+    """Largest relative difference of the per-step loss from the original's (same
+    seed, first run of each), and the same between two runs of the original."""
+    def rel(a: list[float], b: list[float]) -> float | None:
+        n = min(len(a), len(b))
+        if not n:
+            return None
+        return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a[:n], b[:n]))
+
+    base_losses = base.losses
+    if not base_losses or not arm.losses:
+        return None, None
+    noise = rel(base_losses[1], base_losses[0]) if len(base_losses) > 1 else None
+    return rel(arm.losses[0], base_losses[0]), noise
+
+
+class Advisor:
+    """One ``advise`` run. Collaborators are injectable for tests: ``runner`` runs
+    one trial, ``profiler`` the first profiled run, ``clock`` keeps the budget."""
+
+    def __init__(self, command: Sequence[str], options: AdviseOptions, *,
+                 progress: Callable[[str], None] = lambda line: None, runner: Runner | None = None,
+                 profiler: ProfileRunner | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        from torchaxe.backends import resolve_target
+        from torchaxe.runtime.command import check_module, parse_command
+
+        self.command = list(command)
+        self.script = parse_command(command)
+        check_module(self.script)
+        self.options = options
+        self.target = resolve_target(options.target)
+        self.progress = progress
+        self.runner = runner or run_in_subprocess
+        self.profiler = profiler or profile_in_subprocess
+        self.clock = clock
+        self.started = clock()
+        self.deadline = self.started + options.budget
+        self.workdir = Path(tempfile.mkdtemp(prefix="torchaxe-advise-"))
+        self.advice = Advice(command=self.command, target=self.target, budget_seconds=options.budget,
+                             repeats=options.repeats)
+
+    # ------------------------------------------------------------------ phases
+
+    def run(self) -> Advice:
+        try:
+            self._run()
+        except KeyboardInterrupt:
+            self.advice.partial = True
+            self.advice.notes.append("interrupted (Ctrl-C): the advice holds what was measured until then")
+        finally:
+            self.advice.elapsed_seconds = self.clock() - self.started
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return self.advice
+
+    def _run(self) -> None:
+        advice = self.advice
+        self.progress("profiling the original script")
+        base = self.profiler(self.command, self.options, self.target)
+        _check_profile(base.profile, self.options)
+        summary = base.profile.get("summary") or {}
+        step = summary.get("step_seconds_median")
+        advice.baseline = {"step_seconds_median": step, "data_wait_fraction": summary.get("data_wait_fraction"),
+                           "host_syncs_per_step": summary.get("host_syncs_per_step"),
+                           "gc_fraction": summary.get("gc_fraction"), "profile_run_seconds": base.seconds,
+                           "source": "profiled run (with op recording on some steps)"}
+        advice.profile = _plot_data(base.profile)
+
+        folder = self.script.folder
+        own, extra = scan_for_advice(folder, base.context.get("modules") or [] if self.options.scan_installed
+                                     else [], self.target, self.progress)
+        findings = list(own.findings)
+        advice.findings = [f.to_dict() for f in findings]
+        advice.scanned = {"folder": str(folder), "files": own.stats.files_scanned if hasattr(own.stats, "files_scanned")
+                          else None, "installed_files": 0, "installed_findings": []}
+        if extra is not None:
+            advice.scanned["installed_files"] = len(base.context.get("modules") or [])
+            advice.scanned["installed_findings"] = [f.to_dict() for f in extra.findings]
+
+        settings = base.context.get("settings") or {}
+        checks, env_candidates = environment_checks(settings, base.profile, findings, self.target, folder)
+        advice.environment = checks
+
+        codes, advice_recs = code_candidates(findings, base.profile, step)
+        self._micro_benchmarks(codes)
+        for f in (extra.findings if extra is not None else []):
+            advice_recs.append(Recommendation(
+                key=f"installed:{f.code}:{f.path}:{f.line}", axis="fused_ops",
+                title=f"{f.code} {f.category.replace('_', ' ')} in an installed package: {f.replacement or ''}".rstrip(": "),
+                applies="code", location=f"{f.path}:{f.line}", status="advice", detail=f.message, rules=[f.code],
+                files=[f.path]))
+        candidates = codes + knob_candidates(self.target, base.profile, settings) + env_candidates
+        candidates += self._stored_candidates()
+        if self.options.skip:
+            skipped = [c for c in candidates if c.key.startswith(self.options.skip)]
+            candidates = [c for c in candidates if c not in skipped]
+            if skipped:
+                advice.notes.append("not tried (--skip): " + ", ".join(c.key for c in skipped))
+        advice.recommendations = [c.rec for c in candidates] + advice_recs
+        if candidates:
+            self._measure(candidates, findings, base)
+        else:
+            advice.notes.append("nothing to measure: no fixable finding and no runtime setting to try")
+        self._achieved(base)
+
+    def _achieved(self, base: BaselineProfile) -> None:
+        """After ``torchaxe apply``: the script as it is now, with its run knobs,
+        against the original files kept by apply, interleaved."""
+        from torchaxe.advise.apply import kept_originals, read_run_knobs
+
+        key = self.script.target if self.script.kind == "path" else self.script.folder
+        originals = kept_originals(key)
+        if not originals:
+            return
+        knobs, _ = read_run_knobs(self.script.folder)
+        try:
+            now = self._knob_set("applied", knobs)
+        except TorchaxeError as exc:
+            self.advice.achieved = {"status": "failed", "error": str(exc)}
+            return
+        before = self._knob_set("original-before-apply", {"sources": originals})
+        measurer = Measurer(self.command, self._trial_options(base), deadline=self.deadline, runner=self.runner,
+                            clock=self.clock, progress=self.progress)
+        self.progress("measuring the gain achieved: the applied changes against the original files")
+        base_arm, (arm,), complete = measurer.compare(before, [now], self.options.repeats, "achieved")
+        entry: dict[str, Any] = {"status": "not_measured", "original_files": sorted(originals), "knobs": knobs}
+        if base_arm.error or arm.error:
+            entry.update(status="failed", error=base_arm.error or arm.error)
+        elif arm.ratio:
+            entry.update(status="measured", speedup=1.0 / arm.ratio, ratios=[round(r, 4) for r in arm.ratios],
+                         step_seconds_median=arm.median, original_step_seconds_median=base_arm.median)
+        if not complete:
+            self.advice.partial = True
+        self.advice.achieved = entry
+
+    def _stored_candidates(self) -> list[Candidate]:
+        """Settings measured for this very command before and kept in the knowledge
+        base (``torchaxe data --tune``): measured again here, against this run."""
+        from torchaxe.data.tuning import stored_loader_knobs
+        from torchaxe.tune.kb import KnowledgeBase
+
+        out: list[Candidate] = []
+        try:
+            stored = stored_loader_knobs(self.command)
+            with KnowledgeBase.open() as kb:
+                tuned = len(kb.signatures())
+        except TorchaxeError as exc:
+            self.advice.notes.append(f"knowledge base not read: {exc}")
+            return []
+        if tuned:
+            rec = Recommendation(
+                key="knob:tune", axis="tune", title=f"tuned subgraphs from the knowledge base ({tuned} tuned "
+                "signatures; those matching this model are swapped in)", applies="knob", knobs={"tune": {}},
+                detail="the winners `torchaxe tune` measured and checked against eager (docs/tune.md)",
+                accuracy=Accuracy(kind="unknown", detail="each winner matched eager within its dtype's tolerance "
+                                  "when tuned; use --check-accuracy for the loss"))
+            out.append(Candidate(rec=rec, knobs={"tune": {}}, group="compile", priority=1.8))
+        elif (self.advice.profile or {}).get("static_shapes"):
+            self.advice.notes.append("shapes are static: `torchaxe tune -- " + " ".join(self.command)
+                                     + "` can tune the model's subgraphs and keep the winners for `torchaxe run`")
+        if not stored:
+            return out
+        loader = stored["dataloader"]
+        settings = ", ".join(f"{k}={v}" for k, v in sorted(loader.items()))
+        rec = Recommendation(key="knob:dataloader-tuned", axis="data", title=f"DataLoader({settings}) "
+                             "(found by `torchaxe data --tune`)", applies="knob", knobs={"dataloader": loader},
+                             detail="the loader setting the knowledge base holds for this command",
+                             accuracy=Accuracy(kind="exact", detail="same data, same order"))
+        out.append(Candidate(rec=rec, knobs={"dataloader": loader}, group="dataloader", priority=2.5))
+        return out
+
+    def _micro_benchmarks(self, candidates: list[Candidate]) -> None:
+        """A formula fix's replacement against the hand-written form on the shapes the
+        run used (``torchaxe verify``), in this process: seconds, not a whole run."""
+        from torchaxe.scan.formulas.verify import formula_rules, verify
+
+        formula_codes = {rule.code for rule in formula_rules()}
+        for c in candidates:
+            code = c.rec.rules[0] if c.rec.rules else ""
+            if code not in formula_codes or not c.shapes or self.clock() > self.deadline:
+                continue
+            shape = tuple(max(d, 1) for d in c.shapes[0])
+            self.progress(f"micro-benchmark of {code} on {list(shape)}")
+            try:
+                (result,) = verify((code,), device=self.target, shape=shape, repeats=3)
+            except (TorchaxeError, RuntimeError, ValueError) as exc:
+                c.rec.evidence.append(f"micro-benchmark on {list(shape)} not run: {exc}")
+                continue
+            if result.error or result.speedup is None:
+                c.rec.evidence.append(f"micro-benchmark on {list(shape)}: {result.error or 'no fused form here'}")
+                continue
+            c.rec.evidence.append(
+                f"micro-benchmark on {list(shape)} {result.dtype}, forward: hand-written "
+                f"{result.hand.median * 1e3:.3f} ms, replacement {result.fused.median * 1e3:.3f} ms "
+                f"({result.speedup:.1f}x); max error {result.max_abs:.1e}")
+            if result.max_abs is not None and c.rec.accuracy.kind in ("max_error", "exact", "unknown"):
+                c.rec.accuracy.kind = "max_error"
+                c.rec.accuracy.max_error = max(c.rec.accuracy.max_error or 0.0, result.max_abs)
+                c.rec.accuracy.detail = "largest difference from the hand-written form, on the run's shapes"
+
+    def _expected_run_seconds(self, base: BaselineProfile) -> float:
+        """One trial run: start-up to the first step, then warmup + steps at the
+        profiled median (the profiled run itself is slower: it records operators)."""
+        steps = base.profile.get("steps") or []
+        startup = (steps[0].get("start_seconds") if steps else None) or 0.3 * base.seconds
+        median = (base.profile.get("summary") or {}).get("step_seconds_median") or 0.0
+        estimate = startup + 1.2 * (self.options.warmup + self.options.steps) * median + 1.0
+        return max(min(estimate, base.seconds), 1.0)
+
+    def _trial_options(self, base: BaselineProfile) -> TrialOptions:
+        timeout = self.options.timeout
+        if timeout is None:
+            # A run may take far longer than the profiled one (a first compile), not forever.
+            timeout = max(120.0, 10 * base.seconds)
+        return TrialOptions(repeats=1, steps=self.options.steps, warmup=self.options.warmup, timeout=timeout,
+                            target=self.target)
+
+    def _knob_set(self, name: str, fragment: dict[str, Any]) -> KnobSet:
+        data = dict(fragment)
+        if self.options.check_accuracy:
+            data["observe"] = {"loss": True}
+        return knob_set_from_dict({"name": name, **data}, f"advise:{name}")
+
+    def _measure(self, candidates: list[Candidate], findings, base: BaselineProfile) -> None:
+        advice = self.advice
+        repeats = self.options.repeats
+        measurer = Measurer(self.command, self._trial_options(base), deadline=self.deadline, runner=self.runner,
+                            clock=self.clock, progress=self.progress)
+        # Fit the candidates into the budget: each run is about as long as the profiled
+        # one; keep room for the combined run (2 arms x repeats).
+        per_run = self._expected_run_seconds(base)
+        left = self.deadline - self.clock()
+        fit = int(left / per_run / repeats) - 1 - 2
+        ordered = sorted(candidates, key=lambda c: -c.priority)
+        chosen = ordered[:max(fit, 1)]
+        for c in ordered[len(chosen):]:
+            c.rec.status = "not_measured"
+            c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + "(not measured: out of --budget)"
+        arms = []
+        for c in chosen:
+            fragment = dict(c.knobs)
+            if c.rec.applies == "code":
+                folder = self.workdir / c.key.replace(":", "-")
+                folder.mkdir(parents=True, exist_ok=True)
+                sources = fixed_sources(c.findings, c.rec.rules, folder, target=self.target)
+                if not sources:
+                    c.rec.status = "failed"
+                    c.rec.error = "the fix changed nothing when applied on its own"
+                    continue
+                fragment["sources"] = sources
+            arms.append((c, self._knob_set(c.key, fragment)))
+        original = self._knob_set("original", {})
+        self.progress(f"measuring {len(arms)} changes against the original, {repeats} interleaved rounds")
+        base_arm, results, complete = measurer.compare(original, [k for _, k in arms], repeats, "measuring")
+        if not complete:
+            advice.partial = True
+            advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer rounds")
+        if base_arm.median is not None:
+            advice.baseline["step_seconds_median"] = base_arm.median
+            advice.baseline["source"] = "trial runs of the original, interleaved with the changes"
+            advice.baseline["data_wait_fraction"] = base_arm.data_wait_fraction
+        if base_arm.error:
+            raise TorchaxeError(f"the original script failed in a trial run: {base_arm.error}")
+        for (c, _), arm in zip(arms, results):
+            self._record(c.rec, arm, base_arm)
+        self._combine([c for c, _ in arms], findings, measurer, original)
+
+    def _record(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:
+        if arm.error:
+            rec.status = "failed"
+            rec.error = arm.error
+            return
+        if not arm.ratios:
+            rec.status = "not_measured"
+            return
+        rec.status = "measured"
+        rec.ratios = [round(r, 4) for r in arm.ratios]
+        ratio = arm.ratio or 1.0
+        rec.speedup = 1.0 / ratio if ratio > 0 else None
+        if base.median is not None:
+            rec.measured_seconds_saved_per_step = base.median * (1.0 - ratio)
+        if self.options.check_accuracy:
+            delta, noise = _loss_delta(arm, base)
+            if delta is not None:
+                acc = rec.accuracy
+                rec.accuracy = Accuracy(kind="loss" if acc.kind != "max_error" else "max_error",
+                                        max_error=acc.max_error, loss_delta=delta, loss_noise=noise,
+                                        detail="training loss over the measured steps, same seed")
+
+    def _combine(self, candidates: list[Candidate], findings, measurer: Measurer, original: KnobSet) -> None:
+        """Choose the changes that clearly paid off (one per group) and measure them together."""
+        winners: dict[str, Candidate] = {}
+        for c in candidates:
+            r = c.rec
+            if r.status != "measured" or r.speedup is None or (1.0 - 1.0 / r.speedup) < MIN_GAIN:
+                continue
+            if r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision" \
+                    and not self.options.check_accuracy:
+                continue  # lower precision only with its accuracy measured
+            group = c.group or c.key
+            if group not in winners or (winners[group].rec.speedup or 0) < r.speedup:
+                winners[group] = c
+        chosen = list(winners.values())
+        for c in chosen:
+            c.rec.selected = True
+        if not chosen:
+            self.advice.notes.append("no change saved at least "
+                                     f"{MIN_GAIN:.0%} of the step: nothing to combine")
+            return
+        fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
+        codes = [code for c in chosen if c.rec.applies == "code" for code in c.rec.rules]
+        fragment = _merge_knobs(fragments)
+        if codes:
+            folder = self.workdir / "combined"
+            folder.mkdir(parents=True, exist_ok=True)
+            fragment["sources"] = fixed_sources(findings, codes, folder, target=self.target)
+        combined = self._knob_set("combined", fragment)
+        if len(chosen) == 1:
+            only = chosen[0].rec
+            self.advice.combined = {"keys": [only.key], "speedup": only.speedup, "ratios": only.ratios,
+                                    "measured_seconds_saved_per_step": only.measured_seconds_saved_per_step,
+                                    "status": "measured", "knobs": fragment if only.applies == "knob" else {}}
+            return
+        self.progress(f"measuring the {len(chosen)} chosen changes together")
+        base_arm, (arm,), complete = measurer.compare(original, [combined], self.options.repeats, "combined")
+        if not complete:
+            self.advice.partial = True
+        entry: dict[str, Any] = {"keys": [c.key for c in chosen], "status": "not_measured",
+                                 "knobs": _merge_knobs(fragments)}
+        if arm.error:
+            entry.update(status="failed", error=arm.error)
+        elif arm.ratio:
+            entry.update(status="measured", speedup=1.0 / arm.ratio, ratios=[round(r, 4) for r in arm.ratios],
+                         measured_seconds_saved_per_step=(base_arm.median or 0) * (1 - arm.ratio),
+                         step_seconds_median=arm.median, original_step_seconds_median=base_arm.median)
+        self.advice.combined = entry
+
+
+def _plot_data(profile: dict[str, Any]) -> dict[str, Any]:
+    """What the report plots: the step-time breakdown, data wait per step, top ops."""
+    steps = [s for s in profile.get("steps") or [] if s.get("phase") == "measured"]
+    summary = profile.get("summary") or {}
+    step = summary.get("step_seconds_median") or 0.0
+    wait = summary.get("data_wait_seconds_median") or 0.0
+    backward = summary.get("backward_seconds_median") or 0.0
+    gc_time = summary.get("gc_seconds_per_step") or 0.0
+    rest = max(step - wait - backward - gc_time, 0.0)
+    ops = sorted(profile.get("ops") or [], key=lambda o: -(o.get("self_seconds") or 0))[:10]
+    n_ops_steps = max(len(profile.get("ops_steps") or []), 1)
+    return {
+        "breakdown": {"data_wait": wait, "forward_and_rest": rest, "backward": backward, "gc": gc_time},
+        "data_wait_per_step": [s.get("data_wait_seconds") or 0.0 for s in steps],
+        "step_seconds": [s.get("seconds") or 0.0 for s in steps],
+        "top_ops": [{"name": o["name"], "seconds_per_step": (o.get("self_seconds") or 0.0) / n_ops_steps,
+                     "calls_per_step": (o.get("calls") or 0) / n_ops_steps} for o in ops],
+        "static_shapes": (profile.get("shapes") or {}).get("static"),
+    }
+
+
+def advise(command: Sequence[str], options: AdviseOptions | None = None, **kwargs: Any) -> Advice:
+    """Find, measure and rank what would make this training script faster."""
+    return Advisor(command, options or AdviseOptions(), **kwargs).run()

@@ -1,0 +1,95 @@
+"""The ``bind`` knob of trial knob sets: run the (single-process) training run bound as
+a one-rank plan says, so that ``torchaxe trial`` can measure binding against no
+binding on the user's own run::
+
+    {"name": "bound", "bind": {"mode": "exclusive", "loader_cores": 1}}
+    {"name": "pinned", "bind": {"cpus": "0-3", "loader_cores": 1}}
+    {"name": "defaults", "bind": true}
+
+Parsing imports nothing heavy (knob files are read before torch is imported).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torchaxe.bind.plan import MODES
+
+
+@dataclass(frozen=True)
+class BindKnob:
+    mode: str = "exclusive"
+    cpus: str | None = None
+    #: None: automatic (see torchaxe.bind.plan).
+    loader_cores: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mode": self.mode}
+        if self.cpus is not None:
+            out["cpus"] = self.cpus
+        if self.loader_cores is not None:
+            out["loader_cores"] = self.loader_cores
+        return out
+
+
+def bind_from_dict(raw: Any, fail: Callable[[str, str], Any]) -> BindKnob:
+    """Validate the ``bind`` value; ``fail(key, message)`` raises the knob error."""
+    if raw is True:
+        return BindKnob()
+    if not isinstance(raw, dict):
+        fail("bind", "expected true or an object with mode, cpus, loader_cores")
+    for key in raw:
+        if key not in ("mode", "cpus", "loader_cores"):
+            fail(f"bind.{key}", "unknown key (expected one of mode, cpus, loader_cores)")
+    mode = raw.get("mode", "exclusive")
+    if mode not in MODES:
+        fail("bind.mode", f"{mode!r} is not one of {', '.join(MODES)}")
+    cpus = raw.get("cpus")
+    if cpus is not None:
+        from torchaxe.bind.cpulist import parse_cpulist
+        from torchaxe.errors import TorchaxeError
+
+        if not isinstance(cpus, str):
+            fail("bind.cpus", "expected a CPU list string such as \"0-3,8\"")
+        try:
+            if not parse_cpulist(cpus):
+                fail("bind.cpus", "is empty")
+        except TorchaxeError as exc:
+            fail("bind.cpus", str(exc))
+    loader = raw.get("loader_cores")
+    if loader is not None and (isinstance(loader, bool) or not isinstance(loader, int) or loader < 0):
+        fail("bind.loader_cores", "expected a number of cores, 0 or more")
+    return BindKnob(mode=mode, cpus=cpus, loader_cores=loader)
+
+
+class BoundRun:
+    """What the bootstrap does with the knob: plan one rank on this machine, bind the
+    process now (before torch is imported), and pin DataLoader workers while the
+    script runs."""
+
+    def __init__(self, knob: BindKnob, note: Callable[[str, Any], None]) -> None:
+        from torchaxe.bind.apply import apply_binding
+        from torchaxe.bind.plan import plan_binding
+        from torchaxe.bind.topology import read_topology
+
+        plan = plan_binding(read_topology("/"), 1, knob.mode, [knob.cpus] if knob.cpus else None, knob.loader_cores)
+        self.rank = plan.ranks[0]
+        warnings: list[str] = list(plan.warnings)
+        done = apply_binding(plan, self.rank, warn=warnings.append)
+        note("bind", {"mode": plan.mode, "cpus": list(self.rank.cpus), "compute_cpus": list(self.rank.compute_cpus),
+                      "loader_cpus": list(self.rank.loader_cpus), "threads": self.rank.threads,
+                      "env": done["env"], "affinity": done["affinity"], "warnings": warnings})
+        self.pin_loaders = bool(self.rank.loader_cpus) and done["affinity"] is not None
+        self._undo = None
+
+    def install(self) -> None:
+        if self.pin_loaders:
+            from torchaxe.bind.apply import install_loader_affinity
+
+            self._undo = install_loader_affinity(self.rank.loader_cpus)
+
+    def uninstall(self) -> None:
+        if self._undo is not None:
+            self._undo()
+            self._undo = None

@@ -1,0 +1,91 @@
+"""The terminal summary of ``torchaxe advise``: the top recommendations with their
+measured gains and accuracy cost, the environment checks, what to run next."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from torchaxe.advise.recommendation import AXIS_TITLES, Advice
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.2f} ms"
+
+
+def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | None = None) -> None:
+    console = Console(file=out, width=width or 110, highlight=False, soft_wrap=False)
+    base = advice.baseline
+    console.print(f"[bold]torchaxe advise[/bold] {' '.join(advice.command)}  (target {advice.target})")
+    console.print(f"  original step time  median {_ms(base.get('step_seconds_median'))}"
+                  + (f", data wait {base['data_wait_fraction']:.1%}" if base.get("data_wait_fraction") is not None
+                     else ""))
+    if advice.partial:
+        console.print("  [yellow]partial:[/yellow] " + "; ".join(n for n in advice.notes if n) or "partial")
+    ranked = advice.ranked()
+    if ranked:
+        table = Table(title="Recommendations, by measured time saved per step", title_justify="left",
+                      show_lines=False, pad_edge=False, box=None)
+        table.add_column("#", justify="right")
+        table.add_column("change", overflow="fold", ratio=1)
+        table.add_column("saved/step", justify="right", no_wrap=True)
+        table.add_column("speedup", justify="right", no_wrap=True)
+        table.add_column("accuracy", overflow="fold", max_width=24)
+        table.add_column("status", overflow="fold", max_width=22)
+        for n, rec in enumerate(ranked[:top], 1):
+            saved = _ms(rec.measured_seconds_saved_per_step) if rec.status == "measured" else "-"
+            speedup = f"{rec.speedup:.2f}x" if rec.speedup else "-"
+            status = ("* " if rec.selected else "") + rec.status
+            if rec.status == "failed" and rec.error:
+                status += f": {rec.error[:80]}"
+            kind = f"[{rec.applies}{', unsafe' if rec.unsafe else ''}] "
+            where = f"\n  [dim]{rec.location}[/dim]" if rec.location else ""
+            accuracy = rec.accuracy.text if rec.accuracy.kind != "unknown" or rec.status == "measured" else "-"
+            table.add_row(str(n), kind + rec.title.replace("[", "\\[") + where, saved, speedup, accuracy, status)
+        console.print(table)
+        if len(ranked) > top:
+            console.print(f"  ... {len(ranked) - top} more in --format json or html")
+        console.print("  * chosen: clearly faster (every round) and combined below")
+    combined = advice.combined
+    if combined:
+        if combined.get("status") == "measured":
+            console.print(f"[bold]All chosen changes together:[/bold] {combined['speedup']:.2f}x faster "
+                          f"({_ms(combined.get('measured_seconds_saved_per_step'))} saved per step), measured "
+                          "interleaved with the original")
+        else:
+            console.print(f"All chosen changes together: {combined.get('status')} {combined.get('error') or ''}")
+    if advice.achieved:
+        a = advice.achieved
+        if a.get("speedup"):
+            console.print(f"[bold]Gain achieved since `torchaxe apply`:[/bold] {a['speedup']:.2f}x "
+                          f"(now {_ms(a.get('step_seconds_median'))} vs original "
+                          f"{_ms(a.get('original_step_seconds_median'))}, measured interleaved)")
+        elif a.get("error"):
+            console.print(f"Gain achieved since `torchaxe apply`: not measured ({a['error']})")
+    if advice.environment:
+        console.print("[bold]Environment checks[/bold]")
+        for check in advice.environment:
+            where = f" ({check.location})" if check.location else ""
+            console.print(f"  - {check.name}: {check.message}{where}")
+    installed = advice.scanned.get("installed_findings") or []
+    if installed:
+        console.print(f"  {len(installed)} findings in installed packages the run imported (see the report)")
+    for note in advice.notes:
+        if not advice.partial:
+            console.print(f"  note: {note}")
+    console.print("[bold]Next[/bold]")
+    chosen = [r for r in ranked if r.selected]
+    if any(r.applies == "code" for r in chosen):
+        unsafe = any(r.unsafe for r in chosen if r.applies == "code")
+        console.print("  torchaxe apply -- " + " ".join(advice.command)
+                      + ("   (add --unsafe-fixes for the unsafe ones)" if unsafe else ""))
+    elif any(r.applies == "knob" for r in chosen):
+        console.print("  torchaxe apply -- " + " ".join(advice.command) + "   (writes the knobs to torchaxe.toml)")
+    if chosen:
+        console.print("  torchaxe run -- " + " ".join(advice.command))
+    else:
+        console.print("  nothing measured clearly faster; see the table for what was tried")
+    console.print(f"  ({advice.elapsed_seconds:.0f} s of a {advice.budget_seconds:.0f} s budget, "
+                  f"{advice.repeats} interleaved rounds per change)")

@@ -1,0 +1,106 @@
+"""What a run was made of, read at its end: the Python files it imported and the
+process-wide settings it left on (anomaly detection, deterministic algorithms, a
+profiler, thread counts, garbage-collector thresholds, the environment variables that
+change speed).
+
+``advise`` uses the files to scan the third-party code the run actually executed
+(not only the script's folder) and the settings for its environment checks. Read in
+the process that ran the script, after its last step; written as JSON next to the
+profile.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+from torchaxe.atomic import write_text_atomic
+
+SCHEMA = "torchaxe.run-context/1"
+
+#: Environment variables whose value changes training speed (environment checks).
+SPEED_VARIABLES = (
+    "CUDA_LAUNCH_BLOCKING", "ASCEND_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NPU_ALLOC_CONF",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TORCH_SHOW_CPP_STACKTRACES",
+    "TORCH_LOGS", "TORCHDYNAMO_VERBOSE", "NCCL_DEBUG", "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES",
+    "TORCH_CPP_LOG_LEVEL", "PYTHONMALLOC", "PYTHONDEVMODE", "PYTHONTRACEMALLOC",
+)
+
+
+def _stdlib_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if k in paths}
+    return tuple(r.rstrip(os.sep) + os.sep for r in roots)
+
+
+def imported_files() -> list[str]:
+    """Real paths of the ``.py`` files of the modules imported now, stdlib, torch
+    and torchaxe left out (nothing of theirs is the user's to change)."""
+    stdlib = _stdlib_roots()
+    site = tuple(os.path.realpath(p).rstrip(os.sep) + os.sep for p in sys.path if p and "site-packages" in p)
+    out = set()
+    for name, module in list(sys.modules.items()):
+        if name.split(".", 1)[0] in ("torch", "torchaxe", "torchgen", "functorch", "triton", "numpy", "_pytest",
+                                      "pytest", "click", "rich", "jinja2", "sympy", "mpmath", "networkx", "filelock",
+                                      "fsspec", "markupsafe", "typing_extensions", "_distutils_hack", "setuptools",
+                                      "pkg_resources", "packaging", "yaml", "PIL", "tomli", "psutil"):
+            continue
+        filename = getattr(module, "__file__", None)
+        if not filename or not filename.endswith(".py"):
+            continue
+        real = os.path.realpath(filename)
+        if real.startswith(stdlib) and not real.startswith(site):
+            continue
+        out.add(real)
+    return sorted(out)
+
+
+def settings() -> dict[str, Any]:
+    """The process-wide switches that slow training when left on."""
+    out: dict[str, Any] = {
+        "env": {k: os.environ[k] for k in SPEED_VARIABLES if k in os.environ},
+        "gc_enabled": gc.isenabled(),
+        "gc_threshold": list(gc.get_threshold()),
+        "cpu_count": os.cpu_count(),
+    }
+    if hasattr(os, "sched_getaffinity"):
+        out["allowed_cpus"] = len(os.sched_getaffinity(0))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        out["anomaly_detection"] = bool(torch.is_anomaly_enabled())
+        out["deterministic_algorithms"] = bool(torch.are_deterministic_algorithms_enabled())
+        out["cudnn_deterministic"] = bool(torch.backends.cudnn.deterministic)
+        out["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+        out["num_threads"] = torch.get_num_threads()
+        out["interop_threads"] = torch.get_num_interop_threads()
+        out["matmul_precision"] = torch.get_float32_matmul_precision()
+        try:
+            out["profiler_enabled"] = bool(torch.autograd.profiler._is_profiler_enabled)
+        except AttributeError:  # pragma: no cover - older torch
+            pass
+    return out
+
+
+def collect() -> dict[str, Any]:
+    return {"schema": SCHEMA, "modules": imported_files(), "settings": settings()}
+
+
+def write(path: str | Path) -> None:
+    write_text_atomic(path, json.dumps(collect(), indent=1) + "\n")
+
+
+def load(path: str | Path) -> dict[str, Any]:
+    """The context written by :func:`write`; an empty one when the file is missing
+    or unreadable (the run may have died before writing it)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"schema": SCHEMA, "modules": [], "settings": {}}
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        return {"schema": SCHEMA, "modules": [], "settings": {}}
+    return data

@@ -1,0 +1,238 @@
+"""The verdict (static, dynamic or mixed) and what to do about it on each target.
+
+- **static**: every operator and module saw one shape. Compile for it: on the NPU
+  ``torch_npu.npu.set_compile_mode(jit_compile=True)`` (online compilation: each
+  operator compiled once for its shape, reused every step); on cuda and cpu
+  ``torch.compile(model)``, and ``torch.backends.cudnn.benchmark = True`` on cuda.
+- **dynamic**: a dimension took more than ``FEW_SHAPES`` sizes, or new shapes were
+  still appearing in the second half of the run, or sizes depend on the data. On the
+  NPU ``jit_compile=False`` (binary kernels that take any shape; with online
+  compilation every new shape compiles again); on cuda and cpu
+  ``torch.compile(model, dynamic=True)`` or ``torch._dynamo.mark_dynamic`` on the
+  varying dimensions. Where a collate function is the cause and bucketing to
+  ``--max-shapes`` sizes costs little padding, bucketing comes first: it turns the
+  case into a static one.
+- **mixed**: shapes vary, but among a few sizes (the last partial batch, batches
+  already bucketed): the compile cost is paid a few times, not every step, so the
+  answer depends on the model and the device: measure (``--try``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchaxe.shapes.analysis import FEW_SHAPES, ShapeAnalysis
+from torchaxe.shapes.buckets import BucketPlan, bucket_table
+
+VERDICTS = ("static", "dynamic", "mixed")
+TARGETS = ("npu", "cuda", "cpu")
+#: Bucketing is recommended before dynamic compilation when its extra padding is at most this.
+MAX_BUCKET_PADDING = 0.15
+
+
+@dataclass
+class Recommendation:
+    """One setting or change, for one target, with why."""
+
+    target: str
+    kind: str  # compile-mode, compile, cudnn, mark-dynamic, bucketing, drop-last, data-dependent, measure
+    setting: str
+    reason: str
+    #: The trial candidate (``--try``) that measures this setting, where there is one.
+    candidate: str | None = None
+    unverified_on_hardware: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "kind": self.kind, "setting": self.setting, "reason": self.reason,
+                "candidate": self.candidate, "unverified_on_hardware": self.unverified_on_hardware}
+
+
+@dataclass
+class BucketAdvice:
+    """Bucketing for one loader's varying batches: the K = 1..8 table and the plan
+    for ``--max-shapes``."""
+
+    loader: str
+    location: str | None
+    tensor: int
+    dims: tuple[int, ...]
+    table: list[BucketPlan]
+    chosen: BucketPlan
+    #: The batches' shapes as they are (distinct), for the comparison.
+    current_shapes: int
+
+    def knob(self, pad_value: int = 0) -> dict[str, Any]:
+        """The ``bucketing`` knob of a trial that applies the chosen plan."""
+        if len(self.dims) == 1:
+            return {"boundaries": list(self.chosen.boundaries[0]), "dim": self.dims[0], "pad_value": pad_value}
+        return {"boundaries": [list(b) for b in self.chosen.boundaries], "dim": list(self.dims), "pad_value": pad_value}
+
+    def snippet(self) -> str:
+        knob = self.knob()
+        return (f"DataLoader(..., collate_fn=torchaxe.shapes.BucketingCollate({knob['boundaries']}, "
+                f"collate_fn={self.loader}, dim={knob['dim']}))")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"collate_fn": self.loader, "location": self.location, "tensor": self.tensor, "dims": list(self.dims),
+                "current_shapes": self.current_shapes, "chosen": self.chosen.to_dict(),
+                "table": [p.to_dict() for p in self.table], "snippet": self.snippet()}
+
+
+@dataclass
+class Verdict:
+    verdict: str
+    reasons: list[str]
+    recommendations: list[Recommendation] = field(default_factory=list)
+    buckets: list[BucketAdvice] = field(default_factory=list)
+    #: The trial candidate the verdict picks for each target (None: measure).
+    picks: dict[str, str | None] = field(default_factory=dict)
+
+
+def bucket_advice(analysis: ShapeAnalysis, max_shapes: int) -> list[BucketAdvice]:
+    out = []
+    for source in analysis.batch_sources:
+        table = bucket_table(source.points, source.dims)
+        chosen = next((p for p in table if p.k == max_shapes), None)
+        if chosen is None:
+            from torchaxe.shapes.buckets import plan_buckets
+
+            chosen = plan_buckets(source.points, max_shapes, source.dims)
+        out.append(BucketAdvice(loader=source.loader.collate, location=source.loader.collate_location,
+                                tensor=source.tensor, dims=source.dims, table=table, chosen=chosen,
+                                current_shapes=len(source.points)))
+    return out
+
+
+def _dims_text(analysis: ShapeAnalysis) -> str:
+    spots = []
+    for source in analysis.batch_sources:
+        spots += [f"tensor {source.tensor} of the batch, dim {d}" for d in source.dims]
+    return "; ".join(spots) if spots else "the varying dimensions of the model's inputs"
+
+
+def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
+    """The verdict with its reasons, the recommendations for every target and the
+    bucketing plans."""
+    ops = analysis.of_kind("op")
+    modules = analysis.of_kind("module")
+    batches = analysis.of_kind("batch")
+    dynamic_ops = [s for s in ops if s.dynamic]
+    dynamic_modules = [s for s in modules if s.dynamic]
+    varying_batches = [s for s in batches if s.dynamic]
+    reasons: list[str] = []
+    data_causes = [c for c in analysis.causes if c.kind in ("nonzero", "unique", "boolean-mask", "repeat_interleave", "item")
+                   and (c.explains or len(c.sizes) > 1)]
+    partial_only = {c.id for c in analysis.causes if c.kind == "partial-batch"}
+
+    if not dynamic_ops and not dynamic_modules and not varying_batches:
+        verdict = "static"
+        reasons.append(f"all {len(ops)} operators and {len(modules)} modules saw one input shape each over "
+                       f"{analysis.steps} steps")
+    else:
+        widest = max((d.distinct for s in dynamic_ops + dynamic_modules + varying_batches for d in s.dims), default=0)
+        late = [s for s in dynamic_ops if s.late and not set(s.causes) <= partial_only]
+        truncated = [s for s in dynamic_ops + dynamic_modules if s.truncated]
+        reasons.append(f"{len(dynamic_ops)} of {len(ops)} operators and {len(dynamic_modules)} of {len(modules)} "
+                       f"modules saw more than one input shape over {analysis.steps} steps")
+        if widest > FEW_SHAPES or late or truncated or data_causes:
+            verdict = "dynamic"
+            if widest > FEW_SHAPES:
+                reasons.append(f"a dimension took {widest} different sizes (more than {FEW_SHAPES})")
+            if late:
+                reasons.append(f"new shapes were still appearing in the second half of the run "
+                               f"({len(late)} operators): each new shape compiles again")
+            if truncated:
+                reasons.append(f"{len(truncated)} operators or modules saw more shapes than torchaxe keeps")
+            for c in data_causes:
+                reasons.append(f"data-dependent sizes: {c.message}")
+        else:
+            verdict = "mixed"
+            reasons.append(f"but every dimension took at most {widest} sizes and the set settled early: "
+                           f"compiling a few shapes once each may pay off; measure (--try)")
+        for cause in analysis.causes:
+            if cause.kind in ("partial-batch", "collate", "batch-size"):
+                reasons.append(f"cause: {cause.message}")
+
+    buckets = bucket_advice(analysis, max_shapes) if verdict != "static" else []
+    recs: list[Recommendation] = []
+    picks: dict[str, str | None] = {}
+    cheap_buckets = [b for b in buckets if b.chosen.extra_fraction <= MAX_BUCKET_PADDING]
+    dims_text = _dims_text(analysis)
+    for target in TARGETS:
+        npu = target == "npu"
+        if verdict == "static":
+            if npu:
+                recs.append(Recommendation(target, "compile-mode", "torch_npu.npu.set_compile_mode(jit_compile=True)",
+                                           "fixed shapes: each operator is compiled once for its shape and the "
+                                           "compiled kernel reused every step", "jit-compile-on", True))
+                picks[target] = "jit-compile-on"
+            else:
+                recs.append(Recommendation(target, "compile", "model = torch.compile(model)",
+                                           "fixed shapes: one graph, compiled once, no recompilation",
+                                           "compile-static"))
+                picks[target] = "compile-static"
+                if target == "cuda":
+                    recs.append(Recommendation(target, "cudnn", "torch.backends.cudnn.benchmark = True",
+                                               "fixed shapes: cuDNN picks its fastest convolution algorithm once "
+                                               "per shape, so once; mode=\"reduce-overhead\" (CUDA graphs) also "
+                                               "replays one recorded graph", "compile-static"))
+            continue
+        if cheap_buckets and verdict == "dynamic":
+            b = cheap_buckets[0]
+            picks[target] = "jit-compile-on+bucketing" if npu else "compile-static+bucketing"
+            recs.append(Recommendation(
+                target, "bucketing", b.snippet(),
+                f"pads the batches to {b.chosen.shapes} shape(s) for {100 * b.chosen.extra_fraction:.1f}% more "
+                f"elements than padding each batch to its own longest ({b.current_shapes} shapes now); the shapes "
+                f"are then static: use " + ("jit_compile=True" if npu else "torch.compile(model)") + " with it",
+                picks[target], npu))
+        if npu:
+            if verdict == "dynamic":
+                recs.append(Recommendation(target, "compile-mode", "torch_npu.npu.set_compile_mode(jit_compile=False)",
+                                           "dynamic shapes: with jit_compile=True every new shape compiles the "
+                                           "operators again (one report: a 600 s first run with it on, 40 s off); "
+                                           "the precompiled binary kernels take any shape", "jit-compile-off", True))
+                picks.setdefault(target, "jit-compile-off")
+            else:
+                recs.append(Recommendation(target, "measure", "torchaxe shapes --try --target npu -- ...",
+                                           "a few shapes: jit_compile=True compiles each once, which can pay off; "
+                                           "measure jit_compile=True against False", None, True))
+                picks.setdefault(target, None)
+        else:
+            if verdict == "dynamic":
+                recs.append(Recommendation(target, "compile", "model = torch.compile(model, dynamic=True)",
+                                           "dynamic shapes: one graph with symbolic sizes instead of a recompile "
+                                           "for every new shape (and a fall-back to eager after the recompile "
+                                           "limit)", "compile-dynamic"))
+                recs.append(Recommendation(target, "mark-dynamic", f"torch._dynamo.mark_dynamic(tensor, dim) on {dims_text}",
+                                           "marks only the dimensions that vary as symbolic; the rest stay "
+                                           "specialised", "compile-dynamic"))
+                picks.setdefault(target, "compile-dynamic")
+                if target == "cuda":
+                    recs.append(Recommendation(target, "cudnn", "leave torch.backends.cudnn.benchmark off",
+                                               "it benchmarks the convolution algorithms again for every new shape"))
+            else:
+                recs.append(Recommendation(target, "measure", f"torchaxe shapes --try --target {target} -- ...",
+                                           "a few shapes: torch.compile(model) recompiles once per shape, then "
+                                           "marks the dimension dynamic; measure eager, compile static and "
+                                           "compile dynamic", None))
+                picks.setdefault(target, None)
+        for cause in analysis.causes:
+            if cause.kind == "partial-batch":
+                recs.append(Recommendation(target, "drop-last", "DataLoader(..., drop_last=True)",
+                                           cause.message + ": with drop_last=True every batch has the same size",
+                                           None, npu))
+        if verdict == "mixed" and buckets:
+            b = buckets[0]
+            recs.append(Recommendation(target, "bucketing", b.snippet(),
+                                       f"{b.chosen.shapes} shape(s) for {100 * b.chosen.extra_fraction:.1f}% more "
+                                       f"elements ({b.current_shapes} shapes now)",
+                                       "jit-compile-on+bucketing" if npu else "compile-static+bucketing", npu))
+        for cause in analysis.causes:
+            if cause.kind in ("nonzero", "unique", "boolean-mask", "repeat_interleave") or (
+                    cause.kind == "item" and cause.explains):
+                recs.append(Recommendation(target, "data-dependent", cause.fix or "",
+                                           f"{cause.message}: such sizes are unknown until the operator has run, "
+                                           f"so they cannot be compiled for ahead", None, npu))
+    return Verdict(verdict=verdict, reasons=reasons, recommendations=recs, buckets=buckets, picks=picks)

@@ -1,0 +1,41 @@
+"""Auto-tuning of fixed-shape subgraphs, and the knowledge base that keeps the winners.
+
+``torchaxe.tune(model, example_inputs)`` (also ``torchaxe.tune.tune``) captures the
+model on its real shapes, cuts it into subgraphs, measures every strategy on each
+distinct subgraph, records the results in the knowledge base (``torchaxe.tune.kb``)
+and applies the winners; ``torchaxe.tune.apply(model)`` applies what the knowledge
+base already holds, without tuning. See docs/tune.md and docs/kb.md.
+
+Importing this package is light (no torch): the tuner is loaded on first use, so
+that other axes can use the knowledge base (``from torchaxe.tune.kb import
+KnowledgeBase``) without paying for torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
+__all__ = ["tune", "apply", "TuneOptions", "TuneReport"]
+
+_LAZY = {"tune": "torchaxe.tune.tuner", "apply": "torchaxe.tune.tuner", "TuneOptions": "torchaxe.tune.tuner",
+         "TuneReport": "torchaxe.tune.tuner"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+class _CallablePackage(types.ModuleType):
+    """Lets ``torchaxe.tune(model, example_inputs)`` call :func:`tune` directly."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return importlib.import_module("torchaxe.tune.tuner").tune(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

@@ -1,0 +1,164 @@
+"""Capturing a model on its real shapes, and cutting it into subgraphs.
+
+While the model runs (one forward of ``example_inputs``, or the first steps of the
+user's script), forward hooks note, for every submodule, which module called it
+(the *call tree*: a ``ModuleList`` that is iterated, never called, does not count as
+a level) and the shapes of every call. The subgraphs are the modules at the chosen
+depth of the call tree (depth 1: the modules the model's ``forward`` calls itself,
+e.g. the embeddings, each transformer block, the final norm and the head). A module
+whose calls came with different shapes is *dynamic*: it is left alone, with the
+shapes seen, and ``torchaxe shapes`` is the tool that makes such shapes fixed. The
+first call's inputs are kept (detached copies) as the example to tune on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from torchaxe.tune.measure import Example, clone_value
+from torchaxe.tune.signature import value_spec
+
+SHAPES_HINT = "see `torchaxe shapes` to make them fixed (bucketing, padding)"
+
+
+@dataclass
+class ModuleCalls:
+    name: str
+    module: nn.Module
+    depth: int
+    specs: list[str] = field(default_factory=list)
+    example: Example | None = None
+    #: value_spec of the first call's (args, kwargs), for the signature.
+    first_spec: list[Any] | None = None
+    calls: int = 0
+
+    @property
+    def dynamic(self) -> bool:
+        return len(set(self.specs)) > 1
+
+
+@dataclass
+class Subgraph:
+    """One module chosen for tuning (or left alone, with ``skipped`` saying why)."""
+
+    name: str
+    module: nn.Module
+    example: Example | None
+    skipped: str | None = None
+    #: value_spec of the inputs, as ``signature_parts`` takes them.
+    spec: list[Any] | None = None
+
+
+class CallRecorder:
+    """Forward hooks on every submodule of ``model`` that record the call tree."""
+
+    def __init__(self, model: nn.Module, depth: int, keep_examples: bool = True) -> None:
+        self.model = model
+        self.depth = depth
+        self.keep_examples = keep_examples
+        self.calls: dict[int, ModuleCalls] = {}
+        self._names = {id(m): n for n, m in model.named_modules()}
+        self._stack: list[int] = []
+        self._handles: list[Any] = []
+
+    def install(self) -> "CallRecorder":
+        for module in self.model.modules():
+            self._handles.append(module.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(self._post, always_call=True))
+        return self
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._stack.clear()
+
+    def __enter__(self) -> "CallRecorder":
+        return self.install()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def _pre(self, module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        key = id(module)
+        depth = len(self._stack)
+        self._stack.append(key)
+        record = self.calls.get(key)
+        if record is None:
+            record = self.calls[key] = ModuleCalls(self._names.get(key, "?"), module, depth)
+        record.calls += 1
+        if record.depth != depth:
+            record.depth = min(record.depth, depth)
+        spec = json.dumps([value_spec(list(args)), value_spec(dict(kwargs))], sort_keys=True)
+        if spec not in record.specs:
+            record.specs.append(spec)
+        if record.first_spec is None:
+            record.first_spec = json.loads(spec)
+        if record.example is None and self.keep_examples and depth == self.depth:
+            record.example = Example(clone_value(tuple(args)), clone_value(dict(kwargs)))
+
+    def _post(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._stack and self._stack[-1] == id(module):
+            self._stack.pop()
+
+    def subgraphs(self) -> list[Subgraph]:
+        """The modules at the chosen depth, in call order; dynamic ones skipped."""
+        out = []
+        for record in self.calls.values():
+            if record.depth != self.depth:
+                continue
+            name = record.name or type(record.module).__name__
+            if record.dynamic:
+                shapes = " vs ".join(_short(s) for s in record.specs[:2])
+                more = f" (+{len(record.specs) - 2} more)" if len(record.specs) > 2 else ""
+                out.append(Subgraph(name, record.module, None,
+                                    skipped=f"dynamic: called with {len(record.specs)} different input shapes "
+                                            f"({shapes}{more}); {SHAPES_HINT}"))
+                continue
+            if not any(True for _ in record.module.parameters()) and not _has_float_input(record.example):
+                out.append(Subgraph(name, record.module, record.example,
+                                    skipped="no parameters and no floating-point input: nothing to tune"))
+                continue
+            out.append(Subgraph(name, record.module, record.example, spec=record.first_spec))
+        return out
+
+
+def _has_float_input(example: Example | None) -> bool:
+    from torchaxe.tune.measure import tensors_in
+
+    return example is not None and any(t.is_floating_point() for t in tensors_in((example.args, example.kwargs)))
+
+
+def _short(spec: str) -> str:
+    """Input shapes of one call spec, compactly: ``[8,57] long``."""
+    data = json.loads(spec)
+    parts = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict) and "tensor" in value:
+            shape, dtype = value["tensor"][0], value["tensor"][1]
+            parts.append(f"[{','.join(str(d) for d in shape)}] {dtype}")
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(data)
+    return ", ".join(parts) or "no tensors"
+
+
+def capture(model: nn.Module, example_inputs: Any, depth: int = 1) -> CallRecorder:
+    """Run one forward of ``model`` on ``example_inputs`` (a tuple of positional
+    arguments, or a single tensor) under the recorder. Autograd stays on, so that
+    each subgraph's inputs keep the ``requires_grad`` they have in training."""
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    recorder = CallRecorder(model, depth)
+    with recorder:
+        model(*args)
+    return recorder

@@ -1,0 +1,78 @@
+"""The ``tune`` knob: apply the knowledge base's winners to the script's model.
+
+In a knob-set file (docs/trial.md)::
+
+    {"tune": {"kb": "team-kb.sqlite", "depth": 1, "min_gain": 0.05, "compile_backend": "inductor"}}
+
+Every key is optional (``{"tune": {}}`` uses the default knowledge base). The trial
+bootstrap finds the model at its first call (as for the ``compile`` knob) and swaps
+the winners into its subgraphs after that first forward, without tuning anything and
+without touching the script. Validation here imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torchaxe.errors import TorchaxeError
+
+KEYS = ("kb", "depth", "min_gain", "compile_backend")
+
+
+def parse_tune_knob(value: Any, where: str) -> dict[str, Any]:
+    """Validate the ``tune`` object of a knob set; errors name the file and the key."""
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise TorchaxeError(f"{where}: tune: expected an object such as {{\"kb\": \"kb.sqlite\"}}")
+    for key in value:
+        if key not in KEYS:
+            raise TorchaxeError(f"{where}: tune.{key}: unknown key (expected one of {', '.join(KEYS)})")
+    kb = value.get("kb")
+    if kb is not None and (not isinstance(kb, str) or not kb):
+        raise TorchaxeError(f"{where}: tune.kb: expected a file path")
+    depth = value.get("depth", 1)
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise TorchaxeError(f"{where}: tune.depth: expected an integer of at least 1")
+    gain = value.get("min_gain", 0.05)
+    if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= gain < 1:
+        raise TorchaxeError(f"{where}: tune.min_gain: expected a number in [0, 1)")
+    backend = value.get("compile_backend", "inductor")
+    if not isinstance(backend, str) or not backend:
+        raise TorchaxeError(f"{where}: tune.compile_backend: expected a backend name such as \"inductor\"")
+    return {"kb": kb, "depth": depth, "min_gain": float(gain), "compile_backend": backend}
+
+
+class TunedModel:
+    """Installs the lazy apply on the script's model (see the module docstring);
+    ``note(key, value)`` records what was applied (the bootstrap's ``applied.note``)."""
+
+    def __init__(self, settings: dict[str, Any], note: Callable[[str, Any], None]) -> None:
+        self.settings = settings
+        self.note = note
+        self._finder: Any = None
+        self.lazy: Any = None
+
+    def install(self) -> None:
+        from torchaxe.runtime.first_model import FirstModel
+
+        self._finder = FirstModel(self._on_model).install()
+
+    def _on_model(self, model: Any) -> None:
+        from torchaxe.tune.tuner import LazyApply, TuneOptions
+
+        options = TuneOptions(kb=self.settings.get("kb"), depth=self.settings.get("depth", 1),
+                              min_gain=self.settings.get("min_gain", 0.05),
+                              compile_backend=self.settings.get("compile_backend", "inductor"), strategies=())
+        self.lazy = LazyApply(model, options, on_report=self._report)
+        self.lazy.install()
+        self.note("tune", {"module": type(model).__qualname__, "kb": str(options.kb or "default"), "applied": []})
+
+    def _report(self, report: Any) -> None:
+        self.note("tune", {"kb": report.kb, "seconds": report.seconds, "apply_seconds": report.apply_seconds,
+                           "applied": [{"name": n, "strategy": s} for n, s in report.applied]})
+
+    def uninstall(self) -> None:
+        if self._finder is not None:
+            self._finder.uninstall()
+            self._finder = None

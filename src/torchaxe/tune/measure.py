@@ -1,0 +1,202 @@
+"""Running a subgraph forward and backward: timing it, and checking it against eager.
+
+One *run* feeds fresh copies of the captured inputs (with their ``requires_grad``
+flags) through the module, then back-propagates a fixed random gradient into every
+floating-point output. Its result is the outputs, the input gradients and the
+parameter gradients; a candidate's result is compared with eager's tensor by tensor,
+normwise: ``max|a - b| <= atol + rtol * max|b|``, with the tolerance of the
+tensor's dtype (:data:`TOLERANCES`).
+
+Timing uses the backend's ``synchronize`` around each sample and an injectable clock
+(``time.perf_counter`` by default); samples of all candidates are taken interleaved,
+round after round, in a rotating order, so slow drifts of the machine touch every
+candidate alike.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+#: (rtol, atol) by dtype, normwise (see the module docstring).
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-4, 1e-6),
+    torch.float16: (2e-3, 1e-4),
+    torch.bfloat16: (2e-2, 1e-3),
+}
+DEFAULT_TOLERANCE = (1e-4, 1e-6)
+
+
+def tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    return TOLERANCES.get(dtype, DEFAULT_TOLERANCE)
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for _, v in sorted(value.items(), key=lambda kv: str(kv[0])) for t in tensors_in(v)]
+    return []
+
+
+def clone_value(value: Any) -> Any:
+    """A fresh copy of an input: tensors detached and cloned, ``requires_grad`` kept."""
+    if isinstance(value, torch.Tensor):
+        out = value.detach().clone()
+        if value.requires_grad and (out.is_floating_point() or out.is_complex()):
+            out.requires_grad_(True)
+        return out
+    if isinstance(value, list):
+        return [clone_value(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(clone_value(v) for v in value)
+    if isinstance(value, dict):
+        return {k: clone_value(v) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class Example:
+    """Captured inputs of a subgraph, and the gradients fed back into its outputs."""
+
+    args: tuple
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    grad_outputs: list[torch.Tensor] | None = None
+    seed: int = 0
+
+    def fresh(self) -> tuple[tuple, dict[str, Any]]:
+        return clone_value(self.args), clone_value(self.kwargs)
+
+
+@dataclass
+class RunResult:
+    outputs: list[torch.Tensor]
+    grads: dict[str, torch.Tensor]
+
+
+def run_once(module: nn.Module, example: Example, *, keep: bool = True) -> RunResult | None:
+    """One forward and backward; with ``keep`` the outputs and gradients are returned."""
+    args, kwargs = example.fresh()
+    for p in module.parameters():
+        p.grad = None
+    torch.manual_seed(example.seed)
+    out = module(*args, **kwargs)
+    outputs = tensors_in(out)
+    differentiable = [t for t in outputs if t.requires_grad and t.is_floating_point()]
+    if example.grad_outputs is None:
+        generator = torch.Generator(device="cpu").manual_seed(1234 + example.seed)
+        example.grad_outputs = [torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.device, t.dtype)
+                                for t in differentiable]
+    if differentiable:
+        torch.autograd.backward(differentiable, example.grad_outputs[: len(differentiable)])
+    if not keep:
+        return None
+    grads: dict[str, torch.Tensor] = {}
+    for i, t in enumerate(tensors_in((args, kwargs))):
+        if t.grad is not None:
+            grads[f"input[{i}]"] = t.grad.detach()
+    for name, p in module.named_parameters():
+        if p.grad is not None:
+            grads[name] = p.grad.detach().clone()
+    return RunResult([t.detach() for t in outputs], grads)
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    output_max_abs: float = 0.0
+    output_max_rel: float = 0.0
+    grad_max_abs: float = 0.0
+    grad_max_rel: float = 0.0
+    worst: str | None = None
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"output_max_abs": self.output_max_abs, "output_max_rel": self.output_max_rel,
+                "grad_max_abs": self.grad_max_abs, "grad_max_rel": self.grad_max_rel, "worst": self.worst}
+
+
+def compare(reference: RunResult, candidate: RunResult) -> Comparison:
+    """Whether ``candidate`` matches ``reference`` within each dtype's tolerance."""
+    result = Comparison(ok=True)
+    if len(reference.outputs) != len(candidate.outputs):
+        return Comparison(False, message=f"{len(candidate.outputs)} outputs instead of {len(reference.outputs)}")
+    missing = sorted(set(reference.grads) ^ set(candidate.grads))
+    if missing:
+        return Comparison(False, message=f"gradient {missing[0]} present in only one of eager and the candidate")
+    pairs = [(f"output[{i}]", a, b, "output") for i, (a, b) in enumerate(zip(reference.outputs, candidate.outputs))]
+    pairs += [(name, reference.grads[name], candidate.grads[name], "grad") for name in sorted(reference.grads)]
+    worst_ratio = -1.0
+    for name, ref, got, kind in pairs:
+        if ref.shape != got.shape:
+            return Comparison(False, message=f"{name}: shape {list(got.shape)} instead of {list(ref.shape)}")
+        if not (ref.is_floating_point() or ref.is_complex()):
+            if not torch.equal(ref, got.to(ref.dtype)):
+                return Comparison(False, message=f"{name}: integer values differ from eager", worst=name)
+            continue
+        a = ref.detach().to(torch.float64)
+        b = got.detach().to(torch.float64).to(a.device)
+        if a.numel() == 0:
+            continue
+        if not torch.isfinite(b).all() and torch.isfinite(a).all():
+            return Comparison(False, message=f"{name}: not finite where eager is", worst=name)
+        finite = torch.isfinite(a) & torch.isfinite(b)
+        diff = float((a - b)[finite].abs().max()) if finite.any() else 0.0
+        scale = float(a[finite].abs().max()) if finite.any() else 0.0
+        rel = diff / scale if scale > 0 else diff
+        rtol, atol = tolerance(got.dtype if got.dtype in TOLERANCES else ref.dtype)
+        limit = atol + rtol * scale
+        if kind == "output":
+            result.output_max_abs = max(result.output_max_abs, diff)
+            result.output_max_rel = max(result.output_max_rel, rel)
+        else:
+            result.grad_max_abs = max(result.grad_max_abs, diff)
+            result.grad_max_rel = max(result.grad_max_rel, rel)
+        ratio = diff / limit if limit > 0 else float("inf") if diff else 0.0
+        if ratio > worst_ratio:
+            worst_ratio, result.worst = ratio, name
+        if diff > limit:
+            result.ok = False
+            result.message = (f"{name} differs from eager by {diff:.2e} (relative {rel:.2e}; "
+                              f"{str(got.dtype).replace('torch.', '')} tolerance {rtol:.0e})")
+            return result
+    return result
+
+
+@dataclass
+class Timer:
+    """Times one forward + backward: the backend's synchronize around an injectable clock."""
+
+    synchronize: Callable[[], None] = lambda: None
+    clock: Callable[[], float] = time.perf_counter
+
+    def time(self, module: nn.Module, example: Example, iterations: int = 1) -> float:
+        """Seconds per iteration over ``iterations`` runs."""
+        self.synchronize()
+        start = self.clock()
+        for _ in range(iterations):
+            run_once(module, example, keep=False)
+        self.synchronize()
+        return (self.clock() - start) / iterations
+
+
+def interleaved(timer: Timer, candidates: Sequence[tuple[str, nn.Module]], example: Example, repeats: int,
+                iterations: int = 1, should_stop: Callable[[], bool] = lambda: False) -> dict[str, list[float]]:
+    """Samples per candidate name, taken round after round; round ``r`` starts at
+    candidate ``r mod n`` so that no candidate always runs first."""
+    samples: dict[str, list[float]] = {name: [] for name, _ in candidates}
+    n = len(candidates)
+    for r in range(repeats):
+        if r and should_stop():
+            break
+        for i in range(n):
+            name, module = candidates[(r + i) % n]
+            samples[name].append(timer.time(module, example, iterations))
+    return samples

@@ -1,0 +1,293 @@
+"""``torchaxe advise``: candidates, interleaved measurement within a budget, ranking,
+the JSON contract, interruption -- with injected runs (no subprocess) -- and the
+source overlay that measures a code fix without touching the user's file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchaxe.advise.environment import environment_checks
+from torchaxe.advise.evidence import evidence_for
+from torchaxe.advise.pipeline import AdviseOptions, Advisor, BaselineProfile, advise
+from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.trials import TrialRun
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    target = tmp_path / "train.py"
+    shutil.copy(SCRIPTS / "advise_train.py", target)
+    return target
+
+
+def fake_profile(script: Path, step: float = 0.1, static: bool = True, wait: float = 0.0) -> dict:
+    gelu_def = next(n for n, line in enumerate(script.read_text().splitlines(), 1) if line.startswith("def gelu"))
+    return {
+        "status": "stopped", "detail": "stopped after 4 measured steps",
+        "summary": {"steps_measured": 4, "step_seconds_median": step, "data_wait_fraction": wait,
+                    "data_wait_seconds_median": wait * step, "backward_seconds_median": step / 3,
+                    "gc_seconds_per_step": 0.0, "gc_fraction": 0.0, "host_syncs_per_step": 0.0},
+        "steps": [{"phase": "measured", "seconds": step, "data_wait_seconds": wait * step} for _ in range(4)],
+        "ops_steps": [3, 4],
+        "ops": [{"name": "aten::tanh", "calls": 4, "self_seconds": 0.02, "total_seconds": 0.02,
+                 "input_shapes": [{"input_shapes": [[64, 64]], "calls": 4, "self_seconds": 0.02}],
+                 "sources": [{"location": f"{script}:{gelu_def}", "function": "gelu", "count": 2}]}],
+        "shapes": {"static": static, "modules": [{"name": "Net", "type": "Net", "calls": 6, "signatures": [
+            {"shapes": [[64, 16]], "dtypes": ["float32"], "count": 6}]}]},
+    }
+
+
+class FakeRuns:
+    """Step times by what a knob set changes; records the order of the runs."""
+
+    def __init__(self, times: dict[str, float] | None = None, fail: tuple[str, ...] = (), interrupt_after=None):
+        self.times = {"original": 0.100, "code:AX110": 0.080, "knob:compile": 0.050,
+                      "knob:autocast-bf16": 0.098, "combined": 0.045, **(times or {})}
+        self.fail = fail
+        self.order: list[str] = []
+        self.knobs: dict[str, object] = {}
+        self.interrupt_after = interrupt_after
+
+    def __call__(self, knobs, command, options, repeat):
+        if self.interrupt_after is not None and len(self.order) >= self.interrupt_after:
+            raise KeyboardInterrupt
+        self.order.append(knobs.name)
+        self.knobs[knobs.name] = knobs
+        if knobs.name in self.fail:
+            return TrialRun(knobs=knobs.name, repeat=repeat, ok=False, error="error: RuntimeError: boom", seconds=1.0)
+        step = self.times.get(knobs.name, 0.1)
+        losses = [2.0 - 0.1 * i for i in range(6)]
+        if knobs.name == "knob:autocast-bf16":
+            losses = [x * 1.01 for x in losses]
+        return TrialRun(knobs=knobs.name, repeat=repeat, ok=True, step_seconds=[step] * 4, seconds=1.0,
+                        applied={"loss": losses} if knobs.observe_loss else {})
+
+
+class Clock:
+    def __init__(self, step: float = 0.0):
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def run_advice(script: Path, runs: FakeRuns, **options):
+    profile = fake_profile(script)
+    context = {"modules": [], "settings": options.pop("settings", {"num_threads": 2, "allowed_cpus": 2})}
+    clock = options.pop("clock", None) or Clock()
+    opts = AdviseOptions(target="cpu", budget=options.pop("budget", 600.0), **options)
+    return Advisor(["python", str(script)], opts, runner=runs,
+                   profiler=lambda command, o, target: BaselineProfile(profile, context, 2.0), clock=clock).run()
+
+
+def test_ranked_by_measured_saving_with_the_json_contract(script: Path) -> None:
+    runs = FakeRuns()
+    advice = run_advice(script, runs)
+    data = json.loads(advice.to_json())
+    recs = data["recommendations"]
+    for rec in recs:
+        for key in ("axis", "title", "location", "measured_seconds_saved_per_step", "speedup", "accuracy",
+                    "applies"):
+            assert key in rec
+        assert rec["applies"] in ("code", "knob")
+    measured = [r for r in recs if r["status"] == "measured"]
+    assert [r["key"] for r in measured[:2]] == ["knob:compile", "code:AX110"]
+    compile_rec = measured[0]
+    assert compile_rec["speedup"] == pytest.approx(2.0)
+    assert compile_rec["measured_seconds_saved_per_step"] == pytest.approx(0.05)
+    gelu = measured[1]
+    assert gelu["accuracy"]["kind"] == "max_error" and gelu["accuracy"]["max_error"] < 1e-5
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "0.5 * x" in text)
+    assert gelu["location"].endswith(f"train.py:{line}")
+    assert any("operator calls per step" in e for e in gelu["evidence"])
+    # The replacement was micro-benchmarked on the shape the run used.
+    assert any(e.startswith("micro-benchmark on [64, 64] float32") for e in gelu["evidence"]), gelu["evidence"]
+    assert data["baseline"]["step_seconds_median"] == pytest.approx(0.1)
+    # Chosen: the two clear winners, not bf16 (2% and no accuracy measured).
+    assert {r["key"] for r in recs if r["selected"]} == {"knob:compile", "code:AX110"}
+    assert data["combined"]["status"] == "measured"
+    assert data["combined"]["speedup"] == pytest.approx(0.100 / 0.045)
+    assert data["partial"] is False
+
+
+def test_runs_are_interleaved_original_first_in_every_round(script: Path) -> None:
+    runs = FakeRuns()
+    run_advice(script, runs, repeats=2)
+    first_round = runs.order[: runs.order.index("original", 1)]
+    assert first_round[0] == "original"
+    assert runs.order.count("original") == 4  # 2 rounds of candidates + 2 of the combined run
+    per_round = len(first_round)
+    assert runs.order[per_round] == "original"
+
+
+def test_code_candidates_run_the_fixed_copy_and_leave_the_script_alone(script: Path) -> None:
+    before = script.read_text()
+    runs = FakeRuns()
+    run_advice(script, runs)
+    knobs = runs.knobs["code:AX110"]
+    (original, replacement), = knobs.sources.items()
+    assert original == os.path.realpath(script)
+    assert script.read_text() == before
+    assert not Path(replacement).exists()  # temporary, removed after the advice
+
+
+def test_a_change_that_breaks_the_run_is_failed_and_never_chosen(script: Path) -> None:
+    advice = run_advice(script, FakeRuns(fail=("knob:compile",)))
+    rec = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert rec.status == "failed" and "boom" in rec.error
+    assert not rec.selected
+    assert advice.combined is not None and "knob:compile" not in advice.combined["keys"]
+
+
+def test_out_of_budget_changes_are_listed_unmeasured(script: Path) -> None:
+    # Every clock reading advances 30 s: the budget of 100 s fits the profile and little else.
+    advice = run_advice(script, FakeRuns(), budget=100.0, clock=Clock(step=30.0))
+    statuses = {r.key: r.status for r in advice.recommendations}
+    assert "not_measured" in statuses.values()
+    assert advice.partial or any("budget" in r.detail for r in advice.recommendations)
+
+
+def test_interrupt_gives_partial_advice(script: Path) -> None:
+    advice = run_advice(script, FakeRuns(interrupt_after=3))
+    assert advice.partial
+    assert any("interrupted" in n for n in advice.notes)
+    assert advice.recommendations  # what was found is still there
+
+
+def test_check_accuracy_compares_losses_with_the_noise(script: Path) -> None:
+    advice = run_advice(script, FakeRuns(), check_accuracy=True)
+    bf16 = next(r for r in advice.recommendations if r.key == "knob:autocast-bf16")
+    assert bf16.accuracy.kind == "loss"
+    assert bf16.accuracy.loss_delta == pytest.approx(0.01)
+    assert bf16.accuracy.loss_noise == pytest.approx(0.0)
+
+
+def test_skip_leaves_candidates_out(script: Path) -> None:
+    runs = FakeRuns()
+    advice = run_advice(script, runs, skip=("knob:",))
+    assert not any(name.startswith("knob:") for name in runs.order)
+    assert any("--skip" in n for n in advice.notes)
+
+
+def test_no_step_detected_is_one_clear_error(script: Path) -> None:
+    profile = fake_profile(script)
+    profile["summary"]["steps_measured"] = 0
+    with pytest.raises(TorchaxeError, match="--step-marker"):
+        Advisor(["python", str(script)], AdviseOptions(target="cpu"), runner=FakeRuns(),
+                profiler=lambda c, o, t: BaselineProfile(profile, {}, 1.0)).run()
+
+
+def test_missing_script_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(TorchaxeError, match="script not found"):
+        advise(["python", str(tmp_path / "nope.py")], AdviseOptions(target="cpu"))
+
+
+# ------------------------------------------------------------------ environment checks
+
+
+def test_environment_checks_measure_what_a_variable_costs() -> None:
+    settings = {"env": {"CUDA_LAUNCH_BLOCKING": "1", "OMP_NUM_THREADS": "8"}, "allowed_cpus": 2,
+                "anomaly_detection": True, "num_threads": 8}
+    profile = {"summary": {"gc_fraction": 0.05, "gc_seconds_per_step": 0.004}}
+    checks, candidates = environment_checks(settings, profile, [], "cuda")
+    names = {c.name for c in checks}
+    assert {"CUDA_LAUNCH_BLOCKING", "OMP_NUM_THREADS", "anomaly_detection", "gc_pauses",
+            "PYTORCH_CUDA_ALLOC_CONF"} <= names
+    knobs = {c.key: c.knobs for c in candidates}
+    assert knobs["env:CUDA_LAUNCH_BLOCKING"] == {"env": {"CUDA_LAUNCH_BLOCKING": None}}
+    assert knobs["env:OMP_NUM_THREADS"] == {"env": {"OMP_NUM_THREADS": "2"}}
+    assert "expandable_segments:True" in knobs["env:PYTORCH_CUDA_ALLOC_CONF"]["env"]["PYTORCH_CUDA_ALLOC_CONF"]
+
+
+def test_environment_check_points_at_the_line(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("import torch\n\ntorch.autograd.set_detect_anomaly(True)\n")
+    checks, _ = environment_checks({"anomaly_detection": True}, {}, [], "cpu", tmp_path)
+    (check,) = [c for c in checks if c.name == "anomaly_detection"]
+    assert check.location == f"{tmp_path / 'train.py'}:3"
+
+
+def test_clean_environment_has_no_checks() -> None:
+    checks, candidates = environment_checks({"env": {}, "allowed_cpus": 4}, {"summary": {}}, [], "cpu")
+    assert checks == [] and candidates == []
+
+
+# ------------------------------------------------------------------ evidence
+
+
+def test_evidence_counts_the_operators_of_the_finding_function(script: Path) -> None:
+    from torchaxe.scan.engine import ScanOptions, scan_paths
+
+    (finding,) = [f for f in scan_paths([script], ScanOptions(target="cpu")).findings if f.code == "AX110"]
+    ev = evidence_for(finding, fake_profile(script))
+    assert ev is not None and ev.function == "gelu"
+    assert ev.calls_per_step == pytest.approx(1.0)  # 2 calls over 2 op-profiled steps
+    assert ev.seconds_per_step == pytest.approx(0.005)
+    assert "aten::tanh" in ev.describe(0.1)
+
+
+# ------------------------------------------------------------------ the overlay
+
+
+def test_overlay_replaces_main_and_imported_modules_without_writing_bytecode(tmp_path: Path, capsys) -> None:
+    from torchaxe.runtime.command import parse_command, run_command
+    from torchaxe.runtime.overlay import source_overlay
+
+    (tmp_path / "helper.py").write_text("VALUE = 'original helper'\n")
+    main = tmp_path / "main.py"
+    main.write_text("import helper\nprint('original main', helper.VALUE, __file__)\n")
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    (fixed / "helper.py").write_text("VALUE = 'fixed helper'\n")
+    (fixed / "main.py").write_text("import helper\nprint('fixed main', helper.VALUE, __file__)\n")
+    with source_overlay({str(main): str(fixed / "main.py"), str(tmp_path / "helper.py"): str(fixed / "helper.py")}):
+        run_command(parse_command(["python", str(main)]))
+    out = capsys.readouterr().out
+    assert f"fixed main fixed helper {main}" in out
+    assert not (tmp_path / "__pycache__").exists()
+    sys.modules.pop("helper", None)
+    run_command(parse_command(["python", str(main)]))
+    assert "original main original helper" in capsys.readouterr().out
+
+
+def test_overlay_refuses_a_missing_replacement(tmp_path: Path) -> None:
+    from torchaxe.runtime.overlay import source_overlay
+
+    (tmp_path / "a.py").write_text("")
+    with pytest.raises(TorchaxeError, match="replacement file not found"):
+        with source_overlay({str(tmp_path / "a.py"): str(tmp_path / "missing.py")}):
+            pass
+
+
+def test_dynamic_shapes_bring_dynamic_compile_and_bucketing_candidates() -> None:
+    from torchaxe.advise.candidates import knob_candidates
+
+    batches = {"signatures": [{"shapes": [[8, n]], "count": c} for n, c in
+                              [(10, 3), (12, 1), (20, 2), (33, 1), (40, 4), (64, 1), (7, 2)]]}
+    profile = {"shapes": {"static": False, "batches": batches}, "summary": {}}
+    keys = {c.key: c for c in knob_candidates("cpu", profile, {"allowed_cpus": 2})}
+    assert keys["knob:compile-dynamic"].knobs == {"compile": {"mode": "default", "dynamic": True}}
+    bucketed = keys["knob:compile-bucketing"].knobs
+    assert bucketed["bucketing"] == {"boundaries": [10, 20, 40, 64], "dim": 1}
+    assert all(keys[k].group == "compile" for k in ("knob:compile", "knob:compile-dynamic", "knob:compile-bucketing"))
+    static = {c.key for c in knob_candidates("cpu", {"shapes": {"static": True}, "summary": {}}, {})}
+    assert "knob:compile-bucketing" not in static and "knob:compile-dynamic" not in static
+
+
+def test_npu_target_tries_the_compile_mode_the_shapes_call_for() -> None:
+    from torchaxe.advise.candidates import knob_candidates
+
+    dynamic = {c.key: c.knobs for c in knob_candidates("npu", {"shapes": {"static": False}, "summary": {}}, {})}
+    assert dynamic["knob:npu-jit-off"] == {"npu": {"jit_compile": False}}
+    static = {c.key: c.knobs for c in knob_candidates("npu", {"shapes": {"static": True}, "summary": {}}, {})}
+    assert static["knob:npu-jit-on"] == {"npu": {"jit_compile": True}}
+    assert not any(k.startswith("knob:compile") for k in static)

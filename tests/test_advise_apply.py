@@ -1,0 +1,165 @@
+"""``torchaxe apply`` and ``torchaxe run``, and ``advise`` end to end on a real script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchaxe.advise.apply import apply_advice, kept_originals, load_advice, read_run_knobs
+from torchaxe.errors import TorchaxeError
+
+from test_advise import FakeRuns, run_advice, script  # noqa: F401  (fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def torchaxe(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 300):
+    return subprocess.run([sys.executable, "-m", "torchaxe", *args], capture_output=True, text=True, cwd=cwd,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+def advice_file(script: Path, tmp_path: Path, **options) -> Path:
+    advice = run_advice(script, FakeRuns(), **options)
+    path = tmp_path / "advice.json"
+    path.write_text(advice.to_json())
+    return path
+
+
+def test_apply_writes_the_chosen_fix_keeps_the_original_and_writes_knobs(script: Path, tmp_path: Path) -> None:  # noqa: F811
+    before = script.read_text()
+    (tmp_path / "torchaxe.toml").write_text("# my settings\ntarget = \"cpu\"\n")
+    advice = load_advice(advice_file(script, tmp_path))
+    result = apply_advice(advice)
+    after = script.read_text()
+    assert 'F.gelu(x, approximate="tanh")' in after and "torch.tanh" not in after
+    assert result.changed_files and result.applied_fixes == 1
+    kept = kept_originals(script)
+    assert list(kept) == [os.path.realpath(script)]
+    assert Path(kept[os.path.realpath(script)]).read_text() == before
+    config = (tmp_path / "torchaxe.toml").read_text()
+    assert "# my settings" in config and "[run]" in config
+    knobs, source = read_run_knobs(script.parent)
+    assert knobs == {"compile": {"mode": "default"}} and source == tmp_path / "torchaxe.toml"
+
+
+def test_apply_diff_changes_nothing(script: Path, tmp_path: Path) -> None:  # noqa: F811
+    before = script.read_text()
+    result = apply_advice(load_advice(advice_file(script, tmp_path)), write=False)
+    assert script.read_text() == before
+    assert any("F.gelu" in d for d in result.diffs)
+    assert not (tmp_path / "torchaxe.toml").exists()
+
+
+def test_unsafe_fixes_need_the_flag(script: Path, tmp_path: Path) -> None:  # noqa: F811
+    data = json.loads(advice_file(script, tmp_path).read_text())
+    for rec in data["recommendations"]:
+        if rec["key"] == "code:AX110":
+            rec["unsafe"] = True
+    result = apply_advice(data)
+    assert result.skipped_unsafe == ["code:AX110"]
+    assert "torch.tanh" in script.read_text()
+
+
+def test_only_names_a_recommendation(script: Path, tmp_path: Path) -> None:  # noqa: F811
+    advice = load_advice(advice_file(script, tmp_path))
+    result = apply_advice(advice, keys=["knob:autocast-bf16"])
+    assert result.knobs == {"autocast": {"dtype": "bfloat16"}}
+    assert "torch.tanh" in script.read_text()
+    with pytest.raises(TorchaxeError, match="no such recommendation"):
+        apply_advice(advice, keys=["knob:nope"])
+
+
+def test_advise_again_measures_the_gain_achieved(script: Path, tmp_path: Path) -> None:  # noqa: F811
+    apply_advice(load_advice(advice_file(script, tmp_path)))
+    runs = FakeRuns(times={"original-before-apply": 0.1, "applied": 0.04})
+    advice = run_advice(script, runs)
+    assert advice.achieved["status"] == "measured"
+    assert advice.achieved["speedup"] == pytest.approx(2.5)
+    assert runs.knobs["applied"].compile is not None  # the run knobs from torchaxe.toml
+    assert list(runs.knobs["original-before-apply"].sources) == [os.path.realpath(script)]
+
+
+def test_bad_advice_file_is_one_line(tmp_path: Path) -> None:
+    result = torchaxe("apply", "--advice", str(tmp_path / "missing.json"))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "torchaxe advise" in result.stderr
+    (tmp_path / "x.json").write_text('{"schema": "other"}')
+    result = torchaxe("apply", "--advice", str(tmp_path / "x.json"))
+    assert result.returncode == 2 and "not a torchaxe advice file" in result.stderr
+
+
+def test_run_applies_the_knobs_and_passes_the_exit_code(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(
+        "import os, sys, torch\n"
+        "print('threads', torch.get_num_threads(), 'var', os.environ.get('MY_VAR'))\n"
+        "sys.exit(3)\n")
+    (tmp_path / "torchaxe.toml").write_text('[run]\nenv = {MY_VAR = "on"}\ntorch = {num_threads = 1}\n')
+    result = torchaxe("run", "--", "python", str(tmp_path / "train.py"), cwd=tmp_path)
+    assert "threads 1 var on" in result.stdout
+    assert result.returncode == 3
+    shown = torchaxe("run", "--show", "--", "python", str(tmp_path / "train.py"), cwd=tmp_path)
+    assert json.loads(shown.stdout)["env"] == {"MY_VAR": "on"}
+
+
+def test_run_refuses_bad_knobs_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "torchaxe.toml").write_text('[run]\ncompile = {mode = "fastest"}\n')
+    result = torchaxe("run", "--", "python", str(tmp_path / "train.py"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "compile.mode" in result.stderr and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("budget", ["soon", "0", "-3m"])
+def test_bad_budget_is_one_line(budget: str, tmp_path: Path) -> None:
+    result = torchaxe("advise", "--budget", budget, "--", "python", str(SCRIPTS / "advise_train.py"))
+    assert result.returncode == 2 and "--budget" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_advise_end_to_end_measures_a_real_fix(tmp_path: Path) -> None:
+    """Real subprocess runs: a wide hand-written GELU dominates the step; F.gelu is several times faster."""
+    script = tmp_path / "train.py"
+    shutil.copy(SCRIPTS / "advise_train.py", script)
+    result = torchaxe("advise", "--budget", "5m", "--repeats", "2", "--steps", "4", "--warmup", "1",
+                      "--skip", "knob:", "--skip", "env:", "--format", "json", "--save", str(tmp_path / "a.json"),
+                      "--", "python", str(script), env={"ADVISE_WIDTH": "4096"}, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    gelu = next(r for r in data["recommendations"] if r["key"] == "code:AX110")
+    assert gelu["status"] == "measured", gelu
+    assert gelu["speedup"] > 1.1 and gelu["selected"]
+    assert "torch.tanh" in script.read_text()  # measured, not applied
+    assert json.loads((tmp_path / "a.json").read_text())["schema"] == "torchaxe.advice/1"
+
+
+def test_advise_says_when_no_step_is_detected(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    shutil.copy(SCRIPTS / "advise_train.py", script)
+    result = torchaxe("advise", "--budget", "2m", "--", "python", str(script), env={"ADVISE_NO_STEP": "1"},
+                      cwd=tmp_path, timeout=300)
+    assert result.returncode == 2
+    assert "--step-marker" in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_tuned_loader_setting_in_the_knowledge_base_is_tried_and_run(tmp_path: Path, monkeypatch) -> None:
+    from torchaxe.tune.kb import KnowledgeBase, workload_key
+
+    monkeypatch.setenv("TORCHAXE_HOME", str(tmp_path / "home"))
+    script = tmp_path / "train.py"
+    shutil.copy(SCRIPTS / "advise_train.py", script)
+    command = ["python", str(script)]
+    with KnowledgeBase.open() as kb:
+        kb.put_setting("dataloader", workload_key(command), {"num_workers": 1, "persistent_workers": True},
+                       {"throughput": 100.0})
+    runs = FakeRuns(times={"knob:dataloader-tuned": 0.07})
+    advice = run_advice(script, runs)
+    rec = next(r for r in advice.recommendations if r.key == "knob:dataloader-tuned")
+    assert rec.status == "measured" and rec.knobs == {"dataloader": {"num_workers": 1, "persistent_workers": True}}
+    shown = torchaxe("run", "--show", "--", *command, cwd=tmp_path, env={"TORCHAXE_HOME": str(tmp_path / "home")})
+    assert json.loads(shown.stdout)["dataloader"] == {"num_workers": 1, "persistent_workers": True}

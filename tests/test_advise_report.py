@@ -1,0 +1,95 @@
+"""The advise report: the terminal summary, the JSON, and the HTML page -- checked as
+text (escaping, self-contained) and rendered in a real headless browser (Debian's
+chromium, which .ci/run installs; skipped with a message where it is missing)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from torchaxe.report.advice_html import render_advice_html
+from torchaxe.report.advice_text import render_advice_text
+
+from test_advise import FakeRuns, run_advice, script  # noqa: F401  (fixture)
+
+PAYLOAD = "<script>alert('x')</script>"
+
+
+def browser() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+@pytest.fixture
+def advice(script: Path):  # noqa: F811
+    result = run_advice(script, FakeRuns())
+    result.recommendations[0].title += PAYLOAD
+    result.command.append(PAYLOAD)
+    return result
+
+
+def test_text_summary_names_the_winners_and_what_to_run_next(advice) -> None:
+    out = io.StringIO()
+    render_advice_text(advice, out, width=140)
+    text = out.getvalue()
+    assert "torch.compile(model)" in text and "2.00x" in text
+    assert "All chosen changes together: 2.22x faster" in text
+    assert "torchaxe apply -- python" in text and "torchaxe run -- python" in text
+
+
+def test_html_escapes_every_user_string_and_loads_nothing(advice) -> None:
+    page = render_advice_html(advice)
+    assert PAYLOAD not in page
+    assert "&lt;script&gt;" in page
+    assert "<script" not in page.lower()
+    assert "Content-Security-Policy" in page
+    for scheme in ("http://", "https://", "//cdn"):
+        assert scheme not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    for plot in ("plot-gains", "plot-breakdown", "plot-data-wait", "plot-ops"):
+        assert f'id="{plot}"' in page
+
+
+def test_json_keeps_the_partial_flag_and_notes(advice) -> None:
+    advice.partial = True
+    advice.notes.append("interrupted (Ctrl-C)")
+    data = json.loads(advice.to_json())
+    assert data["partial"] is True and "interrupted (Ctrl-C)" in data["notes"]
+    assert "partial" in render_advice_html(advice).lower()
+
+
+def test_html_renders_in_a_headless_browser(advice, tmp_path: Path) -> None:
+    exe = browser()
+    if exe is None:
+        pytest.skip("no chromium here: install Debian's `chromium` package (.ci/run does) to run this test")
+    page = tmp_path / "report.html"
+    page.write_text(render_advice_html(advice), encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--hide-scrollbars", "--window-size=1280,1800"]
+    dom = subprocess.run([exe, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert 'id="recommendations"' in dom.stdout and "torch.compile(model)" in dom.stdout
+    assert "&lt;script&gt;" in dom.stdout  # shown as text, never run
+    run = subprocess.run([exe, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and shot.exists(), run.stderr[-2000:]
+    from PIL import Image
+
+    image = Image.open(shot).convert("RGB")
+    assert image.size[0] >= 1000
+    counts = {color: n for n, color in image.getcolors(maxcolors=1 << 24)}
+    assert len(counts) > 50  # text, table lines and plots, not a blank page
+    green = (0x1A, 0x7F, 0x37)  # the chosen changes' bars in the gain plot
+    assert counts.get(green, 0) > 100
+    if os.environ.get("TORCHAXE_KEEP_SCREENSHOT"):
+        shutil.copy(shot, os.environ["TORCHAXE_KEEP_SCREENSHOT"])

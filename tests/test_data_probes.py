@@ -1,0 +1,243 @@
+"""The data probes under the real harness (in-process), the verdict and the join of
+static findings with runtime evidence, and the new dataloader knob keys."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from torchaxe.data.analysis import DataReport, StepSplit, join_findings, judge
+from torchaxe.data.probes import CopyProbe, LoaderProbe, LoaderRecord, process_cpu_seconds
+from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.command import parse_command
+from torchaxe.runtime.harness import Harness, HarnessOptions
+from torchaxe.runtime.knobs import KnobError, knob_set_from_dict
+
+SCRIPT = """\
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Squares(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i * i))
+
+loader = DataLoader(Squares(), batch_size=4, num_workers={workers}, persistent_workers={persistent})  # LOADER
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(10):
+    for x in loader:
+        x.to("meta")  # a "device" copy the cpu can make
+        loss = model(x).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+
+def _run(tmp_path, workers=0, persistent=False, steps=8):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT.format(workers=workers, persistent=persistent))
+    loaders, copies = LoaderProbe(), CopyProbe()
+    profile = Harness(HarnessOptions(steps=steps, warmup=1, target="cpu"),
+                      probes=[loaders.attach, copies.attach]).run(parse_command(["python", str(path)]))
+    return profile, loaders, copies, path
+
+
+def test_loader_probe_records_settings_site_batches_and_waits(tmp_path):
+    profile, loaders, copies, path = _run(tmp_path, workers=0)
+    assert profile.status == "stopped"
+    [record] = loaders.records
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "# LOADER" in text)
+    assert record.file.endswith("train.py") and record.line == line
+    assert record.num_workers == 0 and record.batch_size == 4 and record.dataset_type == "Squares"
+    assert record.map_style and record.dataset_length == 24 and record.dataset is not None
+    assert record.dataset_source is not None and record.dataset_source[1] == 4
+    assert record.batches == 9 and record.batches_measured == 8
+    measured_wait = sum(s.data_wait_seconds for s in profile.measured_steps)
+    # the harness's data wait and the loader's own agree (the loader's wraps it)
+    assert record.wait_measured_seconds >= measured_wait * 0.9
+    assert len(record.iterator_seconds) == 2  # 6 batches an epoch: a second epoch started
+    assert record.worker_utilisation is None
+    # the .to("meta") copies, one per step, counted per step
+    counted = {i: c for i, c in copies.steps.items() if i in {s.index for s in profile.measured_steps}}
+    assert len(counted) == 8 and all(c.copies == 1 and c.bytes == 16 * 4 and c.blocking == 1 for c in counted.values())
+    assert torch.utils.data.DataLoader.__init__.__name__ == "__init__"
+    assert not hasattr(torch.utils.data.DataLoader.__init__, "__wrapped__")  # uninstalled
+    assert "to" not in torch.Tensor.__dict__
+
+
+def test_worker_processes_are_timed(tmp_path):
+    profile, loaders, _, _ = _run(tmp_path, workers=1, persistent=True)
+    [record] = loaders.records
+    assert record.num_workers == 1 and record.persistent_workers and record.start_method
+    assert record.workers_started == 1 and len(record.iterator_seconds) == 1
+    assert record.worker_alive_seconds > 0
+    assert record.worker_utilisation is not None and 0.0 <= record.worker_utilisation <= 1.0
+    data = record.to_dict()
+    assert data["settings"]["multiprocessing_context"] == record.start_method and "dataset" not in data
+
+
+def test_process_cpu_seconds():
+    import os
+
+    assert process_cpu_seconds(os.getpid()) >= 0.0
+    assert process_cpu_seconds(2**22 + 12345) is None
+
+
+# ------------------------------------------------------------------ verdict and join
+
+
+def _record(**kwargs) -> LoaderRecord:
+    base = dict(index=0, file="train.py", line=20, dataset_type="Images", map_style=True, dataset_length=100,
+                batch_size=8, num_workers=0, pin_memory=False, persistent_workers=False, prefetch_factor=None,
+                start_method=None, timeout=0.0, batches=10, batches_measured=10, wait_measured_seconds=0.5)
+    base.update(kwargs)
+    return LoaderRecord(**base)
+
+
+def _stages(per_sample=0.01, read=0.001, decode=0.006, batch=8):
+    return SimpleNamespace(per_sample_seconds=per_sample, per_batch_seconds=per_sample * batch,
+                           stage_seconds=lambda: {"read": read, "decode": decode,
+                                                  "transform": per_sample - read - decode, "collate": 0.0001},
+                           dataset_type="Images")
+
+
+def _report(record, wait=0.05, compute=0.05, steps=10, stages=None, cores=4, decoders=None, copies=None):
+    report = DataReport(command=["python", "train.py"], target="cpu", status="stopped", detail="", cores=cores,
+                        steps=[StepSplit(i, wait + compute, wait, 0.0) for i in range(steps)], loaders=[record],
+                        stages={0: stages} if stages else {}, copies=copies or {}, decoders=decoders)
+    from torchaxe.data.analysis import estimate
+
+    report.estimate = estimate(report)
+    return report
+
+
+def test_verdict_data_bound_without_workers():
+    report = _report(_record(), wait=0.05, compute=0.05, stages=_stages())
+    verdict = judge(report)
+    assert verdict.level == "data-bound" and verdict.data_bound
+    assert verdict.headline.startswith("data-bound: the step waits for data 50.0% of the time")
+    assert any("num_workers=0" in r and "80.0 ms to load" in r for r in verdict.reasons)
+    assert any(s.startswith("num_workers=2") for s in verdict.suggestions)  # 80 ms / 50 ms
+    assert any(r.startswith("per sample: read 1.00 ms, decode 6.00 ms") for r in verdict.reasons)
+
+
+def test_verdict_busy_workers_restarts_and_decoders():
+    record = _record(num_workers=2, worker_cpu_seconds=9.0, worker_alive_seconds=10.0,
+                     iterator_seconds=[0.2, 0.2, 0.2])
+    decoders = SimpleNamespace(fastest=SimpleNamespace(name="opencv", agreement=lambda: "pixel-identical on all 8 files"),
+                               speedup=lambda name: 2.5)
+    verdict = judge(_report(record, wait=0.02, compute=0.08, stages=_stages(), decoders=decoders))
+    assert verdict.level == "data-bound"
+    assert any("busy 90.0%" in r and "cannot keep up" in r for r in verdict.reasons)
+    assert any("started again every epoch" in r and "3 starts" in r for r in verdict.reasons)
+    assert any(s.startswith("decode with opencv") and "2.50x faster" in s for s in verdict.suggestions)
+
+
+def test_verdict_not_data_bound_and_copies():
+    verdict = judge(_report(_record(num_workers=4), wait=0.0005, compute=0.1, stages=_stages(),
+                            copies={"applicable": True, "host_to_device_fraction": 0.2, "blocking_copies": 10}))
+    assert verdict.level == "not data-bound" and not verdict.data_bound
+    assert verdict.reasons[0].startswith("the loader has batches ready")
+    assert any("host-to-device copies take 20.0%" in r for r in verdict.reasons)
+    assert any("DevicePrefetcher" in s for s in verdict.suggestions)
+
+
+def test_verdict_without_steps_or_loaders():
+    empty = DataReport(command=[], target="cpu", status="error", detail="the script raised", steps=[], loaders=[],
+                       stages={}, copies={})
+    assert judge(empty).level == "unknown"
+    no_loader = DataReport(command=[], target="cpu", status="stopped", detail="", steps=[StepSplit(1, 0.1, 0.0, 0.0)],
+                           loaders=[], stages={}, copies={})
+    assert "no torch DataLoader" in judge(no_loader).reasons[0]
+
+
+def _finding(code, line, end_line=None, path="train.py", message="x: y"):
+    from torchaxe.findings import Finding
+
+    return Finding(code=code, category="dataloader_config", message=message, path=path, line=line, col=1,
+                   end_line=end_line or line, end_col=2, snippet="", target="cpu")
+
+
+def test_join_puts_measurement_next_to_the_finding():
+    record = _record(line=21, iterator_seconds=[0.1, 0.1], dataset_source=("train.py", 5, 15))
+    steps = [StepSplit(i, 0.1, 0.061, 0.0) for i in range(10)]  # 1 s of steps
+    record.wait_measured_seconds = 0.61
+    tuned_best = SimpleNamespace(point=SimpleNamespace(overrides=lambda: {"num_workers": 2}, label="num_workers=2"),
+                                 wait_fraction=0.04)
+    tuning = SimpleNamespace(best=tuned_best, speedup=lambda: 1.6)
+    findings = [_finding("AX401", 20, 22), _finding("AX404", 9, message="PIL decode: slow"),
+                _finding("AX403", 40)]
+    joined, lines = join_findings(findings, [record], steps, {0: _stages()}, None, tuning)
+    assert joined[0].message == ("DataLoader at train.py:21 has num_workers=0; measured data wait 61.0% of the step; "
+                                 "with num_workers=2 measured 4.0% (1.60x the throughput) [AX401]")
+    assert joined[0].loader == 0
+    assert joined[1].message.startswith("Dataset Images (DataLoader at train.py:21) has PIL decoding in __getitem__ "
+                                        "(decode 6.00 ms of 10.0 ms per sample) at train.py:9")
+    assert joined[2].loader is None and "no loader built on this line ran" in joined[2].message
+    assert lines == ["DataLoader at train.py:21 (num_workers=0, pin_memory=False): measured data wait 61.0% of the "
+                     "step; with num_workers=2 measured 4.0% (1.60x the throughput)"]
+    assert joined[0].to_dict()["code"] == "AX401"
+
+
+# ------------------------------------------------------------------ the knob keys
+
+
+def test_dataloader_knob_takes_start_method_and_timeout():
+    knobs = knob_set_from_dict({"dataloader": {"num_workers": 2, "multiprocessing_context": "spawn", "timeout": 30}},
+                               "k.json")
+    assert knobs.dataloader.overrides() == {"num_workers": 2, "multiprocessing_context": "spawn", "timeout": 30.0}
+    assert knob_set_from_dict(knobs.to_dict(), "again").dataloader == knobs.dataloader
+    with pytest.raises(KnobError, match="dataloader.multiprocessing_context: \"thread\" is not one of fork"):
+        knob_set_from_dict({"dataloader": {"multiprocessing_context": "thread"}}, "k.json")
+    with pytest.raises(KnobError, match="dataloader.timeout: expected a positive number of seconds"):
+        knob_set_from_dict({"dataloader": {"timeout": 0}}, "k.json")
+    with pytest.raises(KnobError, match="dataloader.timeout"):
+        knob_set_from_dict({"dataloader": {"timeout": True}}, "k.json")
+
+
+def test_bootstrap_override_applies_start_method_and_drops_it_without_workers():
+    from torch.utils.data import DataLoader
+
+    from torchaxe.runtime.bootstrap import AppliedKnobs, DataLoaderOverride
+
+    knobs = knob_set_from_dict({"dataloader": {"num_workers": 1, "multiprocessing_context": "spawn", "timeout": 5}}, "k")
+    applied = AppliedKnobs(knobs)
+    override = DataLoaderOverride(knobs.dataloader.overrides(), applied)
+    override.install()
+    try:
+        loader = DataLoader(list(range(4)), batch_size=2)
+        assert loader.num_workers == 1 and loader.timeout == 5
+        assert loader.multiprocessing_context.get_start_method() == "spawn"
+    finally:
+        override.uninstall()
+    assert applied.record["dataloader"]["loaders"][0]["multiprocessing_context"] == "spawn"
+
+    zero = knob_set_from_dict({"dataloader": {"num_workers": 0, "multiprocessing_context": "spawn"}}, "k")
+    override = DataLoaderOverride(zero.dataloader.overrides(), AppliedKnobs(zero))
+    override.install()
+    try:
+        loader = DataLoader(list(range(4)), batch_size=2, num_workers=2)
+        assert loader.num_workers == 0 and loader.multiprocessing_context is None
+    finally:
+        override.uninstall()
+
+
+def test_torchaxe_data_import_is_light():
+    import subprocess
+    import sys
+
+    code = "import sys, torchaxe.data; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_errors_are_torchaxe_errors():
+    from torchaxe.data.decoders import ImageDecodeError
+
+    assert issubclass(ImageDecodeError, TorchaxeError)

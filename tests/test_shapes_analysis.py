@@ -1,0 +1,114 @@
+"""The analysis on synthetic records: variation, per-step comparison, causes, verdicts."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from torchaxe.runtime.profile import Profile, RunInfo, ShapeReport
+from torchaxe.shapes.analysis import analyse, explains, op_subject, variations
+from torchaxe.shapes.observe import Observation
+from torchaxe.shapes.recorder import DataDependentSite, LoaderInfo, OpTally
+from torchaxe.shapes.verdict import decide
+
+
+def tally(name, steps):
+    """An OpTally from {step: [signature, ...]}."""
+    op = OpTally(name)
+    for step, signatures in steps.items():
+        for sig in signatures:
+            op.add(sig, step)
+    return op
+
+
+def test_explains_allows_a_multiplier_and_a_small_offset():
+    assert explains({16 * 63, 4 * 63}, {16, 4})  # batch x fixed length, flattened
+    assert explains({61, 63}, {62, 64})  # next-token targets: length - 1
+    assert not explains({7, 13}, {16, 4})
+    assert not explains({16}, {16, 4})  # one size does not vary
+
+
+def test_variations_names_the_varying_dimensions():
+    rank_varies, dims = variations(Counter({((4, 10), (4,)): 3, ((4, 12), (4,)): 1}))
+    assert not rank_varies
+    assert [(d.position, d.dim, dict(d.values)) for d in dims] == [("input 0", 1, {10: 3, 12: 1})]
+    rank_varies, dims = variations(Counter({(((2,), (2,)),): 1, (((2,), (2,), (2,)),): 1}))
+    assert rank_varies and [(d.position, d.dim) for d in dims] == [("input 0", None)]
+
+
+def test_an_op_called_at_several_places_is_static_when_each_step_repeats():
+    layers = [((4, 8), (8, 8)), ((4, 8), (8, 2))]
+    op = tally("aten.mm.default", {1: layers + [((1, 1), (1, 1))], 2: layers, 3: layers, 4: layers + layers})
+    subject = op_subject(op, complete_steps=4)
+    assert not subject.dynamic and subject.distinct == 1  # step 1's one-off call and a repeat do not count
+
+
+def test_an_op_whose_shapes_change_between_steps_is_dynamic():
+    op = tally("aten.mm.default", {s: [((4, 8), (8, 8)), ((4 * (s + 10), 8), (8, 8))] for s in range(1, 9)})
+    subject = op_subject(op, complete_steps=8)
+    assert subject.dynamic and subject.distinct == 7
+    assert [(d.position, d.dim, d.distinct) for d in subject.dims] == [("input 0", 0, 7)]
+    assert subject.late  # new sizes until the end
+
+
+def profile_with_modules(modules=()):
+    return Profile(status="stopped", run=RunInfo(command=["python", "t.py"], target="cpu"),
+                   shapes=ShapeReport(modules=list(modules)))
+
+
+def observation(ops, loaders=(), sites=(), steps=8):
+    obs = Observation(profile=profile_with_modules(), ops=list(ops), sites=list(sites), loaders=list(loaders),
+                      complete_steps=steps)
+    obs.profile.steps = []  # the step count comes from the records here
+    return obs
+
+
+def test_collate_cause_bucketing_and_dynamic_verdict():
+    lengths = [40, 57, 64, 33, 61, 45, 64, 52]
+    loader = LoaderInfo(collate="pad_collate", collate_location="t.py:9", batch_size=8, drop_last=True,
+                        dataset_length=64, batches=[((8, t), (8,)) for t in lengths])
+    op = tally("aten.embedding.default", {s: [((100, 16), (8, t))] for s, t in enumerate(lengths, 1)})
+    analysis = analyse(observation([op], [loader]))
+    collate = next(c for c in analysis.causes if c.kind == "collate")
+    emb = next(s for s in analysis.subjects if s.kind == "op")
+    assert emb.dims[0].cause == collate.id and collate.location == "t.py:9"
+    verdict = decide(analysis, max_shapes=3)
+    assert verdict.verdict == "dynamic"
+    assert verdict.buckets and verdict.buckets[0].chosen.shapes <= 3 and verdict.buckets[0].dims == (1,)
+    assert verdict.picks == {"npu": "jit-compile-on+bucketing", "cuda": "compile-static+bucketing",
+                             "cpu": "compile-static+bucketing"}
+    kinds = {(r.target, r.kind) for r in verdict.recommendations}
+    assert {("npu", "compile-mode"), ("cpu", "compile"), ("cuda", "mark-dynamic"), ("cpu", "bucketing")} <= kinds
+    npu = next(r for r in verdict.recommendations if r.target == "npu" and r.kind == "compile-mode")
+    assert "jit_compile=False" in npu.setting and npu.unverified_on_hardware
+
+
+def test_partial_batch_only_is_mixed_with_drop_last():
+    batches = [((4, 6),)] * 3 + [((2, 6),)] + [((4, 6),)] * 3 + [((2, 6),)]
+    loader = LoaderInfo(collate="torch.utils.data.default_collate", collate_location=None, batch_size=4,
+                        drop_last=False, dataset_length=14, batches=batches)
+    op = tally("aten.addmm.default", {s: [((3,), (b[0][0], 6), (6, 3))] for s, b in enumerate(batches, 1)})
+    analysis = analyse(observation([op], [loader]))
+    cause = next(c for c in analysis.causes if c.kind == "partial-batch")
+    assert "14 samples in batches of 4 leave 2" in cause.message
+    verdict = decide(analysis)
+    assert verdict.verdict == "mixed" and verdict.picks["cpu"] is None
+    assert any(r.kind == "drop-last" and "drop_last=True" in r.setting for r in verdict.recommendations)
+
+
+def test_boolean_mask_sizes_make_it_dynamic_with_the_line():
+    site = DataDependentSite(kind="boolean-mask", op="aten.index.Tensor", location="t.py:12", code="x[mask]",
+                             calls=6, sizes=Counter({3: 2, 5: 2, 7: 2}))
+    op = tally("aten.relu.default", {s: [((n, 4),)] for s, n in enumerate([3, 5, 7, 3, 5, 7], 1)})
+    analysis = analyse(observation([op], sites=[site], steps=6))
+    assert next(s for s in analysis.subjects if s.kind == "op").dims[0].cause.endswith("boolean-mask")
+    verdict = decide(analysis)
+    assert verdict.verdict == "dynamic"
+    assert any("t.py:12" in reason for reason in verdict.reasons)
+
+
+def test_static_everywhere():
+    op = tally("aten.mm.default", {s: [((4, 8), (8, 8))] for s in range(1, 6)})
+    verdict = decide(analyse(observation([op], steps=5)))
+    assert verdict.verdict == "static" and verdict.picks["cpu"] == "compile-static"
+    assert any(r.target == "cuda" and "cudnn.benchmark = True" in r.setting for r in verdict.recommendations)
+    assert any(r.target == "npu" and "jit_compile=True" in r.setting for r in verdict.recommendations)

@@ -1,0 +1,238 @@
+"""`torchaxe shapes` on real (tiny) training scripts run in this process, and on traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from profile_support import write_script
+from torchaxe.cli import main
+from torchaxe.shapes.analysis import analyse
+from torchaxe.shapes.observe import NoStepsError, observe
+from torchaxe.shapes.verdict import decide
+
+DATA = Path(__file__).parent / "data" / "ascend"
+
+VARLEN = """\
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader
+torch.manual_seed(0)
+data = [torch.randint(1, 9, (int(n),)) for n in torch.randint(4, 40, (60,))]
+def pad_collate(batch):
+    return pad_sequence(batch, batch_first=True)
+loader = DataLoader(data, batch_size=4, shuffle=True, collate_fn=pad_collate, drop_last=True)
+model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for tokens in loader:
+    print("batch", tuple(tokens.shape))
+    loss = model(tokens).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+FIXED = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+data = TensorDataset(torch.randn(64, 6), torch.randn(64, 1))
+loader = DataLoader(data, batch_size=8, drop_last=True)
+model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+MASKED = """\
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(12):
+    x = torch.randn(16, 4)
+    keep = x[:, 0] > 0
+    picked = x[keep]  # mask
+    n = int((x[:, 1] > 0).sum().item())  # item
+    padding = torch.zeros(n)
+    loss = model(picked).mean() + padding.sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+NO_OPTIMIZER = """\
+import torch
+x = torch.ones(3)
+for _ in range(3):
+    x = x * 2
+"""
+
+
+def run(tmp_path, source, steps=8):
+    script = write_script(tmp_path, source)
+    observation = observe(["python", str(script)], steps=steps, target="cpu")
+    return observation, analyse(observation)
+
+
+def test_variable_length_batches_are_dynamic_traced_to_the_collate_function(tmp_path):
+    observation, analysis = run(tmp_path, VARLEN)
+    assert observation.steps == 8 and observation.loaders[0].collate == "pad_collate"
+    collate = next(c for c in analysis.causes if c.kind == "collate")
+    assert collate.location.endswith("train.py:6")
+    verdict = decide(analysis, max_shapes=2)
+    assert verdict.verdict == "dynamic"
+    embedding = next(s for s in analysis.subjects if s.kind == "module" and s.name.endswith(".0"))
+    assert embedding.dynamic and collate.id in embedding.causes
+    plan = verdict.buckets[0]
+    assert plan.chosen.k == 2 and plan.chosen.shapes <= 2 and plan.dims == (1,)
+    assert plan.table[0].boundaries[0] == (max(v for (v,) in plan.table[0].boundaries and
+                                               analysis.batch_sources[0].points),)
+    # the data set was built before training: its ops are not in the records
+    assert all(s.name != "aten.randint.low" for s in analysis.subjects)
+
+
+def test_fixed_shapes_are_static(tmp_path):
+    _, analysis = run(tmp_path, FIXED, steps=6)
+    verdict = decide(analysis)
+    assert verdict.verdict == "static", verdict.reasons
+    assert analysis.counts("op")["dynamic"] == 0 and analysis.counts("module")["static"] == 4
+    assert verdict.picks == {"npu": "jit-compile-on", "cuda": "compile-static", "cpu": "compile-static"}
+
+
+def test_boolean_mask_and_item_sizes_are_found_with_their_lines(tmp_path):
+    observation, analysis = run(tmp_path, MASKED)
+    kinds = {c.kind: c for c in analysis.causes}
+    assert kinds["boolean-mask"].location.endswith("train.py:8")
+    assert kinds["boolean-mask"].code == "picked = x[keep]  # mask"
+    assert "item" in kinds and kinds["item"].location.endswith("train.py:9")
+    verdict = decide(analysis)
+    assert verdict.verdict == "dynamic"
+    assert any(r.kind == "data-dependent" and "torch.where" in r.setting for r in verdict.recommendations)
+
+
+def test_no_step_says_step_marker(tmp_path):
+    script = write_script(tmp_path, NO_OPTIMIZER)
+    with pytest.raises(NoStepsError, match="--step-marker"):
+        observe(["python", str(script)], steps=4, target="cpu")
+
+
+def test_cli_json_verdict_and_recommendations(tmp_path, capsys):
+    script = write_script(tmp_path, VARLEN)
+    code = main(["shapes", "--steps", "6", "--max-shapes", "3", "--target", "cpu", "--format", "json", "--",
+                 "python", str(script)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)  # the script's prints went to stderr
+    assert "batch (4," in captured.err
+    assert report["schema"] == "torchaxe.shapes/1" and report["verdict"] == "dynamic"
+    assert report["pick"] == "compile-static+bucketing"
+    assert report["recommendations"][0]["target"] == "cpu"
+    assert {r["target"] for r in report["recommendations"]} == {"cpu", "cuda", "npu"}
+    assert [p["k"] for p in report["bucketing"][0]["table"]] == list(range(1, 9))
+    assert report["bucketing"][0]["chosen"]["k"] == 3
+    assert report["counts"]["ops"]["dynamic"] > 0 and report["trial"] is None
+
+
+def test_cli_text_and_no_step_error(tmp_path, capsys):
+    script = write_script(tmp_path, FIXED)
+    out = tmp_path / "report.txt"
+    assert main(["shapes", "--steps", "4", "--target", "cpu", "-o", str(out), "--", "python", str(script)]) == 0
+    text = out.read_text()
+    assert "verdict: STATIC" in text and "model = torch.compile(model)" in text and "unverified on Ascend" in text
+    none = write_script(tmp_path, NO_OPTIMIZER, name="loop.py")
+    capsys.readouterr()
+    assert main(["shapes", "--steps", "4", "--target", "cpu", "--", "python", str(none)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("torchaxe: error: no step was seen") and "--step-marker" in err[-1]
+
+
+def test_cli_from_ascend_trace_uses_op_state(capsys):
+    assert main(["shapes", "--from-trace", str(DATA / "ut_compute_v2"), "--format", "json", "--target", "npu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "dynamic" and report["trace"]["op_state"] == {"dynamic": 29}
+    assert report["pick"] == "jit-compile-off"
+    assert any("OP State" in r for r in report["reasons"])
+
+
+def test_cli_traces_without_shapes_say_so(capsys):
+    for trace in ("ut_timeline", "ut_compute/kernel_details.csv"):
+        assert main(["shapes", "--from-trace", str(DATA / trace)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("torchaxe: error:") and "cannot tell static shapes from dynamic" in err
+        assert "record_shapes=True" in err and len(err.splitlines()) == 1
+
+
+def kernel_csv(path, rows):
+    header = "Step Id,Name,Type,OP State,Duration(us),Input Shapes\n"
+    path.write_text(header + "".join(f'{s},{n},{n},{st},10.0,"""{shape}"""\n' for s, n, st, shape in rows))
+    return path
+
+
+def test_ascend_kernels_over_steps(tmp_path, capsys):
+    static = kernel_csv(tmp_path / "kernel_details.csv",
+                        [(s, "MatMul", "dynamic", "8,16;16,4") for s in (1, 2, 3)])
+    assert main(["shapes", "--from-trace", str(static), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "static"
+    assert any("jit_compile=True) may make them faster" in r for r in report["reasons"])
+    varying = kernel_csv(tmp_path / "v_kernel_details.csv",
+                         [(s, "MatMul", "static", f"{8 * s},16;16,4") for s in (1, 2, 3, 4)])
+    assert main(["shapes", "--from-trace", str(varying), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "dynamic" and report["picks"]["npu"] == "jit-compile-off"
+
+
+MARKED = """\
+import torch
+torch.manual_seed(0)
+w = torch.ones(4, requires_grad=True)
+def train_step(n):
+    x = torch.randn(n, 4)
+    (x @ w).sum().backward()
+for step in range(10):
+    train_step(8 + step)
+"""
+
+
+def test_steps_from_a_step_marker(tmp_path):
+    script = write_script(tmp_path, MARKED)
+    observation = observe(["python", str(script)], steps=8, target="cpu", step_marker="__main__:train_step")
+    assert observation.complete_steps == 8
+    analysis = analyse(observation)
+    mv = next(s for s in analysis.subjects if s.name == "aten.mv.default")
+    assert mv.dynamic and mv.dims[0].distinct >= 6
+    assert decide(analysis).verdict == "dynamic"
+
+
+def chrome_trace(path, batch_sizes, record_shapes=True):
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3),
+                 record_shapes=record_shapes) as prof:
+        for batch in batch_sizes:
+            model(torch.randn(batch, 8)).sum().backward()
+            opt.step()
+            prof.step()
+    prof.export_chrome_trace(str(path))
+    return str(path)
+
+
+def test_torch_traces_with_and_without_shapes(tmp_path, capsys):
+    varying = chrome_trace(tmp_path / "varying.json", [4, 4, 4, 6, 8])
+    assert main(["shapes", "--from-trace", varying, "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "dynamic" and report["picks"]["cpu"] == "compile-dynamic"
+    fixed = chrome_trace(tmp_path / "fixed.json", [4] * 5)
+    assert main(["shapes", "--from-trace", fixed, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "static"
+    bare = chrome_trace(tmp_path / "bare.json", [4, 4, 4, 6, 8], record_shapes=False)
+    assert main(["shapes", "--from-trace", bare]) == 2
+    assert "the trace has no input shapes" in capsys.readouterr().err

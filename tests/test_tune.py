@@ -1,0 +1,453 @@
+"""The autotuner: signatures, capture, checks, timing, strategies, tune/apply, budget, AOE.
+
+Compiling strategies run with torch.compile's "eager" backend here: the same capture
+and the same in-place application as inductor, without its code generation."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchaxe
+from torchaxe.errors import TorchaxeError
+from torchaxe.tune import strategies as S
+from torchaxe.tune.capture import capture
+from torchaxe.tune.kb import KnowledgeBase
+from torchaxe.tune.measure import Example, RunResult, Timer, compare, interleaved, run_once
+from torchaxe.tune.replacements import plan_for, apply_plan
+from torchaxe.tune.signature import signature_of, signature_parts
+from torchaxe.tune.tuner import TuneOptions, apply, parse_budget, tune
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_gpt():
+    spec = importlib.util.spec_from_file_location("gpt_train_for_tests", ROOT / "examples" / "gpt" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+GPT = _load_gpt()
+
+
+def small_gpt(layers: int = 2, activation: str = "tanh"):
+    torch.manual_seed(0)
+    return GPT.GPT(64, 32, layers, 4, 16, activation)
+
+
+def tokens():
+    return torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+
+
+class FakeClock:
+    """A clock that advances by a chosen amount per call: deterministic timings."""
+
+    def __init__(self, step: float = 0.001) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def fast_options(tmp_path, **kw) -> dict:
+    base = dict(kb=tmp_path / "kb.sqlite", compile_backend="eager", repeats=3, min_sample_seconds=0.0,
+                strategies=("eager", "compile", "replace"), target="cpu")
+    base.update(kw)
+    return base
+
+
+# ------------------------------------------------------------------ signatures and capture
+
+
+def test_identical_blocks_share_a_signature_and_differences_split_it():
+    model = small_gpt(layers=3)
+    rec = capture(model, tokens())
+    subs = {s.name: s for s in rec.subgraphs()}
+    assert [n for n in subs if n.startswith("blocks.")] == ["blocks.0", "blocks.1", "blocks.2"]
+    sig = {n: signature_of(signature_parts(s.module, s.spec)) for n, s in subs.items()}
+    assert sig["blocks.0"] == sig["blocks.1"] == sig["blocks.2"]
+    assert sig["norm"] != sig["blocks.0"]
+    # Another activation setting, another input shape or another dtype: another signature.
+    erf = capture(small_gpt(activation="erf"), tokens()).subgraphs()
+    assert signature_of(signature_parts(erf[2].module, erf[2].spec)) != sig["blocks.0"]
+    longer = capture(small_gpt(), torch.randint(0, 64, (2, 12))).subgraphs()
+    assert signature_of(signature_parts(longer[2].module, longer[2].spec)) != sig["blocks.0"]
+    double = small_gpt().double()
+    d = capture(double, tokens()).subgraphs()
+    assert signature_of(signature_parts(d[2].module, d[2].spec)) != sig["blocks.0"]
+
+
+def test_capture_keeps_requires_grad_and_depth():
+    model = small_gpt()
+    subs = {s.name: s for s in capture(model, tokens()).subgraphs()}
+    assert subs["blocks.0"].example.args[0].requires_grad
+    assert not subs["token_embedding"].example.args[0].requires_grad
+    deeper = {s.name for s in capture(model, tokens(), depth=2).subgraphs()}
+    assert {"blocks.0.attn", "blocks.0.mlp", "blocks.0.norm1"} <= deeper
+
+
+class Varying(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.fixed = nn.Linear(8, 8)
+
+    def forward(self, x):
+        a = self.proj(x[:, :3])
+        b = self.proj(x[:, :5])
+        return self.fixed(torch.cat([a, b], 1))
+
+
+def test_a_module_called_with_different_shapes_is_left_alone_with_the_reason(tmp_path):
+    model = Varying()
+    report = tune(model, torch.randn(2, 6, 8), **fast_options(tmp_path, strategies=("eager",)))
+    skipped = dict(report.skipped)
+    assert "dynamic" in skipped["proj"] and "torchaxe shapes" in skipped["proj"] and "[2,3,8]" in skipped["proj"]
+    assert [s.names for s in report.subgraphs] == [["fixed"]]
+
+
+# ------------------------------------------------------------------ checks and timing
+
+
+def test_compare_uses_the_dtype_tolerance():
+    ref = RunResult([torch.ones(4)], {"w": torch.ones(3)})
+    close = RunResult([torch.ones(4) * (1 + 1e-6)], {"w": torch.ones(3)})
+    far = RunResult([torch.ones(4)], {"w": torch.ones(3) * 1.01})
+    assert compare(ref, close).ok
+    bad = compare(ref, far)
+    assert not bad.ok and "w differs" in bad.message and bad.grad_max_abs == pytest.approx(0.01, rel=1e-3)
+    half = RunResult([torch.ones(4, dtype=torch.bfloat16)], {})
+    assert compare(half, RunResult([torch.ones(4, dtype=torch.bfloat16) * 1.0078125], {})).ok
+    assert not compare(ref, RunResult([torch.ones(5)], {"w": torch.ones(3)})).ok
+    assert not compare(ref, RunResult([torch.ones(4)], {})).ok
+
+
+def test_run_once_returns_outputs_and_gradients():
+    layer = nn.Linear(3, 2)
+    x = torch.randn(4, 3, requires_grad=True)
+    result = run_once(layer, Example((x,)))
+    assert set(result.grads) == {"input[0]", "weight", "bias"}
+    again = run_once(layer, Example((x,), grad_outputs=None))
+    assert not torch.equal(result.grads["weight"], torch.zeros(2, 3))
+    assert again.outputs[0].shape == (4, 2)
+
+
+def test_interleaved_rotates_the_order_and_uses_the_injected_clock():
+    order = []
+
+    class Probe(nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+            self.w = nn.Parameter(torch.ones(1))
+
+        def forward(self, x):
+            order.append(self.name)
+            return x * self.w
+
+    cands = [(n, Probe(n)) for n in "abc"]
+    samples = interleaved(Timer(clock=FakeClock(0.5)), cands, Example((torch.ones(2),)), repeats=3)
+    assert order == list("abcbcacab")
+    assert all(v == [0.5, 0.5, 0.5] for v in samples.values())
+
+
+# ------------------------------------------------------------------ replacements
+
+
+def test_the_scanner_replacements_swap_in_and_match_eager():
+    block = GPT.Block(32, 4, 16, "tanh")
+    plan = plan_for(block)
+    assert sorted(s.category for s in plan.swaps) == ["gelu_tanh", "rms_norm"]
+    assert plan.rewrites == ["attention in CausalSelfAttention.forward"]
+    import copy
+
+    swapped = copy.deepcopy(block)
+    keys = list(swapped.state_dict())
+    assert sorted(apply_plan(swapped, plan)) == ["gelu_tanh in gelu_tanh", "rms_norm in RMSNorm.forward"]
+    assert list(swapped.state_dict()) == keys
+    assert swapped.norm1.forward.__func__.__name__ == "forward"
+    assert "gelu_tanh" in swapped.mlp.forward.__func__.__globals__["gelu_tanh"].__torchaxe_replaces__
+    # The module's own globals are untouched; only the swapped method sees the fused op.
+    assert not hasattr(GPT.gelu_tanh, "__torchaxe_replaces__")
+    x = torch.randn(2, 16, 32)
+    assert torch.allclose(block(x), swapped(x), atol=1e-5)
+
+
+def test_unavailable_strategies_say_why():
+    ctx = S.StrategyContext(target="cpu", compile_backend="eager")
+    assert "convolution" in S.unavailable("channels-last", nn.Linear(2, 2), ctx)
+    assert "Ascend" in S.unavailable("aoe", nn.Linear(2, 2), ctx)
+    assert "no formula" in S.unavailable("replace", nn.Linear(2, 2), S.StrategyContext())
+    assert S.unavailable("channels-last", nn.Conv2d(3, 4, 3), ctx) is None
+
+
+# ------------------------------------------------------------------ tune, apply, warm runs
+
+
+def test_tune_records_every_candidate_and_a_warm_run_tunes_nothing(tmp_path):
+    options = fast_options(tmp_path)
+    model = small_gpt()
+    report = tune(model, tokens(), **options)
+    by_module = {s.module: s for s in report.subgraphs}
+    block = by_module["Block"]
+    assert block.names == ["blocks.0", "blocks.1"] and block.status == "tuned"
+    assert {r.strategy for r in block.records} == {"eager", "compile", "replace"}
+    assert all(r.status == "ok" and len(r.samples) == 3 for r in block.records)
+    assert by_module["Embedding"].unavailable["replace"].startswith("no formula")
+    with KnowledgeBase.open(options["kb"]) as kb:
+        stored = kb.tuned(block.signature)
+        assert {r.strategy for r in stored} == {"eager", "compile", "replace"}
+        assert stored[0].describe["module"] == "Block" and stored[0].env["torch"] == torch.__version__
+    warm = tune(small_gpt(), tokens(), **options)
+    assert warm.measured == 0
+    assert {s.signature: s.winner for s in warm.subgraphs} == {s.signature: s.winner for s in report.subgraphs}
+    assert warm.seconds < 5
+
+
+def test_wrong_and_failing_candidates_are_recorded_and_never_chosen(tmp_path, monkeypatch):
+    real_apply = S.apply
+
+    def sabotaged(name, module, ctx):
+        notes = real_apply(name, module, ctx)
+        if name == "compile":
+            module.register_forward_hook(lambda m, a, out: out * 1.01)  # wrong by 1 %
+        if name == "replace":
+            raise RuntimeError("the fused kernel is missing\nsecond line")
+        return notes
+
+    monkeypatch.setattr(S, "apply", sabotaged)
+    # The clock makes every later sample shorter, so "compile" would look fastest.
+    clock = FakeClock()
+    report = tune(small_gpt(), tokens(), timer=Timer(clock=clock), **fast_options(tmp_path))
+    block = next(s for s in report.subgraphs if s.module == "Block")
+    status = {r.strategy: r for r in block.records}
+    assert status["compile"].status == "wrong" and "differs from eager" in status["compile"].message
+    assert status["compile"].errors["output_max_rel"] == pytest.approx(0.01, rel=0.05)
+    assert status["replace"].status == "failed"
+    assert status["replace"].message == "RuntimeError: the fused kernel is missing"
+    assert block.winner == "eager"
+    with KnowledgeBase.open(tmp_path / "kb.sqlite") as kb:
+        assert kb.winner(block.signature).strategy == "eager"
+
+
+def test_the_fastest_correct_strategy_wins_and_apply_swaps_it_in(tmp_path, monkeypatch):
+    real_time = Timer.time
+
+    def timed(self, module, example, iterations=1):
+        real_time(self, module, example, iterations)
+        compiled = getattr(module, "_compiled_call_impl", None) is not None
+        return 0.001 if compiled else 0.004
+
+    monkeypatch.setattr(Timer, "time", timed)
+    options = fast_options(tmp_path, strategies=("eager", "compile"))
+    model = small_gpt()
+    report = tune(model, tokens(), **options)
+    assert all(s.winner == "compile" for s in report.subgraphs)
+    assert all(s.speedup == pytest.approx(4.0) for s in report.subgraphs)
+    assert {n for n, _ in report.applied} == {"token_embedding", "position_embedding", "blocks.0", "blocks.1",
+                                              "norm", "head"}
+    assert model.blocks[0]._compiled_call_impl is not None
+    # apply() on a fresh model: same choices, nothing measured.
+    fresh = small_gpt()
+    applied = apply(fresh, tokens(), kb=options["kb"], compile_backend="eager")
+    assert applied.measured == 0 and len(applied.applied) == 6
+    assert fresh.blocks[1]._compiled_call_impl is not None
+    assert torch.allclose(fresh(tokens()), small_gpt()(tokens()), atol=1e-5)
+
+
+def test_lazy_apply_waits_for_the_first_forward(tmp_path, monkeypatch):
+    monkeypatch.setattr(Timer, "time", lambda self, m, e, i=1: 0.001 if m._compiled_call_impl else 0.004)
+    options = fast_options(tmp_path, strategies=("eager", "compile"))
+    tune(small_gpt(), tokens(), **options)
+    model = small_gpt()
+    lazy = apply(model, kb=options["kb"], compile_backend="eager")
+    assert lazy.report is None and model.blocks[0]._compiled_call_impl is None
+    model(tokens())
+    assert lazy.report is not None and len(lazy.report.applied) == 6
+    assert model.blocks[0]._compiled_call_impl is not None
+
+
+def test_the_budget_stops_tuning_and_the_next_run_resumes(tmp_path):
+    # Each clock call is 1 s, the budget 30 s: the first subgraphs only.
+    options = fast_options(tmp_path, budget=30.0)
+    first = tune(small_gpt(), tokens(), timer=Timer(clock=FakeClock(1.0)), **options)
+    assert first.budget_exhausted
+    statuses = [s.status for s in first.subgraphs]
+    assert "budget" in statuses and "tuned" in statuses
+    second = tune(small_gpt(), tokens(), **fast_options(tmp_path))
+    assert 0 < second.measured
+    measured_again = {r.strategy for s in second.subgraphs for r in s.records}
+    assert second.measured < first.measured + second.measured
+    assert all(s.status in ("tuned", "known") for s in second.subgraphs)
+    third = tune(small_gpt(), tokens(), **fast_options(tmp_path))
+    assert third.measured == 0 and measured_again
+
+
+def test_torchaxe_tune_is_callable_and_options_are_checked(tmp_path):
+    assert callable(torchaxe.tune)
+    report = torchaxe.tune(nn.Linear(4, 4), torch.randn(2, 4), **fast_options(tmp_path, strategies=("eager",)))
+    assert report.subgraphs == [] and report.skipped == []  # the model itself is depth 0
+    with pytest.raises(TorchaxeError, match="unknown strategy"):
+        TuneOptions(strategies=("fastest",))
+    with pytest.raises(TorchaxeError, match="budget"):
+        parse_budget("soon")
+    assert parse_budget("10m") == 600 and parse_budget("1.5h") == 5400 and parse_budget("90") == 90
+    with pytest.raises(TorchaxeError, match="nn.Module"):
+        tune("model", torch.randn(1))
+
+
+def test_report_json_round_trips(tmp_path):
+    report = tune(small_gpt(), tokens(), **fast_options(tmp_path, strategies=("eager",)))
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["schema"] == "torchaxe.tune/1" and data["measured"] == len(data["subgraphs"])
+
+
+# ------------------------------------------------------------------ AOE through a stand-in torch_npu
+
+
+FAKE_NPU = Path(__file__).parent / "scripts" / "fake_npu"
+
+
+def test_aoe_dumps_runs_the_tool_and_reports_its_knowledge_base(tmp_path, monkeypatch):
+    """AOE against the stand-in torch_npu (tests/scripts/fake_npu) and a stand-in
+    `aoe` executable on PATH, run as a real subprocess."""
+    monkeypatch.syspath_prepend(str(FAKE_NPU))
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    log = tmp_path / "npu.log"
+    monkeypatch.setenv("FAKE_TORCH_NPU_LOG", str(log))
+    monkeypatch.setenv("TUNE_BANK_PATH", str(tmp_path / "bank"))
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    aoe_tool = tools / "aoe"
+    aoe_tool.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                        f"open({str(tmp_path / 'aoe-args.json')!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+                        "sys.exit(int(os.environ.get('FAKE_AOE_EXIT', '0')))\n")
+    aoe_tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+
+    ctx = S.StrategyContext(target="npu", compile_backend="eager")
+    assert S.unavailable("aoe", nn.Linear(2, 2), ctx) is None
+    from torchaxe.tune.tuner import _Deadline, environment, measure_signature
+
+    layer = nn.Linear(4, 4)
+    example = Example((torch.randn(2, 4, requires_grad=True),))
+    parts = signature_parts(layer, [[{"tensor": [[2, 4], "float32", True, "cpu", True, False]}], {}])
+    records = measure_signature("ab" * 16, parts, layer, example, ["eager", "aoe"], ctx, environment("npu", "eager"),
+                                repeats=2, min_sample_seconds=0.0, timer=Timer(), deadline=_Deadline(None, lambda: 0))
+    aoe = next(r for r in records if r.strategy == "aoe")
+    assert aoe.status == "ok", aoe.message
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    dump = next(c["dump_path"] for c in calls if c["call"] == "set_aoe")
+    assert json.loads((tmp_path / "aoe-args.json").read_text()) == ["--job_type=2", f"--model_path={dump}"]
+    notes = aoe.stats["notes"][0]
+    assert str(tmp_path / "bank") in notes and "unverified" in notes
+
+    monkeypatch.setenv("FAKE_AOE_EXIT", "3")
+    records = measure_signature("cd" * 16, parts, layer, example, ["eager", "aoe"], ctx, environment("npu", "eager"),
+                                repeats=1, min_sample_seconds=0.0, timer=Timer(), deadline=_Deadline(None, lambda: 0))
+    failed = next(r for r in records if r.strategy == "aoe")
+    assert failed.status == "failed" and "aoe exited with 3" in failed.message
+
+
+def test_aoe_is_unavailable_without_torch_npu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    ctx = S.StrategyContext(target="npu")
+    assert "torch_npu is not installed" in S.unavailable("aoe", nn.Linear(2, 2), ctx)
+
+
+def test_iteration_count_grows_for_short_subgraphs(tmp_path):
+    report = tune(small_gpt(), tokens(), **fast_options(tmp_path, strategies=("eager",), min_sample_seconds=0.05))
+    eager = report.subgraphs[0].records[0]
+    assert eager.stats["iterations"] >= 1
+    assert math.isclose(eager.stats["median"], sorted(eager.samples)[1])
+    assert list(itertools.islice(eager.samples, 3))
+
+
+# ------------------------------------------------------------------ attention -> SDPA in the captured graph
+
+
+def test_recognised_attention_is_rewritten_to_sdpa_in_the_captured_graph():
+    import copy
+
+    import torch.nn.functional as F
+
+    from torchaxe.tune.replacements import AttentionRewrite
+
+    seen = []
+
+    class Spy(AttentionRewrite):
+        def __call__(self, gm, example_inputs):
+            compiled = super().__call__(gm, example_inputs)
+            seen.append([n.target for n in gm.graph.nodes if n.op == "call_function"])
+            return compiled
+
+    attn = GPT.CausalSelfAttention(32, 4, 16)
+    assert plan_for(attn).rewrites == ["attention in CausalSelfAttention.forward"]
+    backend = Spy(None)
+    fused = copy.deepcopy(attn)
+    fused.compile(backend=backend)
+    x = torch.randn(2, 16, 32)
+    assert torch.allclose(fused(x), attn(x), atol=1e-6)
+    assert backend.rewritten == 1
+    assert F.scaled_dot_product_attention in seen[0] and torch.softmax not in seen[0]
+
+
+class SharedScores(nn.Module):
+    """Attention whose softmax weights are also returned: not rewritable."""
+
+    def forward(self, q, k, v):
+        w = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1)
+        return w @ v, w
+
+
+def test_an_attention_chain_used_elsewhere_is_left_alone():
+    from torchaxe.tune.replacements import AttentionRewrite
+
+    backend = AttentionRewrite(None)
+    model = SharedScores()
+    compiled = torch.compile(model, backend=backend)
+    q = k = v = torch.randn(1, 2, 4, 8)
+    out, w = compiled(q, k, v)
+    assert backend.rewritten == 0 and torch.allclose(out, model(q, k, v)[0])
+
+
+class Uncopyable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def __deepcopy__(self, memo):
+        raise TypeError("cannot copy a lock")
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class Holder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.part = Uncopyable()
+        self.other = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.other(self.part(x))
+
+
+def test_a_subgraph_that_cannot_be_copied_is_reported_not_fatal(tmp_path):
+    report = tune(Holder(), torch.randn(2, 4), **fast_options(tmp_path, strategies=("eager",)))
+    status = {s.names[0]: s for s in report.subgraphs}
+    assert status["part"].status == "failed" and "cannot copy a lock" in status["part"].notes[0]
+    assert status["other"].status == "tuned"

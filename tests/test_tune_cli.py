@@ -1,0 +1,93 @@
+"""``torchaxe tune`` on the real examples, and the ``tune`` knob of trials."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchaxe.cli import main
+from torchaxe.runtime.knobs import knob_set_from_dict
+from torchaxe.tune.kb import KnowledgeBase, TunedRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = ["python", str(ROOT / "examples" / "gpt" / "train.py"), "--steps", "6", "--n-layers", "2", "--d-model", "32",
+       "--seq-len", "16", "--batch-size", "4", "--num-samples", "64"]
+FAST = ["--compile-backend", "eager", "--repeats", "2", "--strategies", "eager,compile,replace"]
+
+
+def test_tune_cli_leaves_dynamic_shapes_alone(tmp_path, capsys):
+    script = ["python", str(ROOT / "examples" / "seq_varlen" / "train.py"), "--steps", "5", "--num-samples", "64",
+              "--batch-size", "8"]
+    assert main(["tune", "--kb", str(tmp_path / "kb.sqlite"), *FAST, "--", *script]) == 0
+    out = capsys.readouterr().out
+    assert "left alone: embed" in out or "left alone: embedding" in out
+    assert "different input shapes" in out and "torchaxe shapes" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tune", "--budget", "soon", "--", "python", "x.py"], "--budget 'soon'"),
+    (["tune", "--strategies", "eager,fastest", "--", *GPT], "unknown strategy 'fastest'"),
+    (["tune", "--", "python", "missing_script.py"], "script not found"),
+])
+def test_tune_cli_errors_are_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_tune_cli_refuses_a_corrupted_knowledge_base_before_running(tmp_path, capsys):
+    bad = tmp_path / "kb.sqlite"
+    bad.write_bytes(b"\x00garbage" * 512)
+    assert main(["tune", "--kb", str(bad), "--", *GPT]) == 2
+    err = capsys.readouterr().err
+    assert "kb doctor" in err and err.count("\n") == 1
+
+
+def test_tune_knob_validation():
+    ks = knob_set_from_dict({"tune": {"kb": "k.sqlite", "compile_backend": "eager"}}, "k.json")
+    assert ks.tune == {"kb": "k.sqlite", "depth": 1, "min_gain": 0.05, "compile_backend": "eager"}
+    assert ks.to_dict()["tune"]["kb"] == "k.sqlite"
+    for bad, key in (({"tune": {"kbs": 1}}, "tune.kbs"), ({"tune": {"depth": 0}}, "tune.depth"),
+                     ({"tune": {"min_gain": 2}}, "tune.min_gain"), ({"tune": []}, "tune")):
+        with pytest.raises(Exception, match=key):
+            knob_set_from_dict(bad, "k.json")
+
+
+def test_tune_cli_cold_then_warm_then_the_knob_applies_the_winners(tmp_path, capsys):
+    """One cold `torchaxe tune` of the GPT example, a warm one that measures nothing,
+    then a trial run whose `tune` knob swaps the winners in."""
+    kb = tmp_path / "kb.sqlite"
+    assert main(["tune", "--kb", str(kb), *FAST, "--json", "--", *GPT]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert "watching 2 step(s)" in captured.err and "tuning blocks.0" in captured.err
+    blocks = next(s for s in report["subgraphs"] if s["module"] == "Block")
+    assert blocks["names"] == ["blocks.0", "blocks.1"]
+    measured = {m["strategy"]: m["status"] for m in blocks["measured"]}
+    assert measured == {"eager": "ok", "compile": "ok", "replace": "ok"}
+    assert report["measured"] > 0
+    assert main(["tune", "--kb", str(kb), *FAST, "--", *GPT]) == 0
+    text = capsys.readouterr().out
+    assert "0 candidate(s) measured" in text and "Block  [blocks.0, blocks.1]  known" in text
+
+    # Make "compile" the clear winner of every subgraph, so the outcome does not hang on timing noise.
+    with KnowledgeBase.open(kb) as base:
+        base.add([TunedRecord(s["signature"], "compile", "ok", samples=[1e-6], stats={"median": 1e-6})
+                  for s in report["subgraphs"]])
+    knobs = tmp_path / "tuned.json"
+    knobs.write_text(json.dumps({"name": "tuned", "tune": {"kb": str(kb), "compile_backend": "eager"}}))
+    out = tmp_path / "profile.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torchaxe.runtime.bootstrap", str(knobs), "--out", str(out),
+                           "--steps", "2", "--warmup", "1", "--", *GPT], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    applied = json.loads(out.read_text())["run"]["options"]["knobs"]["tune"]
+    names = sorted(a["name"] for a in applied["applied"])
+    assert names == ["blocks.0", "blocks.1", "head", "norm", "position_embedding", "token_embedding"]
+    assert {a["strategy"] for a in applied["applied"]} == {"compile"}
