@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--args", default="", help="extra arguments for examples/gpt/train.py")
+    parser.add_argument("--check-accuracy", action="store_true",
+                        help="pass --check-accuracy to advise (lets it choose mixed precision, its loss measured)")
     parser.add_argument("--pruned", action="store_true",
                         help="exhaustive over the candidates whose own ratio was below 1 only")
     parser.add_argument("--max-combinations", type=int, default=64)
@@ -85,8 +88,9 @@ def main() -> int:
 
     log(f"advise --budget {args.budget} on a copy of examples/gpt")
     t0 = time.perf_counter()
+    accuracy = ["--check-accuracy"] if args.check_accuracy else []
     result = torchaxe("advise", "--budget", args.budget, "--format", "json", "--save", str(work / "advice.json"),
-                      "-q", "--", *command, cwd=copy)
+                      "-q", *accuracy, "--", *command, cwd=copy)
     advise_seconds = time.perf_counter() - t0
     if result.returncode != 0:
         print(result.stderr, file=sys.stderr)
@@ -113,7 +117,7 @@ def main() -> int:
     candidates = [r for r in advice["recommendations"] if r["status"] in ("measured", "failed")]
     if args.pruned:
         candidates = [r for r in candidates if r["status"] == "measured" and r["ratios"]
-                      and sorted(r["ratios"])[len(r["ratios"]) // 2] < 1.0]
+                      and statistics.median(r["ratios"]) < 1.0]
     groups: dict[str, list[dict]] = {}
     for r in candidates:
         group = "compile" if r["key"].startswith("knob:compile") else \
@@ -143,7 +147,10 @@ def main() -> int:
     lines = [
         f"end-to-end on examples/gpt/train.py {' '.join(extra)} ({platform.machine()}, {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d')})",
-        f"  advise: {advise_seconds:.0f} s (budget {args.budget}); chosen: {', '.join(chosen) or 'nothing'}",
+        f"  advise: {advise_seconds:.0f} s (budget {args.budget}{', --check-accuracy' if args.check_accuracy else ''}); "
+        f"chosen: {', '.join(chosen) or 'nothing'}",
+        "  measured by advise: " + ", ".join(
+            f"{r['key']} {r['speedup']:.2f}x" for r in advice["recommendations"] if r["status"] == "measured"),
         f"  original step median {1e3 * (base.median or 0):.1f} ms; tuned {1e3 * (tuned_arm.median or 0):.1f} ms",
         f"  tuned vs original: {speedup:.2f}x (per-round ratios {', '.join(f'{r:.3f}' for r in tuned_arm.ratios)})"
         if speedup else f"  tuned vs original: not measured ({tuned_arm.error})",

@@ -23,7 +23,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                   + (f", data wait {base['data_wait_fraction']:.1%}" if base.get("data_wait_fraction") is not None
                      else ""))
     if advice.partial:
-        console.print("  [yellow]partial:[/yellow] " + "; ".join(n for n in advice.notes if n) or "partial")
+        console.print("  [yellow]partial advice:[/yellow] not everything planned was measured (see the notes below)")
     ranked = advice.ranked()
     if ranked:
         table = Table(title="Recommendations, by measured time saved per step", title_justify="left",
@@ -73,8 +73,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     if installed:
         console.print(f"  {len(installed)} findings in installed packages the run imported (see the report)")
     for note in advice.notes:
-        if not advice.partial:
-            console.print(f"  note: {note}")
+        console.print(f"  note: {note}")
     console.print("[bold]Next[/bold]")
     chosen = [r for r in ranked if r.selected]
     if any(r.applies == "code" for r in chosen):
