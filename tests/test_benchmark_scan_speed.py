@@ -80,3 +80,21 @@ def test_bad_flag_is_one_line(bench):
 def test_cpu_model_from_canned_text(bench):
     text = "processor\t: 0\nmodel name\t: Example CPU @ 2.0GHz\nflags\t: fpu\n"
     assert bench.cpu_model(text) == "Example CPU @ 2.0GHz"
+
+
+def test_work_counts_of_a_cold_scan(tmp_path: Path) -> None:
+    """--work counts what the formula machinery did, noise-free, in its own process."""
+    import subprocess
+
+    (tmp_path / "act.py").write_text(
+        "import math\nimport torch\n\n\ndef gelu(x):\n"
+        "    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))\n\n\n"
+        "def count(x):\n    return x.sum() / x.numel()\n")
+    (tmp_path / "plain.py").write_text("print('no framework here')\n")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--work", "--json", "--tree", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert set(data) >= {"files_analysed", "trees_evaluated", "findings", "jobs2_findings"}
+    assert data["findings"] == data["jobs2_findings"] >= 1  # the GELU, found alike in and out of process
+    assert 1 <= data["files_analysed"] <= 2
