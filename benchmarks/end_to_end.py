@@ -109,7 +109,7 @@ def main() -> int:
     measurer = Measurer(command, options, progress=log)
     original = knob_set_from_dict({"name": "original", "sources": {str(script): str(original_file)}}, "e2e")
     tuned = knob_set_from_dict({"name": "tuned", **run_knobs}, "e2e")
-    base, (tuned_arm,), _ = measurer.compare(original, [tuned], args.repeats, "tuned vs original")
+    base, (tuned_arm,), _ = measurer.compare(original, [tuned], args.repeats, "tuned vs original", warm=True)
 
     # Exhaustive: combinations of the candidates advise knew, on the original code.
     script.write_text(original_text)

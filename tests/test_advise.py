@@ -123,11 +123,14 @@ def test_ranked_by_measured_saving_with_the_json_contract(script: Path) -> None:
 def test_runs_are_interleaved_original_first_in_every_round(script: Path) -> None:
     runs = FakeRuns()
     run_advice(script, runs, repeats=2)
-    first_round = runs.order[: runs.order.index("original", 1)]
+    assert runs.order[0] == "original"  # the unmeasured warm-up run
+    order = runs.order[1:]
+    first_round = order[: order.index("original", 1)]
     assert first_round[0] == "original"
-    assert runs.order.count("original") == 4  # 2 rounds of candidates + 2 of the combined run
+    assert runs.order.count("original") == 5  # warm-up, 2 rounds of candidates, 2 of the combined run
     per_round = len(first_round)
-    assert runs.order[per_round] == "original"
+    assert order[per_round] == "original"
+    assert order[2 * per_round] == "original"  # the combined run's first round
 
 
 def test_code_candidates_run_the_fixed_copy_and_leave_the_script_alone(script: Path) -> None:

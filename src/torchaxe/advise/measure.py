@@ -86,13 +86,17 @@ class Measurer:
         return run
 
     def compare(self, baseline: KnobSet, arms: Sequence[KnobSet], repeats: int,
-                what: str = "measuring") -> tuple[ArmResult, list[ArmResult], bool]:
+                what: str = "measuring", warm: bool = False) -> tuple[ArmResult, list[ArmResult], bool]:
         """Run ``repeats`` interleaved rounds. Returns the baseline, the arms and
-        whether every planned run happened (False: the deadline cut it short)."""
+        whether every planned run happened (False: the deadline cut it short).
+        ``warm``: one unmeasured run of the baseline first, so that the first round
+        does not pay for cold file and compiler caches on one side only."""
         base = ArmResult(baseline.name, baseline)
         results = [ArmResult(k.name, k) for k in arms]
         complete = True
         try:
+            if warm:
+                self._run(baseline, 0, f"{what}: warming the caches (not measured)")
             for repeat in range(1, repeats + 1):
                 run = self._run(baseline, repeat, f"{what}: round {repeat}/{repeats}: original")
                 base.runs.append(run)

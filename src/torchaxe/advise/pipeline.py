@@ -37,8 +37,8 @@ from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
 from torchaxe.runtime.trials import Runner, TrialOptions, bootstrap_argv, run_in_subprocess
 
-#: A change must save at least this fraction of the step (median over rounds) to
-#: be chosen for the combined run.
+#: A change must save at least this fraction of the step (median over rounds), and
+#: be faster in every round, to be chosen for the combined run.
 MIN_GAIN = 0.03
 
 
@@ -377,7 +377,7 @@ class Advisor:
         # one; keep room for the combined run (2 arms x repeats).
         per_run = self._expected_run_seconds(base)
         left = self.deadline - self.clock()
-        fit = int(left / per_run / repeats) - 1 - 2
+        fit = int((left - per_run) / per_run / repeats) - 1 - 2  # one warm-up run first
         ordered = sorted(candidates, key=lambda c: -c.priority)
         chosen = ordered[:max(fit, 1)]
         for c in ordered[len(chosen):]:
@@ -398,7 +398,8 @@ class Advisor:
             arms.append((c, self._knob_set(c.key, fragment)))
         original = self._knob_set("original", {})
         self.progress(f"measuring {len(arms)} changes against the original, {repeats} interleaved rounds")
-        base_arm, results, complete = measurer.compare(original, [k for _, k in arms], repeats, "measuring")
+        base_arm, results, complete = measurer.compare(original, [k for _, k in arms], repeats, "measuring",
+                                                       warm=True)
         if not complete:
             advice.partial = True
             advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer rounds")
@@ -441,6 +442,8 @@ class Advisor:
             r = c.rec
             if r.status != "measured" or r.speedup is None or (1.0 - 1.0 / r.speedup) < MIN_GAIN:
                 continue
+            if not r.ratios or max(r.ratios) > 1.0 - MIN_GAIN / 3:
+                continue  # not faster in some round: not told apart from the noise
             if r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision" \
                     and not self.options.check_accuracy:
                 continue  # lower precision only with its accuracy measured
