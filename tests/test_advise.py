@@ -294,3 +294,14 @@ def test_npu_target_tries_the_compile_mode_the_shapes_call_for() -> None:
     static = {c.key: c.knobs for c in knob_candidates("npu", {"shapes": {"static": True}, "summary": {}}, {})}
     assert static["knob:npu-jit-on"] == {"npu": {"jit_compile": True}}
     assert not any(k.startswith("knob:compile") for k in static)
+
+
+def test_a_gain_within_the_run_to_run_noise_is_not_chosen(script: Path) -> None:
+    # The original against itself differs by 8%; the GELU fix saves only 5%.
+    runs = FakeRuns(times={"original-again": 0.092, "code:AX110": 0.095})
+    advice = run_advice(script, runs)
+    assert advice.baseline["run_to_run_noise"] == pytest.approx(0.08)
+    recs = {r.key: r for r in advice.recommendations}
+    assert recs["code:AX110"].status == "measured" and not recs["code:AX110"].selected
+    assert recs["knob:compile"].selected
+    assert "original-again" not in recs  # the A/A arm is a measurement, not a recommendation

@@ -87,9 +87,11 @@ def cli() -> None:
 
     \b
     Start with:
-      torchaxe scan train.py            find code with faster fused replacements
-      torchaxe fix --diff train.py      preview the safe fixes
-      torchaxe rules                    list what torchaxe looks for
+      torchaxe advise -- python train.py   measure every candidate change on your run, ranked
+      torchaxe apply                       apply what advise chose (code fixes, torchaxe.toml knobs)
+      torchaxe run -- python train.py      run with the chosen knobs, no code change
+      torchaxe scan train.py               find code with faster fused replacements (no run)
+      torchaxe rules                       list what torchaxe looks for
     """
 
 

@@ -184,6 +184,8 @@ class Advisor:
         self.started = clock()
         self.deadline = self.started + options.budget
         self.workdir = Path(tempfile.mkdtemp(prefix="torchaxe-advise-"))
+        #: How far apart two runs of the unchanged script landed (A/A), as a fraction.
+        self.noise = 0.0
         self.advice = Advice(command=self.command, target=self.target, budget_seconds=options.budget,
                              repeats=options.repeats)
 
@@ -397,9 +399,17 @@ class Advisor:
                 fragment["sources"] = sources
             arms.append((c, self._knob_set(c.key, fragment)))
         original = self._knob_set("original", {})
+        # An A/A arm: the original against itself tells how far apart two runs of the
+        # same code land on this machine; a change must beat that to be chosen.
+        same = self._knob_set("original-again", {})
         self.progress(f"measuring {len(arms)} changes against the original, {repeats} interleaved rounds")
-        base_arm, results, complete = measurer.compare(original, [k for _, k in arms], repeats, "measuring",
-                                                       warm=True)
+        base_arm, results, complete = measurer.compare(original, [same] + [k for _, k in arms], repeats,
+                                                       "measuring", warm=True)
+        noise_arm, results = results[0], results[1:]
+        if noise_arm.ratios:
+            self.noise = max(abs(1.0 - r) for r in noise_arm.ratios)
+            advice.baseline["run_to_run_noise"] = self.noise
+            advice.baseline["aa_ratios"] = [round(r, 4) for r in noise_arm.ratios]
         if not complete:
             advice.partial = True
             advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer rounds")
@@ -444,6 +454,8 @@ class Advisor:
                 continue
             if not r.ratios or max(r.ratios) > 1.0 - MIN_GAIN / 3:
                 continue  # not faster in some round: not told apart from the noise
+            if (1.0 - 1.0 / r.speedup) < self.noise:
+                continue  # no larger than two runs of the unchanged script differ
             if r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision" \
                     and not self.options.check_accuracy:
                 continue  # lower precision only with its accuracy measured
@@ -454,8 +466,8 @@ class Advisor:
         for c in chosen:
             c.rec.selected = True
         if not chosen:
-            self.advice.notes.append("no change saved at least "
-                                     f"{MIN_GAIN:.0%} of the step: nothing to combine")
+            self.advice.notes.append(f"no change saved at least {max(MIN_GAIN, self.noise):.0%} of the step in "
+                                     "every round (the larger of 3% and the run-to-run noise): nothing to combine")
             return
         fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
         codes = [code for c in chosen if c.rec.applies == "code" for code in c.rec.rules]

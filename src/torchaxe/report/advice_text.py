@@ -22,6 +22,9 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     console.print(f"  original step time  median {_ms(base.get('step_seconds_median'))}"
                   + (f", data wait {base['data_wait_fraction']:.1%}" if base.get("data_wait_fraction") is not None
                      else ""))
+    if base.get("run_to_run_noise") is not None:
+        console.print(f"  run-to-run noise   {base['run_to_run_noise']:.1%} (the original against itself, "
+                      "interleaved: a change must save more to be chosen)")
     if advice.partial:
         console.print("  [yellow]partial advice:[/yellow] not everything planned was measured (see the notes below)")
     ranked = advice.ranked()
