@@ -63,7 +63,7 @@ def main() -> int:
     parser.add_argument("--budget", default="6m", help="advise's --budget")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the final comparisons")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--args", default="", help="extra arguments for examples/gpt/train.py")
     parser.add_argument("--check-accuracy", action="store_true",
                         help="pass --check-accuracy to advise (lets it choose mixed precision, its loss measured)")

@@ -63,8 +63,9 @@ def _progress_printer(quiet: bool):
               help="Interleaved rounds per change (original, change, original, change ...).")
 @click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True,
               help="Measured steps per run, after the warmup.")
-@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True,
-              help="Steps discarded at the start of every run (compilation happens here).")
+@click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Steps discarded at the start of every run: torch.compile compiles at the first step and "
+                   "keeps compiling in the background for several more.")
 @click.option("--check-accuracy", is_flag=True,
               help="Record the loss of every step and compare each change's losses with the original's "
                    "(same seed), next to the run-to-run noise.")

@@ -48,7 +48,7 @@ class AdviseOptions:
     budget: float = 600.0
     repeats: int = 2
     steps: int = 8
-    warmup: int = 3
+    warmup: int = 10
     check_accuracy: bool = False
     #: Also scan the installed packages the run imported.
     scan_installed: bool = True
