@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -218,6 +217,7 @@ def run(target, show, command):
     from torchaxe.advise.apply import read_run_knobs
     from torchaxe.runtime.command import check_module, parse_command
     from torchaxe.runtime.knobs import knob_set_from_dict
+    from torchaxe.runtime.trials import child_environment
 
     script = parse_command(command)
     check_module(script)
@@ -250,13 +250,7 @@ def run(target, show, command):
         path.write_text(json.dumps(knobs.to_dict()), encoding="utf-8")
         argv = [sys.executable, "-m", "torchaxe.runtime.bootstrap", str(path), "--out", str(Path(tmp) / "p.json"),
                 "--steps", "all", "--warmup", "0", "--target", target, "--", *command]
-        env = dict(os.environ)
-        for var, value in knobs.env.items():
-            if value is None:
-                env.pop(var, None)
-            else:
-                env[var] = value
-        code = subprocess.call(argv, env=env)
+        code = subprocess.call(argv, env=child_environment(knobs))
         code = _script_exit_code(Path(tmp) / "p.json", code)
     sys.exit(code)
 

@@ -220,8 +220,8 @@ class Advisor:
                                      else [], self.target, self.progress)
         findings = list(own.findings)
         advice.findings = [f.to_dict() for f in findings]
-        advice.scanned = {"folder": str(folder), "files": own.stats.files_scanned if hasattr(own.stats, "files_scanned")
-                          else None, "installed_files": 0, "installed_findings": []}
+        advice.scanned = {"folder": str(folder), "files": own.stats.files_scanned, "installed_files": 0,
+                          "installed_findings": []}
         if extra is not None:
             advice.scanned["installed_files"] = len(base.context.get("modules") or [])
             advice.scanned["installed_findings"] = [f.to_dict() for f in extra.findings]
