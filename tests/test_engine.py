@@ -42,6 +42,29 @@ def test_files_no_rule_can_match_are_skipped_unparsed(tmp_path):
     assert not result.diagnostics and result.exit_code == 0
 
 
+@pytest.mark.parametrize(
+    ("code", "skipped", "kept"),
+    [
+        # "optim" alone (optimize, optimizer_state) is not enough: an optimizer class must be named.
+        ("AX201", "import torch\n# optimize the graph\ndef broken(:\n",
+         "import torch\nfrom torch import optim\nopt = optim.SGD(p, lr=0.1)\n"),
+        # a word like "attention" in a comment is not a definition the rule inspects
+        ("AX103", "import torch\n# attention: gelu below is fused\ndef broken(:\n",
+         "import torch\nclass LlamaRMSNorm(torch.nn.Module):\n    pass\n"),
+        ("AX203", "import torch\nx.grad.zero_()\ndef broken(:\n",
+         "import torch\nfor p in m.parameters():\n    p.data -= 0.1 * p.grad\n"),
+        ("AX404", "import torch\nfrom PIL import Image\ndef broken(:\n",
+         "import torch\nfrom PIL import Image\nclass D:\n    def __getitem__(self, i):\n        return Image.open(i)\n"),
+    ],
+)
+def test_second_prefilters_skip_files_the_rule_cannot_match(tmp_path, code, skipped, kept):
+    write(tmp_path / "skipped.py", skipped)
+    write(tmp_path / "kept.py", kept)
+    result = scan_paths([tmp_path], ScanOptions(select=(code,)))
+    assert result.stats.files_skipped == 1 and result.stats.files_scanned == 1
+    assert not result.diagnostics  # the file that cannot parse was never parsed
+
+
 def test_default_and_user_excludes(tmp_path):
     write(tmp_path / "keep.py", OPT)
     for folder in (".git", ".venv", "build", "__pycache__"):

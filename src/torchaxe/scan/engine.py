@@ -88,10 +88,25 @@ class _Dispatcher:
 
 
 def _applicable(rules: list[Rule], source: str, target: str) -> list[Rule]:
+    # Rules share many words ("sigmoid(", "DataLoader"): each is looked for once per file.
+    present: dict[str, bool] = {}
+
+    def has(words: tuple[str, ...]) -> bool:
+        for word in words:
+            found = present.get(word)
+            if found is None:
+                found = present[word] = word in source
+            if found:
+                return True
+        return False
+
     return [
         r
         for r in rules
-        if target in r.targets and (not r.requires_text or any(t in source for t in r.requires_text))
+        if target in r.targets
+        and (not r.requires_text or has(r.requires_text))
+        and (not r.also_requires_text or has(r.also_requires_text))
+        and (r.requires_pattern is None or r.requires_pattern.search(source) is not None)
     ]
 
 
@@ -274,7 +289,7 @@ def scan_paths(
         rules = [cls() for cls in select_rules(options.select, options.ignore)]
         # Formula rules evaluate candidate trees with torch: one evaluator process
         # imports it once for all workers, and only if some file needs it.
-        evaluator = remote.Evaluator(context, jobs) if any(r.uses_formulas for r in rules) else None
+        evaluator = remote.Evaluator(context, jobs, eager=True) if any(r.uses_formulas for r in rules) else None
         try:
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
                                      initializer=remote.connect if evaluator else None,

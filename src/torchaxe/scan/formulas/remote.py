@@ -5,7 +5,8 @@ much CPU as scanning a hundred files. A parallel scan therefore starts one extra
 process, the *evaluator*, next to its workers: a worker that meets trees it must
 evaluate (and has not imported torch) sends them there and waits for the answer, so
 torch is imported once per scan instead of once per worker, and only when some file
-needs it. The evaluator sits idle (no CPU) until the first request.
+needs it. The evaluator starts importing torch at once, at low priority, so that the first
+request does not wait for the import; a scan that never asks stops it unfinished.
 
 Trees travel as JSON (no pickle): their nodes in ``walk`` order, each with its
 operation, the positions of its arguments and its constant value; keys are rebuilt
@@ -105,9 +106,20 @@ def request_in(text: str) -> tuple[list[tuple[Node, dict[str, str]]], frozenset[
 
 
 # ------------------------------------------------------------------ evaluator
-def serve(requests: Any, answers: list[Any], parent: int) -> None:
+def serve(requests: Any, answers: list[Any], parent: int, eager: bool = False) -> None:
     """The evaluator's loop: answer each request on its worker's queue until None,
-    or until the scanning process is gone (killed before it could say stop)."""
+    or until the scanning process is gone (killed before it could say stop).
+
+    ``eager``: import torch now, at low priority, so that the first request does not
+    wait for the import (the workers parse their first files meanwhile)."""
+    if eager:
+        try:
+            os.nice(10)
+            from torchaxe.scan.formulas.analysis import _compute
+
+            _compute()
+        except Exception:  # the first request will import it, or fail and say so
+            pass
     while True:
         try:
             item = requests.get(timeout=1.0)
@@ -135,11 +147,11 @@ class Evaluator:
     """The parent's handle: starts the evaluator process, gives each worker its
     link, and stops the process at the end of the scan."""
 
-    def __init__(self, context: Any, workers: int):
+    def __init__(self, context: Any, workers: int, eager: bool = False):
         self.requests = context.Queue()
         self.answers = [context.Queue() for _ in range(workers)]
         self.slots = context.Value("i", 0)
-        self.process = context.Process(target=serve, args=(self.requests, self.answers, os.getpid()), daemon=True,
+        self.process = context.Process(target=serve, args=(self.requests, self.answers, os.getpid(), eager), daemon=True,
                                        name="torchaxe-evaluator")
         self.process.start()
 
@@ -149,7 +161,9 @@ class Evaluator:
     def close(self) -> None:
         try:
             self.requests.put(None)
-            self.process.join(timeout=5)
+            # An idle evaluator stops at once; one still importing torch for a scan
+            # that never needed it is stopped rather than waited for.
+            self.process.join(timeout=0.5)
         finally:
             if self.process.is_alive():
                 self.process.terminate()

@@ -9,6 +9,7 @@ them found a formula is left to it.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -90,6 +91,11 @@ OPS = (
 )
 
 _BY_NAME = {name: op for op in OPS for name in op.names}
+#: The rule looks only at definitions with these names: a file without one is not parsed.
+_DEFINITION = re.compile(
+    r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+(?:" + "|".join(sorted(_BY_NAME)) + r")\b",
+    re.IGNORECASE | re.MULTILINE,
+)
 
 # A file is only parsed for this rule when one of these appears in it: the names
 # above as they are spelled in code (plain substring tests are cheap; a regex over
@@ -168,6 +174,7 @@ class HandWrittenFusedOp(Rule):
     message = "hand-written operator with a fused implementation"
     node_types = DEFINITION_TYPES
     requires_text = _PREFILTER
+    requires_pattern = _DEFINITION
     uses_formulas = True
     references = (
         "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",

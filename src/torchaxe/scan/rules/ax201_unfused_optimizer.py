@@ -70,6 +70,9 @@ class UnfusedOptimizer(Rule):
     fix_title = "use the fused optimizer"
     fix_safety = Applicability.UNSAFE
     requires_text = ("optim",)
+    #: The class name appears in the file even when imported under another name.
+    #: "Adam" also covers AdamW, NAdam, RAdam, Adamax and SparseAdam.
+    also_requires_text = ("Adam", "SGD", "Adagrad", "Adadelta", "RMSprop", "Rprop", "LBFGS", "Adafactor", "Muon")
     node_types = (ast.Call,)
     references = (
         "https://pytorch.org/docs/stable/optim.html#algorithms",

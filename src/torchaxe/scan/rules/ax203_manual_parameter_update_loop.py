@@ -68,6 +68,7 @@ class ManualParameterUpdateLoop(Rule):
     fix_title = "use a fused optimizer (torch.optim.SGD(..., fused=True))"
     fix_safety = Applicability.DISPLAY_ONLY
     requires_text = (".grad",)
+    also_requires_text = ("parameters(",)  # the loop walks .parameters() or .named_parameters()
     node_types = (ast.For,)
     references = (
         "https://pytorch.org/docs/stable/generated/torch.optim.SGD.html",

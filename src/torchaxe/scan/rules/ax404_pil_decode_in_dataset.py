@@ -73,6 +73,7 @@ class PilDecodeInDataset(Rule):
     fix_title = "decode with torchvision.io.decode_image (or cv2.imread, BGR order)"
     fix_safety = Applicability.DISPLAY_ONLY
     requires_text = ("PIL", "torchvision")
+    also_requires_text = ("__getitem",)  # only decoding reached from __getitem__/__getitems__ counts
     node_types = (ast.Call,)
     references = (
         "https://pytorch.org/vision/stable/io.html#image-decoding",

@@ -65,6 +65,12 @@ class Rule:
     targets: ClassVar[tuple[str, ...]] = TARGETS
     #: The file is only visited when its text contains one of these (cheap prefilter).
     requires_text: ClassVar[tuple[str, ...]] = ()
+    #: And, when set, also one of these: a second cheap prefilter, for rules whose
+    #: first word is common (``optim`` is in every file that says "optimize").
+    also_requires_text: ClassVar[tuple[str, ...]] = ()
+    #: And, when set, a match of this pattern: run only on files that passed the
+    #: substring tests, for rules that look for a few exact definitions.
+    requires_pattern: ClassVar[re.Pattern[str] | None] = None
     #: The rule reads formula matches (so a parallel scan starts an evaluator for it).
     uses_formulas: ClassVar[bool] = False
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
