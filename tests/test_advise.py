@@ -64,6 +64,8 @@ class FakeRuns:
         if knobs.name in self.fail:
             return TrialRun(knobs=knobs.name, repeat=repeat, ok=False, error="error: RuntimeError: boom", seconds=1.0)
         step = self.times.get(knobs.name, 0.1)
+        if isinstance(step, list):  # one step time per run of this knob set, in turn
+            step = step[(self.order.count(knobs.name) - 1) % len(step)]
         losses = [2.0 - 0.1 * i for i in range(6)]
         if knobs.name == "knob:autocast-bf16":
             losses = [x * 1.01 for x in losses]
@@ -127,7 +129,9 @@ def test_runs_are_interleaved_original_first_in_every_round(script: Path) -> Non
     order = runs.order[1:]
     first_round = order[: order.index("original", 1)]
     assert first_round[0] == "original"
-    assert runs.order.count("original") == 5  # warm-up, 2 rounds of candidates, 2 of the combined run
+    # warm-up, 2 rounds of candidates, a third for the two promising ones (the budget
+    # allows it), 2 rounds of the combined run
+    assert runs.order.count("original") == 6
     per_round = len(first_round)
     assert order[per_round] == "original"
     assert order[2 * per_round] == "original"  # the combined run's first round
@@ -305,3 +309,56 @@ def test_a_gain_within_the_run_to_run_noise_is_not_chosen(script: Path) -> None:
     assert recs["code:AX110"].status == "measured" and not recs["code:AX110"].selected
     assert recs["knob:compile"].selected
     assert "original-again" not in recs  # the A/A arm is a measurement, not a recommendation
+
+
+def test_the_budget_left_buys_more_rounds_for_promising_changes_only(script: Path) -> None:
+    runs = FakeRuns()
+    advice = run_advice(script, runs, repeats=2)
+    recs = {r.key: r for r in advice.recommendations}
+    # The two clear winners are judged on 3 rounds; no round is spent on the rest.
+    assert len(recs["knob:compile"].ratios) == len(recs["code:AX110"].ratios) == 3
+    assert len(recs["knob:autocast-bf16"].ratios) == 2
+    assert len(advice.baseline["aa_ratios"]) == 3  # the noise arm runs in every round
+
+
+def test_no_extra_round_when_the_budget_is_spent(script: Path) -> None:
+    clock = Clock()
+
+    class TimedRuns(FakeRuns):
+        def __call__(self, knobs, command, options, repeat):
+            clock.now += 10.0  # every run takes 10 s of the budget
+            run = super().__call__(knobs, command, options, repeat)
+            run.seconds = 10.0
+            return run
+
+    # 13 planned runs (130 s) and the combined run's 4 (40 s) fit in 209 s; a third
+    # round (4 more runs, keeping the combined run's 4 in reserve: 80 s) does not.
+    runs = TimedRuns()
+    advice = run_advice(script, runs, repeats=2, budget=209.0, clock=clock)
+    recs = {r.key: r for r in advice.recommendations}
+    assert len(recs["knob:compile"].ratios) == 2
+    assert advice.combined["status"] == "measured" and not advice.partial
+    assert len(runs.order) == 13 + 4
+
+
+def test_a_change_slower_in_one_round_gets_more_rounds_and_one_slow_round_in_five_is_forgiven(script: Path) -> None:
+    # compile: 0.05 s except its second run (0.11 s): slower than the original once.
+    runs = FakeRuns(times={"knob:compile": [0.05, 0.11, 0.05, 0.05, 0.05]})
+    advice = run_advice(script, runs, repeats=2)
+    compile_rec = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert len(compile_rec.ratios) == 5 and compile_rec.selected
+    # Two slow rounds in five: not chosen, however large the median gain.
+    runs = FakeRuns(times={"knob:compile": [0.05, 0.11, 0.05, 0.11, 0.05]})
+    advice = run_advice(script, runs, repeats=2)
+    compile_rec = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert len(compile_rec.ratios) == 5 and not compile_rec.selected
+
+
+def test_changes_slower_together_than_the_best_alone_are_not_combined(script: Path) -> None:
+    runs = FakeRuns(times={"combined": 0.07})  # compile alone: 0.05
+    advice = run_advice(script, runs)
+    assert {r.key for r in advice.recommendations if r.selected} == {"knob:compile"}
+    assert advice.combined["keys"] == ["knob:compile"]
+    assert advice.combined["speedup"] == pytest.approx(2.0)
+    assert advice.combined["together"]["speedup"] == pytest.approx(0.1 / 0.07)
+    assert any("only that one is kept" in n for n in advice.notes)

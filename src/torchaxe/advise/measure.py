@@ -93,22 +93,30 @@ class Measurer:
         does not pay for cold file and compiler caches on one side only."""
         base = ArmResult(baseline.name, baseline)
         results = [ArmResult(k.name, k) for k in arms]
-        complete = True
         try:
             if warm:
                 self._run(baseline, 0, f"{what}: warming the caches (not measured)")
             for repeat in range(1, repeats + 1):
-                run = self._run(baseline, repeat, f"{what}: round {repeat}/{repeats}: original")
-                base.runs.append(run)
-                if not run.ok:
+                if not self.round(base, results, f"{what}: round {repeat}/{repeats}"):
                     break  # without a baseline nothing can be compared
-                for arm in results:
-                    if arm.error is not None:
-                        continue
-                    arm.runs.append(self._run(arm.knobs, repeat, f"{what}: round {repeat}/{repeats}: {arm.name}"))
-                    latest = arm.runs[-1]
-                    if latest.ok and latest.median and run.median:
-                        arm.ratios.append(latest.median / run.median)
         except OutOfTime:
-            complete = False
-        return base, results, complete
+            return base, results, False
+        return base, results, True
+
+    def round(self, base: ArmResult, arms: Sequence[ArmResult], label: str) -> bool:
+        """One more interleaved round: the baseline, then each arm that has not failed,
+        each ratio taken against this round's baseline. False when the baseline failed.
+        Raises OutOfTime when the deadline comes first (the runs so far are kept)."""
+        repeat = len(base.runs) + 1
+        run = self._run(base.knobs, repeat, f"{label}: original")
+        base.runs.append(run)
+        if not run.ok:
+            return False
+        for arm in arms:
+            if arm.error is not None:
+                continue
+            latest = self._run(arm.knobs, repeat, f"{label}: {arm.name}")
+            arm.runs.append(latest)
+            if latest.ok and latest.median and run.median:
+                arm.ratios.append(latest.median / run.median)
+        return True

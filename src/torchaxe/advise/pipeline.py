@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from torchaxe.advise.candidates import Candidate, code_candidates, fixed_sources, knob_candidates
 from torchaxe.advise.environment import environment_checks
-from torchaxe.advise.measure import ArmResult, Measurer
+from torchaxe.advise.measure import ArmResult, Measurer, OutOfTime
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
@@ -40,6 +40,35 @@ from torchaxe.runtime.trials import Runner, TrialOptions, bootstrap_argv, run_in
 #: A change must save at least this fraction of the step (median over rounds), and
 #: be faster in every round, to be chosen for the combined run.
 MIN_GAIN = 0.03
+#: Rounds a promising change may get when the budget leaves time for more.
+MAX_ROUNDS = 5
+#: A change is judged on at least this many rounds when the budget allows.
+DECIDE_ROUNDS = 3
+#: The share of rounds a change must be faster in (every round, up to four rounds).
+FASTER_SHARE = 0.8
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def clear_gain(ratios: Sequence[float], noise: float) -> bool:
+    """Whether per-round ratios (change / original) show a gain to act on: at least
+    ``MIN_GAIN`` of the step by median, larger than two runs of the unchanged script
+    differ (``noise``), and faster in every round (one slow round in five is let
+    through once the budget has paid for five)."""
+    if not ratios:
+        return False
+    gain = 1.0 - _median(ratios)
+    faster = sum(r <= 1.0 - MIN_GAIN / 3 for r in ratios)
+    return gain >= MIN_GAIN and gain >= noise and faster >= FASTER_SHARE * len(ratios)
+
+
+def _promising(ratios: Sequence[float]) -> bool:
+    """A median gain of at least ``MIN_GAIN``: worth more rounds when undecided."""
+    return bool(ratios) and 1.0 - _median(ratios) >= MIN_GAIN
 
 
 @dataclass(frozen=True)
@@ -406,10 +435,9 @@ class Advisor:
         base_arm, results, complete = measurer.compare(original, [same] + [k for _, k in arms], repeats,
                                                        "measuring", warm=True)
         noise_arm, results = results[0], results[1:]
-        if noise_arm.ratios:
-            self.noise = max(abs(1.0 - r) for r in noise_arm.ratios)
-            advice.baseline["run_to_run_noise"] = self.noise
-            advice.baseline["aa_ratios"] = [round(r, 4) for r in noise_arm.ratios]
+        self._set_noise(noise_arm)
+        if complete and not base_arm.error:
+            complete = self._more_rounds(measurer, base_arm, noise_arm, results, reserve=2 * repeats)
         if not complete:
             advice.partial = True
             advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer rounds")
@@ -422,6 +450,39 @@ class Advisor:
         for (c, _), arm in zip(arms, results):
             self._record(c.rec, arm, base_arm)
         self._combine([c for c, _ in arms], findings, measurer, original)
+
+    def _set_noise(self, noise_arm: ArmResult) -> None:
+        if noise_arm.ratios:
+            self.noise = max(abs(1.0 - r) for r in noise_arm.ratios)
+            self.advice.baseline["run_to_run_noise"] = self.noise
+            self.advice.baseline["aa_ratios"] = [round(r, 4) for r in noise_arm.ratios]
+
+    def _more_rounds(self, measurer: Measurer, base: ArmResult, noise_arm: ArmResult, arms: list[ArmResult],
+                     reserve: int) -> bool:
+        """Spend what the budget leaves on further rounds for the changes that are
+        promising but not yet decided (fewer than ``DECIDE_ROUNDS`` rounds, or not
+        clearly faster), always with the A/A arm, keeping ``reserve`` runs for the
+        combined measurement. False when the deadline cut a round short."""
+        extra = 0
+        while True:
+            open_arms = [a for a in arms if a.ok and len(a.ratios) < MAX_ROUNDS and _promising(a.ratios)
+                         and (len(a.ratios) < DECIDE_ROUNDS or not clear_gain(a.ratios, self.noise))]
+            if not open_arms:
+                return True
+            left = measurer.remaining()
+            per_run = measurer.expected_run_seconds()
+            if left is not None and left < (2 + len(open_arms) + reserve) * per_run:
+                return True
+            extra += 1
+            self.progress(f"the budget allows more: round {len(base.runs) + 1} for "
+                          f"{', '.join(a.name for a in open_arms)}")
+            try:
+                if not measurer.round(base, [noise_arm] + open_arms, f"measuring: extra round {extra}"):
+                    return True
+            except OutOfTime:
+                return False
+            finally:
+                self._set_noise(noise_arm)
 
     def _record(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:
         if arm.error:
@@ -450,12 +511,8 @@ class Advisor:
         winners: dict[str, Candidate] = {}
         for c in candidates:
             r = c.rec
-            if r.status != "measured" or r.speedup is None or (1.0 - 1.0 / r.speedup) < MIN_GAIN:
-                continue
-            if not r.ratios or max(r.ratios) > 1.0 - MIN_GAIN / 3:
-                continue  # not faster in some round: not told apart from the noise
-            if (1.0 - 1.0 / r.speedup) < self.noise:
-                continue  # no larger than two runs of the unchanged script differ
+            if r.status != "measured" or r.speedup is None or not clear_gain(r.ratios or [], self.noise):
+                continue  # too small, not faster in every round, or within the run-to-run noise
             if r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision" \
                     and not self.options.check_accuracy:
                 continue  # lower precision only with its accuracy measured
@@ -495,6 +552,21 @@ class Advisor:
             entry.update(status="measured", speedup=1.0 / arm.ratio, ratios=[round(r, 4) for r in arm.ratios],
                          measured_seconds_saved_per_step=(base_arm.median or 0) * (1 - arm.ratio),
                          step_seconds_median=arm.median, original_step_seconds_median=base_arm.median)
+        best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
+        if arm.error or (arm.ratio and 1.0 / arm.ratio < (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN)):
+            # Together they did worse than the best of them alone (changes can
+            # interfere: two ways of compiling, a loader setting that starves a
+            # compiled step): keep that one alone.
+            for c in chosen:
+                c.rec.selected = c is best
+            together = (f"failed ({arm.error})" if arm.error else f"{1.0 / arm.ratio:.2f}x")
+            self.advice.notes.append(f"the {len(chosen)} chosen changes together measured {together}, less than "
+                                     f"{best.rec.key} alone ({best.rec.speedup:.2f}x): only that one is kept")
+            entry = {"keys": [best.rec.key], "speedup": best.rec.speedup, "ratios": best.rec.ratios,
+                     "measured_seconds_saved_per_step": best.rec.measured_seconds_saved_per_step,
+                     "status": "measured", "knobs": best.knobs if best.rec.applies == "knob" else {},
+                     "together": {"keys": [c.key for c in chosen], "status": entry["status"],
+                                  "speedup": entry.get("speedup"), "error": entry.get("error")}}
         self.advice.combined = entry
 
 
