@@ -64,7 +64,7 @@ class FakeClock:
 
 def fast_options(tmp_path, **kw) -> dict:
     base = dict(kb=tmp_path / "kb.sqlite", compile_backend="eager", repeats=3, min_sample_seconds=0.0,
-                strategies=("eager", "compile", "replace"), target="cpu")
+                strategies=("eager", "compile", "replace"), target="cpu", whole_model=False)
     base.update(kw)
     return base
 
@@ -451,3 +451,60 @@ def test_a_subgraph_that_cannot_be_copied_is_reported_not_fatal(tmp_path):
     status = {s.names[0]: s for s in report.subgraphs}
     assert status["part"].status == "failed" and "cannot copy a lock" in status["part"].notes[0]
     assert status["other"].status == "tuned"
+
+
+# ------------------------------------------------------------------ the whole model as one more level
+
+
+def _level_timer(monkeypatch, root_compiled: float, part_compiled: float) -> None:
+    """Eager forward + backward 4 ms for the model and for each subgraph; compiled as given."""
+    def timed(self, module, example, iterations=1):
+        compiled = module._compiled_call_impl is not None
+        if isinstance(module, GPT.GPT):
+            return root_compiled if compiled else 0.004
+        return part_compiled if compiled else 0.004
+
+    monkeypatch.setattr(Timer, "time", timed)
+
+
+def test_capture_with_the_whole_model_adds_it_first_at_depth_0():
+    model = small_gpt()
+    subs = capture(model, tokens(), whole=True).subgraphs()
+    assert subs[0].module is model and subs[0].depth == 0 and subs[0].name == "GPT"
+    assert subs[0].example is not None and subs[0].spec is not None
+    assert [s.name for s in subs[1:]][:2] == ["token_embedding", "position_embedding"]
+    assert [s.name for s in capture(model, tokens()).subgraphs()][0] == "token_embedding"
+
+
+def test_the_whole_model_wins_when_it_saves_more_than_the_subgraphs_together(tmp_path, monkeypatch):
+    # Whole: 4 -> 0.5 ms (3.5 ms saved); six subgraphs: 4 -> 3.5 ms each (3 ms together).
+    _level_timer(monkeypatch, root_compiled=0.0005, part_compiled=0.0035)
+    model = small_gpt()
+    report = tune(model, tokens(), **fast_options(tmp_path, strategies=("eager", "compile"), min_gain=0.05,
+                                                   whole_model=True))
+    assert report.applied == [("GPT", "compile")]
+    assert model._compiled_call_impl is not None and model.blocks[0]._compiled_call_impl is None
+    block = next(s for s in report.subgraphs if s.module == "Block")
+    assert block.winner == "compile" and any("whole model's winner (compile)" in n for n in block.notes)
+    # apply() from the knowledge base makes the same choice.
+    fresh = small_gpt()
+    applied = apply(fresh, tokens(), kb=tmp_path / "kb.sqlite", compile_backend="eager")  # whole_model: default on
+    assert applied.measured == 0 and applied.applied == [("GPT", "compile")]
+
+
+def test_the_subgraphs_win_when_together_they_save_more(tmp_path, monkeypatch):
+    # Whole: 4 -> 3 ms (1 ms saved); six subgraphs: 4 -> 3 ms each (6 ms together).
+    _level_timer(monkeypatch, root_compiled=0.003, part_compiled=0.003)
+    model = small_gpt()
+    report = tune(model, tokens(), **fast_options(tmp_path, strategies=("eager", "compile"), whole_model=True))
+    assert ("GPT", "compile") not in report.applied and len(report.applied) == 6
+    root = next(s for s in report.subgraphs if s.module == "GPT")
+    assert root.winner == "compile" and any("subgraphs' winners together" in n for n in root.notes)
+    assert model._compiled_call_impl is None and model.blocks[0]._compiled_call_impl is not None
+
+
+def test_whole_model_can_be_turned_off(tmp_path):
+    report = tune(small_gpt(), tokens(), **fast_options(tmp_path, strategies=("eager",), whole_model=False))
+    assert report.subgraphs and all(s.module != "GPT" for s in report.subgraphs)
+    assert any(s.module == "GPT" for s in tune(small_gpt(), tokens(), **fast_options(
+        tmp_path, strategies=("eager",), whole_model=True)).subgraphs)

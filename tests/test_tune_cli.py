@@ -50,10 +50,11 @@ def test_tune_cli_refuses_a_corrupted_knowledge_base_before_running(tmp_path, ca
 
 def test_tune_knob_validation():
     ks = knob_set_from_dict({"tune": {"kb": "k.sqlite", "compile_backend": "eager"}}, "k.json")
-    assert ks.tune == {"kb": "k.sqlite", "depth": 1, "min_gain": 0.05, "compile_backend": "eager"}
+    assert ks.tune == {"kb": "k.sqlite", "depth": 1, "whole_model": True, "min_gain": 0.05, "compile_backend": "eager"}
     assert ks.to_dict()["tune"]["kb"] == "k.sqlite"
     for bad, key in (({"tune": {"kbs": 1}}, "tune.kbs"), ({"tune": {"depth": 0}}, "tune.depth"),
-                     ({"tune": {"min_gain": 2}}, "tune.min_gain"), ({"tune": []}, "tune")):
+                     ({"tune": {"min_gain": 2}}, "tune.min_gain"), ({"tune": []}, "tune"),
+                     ({"tune": {"whole_model": "yes"}}, "tune.whole_model")):
         with pytest.raises(Exception, match=key):
             knob_set_from_dict(bad, "k.json")
 

@@ -36,7 +36,8 @@ def main() -> None:
     model = Model()
     kb = os.path.join(out, f"kb-{rank}.sqlite")  # one file per rank: only the exchange can fill it
     report = tune(model, torch.randn(4, 8, requires_grad=True), kb=kb, compile_backend="eager", repeats=2,
-                  min_sample_seconds=0.0, strategies=("eager", "compile"), target="cpu", min_gain=0.0)
+                  min_sample_seconds=0.0, strategies=("eager", "compile"), target="cpu", min_gain=0.0,
+                  whole_model=False)
     with KnowledgeBase.open(kb) as base:
         stored = sorted({r.signature for r in base.tuned()})
     result = {"rank": rank, "world": report.world_size,

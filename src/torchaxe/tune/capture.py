@@ -8,7 +8,9 @@ depth of the call tree (depth 1: the modules the model's ``forward`` calls itsel
 e.g. the embeddings, each transformer block, the final norm and the head). A module
 whose calls came with different shapes is *dynamic*: it is left alone, with the
 shapes seen, and ``torchaxe shapes`` is the tool that makes such shapes fixed. The
-first call's inputs are kept (detached copies) as the example to tune on.
+first call's inputs are kept (detached copies) as the example to tune on. With
+``whole``, the model itself (depth 0) is a subgraph too: compiling it whole can fuse
+across the blocks' boundaries, and the tuner keeps whichever level saves more.
 """
 
 from __future__ import annotations
@@ -51,14 +53,18 @@ class Subgraph:
     skipped: str | None = None
     #: value_spec of the inputs, as ``signature_parts`` takes them.
     spec: list[Any] | None = None
+    #: Depth in the call tree: 0 is the whole model.
+    depth: int = 1
 
 
 class CallRecorder:
     """Forward hooks on every submodule of ``model`` that record the call tree."""
 
-    def __init__(self, model: nn.Module, depth: int, keep_examples: bool = True) -> None:
+    def __init__(self, model: nn.Module, depth: int, keep_examples: bool = True, whole: bool = False) -> None:
         self.model = model
         self.depth = depth
+        #: The depths whose modules are subgraphs: ``depth``, and 0 (the whole model) with ``whole``.
+        self.levels = {depth, 0} if whole else {depth}
         self.keep_examples = keep_examples
         self.calls: dict[int, ModuleCalls] = {}
         self._names = {id(m): n for n, m in model.named_modules()}
@@ -98,7 +104,7 @@ class CallRecorder:
             record.specs.append(spec)
         if record.first_spec is None:
             record.first_spec = json.loads(spec)
-        if record.example is None and self.keep_examples and depth == self.depth:
+        if record.example is None and self.keep_examples and depth in self.levels:
             record.example = Example(clone_value(tuple(args)), clone_value(dict(kwargs)))
 
     def _post(self, module: nn.Module, args: tuple, output: Any) -> None:
@@ -106,24 +112,25 @@ class CallRecorder:
             self._stack.pop()
 
     def subgraphs(self) -> list[Subgraph]:
-        """The modules at the chosen depth, in call order; dynamic ones skipped."""
+        """The modules at the chosen depth (and the whole model, first, when asked),
+        in call order; dynamic ones skipped."""
         out = []
         for record in self.calls.values():
-            if record.depth != self.depth:
+            if record.depth not in self.levels:
                 continue
             name = record.name or type(record.module).__name__
             if record.dynamic:
                 shapes = " vs ".join(_short(s) for s in record.specs[:2])
                 more = f" (+{len(record.specs) - 2} more)" if len(record.specs) > 2 else ""
-                out.append(Subgraph(name, record.module, None,
+                out.append(Subgraph(name, record.module, None, depth=record.depth,
                                     skipped=f"dynamic: called with {len(record.specs)} different input shapes "
                                             f"({shapes}{more}); {SHAPES_HINT}"))
                 continue
             if not any(True for _ in record.module.parameters()) and not _has_float_input(record.example):
-                out.append(Subgraph(name, record.module, record.example,
+                out.append(Subgraph(name, record.module, record.example, depth=record.depth,
                                     skipped="no parameters and no floating-point input: nothing to tune"))
                 continue
-            out.append(Subgraph(name, record.module, record.example, spec=record.first_spec))
+            out.append(Subgraph(name, record.module, record.example, spec=record.first_spec, depth=record.depth))
         return out
 
 
@@ -153,12 +160,12 @@ def _short(spec: str) -> str:
     return ", ".join(parts) or "no tensors"
 
 
-def capture(model: nn.Module, example_inputs: Any, depth: int = 1) -> CallRecorder:
+def capture(model: nn.Module, example_inputs: Any, depth: int = 1, whole: bool = False) -> CallRecorder:
     """Run one forward of ``model`` on ``example_inputs`` (a tuple of positional
     arguments, or a single tensor) under the recorder. Autograd stays on, so that
     each subgraph's inputs keep the ``requires_grad`` they have in training."""
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    recorder = CallRecorder(model, depth)
+    recorder = CallRecorder(model, depth, whole=whole)
     with recorder:
         model(*args)
     return recorder

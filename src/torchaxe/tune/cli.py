@@ -29,6 +29,9 @@ Exit codes:
               help="Knowledge base file (default $TORCHAXE_HOME/kb.sqlite).")
 @click.option("--depth", type=click.IntRange(min=1), default=1, show_default=True,
               help="Subgraphs are the modules at this depth of the model's call tree (1: what forward calls).")
+@click.option("--whole-model/--no-whole-model", default=True, show_default=True,
+              help="Also tune the model as one graph, and keep its winner or the subgraphs' winners, "
+                   "whichever saves more per forward + backward.")
 @click.option("--strategies", default=None, metavar="LIST",
               help=f"Comma-separated subset of: {', '.join(STRATEGIES)} (default: all that apply).")
 @click.option("--steps", type=click.IntRange(min=1), default=2, show_default=True,
@@ -46,7 +49,7 @@ Exit codes:
               help="Limit on the watched part of the script.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema torchaxe.tune/1).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def tune(budget, kb_path, depth, strategies, steps, repeats, min_gain, target, compile_backend, retune, timeout,
+def tune(budget, kb_path, depth, whole_model, strategies, steps, repeats, min_gain, target, compile_backend, retune, timeout,
          as_json, command):
     """Auto-tune the model's fixed-shape subgraphs and keep the winners.
 
@@ -70,7 +73,7 @@ def tune(budget, kb_path, depth, strategies, steps, repeats, min_gain, target, c
 
     chosen = tuple(s.strip() for s in strategies.split(",") if s.strip()) if strategies else STRATEGIES
     options = TuneOptions(kb=kb_path, budget=parse_budget(budget) if budget else None, depth=depth,
-                          strategies=chosen, repeats=repeats, min_gain=min_gain, target=target,
+                          whole_model=whole_model, strategies=chosen, repeats=repeats, min_gain=min_gain, target=target,
                           compile_backend=compile_backend, retune=retune)
     script = parse_command(command)
     check_module(script)
@@ -95,7 +98,7 @@ def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None,
     holder: dict[str, CallRecorder] = {}
 
     def on_model(model):
-        holder["recorder"] = CallRecorder(model, options.depth).install()
+        holder["recorder"] = CallRecorder(model, options.depth, whole=options.whole_model).install()
 
     finder = FirstModel(on_model).install()
     err.write(f"torchaxe tune: watching {steps} step(s) of {script.display} for the model and its shapes\n")

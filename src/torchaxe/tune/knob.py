@@ -2,7 +2,8 @@
 
 In a knob-set file (docs/trial.md)::
 
-    {"tune": {"kb": "team-kb.sqlite", "depth": 1, "min_gain": 0.05, "compile_backend": "inductor"}}
+    {"tune": {"kb": "team-kb.sqlite", "depth": 1, "whole_model": true, "min_gain": 0.05,
+              "compile_backend": "inductor"}}
 
 Every key is optional (``{"tune": {}}`` uses the default knowledge base). The trial
 bootstrap finds the model at its first call (as for the ``compile`` knob) and swaps
@@ -16,7 +17,7 @@ from typing import Any, Callable
 
 from torchaxe.errors import TorchaxeError
 
-KEYS = ("kb", "depth", "min_gain", "compile_backend")
+KEYS = ("kb", "depth", "whole_model", "min_gain", "compile_backend")
 
 
 def parse_tune_knob(value: Any, where: str) -> dict[str, Any]:
@@ -34,13 +35,16 @@ def parse_tune_knob(value: Any, where: str) -> dict[str, Any]:
     depth = value.get("depth", 1)
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
         raise TorchaxeError(f"{where}: tune.depth: expected an integer of at least 1")
+    whole = value.get("whole_model", True)
+    if not isinstance(whole, bool):
+        raise TorchaxeError(f"{where}: tune.whole_model: expected true or false")
     gain = value.get("min_gain", 0.05)
     if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= gain < 1:
         raise TorchaxeError(f"{where}: tune.min_gain: expected a number in [0, 1)")
     backend = value.get("compile_backend", "inductor")
     if not isinstance(backend, str) or not backend:
         raise TorchaxeError(f"{where}: tune.compile_backend: expected a backend name such as \"inductor\"")
-    return {"kb": kb, "depth": depth, "min_gain": float(gain), "compile_backend": backend}
+    return {"kb": kb, "depth": depth, "whole_model": whole, "min_gain": float(gain), "compile_backend": backend}
 
 
 class TunedModel:
@@ -62,6 +66,7 @@ class TunedModel:
         from torchaxe.tune.tuner import LazyApply, TuneOptions
 
         options = TuneOptions(kb=self.settings.get("kb"), depth=self.settings.get("depth", 1),
+                              whole_model=self.settings.get("whole_model", True),
                               min_gain=self.settings.get("min_gain", 0.05),
                               compile_backend=self.settings.get("compile_backend", "inductor"), strategies=())
         self.lazy = LazyApply(model, options, on_report=self._report)

@@ -55,6 +55,9 @@ class TuneOptions:
     #: Seconds of tuning at most (None: no limit). Checked between candidates.
     budget: float | None = None
     depth: int = 1
+    #: Also tune the model as a whole (depth 0), and keep the whole model's winner or
+    #: the subgraphs' winners, whichever saves more per forward + backward.
+    whole_model: bool = True
     strategies: tuple[str, ...] = S.ALL
     repeats: int = 7
     #: A sample lasts at least this long (iterations are repeated to get there).
@@ -400,6 +403,12 @@ def tune_subgraphs(subgraphs: Sequence[Subgraph], options: TuneOptions, *, timer
             result.eager_median = eager.median if eager is not None and eager.status == "ok" else None
             if result.winner is not None and result.winner in latest:
                 result.winner_median = latest[result.winner].median
+        levels = {sig: groups[sig][0].depth for sig in ordered}
+        held = _one_level(report.subgraphs, levels, {sig: len(groups[sig]) for sig in ordered})
+        for result in report.subgraphs:
+            if result.signature in held:
+                result.notes.append(held[result.signature])
+                continue
             if options.apply and result.winner not in (None, "eager"):
                 for sg in groups[result.signature]:
                     try:
@@ -416,6 +425,34 @@ def tune_subgraphs(subgraphs: Sequence[Subgraph], options: TuneOptions, *, timer
     return report
 
 
+def _saving(result: SubgraphResult, copies: int) -> float:
+    """Seconds per forward + backward the winner saves over eager, for every copy."""
+    if result.winner in (None, "eager") or not result.eager_median or not result.winner_median:
+        return 0.0
+    return copies * (result.eager_median - result.winner_median)
+
+
+def _one_level(results: Sequence[SubgraphResult], levels: dict[str, int], copies: dict[str, int]) -> dict[str, str]:
+    """With the whole model tuned as well as its subgraphs, the winners of one level
+    only: the whole model's, or the subgraphs' (together), whichever saves more time
+    per forward + backward. Returns the signatures *not* applied, with why."""
+    whole = [r for r in results if levels.get(r.signature) == 0]
+    parts = [r for r in results if levels.get(r.signature, 0) > 0]
+    if not whole or not parts:
+        return {}
+    root = whole[0]
+    root_saving = _saving(root, 1)
+    parts_saving = sum(_saving(r, copies.get(r.signature, 1)) for r in parts)
+    if root_saving > parts_saving:
+        why = (f"not applied: the whole model's winner ({root.winner}) saves {root_saving * 1e3:.2f} ms per "
+               f"forward + backward, the subgraphs' winners together {parts_saving * 1e3:.2f} ms")
+        return {r.signature: why for r in parts if r.winner not in (None, "eager")}
+    if root.winner in (None, "eager"):
+        return {}
+    return {root.signature: f"not applied: the subgraphs' winners together save {parts_saving * 1e3:.2f} ms per "
+                            f"forward + backward, the whole model's ({root.winner}) {root_saving * 1e3:.2f} ms"}
+
+
 def tune(model: nn.Module, example_inputs: Any, options: TuneOptions | None = None, *, timer: Timer | None = None,
          progress: Progress | None = None, log: Callable[[str], None] | None = None, **overrides: Any) -> TuneReport:
     """Tune ``model`` on ``example_inputs`` (a tensor or a tuple of positional
@@ -424,7 +461,7 @@ def tune(model: nn.Module, example_inputs: Any, options: TuneOptions | None = No
     options = _options(options, overrides)
     if not isinstance(model, nn.Module):
         raise TorchaxeError(f"tune: expected a torch.nn.Module, got {type(model).__name__}")
-    recorder = capture(model, example_inputs, options.depth)
+    recorder = capture(model, example_inputs, options.depth, whole=options.whole_model)
     return tune_subgraphs(recorder.subgraphs(), options, timer=timer, progress=progress, log=log)
 
 
@@ -439,7 +476,7 @@ def apply(model: nn.Module, example_inputs: Any = None, options: TuneOptions | N
     options = _options(options, overrides)
     options = TuneOptions(**{**options.__dict__, "strategies": (), "retune": False})
     if example_inputs is not None:
-        recorder = capture(model, example_inputs, options.depth)
+        recorder = capture(model, example_inputs, options.depth, whole=options.whole_model)
         return tune_subgraphs(recorder.subgraphs(), options)
     lazy = LazyApply(model, options)
     lazy.install()
@@ -459,7 +496,8 @@ class LazyApply:
         self._handles: list[Any] = []
 
     def install(self) -> None:
-        self.recorder = CallRecorder(self.model, self.options.depth, keep_examples=False)
+        self.recorder = CallRecorder(self.model, self.options.depth, keep_examples=False,
+                                     whole=self.options.whole_model)
         self.recorder.install()
         self._handles.append(self.model.register_forward_hook(self._after_first, always_call=True))
 
