@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-trials", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="head-to-head rounds")
     parser.add_argument("--data-dir", default=None, help="where the example's JPEGs go (default: a temp folder)")
+    parser.add_argument("--images-per-class", type=int, default=32,
+                        help="data set size (4 classes, batch 16: 32 gives 8 steps an epoch). PyTorch's DataLoader "
+                             "does not prefetch across epochs, so each epoch's first batch waits for a worker: "
+                             "short epochs put a floor under the data wait that no loader setting removes")
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP_NUM_THREADS of every run (0: leave it): 1 leaves the loader a core of a small machine")
     parser.add_argument("--json", action="store_true")
@@ -131,10 +135,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # every run inherits it
 
     home = tempfile.mkdtemp(prefix="torchaxe-bench-home-")
-    data_dir = args.data_dir or str(Path(tempfile.gettempdir()) / "torchaxe-bench-shapes128")
-    command = ["python", str(SCRIPT), "--data-dir", data_dir, *WORKLOAD]
+    workload = list(WORKLOAD)
+    workload[workload.index("--images-per-class") + 1] = str(args.images_per_class)
+    default_dir = "torchaxe-bench-shapes128" + ("" if args.images_per_class == 32 else f"-{args.images_per_class}")
+    data_dir = args.data_dir or str(Path(tempfile.gettempdir()) / default_dir)
+    command = ["python", str(SCRIPT), "--data-dir", data_dir, *workload]
     log("generating the data set ...")
-    subprocess.run([sys.executable, str(SCRIPT), "--data-dir", data_dir, *WORKLOAD[:-4], "--steps", "1"],
+    subprocess.run([sys.executable, str(SCRIPT), "--data-dir", data_dir, *workload[:-4], "--steps", "1"],
                    check=True, capture_output=True, cwd=ROOT)
 
     log("1/3 torchaxe data --tune (the search) ...")
@@ -196,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"data tuning benchmark  {result['date']}")
         print(f"machine: {result['machine']}")
-        print(f"workload: python examples/image_classifier/train.py {' '.join(WORKLOAD)}"
+        print(f"workload: python examples/image_classifier/train.py {' '.join(workload)}"
               + (f"  (OMP_NUM_THREADS={args.threads})" if args.threads > 0 else ""))
         print(f"before tuning: data wait {100 * before:.1f}% of the step ({data['verdict']['headline']})")
         print(f"estimate: {estimate}")
