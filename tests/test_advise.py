@@ -362,3 +362,24 @@ def test_changes_slower_together_than_the_best_alone_are_not_combined(script: Pa
     assert advice.combined["speedup"] == pytest.approx(2.0)
     assert advice.combined["together"]["speedup"] == pytest.approx(0.1 / 0.07)
     assert any("only that one is kept" in n for n in advice.notes)
+
+
+def test_rank_p_value_is_the_exact_one_sided_mann_whitney() -> None:
+    from torchaxe.advise.pipeline import rank_p_value
+
+    assert rank_p_value([0.8, 0.8, 0.8], [1.0, 1.1, 0.9]) == pytest.approx(1 / 20)  # all below: 1 of C(6,3)
+    assert rank_p_value([0.8, 0.8], [1.0, 1.0]) == pytest.approx(1 / 6)
+    assert rank_p_value([1.2, 1.3], [1.0, 0.9]) == 1.0
+    assert rank_p_value([], [1.0]) == 1.0
+
+
+def test_a_change_below_every_round_of_a_noisy_original_is_chosen(script: Path) -> None:
+    # The original strays up to 40% from itself, but compile is faster than every one
+    # of its runs: beyond chance, so chosen although 30% < 40%.
+    runs = FakeRuns(times={"original-again": [0.09, 0.14, 0.11, 0.13, 0.10], "knob:compile": 0.07,
+                           "code:AX110": 0.095})
+    advice = run_advice(script, runs)
+    assert advice.baseline["run_to_run_noise"] == pytest.approx(0.4)
+    recs = {r.key: r for r in advice.recommendations}
+    assert recs["knob:compile"].selected
+    assert not recs["code:AX110"].selected  # 5%: the original's own runs came as low as 0.9

@@ -18,6 +18,7 @@ advice made of what was measured so far is returned, marked partial.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -54,16 +55,50 @@ def _median(values: Sequence[float]) -> float:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def clear_gain(ratios: Sequence[float], noise: float) -> bool:
+#: A change whose rounds rank below the A/A arm's with at most this chance under no
+#: effect (one-sided Mann-Whitney, exact) beats the noise even when a single A/A
+#: round strayed further than its gain.
+SIGNIFICANCE = 0.05
+
+
+def rank_p_value(changed: Sequence[float], same: Sequence[float]) -> float:
+    """One-sided exact Mann-Whitney p-value that ``changed`` (per-round ratios of a
+    change) tend lower than ``same`` (ratios of the original against itself): the
+    chance, if the change did nothing, of ranking at least this far below. Ties count
+    one half. 1.0 when either side is empty."""
+    n, m = len(changed), len(same)
+    if not n or not m:
+        return 1.0
+
+    def u_of(xs: Sequence[float], ys: Sequence[float]) -> float:
+        return sum(1.0 if x < y else 0.5 if x == y else 0.0 for x in xs for y in ys)
+
+    observed = u_of(changed, same)
+    pooled = list(changed) + list(same)
+    at_least = total = 0
+    for picked in itertools.combinations(range(n + m), n):
+        chosen = set(picked)
+        xs = [pooled[i] for i in picked]
+        ys = [pooled[i] for i in range(n + m) if i not in chosen]
+        total += 1
+        if u_of(xs, ys) >= observed - 1e-12:
+            at_least += 1
+    return at_least / total
+
+
+def clear_gain(ratios: Sequence[float], noise: float, same: Sequence[float] = ()) -> bool:
     """Whether per-round ratios (change / original) show a gain to act on: at least
-    ``MIN_GAIN`` of the step by median, larger than two runs of the unchanged script
-    differ (``noise``), and faster in every round (one slow round in five is let
-    through once the budget has paid for five)."""
+    ``MIN_GAIN`` of the step by median, faster in every round (one slow round in five
+    is let through once the budget has paid for five), and beyond the run-to-run
+    noise: larger than the furthest the original strayed from itself (``noise``), or
+    ranked below the A/A arm's ratios (``same``) beyond chance (``SIGNIFICANCE``)."""
     if not ratios:
         return False
     gain = 1.0 - _median(ratios)
     faster = sum(r <= 1.0 - MIN_GAIN / 3 for r in ratios)
-    return gain >= MIN_GAIN and gain >= noise and faster >= FASTER_SHARE * len(ratios)
+    if gain < MIN_GAIN or faster < FASTER_SHARE * len(ratios):
+        return False
+    return gain >= noise or rank_p_value(ratios, same) <= SIGNIFICANCE
 
 
 def _promising(ratios: Sequence[float]) -> bool:
@@ -466,7 +501,8 @@ class Advisor:
         extra = 0
         while True:
             open_arms = [a for a in arms if a.ok and len(a.ratios) < MAX_ROUNDS and _promising(a.ratios)
-                         and (len(a.ratios) < DECIDE_ROUNDS or not clear_gain(a.ratios, self.noise))]
+                         and (len(a.ratios) < DECIDE_ROUNDS
+                              or not clear_gain(a.ratios, self.noise, noise_arm.ratios))]
             if not open_arms:
                 return True
             left = measurer.remaining()
@@ -511,7 +547,8 @@ class Advisor:
         winners: dict[str, Candidate] = {}
         for c in candidates:
             r = c.rec
-            if r.status != "measured" or r.speedup is None or not clear_gain(r.ratios or [], self.noise):
+            if r.status != "measured" or r.speedup is None or \
+                    not clear_gain(r.ratios or [], self.noise, self.advice.baseline.get("aa_ratios") or []):
                 continue  # too small, not faster in every round, or within the run-to-run noise
             if r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision" \
                     and not self.options.check_accuracy:
@@ -523,8 +560,9 @@ class Advisor:
         for c in chosen:
             c.rec.selected = True
         if not chosen:
-            self.advice.notes.append(f"no change saved at least {max(MIN_GAIN, self.noise):.0%} of the step in "
-                                     "every round (the larger of 3% and the run-to-run noise): nothing to combine")
+            self.advice.notes.append(f"no change saved at least {MIN_GAIN:.0%} of the step in every round and more "
+                                     f"than the run-to-run noise ({self.noise:.0%} at most, or beyond chance "
+                                     f"against the original's own rounds): nothing to combine")
             return
         fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
         codes = [code for c in chosen if c.rec.applies == "code" for code in c.rec.rules]

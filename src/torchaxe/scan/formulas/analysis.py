@@ -12,6 +12,7 @@ import ast
 import bisect
 import gc
 import itertools
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from torchaxe.scan.formulas import remote
 from torchaxe.scan.formulas import vocabulary as V
 from torchaxe.scan.formulas.inline import (
-    ACTIVATION_WORDS, FileUnit, Root, activation_attributes, activation_tables, read_scope,
+    FileUnit, Root, activation_attributes, activation_tables, has_activation_words, read_scope,
 )
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import worth_evaluating
@@ -37,6 +38,10 @@ STRONG_WORDS = ("tanh", "erf", "erfc", "ndtr", "sigmoid", "expit", "exp", "rsqrt
 WEAK_WORDS = ("mean", "var", "std", "var_mean", "norm", "vector_norm")
 NPU_WORDS = ("silu", "view_as_complex", "cat", "concat", "stack")
 _POWER = ("**", "pow(", "std(", "var(", "var_mean(", "square(", ".norm(")
+#: ``F.normalize`` counts only in a definition that also scales by a stored factor
+#: (``F.normalize(x, dim=-1) * self.scale * self.g``) or takes a power.
+NORMALIZE_WORDS = ("normalize",)
+_SCALE = _POWER + ("scale",)
 #: Categories with a fused operator on npu only (torch has none for them).
 NPU_ONLY = frozenset({"swiglu", "rotary", "quick_gelu"})
 ALL_CATEGORIES = frozenset({"attention", "rotary", "swiglu", "layer_norm", "rms_norm", "softmax", "gelu_tanh",
@@ -206,24 +211,27 @@ def _plan(ctx: FileContext) -> tuple[list[tuple[ast.AST, ast.ClassDef | None]], 
     strong_words = STRONG_WORDS + NPU_WORDS if ctx.target == "npu" else STRONG_WORDS
     strong = _word_offsets(strong_words, source)
     weak = _word_offsets(WEAK_WORDS, source)
+    scaled = _word_offsets(NORMALIZE_WORDS, source) if "normalize(" in source else []
     definitions: list[tuple[ast.AST, ast.ClassDef | None]] | None = None
-    if any(w in source for w in ACTIVATION_WORDS):
+    if has_activation_words(source):
         definitions = list(_definitions(ctx.tree.body, None))
         strong.extend(_activation_calls(ctx, definitions))
-    if not strong and not weak:
+    if not strong and not weak and not scaled:
         return [], [], set()
     starts = list(itertools.accumulate(map(len, ctx.lines)))
     hits = _to_lines(strong, starts)
     if definitions is None:
         definitions = list(_definitions(ctx.tree.body, None))
-    if weak:
-        weak_lines = _to_lines(weak, starts)
+    for offsets, evidence in ((weak, _POWER), (scaled, _SCALE)):
+        if not offsets:
+            continue
+        weak_lines = _to_lines(offsets, starts)
         accepted: set[int] = set()
         for d, _ in definitions:
             if _overlaps(d, weak_lines) and not _overlaps(d, hits):
                 first, last = d.lineno, d.end_lineno or d.lineno  # type: ignore[attr-defined]
                 text = "".join(ctx.lines[first - 1 : last])
-                if any(p in text for p in _POWER):
+                if any(p in text for p in evidence):
                     accepted.update(n for n in weak_lines if first <= n <= last)
         hits = sorted(set(hits).union(accepted))
     if not hits:
@@ -309,6 +317,8 @@ def _analyse(ctx: FileContext) -> list[FormulaMatch]:
             if _has_fused_call(ctx, root.scope, match.category, fused_seen):
                 continue
             located = _locate(ctx, root, match, scope_name)
+            if located is not None and not _key_named(located):
+                continue
             place = (id(root.scope), match.category, located.node if located else None)
             if located is not None and place not in placed:
                 # The second reading of a scope (branches skipped) only adds new places.
@@ -322,6 +332,21 @@ def _analyse(ctx: FileContext) -> list[FormulaMatch]:
     found = [m for m in found if not any((c, m.category) in written for c in m.callees)]
     found.sort(key=lambda m: (m.line, m.node.col_offset))
     return found
+
+
+#: The last name of an expression that holds a key (``k``, ``key_states``, ``self.k(x)``, ``kT``).
+_KEY_NAME = re.compile(r"^(k|kt|k_t|keys?|keys?_t|key_?states|key_?layer|keys?_?tr?|[a-z]*_(k|key|keys))$", re.IGNORECASE)
+
+
+def _key_named(match: FormulaMatch) -> bool:
+    """An attention match whose key is used as written (``q.matmul(k)``, k of shape
+    (b, h, d, s)) is the same product as ``softmax(x @ w) @ v`` with a weight: it is
+    kept only when the key operand is named like a key."""
+    if match.category != "attention" or not match.params.get("key_as_written"):
+        return True
+    text = match.inputs.get("k") or ""
+    text = text.split("(", 1)[0].split("[", 1)[0].strip()
+    return bool(_KEY_NAME.match(text.rsplit(".", 1)[-1]))
 
 
 _WRAPPERS = frozenset({"cast", "dropout", "contiguous", "clone", "detach"})
@@ -352,8 +377,35 @@ def _has_fused_call(ctx: FileContext, scope: ast.AST, category: str, seen: dict[
             text = ""
         else:
             text = "".join(ctx.lines[scope.lineno - 1 : scope.end_lineno or scope.lineno])  # type: ignore[attr-defined]
-        seen[key] = any(call in text for call in FUSED_CALLS.get(category, ()))
+        calls = FUSED_CALLS.get(category, ())
+        seen[key] = any(call in text for call in calls) or any(
+            _calls_bare(text, name) for name in _imported_fused_names(ctx, calls))
     return seen[key]
+
+
+#: Packages whose fused operators ``FUSED_CALLS`` names.
+_FUSED_PACKAGES = ("torch.", "torch_npu.", "xformers.", "flash_attn.", "apex.")
+
+
+def _imported_fused_names(ctx: FileContext, calls: tuple[str, ...]) -> list[str]:
+    """Local names bound by an import to one of ``calls`` (``from torch.nn.functional
+    import scaled_dot_product_attention``, ``... as sdpa``): called bare, they are the
+    same fused call as ``F.scaled_dot_product_attention(``."""
+    wanted = {c.strip(".(") for c in calls}
+    return [local for local, origin in ctx.imports.items()
+            if origin.rsplit(".", 1)[-1] in wanted and origin.startswith(_FUSED_PACKAGES) and "." in origin]
+
+
+def _calls_bare(text: str, name: str) -> bool:
+    """Whether ``text`` calls ``name(`` as a bare name (not ``x.name(``, not ``my_name(``)."""
+    probe = name + "("
+    pos = text.find(probe)
+    while pos != -1:
+        before = text[pos - 1] if pos else " "
+        if not (before.isalnum() or before in "_."):
+            return True
+        pos = text.find(probe, pos + len(probe))
+    return False
 
 
 def _compute() -> Any:

@@ -15,6 +15,7 @@ subtree (``self.weight``, ``1 + self.weight``) when one holds them.
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from typing import Any, Callable
 
@@ -162,6 +163,20 @@ def _identify(probing: Probing, root: Node, avoid: Node, target: torch.Tensor, n
     return None
 
 
+_FACTOR_NAMES = re.compile(r"scale|dim|size", re.IGNORECASE)
+
+
+def _named_factor(node: Node) -> bool:
+    """A stored square root of a size: ``self.scale``, ``dim ** -0.5``, ``math.sqrt(d)``."""
+    while node.op == "cast" and node.args:
+        node = node.args[0]
+    if node.op == VAR:
+        return bool(_FACTOR_NAMES.search(node.value.rsplit(".", 1)[-1].split("@", 1)[0]))
+    if node.op == "pow" and len(node.args) == 2 and node.args[1].op == CONST:
+        return node.args[1].value in (0.5, -0.5)
+    return node.op in ("math_sqrt", "sqrt", "rsqrt")
+
+
 # ------------------------------------------------------------------ matchers
 class Matcher:
     categories: tuple[str, ...] = ()
@@ -286,12 +301,17 @@ class NormMatcher(Matcher):
                     found = self._fit_rms(node, x_node, x, y, eps, eps_node, probing)
                     if found:
                         return found
-            if "layer_norm" in allowed and x.ndim > 1:
-                # Channels-first LayerNorm (ConvNeXt): the same over another dimension.
+            if allowed & {"layer_norm", "rms_norm"} and x.ndim > 1:
+                # Channels-first LayerNorm (ConvNeXt) and RMSNorm (timm's RmsNorm2d): the
+                # same over another dimension.
                 for dim in range(-2, -x.ndim, -1):  # never dim 0: that is a batch (BatchNorm)
+                    xm, ym = x.movedim(dim, -1), y.movedim(dim, -1)
                     for eps, eps_node in eps_candidates:
-                        found = self._fit_layer(node, x_node, x.movedim(dim, -1), y.movedim(dim, -1), eps, eps_node,
-                                                probing)
+                        found = None
+                        if "layer_norm" in allowed:
+                            found = self._fit_layer(node, x_node, xm, ym, eps, eps_node, probing)
+                        if not found and "rms_norm" in allowed:
+                            found = self._fit_rms(node, x_node, xm, ym, eps, eps_node, probing)
                         if found:
                             found.params["dim"] = dim
                             return found
@@ -310,8 +330,12 @@ class NormMatcher(Matcher):
             if not ok:
                 continue
             weight = _identify(probing, node, x_node, gain, 1.0)
+            factor = None
             if weight is None:
-                continue
+                scaled = self._scaled_weight(node, x_node, gain, probing)
+                if scaled is None:
+                    continue
+                weight, factor = scaled
             inputs = {"x": x_node}
             if weight[1] is not None:
                 inputs["weight"] = weight[1]
@@ -321,7 +345,60 @@ class NormMatcher(Matcher):
             if weight[1] is not None:
                 text += " * weight"
             params = {"eps": eps, "eps_placement": placement, "casts": "cast" in node.ops}
+            if factor is not None:
+                inputs["factor"] = factor
+                params["factor"] = True
+                text += ", up to a constant factor"
             return Match("rms_norm", node, inputs, params, text, err, rel)
+        return None
+
+    def _scaled_weight(self, node: Node, x_node: Node, gain: torch.Tensor, probing: Probing):
+        """An RMSNorm up to a constant factor written as a stored scale (``F.normalize(x,
+        dim=-1) * self.scale * self.g`` with ``self.scale = dim ** 0.5``, whose value the
+        probe cannot know): the gain is ``c * weight`` for one number c > 0, and a
+        factor named like a scale or a size multiplies or divides the normalised value.
+        A plain L2 normalisation has no such factor and stays unmatched. Returns the
+        weight (as ``_identify`` does) and the factor's subtree."""
+        dependent = depends_on(node, x_node)
+        numbers: list[Node] = []
+        for n in walk(node):
+            if n.op not in ("mul", "div") or id(n) not in dependent or len(n.args) != 2:
+                continue
+            for other in n.args:
+                if id(other) in dependent or not other.vars or any(other is m for m in numbers):
+                    continue
+                value = probing.value(other)
+                if isinstance(value, torch.Tensor) and value.numel() == 1:
+                    value = float(value)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    numbers.append(other)
+        # One stored factor and no other number (``* self.scale * self.temperature``
+        # would leave the second unaccounted for).
+        if len(numbers) != 1 or not _named_factor(numbers[0]):
+            return None
+        factor = numbers[0]
+        value = probing.value(factor)
+        if float(value) <= 0:
+            return None
+        g = gain.to(torch.float64).reshape(-1)
+        if float(g.min()) <= 0:
+            return None
+        if probing.compare(g, torch.full_like(g, float(g.mean())))[0]:
+            return ("none", None), factor
+        size = g.numel()
+        for n in sorted(walk(node), key=lambda n: n.size):
+            if id(n) in dependent or not n.vars or n is factor:
+                continue
+            value = probing.value(n)
+            if not isinstance(value, torch.Tensor) or value.is_complex() or value.numel() != size:
+                continue
+            w = value.reshape(-1).to(torch.float64)
+            denom = float((w * w).sum())
+            if denom <= 0:
+                continue
+            c = float((g * w).sum()) / denom
+            if c > 0 and probing.compare(g, c * w)[0]:
+                return ("node", n), factor
         return None
 
     def _fit_layer(self, node, x_node, x, y, eps, eps_node, probing):
@@ -437,9 +514,11 @@ class AttentionMatcher(Matcher):
                 "masked": bool(additive is not None or (p <= 0).any() or p_node.ops & {"masked_fill", "where"}
                                or extra_factor),
                 "dropout": "dropout" in node.ops,
-                "layout": layout if qk_layout in (layout, "BNSD-kt") else "mixed",
-                "k_transposed": qk_layout == "BNSD-kt",
+                "layout": layout if qk_layout in (layout, "BNSD-kt", "BNSD-kt-as-written") else "mixed",
+                "k_transposed": qk_layout in ("BNSD-kt", "BNSD-kt-as-written"),
             }
+            if qk_layout == "BNSD-kt-as-written":
+                params["key_as_written"] = True
             if additive is not None:
                 inputs["mask"] = additive
             for mask_holder in walk(p_node):
@@ -487,7 +566,10 @@ class AttentionMatcher(Matcher):
             # A key transposed where it was made (Whisper's permute(0, 2, 3, 1)).
             if kt_node.ops & P.TRANSPOSES:
                 return a_node, kt_node, "BNSD-kt"
-            return None
+            # A key that arrives transposed, (b, h, d, s) (``q.matmul(k)``): the same
+            # product as ``x @ w``, so ``analysis`` keeps it only where the operand is
+            # named like a key.
+            return a_node, kt_node, "BNSD-kt-as-written"
         k_node = kt_node.args[0]
         a, k = probing.tensor(a_node), probing.tensor(k_node)
         if a is None or k is None or k.ndim < 2:

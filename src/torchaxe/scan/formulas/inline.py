@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from torchaxe.scan.formulas import vocabulary as V
-from torchaxe.scan.formulas.ir import Builder, Node
-from torchaxe.scan.formulas.lowering import ExpressionLowering
+from torchaxe.scan.formulas.ir import VAR, Builder, Node
+from torchaxe.scan.formulas.lowering import FUNCTION, ExpressionLowering
 
 #: Inlining stops this many calls deep, and skips callees longer than this.
 MAX_INLINE_DEPTH = 3
@@ -174,8 +174,10 @@ class FileUnit:
 
 
 # ------------------------------------------------------------------ activation attributes
-#: An activation: the operation and its ``approximate`` argument (GELU's "tanh").
-Activation = tuple[str, str | None]
+#: An activation: the operation and its ``approximate`` argument (GELU's "tanh"), the
+#: ``dim`` of a softmax module (an int), or ``FUNCTION`` for a function attribute
+#: (``self.attn_fn = F.softmax``), which is called with the function's own arguments.
+Activation = tuple[str, "str | int | None"]
 
 #: Activation modules (called once built: ``self.act = nn.SiLU()``).
 _ACTIVATION_MODULES: dict[str, str] = {
@@ -183,8 +185,10 @@ _ACTIVATION_MODULES: dict[str, str] = {
     "torch.nn.Tanh": "tanh",
     "torch.nn.modules.activation.SiLU": "silu", "torch.nn.modules.activation.GELU": "gelu",
 }
-#: Activation functions (assigned, not called: ``self.act = F.silu``).
-_ACTIVATION_FUNCTIONS = frozenset({"silu", "gelu", "relu", "sigmoid", "tanh"})
+#: Softmax modules: the dimension is their argument (``self.attend = nn.Softmax(dim=-1)``).
+_SOFTMAX_MODULES = frozenset({"torch.nn.Softmax", "torch.nn.modules.activation.Softmax"})
+#: Activation functions (assigned, not called: ``self.act = F.silu``, ``self.attn_fn = F.softmax``).
+_ACTIVATION_FUNCTIONS = frozenset({"silu", "gelu", "relu", "sigmoid", "tanh", "softmax"})
 #: Hugging Face ``ACT2FN`` / ``get_activation`` names whose function is exactly one of
 #: these (``gelu_new`` is the tanh approximation, written out by the library).
 _ACT2FN: dict[str, Activation] = {
@@ -194,7 +198,18 @@ _ACT2FN: dict[str, Activation] = {
 }
 #: Words without which a file has no activation attribute worth resolving.
 ACTIVATION_WORDS = ("SiLU", "GELU", "Sigmoid", "Tanh", "ReLU", "ACT2FN", "get_activation", "silu", "gelu", "sigmoid",
-                    "tanh", "relu")
+                    "tanh", "relu", "Softmax(")
+#: A softmax function named without a call (``self.attn_fn = F.softmax``).
+_SOFTMAX_REFERENCE = re.compile(r"\.softmax\b(?!\s*\()")
+
+
+def has_activation_words(source: str) -> bool:
+    """Whether a file may set an attribute to a known activation (see
+    ``activation_attributes``): one of ``ACTIVATION_WORDS``, or a softmax function
+    named without being called."""
+    if any(w in source for w in ACTIVATION_WORDS):
+        return True
+    return ".softmax" in source and _SOFTMAX_REFERENCE.search(source) is not None
 
 
 def activation_tables(tree: ast.Module) -> tuple[frozenset[str], frozenset[str]]:
@@ -221,6 +236,10 @@ def _activation_value(value: ast.expr, resolve: Callable[[ast.AST], str | None],
                       tables: tuple[frozenset[str], frozenset[str]]) -> Activation | None:
     if isinstance(value, ast.Call):
         qualified = resolve(value.func)
+        if qualified in _SOFTMAX_MODULES:
+            dim = next((k.value for k in value.keywords if k.arg == "dim"), value.args[0] if value.args else None)
+            number = _int_constant(dim)
+            return ("softmax", number) if number is not None else None  # no dim: torch's legacy choice
         if qualified in _ACTIVATION_MODULES:
             op = _ACTIVATION_MODULES[qualified]
             approximate: ast.expr | None = next((k.value for k in value.keywords if k.arg == "approximate"), None)
@@ -240,7 +259,17 @@ def _activation_value(value: ast.expr, resolve: Callable[[ast.AST], str | None],
         return _ACT2FN.get(key.value) if isinstance(key, ast.Constant) else None  # type: ignore[arg-type]
     qualified = resolve(value)
     op = V.FUNCTIONS.get(qualified) if qualified else None
-    return (op, None) if op in _ACTIVATION_FUNCTIONS else None
+    return (op, FUNCTION) if op in _ACTIVATION_FUNCTIONS else None
+
+
+def _int_constant(node: ast.expr | None) -> int | None:
+    """``-1``, ``1``: a literal integer."""
+    sign = 1
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        sign, node = -1, node.operand
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return sign * node.value
+    return None
 
 
 def activation_attributes(cls: ast.ClassDef, init: ast.FunctionDef | None,
@@ -363,7 +392,7 @@ class Scope:
                 if base.op == "tuple" and index < len(base.args) and not base.kwargs:
                     node = base.args[index]
                 else:
-                    node = b.op("getitem", (base, b.const(index)))
+                    node = _item(b, base, index)
             else:
                 low = ExpressionLowering(self, b, self.unit.text)
                 node = low.lower(thunk.expr)  # type: ignore[arg-type]
@@ -397,7 +426,7 @@ class Scope:
                     self.bind(elt, part)
             elif isinstance(value, Node):
                 for i, elt in enumerate(target.elts):
-                    self.bind(elt, b.op("getitem", (value, b.const(i))))
+                    self.bind(elt, _item(b, value, i))
             else:
                 for i, elt in enumerate(target.elts):
                     self.bind(elt, Thunk(None, {}, {}, "item", (value, i)))
@@ -660,6 +689,15 @@ class Scope:
                 return None
             values[param.arg] = b.const(default.value)
         return values
+
+
+def _item(b: Builder, value: Node, index: int) -> Node:
+    """Element ``index`` of a value unpacked into names. Of an opaque value (``q, k, v =
+    map(lambda t: rearrange(t, ...), qkv)``) each element is a fresh variable: it is as
+    likely a tensor of the layout its uses imply as a slice of one."""
+    if value.op == VAR:
+        return b.var(f"{value.value}[{index}]")
+    return b.op("getitem", (value, b.const(index)))
 
 
 _AUG = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow", ast.MatMult: "matmul"}

@@ -25,6 +25,9 @@ _BINOPS = {
 }
 _UNARY = {ast.USub: "neg", ast.UAdd: "pos", ast.Invert: "invert"}
 _COMPARE = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge"}
+#: The second part of an activation attribute (``inline.Activation``) that is a function
+#: (``self.attn_fn = F.softmax``): called with the function's own arguments.
+FUNCTION = "<function>"
 #: Callees whose name says they are dropout modules (``self.attn_dropout(p)``).
 _DROPOUT_HINTS = ("dropout", "drop")
 
@@ -220,11 +223,17 @@ class ExpressionLowering:
                     return inlined
                 single = len(node.args) == 1 and not node.keywords
                 activation = self.scope.unit.class_activations(self.scope.cls).get(func.attr) if (
-                    single and self.scope.cls is not None) else None
-                if activation is not None:
-                    # self.act_fn = nn.SiLU() (or ACT2FN["silu"]) in __init__, and nowhere else.
-                    op, approximate = activation
-                    kwargs = {"approximate": self.b.const(approximate)} if approximate else None
+                    self.scope.cls is not None) else None
+                if activation is not None and activation[1] == FUNCTION:
+                    # self.attn_fn = F.softmax in __init__: a call of the function itself.
+                    return self._apply(activation[0], None, node)
+                if activation is not None and single:
+                    # self.act_fn = nn.SiLU() (or ACT2FN["silu"], nn.Softmax(dim=-1)) in __init__, and nowhere else.
+                    op, extra = activation
+                    if op == "softmax":
+                        kwargs = {"dim": self.b.const(extra)}
+                    else:
+                        kwargs = {"approximate": self.b.const(extra)} if extra else None
                     return self.b.op(op, (self.lower(node.args[0]),), kwargs)
                 if single and any(h in func.attr.lower() for h in _DROPOUT_HINTS):
                     return self.b.op("dropout", (self.lower(node.args[0]),))
@@ -252,6 +261,8 @@ class ExpressionLowering:
                 return self.opaque(node)
         if op == "baddbmm":
             return self._baddbmm(args, kwargs, node)
+        if op == "normalize":
+            return self._normalize(args, kwargs, node)
         if op == "tensor":
             if len(args) == 1 and args[0].is_const and isinstance(args[0].value, (int, float)):
                 return self.b.const(float(args[0].value))
@@ -285,6 +296,30 @@ class ExpressionLowering:
             result = b.op("add", (term, scores))
         for part in built:
             # Written in this call (which ``lower`` records as making the result).
+            self.made.setdefault(id(part), node)
+        return result
+
+    def _normalize(self, args: list[Node], kwargs: dict[str, Node], node: ast.Call) -> Node:
+        """``F.normalize(x, p=2, dim=1, eps=1e-12)`` as the arithmetic it is, ``x /
+        clamp(vector_norm(x, dim=dim, keepdim=True), min=eps)``, so that an RMSNorm
+        written with it (``F.normalize(x, dim=-1) * self.scale * self.g``) reads like
+        one written with ``x.norm``. Any other ``p`` stays opaque."""
+        names = ("input", "p", "dim", "eps")
+        if len(args) > len(names) or set(kwargs) - set(names) or any(n in kwargs for n in names[:len(args)]):
+            return self.opaque(node)
+        given = dict(zip(names, args))
+        given.update(kwargs)
+        b = self.b
+        x = given.get("input")
+        p = given.get("p")
+        if x is None or (p is not None and not (p.is_const and p.value in (2, 2.0))):
+            return self.opaque(node)
+        dim = given.get("dim", b.const(1))
+        eps = given.get("eps", b.const(1e-12))
+        norm = b.op("vector_norm", (x,), {"dim": dim, "keepdim": b.const(True)})
+        clamped = b.op("clamp", (norm,), {"min": eps})
+        result = b.op("div", (x, clamped))
+        for part in (norm, clamped):
             self.made.setdefault(id(part), node)
         return result
 

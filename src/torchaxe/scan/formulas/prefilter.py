@@ -151,8 +151,12 @@ def norm(node: Node) -> bool:
 
 
 def attention(node: Node) -> bool:
-    return node.op in ("matmul", "bmm", "einsum") and bool(node.ops & {"softmax", "exp"}) and bool(
-        node.ops & (TRANSPOSES | {"einsum"}))
+    """A product of weights made with a softmax (or exp) from a second product: the
+    key transposed somewhere, an einsum, or (a key that arrives transposed) a
+    product inside the weights."""
+    if node.op not in ("matmul", "bmm", "einsum") or not node.ops & {"softmax", "exp"}:
+        return False
+    return bool(node.ops & (TRANSPOSES | {"einsum"})) or any(a.ops & V.MATMULS for a in node.args)
 
 
 def rotary(node: Node) -> bool:

@@ -18,9 +18,9 @@ from typing import Any
 from torchaxe.scan.formulas import vocabulary as V
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 
-FULL, VECTOR, SCALAR, BOOL, COMPLEX, INT, SIZE, HALF, CUBE, BOUND, COUNT, MATRIX, SHAPE = (
+FULL, VECTOR, SCALAR, BOOL, COMPLEX, INT, SIZE, HALF, CUBE, BOUND, COUNT, MATRIX, SHAPE, BOOL_CUBE = (
     "full", "vector", "scalar", "bool", "complex", "int", "size", "half", "cube", "bound", "count", "matrix",
-    "shape")
+    "shape", "bool3")
 #: Operations whose extra arguments are sizes (a whole shape may stand in one of them).
 _SIZE_ARGS = frozenset({"view", "reshape", "expand", "repeat", "unflatten"})
 
@@ -41,6 +41,10 @@ _INT_ARGS = V.REDUCTIONS | {"softmax", "log_softmax", "transpose", "swapaxes", "
                             "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "repeat", "narrow", "chunk",
                             "split", "unbind", "size", "getitem", "tril", "triu", "flip", "repeat_interleave",
                             "cat", "stack"}
+
+
+#: Names of a size raised to a half power (``dim ** -0.5``), where no size name matches.
+_DIMENSION_NAMES = re.compile(r"(^|_)(dim|dims|d|size|features|channels|width)$|^(dim|d)_", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,7 @@ def infer_roles(root: Node) -> dict[str, str]:
     bounds: set[str] = set()
     arithmetic: set[str] = set()
     ranks: dict[str, set[int]] = {}
+    masked: list[Node] = []
     for node in walk(root):
         if node.op in ("add", "sub", "mul", "div", "floordiv", "mod", "pow"):
             arithmetic.update(a.value for a in node.args if a.op == VAR)
@@ -136,6 +141,11 @@ def infer_roles(root: Node) -> dict[str, str]:
             if index.op == "tuple" and all(p.op == "slice" or (p.op == CONST and isinstance(p.value, int))
                                            for p in parts):
                 ranks.setdefault(node.args[0].value, set()).add(len(parts))
+            elif _channel_index(parts):
+                # w[:, None, None]: a per-channel vector broadcast over the trailing dimensions.
+                ranks.setdefault(node.args[0].value, set()).add(1)
+        if node.op == "masked_fill" and len(node.args) >= 2:
+            masked.append(node)
         if node.op in ("bmm", "baddbmm"):
             memo: dict[int, frozenset[str]] = {}
             for arg in node.args:
@@ -154,6 +164,14 @@ def infer_roles(root: Node) -> dict[str, str]:
             for arg in node.args:
                 bounds |= arg.vars
     reduces = bool(root.ops & (V.REDUCTIONS | V.MATMULS))
+    # A mask has the rank of what it masks: bmm scores are three-dimensional.
+    cube_masks: set[str] = set()
+    if cubes:
+        memo = {}
+        for node in masked:
+            source = _strict_data(node.args[0], memo, stop=_RESHAPES)
+            if source and source <= cubes:
+                cube_masks |= node.args[1].vars
     roles: dict[str, str] = {}
     for name in root.vars:
         leaf = _leaf_name(name)
@@ -164,11 +182,13 @@ def infer_roles(root: Node) -> dict[str, str]:
         elif name in complexes:
             role = COMPLEX
         elif name in bools:
-            role = BOOL
+            role = BOOL_CUBE if name in cube_masks else BOOL
         elif name in scalars and name not in data:
             role = SCALAR
         elif name in cubes:
             role = CUBE
+        elif ranks.get(name) == {1}:
+            role = VECTOR
         elif ranks.get(name) in ({2}, {3}) and name not in complexes:
             role = MATRIX if ranks[name] == {2} else CUBE
         elif name in data:
@@ -185,6 +205,13 @@ def infer_roles(root: Node) -> dict[str, str]:
             role = VECTOR if reduces else FULL
         roles[name] = role
     return roles
+
+
+def _channel_index(parts: tuple[Node, ...]) -> bool:
+    """``[:, None]``, ``[:, None, None]``: one whole slice, first, then only new axes."""
+    if len(parts) < 2 or parts[0].op != "slice" or any(a.op != CONST or a.value is not None for a in parts[0].args):
+        return False
+    return all(p.op == CONST and p.value is None for p in parts[1:])
 
 
 _BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "where", "and_", "or_", "pow"})
@@ -272,6 +299,9 @@ def _collect(root: Node) -> tuple[set[str], ...]:
                     scalars.add(mine.value)
         if op.startswith("math_"):
             sizes |= {a.value for a in args if a.op == VAR}
+        if (op == "pow" and len(args) == 2 and args[0].op == VAR and args[1].op == CONST
+                and args[1].value in (0.5, -0.5) and _DIMENSION_NAMES.search(_leaf_name(args[0].value))):
+            sizes.add(args[0].value)  # dim ** -0.5: the square root of a size, as math.sqrt(dim) is
         if op in ("mul", "div") and len(args) == 2:
             for mine, other in ((args[0], args[1]), (args[1], args[0])):
                 if _strip(other).op in V.MATMULS and not mine.ops & V.MATMULS and mine.vars:
@@ -327,10 +357,10 @@ def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
             env[name] = n // 2  # a slice bound: half the width, like a half-width tensor
         elif role == SIZE:
             env[name] = n
-        elif role == BOOL:
+        elif role in (BOOL, BOOL_CUBE):
             # Every row keeps a True and a False, so that a softmax masked with it
             # or with its inverse never masks a whole row.
-            mask = torch.rand(shape, generator=g) < 0.5
+            mask = torch.rand(shape if role == BOOL else (n, n, n), generator=g) < 0.5
             eye = torch.eye(n, dtype=torch.bool)
             env[name] = (mask | eye) & ~torch.roll(eye, 1, dims=-1)
         elif role == MATRIX:

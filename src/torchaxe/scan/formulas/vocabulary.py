@@ -55,6 +55,8 @@ _register("dropout", _F + "dropout", _T + "dropout", _F + "dropout1d", _F + "dro
 _register("linear", _F + "linear")
 _register("layer_norm", _F + "layer_norm", _T + "layer_norm")
 _register("rms_norm", _F + "rms_norm", _T + "rms_norm")
+# Lowered to its arithmetic: x / clamp(vector_norm(x, dim), min=eps) (p=2 only).
+_register("normalize", _F + "normalize")
 _register("sdpa", _F + "scaled_dot_product_attention")
 _register("norm", _L + "norm")
 _register("vector_norm", _L + "vector_norm")

@@ -193,7 +193,8 @@ class HandWrittenFusedOp(Rule):
             target="npu",
         ),
         Invalid(
-            "import torch\ndef attention(q, k_t, v):\n    s = torch.bmm(q, k_t)\n    return torch.softmax(s, -1) @ v\n",
+            "import torch\ndef attention(q, k, v, equation):\n    s = torch.einsum(equation, q, k)\n"
+            "    return torch.softmax(s, -1) @ v\n",
             target="cuda",
         ),
         Invalid("import torch\ndef rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)\n", target="npu"),

@@ -19,7 +19,12 @@ class HandWrittenRmsNorm(FormulaRule):
     `1 + self.weight`), including the LLaMA form that normalises in float32 and casts
     back. Recognised by fitting its values on random inputs: eps, weight and where eps
     sits are read from the computation, and a normalisation that is not RMS (L2
-    normalisation, mean absolute value, LayerNorm) does not match.
+    normalisation, mean absolute value, LayerNorm) does not match. An L2 normalisation
+    times a stored factor named like a scale or a size (`F.normalize(x, dim=-1) *
+    self.scale * self.g` with `self.scale = dim ** 0.5`) is reported as advice: it is
+    RMSNorm when that factor is the square root of the normalised size. Over another
+    dimension (channels-first, `mean(x**2, dim=1)`) it is reported with the advice to
+    move that dimension last.
 
     ## Why is this bad?
     The written-out norm launches five to eight kernels forward and more backward, each
@@ -60,7 +65,7 @@ class HandWrittenRmsNorm(FormulaRule):
     fix_title = "use F.rms_norm"
     fix_safety = Applicability.SAFE
     safety_by_target = {"cpu": Applicability.SAFE, "cuda": Applicability.SAFE, "npu": Applicability.UNSAFE}
-    requires_text = ("sqrt", ".norm(", "** -0.5", "**-0.5", "** 0.5", "**0.5")
+    requires_text = ("sqrt", ".norm(", "** -0.5", "**-0.5", "** 0.5", "**0.5", "normalize(")
     references = (
         "https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html",
         "https://www.hiascend.com/document (torch_npu.npu_rms_norm)",
@@ -103,6 +108,27 @@ class HandWrittenRmsNorm(FormulaRule):
     )
 
     def propose(self, ctx, match):
+        proposal = self._propose(ctx, match)
+        factor = match.inputs.get("factor")
+        dim = match.params.get("dim", -1)
+        if not match.params.get("factor") and dim == -1:
+            return proposal
+        note = proposal.note
+        if dim != -1:
+            note += (f"; the hand-written form normalises dimension {dim}, not the last one: move it last (permute "
+                     "to channels-last), normalise, and move it back")
+        if match.params.get("factor"):
+            # An L2 normalisation times a stored factor (self.scale = dim ** 0.5): RMSNorm
+            # only when that factor is the square root of the normalised size.
+            note += (f"; this assumes {factor or 'the constant factor'} is the square root of the normalised size "
+                     "(the hand-written form is an L2 normalisation times that factor)")
+        applicability = proposal.applicability
+        if applicability is not Applicability.DISPLAY_ONLY:
+            applicability = Applicability.UNSAFE
+        return Proposal(proposal.replacement, note, proposal.title, applicability, edit=False,
+                        imports=proposal.imports)
+
+    def _propose(self, ctx, match):
         x, weight, eps = match.inputs["x"], match.inputs.get("weight"), eps_text(match)
         casts = match.params.get("casts", False)
         outside = match.params.get("eps_placement") == "outside"

@@ -30,8 +30,13 @@ class HandWrittenAttention(FormulaRule):
     dropout on the weights. Scores made with `torch.baddbmm(bias, q, k^T, beta=,
     alpha=)` count (`alpha` is the scale, `beta * bias` the mask), and so do einsum
     equations built from constants (an f-string or a `+` of string constants); an
-    equation chosen at run time is not read. Recognised by its values on random inputs:
-    the weights must be a softmax over the key dimension of a scaled `q @ k^T`.
+    equation chosen at run time is not read. The softmax may be kept in an attribute
+    set once in `__init__` (`self.attend = nn.Softmax(dim=-1)`, `self.attn_fn =
+    F.softmax`). A key that arrives already transposed, (batch, heads, head_dim,
+    sequence), counts when the operand is named like a key (`q.matmul(k)`,
+    `torch.bmm(q, key_t)`); `softmax(x @ w) @ v` with a weight does not. Recognised by
+    its values on random inputs: the weights must be a softmax over the key dimension
+    of a scaled `q @ k^T`.
 
     ## Why is this bad?
     The hand-written form materialises the full (L x L) score matrix per head, reads
@@ -78,7 +83,9 @@ class HandWrittenAttention(FormulaRule):
     fix_title = "use F.scaled_dot_product_attention"
     fix_safety = Applicability.SAFE
     safety_by_target = {"cpu": Applicability.SAFE, "cuda": Applicability.SAFE, "npu": Applicability.DISPLAY_ONLY}
-    requires_text = ("softmax(", "Softmax(", "torch.exp(", ".exp()")
+    # A softmax function kept in an attribute (``self.attn_fn = F.softmax``) is named, not called.
+    requires_text = ("softmax(", "Softmax(", "torch.exp(", ".exp()", ".softmax\n", ".softmax\r", ".softmax ",
+                     ".softmax,", ".softmax)")
     references = (
         "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
         "https://www.hiascend.com/document (torch_npu.npu_fusion_attention)",
