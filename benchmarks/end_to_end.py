@@ -13,7 +13,9 @@ On a copy of the GPT example (examples/gpt, at its default size unless ``--args`
 4. **exhaustive**: every combination of the candidate changes advise knew (code rules
    and knob candidates; at most one per group -- one compile mode, one precision),
    each measured against the original, interleaved; ``--pruned`` restricts the
-   combinations to the candidates whose own measured ratio was below 1.
+   combinations to the candidates whose own measured ratio was below 1. When there
+   are more than ``--max-combinations``, those with the lowest predicted ratio (the
+   product of their members' own measured ratios) are measured.
 
 Printed: the median step time of each side, the speedup of the tuned run over the
 original (median of per-round ratios, with min..max), the exhaustive best and its
@@ -125,8 +127,19 @@ def main() -> int:
         groups.setdefault(group, []).append(r)
     options_per_group = [[None, *members] for members in groups.values()]
     combos = [tuple(r for r in combo if r is not None) for combo in itertools.product(*options_per_group)]
-    combos = [c for c in combos if c][: args.max_combinations]
-    log(f"exhaustive: {len(combos)} combinations of {len(candidates)} candidates")
+    combos = [c for c in combos if c]
+    possible = len(combos)
+    if possible > args.max_combinations:
+        # Best first: the combinations whose members' own measured ratios multiply to
+        # the lowest predicted ratio (an unmeasured or failed member counts as 1.0).
+        def predicted(combo: tuple) -> float:
+            value = 1.0
+            for r in combo:
+                value *= statistics.median(r["ratios"]) if r.get("ratios") else 1.0
+            return value
+
+        combos = sorted(combos, key=predicted)[: args.max_combinations]
+    log(f"exhaustive: {len(combos)} of {possible} combinations of {len(candidates)} candidates")
     arms = []
     for n, combo in enumerate(combos):
         fragment = _merge_knobs([r["knobs"] for r in combo if r["applies"] == "knob"])
@@ -154,7 +167,8 @@ def main() -> int:
         f"  original step median {1e3 * (base.median or 0):.1f} ms; tuned {1e3 * (tuned_arm.median or 0):.1f} ms",
         f"  tuned vs original: {speedup:.2f}x (per-round ratios {', '.join(f'{r:.3f}' for r in tuned_arm.ratios)})"
         if speedup else f"  tuned vs original: not measured ({tuned_arm.error})",
-        f"  exhaustive ({'pruned, ' if args.pruned else ''}{len(arms)} combinations): best {best.name} "
+        f"  exhaustive ({'pruned, ' if args.pruned else ''}{len(arms)} of {possible} combinations"
+        f"{', best predicted first' if len(arms) < possible else ''}): best {best.name} "
         f"{best_speedup:.2f}x" if best else "  exhaustive: nothing measured",
         f"  tuned / exhaustive best: {speedup / best_speedup:.2f}" if speedup and best_speedup else "",
         f"  targets: tuned >= 2x: {'PASS' if speedup and speedup >= 2 else 'FAIL'}; within 10% of the best: "

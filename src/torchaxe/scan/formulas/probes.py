@@ -231,7 +231,7 @@ def scalarish(node: Node) -> bool:
     if node.op in ("attr_min", "attr_max", "attr_eps", "attr_tiny") or node.op.startswith("math_"):
         return True
     if node.op in ("add", "sub", "mul", "div", "floordiv", "pow", "sqrt", "rsqrt", "neg", "reciprocal", "float",
-                   "int", "exp", "log"):
+                   "int", "exp", "log", "cast"):
         return all(scalarish(a) for a in node.args)
     return False
 
