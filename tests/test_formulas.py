@@ -512,3 +512,209 @@ def test_a_swiglu_through_act2fn_is_reported_by_the_scan(scan):
     source = textwrap.dedent(_MLP.replace("{init}", 'self.act_fn = ACT2FN["silu"]'))
     assert "silu(" not in source and "sigmoid(" not in source
     assert [f.code for f in scan(source, target="npu").findings] == ["AX114"]
+
+
+# ----------------------------------------------------------------------- held-out audit: R2-R9
+def test_a_per_channel_weight_indexed_with_none_is_the_norms_weight():
+    [m] = matches("""
+        import torch
+        def ln_cf(x, weight, bias, eps: float = 1e-6):
+            u = x.mean(1, keepdim=True)
+            s = (x - u).pow(2).mean(1, keepdim=True)
+            x = (x - u) / torch.sqrt(s + eps)
+            return weight[:, None, None] * x + bias[:, None, None]
+    """)
+    assert m.category == "layer_norm" and m.params["dim"] == -3
+    assert (m.inputs["weight"], m.inputs["bias"]) == ("weight", "bias")
+
+
+def test_channels_first_layer_norm_advice_keeps_the_affine(scan):
+    source = textwrap.dedent("""
+        import torch
+        def ln_cf(x, weight, bias, eps: float = 1e-6):
+            u = x.mean(1, keepdim=True)
+            s = (x - u).pow(2).mean(1, keepdim=True)
+            return weight[:, None, None] * ((x - u) / torch.sqrt(s + eps)) + bias[:, None, None]
+    """)
+    [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX116"]
+    assert "weight, bias, eps)" in finding.replacement and not finding.fix.edits
+
+
+_SOFTMAX_ATTRIBUTE = """
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+    class Attention(nn.Module):
+        def __init__(self, head_dim):
+            super().__init__()
+            self.scale = head_dim ** -0.5
+            {init}
+        def forward(self, q, k, v):
+            dots = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+            return torch.matmul({call}, v)
+"""
+
+
+@pytest.mark.parametrize("init,call,found", [
+    ("self.attend = nn.Softmax(dim=-1)", "self.attend(dots)", True),
+    ("self.attend = nn.Softmax(-1)", "self.attend(dots)", True),
+    ("self.attend = nn.Softmax(dim=-2)", "self.attend(dots)", False),  # over the queries
+    ("self.attend = nn.Softmax()", "self.attend(dots)", False),  # torch picks the dim at run time
+    ("self.attn_fn = F.softmax", "self.attn_fn(dots, dim=-1)", True),
+    ("self.attn_fn = torch.softmax", "self.attn_fn(dots, -1)", True),
+    ("self.attn_fn = F.softmax", "self.attn_fn(dots, dim=1)", False),
+    ("self.attn_fn = F.softmax\n            self.attn_fn = F.log_softmax", "self.attn_fn(dots, dim=-1)", False),
+])
+def test_softmax_kept_in_an_attribute(init, call, found):
+    source = _SOFTMAX_ATTRIBUTE.replace("{init}", init).replace("{call}", call)
+    assert [m.category for m in matches(source)] == (["attention"] if found else [])
+
+
+def test_a_softmax_function_attribute_passes_the_rule_prefilter(scan):
+    source = textwrap.dedent(_SOFTMAX_ATTRIBUTE.replace("{init}", "self.attn_fn = F.softmax")
+                             .replace("{call}", "self.attn_fn(dots, dim=-1)"))
+    assert "softmax(" not in source
+    assert "AX118" in [f.code for f in scan(source, target="cuda").findings]
+
+
+def test_names_unpacked_from_an_opaque_value_get_their_own_probes():
+    found = matches("""
+        import torch
+        from einops import rearrange
+        def attn(qkv, h, scale):
+            q, k, v = map(lambda t: rearrange(t, "b n (h d) -> b h n d", h=h), qkv)
+            dots = torch.einsum("b h i d, b h j d -> b h i j", q, k) * scale
+            return torch.einsum("b h i j, b h j d -> b h i d", dots.softmax(dim=-1), v)
+    """)
+    assert [m.category for m in found] == ["attention"]
+
+
+@pytest.mark.parametrize("body,found", [
+    ("return F.normalize(x, dim=-1) * self.scale * self.g", True),
+    ("return self.scale * F.normalize(x, p=2, dim=-1)", True),
+    ("return F.normalize(x, dim=-1) * self.temperature * self.g", False),  # not a stored sqrt(d)
+    ("return F.normalize(x, dim=-1) * self.g", False),  # an L2 normalisation
+    ("return F.normalize(x, p=1, dim=-1) * self.scale", False),
+    ("return F.normalize(x, dim=-1) * (self.scale * self.temperature)", False),  # not only a stored factor
+])
+def test_rms_norm_as_an_l2_normalisation_times_a_stored_factor(body, found):
+    source = f"""
+        import torch.nn as nn
+        import torch.nn.functional as F
+        class Norm(nn.Module):
+            def forward(self, x):
+                {body}
+    """
+    found_categories = [m.category for m in matches(source)]
+    assert found_categories == (["rms_norm"] if found else [])
+    if found:
+        [m] = matches(source)
+        assert m.params["factor"] and m.inputs["factor"] == "self.scale"
+
+
+def test_normalize_keeps_its_default_dimension():
+    [m] = matches("""
+        import torch.nn.functional as F
+        def norm(x, scale):
+            return F.normalize(x) * scale
+    """)
+    assert m.category == "rms_norm" and m.params["dim"] == -3  # dim=1 of a four-dimensional probe
+
+
+def test_a_factor_rms_norm_is_advice_that_names_the_assumption(scan):
+    source = textwrap.dedent("""
+        import torch.nn as nn
+        import torch.nn.functional as F
+        class RMSNorm(nn.Module):
+            def __init__(self, dim):
+                super().__init__()
+                self.scale = dim ** 0.5
+                self.g = nn.Parameter(torch.ones(dim))
+            def forward(self, x):
+                return F.normalize(x, dim=-1) * self.scale * self.g
+    """)
+    [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX115"]
+    assert "self.scale is the square root" in finding.message and not finding.fix.edits
+    assert "self.g" in finding.replacement
+
+
+def test_an_rms_norm_scaled_by_a_dimension_argument_fits_exactly():
+    [m] = matches("""
+        import torch
+        def rms(x, g, dim: int):
+            n = torch.norm(x, dim=-1, keepdim=True) * dim ** -0.5
+            return x / n.clamp(min=1e-8) * g
+    """)
+    assert m.category == "rms_norm" and not m.params.get("factor") and m.inputs["weight"] == "g"
+
+
+def test_channels_first_rms_norm_is_reported_with_the_permute_advice(scan):
+    source = textwrap.dedent("""
+        import torch
+        def rms2d(x, weight, eps: float = 1e-5):
+            v = torch.mean(x.pow(2), dim=1, keepdim=True)
+            return x * torch.rsqrt(v + eps) * weight.reshape(1, -1, 1, 1)
+    """)
+    [m] = matches(source)
+    assert m.category == "rms_norm" and m.params["dim"] == -3 and m.inputs["weight"] == "weight"
+    [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX115"]
+    assert "normalises dimension -3" in finding.message and not finding.fix.edits
+
+
+@pytest.mark.parametrize("signature,product,found", [
+    ("q, k, v, scale", "q.matmul(k)", True),
+    ("q, key_t, v, scale", "torch.matmul(q, key_t)", True),
+    ("query, keys, v, scale", "query @ keys", True),
+    ("x, w, v, scale", "x @ w", False),  # a weight: softmax(x @ w) @ v is not attention
+    ("x, prototypes, v, scale", "x.matmul(prototypes)", False),
+])
+def test_a_key_that_arrives_transposed(signature, product, found):
+    source = f"""
+        import torch
+        def attend({signature}):
+            w = torch.softmax({product} * scale, dim=-1)
+            return w.matmul(v)
+    """
+    found_matches = matches(source)
+    assert [m.category for m in found_matches] == (["attention"] if found else [])
+    if found:
+        assert found_matches[0].params["k_transposed"]
+
+
+def test_a_transposed_key_is_rewritten_with_its_transpose(scan):
+    source = "import torch\ndef attend(q, k, v):\n    return torch.softmax(q @ k * 0.125, dim=-1) @ v\n"
+    [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX118"]
+    assert "k.transpose(-2, -1)" in finding.replacement and not finding.fix.edits
+
+
+@pytest.mark.parametrize("imports,call,suppressed", [
+    ("from torch.nn.functional import scaled_dot_product_attention", "scaled_dot_product_attention", True),
+    ("from torch.nn.functional import scaled_dot_product_attention as sdpa", "sdpa", True),
+    ("import torch.nn.functional as F", "F.scaled_dot_product_attention", True),
+    ("from mylib import scaled_dot_product_attention", "scaled_dot_product_attention", False),  # not torch's
+    ("from torch.nn.functional import scaled_dot_product_attention", "my_scaled_dot_product_attention", False),
+])
+def test_a_fused_call_imported_by_name_suppresses_its_fallback(imports, call, suppressed):
+    source = f"""
+        import torch
+        {imports}
+        def attend(q, k, v, fused):
+            if fused:
+                return {call}(q, k, v)
+            w = torch.softmax(q @ k.transpose(-1, -2) * 0.125, dim=-1)
+            return w @ v
+    """
+    assert [m.category for m in matches(source)] == ([] if suppressed else ["attention"])
+
+
+def test_a_boolean_mask_takes_the_rank_of_bmm_scores():
+    source = """
+        import torch
+        def attn(q, k, v, mask):
+            scores = torch.bmm(q, k.transpose(-1, -2)) / 8.0
+            scores = scores.masked_fill(mask, torch.finfo(q.dtype).min)
+            return torch.bmm(torch.softmax(scores, dim=-1), v)
+    """
+    assert infer_roles(roots(source)[-1].node)["mask"] == "bool3"
+    [m] = matches(source)
+    assert m.category == "attention" and m.params["masked"] and m.inputs["mask"] == "mask"

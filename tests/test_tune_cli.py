@@ -17,7 +17,7 @@ from torchaxe.tune.kb import KnowledgeBase, TunedRecord
 ROOT = Path(__file__).resolve().parents[1]
 GPT = ["python", str(ROOT / "examples" / "gpt" / "train.py"), "--steps", "6", "--n-layers", "2", "--d-model", "32",
        "--seq-len", "16", "--batch-size", "4", "--num-samples", "64"]
-FAST = ["--compile-backend", "eager", "--repeats", "2", "--strategies", "eager,compile,replace"]
+FAST = ["--compile-backend", "eager", "--repeats", "2", "--strategies", "eager,compile,replace", "--no-whole-model"]
 
 
 def test_tune_cli_leaves_dynamic_shapes_alone(tmp_path, capsys):
@@ -57,6 +57,13 @@ def test_tune_knob_validation():
                      ({"tune": {"whole_model": "yes"}}, "tune.whole_model")):
         with pytest.raises(Exception, match=key):
             knob_set_from_dict(bad, "k.json")
+
+
+def test_tune_cli_tunes_the_whole_model_too_by_default(tmp_path, capsys):
+    assert main(["tune", "--kb", str(tmp_path / "kb.sqlite"), "--repeats", "2", "--strategies", "eager", "--json",
+                 "--", *GPT]) == 0
+    modules = [s["module"] for s in json.loads(capsys.readouterr().out)["subgraphs"]]
+    assert modules[0] == "GPT" and "Block" in modules
 
 
 def test_tune_cli_cold_then_warm_then_the_knob_applies_the_winners(tmp_path, capsys):

@@ -5,6 +5,8 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from einops import rearrange
+from torch.nn.functional import scaled_dot_product_attention as fused_attention
 
 
 def softmax_stable(x):  # formula: softmax
@@ -392,3 +394,119 @@ class BaddbmmWithoutSoftmax(nn.Module):  # lookalike: attention
     def forward(self, q, k, v, bias):
         scores = torch.baddbmm(bias, q, k.transpose(1, 2), beta=1.0, alpha=self.scale)
         return torch.bmm(scores, v)
+
+
+# ----------------------------------------------------------------------- softmax kept in an attribute
+class PatchAttention(nn.Module):  # formula: attention
+    def __init__(self, width, heads=8, head_width=64):
+        super().__init__()
+        self.heads = heads
+        self.scale = head_width ** -0.5
+        self.attend = nn.Softmax(dim=-1)
+        self.to_qkv = nn.Linear(width, heads * head_width * 3, bias=False)
+
+    def forward(self, tokens):
+        parts = self.to_qkv(tokens).chunk(3, dim=-1)
+        q, k, v = map(lambda t: rearrange(t, "b n (h d) -> b h n d", h=self.heads), parts)
+        logits = torch.einsum("b h i d, b h j d -> b h i j", q, k) * self.scale
+        return torch.einsum("b h i j, b h j d -> b h i d", self.attend(logits), v)
+
+
+class SoftmaxFunctionAttribute(nn.Module):  # formula: attention
+    def __init__(self, head_width):
+        super().__init__()
+        self.temperature_inv = 1.0 / math.sqrt(head_width)
+        self.normaliser = F.softmax
+
+    def forward(self, q, k, v):
+        logits = torch.matmul(q, k.transpose(-2, -1)) * self.temperature_inv
+        weights = self.normaliser(logits, dim=-1)
+        return torch.matmul(weights, v)
+
+
+class TorchSoftmaxAttribute(nn.Module):  # formula: attention
+    def __init__(self):
+        super().__init__()
+        self.weights_of = torch.softmax
+
+    def forward(self, q, k, v):
+        return self.weights_of(q @ k.mT / math.sqrt(q.shape[-1]), -1) @ v
+
+
+class SoftmaxOverQueriesModule(nn.Module):  # lookalike: attention
+    """The softmax module normalises over the query axis, not the keys."""
+
+    def __init__(self):
+        super().__init__()
+        self.attend = nn.Softmax(dim=-2)
+
+    def forward(self, q, k, v):
+        return torch.matmul(self.attend(torch.matmul(q, k.transpose(-1, -2)) * 0.125), v)
+
+
+class SoftmaxAttributeOverHeads(nn.Module):  # lookalike: attention
+    def __init__(self):
+        super().__init__()
+        self.normaliser = F.softmax
+
+    def forward(self, q, k, v):
+        return self.normaliser(q @ k.transpose(-2, -1), dim=1) @ v
+
+
+class SoftmaxModuleWithoutDim(nn.Module):  # lookalike: attention
+    """nn.Softmax() with no dim picks one by rank at run time: not read."""
+
+    def __init__(self):
+        super().__init__()
+        self.attend = nn.Softmax()
+
+    def forward(self, q, k, v):
+        return self.attend(q @ k.transpose(-2, -1)) @ v
+
+
+# ----------------------------------------------------------------------- keys that arrive transposed
+def attention_with_transposed_keys(q, k_t, v, scale):  # formula: attention
+    # k_t: (batch, heads, head_dim, keys), transposed by the caller
+    logits = q.matmul(k_t) * scale
+    return torch.softmax(logits, dim=-1).matmul(v)
+
+
+def bmm_with_key_columns(query, key, value):  # formula: attention
+    weights = torch.softmax(torch.bmm(query, key) / math.sqrt(query.size(-1)), dim=-1)
+    return torch.bmm(weights, value)
+
+
+def mixture_of_prototypes(h, prototypes, values):  # lookalike: attention
+    return torch.softmax(h.matmul(prototypes), dim=-1).matmul(values)
+
+
+def transposed_keys_over_queries(q, k_t, v):  # lookalike: attention
+    return torch.softmax(q @ k_t, dim=-2) @ v
+
+
+# ----------------------------------------------------------------------- bmm scores with a boolean mask
+def bmm_masked_attention(q, k, v, keep):  # formula: attention
+    scores = torch.bmm(q, k.transpose(1, 2)) / math.sqrt(q.size(-1))
+    scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.bmm(scores.softmax(-1), v)
+
+
+class HeadsViewedMaskedAttention(nn.Module):  # formula: attention
+    def forward(self, q, k, v, pad):
+        scores = torch.bmm(q, k.transpose(-1, -2)) * self.scale
+        scores = scores.view(-1, self.n_heads, scores.size(-2), scores.size(-1))
+        scores = scores.masked_fill(pad, torch.finfo(scores.dtype).min)
+        probs = F.softmax(scores, dim=-1)
+        return torch.bmm(probs.view(-1, probs.size(-2), probs.size(-1)), v)
+
+
+# ----------------------------------------------------------------------- fused call imported by name
+class ImportedFusedOrManual(nn.Module):  # lookalike: attention
+    """A fallback next to SDPA imported by its own name (called bare)."""
+
+    def forward(self, q, k, v):
+        if self.use_fused:
+            return fused_attention(q, k, v)
+        w = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)), dim=-1)
+        return w @ v
+

@@ -1,5 +1,7 @@
 """RMSNorm and LayerNorm written by hand, and normalisations that are neither."""
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -176,3 +178,65 @@ class GlobalResponseNorm(nn.Module):  # lookalike: rms_norm
         x_g = x.norm(p=2, dim=self.spatial_dim, keepdim=True)
         x_n = x_g / (x_g.mean(dim=self.channel_dim, keepdim=True) + self.eps)
         return x + torch.addcmul(self.bias.view(self.wb_shape), self.weight.view(self.wb_shape), x * x_n)
+
+
+# ----------------------------------------------------------------------- channels-first RMSNorm, L2 forms
+def channel_rms_norm(feature_map, gain, eps: float = 1e-6):  # formula: rms_norm
+    ms = feature_map.pow(2).mean(dim=1, keepdim=True)
+    return feature_map * torch.rsqrt(ms + eps) * gain[:, None, None]
+
+
+class ChannelRMSNorm2d(nn.Module):  # formula: rms_norm
+    def forward(self, x):
+        inv = (x.square().mean(1, keepdim=True) + self.eps).rsqrt()
+        return x * inv * self.weight.view(1, -1, 1, 1)
+
+
+class UnitSphereRMSNorm(nn.Module):  # formula: rms_norm
+    def __init__(self, features):
+        super().__init__()
+        self.scale = features ** 0.5
+        self.gain = nn.Parameter(torch.ones(features))
+
+    def forward(self, x):
+        return F.normalize(x, dim=-1) * self.scale * self.gain
+
+
+class BareUnitSphereRMSNorm(nn.Module):  # formula: rms_norm
+    def __init__(self, features):
+        super().__init__()
+        self.scale = math.sqrt(features)
+
+    def forward(self, x):
+        return self.scale * F.normalize(x, p=2, dim=-1)
+
+
+def l2_rms_norm(x, gain, dim: int):  # formula: rms_norm
+    rms = torch.linalg.vector_norm(x, dim=-1, keepdim=True) * dim ** -0.5
+    return x / rms.clamp(min=1e-6) * gain
+
+
+class CosineFeatures(nn.Module):  # lookalike: rms_norm
+    """Unit vectors times a learned temperature: an L2 normalisation, not RMSNorm."""
+
+    def forward(self, x):
+        return F.normalize(x, dim=-1) * self.temperature * self.gain
+
+
+def l1_normalise_scaled(x, scale):  # lookalike: rms_norm
+    return F.normalize(x, p=1, dim=-1) * scale
+
+
+def unit_vectors_with_gain(x, gain):  # lookalike: rms_norm
+    return F.normalize(x, dim=-1) * gain
+
+
+def channel_mean_square_only(x, eps=1e-6):  # lookalike: rms_norm
+    return x / (x.pow(2).mean(1, keepdim=True) + eps)
+
+
+def channel_layer_norm_weighted(x, w, b, eps=1e-6):  # formula: layer_norm
+    mu = x.mean(1, keepdim=True)
+    var = (x - mu).pow(2).mean(1, keepdim=True)
+    return w[:, None, None] * ((x - mu) * torch.rsqrt(var + eps)) + b[:, None, None]
+

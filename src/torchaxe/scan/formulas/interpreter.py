@@ -190,6 +190,24 @@ def _bmm(a: Any, b: Any) -> Any:
     return torch.bmm(a, b) if a.ndim == b.ndim == 3 else _matmul(a, b)
 
 
+def _masked_fill(x: Any, mask: Any, *rest: Any, **kwargs: Any) -> Any:
+    """Tensor.masked_fill, with a mask that would broadcast ``x`` to more elements cut
+    to ``x``'s shape: a probe mask is a hypercube whatever the rank of the scores it
+    masks (three-dimensional after bmm, one head after a view); real masks fit."""
+    if not isinstance(x, torch.Tensor):
+        raise EvaluationError("masked_fill of a non-tensor")
+    if isinstance(mask, torch.Tensor) and mask.ndim >= x.ndim and mask.shape != x.shape:
+        try:
+            grows = broadcast_shape(x.shape, mask.shape) != x.shape
+        except RuntimeError:
+            grows = True
+        if grows:
+            mask = mask[(0,) * (mask.ndim - x.ndim)]
+            if all(m >= s for m, s in zip(mask.shape, x.shape)):
+                mask = mask[tuple(slice(0, s) for s in x.shape)]
+    return x.masked_fill(mask, *rest, **kwargs)
+
+
 def _einsum(equation: Any, *operands: Any) -> Any:
     if not isinstance(equation, str):
         raise EvaluationError("einsum without an equation")
@@ -223,7 +241,7 @@ _OPS: dict[str, Callable[..., Any]] = {
     "silu": _unary(F.silu), "gelu": _unary(F.gelu), "softplus": _unary(F.softplus),
     "logsigmoid": _unary(F.logsigmoid),
     "clamp": _unary(torch.clamp), "minimum": torch.minimum, "maximum": torch.maximum, "where": torch.where,
-    "masked_fill": _method("masked_fill"),
+    "masked_fill": _masked_fill,
     "mean": _unary(torch.mean), "sum": _unary(torch.sum), "amax": _unary(torch.amax), "amin": _unary(torch.amin),
     "max": _unary(torch.max), "min": _unary(torch.min), "var": _unary(torch.var), "std": _unary(torch.std),
     "var_mean": _unary(torch.var_mean), "norm": _unary(torch.norm),
