@@ -57,6 +57,18 @@ class SwishByName(nn.Module):  # formula: swiglu
         return self.wo(self.act(gate) * up)
 
 
+class ConfiguredMLP(nn.Module):  # formula: swiglu
+    """The activation comes from the config (Llama's says "silu"): reported as advice,
+    SwiGLU when the configuration chooses silu."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
 class SigmoidModuleSiLU(nn.Module):  # formula: silu
     def __init__(self):
         super().__init__()
@@ -67,15 +79,15 @@ class SigmoidModuleSiLU(nn.Module):  # formula: silu
 
 
 # ----------------------------------------------------------------------- look-alikes
-class ConfiguredMLP(nn.Module):  # lookalike: swiglu
-    """The activation comes from the config: decided at run time, not by the code."""
+class ConfiguredMLPWithoutGate(nn.Module):  # lookalike: swiglu
+    """The activation comes from the config, but nothing gates it: no SwiGLU whatever it is."""
 
     def __init__(self, config):
         super().__init__()
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, x):
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act_fn(self.up_proj(x)) * 0.5)
 
 
 class LayerArgumentGLU(nn.Module):  # lookalike: swiglu

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from torchaxe.findings import Applicability
+import ast
+from typing import Iterable
+
+from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.rules._formula import FormulaRule, Proposal
 from torchaxe.scan.rules.base import Invalid, Valid
+
+#: Tables and factories that pick an activation by name at run time.
+_BY_NAME_TABLES = ("ACT2FN", "ACT2CLS")
+_BY_NAME_FACTORIES = ("get_activation", "get_act_fn", "get_act_layer")
 
 
 class HandWrittenSwiglu(FormulaRule):
@@ -15,9 +22,11 @@ class HandWrittenSwiglu(FormulaRule):
     one-tensor forms that split a projection in two (`x.chunk(2, -1)`, `x.split(h, -1)`,
     `x[..., :h]` / `x[..., h:]`). The SiLU may be a module attribute
     (`self.act_fn(gate) * up`) when `__init__` sets it once, unconditionally, to
-    `nn.SiLU()`, `F.silu` or `ACT2FN["silu"]`; an activation chosen at run time
-    (`ACT2FN[config.hidden_act]`, `act_layer()`) is not assumed. Recognised by its values
-    on random inputs.
+    `nn.SiLU()`, `F.silu` or `ACT2FN["silu"]`. Recognised by its values on random inputs.
+    A gate whose activation the configuration chooses (`self.act_fn =
+    ACT2FN[config.hidden_act]`, `get_activation(...)`: the gated MLP of Llama, Mistral,
+    Qwen2 and their kin) is reported as advice: it is SwiGLU when the configuration says
+    `silu`.
 
     ## Why is this bad?
     The gate runs a SiLU kernel and a multiplication (and a split) each reading and
@@ -90,7 +99,39 @@ class HandWrittenSwiglu(FormulaRule):
         Valid("import torch.nn.functional as F\ndef geglu(x):\n    a, b = x.chunk(2, dim=-1)\n    return F.gelu(a) * b\n",
               target="npu"),
         Valid("import torch_npu\ndef swiglu(x):\n    return torch_npu.npu_swiglu(x, dim=-1)\n", target="npu"),
+        Invalid(
+            "import torch\nfrom transformers.activations import ACT2FN\n\n\nclass MLP(torch.nn.Module):\n"
+            "    def __init__(self, config):\n        super().__init__()\n"
+            "        self.act_fn = ACT2FN[config.hidden_act]\n\n"
+            "    def forward(self, x):\n        return self.down(self.act_fn(self.gate(x)) * self.up(x))\n",
+            target="npu",
+        ),
+        Valid(
+            "import torch\nfrom transformers.activations import ACT2FN\n\n\nclass MLP(torch.nn.Module):\n"
+            "    def __init__(self, config):\n        super().__init__()\n"
+            "        self.act_fn = ACT2FN[config.hidden_act]\n\n"
+            "    def forward(self, x):\n        return self.down(self.act_fn(self.up(x)))\n",
+            target="npu",
+        ),
     )
+
+    def check_module(self, ctx) -> Iterable[Finding]:
+        found = list(super().check_module(ctx))
+        yield from found
+        if any(t in ctx.source for t in _BY_NAME_TABLES + _BY_NAME_FACTORIES):
+            covered = [(f.line, f.end_line) for f in found]
+            for node, act in _config_gates(ctx.tree):
+                if any(lo <= node.lineno <= hi for lo, hi in covered):
+                    continue
+                yield ctx.finding(
+                    self, node,
+                    f"gated MLP: self.{act}(...) * ... with the activation chosen by the configuration; when it is "
+                    "'silu' (as in Llama, Mistral and Qwen2 configurations) this is a SwiGLU gate: fuse the two "
+                    "projections into one linear layer and call torch_npu.npu_swiglu(its output, dim=-1), which "
+                    f"computes silu(first half) * second half in one kernel; unverified on Ascend hardware",
+                    replacement="torch_npu.npu_swiglu(x, dim=-1) (when the activation is silu)",
+                    fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY,
+                                title="merge the projections and use torch_npu.npu_swiglu"))
 
     def propose(self, ctx, match):
         a, b, z = match.inputs.get("a"), match.inputs.get("b"), match.inputs.get("z")
@@ -111,3 +152,56 @@ class HandWrittenSwiglu(FormulaRule):
             Applicability.DISPLAY_ONLY,
             edit=False,
         )
+
+
+def _chosen_by_config(value: ast.expr) -> bool:
+    """``ACT2FN[config.hidden_act]`` or ``get_activation(config.act)``: an activation
+    looked up by a name that is not a constant."""
+    if isinstance(value, ast.Subscript):
+        table = value.value
+        name = table.id if isinstance(table, ast.Name) else table.attr if isinstance(table, ast.Attribute) else None
+        return name in _BY_NAME_TABLES and not isinstance(value.slice, ast.Constant)
+    if isinstance(value, ast.Call):
+        func = value.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        return name in _BY_NAME_FACTORIES and bool(value.args) and not isinstance(value.args[0], ast.Constant)
+    return False
+
+
+def _config_gates(tree: ast.AST) -> Iterable[tuple[ast.BinOp, str]]:
+    """In each class whose ``__init__`` sets ``self.<act>`` once to an activation the
+    configuration chooses, the products ``self.<act>(a) * b`` (either order) of its
+    methods, with ``b`` not itself the activation."""
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        init = next((s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+        if init is None or not init.args.args:
+            continue
+        me = init.args.args[0].arg
+        acts = set()
+        for stmt in init.body:
+            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Attribute)
+                    and isinstance(stmt.targets[0].value, ast.Name) and stmt.targets[0].value.id == me
+                    and _chosen_by_config(stmt.value)):
+                acts.add(stmt.targets[0].attr)
+        if not acts:
+            continue
+        for method in cls.body:
+            if not isinstance(method, ast.FunctionDef) or method.name == "__init__" or not method.args.args:
+                continue
+            this = method.args.args[0].arg
+            for node in ast.walk(method):
+                if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+                    continue
+                sides = [_activation_call(side, this, acts) for side in (node.left, node.right)]
+                other = node.right if sides[0] is not None else node.left
+                if sum(a is not None for a in sides) == 1 and not isinstance(other, ast.Constant):
+                    yield node, next(a for a in sides if a is not None)
+
+
+def _activation_call(node: ast.expr, me: str, acts: set[str]) -> str | None:
+    if (isinstance(node, ast.Call) and len(node.args) == 1 and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == me and node.func.attr in acts):
+        return node.func.attr
+    return None
