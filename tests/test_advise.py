@@ -189,9 +189,38 @@ def test_skip_leaves_candidates_out(script: Path) -> None:
 def test_no_step_detected_is_one_clear_error(script: Path) -> None:
     profile = fake_profile(script)
     profile["summary"]["steps_measured"] = 0
+    profile["steps"] = []
     with pytest.raises(TorchaxeError, match="--step-marker"):
         Advisor(["python", str(script)], AdviseOptions(target="cpu"), runner=FakeRuns(),
                 profiler=lambda c, o, t: BaselineProfile(profile, {}, 1.0)).run()
+
+
+def test_too_few_steps_says_so_not_step_marker(script: Path) -> None:
+    profile = fake_profile(script)
+    profile["summary"]["steps_measured"] = 0  # 4 steps seen, all in the warm-up
+    with pytest.raises(TorchaxeError, match="ended after 4 training step"):
+        Advisor(["python", str(script)], AdviseOptions(target="cpu"), runner=FakeRuns(),
+                profiler=lambda c, o, t: BaselineProfile(profile, {}, 1.0)).run()
+
+
+def test_findings_in_files_the_run_did_not_import_are_not_measured(script: Path) -> None:
+    unused = script.parent / "old_experiment.py"
+    unused.write_text("import torch\nopt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)])\n")
+    profile = fake_profile(script)
+    context = {"modules": [str(script)], "settings": {"num_threads": 2, "allowed_cpus": 2}}
+    advice = Advisor(["python", str(script)], AdviseOptions(target="cpu"), runner=FakeRuns(),
+                     profiler=lambda c, o, t: BaselineProfile(profile, context, 2.0), clock=Clock()).run()
+    assert any(f["path"].endswith("old_experiment.py") for f in advice.findings)
+    measured_files = {p for r in advice.recommendations if r.applies == "code" for p in r.files}
+    assert not any(p.endswith("old_experiment.py") for p in measured_files)
+    assert any("did not import" in n for n in advice.notes)
+
+
+def test_trial_runs_get_the_step_marker() -> None:
+    from torchaxe.runtime.trials import TrialOptions, bootstrap_argv
+
+    argv = bootstrap_argv("k.json", "p.json", ["python", "t.py"], TrialOptions(step_marker="__main__:step"))
+    assert argv[argv.index("--step-marker") + 1] == "__main__:step" and argv.index("--step-marker") < argv.index("--")
 
 
 def test_missing_script_is_one_clear_error(tmp_path: Path) -> None:

@@ -43,7 +43,8 @@ def test_text_summary_names_the_winners_and_what_to_run_next(advice) -> None:
     text = out.getvalue()
     assert "torch.compile(model)" in text and "2.00x" in text
     assert "All chosen changes together: 2.22x faster" in text
-    assert "torchaxe apply -- python" in text and "torchaxe run -- python" in text
+    assert "torchaxe apply --diff" in text and "torchaxe run -- python" in text
+    assert "torchaxe apply --" not in text.replace("torchaxe apply --diff", "")  # apply takes no command
 
 
 def test_html_escapes_every_user_string_and_loads_nothing(advice) -> None:

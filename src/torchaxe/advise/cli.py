@@ -191,7 +191,13 @@ def apply(advice_path, unsafe_fixes, keys, diff):
         if not diff:
             click.echo("torchaxe apply: run them with `torchaxe run -- " + " ".join(advice["command"]) + "`", err=True)
     if not result.changed_files and not result.knobs:
-        click.echo("torchaxe apply: nothing to apply (no chosen change; see `--only`)", err=True)
+        if result.skipped_unsafe:
+            click.echo("torchaxe apply: nothing applied: every chosen change is unsafe (it may change numerics); "
+                       "add --unsafe-fixes to apply it", err=True)
+        elif keys:
+            click.echo(f"torchaxe apply: nothing to apply for --only {' '.join(keys)}", err=True)
+        else:
+            click.echo("torchaxe apply: nothing to apply (no chosen change; see `--only`)", err=True)
 
 
 @click.command("run", context_settings=CONTEXT)

@@ -94,7 +94,9 @@ def clear_gain(ratios: Sequence[float], noise: float, same: Sequence[float] = ()
     ranked below the A/A arm's ratios (``same``) beyond chance (``SIGNIFICANCE``)."""
     if not ratios:
         return False
-    gain = 1.0 - _median(ratios)
+    # On fewer than DECIDE_ROUNDS rounds a median is one outlier away from anything:
+    # the gain is then the worst round's.
+    gain = 1.0 - (_median(ratios) if len(ratios) >= DECIDE_ROUNDS else max(ratios))
     faster = sum(r <= 1.0 - MIN_GAIN / 3 for r in ratios)
     if gain < MIN_GAIN or faster < FASTER_SHARE * len(ratios):
         return False
@@ -150,17 +152,22 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
         knobs.write_text('{"name": "original"}', encoding="utf-8")
         out = Path(tmp) / "profile.json"
         ctx = Path(tmp) / "context.json"
-        trial = TrialOptions(repeats=1, steps=options.steps, warmup=options.warmup, timeout=options.timeout,
-                             target=target)
+        # The first run is bounded too: a script that never reaches its steps must not
+        # hold advise past its budget.
+        timeout = options.timeout if options.timeout is not None else options.budget
+        trial = TrialOptions(repeats=1, steps=options.steps, warmup=options.warmup, timeout=timeout,
+                             target=target, step_marker=options.step_marker)
         argv = bootstrap_argv(str(knobs), str(out), command, trial)
         cut = argv.index("--")
-        extra = ["--ops", "--shapes", "--context-out", str(ctx)]
-        if options.step_marker:
-            extra += ["--step-marker", options.step_marker]
-        argv = [*argv[:cut], *extra, *argv[cut:]]
+        argv = [*argv[:cut], "--ops", "--shapes", "--context-out", str(ctx), *argv[cut:]]
         started = time.perf_counter()
-        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True, errors="replace")
+        try:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True, errors="replace", timeout=timeout + 30.0)
+        except subprocess.TimeoutExpired:
+            raise TorchaxeError(f"the script ran {timeout + 30:.0f} s without finishing its first {options.warmup} + "
+                                f"{options.steps} steps (--budget {options.budget:g} s): give a larger --budget, or "
+                                "--timeout") from None
         seconds = time.perf_counter() - started
         if not out.exists():
             tail = [line for line in proc.stderr.strip().splitlines() if line.strip()]
@@ -178,6 +185,11 @@ def _check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:
         raise TorchaxeError(f"the script raised {error.get('type', 'an error')}{where}: "
                             f"{error.get('message', profile.get('detail', ''))}")
     if not steps:
+        seen = len(profile.get("steps") or [])
+        if seen:
+            raise TorchaxeError(
+                f"the script ended after {seen} training step(s); advise needs --warmup {options.warmup} + --steps "
+                f"{options.steps}: lower them, or make the script run longer")
         raise TorchaxeError(
             "no training step was detected (no optimizer.step() was seen): give the function that does one step "
             "with --step-marker MODULE:FUNCTION")
@@ -294,7 +306,22 @@ class Advisor:
         checks, env_candidates = environment_checks(settings, base.profile, findings, self.target, folder)
         advice.environment = checks
 
-        codes, advice_recs = code_candidates(findings, base.profile, step)
+        imported = {os.path.realpath(p) for p in base.context.get("modules") or []}
+        # The script runs as __main__, which is not kept in sys.modules.
+        if self.script.kind == "path":
+            imported.add(os.path.realpath(self.script.target))
+        else:
+            stem = Path.cwd().joinpath(*self.script.target.split("."))
+            imported.update(os.path.realpath(p) for p in (stem.with_suffix(".py"), stem / "__main__.py"))
+        measured_findings = findings
+        if base.context.get("modules"):
+            # A fix in a file the run never imports cannot change its speed: not measured.
+            measured_findings = [f for f in findings if os.path.realpath(f.path) in imported]
+            idle = sorted({f.path for f in findings} - {f.path for f in measured_findings})
+            if idle:
+                advice.notes.append(f"{len(findings) - len(measured_findings)} finding(s) in {len(idle)} file(s) the "
+                                    f"run did not import (e.g. {idle[0]}) are listed but not measured")
+        codes, advice_recs = code_candidates(measured_findings, base.profile, step)
         self._micro_benchmarks(codes)
         for f in (extra.findings if extra is not None else []):
             advice_recs.append(Recommendation(
@@ -426,7 +453,7 @@ class Advisor:
             # A run may take far longer than the profiled one (a first compile), not forever.
             timeout = max(120.0, 10 * base.seconds)
         return TrialOptions(repeats=1, steps=self.options.steps, warmup=self.options.warmup, timeout=timeout,
-                            target=self.target)
+                            target=self.target, step_marker=self.options.step_marker)
 
     def _knob_set(self, name: str, fragment: dict[str, Any]) -> KnobSet:
         data = dict(fragment)
@@ -591,6 +618,18 @@ class Advisor:
                          measured_seconds_saved_per_step=(base_arm.median or 0) * (1 - arm.ratio),
                          step_seconds_median=arm.median, original_step_seconds_median=base_arm.median)
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
+        if not arm.ratio and not arm.error:
+            # The budget ran out before the changes ran together: keep the best alone,
+            # whose figure was measured.
+            for c in chosen:
+                c.rec.selected = c is best
+            self.advice.notes.append(f"the chosen changes were not measured together (out of --budget): only "
+                                     f"{best.rec.key} is kept")
+            self.advice.combined = {"keys": [best.rec.key], "speedup": best.rec.speedup, "ratios": best.rec.ratios,
+                                    "measured_seconds_saved_per_step": best.rec.measured_seconds_saved_per_step,
+                                    "status": "measured", "knobs": best.knobs if best.rec.applies == "knob" else {},
+                                    "together": {"keys": [c.key for c in chosen], "status": "not_measured"}}
+            return
         if arm.error or (arm.ratio and 1.0 / arm.ratio < (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN)):
             # Together they did worse than the best of them alone (changes can
             # interfere: two ways of compiling, a loader setting that starves a

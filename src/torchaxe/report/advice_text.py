@@ -81,10 +81,11 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     chosen = [r for r in ranked if r.selected]
     if any(r.applies == "code" for r in chosen):
         unsafe = any(r.unsafe for r in chosen if r.applies == "code")
-        console.print("  torchaxe apply -- " + " ".join(advice.command)
-                      + ("   (add --unsafe-fixes for the unsafe ones)" if unsafe else ""))
+        console.print("  torchaxe apply --diff" + (" --unsafe-fixes" if unsafe else "")
+                      + "   (shows the changes; without --diff it makes them"
+                      + (", --unsafe-fixes takes the fixes that may change numerics too)" if unsafe else ")"))
     elif any(r.applies == "knob" for r in chosen):
-        console.print("  torchaxe apply -- " + " ".join(advice.command) + "   (writes the knobs to torchaxe.toml)")
+        console.print("  torchaxe apply   (writes the knobs to torchaxe.toml)")
     if chosen:
         console.print("  torchaxe run -- " + " ".join(advice.command))
     else:

@@ -51,6 +51,8 @@ class TrialOptions:
     #: Per run, counted by the harness from the start of the script.
     timeout: float | None = None
     target: str = "auto"
+    #: ``MODULE:FUNCTION`` that ends a step, for loops without a torch.optim optimizer.
+    step_marker: str | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -64,7 +66,7 @@ class TrialOptions:
 
     def to_dict(self) -> dict[str, Any]:
         return {"repeats": self.repeats, "steps": self.steps, "warmup": self.warmup, "timeout": self.timeout,
-                "target": self.target}
+                "target": self.target, "step_marker": self.step_marker}
 
 
 @dataclass
@@ -235,6 +237,8 @@ def bootstrap_argv(knobs_path: str, profile_path: str, command: Sequence[str], o
             "--steps", str(options.steps), "--warmup", str(options.warmup), "--target", options.target]
     if options.timeout is not None:
         argv += ["--timeout", repr(options.timeout)]
+    if options.step_marker:
+        argv += ["--step-marker", options.step_marker]
     return [*argv, "--", *command]
 
 
