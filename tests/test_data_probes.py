@@ -228,6 +228,27 @@ def test_bootstrap_override_applies_start_method_and_drops_it_without_workers():
         override.uninstall()
 
 
+def test_bootstrap_override_never_changes_the_workers_of_an_iterable_dataset():
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from torchaxe.runtime.bootstrap import AppliedKnobs, DataLoaderOverride
+
+    class Stream(IterableDataset):  # does not split itself by worker: 2 workers would yield it twice
+        def __iter__(self):
+            return iter(range(6))
+
+    knobs = knob_set_from_dict({"dataloader": {"num_workers": 2, "persistent_workers": True}}, "k")
+    override = DataLoaderOverride(knobs.dataloader.overrides(), AppliedKnobs(knobs))
+    override.install()
+    try:
+        loader = DataLoader(Stream(), batch_size=2)
+        assert loader.num_workers == 0 and not loader.persistent_workers
+        assert sorted(int(x) for b in loader for x in b) == list(range(6))
+        assert DataLoader(list(range(4)), batch_size=2).num_workers == 2  # map-style: changed
+    finally:
+        override.uninstall()
+
+
 def test_torchaxe_data_import_is_light():
     import subprocess
     import sys

@@ -117,7 +117,10 @@ class DataLoaderOverride:
     knob's keywords, whether the script passed them by position, by name or not at all.
     ``prefetch_factor``, ``persistent_workers`` and ``multiprocessing_context`` need
     worker processes: on a loader that ends up with ``num_workers=0`` they are left out
-    (torch refuses them there)."""
+    (torch refuses them there). The worker count of a loader over an
+    ``IterableDataset`` is never changed: each worker iterates such a dataset whole
+    unless it splits itself by ``get_worker_info()``, so another count could repeat or
+    drop samples."""
 
     def __init__(self, overrides: dict[str, Any], applied: AppliedKnobs) -> None:
         self.overrides = overrides
@@ -142,6 +145,15 @@ class DataLoaderOverride:
                 return original(loader, *args, **kwargs)  # let torch say what is wrong
             arguments = bound.arguments
             settings = dict(override.overrides)
+            dataset = arguments.get("dataset")
+            from torch.utils.data import IterableDataset
+
+            if isinstance(dataset, IterableDataset) and "num_workers" in settings \
+                    and settings["num_workers"] != arguments.get("num_workers", 0):
+                # Each worker of an iterable dataset iterates it whole unless the
+                # dataset splits itself by get_worker_info(): another worker count
+                # could repeat or drop samples. Left as the script wrote it.
+                settings.pop("num_workers")
             workers = settings.get("num_workers", arguments.get("num_workers", 0))
             if not workers:
                 settings.pop("prefetch_factor", None)
