@@ -126,7 +126,7 @@ def test_advise_end_to_end_measures_a_real_fix(tmp_path: Path) -> None:
     """Real subprocess runs: a wide hand-written GELU dominates the step; F.gelu is several times faster."""
     script = tmp_path / "train.py"
     shutil.copy(SCRIPTS / "advise_train.py", script)
-    result = torchaxe("advise", "--budget", "5m", "--repeats", "2", "--steps", "4", "--warmup", "1",
+    result = torchaxe("advise", "--budget", "5m", "--repeats", "3", "--steps", "4", "--warmup", "1",
                       "--skip", "knob:", "--skip", "env:", "--format", "json", "--save", str(tmp_path / "a.json"),
                       "--", "python", str(script), env={"ADVISE_WIDTH": "4096"}, cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr

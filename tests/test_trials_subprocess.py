@@ -99,3 +99,38 @@ def test_bootstrap_refuses_bad_knobs_in_one_line(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"torchaxe bootstrap: error: {bad}: cpu_affinity: expected a non-empty list of "
                                    "CPU numbers, got string \"0\"")
+
+
+def test_a_trial_run_leaves_the_files_the_script_writes_as_they_were(tmp_path):
+    """A script that truncates its log and writes a checkpoint: after the trial run
+    the log holds what it held before and the new checkpoint is gone."""
+    from torchaxe.runtime.knobs import knob_set_from_dict
+    from torchaxe.runtime.trials import TrialOptions, run_in_subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, torch\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "os.makedirs('runs', exist_ok=True)\n"
+        "log = open('runs/log.csv', 'w')\n"
+        "for step in range(20):\n"
+        "    loss = model(torch.ones(4, 2)).sum()\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n"
+        "    log.write(f'{step},{loss.item()}\\n'); log.flush()\n"
+        "    if step == 1:\n"
+        "        torch.save(model.state_dict(), 'runs/ckpt.pt')\n"
+    )
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "log.csv").write_text("the user's real log\n" * 100)
+    before = (tmp_path / "runs" / "log.csv").read_bytes()
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        run = run_in_subprocess(knob_set_from_dict({"name": "a"}, "k"), ["python", str(script)],
+                                TrialOptions(steps=3, warmup=1, timeout=120), 1)
+    finally:
+        os.chdir(cwd)
+    assert run.ok, run.error
+    assert (tmp_path / "runs" / "log.csv").read_bytes() == before
+    assert not (tmp_path / "runs" / "ckpt.pt").exists()

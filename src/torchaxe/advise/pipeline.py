@@ -159,7 +159,9 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
                              target=target, step_marker=options.step_marker)
         argv = bootstrap_argv(str(knobs), str(out), command, trial)
         cut = argv.index("--")
-        argv = [*argv[:cut], "--ops", "--shapes", "--context-out", str(ctx), *argv[cut:]]
+        guard = Path(tmp) / "writes"
+        argv = [*argv[:cut], "--ops", "--shapes", "--context-out", str(ctx), "--protect-writes", str(guard),
+                *argv[cut:]]
         started = time.perf_counter()
         try:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -168,6 +170,10 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
             raise TorchaxeError(f"the script ran {timeout + 30:.0f} s without finishing its first {options.warmup} + "
                                 f"{options.steps} steps (--budget {options.budget:g} s): give a larger --budget, or "
                                 "--timeout") from None
+        finally:
+            from torchaxe.runtime.protect import restore
+
+            restore(guard)  # the script's own output files, as they were
         seconds = time.perf_counter() - started
         if not out.exists():
             tail = [line for line in proc.stderr.strip().splitlines() if line.strip()]

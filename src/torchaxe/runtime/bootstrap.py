@@ -288,6 +288,8 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--ops", action="store_true")
     parser.add_argument("--shapes", action="store_true")
     parser.add_argument("--step-marker", default=None)
+    parser.add_argument("--protect-writes", default=None, metavar="DIR",
+                        help="keep copies of the files the run writes in DIR, for runtime/protect.py's restore")
     parser.add_argument("--context-out", default=None,
                         help="also write the run's imported files and settings here (runtime/run_context.py)")
     return parser.parse_args(argv[:cut]), argv[cut + 1:]
@@ -311,6 +313,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from torchaxe.runtime.harness import Harness, HarnessOptions, exit_code_for
 
         script = parse_command(command_argv)
+        if args.protect_writes:
+            from torchaxe.runtime.protect import WriteGuard, guard_roots
+
+            WriteGuard(args.protect_writes, guard_roots(script.folder)).install().watch_torch_save()
         options = HarnessOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, target=args.target,
                                  ops=args.ops, shapes=args.shapes, step_marker=args.step_marker)
         out = args.out or tempfile.mkstemp(prefix="torchaxe-trial-", suffix=".json")[1]

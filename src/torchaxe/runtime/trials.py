@@ -258,6 +258,7 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
     """Run the command once under ``knobs`` through the bootstrap; the script's
     stdout is discarded, its stderr kept for the error report."""
     from torchaxe.runtime.profile import ProfileFormatError, load_profile
+    from torchaxe.runtime.protect import restore
 
     with tempfile.TemporaryDirectory(prefix="torchaxe-trial-") as tmp:
         knobs_path = Path(tmp) / "knobs.json"
@@ -265,6 +266,9 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
         profile_path = Path(tmp) / "profile.json"
         stderr_path = Path(tmp) / "stderr.txt"
         argv = bootstrap_argv(str(knobs_path), str(profile_path), command, options)
+        guard = Path(tmp) / "writes"
+        cut = argv.index("--")
+        argv = [*argv[:cut], "--protect-writes", str(guard), *argv[cut:]]
         limit = None if options.timeout is None else options.timeout + KILL_GRACE_SECONDS
         started = time.perf_counter()
         killed = False
@@ -282,6 +286,7 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
                     _kill_group(proc)
                     proc.wait()
         seconds = time.perf_counter() - started
+        restore(guard)  # the files the script wrote, as they were before this run
         stderr_text = stderr_path.read_text(encoding="utf-8", errors="replace")
         tail = "\n".join(stderr_text.rstrip().splitlines()[-STDERR_TAIL_LINES:])
         run = TrialRun(knobs=knobs.name, repeat=repeat, ok=False, returncode=returncode, seconds=seconds)
