@@ -59,14 +59,8 @@ class WriteGuard:
         guard = self
 
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
-            if isinstance(f, (str, bytes, os.PathLike)) and not getattr(guard._local, "busy", False):
-                guard._local.busy = True
-                try:
-                    guard._note(f)
-                except Exception:  # noqa: BLE001 - never disturb the user's run
-                    pass
-                finally:
-                    guard._local.busy = False
+            if isinstance(f, (str, bytes, os.PathLike)):
+                guard._guarded_note(f)
             return original(obj, f, *args, **kwargs)
 
         save.__wrapped__ = original  # type: ignore[attr-defined]
@@ -74,7 +68,7 @@ class WriteGuard:
         torch.save = save
 
     def _hook(self, event: str, args: tuple[Any, ...]) -> None:
-        if event != "open" or getattr(self._local, "busy", False):
+        if event != "open":
             return
         try:
             path, mode, flags = args
@@ -85,7 +79,12 @@ class WriteGuard:
                 return
         elif not (isinstance(flags, int) and flags & _WRITE_FLAGS):
             return
-        if isinstance(path, int):
+        if not isinstance(path, int):
+            self._guarded_note(path)
+
+    def _guarded_note(self, path: Any) -> None:
+        """``_note``, never re-entered by its own file operations, never raising."""
+        if getattr(self._local, "busy", False):
             return
         self._local.busy = True
         try:
