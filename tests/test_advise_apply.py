@@ -128,7 +128,8 @@ def test_advise_end_to_end_measures_a_real_fix(tmp_path: Path) -> None:
     shutil.copy(SCRIPTS / "advise_train.py", script)
     result = torchaxe("advise", "--budget", "5m", "--repeats", "3", "--steps", "4", "--warmup", "1",
                       "--skip", "knob:", "--skip", "env:", "--format", "json", "--save", str(tmp_path / "a.json"),
-                      "--", "python", str(script), env={"ADVISE_WIDTH": "4096"}, cwd=tmp_path, timeout=600)
+                      "--", "python", str(script), env={"ADVISE_WIDTH": "4096", "OMP_NUM_THREADS": "1"},
+                      cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     gelu = next(r for r in data["recommendations"] if r["key"] == "code:AX110")
