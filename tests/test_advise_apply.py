@@ -164,3 +164,22 @@ def test_a_tuned_loader_setting_in_the_knowledge_base_is_tried_and_run(tmp_path:
     assert rec.status == "measured" and rec.knobs == {"dataloader": {"num_workers": 1, "persistent_workers": True}}
     shown = torchaxe("run", "--show", "--", *command, cwd=tmp_path, env={"TORCHAXE_HOME": str(tmp_path / "home")})
     assert json.loads(shown.stdout)["dataloader"] == {"num_workers": 1, "persistent_workers": True}
+
+
+def test_an_interrupt_before_any_recommendation_keeps_the_earlier_advice(tmp_path: Path, monkeypatch, capsys) -> None:
+    from torchaxe.advise import pipeline
+    from torchaxe.advise.recommendation import Advice
+    from torchaxe.cli import main
+
+    script = tmp_path / "train.py"
+    shutil.copy(SCRIPTS / "advise_train.py", script)
+    save = tmp_path / "advice.json"
+    save.write_text('{"schema": "torchaxe.advice/1", "earlier": true}')
+
+    def interrupted(command, options=None, **kwargs):
+        return Advice(command=list(command), target="cpu", budget_seconds=60.0, repeats=2, partial=True)
+
+    monkeypatch.setattr(pipeline, "advise", interrupted)
+    assert main(["advise", "--save", str(save), "--", "python", str(script)]) == 0
+    assert json.loads(save.read_text())["earlier"] is True
+    assert "left as it was" in capsys.readouterr().err

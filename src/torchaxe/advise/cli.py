@@ -109,7 +109,11 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
         if path and not Path(path).resolve().parent.is_dir():
             raise TorchaxeError(f"{option} {path}: folder does not exist")
     result = run_advise(list(command), options, progress=_progress_printer(quiet))
-    write_text_atomic(save, result.to_json())
+    kept = not (result.partial and not result.recommendations and Path(save).exists())
+    if kept:
+        write_text_atomic(save, result.to_json())
+    else:  # interrupted before anything was found: the earlier advice is worth more
+        click.echo(f"torchaxe advise: interrupted before any recommendation; {save} left as it was", err=True)
     if html_out:
         write_text_atomic(html_out, _render(result, "html"))
         if not quiet:
@@ -120,7 +124,7 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
         click.echo(f"torchaxe advise: report written to {out}", err=True)
     else:
         click.echo(text, nl=False)
-    if not quiet:
+    if kept and not quiet:
         click.echo(f"torchaxe advise: advice kept in {save} (for `torchaxe apply`)", err=True)
 
 
