@@ -22,6 +22,7 @@ import itertools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,12 +48,6 @@ MAX_ROUNDS = 5
 DECIDE_ROUNDS = 3
 #: The share of rounds a change must be faster in (every round, up to four rounds).
 FASTER_SHARE = 0.8
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 #: A change whose rounds rank below the A/A arm's with at most this chance under no
@@ -96,7 +91,7 @@ def clear_gain(ratios: Sequence[float], noise: float, same: Sequence[float] = ()
         return False
     # On fewer than DECIDE_ROUNDS rounds a median is one outlier away from anything:
     # the gain is then the worst round's.
-    gain = 1.0 - (_median(ratios) if len(ratios) >= DECIDE_ROUNDS else max(ratios))
+    gain = 1.0 - (statistics.median(ratios) if len(ratios) >= DECIDE_ROUNDS else max(ratios))
     faster = sum(r <= 1.0 - MIN_GAIN / 3 for r in ratios)
     if gain < MIN_GAIN or faster < FASTER_SHARE * len(ratios):
         return False
@@ -105,7 +100,7 @@ def clear_gain(ratios: Sequence[float], noise: float, same: Sequence[float] = ()
 
 def _promising(ratios: Sequence[float]) -> bool:
     """A median gain of at least ``MIN_GAIN``: worth more rounds when undecided."""
-    return bool(ratios) and 1.0 - _median(ratios) >= MIN_GAIN
+    return bool(ratios) and 1.0 - statistics.median(ratios) >= MIN_GAIN
 
 
 @dataclass(frozen=True)
@@ -266,8 +261,10 @@ class Advisor:
         self.started = clock()
         self.deadline = self.started + options.budget
         self.workdir = Path(tempfile.mkdtemp(prefix="torchaxe-advise-"))
-        #: How far apart two runs of the unchanged script landed (A/A), as a fraction.
+        #: How far apart two runs of the unchanged script landed (A/A), as a fraction,
+        #: and the A/A arm's per-round ratios.
         self.noise = 0.0
+        self.same_ratios: list[float] = []
         self.advice = Advice(command=self.command, target=self.target, budget_seconds=options.budget,
                              repeats=options.repeats)
 
@@ -521,6 +518,7 @@ class Advisor:
 
     def _set_noise(self, noise_arm: ArmResult) -> None:
         if noise_arm.ratios:
+            self.same_ratios = list(noise_arm.ratios)
             self.noise = max(abs(1.0 - r) for r in noise_arm.ratios)
             self.advice.baseline["run_to_run_noise"] = self.noise
             self.advice.baseline["aa_ratios"] = [round(r, 4) for r in noise_arm.ratios]
@@ -535,7 +533,7 @@ class Advisor:
         while True:
             open_arms = [a for a in arms if a.ok and len(a.ratios) < MAX_ROUNDS and _promising(a.ratios)
                          and (len(a.ratios) < DECIDE_ROUNDS
-                              or not clear_gain(a.ratios, self.noise, noise_arm.ratios))]
+                              or not clear_gain(a.ratios, self.noise, self.same_ratios))]
             if not open_arms:
                 return True
             left = measurer.remaining()
@@ -580,8 +578,8 @@ class Advisor:
         winners: dict[str, Candidate] = {}
         for c in candidates:
             r = c.rec
-            if r.status != "measured" or r.speedup is None or \
-                    not clear_gain(r.ratios or [], self.noise, self.advice.baseline.get("aa_ratios") or []):
+            if r.status != "measured" or r.speedup is None or not clear_gain(r.ratios or [], self.noise,
+                                                                              self.same_ratios):
                 continue  # too small, not faster in every round, or within the run-to-run noise
             if r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision" \
                     and not self.options.check_accuracy:
@@ -606,10 +604,7 @@ class Advisor:
             fragment["sources"] = fixed_sources(findings, codes, folder, target=self.target)
         combined = self._knob_set("combined", fragment)
         if len(chosen) == 1:
-            only = chosen[0].rec
-            self.advice.combined = {"keys": [only.key], "speedup": only.speedup, "ratios": only.ratios,
-                                    "measured_seconds_saved_per_step": only.measured_seconds_saved_per_step,
-                                    "status": "measured", "knobs": fragment if only.applies == "knob" else {}}
+            self.advice.combined = _alone(chosen[0])
             return
         self.progress(f"measuring the {len(chosen)} chosen changes together")
         base_arm, (arm,), complete = measurer.compare(original, [combined], self.options.repeats, "combined")
@@ -624,33 +619,33 @@ class Advisor:
                          measured_seconds_saved_per_step=(base_arm.median or 0) * (1 - arm.ratio),
                          step_seconds_median=arm.median, original_step_seconds_median=base_arm.median)
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
+        if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN):
+            self.advice.combined = entry
+            return
+        # Not measured together (out of --budget), failed together, or slower together
+        # than the best of them alone (changes can interfere: two ways of compiling, a
+        # loader setting that starves a compiled step): keep that one alone, whose
+        # figure was measured.
+        for c in chosen:
+            c.rec.selected = c is best
         if not arm.ratio and not arm.error:
-            # The budget ran out before the changes ran together: keep the best alone,
-            # whose figure was measured.
-            for c in chosen:
-                c.rec.selected = c is best
             self.advice.notes.append(f"the chosen changes were not measured together (out of --budget): only "
                                      f"{best.rec.key} is kept")
-            self.advice.combined = {"keys": [best.rec.key], "speedup": best.rec.speedup, "ratios": best.rec.ratios,
-                                    "measured_seconds_saved_per_step": best.rec.measured_seconds_saved_per_step,
-                                    "status": "measured", "knobs": best.knobs if best.rec.applies == "knob" else {},
-                                    "together": {"keys": [c.key for c in chosen], "status": "not_measured"}}
-            return
-        if arm.error or (arm.ratio and 1.0 / arm.ratio < (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN)):
-            # Together they did worse than the best of them alone (changes can
-            # interfere: two ways of compiling, a loader setting that starves a
-            # compiled step): keep that one alone.
-            for c in chosen:
-                c.rec.selected = c is best
-            together = (f"failed ({arm.error})" if arm.error else f"{1.0 / arm.ratio:.2f}x")
+        else:
+            together = f"failed ({arm.error})" if arm.error else f"{1.0 / arm.ratio:.2f}x"
             self.advice.notes.append(f"the {len(chosen)} chosen changes together measured {together}, less than "
                                      f"{best.rec.key} alone ({best.rec.speedup:.2f}x): only that one is kept")
-            entry = {"keys": [best.rec.key], "speedup": best.rec.speedup, "ratios": best.rec.ratios,
-                     "measured_seconds_saved_per_step": best.rec.measured_seconds_saved_per_step,
-                     "status": "measured", "knobs": best.knobs if best.rec.applies == "knob" else {},
-                     "together": {"keys": [c.key for c in chosen], "status": entry["status"],
-                                  "speedup": entry.get("speedup"), "error": entry.get("error")}}
-        self.advice.combined = entry
+        self.advice.combined = {**_alone(best), "together": {
+            "keys": entry["keys"], "status": entry["status"], "speedup": entry.get("speedup"),
+            "error": entry.get("error")}}
+
+
+def _alone(c: Candidate) -> dict[str, Any]:
+    """The ``combined`` entry of one change on its own: its own measured figures."""
+    r = c.rec
+    return {"keys": [r.key], "speedup": r.speedup, "ratios": r.ratios,
+            "measured_seconds_saved_per_step": r.measured_seconds_saved_per_step, "status": "measured",
+            "knobs": c.knobs if r.applies == "knob" else {}}
 
 
 def _plot_data(profile: dict[str, Any]) -> dict[str, Any]:
