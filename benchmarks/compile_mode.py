@@ -57,8 +57,8 @@ def progress(line: str) -> None:
     sys.stderr.flush()
 
 
-def verdict_of(script: list[str], steps: int, max_shapes: int) -> dict[str, Any]:
-    command = [sys.executable, "-m", "torchaxe", "shapes", "--format", "json", "--target", "cpu", "--steps",
+def verdict_of(script: list[str], steps: int, max_shapes: int, target: str = "cpu") -> dict[str, Any]:
+    command = [sys.executable, "-m", "torchaxe", "shapes", "--format", "json", "--target", target, "--steps",
                str(steps), "--max-shapes", str(max_shapes), "--", "python", *script]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
@@ -68,7 +68,8 @@ def verdict_of(script: list[str], steps: int, max_shapes: int) -> dict[str, Any]
 
 def measure(name: str, script: list[str], args: argparse.Namespace) -> dict[str, Any]:
     progress(f"{name}: recording shapes ({args.shape_steps} steps)")
-    report = verdict_of(script, args.shape_steps, args.max_shapes)
+    script = [*script, "--device", args.target]
+    report = verdict_of(script, args.shape_steps, args.max_shapes, args.target)
     bucketing = None
     extra_padding = None
     if report["bucketing"]:
@@ -77,9 +78,9 @@ def measure(name: str, script: list[str], args: argparse.Namespace) -> dict[str,
                      "dim": b["dims"][0] if len(b["dims"]) == 1 else b["dims"], "pad_value": 0}
         extra_padding = b["chosen"]["extra_padding"]
     progress(f"{name}: verdict {report['verdict']}, pick {report['pick']}; measuring")
-    verdict = Verdict(verdict=report["verdict"], reasons=report["reasons"], picks={"cpu": report["pick"]})
-    sets = candidates("cpu", bucketing, backend=args.backend)
-    trial = run_compile_trial(["python", *script], verdict, "cpu", steps=args.steps, warmup=args.warmup,
+    verdict = Verdict(verdict=report["verdict"], reasons=report["reasons"], picks={args.target: report["pick"]})
+    sets = candidates(args.target, bucketing, backend=args.backend)
+    trial = run_compile_trial(["python", *script], verdict, args.target, steps=args.steps, warmup=args.warmup,
                               repeats=args.repeats, timeout=args.timeout, knob_sets=sets,
                               progress=lambda line: progress(f"{name}: {line}"))
     rows = []
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="per run, seconds")
     parser.add_argument("--only", choices=("gpt", "seq_varlen"), help="one example only")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                        help="device of the examples (their --device) and of the verdict (default cpu)")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps, args.warmup, args.shape_steps = 1, 6, 2, 8
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
     header = (f"torchaxe compile-mode benchmark  {started.isoformat(timespec='seconds')}\n"
               f"machine: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python "
-              f"{platform.python_version()}, torch {torch.__version__}, load {os.getloadavg()[0]:.2f} at start\n"
+              f"{platform.python_version()}, torch {torch.__version__}"
+              f"{', ' + torch.cuda.get_device_name() if args.target == 'cuda' else ''}, load {os.getloadavg()[0]:.2f} at start\n"
               f"backend {args.backend}; {args.repeats} round(s) interleaved; {args.warmup} warm-up + {args.steps} "
               f"steady steps per run; verdict from {args.shape_steps} recorded steps, --max-shapes {args.max_shapes}")
     results = []

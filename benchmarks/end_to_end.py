@@ -56,6 +56,12 @@ def torchaxe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torchaxe", *args], cwd=cwd, text=True, capture_output=True)
 
 
+def device_name() -> str:
+    import torch
+
+    return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+
+
 def log(line: str) -> None:
     print(f"end_to_end: {line}", file=sys.stderr, flush=True)
 
@@ -73,6 +79,8 @@ def main() -> int:
                         help="exhaustive over the candidates whose own ratio was below 1 only")
     parser.add_argument("--max-combinations", type=int, default=64)
     parser.add_argument("--record", metavar="FILE", help="append the result table to FILE (RESULTS.md)")
+    parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                        help="device of the script (passed as --device) and advise's --target (default cpu)")
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -85,14 +93,14 @@ def main() -> int:
     original_text = script.read_text()
     original_file = work / "original-train.py"
     original_file.write_text(original_text)
-    extra = args.args.split()
+    extra = [*args.args.split(), "--device", args.target]
     command = ["python", str(script), *extra]
 
     log(f"advise --budget {args.budget} on a copy of examples/gpt")
     t0 = time.perf_counter()
     accuracy = ["--check-accuracy"] if args.check_accuracy else []
     result = torchaxe("advise", "--budget", args.budget, "--format", "json", "--save", str(work / "advice.json"),
-                      "-q", *accuracy, "--", *command, cwd=copy)
+                      "--target", args.target, "-q", *accuracy, "--", *command, cwd=copy)
     advise_seconds = time.perf_counter() - t0
     if result.returncode != 0:
         print(result.stderr, file=sys.stderr)
@@ -107,7 +115,7 @@ def main() -> int:
     from torchaxe.advise.apply import read_run_knobs
 
     run_knobs, _ = read_run_knobs(copy)
-    options = TrialOptions(repeats=1, steps=args.steps, warmup=args.warmup, timeout=600.0, target="cpu")
+    options = TrialOptions(repeats=1, steps=args.steps, warmup=args.warmup, timeout=600.0, target=args.target)
     measurer = Measurer(command, options, progress=log)
     original = knob_set_from_dict({"name": "original", "sources": {str(script): str(original_file)}}, "e2e")
     tuned = knob_set_from_dict({"name": "tuned", **run_knobs}, "e2e")
@@ -115,7 +123,7 @@ def main() -> int:
 
     # Exhaustive: combinations of the candidates advise knew, on the original code.
     script.write_text(original_text)
-    findings = scan_paths([script], ScanOptions(target="cpu")).findings
+    findings = scan_paths([script], ScanOptions(target=args.target)).findings
     candidates = [r for r in advice["recommendations"] if r["status"] in ("measured", "failed")]
     if args.pruned:
         candidates = [r for r in candidates if r["status"] == "measured" and r["ratios"]
@@ -158,8 +166,8 @@ def main() -> int:
     speedup = 1 / tuned_arm.ratio if tuned_arm.ratio else None
     best_speedup = 1 / best.ratio if best else None
     lines = [
-        f"end-to-end on examples/gpt/train.py {' '.join(extra)} ({platform.machine()}, {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')})",
+        f"end-to-end on examples/gpt/train.py {' '.join(extra)} ({platform.machine()}, {os.cpu_count()} cores"
+        f"{', ' + device_name() if args.target == 'cuda' else ''}, {time.strftime('%Y-%m-%d')})",
         f"  advise: {advise_seconds:.0f} s (budget {args.budget}{', --check-accuracy' if args.check_accuracy else ''}); "
         f"chosen: {', '.join(chosen) or 'nothing'}",
         "  measured by advise: " + ", ".join(

@@ -329,6 +329,18 @@ def test_npu_target_tries_the_compile_mode_the_shapes_call_for() -> None:
     assert not any(k.startswith("knob:compile") for k in static)
 
 
+def test_cuda_target_tries_tf32_and_cudnn_benchmark_unless_the_script_set_them() -> None:
+    from torchaxe.advise.candidates import knob_candidates
+
+    static = {"shapes": {"static": True}, "summary": {}}
+    keys = {c.key: c.knobs for c in knob_candidates("cuda", static, {"matmul_precision": "highest"})}
+    assert keys["knob:tf32"] == {"torch": {"matmul_precision": "high"}}
+    assert keys["knob:cudnn-benchmark"] == {"torch": {"cudnn_benchmark": True}}
+    already = {c.key for c in knob_candidates("cuda", static, {"matmul_precision": "high", "cudnn_benchmark": True})}
+    assert "knob:tf32" not in already and "knob:cudnn-benchmark" not in already
+    assert "knob:tf32" not in {c.key for c in knob_candidates("cpu", static, {})}
+
+
 def test_a_gain_within_the_run_to_run_noise_is_not_chosen(script: Path) -> None:
     # The original against itself differs by 8%; the GELU fix saves only 5%.
     runs = FakeRuns(times={"original-again": 0.092, "code:AX110": 0.095})

@@ -164,6 +164,13 @@ def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, An
                    "(NPU path unverified on hardware)")
     precision = Accuracy(kind="unknown", detail="lower precision in matmuls and convolutions; "
                          "use --check-accuracy to measure the loss")
+    if target == "cuda" and settings.get("matmul_precision", "highest") == "highest":
+        add("knob:tf32", "precision", "torch.set_float32_matmul_precision('high'): float32 matmuls on TF32 tensor cores",
+            {"torch": {"matmul_precision": "high"}}, priority=0.9,
+            accuracy=Accuracy(kind="unknown", detail="float32 matmul inputs rounded to a 10-bit mantissa; "
+                              "use --check-accuracy to measure the loss"),
+            detail="Ampere and newer GPUs run float32 matmuls on tensor cores when TF32 is allowed; "
+                   "PyTorch leaves it off for matmuls by default")
     if target in ("cpu", "cuda", "npu"):
         add("knob:autocast-bf16", "precision", "mixed precision: the model's forward under torch.autocast(bfloat16)",
             {"autocast": {"dtype": "bfloat16"}}, group="precision", accuracy=precision, priority=1.0,
