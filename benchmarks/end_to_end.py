@@ -100,8 +100,10 @@ def main() -> int:
     t0 = time.perf_counter()
     accuracy = ["--check-accuracy"] if args.check_accuracy else []
     result = torchaxe("advise", "--budget", args.budget, "--format", "json", "--save", str(work / "advice.json"),
-                      "--target", args.target, "-q", *accuracy, "--", *command, cwd=copy)
+                      "--target", args.target, *accuracy, "--", *command, cwd=copy)
     advise_seconds = time.perf_counter() - t0
+    for line in result.stderr.splitlines()[-40:]:
+        log(f"advise: {line}")
     if result.returncode != 0:
         print(result.stderr, file=sys.stderr)
         return 2
@@ -172,6 +174,8 @@ def main() -> int:
         f"chosen: {', '.join(chosen) or 'nothing'}",
         "  measured by advise: " + ", ".join(
             f"{r['key']} {r['speedup']:.2f}x" for r in advice["recommendations"] if r["status"] == "measured"),
+        "  not measured (out of the budget): " + (", ".join(
+            r["key"] for r in advice["recommendations"] if r["status"] == "not_measured") or "none"),
         f"  original step median {1e3 * (base.median or 0):.1f} ms; tuned {1e3 * (tuned_arm.median or 0):.1f} ms",
         f"  tuned vs original: {speedup:.2f}x (per-round ratios {', '.join(f'{r:.3f}' for r in tuned_arm.ratios)})"
         if speedup else f"  tuned vs original: not measured ({tuned_arm.error})",

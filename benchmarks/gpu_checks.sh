@@ -16,13 +16,16 @@
 # Each part's output goes to $OUT/<part>.log and its last lines to stdout.
 #
 # Settings (environment): PYTHON (default python3), TOTAL (default 540 seconds),
-# TARGET (default cuda; cpu runs the same parts as a dry run), GPT_ARGS, E2E_BUDGET.
+# TARGET (default cuda; cpu runs the same parts as a dry run), PARTS (which of the parts,
+# default all), GPT_ARGS, E2E_BUDGET, E2E_LIMIT.
 set -u
 OUT=${OUT:-/tmp/torchaxe-gpu}
 PY=${PYTHON:-python3}
 TOTAL=${TOTAL:-540}
 TARGET=${TARGET:-cuda}
 E2E_BUDGET=${E2E_BUDGET:-150s}
+E2E_LIMIT=${E2E_LIMIT:-320}
+PARTS=${PARTS:-env tests prefetch e2e compile}
 GPT_ARGS=${GPT_ARGS:---batch-size 32 --seq-len 256 --d-model 512 --n-layers 6 --n-heads 8 --vocab-size 8192 --steps 100000 --log-every 100000}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -33,6 +36,7 @@ START=$(date +%s)
 part() {  # part NAME LIMIT COMMAND...: run it for at most LIMIT seconds (less if TOTAL is near)
     local name=$1 limit=$2 left
     shift 2
+    [[ " $PARTS " == *" $name "* ]] || return 0
     left=$(( START + TOTAL - $(date +%s) - 5 ))
     if (( left < 20 )); then echo "== $name: skipped, ${left}s left of ${TOTAL}s"; return; fi
     (( limit > left )) && limit=$left
@@ -48,7 +52,7 @@ part env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clo
   $PY -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name())'"
 part tests 75 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" tests/test_cuda.py tests/test_data_prefetch.py
 part prefetch 50 "$PY" benchmarks/prefetch_overlap.py --device "$TARGET" --mb 64 --rounds 3
-part e2e 320 "$PY" benchmarks/end_to_end.py --target "$TARGET" --budget "$E2E_BUDGET" --repeats 2 --pruned \
+part e2e "$E2E_LIMIT" "$PY" benchmarks/end_to_end.py --target "$TARGET" --budget "$E2E_BUDGET" --repeats 2 --pruned \
     --max-combinations 4 --check-accuracy --args "$GPT_ARGS"
 part compile 150 "$PY" benchmarks/compile_mode.py --target "$TARGET" --only gpt --repeats 2 --steps 20
 echo "== total $(( $(date +%s) - START ))s"

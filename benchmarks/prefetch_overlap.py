@@ -11,9 +11,9 @@ for ``--rounds`` rounds:
 Each way's median step time (the device synchronised at every step end) is printed
 with its ratio to ``blocking``, and the copy time alone (a step with no compute) so
 the hidden share can be read: ``(blocking - prefetch) / copy``. Needs a cuda (or npu)
-device; on a machine without one it says so and exits 2. Not run on hardware yet.
+device; on a machine without one it says so and exits 2. Run once on an H200 (RESULTS.md).
 
-    python benchmarks/prefetch_overlap.py --device cuda --mb 64 --rounds 5
+    python benchmarks/prefetch_overlap.py --device cuda --mb 64 --rounds 5 --workers 2
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matmuls", type=int, default=8, help="compute per step: matmuls of 4096x4096")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=0,
+                        help="DataLoader workers (0: batching and pinning on the training thread, in series with "
+                             "the step; with workers they run beside it, as in most real loops)")
     args = parser.parse_args(argv)
 
     import torch
@@ -61,12 +64,17 @@ def main(argv: list[str] | None = None) -> int:
         return x.sum() + batch.sum()
 
     def run(way: str, matmuls: int) -> list[float]:
-        loader = DataLoader(data, batch_size=samples, pin_memory=way != "blocking")
+        loader = DataLoader(data, batch_size=samples, pin_memory=way != "blocking", num_workers=args.workers,
+                            persistent_workers=False)
         source = DevicePrefetcher(loader, device) if way == "prefetch" else loader
         times = []
         module.synchronize()
         last = time.perf_counter()
         for (batch,) in source:
+            if way == "host":
+                times.append(time.perf_counter() - last)  # the loader alone: batching, nothing on the device
+                last = time.perf_counter()
+                continue
             if way == "blocking":
                 batch = batch.to(device)
             elif way == "pinned":
@@ -80,14 +88,18 @@ def main(argv: list[str] | None = None) -> int:
 
     results = {w: [] for w in ("blocking", "pinned", "prefetch")}
     copy_only = []
+    host_only = []
     for _ in range(args.rounds):
         for way in results:
             results[way].extend(run(way, args.matmuls))
         copy_only.extend(run("blocking", 0))
+        host_only.extend(run("host", 0))
     base = statistics.median(results["blocking"])
     copy = statistics.median(copy_only)
-    print(f"device {device}, {args.mb:g} MB batches, {args.matmuls} matmuls per step, {args.rounds} rounds")
-    print(f"  copy alone (blocking, no compute)  {1e3 * copy:8.2f} ms per step")
+    print(f"device {device}, {args.mb:g} MB batches, {args.matmuls} matmuls per step, {args.rounds} rounds, "
+          f"{args.workers} loader workers")
+    print(f"  loader alone (batching, pinning)   {1e3 * statistics.median(host_only):8.2f} ms per step")
+    print(f"  copy alone (blocking, no compute)  {1e3 * copy:8.2f} ms per step (the loader's batching included)")
     for way, times in results.items():
         median = statistics.median(times)
         print(f"  {way:<10} median {1e3 * median:8.2f} ms   ratio {median / base:.3f}")

@@ -84,7 +84,7 @@ class Clock:
 
 
 def run_advice(script: Path, runs: FakeRuns, **options):
-    profile = fake_profile(script)
+    profile = fake_profile(script, step=options.pop("step", 0.1))
     context = {"modules": [], "settings": options.pop("settings", {"num_threads": 2, "allowed_cpus": 2})}
     clock = options.pop("clock", None) or Clock()
     opts = AdviseOptions(target="cpu", budget=options.pop("budget", 600.0), **options)
@@ -329,6 +329,31 @@ def test_npu_target_tries_the_compile_mode_the_shapes_call_for() -> None:
     assert not any(k.startswith("knob:compile") for k in static)
 
 
+@pytest.mark.parametrize("step, given, expected", [(0.1, None, 8), (0.02, None, 25), (0.002, None, 64),
+                                                    (0.002, 5, 5)])
+def test_short_steps_are_measured_over_more_steps_per_run(script: Path, step, given, expected) -> None:
+    class Recording(FakeRuns):
+        def __call__(self, knobs, command, options, repeat):
+            self.steps = options.steps
+            return super().__call__(knobs, command, options, repeat)
+
+    runs = Recording()
+    advice = run_advice(script, runs, step=step, steps=given)
+    assert runs.steps == expected
+    assert json.loads(advice.to_json())["baseline"]["steps_per_run"] == expected
+
+
+def test_gpu_budgets_try_lower_precision_before_fixes_the_profile_found_no_time_in() -> None:
+    from torchaxe.advise.candidates import knob_candidates
+
+    static = {"shapes": {"static": True}, "summary": {}}
+    cuda = {c.key: c.priority for c in knob_candidates("cuda", static, {})}
+    cpu = {c.key: c.priority for c in knob_candidates("cpu", static, {})}
+    # A code fix with no measured share of the step has priority 1.0.
+    assert cuda["knob:autocast-bf16"] > cuda["knob:tf32"] > 1.0 and cuda["knob:autocast-fp16"] > 1.0
+    assert cpu["knob:autocast-bf16"] <= 1.0
+
+
 def test_cuda_target_tries_tf32_and_cudnn_benchmark_unless_the_script_set_them() -> None:
     from torchaxe.advise.candidates import knob_candidates
 
@@ -380,6 +405,28 @@ def test_no_extra_round_when_the_budget_is_spent(script: Path) -> None:
     assert len(recs["knob:compile"].ratios) == 2
     assert advice.combined["status"] == "measured" and not advice.partial
     assert len(runs.order) == 13 + 4
+
+
+def test_a_second_round_is_skipped_when_it_would_leave_no_time_to_measure_the_chosen_changes_together(
+        script: Path) -> None:
+    clock = Clock()
+
+    class SlowRuns(FakeRuns):
+        def __call__(self, knobs, command, options, repeat):
+            clock.now += 10.0  # runs take 10 s, five times what the profile suggested
+            run = super().__call__(knobs, command, options, repeat)
+            run.seconds = 10.0
+            return run
+
+    # Round 1 (with the warm-up run) ends at 70 s of 125; round 2 (6 runs) and the
+    # combined run's 4 would need 100 s: round 2 is skipped, the combination measured.
+    runs = SlowRuns()
+    advice = run_advice(script, runs, repeats=2, budget=125.0, clock=clock)
+    recs = {r.key: r for r in advice.recommendations}
+    assert len(recs["knob:compile"].ratios) == 1
+    assert advice.combined["status"] == "measured"
+    assert sorted(advice.combined["keys"]) == ["code:AX110", "knob:compile"]
+    assert advice.partial
 
 
 def test_a_change_slower_in_one_round_gets_more_rounds_and_one_slow_round_in_five_is_forgiven(script: Path) -> None:

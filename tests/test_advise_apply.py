@@ -86,6 +86,22 @@ def test_advise_again_measures_the_gain_achieved(script: Path, tmp_path: Path) -
     assert list(runs.knobs["original-before-apply"].sources) == [os.path.realpath(script)]
 
 
+def test_advise_again_measures_each_change_on_top_of_the_run_table(script: Path, tmp_path: Path) -> None:  # noqa: F811
+    apply_advice(load_advice(advice_file(script, tmp_path)))  # compile goes to torchaxe.toml
+    runs = FakeRuns(times={"original-before-apply": 0.1, "applied": 0.05})
+    advice = run_advice(script, runs)
+    keys = {r.key for r in advice.recommendations}
+    # compile is in the run table already: not tried again; the rest run under it.
+    assert not any(k.startswith("knob:compile") for k in keys)
+    assert runs.knobs["original"].compile is not None and runs.knobs["original-again"].compile is not None
+    assert runs.knobs["knob:autocast-bf16"].compile is not None
+    assert runs.knobs["knob:autocast-bf16"].autocast is not None
+    assert runs.knobs["original-before-apply"].compile is None
+    assert any("already set by the run table" in n and "knob:compile" in n for n in advice.notes)
+    # The gain achieved is measured first, before the budget goes to new changes.
+    assert runs.order.index("applied") < runs.order.index("original-again")
+
+
 def test_bad_advice_file_is_one_line(tmp_path: Path) -> None:
     result = torchaxe("apply", "--advice", str(tmp_path / "missing.json"))
     assert result.returncode == 2

@@ -162,22 +162,26 @@ def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, An
             {"npu": {"jit_compile": jit}}, priority=2.0,
             detail="online operator compilation pays off for fixed shapes and recompiles for every new shape "
                    "(NPU path unverified on hardware)")
+    # On a GPU or NPU lower precision is the largest change a budget can try (tensor
+    # cores), ahead of code fixes the profile found no time in; on a cpu it often is not.
+    device = target in ("cuda", "npu")
     precision = Accuracy(kind="unknown", detail="lower precision in matmuls and convolutions; "
                          "use --check-accuracy to measure the loss")
     if target == "cuda" and settings.get("matmul_precision", "highest") == "highest":
         add("knob:tf32", "precision", "torch.set_float32_matmul_precision('high'): float32 matmuls on TF32 tensor cores",
-            {"torch": {"matmul_precision": "high"}}, priority=0.9,
+            {"torch": {"matmul_precision": "high"}}, priority=1.4,
             accuracy=Accuracy(kind="unknown", detail="float32 matmul inputs rounded to a 10-bit mantissa; "
                               "use --check-accuracy to measure the loss"),
             detail="Ampere and newer GPUs run float32 matmuls on tensor cores when TF32 is allowed; "
                    "PyTorch leaves it off for matmuls by default")
     if target in ("cpu", "cuda", "npu"):
         add("knob:autocast-bf16", "precision", "mixed precision: the model's forward under torch.autocast(bfloat16)",
-            {"autocast": {"dtype": "bfloat16"}}, group="precision", accuracy=precision, priority=1.0,
+            {"autocast": {"dtype": "bfloat16"}}, group="precision", accuracy=precision,
+            priority=1.5 if device else 1.0,
             detail="matmuls and convolutions in bfloat16 (fp32 range, 8-bit mantissa)")
     if target in ("cuda", "npu"):
         add("knob:autocast-fp16", "precision", "mixed precision: the model's forward under torch.autocast(float16)",
-            {"autocast": {"dtype": "float16"}}, group="precision", accuracy=precision, priority=0.9,
+            {"autocast": {"dtype": "float16"}}, group="precision", accuracy=precision, priority=1.3,
             detail="float16 needs a GradScaler for training; measure the loss with --check-accuracy")
     if target == "cpu":
         allowed = settings.get("allowed_cpus") or os.cpu_count() or 1

@@ -60,8 +60,9 @@ def _progress_printer(quiet: bool):
               help="Where the advice is kept as JSON for `torchaxe apply`.")
 @click.option("--repeats", type=click.IntRange(min=1), default=2, show_default=True,
               help="Interleaved rounds per change (original, change, original, change ...).")
-@click.option("--steps", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Measured steps per run, after the warmup.")
+@click.option("--steps", type=click.IntRange(min=1), default=None,
+              help="Measured steps per run, after the warmup. Default: 8, or more for short steps (enough for "
+                   "half a second of steps, at most 64).")
 @click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True,
               help="Steps discarded at the start of every run: torch.compile compiles at the first step and "
                    "keeps compiling in the background for several more.")

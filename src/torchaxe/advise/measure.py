@@ -73,6 +73,11 @@ class Measurer:
     def expected_run_seconds(self) -> float:
         return Samples.of(self.run_seconds).median or 0.0
 
+    def fits(self, runs: int) -> bool:
+        """Whether ``runs`` more runs end before the deadline, at the run times so far."""
+        left = self.remaining()
+        return left is None or left >= runs * self.expected_run_seconds()
+
     def _run(self, knobs: KnobSet, repeat: int, label: str) -> TrialRun:
         left = self.remaining()
         # A run is not started when the runs so far say it would end past the deadline.
@@ -86,17 +91,23 @@ class Measurer:
         return run
 
     def compare(self, baseline: KnobSet, arms: Sequence[KnobSet], repeats: int,
-                what: str = "measuring", warm: bool = False) -> tuple[ArmResult, list[ArmResult], bool]:
+                what: str = "measuring", warm: bool = False,
+                reserve: int = 0) -> tuple[ArmResult, list[ArmResult], bool]:
         """Run ``repeats`` interleaved rounds. Returns the baseline, the arms and
         whether every planned run happened (False: the deadline cut it short).
         ``warm``: one unmeasured run of the baseline first, so that the first round
-        does not pay for cold file and compiler caches on one side only."""
+        does not pay for cold file and compiler caches on one side only.
+        ``reserve``: runs that must still fit after this comparison; a round after
+        the first is not started when, at the run times seen so far, it would eat
+        into them."""
         base = ArmResult(baseline.name, baseline)
         results = [ArmResult(k.name, k) for k in arms]
         try:
             if warm:
                 self._run(baseline, 0, f"{what}: warming the caches (not measured)")
             for repeat in range(1, repeats + 1):
+                if repeat > 1 and not self.fits(1 + sum(a.error is None for a in results) + reserve):
+                    return base, results, False
                 if not self.round(base, results, f"{what}: round {repeat}/{repeats}"):
                     break  # without a baseline nothing can be compared
         except OutOfTime:

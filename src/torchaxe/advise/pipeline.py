@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import shutil
 import statistics
@@ -103,12 +104,28 @@ def _promising(ratios: Sequence[float]) -> bool:
     return bool(ratios) and 1.0 - statistics.median(ratios) >= MIN_GAIN
 
 
+#: Measured steps of the profiled run, and of each trial run when the steps are not given.
+DEFAULT_STEPS = 8
+#: With short steps, each trial run measures at least this many seconds of steps (at
+#: most ``MAX_AUTO_STEPS``): eight 5 ms steps are one scheduler hiccup away from noise.
+MEASURE_WINDOW = 0.5
+MAX_AUTO_STEPS = 64
+
+
+def auto_steps(step_seconds: float | None) -> int:
+    """Measured steps per trial run for a script whose steps take ``step_seconds``."""
+    if not step_seconds or step_seconds <= 0:
+        return DEFAULT_STEPS
+    return max(DEFAULT_STEPS, min(MAX_AUTO_STEPS, math.ceil(MEASURE_WINDOW / step_seconds)))
+
+
 @dataclass(frozen=True)
 class AdviseOptions:
     target: str = "auto"
     budget: float = 600.0
     repeats: int = 2
-    steps: int = 8
+    #: Measured steps per trial run; ``None``: chosen from the profiled step time.
+    steps: int | None = None
     warmup: int = 10
     check_accuracy: bool = False
     #: Also scan the installed packages the run imported.
@@ -124,7 +141,7 @@ class AdviseOptions:
             raise TorchaxeError(f"--budget {self.budget:g}: must be a positive duration")
         if self.repeats < 1:
             raise TorchaxeError(f"--repeats {self.repeats}: must be at least 1")
-        if self.steps < 1:
+        if self.steps is not None and self.steps < 1:
             raise TorchaxeError(f"--steps {self.steps}: must be at least 1")
 
 
@@ -150,8 +167,8 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
         # The first run is bounded too: a script that never reaches its steps must not
         # hold advise past its budget.
         timeout = options.timeout if options.timeout is not None else options.budget
-        trial = TrialOptions(repeats=1, steps=options.steps, warmup=options.warmup, timeout=timeout,
-                             target=target, step_marker=options.step_marker)
+        trial = TrialOptions(repeats=1, steps=options.steps or DEFAULT_STEPS, warmup=options.warmup,
+                             timeout=timeout, target=target, step_marker=options.step_marker)
         argv = bootstrap_argv(str(knobs), str(out), command, trial)
         cut = argv.index("--")
         guard = Path(tmp) / "writes"
@@ -163,7 +180,7 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
                                   text=True, errors="replace", timeout=timeout + 30.0)
         except subprocess.TimeoutExpired:
             raise TorchaxeError(f"the script ran {timeout + 30:.0f} s without finishing its first {options.warmup} + "
-                                f"{options.steps} steps (--budget {options.budget:g} s): give a larger --budget, or "
+                                f"{options.steps or DEFAULT_STEPS} steps (--budget {options.budget:g} s): give a larger --budget, or "
                                 "--timeout") from None
         finally:
             from torchaxe.runtime.protect import restore
@@ -190,7 +207,7 @@ def _check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:
         if seen:
             raise TorchaxeError(
                 f"the script ended after {seen} training step(s); advise needs --warmup {options.warmup} + --steps "
-                f"{options.steps}: lower them, or make the script run longer")
+                f"{options.steps or DEFAULT_STEPS}: lower them, or make the script run longer")
         raise TorchaxeError(
             "no training step was detected (no optimizer.step() was seen): give the function that does one step "
             "with --step-marker MODULE:FUNCTION")
@@ -265,6 +282,10 @@ class Advisor:
         #: and the A/A arm's per-round ratios.
         self.noise = 0.0
         self.same_ratios: list[float] = []
+        #: Measured steps per trial run (``options.steps``, or chosen after the profile).
+        self.steps = options.steps or DEFAULT_STEPS
+        #: The run table of torchaxe.toml, under which every arm runs (see _against_run_knobs).
+        self.run_knobs: dict[str, Any] = {}
         self.advice = Advice(command=self.command, target=self.target, budget_seconds=options.budget,
                              repeats=options.repeats)
 
@@ -288,10 +309,13 @@ class Advisor:
         _check_profile(base.profile, self.options)
         summary = base.profile.get("summary") or {}
         step = summary.get("step_seconds_median")
+        if self.options.steps is None:
+            self.steps = auto_steps(step)
         advice.baseline = {"step_seconds_median": step, "data_wait_fraction": summary.get("data_wait_fraction"),
                            "host_syncs_per_step": summary.get("host_syncs_per_step"),
                            "gc_fraction": summary.get("gc_fraction"), "profile_run_seconds": base.seconds,
-                           "source": "profiled run (with op recording on some steps)"}
+                           "source": "profiled run (with op recording on some steps)",
+                           "steps_per_run": self.steps, "warmup_per_run": self.options.warmup}
         advice.profile = _plot_data(base.profile)
 
         folder = self.script.folder
@@ -334,17 +358,55 @@ class Advisor:
                 files=[f.path]))
         candidates = codes + knob_candidates(self.target, base.profile, settings) + env_candidates
         candidates += self._stored_candidates()
+        candidates = self._against_run_knobs(candidates)
         if self.options.skip:
             skipped = [c for c in candidates if c.key.startswith(self.options.skip)]
             candidates = [c for c in candidates if c not in skipped]
             if skipped:
                 advice.notes.append("not tried (--skip): " + ", ".join(c.key for c in skipped))
         advice.recommendations = [c.rec for c in candidates] + advice_recs
+        # After `torchaxe apply`, the gain achieved is what a second advise is for:
+        # measured first, so that the budget cannot run out before it.
+        self._achieved(base)
         if candidates:
             self._measure(candidates, findings, base)
         else:
             advice.notes.append("nothing to measure: no fixable finding and no runtime setting to try")
-        self._achieved(base)
+
+    def _against_run_knobs(self, candidates: list[Candidate]) -> list[Candidate]:
+        """With a ``run`` table in torchaxe.toml (what ``torchaxe run`` applies), every
+        change is measured on top of it, against the script under it; a setting the
+        table already makes is not tried again."""
+        from torchaxe.advise.apply import read_run_knobs
+
+        knobs, source = read_run_knobs(self.script.folder)
+        if not knobs:
+            return candidates
+        try:
+            knob_set_from_dict({"name": "run", **knobs}, str(source))
+        except TorchaxeError as exc:
+            self.advice.notes.append(f"the run table is not valid ({exc}): changes are measured against the script "
+                                     "without it")
+            return candidates
+        self.run_knobs = knobs
+
+        def covered(c: Candidate) -> bool:
+            for key, value in c.knobs.items():
+                have = knobs.get(key)
+                if have is None:
+                    continue
+                if not isinstance(value, dict) or not isinstance(have, dict) or set(value) & set(have):
+                    return True
+            return False
+
+        done = [c for c in candidates if c.rec.applies == "knob" and covered(c)]
+        if done:
+            self.advice.notes.append(f"already set by the run table of {source}, not tried again: "
+                                     + ", ".join(c.key for c in done))
+        self.advice.notes.append(f"every change is measured on top of the run table of {source} (as `torchaxe run` "
+                                 "applies it), against the script under that table")
+        self.advice.baseline["run_knobs"] = knobs
+        return [c for c in candidates if c not in done]
 
     def _achieved(self, base: BaselineProfile) -> None:
         """After ``torchaxe apply``: the script as it is now, with its run knobs,
@@ -361,7 +423,7 @@ class Advisor:
         except TorchaxeError as exc:
             self.advice.achieved = {"status": "failed", "error": str(exc)}
             return
-        before = self._knob_set("original-before-apply", {"sources": originals})
+        before = self._knob_set("original-before-apply", {"sources": originals}, run_knobs=False)
         measurer = Measurer(self.command, self._trial_options(base), deadline=self.deadline, runner=self.runner,
                             clock=self.clock, progress=self.progress)
         self.progress("measuring the gain achieved: the applied changes against the original files")
@@ -447,7 +509,7 @@ class Advisor:
         steps = base.profile.get("steps") or []
         startup = (steps[0].get("start_seconds") if steps else None) or 0.3 * base.seconds
         median = (base.profile.get("summary") or {}).get("step_seconds_median") or 0.0
-        estimate = startup + 1.2 * (self.options.warmup + self.options.steps) * median + 1.0
+        estimate = startup + 1.2 * (self.options.warmup + self.steps) * median + 1.0
         return max(min(estimate, base.seconds), 1.0)
 
     def _trial_options(self, base: BaselineProfile) -> TrialOptions:
@@ -455,11 +517,13 @@ class Advisor:
         if timeout is None:
             # A run may take far longer than the profiled one (a first compile), not forever.
             timeout = max(120.0, 10 * base.seconds)
-        return TrialOptions(repeats=1, steps=self.options.steps, warmup=self.options.warmup, timeout=timeout,
+        return TrialOptions(repeats=1, steps=self.steps, warmup=self.options.warmup, timeout=timeout,
                             target=self.target, step_marker=self.options.step_marker)
 
-    def _knob_set(self, name: str, fragment: dict[str, Any]) -> KnobSet:
-        data = dict(fragment)
+    def _knob_set(self, name: str, fragment: dict[str, Any], run_knobs: bool = True) -> KnobSet:
+        """The knob set of one arm: ``fragment`` on top of the run table, if any
+        (``run_knobs=False``: the fragment alone)."""
+        data = _merge_knobs([self.run_knobs, fragment]) if run_knobs and self.run_knobs else dict(fragment)
         if self.options.check_accuracy:
             data["observe"] = {"loss": True}
         return knob_set_from_dict({"name": name, **data}, f"advise:{name}")
@@ -497,8 +561,10 @@ class Advisor:
         # same code land on this machine; a change must beat that to be chosen.
         same = self._knob_set("original-again", {})
         self.progress(f"measuring {len(arms)} changes against the original, {repeats} interleaved rounds")
+        # The chosen changes are measured together afterwards: their rounds are kept
+        # in reserve (the run times seen in the first round say whether they fit).
         base_arm, results, complete = measurer.compare(original, [same] + [k for _, k in arms], repeats,
-                                                       "measuring", warm=True)
+                                                       "measuring", warm=True, reserve=2 * repeats)
         noise_arm, results = results[0], results[1:]
         self._set_noise(noise_arm)
         if complete and not base_arm.error:
@@ -536,9 +602,7 @@ class Advisor:
                               or not clear_gain(a.ratios, self.noise, self.same_ratios))]
             if not open_arms:
                 return True
-            left = measurer.remaining()
-            per_run = measurer.expected_run_seconds()
-            if left is not None and left < (2 + len(open_arms) + reserve) * per_run:
+            if not measurer.fits(2 + len(open_arms) + reserve):
                 return True
             extra += 1
             self.progress(f"the budget allows more: round {len(base.runs) + 1} for "
