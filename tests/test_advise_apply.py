@@ -102,6 +102,24 @@ def test_advise_again_measures_each_change_on_top_of_the_run_table(script: Path,
     assert runs.order.index("applied") < runs.order.index("original-again")
 
 
+def test_apply_from_another_folder_finds_the_script_where_advise_ran(script: Path, tmp_path: Path,  # noqa: F811
+                                                                     monkeypatch) -> None:
+    cwd = os.getcwd()
+    monkeypatch.chdir(script.parent)
+    advice = json.loads(run_advice(script.relative_to(script.parent), FakeRuns()).to_json())
+    assert advice["command"][1] == script.name and advice["cwd"] == str(script.parent)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    result = apply_advice(advice)
+    assert 'F.gelu(x, approximate="tanh")' in script.read_text()
+    assert result.config == script.parent / "torchaxe.toml"
+    monkeypatch.chdir(cwd)
+    gone = dict(advice, cwd=str(tmp_path / "no-such-folder"))
+    with pytest.raises(TorchaxeError, match="the folder advise ran in is gone"):
+        apply_advice(gone)
+
+
 def test_bad_advice_file_is_one_line(tmp_path: Path) -> None:
     result = torchaxe("apply", "--advice", str(tmp_path / "missing.json"))
     assert result.returncode == 2

@@ -168,7 +168,10 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     from torchaxe.scan.engine import ScanOptions
     from torchaxe.scan.fix import fix_paths
 
-    script = parse_command(advice["command"])
+    cwd = advice.get("cwd") if isinstance(advice.get("cwd"), str) else None
+    if cwd is not None and not os.path.isdir(cwd):
+        raise TorchaxeError(f"the folder advise ran in is gone: {cwd}")
+    script = parse_command(advice["command"], cwd=cwd)
     folder = script.folder
     recs = [r for r in advice["recommendations"] if isinstance(r, dict)]
     known = {r.get("key") for r in recs}
@@ -189,7 +192,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     for r in chosen:
         if r.get("applies") == "code" and r.get("status") != "advice":
             for f in r.get("files") or []:
-                real = os.path.realpath(f)
+                real = os.path.realpath(os.path.join(cwd, f) if cwd else f)
                 if not real.startswith(str(folder).rstrip(os.sep) + os.sep):
                     result.skipped_outside.append(f)
                 elif real not in files:

@@ -5,6 +5,7 @@ evidence they rest on. Plain data with a stable JSON form (schema
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,6 +144,8 @@ class Advice:
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
     repeats: int = 0
+    #: The working folder advise ran in: the command's relative paths are relative to it.
+    cwd: str = field(default_factory=os.getcwd)
 
     def ranked(self) -> list[Recommendation]:
         order = {"measured": 0, "advice": 1, "not_measured": 2, "failed": 3}
@@ -151,7 +154,7 @@ class Advice:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": SCHEMA, "command": self.command, "target": self.target,
+            "schema": SCHEMA, "command": self.command, "cwd": self.cwd, "target": self.target,
             "budget_seconds": self.budget_seconds, "elapsed_seconds": self.elapsed_seconds,
             "repeats": self.repeats, "partial": self.partial, "baseline": self.baseline,
             "recommendations": [r.to_dict() for r in self.ranked()],

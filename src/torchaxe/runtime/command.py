@@ -33,6 +33,8 @@ class ScriptCommand:
     args: tuple[str, ...] = ()
     #: The command as typed, for the profile.
     typed: tuple[str, ...] = ()
+    #: The working folder the command is meant for, when not this process's (a saved advice).
+    workdir: str | None = None
 
     @property
     def display(self) -> str:
@@ -47,7 +49,7 @@ class ScriptCommand:
             if real.is_dir() or real.suffix in (".zip", ".pyz"):
                 return real
             return real.parent
-        return Path.cwd()
+        return Path(self.workdir) if self.workdir else Path.cwd()
 
 
 def _is_python(token: str) -> bool:
@@ -55,8 +57,10 @@ def _is_python(token: str) -> bool:
     return bool(_PYTHON.match(name)) or os.path.abspath(token) == os.path.abspath(sys.executable)
 
 
-def parse_command(argv: Sequence[str]) -> ScriptCommand:
+def parse_command(argv: Sequence[str], cwd: str | None = None) -> ScriptCommand:
     """Understand ``python [-u] train.py ARGS``, ``python -m mod ARGS`` or ``train.py ARGS``.
+    ``cwd``: the working folder the command was typed in, when not this process's (a
+    relative script path is resolved there, and becomes absolute).
 
     Raises TorchaxeError, in one line, for anything else (other interpreter options,
     ``-c``, a launcher such as torchrun, a script that is not there)."""
@@ -93,17 +97,17 @@ def parse_command(argv: Sequence[str]) -> ScriptCommand:
         rest = tokens[1:] if first != "-m" else tokens[2:]
         if not module:
             raise TorchaxeError("-m needs a module name, e.g. `python -m package.train`")
-        return ScriptCommand("module", module, tuple(rest), typed)
+        return ScriptCommand("module", module, tuple(rest), typed, workdir=cwd)
     if first == "-":
         raise TorchaxeError("reading the script from stdin is not supported: give a file")
     if first.startswith("-"):
         raise TorchaxeError(f"{first}: expected a script, `python SCRIPT` or `python -m MODULE`")
-    path = Path(first)
+    path = Path(cwd, first) if cwd else Path(first)
     if not path.exists():
-        raise TorchaxeError(f"script not found: {first}")
+        raise TorchaxeError(f"script not found: {path}")
     if path.is_dir() and not (path / "__main__.py").exists():
         raise TorchaxeError(f"{first}: is a folder without __main__.py")
-    return ScriptCommand("path", first, tuple(tokens[1:]), typed)
+    return ScriptCommand("path", str(path) if cwd else first, tuple(tokens[1:]), typed, workdir=cwd)
 
 
 def check_module(command: ScriptCommand) -> None:
