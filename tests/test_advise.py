@@ -83,6 +83,21 @@ class Clock:
         return self.now
 
 
+class TimedRuns(FakeRuns):
+    """FakeRuns whose every run takes ``seconds`` of ``clock``, the budget's clock."""
+
+    def __init__(self, clock: Clock, seconds: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.clock = clock
+        self.seconds = seconds
+
+    def __call__(self, knobs, command, options, repeat):
+        self.clock.now += self.seconds
+        run = super().__call__(knobs, command, options, repeat)
+        run.seconds = self.seconds
+        return run
+
+
 def run_advice(script: Path, runs: FakeRuns, **options):
     profile = fake_profile(script, step=options.pop("step", 0.1))
     context = {"modules": [], "settings": options.pop("settings", {"num_threads": 2, "allowed_cpus": 2})}
@@ -389,17 +404,9 @@ def test_the_budget_left_buys_more_rounds_for_promising_changes_only(script: Pat
 
 def test_no_extra_round_when_the_budget_is_spent(script: Path) -> None:
     clock = Clock()
-
-    class TimedRuns(FakeRuns):
-        def __call__(self, knobs, command, options, repeat):
-            clock.now += 10.0  # every run takes 10 s of the budget
-            run = super().__call__(knobs, command, options, repeat)
-            run.seconds = 10.0
-            return run
-
     # 13 planned runs (130 s) and the combined run's 4 (40 s) fit in 209 s; a third
     # round (4 more runs, keeping the combined run's 4 in reserve: 80 s) does not.
-    runs = TimedRuns()
+    runs = TimedRuns(clock, 10.0)
     advice = run_advice(script, runs, repeats=2, budget=209.0, clock=clock)
     recs = {r.key: r for r in advice.recommendations}
     assert len(recs["knob:compile"].ratios) == 2
@@ -410,17 +417,10 @@ def test_no_extra_round_when_the_budget_is_spent(script: Path) -> None:
 def test_a_second_round_is_skipped_when_it_would_leave_no_time_to_measure_the_chosen_changes_together(
         script: Path) -> None:
     clock = Clock()
-
-    class SlowRuns(FakeRuns):
-        def __call__(self, knobs, command, options, repeat):
-            clock.now += 10.0  # runs take 10 s, five times what the profile suggested
-            run = super().__call__(knobs, command, options, repeat)
-            run.seconds = 10.0
-            return run
-
-    # Round 1 (with the warm-up run) ends at 70 s of 125; round 2 (6 runs) and the
-    # combined run's 4 would need 100 s: round 2 is skipped, the combination measured.
-    runs = SlowRuns()
+    # Runs take 10 s, five times what the profile suggested. Round 1 (with the warm-up
+    # run) ends at 70 s of 125; round 2 (6 runs) and the combined run's 4 would need
+    # 100 s: round 2 is skipped, the combination measured.
+    runs = TimedRuns(clock, 10.0)
     advice = run_advice(script, runs, repeats=2, budget=125.0, clock=clock)
     recs = {r.key: r for r in advice.recommendations}
     assert len(recs["knob:compile"].ratios) == 1
