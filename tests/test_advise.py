@@ -471,3 +471,69 @@ def test_a_change_below_every_round_of_a_noisy_original_is_chosen(script: Path) 
     recs = {r.key: r for r in advice.recommendations}
     assert recs["knob:compile"].selected
     assert not recs["code:AX110"].selected  # 5%: the original's own runs came as low as 0.9
+
+
+def test_a_near_miss_clearly_faster_on_top_of_the_chosen_changes_is_added(script: Path) -> None:
+    # The original strays 12% from itself: the GELU fix's 8% alone is not clear, so
+    # only compile is chosen. On top of compile the fix saves 20% in every round.
+    runs = FakeRuns(times={"original-again": 0.088, "code:AX110": 0.092,
+                           "chosen": 0.05, "chosen+code-AX110": 0.04})
+    advice = run_advice(script, runs)
+    recs = {r.key: r for r in advice.recommendations}
+    assert recs["knob:compile"].selected and recs["code:AX110"].selected
+    assert sorted(advice.combined["keys"]) == ["code:AX110", "knob:compile"]
+    assert advice.combined["speedup"] == pytest.approx(2.5)
+    assert any("code:AX110 was added" in n for n in advice.notes)
+    variant = runs.knobs["chosen+code-AX110"]
+    assert variant.compile is not None and variant.sources  # both changes at once
+    # The chosen set and each variant run in the same rounds, after the original.
+    # First the small changes all at once (AX201 took as long as the original alone),
+    # then each promising one.
+    refining = runs.order[runs.order.index("chosen") - 1:]
+    assert refining[:4] == ["original", "chosen", "chosen+code-AX110+code-AX201", "chosen+code-AX110"]
+
+
+def test_a_near_miss_that_gains_nothing_on_top_is_left_out(script: Path) -> None:
+    runs = FakeRuns(times={"original-again": 0.088, "code:AX110": 0.092,
+                           "chosen": 0.05, "chosen+code-AX110": 0.05})
+    advice = run_advice(script, runs)
+    recs = {r.key: r for r in advice.recommendations}
+    assert not recs["code:AX110"].selected
+    assert advice.combined["keys"] == ["knob:compile"]
+    assert "on top of the chosen changes: 1.00" in recs["code:AX110"].detail
+
+
+def test_near_misses_are_not_tried_when_the_budget_is_spent(script: Path) -> None:
+    clock = Clock()
+    runs = TimedRuns(clock, 10.0, times={"original-again": 0.088, "code:AX110": 0.092})
+    # Two rounds of 6 runs and the warm-up run end at 130 s of 180: a refining
+    # comparison (original, compile, compile + the fix; two rounds) needs 60.
+    advice = run_advice(script, runs, repeats=2, budget=180.0, clock=clock)
+    assert len(runs.order) == 13
+    assert "chosen" not in runs.order
+    assert any("not tried on top of the chosen changes (out of --budget): code:AX110" in n for n in advice.notes)
+
+
+def test_lower_precision_is_not_added_on_top_without_its_accuracy_measured(script: Path) -> None:
+    runs = FakeRuns(times={"original-again": 0.088, "knob:autocast-bf16": 0.092, "code:AX110": 0.1})
+    advice = run_advice(script, runs)
+    assert not any("autocast" in name for name in runs.order if name.startswith("chosen"))
+    assert not any(r.selected for r in advice.recommendations if r.key == "knob:autocast-bf16")
+
+
+def test_small_changes_clearly_faster_together_on_top_are_all_added(script: Path) -> None:
+    # The fused optimizer saves nothing measurable alone (a fixed time per step, small
+    # beside the original's), but on top of compile the two fixes save 20%.
+    runs = FakeRuns(times={"original-again": 0.088, "code:AX110": 0.092, "code:AX201": 0.101, "chosen": 0.05,
+                           "chosen+code-AX110+code-AX201": 0.04, "chosen+code-AX110": 0.046})
+    advice = run_advice(script, runs)
+    assert {r.key for r in advice.recommendations if r.selected} == {"knob:compile", "code:AX110", "code:AX201"}
+    assert advice.combined["speedup"] == pytest.approx(2.5)
+    assert any("code:AX110, code:AX201 were added" in n for n in advice.notes)
+
+
+def test_a_change_slower_alone_beyond_the_noise_is_not_tried_on_top(script: Path) -> None:
+    runs = FakeRuns(times={"original-again": 0.088, "code:AX110": 0.092, "code:AX201": 0.12})
+    advice = run_advice(script, runs)
+    assert "chosen+code-AX110" in runs.order
+    assert not any("AX201" in name for name in runs.order if name.startswith("chosen"))

@@ -80,6 +80,24 @@ def test_a_wrong_pick_is_reported_and_text_renders():
     assert json.loads(json.dumps(report))["trial"]["pick_ok"] is False
 
 
+def test_the_winner_and_the_pick_are_judged_round_by_round():
+    # Round 2 ran on a machine twice as slow for everyone. Per round, static takes
+    # 0.8 of eager's step and dynamic 0.9 and 0.85: the pick (dynamic) is the median
+    # of 1.125 and 1.0625 above the winner, 9.4%, whatever the pooled steps say.
+    steady = {("eager", 1): 0.10, ("eager", 2): 0.20, ("compile-static", 1): 0.08, ("compile-static", 2): 0.16,
+              ("compile-dynamic", 1): 0.09, ("compile-dynamic", 2): 0.17}
+
+    def runner(knobs, command, options, repeat):
+        return TrialRun(knobs=knobs.name, repeat=repeat, ok=True, step_seconds=[steady[knobs.name, repeat]] * 6)
+
+    trial = run_compile_trial(["python", "t.py"], verdict("compile-dynamic"), "cpu", steps=4, warmup=2, repeats=2,
+                              runner=runner, knob_sets=candidates("cpu"))
+    assert trial.winner.name == "compile-static"
+    assert trial.pick_within == pytest.approx((1.125 + 0.17 / 0.16) / 2 - 1)
+    assert trial.pick_ok is False
+    assert trial.margin() == pytest.approx((0.8 / 0.9 + 0.8 / 0.85) / 2)
+
+
 def test_a_failed_candidate_is_kept_apart():
     def runner(knobs, command, options, repeat):
         if knobs.name == "compile-dynamic":

@@ -645,9 +645,8 @@ class Advisor:
             if r.status != "measured" or r.speedup is None or not clear_gain(r.ratios or [], self.noise,
                                                                               self.same_ratios):
                 continue  # too small, not faster in every round, or within the run-to-run noise
-            if r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision" \
-                    and not self.options.check_accuracy:
-                continue  # lower precision only with its accuracy measured
+            if not self._may_choose(c):
+                continue
             group = c.group or c.key
             if group not in winners or (winners[group].rec.speedup or 0) < r.speedup:
                 winners[group] = c
@@ -660,15 +659,10 @@ class Advisor:
                                      f"against the original's own rounds): nothing to combine")
             return
         fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
-        codes = [code for c in chosen if c.rec.applies == "code" for code in c.rec.rules]
-        fragment = _merge_knobs(fragments)
-        if codes:
-            folder = self.workdir / "combined"
-            folder.mkdir(parents=True, exist_ok=True)
-            fragment["sources"] = fixed_sources(findings, codes, folder, target=self.target)
-        combined = self._knob_set("combined", fragment)
+        combined = self._set_knobs("combined", chosen, findings)
         if len(chosen) == 1:
             self.advice.combined = _alone(chosen[0])
+            self._refine(chosen, candidates, findings, measurer, original)
             return
         self.progress(f"measuring the {len(chosen)} chosen changes together")
         base_arm, (arm,), complete = measurer.compare(original, [combined], self.options.repeats, "combined")
@@ -685,6 +679,7 @@ class Advisor:
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
         if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN):
             self.advice.combined = entry
+            self._refine(chosen, candidates, findings, measurer, original)
             return
         # Not measured together (out of --budget), failed together, or slower together
         # than the best of them alone (changes can interfere: two ways of compiling, a
@@ -702,6 +697,107 @@ class Advisor:
         self.advice.combined = {**_alone(best), "together": {
             "keys": entry["keys"], "status": entry["status"], "speedup": entry.get("speedup"),
             "error": entry.get("error")}}
+
+
+    def _set_knobs(self, name: str, members: Sequence[Candidate], findings) -> KnobSet:
+        """The knob set that makes all of ``members``' changes at once (their knobs
+        merged, their code fixes applied to copies of the files)."""
+        fragment = _merge_knobs([c.knobs for c in members if c.rec.applies == "knob"])
+        codes = [code for c in members if c.rec.applies == "code" for code in c.rec.rules]
+        if codes:
+            folder = self.workdir / name
+            folder.mkdir(parents=True, exist_ok=True)
+            fragment["sources"] = fixed_sources(findings, codes, folder, target=self.target)
+        return self._knob_set(name, fragment)
+
+    def _refine(self, chosen: list[Candidate], candidates: list[Candidate], findings, measurer: Measurer,
+                original: KnobSet) -> None:
+        """Try the near misses on top of what was chosen, while the budget lasts.
+
+        A change that saved time on its own but not clearly enough to be chosen may
+        still belong in the best combination: its gain was within the noise of a few
+        rounds, or it saves a fixed time per step (a fused optimizer) that is a larger
+        share of the faster step the chosen changes make. Measured in the same rounds
+        as the chosen set: the small changes all at once (those not slower alone by
+        more than the noise allows), then each promising one on its own. The variant
+        clearly faster than the chosen set (per round, the test a change passes
+        against the original) joins the choice. One step of a local search that
+        stands in for trying every combination."""
+        taken = {c.group or c.key for c in chosen}
+        pool: dict[str, Candidate] = {}
+        slack = 1.0 + max(MIN_GAIN, self.noise / 2)
+        for c in candidates:
+            group = c.group or c.key
+            if c in chosen or group in taken or c.rec.status != "measured" or not c.rec.ratios \
+                    or not self._may_choose(c) or statistics.median(c.rec.ratios) > slack:
+                continue
+            if group not in pool or statistics.median(c.rec.ratios) < statistics.median(pool[group].rec.ratios):
+                pool[group] = c
+        small = sorted(pool.values(), key=lambda c: statistics.median(c.rec.ratios or [1.0]))
+        near = [c for c in small if _promising(c.rec.ratios or [])]
+        variants: list[list[Candidate]] = [small] if len(small) >= 2 else []
+        variants += [[c] for c in near if [c] not in variants]
+        if not variants:
+            return
+        repeats = self.options.repeats
+        if measurer.deadline is not None:
+            room = int((measurer.remaining() or 0.0) / max(measurer.expected_run_seconds(), 1e-9))
+            fit = room // max(repeats, 1) - 2
+        else:
+            fit = len(variants)
+        tried, left_out = variants[:max(fit, 0)], variants[max(fit, 0):]
+        if left_out:
+            names = sorted({c.key for v in left_out for c in v} - {c.key for v in tried for c in v})
+            if names:
+                self.advice.notes.append("not tried on top of the chosen changes (out of --budget): "
+                                         + ", ".join(names))
+        if not tried:
+            return
+        chosen_set = self._set_knobs("chosen", chosen, findings)
+        sets = [self._set_knobs("chosen+" + "+".join(c.key.replace(":", "-") for c in v), chosen + v, findings)
+                for v in tried]
+        self.progress(f"trying {', '.join(c.key for c in small)} on top of the {len(chosen)} chosen change(s)")
+        base_arm, arms, complete = measurer.compare(original, [chosen_set] + sets, repeats, "refining")
+        if not complete:
+            self.advice.partial = True
+        set_arm, variant_arms = arms[0], arms[1:]
+        if set_arm.error or not set_arm.ratios:
+            return
+        best: tuple[float, list[Candidate], ArmResult, list[float]] | None = None
+        for v, arm in zip(tried, variant_arms):
+            if arm.error or not arm.ratios:
+                continue
+            paired = [a / b for a, b in zip(arm.ratios, set_arm.ratios)]
+            for c in v:
+                c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + (
+                    f"(on top of the chosen changes{' with ' + ', '.join(o.key for o in v if o is not c) if len(v) > 1 else ''}: "
+                    f"{statistics.median(paired):.2f} of their step time)")
+            if clear_gain(paired, self.noise, self.same_ratios) and (best is None
+                                                                     or statistics.median(paired) < best[0]):
+                best = (statistics.median(paired), v, arm, paired)
+        if best is None:
+            return
+        _, added, arm, paired = best
+        for c in added:
+            c.rec.selected = True
+        members = chosen + added
+        self.advice.combined = {
+            "keys": [m.key for m in members], "status": "measured", "speedup": 1.0 / (arm.ratio or 1.0),
+            "ratios": [round(r, 4) for r in arm.ratios],
+            "measured_seconds_saved_per_step": (base_arm.median or 0) * (1 - (arm.ratio or 1.0)),
+            "step_seconds_median": arm.median, "original_step_seconds_median": base_arm.median,
+            "knobs": _merge_knobs([m.knobs for m in members if m.rec.applies == "knob"])}
+        names = ", ".join(c.key for c in added)
+        self.advice.notes.append(
+            f"{names} {'was' if len(added) == 1 else 'were'} added to the chosen changes: on top of them "
+            f"{'it' if len(added) == 1 else 'together they'} took {statistics.median(paired):.2f} of their step "
+            f"time ({', '.join(f'{r:.2f}' for r in paired)} per round), though on its own no such gain was clear")
+
+    def _may_choose(self, c: Candidate) -> bool:
+        """Lower precision is chosen only with its accuracy measured."""
+        r = c.rec
+        return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision"
+                    and not self.options.check_accuracy)
 
 
 def _alone(c: Candidate) -> dict[str, Any]:

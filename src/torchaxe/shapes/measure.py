@@ -8,8 +8,10 @@ split is made here: the first ``warmup`` steps carry the compile and warm-up cos
 steady-state steps), the rest give the steady-state step time. Ratios to the baseline
 (the first candidate: eager, or ``jit_compile=False`` on the NPU) are per round, from
 the steady-state medians of the two runs of that round, and quoted as their median
-(min..max). The winner is the candidate with the lowest steady-state median; its
-compile overhead is paid back after ``overhead / gain per step`` steps.
+(min..max). The winner is the candidate with the lowest median ratio (a whole round
+run slow on a busy machine then weighs on every candidate alike); the pick is judged
+against it round by round. The winner's compile overhead is paid back after
+``overhead / gain per step`` steps.
 """
 
 from __future__ import annotations
@@ -103,20 +105,37 @@ class CompileTrial:
     def ok_results(self) -> list[CandidateResult]:
         return [r for r in self.results if r.ok and r.steady_median is not None]
 
+    def _paired(self) -> bool:
+        """Whether every candidate has a ratio to the baseline in each of the same rounds."""
+        ok = self.ok_results
+        return bool(ok) and all(r.ratios and len(r.ratios) == len(ok[0].ratios) for r in ok)
+
+    def _score(self, r: CandidateResult) -> float:
+        # Per-round ratios to the baseline, paired within a round, decide: a round that
+        # ran slow for every candidate (a busy machine) moves them all alike, where
+        # pooled step times would let it decide. Without rounds: the pooled median.
+        return Samples.of(r.ratios).median if self._paired() else r.steady_median
+
     @property
     def winner(self) -> CandidateResult | None:
+        """The fastest candidate: lowest median per-round ratio to the baseline."""
         ok = self.ok_results
-        return min(ok, key=lambda r: r.steady_median) if ok else None
+        return min(ok, key=self._score) if ok else None
 
     def result(self, name: str | None) -> CandidateResult | None:
         return next((r for r in self.results if r.name == name), None)
 
     @property
     def pick_within(self) -> float | None:
-        """How far the pick's steady-state median is above the winner's (0 = the winner)."""
+        """How far the pick is above the winner (0 = the winner): the median over rounds
+        of the pick's steady-state median over the winner's in the same round."""
         winner, picked = self.winner, self.result(self.pick)
         if winner is None or picked is None or not picked.ok or picked.steady_median is None:
             return None
+        if picked is winner:
+            return 0.0
+        if self._paired():
+            return Samples.of(p / w for p, w in zip(picked.ratios, winner.ratios)).median - 1.0
         return picked.steady_median / winner.steady_median - 1.0
 
     @property
@@ -125,10 +144,12 @@ class CompileTrial:
         return None if within is None else within <= PICK_TOLERANCE
 
     def margin(self) -> float | None:
-        """The winner's steady-state median over the runner-up's (below 1: faster)."""
-        ordered = sorted(self.ok_results, key=lambda r: r.steady_median)
+        """The winner over the runner-up (below 1: faster), per round when paired."""
+        ordered = sorted(self.ok_results, key=self._score)
         if len(ordered) < 2:
             return None
+        if self._paired():
+            return Samples.of(a / b for a, b in zip(ordered[0].ratios, ordered[1].ratios)).median
         return ordered[0].steady_median / ordered[1].steady_median
 
     def payback_steps(self) -> float | None:
