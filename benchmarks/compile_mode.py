@@ -4,9 +4,9 @@ For the fixed-shape example (examples/gpt/train.py) and the variable-length one
 (examples/seq_varlen/train.py):
 
 1. the verdict: ``torchaxe shapes --format json --target cpu`` (a subprocess) records
-   the shapes and names its pick (eager is never the pick on cpu: static shapes pick
-   ``compile-static``, dynamic ones ``compile-static+bucketing`` when bucketing is cheap,
-   else ``compile-dynamic``);
+   the shapes and names its pick (static shapes pick ``compile-static``, dynamic ones
+   ``compile-static+bucketing`` when bucketing is cheap, else ``compile-dynamic``, and
+   ``eager`` when recurrent layers, which torch.compile does not trace into, are there);
 2. the measurement: the candidate settings, each a knob set run by the trials in fresh
    subprocesses, interleaved A B C D A B C D over ``--repeats`` rounds:
    ``eager``, ``compile-static`` (``torch.compile(model, dynamic=False)``),
@@ -17,8 +17,8 @@ For the fixed-shape example (examples/gpt/train.py) and the variable-length one
    next ``--steps`` steps give the steady-state step time (median over all rounds; the
    mean is shown too, because with dynamic shapes a static compile keeps recompiling
    after the warm-up and the median hides it). Ratios are to eager, per round.
-3. the check: the fastest candidate by steady-state median, and whether the verdict's
-   pick is it or within 5% of it (the target).
+3. the check: the fastest candidate (lowest median of its per-round ratios to eager),
+   and whether the verdict's pick is it or within 5% of it, round by round (the target).
 
 Progress on stderr, the table on stdout (``--json``: one object).
 
@@ -123,7 +123,7 @@ def render(results: list[dict[str, Any]], header: str) -> str:
         verdict = ("n/a (pick not measured)" if within is None else
                    f"{'PASS' if res['pick_ok'] else 'FAIL'}: the pick is "
                    + ("the fastest" if within <= 1e-12 else f"{100 * within:.1f}% slower than the fastest"))
-        lines.append(f"  fastest (steady median): {res['fastest']}; {verdict} "
+        lines.append(f"  fastest (median per-round ratio): {res['fastest']}; {verdict} "
                      f"(target: within {100 * PICK_TOLERANCE:.0f}%)")
         lines.append("")
     return "\n".join(lines)

@@ -86,15 +86,17 @@ class Clock:
 class TimedRuns(FakeRuns):
     """FakeRuns whose every run takes ``seconds`` of ``clock``, the budget's clock."""
 
-    def __init__(self, clock: Clock, seconds: float, **kwargs) -> None:
+    def __init__(self, clock: Clock, seconds: float, by_name: dict[str, float] | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.clock = clock
         self.seconds = seconds
+        self.by_name = by_name or {}
 
     def __call__(self, knobs, command, options, repeat):
-        self.clock.now += self.seconds
+        seconds = self.by_name.get(knobs.name, self.seconds)
+        self.clock.now += seconds
         run = super().__call__(knobs, command, options, repeat)
-        run.seconds = self.seconds
+        run.seconds = seconds
         return run
 
 
@@ -537,3 +539,16 @@ def test_a_change_slower_alone_beyond_the_noise_is_not_tried_on_top(script: Path
     advice = run_advice(script, runs)
     assert "chosen+code-AX110" in runs.order
     assert not any("AX201" in name for name in runs.order if name.startswith("chosen"))
+
+
+def test_the_refining_runs_are_sized_on_the_chosen_changes_own_run_time(script: Path) -> None:
+    clock = Clock()
+    # Compiled runs take 40 s, the others 10 s. After the single-change rounds, the
+    # budget leaves about 150 s: enough for 15 runs of the original's length, but not
+    # for the 6 compiled runs (240 s) that trying one change on top of compile takes.
+    runs = TimedRuns(clock, 10.0, by_name={"knob:compile": 40.0, "chosen": 40.0},
+                     times={"original-again": 0.088, "code:AX110": 0.092})
+    advice = run_advice(script, runs, repeats=2, budget=330.0, clock=clock)
+    assert advice.recommendations and next(r for r in advice.recommendations if r.key == "knob:compile").selected
+    assert "chosen" not in runs.order
+    assert any("not tried on top of the chosen changes (out of --budget)" in n for n in advice.notes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from torchaxe.runtime.profile import Profile, RunInfo, ShapeReport
+from torchaxe.runtime.profile import InputSignature, Profile, RunInfo, ShapeReport, ShapeTally
 from torchaxe.shapes.analysis import analyse, explains, op_subject, variations
 from torchaxe.shapes.observe import Observation
 from torchaxe.shapes.recorder import DataDependentSite, LoaderInfo, OpTally
@@ -112,3 +112,21 @@ def test_static_everywhere():
     assert verdict.verdict == "static" and verdict.picks["cpu"] == "compile-static"
     assert any(r.target == "cuda" and "cudnn.benchmark = True" in r.setting for r in verdict.recommendations)
     assert any(r.target == "npu" and "jit_compile=True" in r.setting for r in verdict.recommendations)
+
+
+def test_a_recurrent_model_with_varying_lengths_stays_eager_on_cpu_and_cuda():
+    lengths = [40, 57, 64, 33, 61, 45, 64, 52]
+    loader = LoaderInfo(collate="pad_collate", collate_location="t.py:9", batch_size=8, drop_last=True,
+                        dataset_length=64, batches=[((8, t), (8,)) for t in lengths])
+    op = tally("aten.mm.default", {s: [((8 * t, 16), (16, 48))] for s, t in enumerate(lengths, 1)})
+    gru = ShapeTally(name="Net.gru", type="GRU", calls=8, signatures=[
+        InputSignature(shapes=[[8, t, 16]], dtypes=["float32"], count=1) for t in lengths])
+    obs = Observation(profile=profile_with_modules([gru]), ops=[op], sites=[], loaders=[loader], complete_steps=8)
+    obs.profile.steps = []
+    verdict = decide(analyse(obs))
+    assert verdict.verdict == "dynamic"
+    assert verdict.picks["cpu"] == verdict.picks["cuda"] == "eager"
+    assert verdict.picks["npu"] == "jit-compile-on+bucketing"  # the NPU compiles operators, not graphs
+    assert any("Net.gru (GRU)" in r and "allow_rnn" in r for r in verdict.reasons)
+    cpu = {r.kind for r in verdict.recommendations if r.target == "cpu"}
+    assert cpu == {"compile"}  # keep eager: no compile-dynamic, mark_dynamic or bucketing advice beside it

@@ -131,9 +131,12 @@ def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, An
         out.append(Candidate(rec=rec, knobs=knobs, group=group, priority=priority))
 
     bucketing = bucketing_knob(shapes.get("batches") or {}) if dynamic else None
+    # What the script already does itself is not tried again (see script_speedups).
+    own_compile = bool(settings.get("compiled_graphs"))
+    own_autocast = bool(settings.get("autocast"))
     compile_accuracy = Accuracy(kind="unknown", detail="compiled kernels may reorder floating-point sums; "
                                 "use --check-accuracy to measure the loss")
-    if target in ("cpu", "cuda"):
+    if target in ("cpu", "cuda") and not own_compile:
         if dynamic:
             add("knob:compile-dynamic", "compile", "torch.compile(model, dynamic=True): shapes vary between steps",
                 {"compile": {"mode": "default", "dynamic": True}}, group="compile", accuracy=compile_accuracy,
@@ -174,12 +177,12 @@ def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, An
                               "use --check-accuracy to measure the loss"),
             detail="Ampere and newer GPUs run float32 matmuls on tensor cores when TF32 is allowed; "
                    "PyTorch leaves it off for matmuls by default")
-    if target in ("cpu", "cuda", "npu"):
+    if target in ("cpu", "cuda", "npu") and not own_autocast:
         add("knob:autocast-bf16", "precision", "mixed precision: the model's forward under torch.autocast(bfloat16)",
             {"autocast": {"dtype": "bfloat16"}}, group="precision", accuracy=precision,
             priority=1.5 if device else 1.0,
             detail="matmuls and convolutions in bfloat16 (fp32 range, 8-bit mantissa)")
-    if target in ("cuda", "npu"):
+    if target in ("cuda", "npu") and not own_autocast:
         add("knob:autocast-fp16", "precision", "mixed precision: the model's forward under torch.autocast(float16)",
             {"autocast": {"dtype": "float16"}}, group="precision", accuracy=precision, priority=1.3,
             detail="float16 needs a GradScaler for training; measure the loss with --check-accuracy")
@@ -206,6 +209,19 @@ def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, An
             + (", pin_memory=True)" if "pin_memory" in knobs else ")"), {"dataloader": knobs},
             group="dataloader", priority=1.0 + 4 * wait, detail=f"the step waited for data {wait:.0%} of the time")
     return out
+
+
+def script_speedups(settings: dict[str, Any]) -> list[str]:
+    """Notes on the speed-ups the run showed the script making itself, whose knob
+    candidates are therefore left out."""
+    notes = []
+    if settings.get("compiled_graphs"):
+        notes.append(f"the script compiles its model itself ({settings['compiled_graphs']} graph(s) made by "
+                     f"torch.compile in the profiled run): torch.compile settings were not tried again")
+    if settings.get("autocast"):
+        notes.append(f"the script runs its model under autocast ({settings['autocast']}) itself: mixed "
+                     f"precision was not tried again")
+    return notes
 
 
 def bucketing_knob(batches: dict[str, Any], max_shapes: int = 4) -> dict[str, Any] | None:

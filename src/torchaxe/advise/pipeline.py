@@ -32,7 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from torchaxe.advise.candidates import Candidate, code_candidates, fixed_sources, knob_candidates
+from torchaxe.advise.candidates import (Candidate, code_candidates, fixed_sources, knob_candidates,
+                                        script_speedups)
 from torchaxe.advise.environment import environment_checks
 from torchaxe.advise.measure import ArmResult, Measurer, OutOfTime
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
@@ -49,6 +50,8 @@ MAX_ROUNDS = 5
 DECIDE_ROUNDS = 3
 #: The share of rounds a change must be faster in (every round, up to four rounds).
 FASTER_SHARE = 0.8
+#: Changes tried one by one on top of the chosen ones (besides all of them at once).
+MAX_NEAR_MISSES = 2
 
 
 #: A change whose rounds rank below the A/A arm's with at most this chance under no
@@ -284,6 +287,8 @@ class Advisor:
         self.same_ratios: list[float] = []
         #: Measured steps per trial run (``options.steps``, or chosen after the profile).
         self.steps = options.steps or DEFAULT_STEPS
+        #: Median wall seconds of a trial run, by the change it made.
+        self.run_seconds: dict[str, float] = {}
         #: The run table of torchaxe.toml, under which every arm runs (see _against_run_knobs).
         self.run_knobs: dict[str, Any] = {}
         self.advice = Advice(command=self.command, target=self.target, budget_seconds=options.budget,
@@ -357,6 +362,7 @@ class Advisor:
                 applies="code", location=f"{f.path}:{f.line}", status="advice", detail=f.message, rules=[f.code],
                 files=[f.path]))
         candidates = codes + knob_candidates(self.target, base.profile, settings) + env_candidates
+        advice.notes.extend(script_speedups(settings))
         candidates += self._stored_candidates()
         candidates = self._against_run_knobs(candidates)
         if self.options.skip:
@@ -616,6 +622,9 @@ class Advisor:
                 self._set_noise(noise_arm)
 
     def _record(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:
+        seconds = [r.seconds for r in arm.runs if r.seconds is not None]
+        if seconds:
+            self.run_seconds[rec.key] = statistics.median(seconds)
         if arm.error:
             rec.status = "failed"
             rec.error = arm.error
@@ -734,14 +743,17 @@ class Advisor:
             if group not in pool or statistics.median(c.rec.ratios) < statistics.median(pool[group].rec.ratios):
                 pool[group] = c
         small = sorted(pool.values(), key=lambda c: statistics.median(c.rec.ratios or [1.0]))
-        near = [c for c in small if _promising(c.rec.ratios or [])]
+        near = [c for c in small if _promising(c.rec.ratios or [])][:MAX_NEAR_MISSES]
         variants: list[list[Candidate]] = [small] if len(small) >= 2 else []
         variants += [[c] for c in near if [c] not in variants]
         if not variants:
             return
         repeats = self.options.repeats
         if measurer.deadline is not None:
-            room = int((measurer.remaining() or 0.0) / max(measurer.expected_run_seconds(), 1e-9))
+            # Every run here makes the chosen changes, so it takes as long as theirs did
+            # (a compiled run far longer than the original's).
+            per_run = max([measurer.expected_run_seconds()] + [self.run_seconds.get(c.key, 0.0) for c in chosen])
+            room = int((measurer.remaining() or 0.0) / max(per_run, 1e-9))
             fit = room // max(repeats, 1) - 2
         else:
             fit = len(variants)
@@ -765,8 +777,8 @@ class Advisor:
             return
         best: tuple[float, list[Candidate], ArmResult, list[float]] | None = None
         for v, arm in zip(tried, variant_arms):
-            if arm.error or not arm.ratios:
-                continue
+            if arm.error or len(arm.ratios) < min(repeats, 2):
+                continue  # a single round cut short by the budget decides nothing
             paired = [a / b for a, b in zip(arm.ratios, set_arm.ratios)]
             for c in v:
                 c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + (

@@ -362,6 +362,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(exit_code_for(measured))
 
+    probe = None
+    if args.context_out:
+        from torchaxe.runtime.run_context import ModelProbe
+
+        probe = ModelProbe().install()
     loaders.install()
     if binding is not None:
         binding.install()
@@ -381,6 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with source_overlay(overlay):
             profile = Harness(options, abandon=abandon).run(script)
     finally:
+        if probe is not None:
+            probe.uninstall()
         if tuned is not None:
             tuned.uninstall()
         if compiler is not None:

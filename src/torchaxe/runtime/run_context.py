@@ -60,8 +60,61 @@ def imported_files() -> list[str]:
     return sorted(out)
 
 
+#: What the model probe saw at the model's first call (see :class:`ModelProbe`).
+OBSERVED: dict[str, Any] = {}
+
+
+def _autocast_dtype(torch: Any, device_type: str) -> str | None:
+    """The autocast dtype in force for ``device_type`` now, or None when it is off."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+        dtype = torch.get_autocast_dtype(device_type)
+    except (TypeError, AttributeError, RuntimeError):  # torch < 2.4: per-device functions
+        if device_type == "cpu":
+            enabled, dtype = torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+        else:
+            enabled, dtype = torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+    return str(dtype).replace("torch.", "") if enabled else None
+
+
+class ModelProbe:
+    """Notes, at the model's first call (runtime/first_model.py), whether the script
+    runs it under autocast itself: then trying mixed precision again is pointless."""
+
+    def __init__(self) -> None:
+        from torchaxe.runtime.first_model import FirstModel
+
+        self.finder = FirstModel(self.observe)
+
+    def observe(self, module: Any) -> None:
+        import torch
+
+        try:
+            device_type = next(module.parameters()).device.type
+            OBSERVED["autocast"] = _autocast_dtype(torch, device_type)
+        except Exception:  # noqa: BLE001 - an observation must never break the user's run
+            pass
+
+    def install(self) -> "ModelProbe":
+        self.finder.install()
+        return self
+
+    def uninstall(self) -> None:
+        self.finder.uninstall()
+
+
+def _compiled_graphs() -> int:
+    """Graphs torch.compile (dynamo) made in this process: the script's own compiles."""
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return int(dynamo_utils.counters["stats"]["unique_graphs"]) if dynamo_utils is not None else 0
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return 0
+
+
 def settings() -> dict[str, Any]:
-    """The process-wide switches that slow training when left on."""
+    """The process-wide switches that slow training when left on, and the speed-ups
+    the script already makes itself (its own compile, its own autocast)."""
     out: dict[str, Any] = {
         "env": {k: os.environ[k] for k in SPEED_VARIABLES if k in os.environ},
         "gc_enabled": gc.isenabled(),
@@ -83,6 +136,9 @@ def settings() -> dict[str, Any]:
             out["profiler_enabled"] = bool(torch.autograd.profiler._is_profiler_enabled)
         except AttributeError:  # pragma: no cover - older torch
             pass
+        out["compiled_graphs"] = _compiled_graphs()
+    if "autocast" in OBSERVED:
+        out["autocast"] = OBSERVED["autocast"]
     return out
 
 

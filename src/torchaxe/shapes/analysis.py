@@ -71,6 +71,8 @@ class Subject:
     dims: list[DimVariation] = field(default_factory=list)
     #: A shape first seen in the second half of the calls: the set has not settled.
     late: bool = False
+    #: A module's class name (``GRU``); empty for operators and batches.
+    type: str = ""
 
     @property
     def dynamic(self) -> bool:
@@ -371,7 +373,7 @@ def analyse(observation: Observation) -> ShapeAnalysis:
         rank_varies, dims = variations(Counter({tuple(s for s in k if s is not None): v for k, v in counted.items()}))
         subjects.append(Subject(kind="module", name=module.name, calls=module.calls,
                                 distinct=len(module.signatures), truncated=module.truncated,
-                                rank_varies=rank_varies, dims=dims))
+                                rank_varies=rank_varies, dims=dims, type=module.type))
     ordered = [c for c in causes if c.kind == "partial-batch"] + [c for c in causes if c.kind != "partial-batch"] \
         + data_causes + item_causes
     for subject in subjects:

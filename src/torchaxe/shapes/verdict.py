@@ -29,6 +29,9 @@ VERDICTS = ("static", "dynamic", "mixed")
 TARGETS = ("npu", "cuda", "cpu")
 #: Bucketing is recommended before dynamic compilation when its extra padding is at most this.
 MAX_BUCKET_PADDING = 0.15
+#: torch.nn's recurrent layers: dynamo does not trace into them by default
+#: (``torch._dynamo.config.allow_rnn`` is False), so they break a compiled graph.
+RECURRENT_MODULES = frozenset({"RNN", "GRU", "LSTM"})
 
 
 @dataclass
@@ -159,8 +162,20 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
     picks: dict[str, str | None] = {}
     cheap_buckets = [b for b in buckets if b.chosen.extra_fraction <= MAX_BUCKET_PADDING]
     dims_text = _dims_text(analysis)
+    recurrent = sorted({f"{s.name} ({s.type})" for s in modules if s.type in RECURRENT_MODULES})
+    if recurrent and verdict != "static":
+        reasons.append(f"recurrent layers ({', '.join(recurrent)}): torch.compile does not trace into them "
+                       f"(torch._dynamo.config.allow_rnn is False), so compiling gains little and still "
+                       f"recompiles the rest for new shapes; keep eager on cpu and cuda")
     for target in TARGETS:
         npu = target == "npu"
+        eager = bool(recurrent) and verdict != "static" and not npu
+        if eager:
+            recs.append(Recommendation(target, "compile", "keep the model eager (no torch.compile)",
+                                       f"the recurrent layers ({', '.join(recurrent)}) break the graph and run as "
+                                       f"they are; with varying shapes the rest recompiles for each new shape",
+                                       "eager"))
+            picks[target] = "eager"
         if verdict == "static":
             if npu:
                 recs.append(Recommendation(target, "compile-mode", "torch_npu.npu.set_compile_mode(jit_compile=True)",
@@ -178,7 +193,7 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
                                                "per shape, so once; mode=\"reduce-overhead\" (CUDA graphs) also "
                                                "replays one recorded graph", "compile-static"))
             continue
-        if cheap_buckets and verdict == "dynamic":
+        if cheap_buckets and verdict == "dynamic" and not eager:
             b = cheap_buckets[0]
             picks[target] = "jit-compile-on+bucketing" if npu else "compile-static+bucketing"
             recs.append(Recommendation(
@@ -187,7 +202,9 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
                 f"elements than padding each batch to its own longest ({b.current_shapes} shapes now); the shapes "
                 f"are then static: use " + ("jit_compile=True" if npu else "torch.compile(model)") + " with it",
                 picks[target], npu))
-        if npu:
+        if eager:
+            pass
+        elif npu:
             if verdict == "dynamic":
                 recs.append(Recommendation(target, "compile-mode", "torch_npu.npu.set_compile_mode(jit_compile=False)",
                                            "dynamic shapes: with jit_compile=True every new shape compiles the "
@@ -223,7 +240,7 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
                 recs.append(Recommendation(target, "drop-last", "DataLoader(..., drop_last=True)",
                                            cause.message + ": with drop_last=True every batch has the same size",
                                            None, npu))
-        if verdict == "mixed" and buckets:
+        if verdict == "mixed" and buckets and not eager:
             b = buckets[0]
             recs.append(Recommendation(target, "bucketing", b.snippet(),
                                        f"{b.chosen.shapes} shape(s) for {100 * b.chosen.extra_fraction:.1f}% more "

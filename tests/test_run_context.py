@@ -1,0 +1,68 @@
+"""The run context: what the profiled run shows the script doing itself (its own
+torch.compile, its own autocast), read in the process that ran it, and the knob
+candidates advise then leaves out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchaxe.advise.candidates import knob_candidates, script_speedups
+
+SCRIPT = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+if {compile}:
+    model = torch.compile(model, backend="eager")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(6):
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled={autocast}):
+        loss = model(x).float().pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def run_context_of(tmp_path: Path, compile: bool, autocast: bool) -> dict:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(compile=compile, autocast=autocast))
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"name": "plain"}))
+    context = tmp_path / "context.json"
+    done = subprocess.run([sys.executable, "-m", "torchaxe.runtime.bootstrap", str(knobs), "--out",
+                           str(tmp_path / "p.json"), "--steps", "2", "--warmup", "1", "--target", "cpu",
+                           "--context-out", str(context), "--", "python", str(script)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert context.exists(), done.stderr
+    return json.loads(context.read_text())["settings"]
+
+
+def test_a_plain_script_neither_compiles_nor_autocasts(tmp_path: Path) -> None:
+    settings = run_context_of(tmp_path, compile=False, autocast=False)
+    assert settings["compiled_graphs"] == 0
+    assert settings["autocast"] is None
+
+
+def test_the_scripts_own_compile_and_autocast_are_seen(tmp_path: Path) -> None:
+    settings = run_context_of(tmp_path, compile=True, autocast=True)
+    assert settings["compiled_graphs"] >= 1
+    assert settings["autocast"] == "bfloat16"
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_what_the_script_does_itself_is_not_tried_again(target: str) -> None:
+    plain = {c.key for c in knob_candidates(target, {}, {})}
+    assert "knob:compile" in plain and "knob:autocast-bf16" in plain
+    own = {c.key for c in knob_candidates(target, {}, {"compiled_graphs": 3, "autocast": "bfloat16"})}
+    assert not any(k.startswith(("knob:compile", "knob:autocast")) for k in own)
+    notes = script_speedups({"compiled_graphs": 3, "autocast": "bfloat16"})
+    assert "compiles its model itself (3 graph(s)" in notes[0] and "autocast (bfloat16)" in notes[1]
+    assert script_speedups({"compiled_graphs": 0}) == []
