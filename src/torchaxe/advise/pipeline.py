@@ -665,7 +665,8 @@ class Advisor:
         if not chosen:
             self.advice.notes.append(f"no change saved at least {MIN_GAIN:.0%} of the step in every round and more "
                                      f"than the run-to-run noise ({self.noise:.0%} at most, or beyond chance "
-                                     f"against the original's own rounds): nothing to combine")
+                                     f"against the original's own rounds)")
+            self._refine([], candidates, findings, measurer, original)
             return
         fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
         combined = self._set_knobs("combined", chosen, findings)
@@ -745,7 +746,8 @@ class Advisor:
         small = sorted(pool.values(), key=lambda c: statistics.median(c.rec.ratios or [1.0]))
         near = [c for c in small if _promising(c.rec.ratios or [])][:MAX_NEAR_MISSES]
         variants: list[list[Candidate]] = [small] if len(small) >= 2 else []
-        variants += [[c] for c in near if [c] not in variants]
+        if chosen:  # with nothing chosen, one alone again would only be another round of its own
+            variants += [[c] for c in near if [c] not in variants]
         if not variants:
             return
         repeats = self.options.repeats
@@ -765,25 +767,36 @@ class Advisor:
                                          + ", ".join(names))
         if not tried:
             return
-        chosen_set = self._set_knobs("chosen", chosen, findings)
         sets = [self._set_knobs("chosen+" + "+".join(c.key.replace(":", "-") for c in v), chosen + v, findings)
                 for v in tried]
-        self.progress(f"trying {', '.join(c.key for c in small)} on top of the {len(chosen)} chosen change(s)")
-        base_arm, arms, complete = measurer.compare(original, [chosen_set] + sets, repeats, "refining")
+        if chosen:
+            self.progress(f"trying {', '.join(c.key for c in small)} on top of the {len(chosen)} chosen change(s)")
+            sets.insert(0, self._set_knobs("chosen", chosen, findings))
+        else:
+            self.progress(f"trying {', '.join(c.key for c in small)} together")
+        base_arm, arms, complete = measurer.compare(original, sets, repeats, "refining")
         if not complete:
             self.advice.partial = True
-        set_arm, variant_arms = arms[0], arms[1:]
-        if set_arm.error or not set_arm.ratios:
-            return
+        if chosen:
+            set_arm, variant_arms = arms[0], arms[1:]
+            if set_arm.error or not set_arm.ratios:
+                return
+            against = set_arm.ratios
+        else:  # against the original itself
+            variant_arms = arms
+            against = [1.0] * len(base_arm.runs)
         best: tuple[float, list[Candidate], ArmResult, list[float]] | None = None
         for v, arm in zip(tried, variant_arms):
             if arm.error or len(arm.ratios) < min(repeats, 2):
                 continue  # a single round cut short by the budget decides nothing
-            paired = [a / b for a, b in zip(arm.ratios, set_arm.ratios)]
+            paired = [a / b for a, b in zip(arm.ratios, against)]
+            share = statistics.median(paired)
             for c in v:
-                c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + (
-                    f"(on top of the chosen changes{' with ' + ', '.join(o.key for o in v if o is not c) if len(v) > 1 else ''}: "
-                    f"{statistics.median(paired):.2f} of their step time)")
+                others = ", ".join(o.key for o in v if o is not c)
+                where = "on top of the chosen changes" + (f" with {others}" if others else "") if chosen \
+                    else f"together with {others}"
+                whose = "their" if chosen else "the original's"
+                c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + f"({where}: {share:.2f} of {whose} step time)"
             if clear_gain(paired, self.noise, self.same_ratios) and (best is None
                                                                      or statistics.median(paired) < best[0]):
                 best = (statistics.median(paired), v, arm, paired)
@@ -800,10 +813,16 @@ class Advisor:
             "step_seconds_median": arm.median, "original_step_seconds_median": base_arm.median,
             "knobs": _merge_knobs([m.knobs for m in members if m.rec.applies == "knob"])}
         names = ", ".join(c.key for c in added)
-        self.advice.notes.append(
-            f"{names} {'was' if len(added) == 1 else 'were'} added to the chosen changes: on top of them "
-            f"{'it' if len(added) == 1 else 'together they'} took {statistics.median(paired):.2f} of their step "
-            f"time ({', '.join(f'{r:.2f}' for r in paired)} per round), though on its own no such gain was clear")
+        per_round = f"({', '.join(f'{r:.2f}' for r in paired)} per round)"
+        if chosen:
+            self.advice.notes.append(
+                f"{names} {'was' if len(added) == 1 else 'were'} added to the chosen changes: on top of them "
+                f"{'it' if len(added) == 1 else 'together they'} took {statistics.median(paired):.2f} of their step "
+                f"time {per_round}, though on its own no such gain was clear")
+        else:
+            self.advice.notes.append(
+                f"{names} were chosen together: together they took {statistics.median(paired):.2f} of the "
+                f"original's step time {per_round}, though on its own no such gain was clear")
 
     def _may_choose(self, c: Candidate) -> bool:
         """Lower precision is chosen only with its accuracy measured."""
