@@ -181,6 +181,14 @@ def test_out_of_budget_changes_are_listed_unmeasured(script: Path) -> None:
     assert advice.partial or any("budget" in r.detail for r in advice.recommendations)
 
 
+def test_a_budget_that_fits_few_changes_says_how_much_would_fit_them_all(script: Path) -> None:
+    # Runs of 2 s (the profiled run's length): 20 s fit one change and the A/A arm.
+    advice = run_advice(script, FakeRuns(), budget=20.0)
+    assert [r.status for r in advice.recommendations].count("not_measured") == 3
+    assert any("the --budget fits 1 of 4 changes (3 not measured, listed last); about --budget 1m would measure "
+               "them all, at 2 s per run" in n for n in advice.notes)
+
+
 def test_interrupt_gives_partial_advice(script: Path) -> None:
     advice = run_advice(script, FakeRuns(interrupt_after=3))
     assert advice.partial
@@ -566,3 +574,25 @@ def test_with_nothing_clear_alone_the_small_changes_are_tried_together(script: P
     assert any("code:AX110, code:AX201 were chosen together" in n for n in advice.notes)
     assert "together with code:AX201: 0.75 of the original's step time" in next(
         r.detail for r in advice.recommendations if r.key == "code:AX110")
+
+
+def test_a_script_shorter_than_the_runs_asked_for_is_said_so(script: Path) -> None:
+    class ShortRuns(FakeRuns):
+        def __call__(self, knobs, command, options, repeat):
+            run = super().__call__(knobs, command, options, repeat)
+            run.step_seconds = run.step_seconds[:3]
+            run.status = "completed"
+            return run
+
+    advice = run_advice(script, ShortRuns())
+    assert any("the script ended before 10 + 8 steps: its runs measured only 3 step(s)" in n for n in advice.notes)
+
+
+def test_steps_per_run_stop_where_the_profiled_script_ended(script: Path) -> None:
+    profile = fake_profile(script, step=0.005)  # short steps: 64 would be asked for
+    profile["status"] = "completed"
+    profile["steps"] = [{"phase": "warmup", "seconds": 0.005}] * 10 + profile["steps"] * 3  # 22 steps in all
+    opts = AdviseOptions(target="cpu", budget=600.0)
+    advice = Advisor(["python", str(script)], opts, runner=FakeRuns(), clock=Clock(),
+                     profiler=lambda command, o, target: BaselineProfile(profile, {"modules": []}, 2.0)).run()
+    assert advice.baseline["steps_per_run"] == 12

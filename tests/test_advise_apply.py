@@ -57,6 +57,16 @@ def test_apply_diff_changes_nothing(script: Path, tmp_path: Path) -> None:  # no
     assert not (tmp_path / "torchaxe.toml").exists()
 
 
+def test_applying_a_change_measured_slower_warns(script: Path, tmp_path: Path) -> None:  # noqa: F811
+    path = tmp_path / "advice.json"
+    path.write_text(run_advice(script, FakeRuns(times={"code:AX110": 0.125})).to_json())
+    result = torchaxe("apply", "--diff", "--only", "code:AX110", "--advice", str(path), cwd=tmp_path)
+    assert result.returncode == 0
+    assert "warning: advise measured these slower than the original: code:AX110 (0.80x)" in result.stderr
+    quiet = torchaxe("apply", "--diff", "--only", "knob:compile", "--advice", str(path), cwd=tmp_path)
+    assert "warning" not in quiet.stderr
+
+
 def test_unsafe_fixes_need_the_flag(script: Path, tmp_path: Path) -> None:  # noqa: F811
     data = json.loads(advice_file(script, tmp_path).read_text())
     for rec in data["recommendations"]:
@@ -140,6 +150,22 @@ def test_run_applies_the_knobs_and_passes_the_exit_code(tmp_path: Path) -> None:
     assert result.returncode == 3
     shown = torchaxe("run", "--show", "--", "python", str(tmp_path / "train.py"), cwd=tmp_path)
     assert json.loads(shown.stdout)["env"] == {"MY_VAR": "on"}
+
+
+def test_run_of_a_script_without_an_optimizer_step_exits_as_the_script_did(tmp_path: Path) -> None:
+    # No torch.optim optimizer: torchaxe sees no step, which is not the script's failure.
+    (tmp_path / "train.py").write_text(
+        "import torch\n"
+        "w = torch.zeros(3, requires_grad=True)\n"
+        "for _ in range(3):\n"
+        "    (w - 1).pow(2).sum().backward()\n"
+        "    with torch.no_grad():\n"
+        "        w -= 0.1 * w.grad\n"
+        "        w.grad.zero_()\n"
+        "print('trained', round(float(w[0]), 3))\n")
+    result = torchaxe("run", "--", "python", str(tmp_path / "train.py"), cwd=tmp_path)
+    assert result.returncode == 0 and "trained 0.488" in result.stdout
+    assert "bootstrap" not in result.stderr and "profile written" not in result.stderr
 
 
 def test_run_refuses_bad_knobs_in_one_line(tmp_path: Path) -> None:

@@ -47,6 +47,19 @@ def test_text_summary_names_the_winners_and_what_to_run_next(advice) -> None:
     assert "torchaxe apply --" not in text.replace("torchaxe apply --diff", "")  # apply takes no command
 
 
+def test_text_summary_claims_no_rounds_or_choices_that_did_not_happen(script: Path) -> None:  # noqa: F811
+    from test_advise import Clock
+
+    nothing = run_advice(script, FakeRuns(), budget=100.0, clock=Clock(step=30.0))
+    out = io.StringIO()
+    render_advice_text(nothing, out, width=140)
+    text = out.getvalue()
+    assert "* chosen" not in text and "nothing measured clearly faster" in text
+    measured = sum(r.status == "measured" for r in nothing.recommendations)
+    assert f"{measured} of " in text and "changes measured" in text
+    assert "% at most" not in text  # no run-to-run noise is quoted when the original never ran against itself
+
+
 def test_html_escapes_every_user_string_and_loads_nothing(advice) -> None:
     page = render_advice_html(advice)
     assert PAYLOAD not in page
@@ -94,3 +107,12 @@ def test_html_renders_in_a_headless_browser(advice, tmp_path: Path) -> None:
     assert counts.get(green, 0) > 100
     if os.environ.get("TORCHAXE_KEEP_SCREENSHOT"):
         shutil.copy(shot, os.environ["TORCHAXE_KEEP_SCREENSHOT"])
+
+
+def test_the_gain_achieved_says_which_figure_is_which(advice) -> None:
+    advice.achieved = {"status": "measured", "speedup": 1 / 1.015, "ratios": [0.84, 1.19],
+                       "step_seconds_median": 0.06176, "original_step_seconds_median": 0.05772}
+    out = io.StringIO()
+    render_advice_text(advice, out, width=200)
+    assert ("Gain achieved since `torchaxe apply`: 0.99x, the median of the interleaved rounds (1.19x, 0.84x); "
+            "step medians over all rounds: now 61.76 ms, original 57.72 ms") in out.getvalue()

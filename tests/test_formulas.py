@@ -687,6 +687,19 @@ def test_a_transposed_key_is_rewritten_with_its_transpose(scan):
     assert "k.transpose(-2, -1)" in finding.replacement and not finding.fix.edits
 
 
+@pytest.mark.parametrize("body,says,never", [
+    # An additive float mask (0 / -inf), as encoders pass it: SDPA adds attn_mask the same way.
+    ("torch.softmax(q @ k.transpose(-2, -1) * 0.125 + mask, dim=-1) @ v",
+     "attn_mask=<mask: a float mask is added to the scores as it is>", "is_causal"),
+    ("torch.softmax((q @ k.transpose(-2, -1) * 0.125).masked_fill(mask == 0, float('-inf')), dim=-1) @ v",
+     "True where attention is allowed> (is_causal=True instead when it is the causal mask)", "added to the scores"),
+])
+def test_the_mask_advice_follows_how_the_mask_is_applied(scan, body, says, never):
+    source = f"import torch\ndef attend(q, k, v, mask):\n    return {body}\n"
+    [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX118"]
+    assert says in finding.replacement and never not in finding.replacement
+
+
 @pytest.mark.parametrize("imports,call,suppressed", [
     ("from torch.nn.functional import scaled_dot_product_attention", "scaled_dot_product_attention", True),
     ("from torch.nn.functional import scaled_dot_product_attention as sdpa", "sdpa", True),

@@ -66,3 +66,40 @@ def test_what_the_script_does_itself_is_not_tried_again(target: str) -> None:
     notes = script_speedups({"compiled_graphs": 3, "autocast": "bfloat16"})
     assert "compiles its model itself (3 graph(s)" in notes[0] and "autocast (bfloat16)" in notes[1]
     assert script_speedups({"compiled_graphs": 0}) == []
+
+
+@pytest.mark.parametrize("steps", ["2", "all"])
+def test_the_scripts_own_modules_count_as_imported_however_the_run_ends(tmp_path: Path, steps: str) -> None:
+    # "all": the script runs to its end, after which its own modules are dropped from
+    # sys.modules; "2": it is stopped in the middle of its loop.
+    (tmp_path / "model.py").write_text("from torch import nn\n\ndef build():\n    return nn.Linear(8, 2)\n")
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(compile=False, autocast=False).replace(
+        "model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))",
+        "from model import build\nmodel = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), build())"))
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"name": "plain"}))
+    context = tmp_path / "context.json"
+    subprocess.run([sys.executable, "-m", "torchaxe.runtime.bootstrap", str(knobs), "--out", str(tmp_path / "p.json"),
+                    "--steps", steps, "--warmup", "1", "--target", "cpu", "--context-out", str(context), "--",
+                    "python", str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    modules = json.loads(context.read_text())["modules"]
+    assert str((tmp_path / "model.py").resolve()) in modules
+    assert not any("torchaxe" in m for m in modules)  # the bootstrap (run as __main__) is ours, not the user's
+
+
+def test_a_script_that_compiles_its_own_model_runs_under_every_probe(tmp_path: Path) -> None:
+    # dynamo traces global module hooks and nn.Module.__call__ patches into the
+    # script's graph: torchaxe's probes must stay out of it (runtime/dynamo.py).
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(compile=True, autocast=False))
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"name": "plain", "autocast": {"dtype": "bfloat16"}}))
+    done = subprocess.run([sys.executable, "-m", "torchaxe.runtime.bootstrap", str(knobs), "--out",
+                           str(tmp_path / "p.json"), "--steps", "2", "--warmup", "1", "--target", "cpu", "--shapes",
+                           "--ops", "--context-out", str(tmp_path / "c.json"), "--", "python", str(script)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    profile = json.loads((tmp_path / "p.json").read_text())
+    assert profile["status"] == "stopped", done.stderr[-2000:]
+    assert "global hooks" not in done.stderr  # torch's warning about our hooks is not the user's business
+    assert json.loads((tmp_path / "c.json").read_text())["settings"]["compiled_graphs"] >= 1

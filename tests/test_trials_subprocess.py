@@ -134,3 +134,35 @@ def test_a_trial_run_leaves_the_files_the_script_writes_as_they_were(tmp_path):
     assert run.ok, run.error
     assert (tmp_path / "runs" / "log.csv").read_bytes() == before
     assert not (tmp_path / "runs" / "ckpt.pt").exists()
+
+
+def test_folders_a_trial_run_creates_are_removed_and_the_users_are_kept(tmp_path):
+    from torchaxe.runtime.knobs import knob_set_from_dict
+    from torchaxe.runtime.trials import TrialOptions, run_in_subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, pathlib, torch\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "os.makedirs('checkpoints/run1', exist_ok=True)\n"
+        "os.makedirs('kept', exist_ok=True)\n"
+        "pathlib.Path('logs').mkdir()\n"
+        "for step in range(20):\n"
+        "    loss = model(torch.ones(4, 2)).sum()\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n"
+        "    torch.save(model.state_dict(), f'checkpoints/run1/{step}.pt')\n"
+        "    open('kept/new.txt', 'w').write('x')\n"
+    )
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "old.txt").write_text("the user's")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        run = run_in_subprocess(knob_set_from_dict({"name": "a"}, "k"), ["python", str(script)],
+                                TrialOptions(steps=3, warmup=1, timeout=120), 1)
+    finally:
+        os.chdir(cwd)
+    assert run.ok, run.error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "train.py"]
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["old.txt"]

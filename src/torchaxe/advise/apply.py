@@ -158,6 +158,8 @@ class ApplyResult:
     config: Path | None = None
     originals: Path | None = None
     diffs: list[str] = field(default_factory=list)
+    #: Named with --only although advise measured them slower than the original.
+    slower: list[str] = field(default_factory=list)
 
 
 def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence[str] = (),
@@ -180,6 +182,8 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
             raise TorchaxeError(f"--only {key}: no such recommendation in the advice (see its `key` fields)")
     chosen = [r for r in recs if (r.get("key") in keys if keys else r.get("selected"))]
     result = ApplyResult()
+    result.slower = [f"{r['key']} ({r['speedup']:.2f}x)" for r in chosen
+                     if r.get("status") == "measured" and isinstance(r.get("speedup"), (int, float)) and r["speedup"] < 1]
     codes: list[str] = []
     for r in chosen:
         if r.get("applies") != "code" or r.get("status") == "advice":

@@ -182,6 +182,9 @@ def apply(advice_path, unsafe_fixes, keys, diff):
                    err=True)
     if result.originals is not None:
         click.echo(f"torchaxe apply: the original files are kept in {result.originals}", err=True)
+    if result.slower:
+        click.echo(f"torchaxe apply: warning: advise measured these slower than the original: "
+                   f"{', '.join(result.slower)}", err=True)
     if result.skipped_unsafe:
         click.echo(f"torchaxe apply: left out (unsafe, add --unsafe-fixes): {', '.join(result.skipped_unsafe)}",
                    err=True)
@@ -260,7 +263,7 @@ def run(target, show, command):
         path = Path(tmp) / "knobs.json"
         path.write_text(json.dumps(knobs.to_dict()), encoding="utf-8")
         argv = [sys.executable, "-m", "torchaxe.runtime.bootstrap", str(path), "--out", str(Path(tmp) / "p.json"),
-                "--steps", "all", "--warmup", "0", "--target", target, "--", *command]
+                "--steps", "all", "--warmup", "0", "--target", target, "--quiet", "--", *command]
         code = subprocess.call(argv, env=child_environment(knobs))
         code = _script_exit_code(Path(tmp) / "p.json", code)
     sys.exit(code)
@@ -281,4 +284,6 @@ def _script_exit_code(profile_path: Path, bootstrap_code: int) -> int:
         return 1
     if profile.get("status") == "interrupted":
         return 130
+    if profile.get("status") == "completed":
+        return 0  # ran to its end: whether torchaxe saw any step is not the script's exit code
     return bootstrap_code

@@ -316,6 +316,10 @@ class Advisor:
         step = summary.get("step_seconds_median")
         if self.options.steps is None:
             self.steps = auto_steps(step)
+            if base.profile.get("status") == "completed":
+                # The script ended within the profiled run: its runs hold no more steps than that.
+                total = len(base.profile.get("steps") or [])
+                self.steps = max(1, min(self.steps, total - self.options.warmup))
         advice.baseline = {"step_seconds_median": step, "data_wait_fraction": summary.get("data_wait_fraction"),
                            "host_syncs_per_step": summary.get("host_syncs_per_step"),
                            "gc_fraction": summary.get("gc_fraction"), "profile_run_seconds": base.seconds,
@@ -549,6 +553,13 @@ class Advisor:
         for c in ordered[len(chosen):]:
             c.rec.status = "not_measured"
             c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + "(not measured: out of --budget)"
+        if len(chosen) < len(ordered):
+            # Profile, warm-up run, the rounds of every change with the A/A arm, the combined run.
+            needed = (self.clock() - self.started) + per_run * (1 + repeats * (2 + len(ordered)) + 2 * repeats)
+            advice.notes.append(
+                f"the --budget fits {len(chosen)} of {len(ordered)} changes ({len(ordered) - len(chosen)} not "
+                f"measured, listed last); about --budget {math.ceil(needed / 60)}m would measure them all, at "
+                f"{per_run:.0f} s per run")
         arms = []
         for c in chosen:
             fragment = dict(c.knobs)
@@ -584,6 +595,13 @@ class Advisor:
             advice.baseline["data_wait_fraction"] = base_arm.data_wait_fraction
         if base_arm.error:
             raise TorchaxeError(f"the original script failed in a trial run: {base_arm.error}")
+        short = [len(r.step_seconds) for r in base_arm.runs if r.ok and r.status == "completed"
+                 and len(r.step_seconds) < self.steps]
+        if short:
+            advice.notes.append(
+                f"the script ended before {self.options.warmup} + {self.steps} steps: its runs measured only "
+                f"{min(short)} step(s) each after the warm-up; give it more steps (its own --steps, --epochs or "
+                f"--max-iters argument) for steadier figures")
         for (c, _), arm in zip(arms, results):
             self._record(c.rec, arm, base_arm)
         self._combine([c for c, _ in arms], findings, measurer, original)
@@ -663,9 +681,10 @@ class Advisor:
         for c in chosen:
             c.rec.selected = True
         if not chosen:
-            self.advice.notes.append(f"no change saved at least {MIN_GAIN:.0%} of the step in every round and more "
-                                     f"than the run-to-run noise ({self.noise:.0%} at most, or beyond chance "
-                                     f"against the original's own rounds)")
+            noise = (f"more than the run-to-run noise ({self.noise:.0%} at most, or beyond chance against the "
+                     f"original's own rounds)" if self.same_ratios else
+                     "beyond the run-to-run noise (not measured: the original's own runs did not fit the budget)")
+            self.advice.notes.append(f"no change saved at least {MIN_GAIN:.0%} of the step in every round and {noise}")
             self._refine([], candidates, findings, measurer, original)
             return
         fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]

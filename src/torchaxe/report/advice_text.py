@@ -50,7 +50,8 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         console.print(table)
         if len(ranked) > top:
             console.print(f"  ... {len(ranked) - top} more in --format json or html")
-        console.print("  * chosen: clearly faster (every round) and combined below")
+        if any(r.selected for r in ranked):
+            console.print("  * chosen: measured faster beyond the noise; together below")
     combined = advice.combined
     if combined:
         if combined.get("status") == "measured":
@@ -62,9 +63,10 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     if advice.achieved:
         a = advice.achieved
         if a.get("speedup"):
-            console.print(f"[bold]Gain achieved since `torchaxe apply`:[/bold] {a['speedup']:.2f}x "
-                          f"(now {_ms(a.get('step_seconds_median'))} vs original "
-                          f"{_ms(a.get('original_step_seconds_median'))}, measured interleaved)")
+            rounds = ", ".join(f"{1 / r:.2f}x" for r in a.get("ratios") or [] if r)
+            console.print(f"[bold]Gain achieved since `torchaxe apply`:[/bold] {a['speedup']:.2f}x, the median of "
+                          f"the interleaved rounds ({rounds}); step medians over all rounds: now "
+                          f"{_ms(a.get('step_seconds_median'))}, original {_ms(a.get('original_step_seconds_median'))}")
         elif a.get("error"):
             console.print(f"Gain achieved since `torchaxe apply`: not measured ({a['error']})")
     if advice.environment:
@@ -90,5 +92,9 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         console.print("  torchaxe run -- " + " ".join(advice.command))
     else:
         console.print("  nothing measured clearly faster; see the table for what was tried")
-    console.print(f"  ({advice.elapsed_seconds:.0f} s of a {advice.budget_seconds:.0f} s budget, "
-                  f"{advice.repeats} interleaved rounds per change)")
+    measured = [r for r in advice.recommendations if r.status == "measured"]
+    tried = [r for r in advice.recommendations if r.status in ("measured", "failed", "not_measured")]
+    rounds = max((len(r.ratios or []) for r in measured), default=0)
+    console.print(f"  ({advice.elapsed_seconds:.0f} s of a {advice.budget_seconds:.0f} s budget; "
+                  f"{len(measured)} of {len(tried)} changes measured"
+                  + (f", in up to {rounds} interleaved round{'s' if rounds != 1 else ''} each)" if measured else ")"))

@@ -290,6 +290,8 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--step-marker", default=None)
     parser.add_argument("--protect-writes", default=None, metavar="DIR",
                         help="keep copies of the files the run writes in DIR, for runtime/protect.py's restore")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no closing status line (torchaxe run: the script's own output is all there is)")
     parser.add_argument("--context-out", default=None,
                         help="also write the run's imported files and settings here (runtime/run_context.py)")
     return parser.parse_args(argv[:cut]), argv[cut + 1:]
@@ -407,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = exit_code_for(profile)
     if profile.error is not None and profile.error.traceback:
         sys.stderr.write(profile.error.traceback)
-    sys.stderr.write(f"torchaxe bootstrap: {profile.status}: {profile.detail}; profile written to {out}\n")
+    if not args.quiet:
+        sys.stderr.write(f"torchaxe bootstrap: {profile.status}: {profile.detail}; profile written to {out}\n")
     sys.stdout.flush()
     sys.stderr.flush()
     if profile.status in ("stopped", "timeout", "interrupted"):

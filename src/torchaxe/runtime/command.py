@@ -160,16 +160,24 @@ def run_command(command: ScriptCommand) -> None:
         _forget_local_modules(before, folder)
 
 
+#: Real paths of the files of the script's own modules that :func:`_forget_local_modules`
+#: dropped: the run imported them (runtime/run_context.py lists them with the rest).
+FORGOTTEN_FILES: set[str] = set()
+
+
 def _forget_local_modules(before: set[str], folder: str) -> None:
     """Drop modules the script imported from its own folder, so that a second run
     in the same interpreter (tests, trials) imports the user's current code. Modules
     from anywhere else (torch's lazily imported parts) stay: dropping those would
-    leave two copies of one module."""
+    leave two copies of one module. The dropped files are kept in ``FORGOTTEN_FILES``."""
     prefix = os.path.realpath(folder).rstrip(os.sep) + os.sep
     for name in set(sys.modules) - before:
         if name.split(".", 1)[0] in ("torchaxe", "torch"):
             continue  # a checkout of torchaxe or torch can sit below the working folder
         module = sys.modules.get(name)
         filename = getattr(module, "__file__", None) or ""
-        if filename and os.path.realpath(filename).startswith(prefix):
+        real = os.path.realpath(filename) if filename else ""
+        if real and real.startswith(prefix):
             sys.modules.pop(name, None)
+            if real.endswith(".py"):
+                FORGOTTEN_FILES.add(real)

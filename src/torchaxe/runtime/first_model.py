@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+from torchaxe.runtime.dynamo import compiling
+
 
 def has_parameters(module: Any) -> bool:
     return next(module.parameters(), None) is not None
@@ -37,6 +39,8 @@ class FirstModel:
         finder = self
 
         def __call__(module, *args, **kwargs):
+            if compiling():  # inside the script's own compiled graph: not ours to watch
+                return original(module, *args, **kwargs)
             depth = getattr(finder._local, "depth", 0)
             if depth == 0 and finder._original is not None and has_parameters(module):
                 finder.uninstall()

@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from torchaxe.runtime.dynamo import compiling, quiet_global_hook_warning
 from torchaxe.runtime.profile import HostSyncSite, InputSignature, ShapeTally
 
 #: Distinct input signatures kept per module before it is marked ``truncated``.
@@ -574,12 +575,15 @@ class ModuleShapeProbe:
         seen = self._seen
 
         def hook(module, args):
+            if compiling():
+                return  # the call is being traced into the script's own compiled graph
             entry = seen.get(id(module))
             if entry is None:
                 entry = seen[id(module)] = (module, ShapeTallier(tensor_type))
             entry[1].add(args)
 
         self._handle = register_module_forward_pre_hook(hook)
+        quiet_global_hook_warning()
 
     def uninstall(self) -> None:
         if self._handle is not None:
@@ -621,10 +625,13 @@ class FirstForwardProbe:
         from torch.nn.modules.module import register_module_forward_pre_hook
 
         def hook(module, args):
+            if compiling():
+                return
             self.uninstall()
             self.sink.activity()
 
         self._handle = register_module_forward_pre_hook(hook)
+        quiet_global_hook_warning()
 
     def uninstall(self) -> None:
         if self._handle is not None:

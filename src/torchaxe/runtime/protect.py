@@ -7,7 +7,8 @@ the bootstrap with ``--protect-writes DIR`` watches (with an audit hook, PEP 578
 file it opens for writing under the working folder or the script's folder; before the
 first such open of a file, the file is copied into ``DIR`` (or, if it did not exist,
 noted as created). When the run is over, the parent calls :func:`restore`: copies are
-put back (atomically) and files the run created are removed. Compiler caches, the
+put back (atomically) and files the run created are removed, and so are the folders
+it created (``os.mkdir``, ``os.makedirs``) once empty. Compiler caches, the
 caches and anything outside the two folders are not touched, and neither is
 a file written by a worker started with ``spawn`` (it has no hook).
 
@@ -68,6 +69,10 @@ class WriteGuard:
         torch.save = save
 
     def _hook(self, event: str, args: tuple[Any, ...]) -> None:
+        if event == "os.mkdir":
+            if args and not isinstance(args[0], int) and (len(args) < 3 or args[2] in (None, -1)):  # no dir_fd
+                self._guarded_note(args[0], folder=True)
+            return
         if event != "open":
             return
         try:
@@ -82,29 +87,37 @@ class WriteGuard:
         if not isinstance(path, int):
             self._guarded_note(path)
 
-    def _guarded_note(self, path: Any) -> None:
+    def _guarded_note(self, path: Any, folder: bool = False) -> None:
         """``_note``, never re-entered by its own file operations, never raising."""
         if getattr(self._local, "busy", False):
             return
         self._local.busy = True
         try:
-            self._note(path)
+            self._note(path, folder)
         except Exception:  # noqa: BLE001 - never disturb the user's run
             pass
         finally:
             self._local.busy = False
 
-    def _note(self, path: Any) -> None:
+    def _note(self, path: Any, folder: bool = False) -> None:
         text = os.fsdecode(os.fspath(path))
         real = os.path.realpath(text)
         if real in self.seen:
             return
-        self.seen.add(real)
         if real.startswith(self.folder + os.sep) or not real.startswith(self.roots):
             return
         if any(part in _SKIP_PARTS or part.startswith(_SKIP_PREFIXES) for part in Path(real).parts):
             return
         record: dict[str, Any] = {"path": real}
+        if folder:
+            if os.path.exists(real):
+                return  # not created by this call (exist_ok); a later mkdir of it is still watched
+            self.seen.add(real)
+            record["created_folder"] = True
+            with open(self.manifest, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+            return
+        self.seen.add(real)
         if os.path.isfile(real):
             self._count += 1
             backup = os.path.join(self.files, str(self._count))
@@ -136,6 +149,7 @@ def restore(folder: str | os.PathLike[str]) -> int:
     if not manifest.exists():
         return 0
     done: set[str] = set()
+    folders: list[str] = []
     count = 0
     for line in manifest.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
@@ -146,6 +160,9 @@ def restore(folder: str | os.PathLike[str]) -> int:
         if path in done:
             continue
         done.add(path)
+        if record.get("created_folder"):
+            folders.append(path)
+            continue
         try:
             if record.get("backup"):
                 staging = f"{path}.torchaxe-restore"
@@ -155,6 +172,14 @@ def restore(folder: str | os.PathLike[str]) -> int:
             elif record.get("created") and os.path.isfile(path):
                 os.remove(path)
                 count += 1
+        except OSError:
+            continue
+    # Folders the run made, deepest first, once the files in them are gone; one that
+    # still holds something (written by a process the guard did not watch) stays.
+    for path in sorted(folders, key=len, reverse=True):
+        try:
+            os.rmdir(path)
+            count += 1
         except OSError:
             continue
     return count

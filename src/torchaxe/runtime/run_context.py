@@ -39,11 +39,16 @@ def _stdlib_roots() -> tuple[str, ...]:
 
 
 def imported_files() -> list[str]:
-    """Real paths of the ``.py`` files of the modules imported now, stdlib, torch
-    and torchaxe left out (nothing of theirs is the user's to change)."""
+    """Real paths of the ``.py`` files of the modules the run imported, stdlib, torch
+    and torchaxe left out (nothing of theirs is the user's to change). The script's
+    own modules, dropped from ``sys.modules`` when it ended (runtime/command.py), count."""
+    from torchaxe.runtime.command import FORGOTTEN_FILES
+
     stdlib = _stdlib_roots()
     site = tuple(os.path.realpath(p).rstrip(os.sep) + os.sep for p in sys.path if p and "site-packages" in p)
-    out = set()
+    # The bootstrap runs as __main__, so its name does not give it away.
+    own = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).rstrip(os.sep) + os.sep
+    out = set(FORGOTTEN_FILES)
     for name, module in list(sys.modules.items()):
         if name.split(".", 1)[0] in ("torch", "torchaxe", "torchgen", "functorch", "triton", "numpy", "_pytest",
                                       "pytest", "click", "rich", "jinja2", "sympy", "mpmath", "networkx", "filelock",
@@ -54,7 +59,7 @@ def imported_files() -> list[str]:
         if not filename or not filename.endswith(".py"):
             continue
         real = os.path.realpath(filename)
-        if real.startswith(stdlib) and not real.startswith(site):
+        if (real.startswith(stdlib) and not real.startswith(site)) or real.startswith(own):
             continue
         out.add(real)
     return sorted(out)

@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchaxe.runtime.dynamo import compiling, quiet_global_hook_warning
+
 #: Distinct input signatures kept per operator; more marks it ``truncated``.
 MAX_OP_SIGNATURES = 512
 #: Batches whose shapes are kept per loader (the distribution for bucketing).
@@ -331,10 +333,13 @@ class LoaderProbe:
             from torch.nn.modules.module import register_module_forward_pre_hook
 
             def first_forward(module, args):
+                if compiling():
+                    return
                 recorder.active = True
                 self._remove_hook()
 
             self._hook = register_module_forward_pre_hook(first_forward)
+            quiet_global_hook_warning()
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
             # Installed before the harness's own hook, so it runs first (the

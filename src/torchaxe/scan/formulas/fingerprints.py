@@ -521,6 +521,7 @@ class AttentionMatcher(Matcher):
                 params["key_as_written"] = True
             if additive is not None:
                 inputs["mask"] = additive
+                params["mask_added"] = True  # a float mask added to the scores, as SDPA adds attn_mask
             for mask_holder in walk(p_node):
                 if mask_holder.op == "masked_fill" and len(mask_holder.args) >= 2:
                     inputs.setdefault("mask", mask_holder.args[1])

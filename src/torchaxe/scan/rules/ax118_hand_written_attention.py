@@ -144,8 +144,11 @@ class HandWrittenAttention(FormulaRule):
         extra = []
         if params.get("masked"):
             mask = match.inputs.get("mask")
-            extra.append(f"attn_mask=<{'from ' + mask if mask else 'the mask'}: True where attention is allowed> "
-                         "or is_causal=True")
+            if params.get("mask_added"):
+                extra.append(f"attn_mask=<{mask or 'the mask'}: a float mask is added to the scores as it is>")
+            else:
+                extra.append(f"attn_mask=<{'from ' + mask if mask else 'the mask'}: True where attention is allowed> "
+                             "(is_causal=True instead when it is the causal mask)")
         if params.get("dropout"):
             extra.append("dropout_p=(p if self.training else 0.0)")
         scale_arg = scale if scale is not None else ", scale=<the score scale>"
