@@ -101,12 +101,23 @@ def test_bootstrap_refuses_bad_knobs_in_one_line(tmp_path):
                                    "CPU numbers, got string \"0\"")
 
 
-def test_a_trial_run_leaves_the_files_the_script_writes_as_they_were(tmp_path):
-    """A script that truncates its log and writes a checkpoint: after the trial run
-    the log holds what it held before and the new checkpoint is gone."""
+def trial_run_in(folder, script):
+    """One trial run of ``script`` with ``folder`` as the working folder."""
     from torchaxe.runtime.knobs import knob_set_from_dict
     from torchaxe.runtime.trials import TrialOptions, run_in_subprocess
 
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        return run_in_subprocess(knob_set_from_dict({"name": "a"}, "k"), ["python", str(script)],
+                                 TrialOptions(steps=3, warmup=1, timeout=120), 1)
+    finally:
+        os.chdir(cwd)
+
+
+def test_a_trial_run_leaves_the_files_the_script_writes_as_they_were(tmp_path):
+    """A script that truncates its log and writes a checkpoint: after the trial run
+    the log holds what it held before and the new checkpoint is gone."""
     script = tmp_path / "train.py"
     script.write_text(
         "import os, torch\n"
@@ -124,22 +135,13 @@ def test_a_trial_run_leaves_the_files_the_script_writes_as_they_were(tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "log.csv").write_text("the user's real log\n" * 100)
     before = (tmp_path / "runs" / "log.csv").read_bytes()
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        run = run_in_subprocess(knob_set_from_dict({"name": "a"}, "k"), ["python", str(script)],
-                                TrialOptions(steps=3, warmup=1, timeout=120), 1)
-    finally:
-        os.chdir(cwd)
+    run = trial_run_in(tmp_path, script)
     assert run.ok, run.error
     assert (tmp_path / "runs" / "log.csv").read_bytes() == before
     assert not (tmp_path / "runs" / "ckpt.pt").exists()
 
 
 def test_folders_a_trial_run_creates_are_removed_and_the_users_are_kept(tmp_path):
-    from torchaxe.runtime.knobs import knob_set_from_dict
-    from torchaxe.runtime.trials import TrialOptions, run_in_subprocess
-
     script = tmp_path / "train.py"
     script.write_text(
         "import os, pathlib, torch\n"
@@ -156,13 +158,7 @@ def test_folders_a_trial_run_creates_are_removed_and_the_users_are_kept(tmp_path
     )
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "old.txt").write_text("the user's")
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        run = run_in_subprocess(knob_set_from_dict({"name": "a"}, "k"), ["python", str(script)],
-                                TrialOptions(steps=3, warmup=1, timeout=120), 1)
-    finally:
-        os.chdir(cwd)
+    run = trial_run_in(tmp_path, script)
     assert run.ok, run.error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "train.py"]
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["old.txt"]
