@@ -25,7 +25,9 @@ class ManualParameterUpdateLoop(Rule):
     parameters: `p.data.add_(p.grad, alpha=-lr)`, `p.data.sub_(lr * p.grad)`,
     `p.data -= lr * p.grad`, `p -= lr * p.grad` (under `torch.no_grad()`),
     `p.data = p.data - lr * p.grad`, in `for p in model.parameters()`,
-    `for name, p in model.named_parameters()` or a list built from them.
+    `for name, p in model.named_parameters()`, a list built from them, or an
+    argument of a plain function (`def sgd_step(params, lr): for p in params: ...`;
+    not in a class, where such a loop is an optimizer's own implementation).
 
     ## Why is this bad?
     Each statement launches one or more small kernels per parameter (a multiply, then
@@ -92,6 +94,15 @@ class ManualParameterUpdateLoop(Rule):
             "import torch\nfor p in list(model.parameters()):\n    p.data -= lr * p.grad\n"
             "for q in model.parameters():\n    q.sub_(q.grad, alpha=lr)\n",
             count=2,
+        ),
+        Invalid(
+            "import torch\ndef sgd_step(params, lr):\n    for p in params:\n        p.data.add_(p.grad, alpha=-lr)\n"
+            "sgd_step(model.parameters(), 0.1)\n"
+        ),
+        Valid(
+            "import torch\nclass MySGD(torch.optim.Optimizer):\n    def update(self, params, lr):\n"
+            "        for p in params:\n            p.data.add_(p.grad, alpha=-lr)\n"
+            "opt = MySGD(model.parameters())\n"
         ),
         Valid("import torch\nfor p in model.parameters():\n    p.requires_grad_(False)\n"),
         Valid("import torch\nfor p in model.parameters():\n    p.grad.mul_(scale)\n"),
@@ -162,9 +173,27 @@ def _replacement(ctx: FileContext, lr: str, params: str) -> str:
     return f"torch.optim.SGD({params}, lr={lr}, foreach=True)"
 
 
+def _function_argument(name: str, ctx: FileContext) -> bool:
+    """Whether ``name`` is an argument of the plain function the node being visited
+    is in (not a method: a class's own loop over what it holds is an optimizer's
+    implementation, or something else entirely)."""
+    for node in reversed(ctx.parents):
+        if isinstance(node, ast.ClassDef):
+            return False
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            names = [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
+            return name in names and not any(isinstance(p, ast.ClassDef) for p in ctx.parents)
+    return False
+
+
 def _loop_parameter(loop: ast.For, ctx: FileContext) -> str | None:
-    """The loop variable bound to each parameter, when the loop walks parameters."""
+    """The loop variable bound to each parameter, when the loop walks parameters:
+    a module's, or a function's argument whose every element is stepped by its own
+    ``.grad`` (``def sgd_step(params, lr): for p in params: ...``)."""
     kind = _iterable_kind(loop.iter, ctx)
+    if kind is None and isinstance(loop.iter, ast.Name) and _function_argument(loop.iter.id, ctx):
+        kind = "parameters"
     target = loop.target
     if kind == "parameters" and isinstance(target, ast.Name):
         return target.id
