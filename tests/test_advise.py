@@ -596,3 +596,18 @@ def test_steps_per_run_stop_where_the_profiled_script_ended(script: Path) -> Non
     advice = Advisor(["python", str(script)], opts, runner=FakeRuns(), clock=Clock(),
                      profiler=lambda command, o, target: BaselineProfile(profile, {"modules": []}, 2.0)).run()
     assert advice.baseline["steps_per_run"] == 12
+
+
+def test_a_gain_beyond_chance_against_the_aa_arm_counts_even_with_a_flat_round() -> None:
+    from torchaxe.advise.pipeline import clear_gain
+
+    # Seen on a noisy 2-core VM: the GELU fix saved 17% on the median, two of five
+    # rounds were flat, and the original strayed 34% from itself once. Its rounds still
+    # rank below the A/A arm's in 23 of 25 pairs (p = 4/252).
+    same = [1.335, 0.943, 1.003, 1.139, 1.0]
+    assert clear_gain([0.738, 0.999, 0.827, 0.761, 0.995], noise=0.335, same=same)
+    # Ranked among the A/A rounds, or a median under 3%: not clear.
+    assert not clear_gain([0.95, 1.0, 1.3, 0.94, 1.1], noise=0.335, same=same)
+    assert not clear_gain([0.98, 0.98, 0.98, 0.98, 0.98], noise=0.0, same=[1.2, 1.3, 1.25, 1.2, 1.3])
+    # Two rounds are too few for the rank test: the every-round rule decides.
+    assert not clear_gain([0.74, 0.999], noise=0.1, same=[1.3, 1.2, 1.25, 1.4, 1.3])

@@ -51,7 +51,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         if len(ranked) > top:
             console.print(f"  ... {len(ranked) - top} more in --format json or html")
         if any(r.selected for r in ranked):
-            console.print("  * chosen: measured faster beyond the noise; together below")
+            console.print("  * chosen: faster beyond the run-to-run noise; together below")
     combined = advice.combined
     if combined:
         if combined.get("status") == "measured":
