@@ -415,7 +415,7 @@ def test_the_budget_left_buys_more_rounds_for_promising_changes_only(script: Pat
 def test_no_extra_round_when_the_budget_is_spent(script: Path) -> None:
     clock = Clock()
     # 13 planned runs (130 s) and the combined run's 4 (40 s) fit in 209 s; a third
-    # round (4 more runs, keeping the combined run's 4 in reserve: 80 s) does not.
+    # round (4 more runs, keeping 10 in reserve for the combined and a refining run) does not.
     runs = TimedRuns(clock, 10.0)
     advice = run_advice(script, runs, repeats=2, budget=209.0, clock=clock)
     recs = {r.key: r for r in advice.recommendations}
@@ -611,3 +611,13 @@ def test_a_gain_beyond_chance_against_the_aa_arm_counts_even_with_a_flat_round()
     assert not clear_gain([0.98, 0.98, 0.98, 0.98, 0.98], noise=0.0, same=[1.2, 1.3, 1.25, 1.2, 1.3])
     # Two rounds are too few for the rank test: the every-round rule decides.
     assert not clear_gain([0.74, 0.999], noise=0.1, same=[1.3, 1.2, 1.25, 1.4, 1.3])
+
+
+def test_extra_rounds_leave_room_to_refine_the_combination(script: Path) -> None:
+    clock = Clock()
+    # After 130 s of 260, a third round (4 runs) and the combined run (4) would fit,
+    # but not with a refining comparison (6) after them: no third round.
+    runs = TimedRuns(clock, 10.0)
+    advice = run_advice(script, runs, repeats=2, budget=260.0, clock=clock)
+    assert len(next(r for r in advice.recommendations if r.key == "knob:compile").ratios) == 2
+    assert advice.combined["status"] == "measured"

@@ -591,7 +591,9 @@ class Advisor:
         noise_arm, results = results[0], results[1:]
         self._set_noise(noise_arm)
         if complete and not base_arm.error:
-            complete = self._more_rounds(measurer, base_arm, noise_arm, results, reserve=2 * repeats)
+            # Extra rounds keep room for the combined run (2 arms) and one refining
+            # comparison on top of it (the original, the chosen set, the small changes).
+            complete = self._more_rounds(measurer, base_arm, noise_arm, results, reserve=5 * repeats)
         if not complete:
             advice.partial = True
             advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer rounds")
