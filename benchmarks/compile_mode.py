@@ -90,7 +90,7 @@ def measure(name: str, script: list[str], args: argparse.Namespace) -> dict[str,
                      "warmup_seconds": r.warmup_median, "steady_median": steady.median, "steady_mean": steady.mean,
                      "steady_p90": steady.p90, "spread": steady.relative_spread, "noisy": steady.is_noisy(),
                      "ratio_median": Samples.of(r.ratios).median, "ratio_min": Samples.of(r.ratios).min,
-                     "ratio_max": Samples.of(r.ratios).max})
+                     "ratio_max": Samples.of(r.ratios).max, "ratios": list(r.ratios)})
     winner = trial.winner
     return {"example": name, "command": ["python", *script], "verdict": report["verdict"], "pick": report["pick"],
             "reasons": report["reasons"], "bucketing": bucketing, "extra_padding": extra_padding, "rows": rows,
@@ -119,6 +119,10 @@ def render(results: list[dict[str, Any]], header: str) -> str:
         widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
         for r in table:
             lines.append("  " + "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())
+        lines.append("  per-round ratios to eager:")
+        for row in res["rows"]:
+            if row["ok"] and row.get("ratios") and row["candidate"] != res["rows"][0]["candidate"]:
+                lines.append(f"    {row['candidate']:<26} " + " ".join(f"{x:.3f}" for x in row["ratios"]))
         within = res["pick_within"]
         verdict = ("n/a (pick not measured)" if within is None else
                    f"{'PASS' if res['pick_ok'] else 'FAIL'}: the pick is "

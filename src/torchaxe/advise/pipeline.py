@@ -448,8 +448,7 @@ class Advisor:
         if base_arm.error or arm.error:
             entry.update(status="failed", error=base_arm.error or arm.error)
         elif arm.ratio:
-            entry.update(status="measured", speedup=1.0 / arm.ratio, ratios=[round(r, 4) for r in arm.ratios],
-                         step_seconds_median=arm.median, original_step_seconds_median=base_arm.median)
+            entry.update(_measured(arm, base_arm))
         if not complete:
             self.advice.partial = True
         self.advice.achieved = entry
@@ -710,9 +709,7 @@ class Advisor:
         if arm.error:
             entry.update(status="failed", error=arm.error)
         elif arm.ratio:
-            entry.update(status="measured", speedup=1.0 / arm.ratio, ratios=[round(r, 4) for r in arm.ratios],
-                         measured_seconds_saved_per_step=(base_arm.median or 0) * (1 - arm.ratio),
-                         step_seconds_median=arm.median, original_step_seconds_median=base_arm.median)
+            entry.update(_measured(arm, base_arm))
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
         if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN):
             self.advice.combined = entry
@@ -734,7 +731,6 @@ class Advisor:
         self.advice.combined = {**_alone(best), "together": {
             "keys": entry["keys"], "status": entry["status"], "speedup": entry.get("speedup"),
             "error": entry.get("error")}}
-
 
     def _set_knobs(self, name: str, members: Sequence[Candidate], findings) -> KnobSet:
         """The knob set that makes all of ``members``' changes at once (their knobs
@@ -833,12 +829,8 @@ class Advisor:
         for c in added:
             c.rec.selected = True
         members = chosen + added
-        self.advice.combined = {
-            "keys": [m.key for m in members], "status": "measured", "speedup": 1.0 / (arm.ratio or 1.0),
-            "ratios": [round(r, 4) for r in arm.ratios],
-            "measured_seconds_saved_per_step": (base_arm.median or 0) * (1 - (arm.ratio or 1.0)),
-            "step_seconds_median": arm.median, "original_step_seconds_median": base_arm.median,
-            "knobs": _merge_knobs([m.knobs for m in members if m.rec.applies == "knob"])}
+        self.advice.combined = {"keys": [m.key for m in members], **_measured(arm, base_arm),
+                                "knobs": _merge_knobs([m.knobs for m in members if m.rec.applies == "knob"])}
         names = ", ".join(c.key for c in added)
         per_round = f"({', '.join(f'{r:.2f}' for r in paired)} per round)"
         if chosen:
@@ -856,6 +848,15 @@ class Advisor:
         r = c.rec
         return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision"
                     and not self.options.check_accuracy)
+
+
+def _measured(arm: ArmResult, base: ArmResult) -> dict[str, Any]:
+    """The figures of an arm measured against the original in the same rounds (its
+    ratio is known): speed-up, per-round ratios, time saved, both step medians."""
+    ratio = arm.ratio or 1.0
+    return {"status": "measured", "speedup": 1.0 / ratio, "ratios": [round(r, 4) for r in arm.ratios],
+            "measured_seconds_saved_per_step": (base.median or 0.0) * (1.0 - ratio),
+            "step_seconds_median": arm.median, "original_step_seconds_median": base.median}
 
 
 def _alone(c: Candidate) -> dict[str, Any]:
