@@ -621,3 +621,13 @@ def test_extra_rounds_leave_room_to_refine_the_combination(script: Path) -> None
     advice = run_advice(script, runs, repeats=2, budget=260.0, clock=clock)
     assert len(next(r for r in advice.recommendations if r.key == "knob:compile").ratios) == 2
     assert advice.combined["status"] == "measured"
+
+
+def test_refining_several_chosen_changes_reuses_their_combined_run_files(script: Path) -> None:
+    runs = FakeRuns(times={"original-again": 0.088, "code:AX110": 0.08, "code:AX201": 0.095,
+                           "combined": 0.045, "chosen": 0.045, "chosen+code-AX201": 0.035})
+    advice = run_advice(script, runs)
+    assert {r.key for r in advice.recommendations if r.selected} == {"knob:compile", "code:AX110", "code:AX201"}
+    chosen, combined = runs.knobs["chosen"], runs.knobs["combined"]
+    assert chosen.sources and chosen.sources == combined.sources and chosen.compile == combined.compile
+    assert advice.combined["speedup"] == pytest.approx(0.1 / 0.035)

@@ -695,11 +695,11 @@ class Advisor:
             self._refine([], candidates, findings, measurer, original)
             return
         fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
-        combined = self._set_knobs("combined", chosen, findings)
         if len(chosen) == 1:
             self.advice.combined = _alone(chosen[0])
             self._refine(chosen, candidates, findings, measurer, original)
             return
+        combined = self._set_knobs("combined", chosen, findings)
         self.progress(f"measuring the {len(chosen)} chosen changes together")
         base_arm, (arm,), complete = measurer.compare(original, [combined], self.options.repeats, "combined")
         if not complete:
@@ -713,7 +713,8 @@ class Advisor:
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
         if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN):
             self.advice.combined = entry
-            self._refine(chosen, candidates, findings, measurer, original)
+            # The refining runs measure the same set again: its fixed files are reused.
+            self._refine(chosen, candidates, findings, measurer, original, replace(combined, name="chosen"))
             return
         # Not measured together (out of --budget), failed together, or slower together
         # than the best of them alone (changes can interfere: two ways of compiling, a
@@ -744,7 +745,7 @@ class Advisor:
         return self._knob_set(name, fragment)
 
     def _refine(self, chosen: list[Candidate], candidates: list[Candidate], findings, measurer: Measurer,
-                original: KnobSet) -> None:
+                original: KnobSet, chosen_set: KnobSet | None = None) -> None:
         """Try the near misses on top of what was chosen, while the budget lasts.
 
         A change that saved time on its own but not clearly enough to be chosen may
@@ -794,7 +795,7 @@ class Advisor:
                 for v in tried]
         if chosen:
             self.progress(f"trying {', '.join(c.key for c in small)} on top of the {len(chosen)} chosen change(s)")
-            sets.insert(0, self._set_knobs("chosen", chosen, findings))
+            sets.insert(0, chosen_set or self._set_knobs("chosen", chosen, findings))
         else:
             self.progress(f"trying {', '.join(c.key for c in small)} together")
         base_arm, arms, complete = measurer.compare(original, sets, repeats, "refining")
@@ -820,12 +821,11 @@ class Advisor:
                     else f"together with {others}"
                 whose = "their" if chosen else "the original's"
                 c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + f"({where}: {share:.2f} of {whose} step time)"
-            if clear_gain(paired, self.noise, self.same_ratios) and (best is None
-                                                                     or statistics.median(paired) < best[0]):
-                best = (statistics.median(paired), v, arm, paired)
+            if clear_gain(paired, self.noise, self.same_ratios) and (best is None or share < best[0]):
+                best = (share, v, arm, paired)
         if best is None:
             return
-        _, added, arm, paired = best
+        share, added, arm, paired = best
         for c in added:
             c.rec.selected = True
         members = chosen + added
@@ -836,11 +836,11 @@ class Advisor:
         if chosen:
             self.advice.notes.append(
                 f"{names} {'was' if len(added) == 1 else 'were'} added to the chosen changes: on top of them "
-                f"{'it' if len(added) == 1 else 'together they'} took {statistics.median(paired):.2f} of their step "
+                f"{'it' if len(added) == 1 else 'together they'} took {share:.2f} of their step "
                 f"time {per_round}, though on its own no such gain was clear")
         else:
             self.advice.notes.append(
-                f"{names} were chosen together: together they took {statistics.median(paired):.2f} of the "
+                f"{names} were chosen together: together they took {share:.2f} of the "
                 f"original's step time {per_round}, though on its own no such gain was clear")
 
     def _may_choose(self, c: Candidate) -> bool:
