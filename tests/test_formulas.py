@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 
+from torchaxe.findings import Applicability
 from torchaxe.scan.context import FileContext
 from torchaxe.scan.formulas.analysis import formula_matches
 from torchaxe.scan.formulas.inline import FileUnit, read_scope
@@ -687,17 +688,25 @@ def test_a_transposed_key_is_rewritten_with_its_transpose(scan):
     assert "k.transpose(-2, -1)" in finding.replacement and not finding.fix.edits
 
 
-@pytest.mark.parametrize("body,says,never", [
+@pytest.mark.parametrize("body,says", [
     # An additive float mask (0 / -inf), as encoders pass it: SDPA adds attn_mask the same way.
-    ("torch.softmax(q @ k.transpose(-2, -1) * 0.125 + mask, dim=-1) @ v",
-     "attn_mask=<mask: a float mask is added to the scores as it is>", "is_causal"),
+    ("torch.softmax(q @ k.transpose(-2, -1) * 0.125 + mask, dim=-1) @ v", "attn_mask=mask)"),
+    # masked_fill's mask is True where a score is dropped, SDPA's where it is kept.
     ("torch.softmax((q @ k.transpose(-2, -1) * 0.125).masked_fill(mask == 0, float('-inf')), dim=-1) @ v",
-     "True where attention is allowed> (is_causal=True instead when it is the causal mask)", "added to the scores"),
+     "attn_mask=mask != 0)"),
+    ("torch.softmax((q @ k.transpose(-2, -1) * 0.125).masked_fill(~mask, float('-inf')), dim=-1) @ v",
+     "attn_mask=mask)"),
+    ("torch.softmax((q @ k.transpose(-2, -1) * 0.125).masked_fill(mask.logical_not(), -1e9), dim=-1) @ v",
+     "attn_mask=mask)"),
+    ("torch.softmax((q @ k.transpose(-2, -1) * 0.125).masked_fill(mask, float('-inf')), dim=-1) @ v",
+     "attn_mask=~mask)"),
 ])
-def test_the_mask_advice_follows_how_the_mask_is_applied(scan, body, says, never):
+def test_the_mask_is_passed_the_way_sdpa_reads_it(scan, body, says):
     source = f"import torch\ndef attend(q, k, v, mask):\n    return {body}\n"
     [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX118"]
-    assert says in finding.replacement and never not in finding.replacement
+    assert finding.replacement.endswith(says)
+    assert finding.fix.applicability is Applicability.UNSAFE and finding.fix.edits
+    assert ("is_causal=True" in finding.message) == ("masked_fill" in body)
 
 
 @pytest.mark.parametrize("imports,call,suppressed", [

@@ -24,6 +24,8 @@ from torchaxe.scan.formulas.inline import (
 )
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import worth_evaluating
+from torchaxe.scan.formulas.spread import Plan
+from torchaxe.scan.formulas.spread import plan as spread_plan
 from torchaxe.scan.formulas.store import STORE, Match, decode, encode, file_key, root_key
 
 if TYPE_CHECKING:
@@ -99,6 +101,8 @@ class FormulaMatch:
     scope_id: int = field(default=0, repr=False, compare=False)
     #: ids of the functions inlined into the matched tree.
     callees: frozenset[int] = field(default=frozenset(), repr=False, compare=False)
+    #: For a spread formula: the statements to delete with it (``formulas.spread``).
+    plan: Plan | None = None
 
     @property
     def line(self) -> int:
@@ -112,12 +116,13 @@ class FormulaMatch:
         n = self.node
         return [self.category, self.reference, self.max_abs, self.max_rel,
                 [n.lineno, n.col_offset, n.end_lineno, n.end_col_offset], self.inputs, self.params, self.fixable,
-                self.spread, self.scope_name]
+                self.spread, self.scope_name, self.plan.to_data() if self.plan else None]
 
     @classmethod
     def from_data(cls, data: list[Any]) -> FormulaMatch:
-        category, reference, max_abs, max_rel, span, inputs, params, fixable, spread, scope_name = data
-        return cls(category, reference, max_abs, max_rel, Span(*span), inputs, params, fixable, spread, scope_name)
+        category, reference, max_abs, max_rel, span, inputs, params, fixable, spread, scope_name, plan = data
+        return cls(category, reference, max_abs, max_rel, Span(*span), inputs, params, fixable, spread, scope_name,
+                   plan=Plan.from_data(plan))
 
 
 def categories_for(target: str) -> frozenset[str]:
@@ -459,6 +464,7 @@ def _evaluate(todo: dict[str, tuple[Node, dict[str, str]]], categories: frozense
 def _locate(ctx: FileContext, root: Root, match: Match, scope_name: str) -> FormulaMatch | None:
     node = match.node
     expr = root.made.get(id(node))
+    made_here = expr is not None
     if expr is None:
         if id(node) in root.scope_made or id(node) in root.scope_inlined:
             return None  # built by another statement or by a callee: reported there
@@ -467,6 +473,7 @@ def _locate(ctx: FileContext, root: Root, match: Match, scope_name: str) -> Form
     else:
         spread = not _all_made_here(node, match.inputs.values(), root.made, root.inlined_made)
     inputs: dict[str, str | None] = {}
+    placed: dict[str, ast.AST] = {}
     for role, inner in match.inputs.items():
         inputs[role] = _input_text(ctx, inner, root, expr)
     fixable = not spread and all(t is not None for t in inputs.values())
@@ -476,12 +483,29 @@ def _locate(ctx: FileContext, root: Root, match: Match, scope_name: str) -> Form
             sources = root.named.get(id(inner)) or root.scope_named.get(id(inner))
             if sources:
                 names = [s for s in sources if isinstance(s, ast.Name)]
-                inputs[role] = ctx.text((names or sources)[0])
+                placed[role] = (names or sources)[0]
+                inputs[role] = ctx.text(placed[role])
             elif inner.op == VAR and inner.value.replace(".", "").isidentifier():
                 inputs[role] = inner.value
+        else:
+            source = next((s for s in root.named.get(id(inner), ()) if _within(s, expr)), None)
+            if source is not None:
+                placed[role] = source
+    plan = None
+    if spread and made_here and all(t is not None for t in inputs.values()) and set(placed) == {
+            r for r, i in match.inputs.items() if i.op != CONST}:
+        plan = spread_plan(root.scope, expr, placed, ctx.lines, ctx.qualified_name, _class_of(ctx, root.scope))
     callees = frozenset(id(root.scope_inlined[id(n)]) for n in walk(node) if id(n) in root.scope_inlined)
     return FormulaMatch(match.category, match.reference, match.max_abs, match.max_rel, Span.of(expr), inputs,
-                        match.params, fixable, spread, scope_name, node, id(root.scope), callees)
+                        match.params, fixable, spread, scope_name, node, id(root.scope), callees, plan)
+
+
+def _class_of(ctx: FileContext, scope: ast.AST) -> ast.ClassDef | None:
+    """The class whose body defines ``scope`` (a method), if any."""
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.ClassDef) and any(s is scope for s in node.body):
+            return node
+    return None
 
 
 def _all_made_here(node: Node, inputs: Any, made: dict[int, ast.AST], inlined: set[int]) -> bool:

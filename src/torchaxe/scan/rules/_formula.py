@@ -2,10 +2,11 @@
 matches of one category that ``torchaxe.scan.formulas.analysis`` found in the file
 and proposes the fused replacement for the target.
 
-A rewrite is offered only where it is certain: the whole hand-written computation is
-one expression (nothing inlined from other statements), every input has source text
-inside it, and nothing the fused operator cannot express (a mask, dropout, another
-layout) is involved. Otherwise the finding shows the replacement as advice. Not a rule
+A rewrite is offered only where it is certain: every input has source text, nothing
+the fused operator cannot express (another layout, a mask it has no argument for) is
+involved, and the hand-written computation is either one expression or a chain of
+statements that ``formulas.spread`` can delete with it (an unsafe fix then: it deletes
+code). Otherwise the finding shows the replacement as advice. Not a rule
 module (the leading underscore keeps the registry out).
 """
 
@@ -16,12 +17,13 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Iterable
 
-from torchaxe.findings import Applicability, Finding
+from torchaxe.findings import Applicability, Edit, Finding, Position
 from torchaxe.scan.rules.base import Rule
 
 if TYPE_CHECKING:
     from torchaxe.scan.context import FileContext
     from torchaxe.scan.formulas.analysis import FormulaMatch
+    from torchaxe.scan.formulas.spread import Plan
 
 UNVERIFIED = "unverified on Ascend hardware"
 #: A fix that keeps numerics is called safe only when the hand-written form is the
@@ -69,22 +71,53 @@ class FormulaRule(Rule):
             f"{self.label} written out by hand in {match.scope_name}: it matches {match.reference} "
             f"on random probes (max error {match.max_abs:.1e}); {proposal.note}"
         )
-        if match.spread:
+        applicability = proposal.applicability
+        edits: list[Edit] = []
+        if proposal.edit and match.fixable:
+            edits = [ctx.replace(match.node, proposal.replacement)]
+        elif proposal.edit and match.spread and match.plan is not None:
+            # The statements that built it go too; deleting code is for the user to review.
+            edits = [ctx.replace(match.node, proposal.replacement), *_deletions(ctx, match.plan)]
+            message += (f" (the formula is assembled from several statements: the fix also deletes "
+                        f"{_lines_text(match.plan)}, which built it and are used for nothing else)")
+            if applicability is Applicability.SAFE:
+                applicability = Applicability.UNSAFE
+        elif match.spread:
             message += " (the formula is assembled from several statements, so there is no automatic fix)"
         if "torch_npu" in proposal.replacement and UNVERIFIED not in message:
             message += f"; {UNVERIFIED}"
-        edits = [ctx.replace(match.node, proposal.replacement)] if proposal.edit and match.fixable else []
         fix = ctx.fix(
             self,
             edits,
             imports=proposal.imports if edits else (),
-            applicability=proposal.applicability if edits else Applicability.DISPLAY_ONLY,
+            applicability=applicability if edits else Applicability.DISPLAY_ONLY,
             title=proposal.title,
         )
         return ctx.finding(self, match.node, message, replacement=proposal.replacement, fix=fix)
 
 
 # ---------------------------------------------------------------- helpers
+def _deletions(ctx: FileContext, plan: Plan) -> list[Edit]:
+    """Edits deleting each planned line range whole (its newline included)."""
+    edits = []
+    for first, last in plan.delete:
+        end = Position(last + 1, 1) if last < len(ctx.lines) else Position(last, len(ctx.lines[last - 1]) + 1)
+        edits.append(Edit(Position(first, 1), end, ""))
+    return edits
+
+
+def _lines_text(plan: Plan) -> str:
+    """``line 35`` or ``lines 28-30, 33``: the deleted statements, contiguous ones merged."""
+    merged: list[list[int]] = []
+    for first, last in plan.delete:
+        if merged and first == merged[-1][1] + 1:
+            merged[-1][1] = last
+        else:
+            merged.append([first, last])
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in merged]
+    return f"line {parts[0]}" if parts == [str(merged[0][0])] else f"lines {', '.join(parts)}"
+
+
 def functional(ctx: FileContext) -> tuple[str, tuple[str, ...]]:
     """How this file can name ``torch.nn.functional``, and the import that needs."""
     for name, origin in sorted(ctx.imports.items()):

@@ -48,8 +48,9 @@ class HandWrittenGeluTanh(FormulaRule):
     constants make it unsafe, and the message gives the difference). On npu the fix to
     `torch_npu.fast_gelu` is unsafe: fast_gelu computes `x * sigmoid(1.702 * x)`, a
     different sigmoid-based approximation of GELU, so outputs change by up to 0.02; it
-    is unverified on Ascend hardware. A formula assembled from several statements is
-    reported without a fix.
+    is unverified on Ascend hardware. A formula assembled from several statements gets an unsafe fix that also deletes
+    those statements when nothing else reads what they compute and no input is
+    reassigned in between; otherwise it is reported without a fix.
 
     ## References
     - https://pytorch.org/docs/stable/generated/torch.nn.functional.gelu.html
@@ -81,6 +82,8 @@ class HandWrittenGeluTanh(FormulaRule):
             "        inner = 0.7978845608 * (h + 0.044715 * h * h * h)\n"
             "        return 0.5 * h * (1.0 + torch.tanh(inner))\n",
             target="cuda",
+            fixed="import torch\n\n\nclass NewGELU(torch.nn.Module):\n    def forward(self, h):\n"
+            "        return torch.nn.functional.gelu(h, approximate=\"tanh\")\n",
         ),
         Invalid(
             "import torch\nact = lambda t: t * 0.5 * (1 + torch.tanh(0.79788456 * (t + 0.044715 * t ** 3)))\n",

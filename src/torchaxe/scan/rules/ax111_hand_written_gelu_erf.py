@@ -38,7 +38,9 @@ class HandWrittenGeluErf(FormulaRule):
     Safe on cpu and cuda: `F.gelu(x)` is the same function. On npu the fix to
     `torch_npu.fast_gelu` is unsafe: fast_gelu computes `x * sigmoid(1.702 * x)`, an
     approximation that differs from the exact GELU by up to 0.02; unverified on Ascend
-    hardware. A formula assembled from several statements is reported without a fix.
+    hardware. A formula assembled from several statements gets an unsafe fix that also deletes
+    those statements when nothing else reads what they compute and no input is
+    reassigned in between; otherwise it is reported without a fix.
 
     ## References
     - https://pytorch.org/docs/stable/generated/torch.nn.functional.gelu.html

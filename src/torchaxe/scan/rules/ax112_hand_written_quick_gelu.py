@@ -35,8 +35,9 @@ class HandWrittenQuickGelu(FormulaRule):
 
     ## Fix safety
     Unsafe: the documented formula is the same function, so only rounding should
-    differ, but the replacement is unverified on Ascend hardware. A formula assembled
-    from several statements is reported without a fix.
+    differ, but the replacement is unverified on Ascend hardware. A formula assembled from several statements gets an unsafe fix that also deletes
+    those statements when nothing else reads what they compute and no input is
+    reassigned in between; otherwise it is reported without a fix.
 
     ## References
     - https://www.hiascend.com/document (torch_npu.fast_gelu, npu_fast_gelu: formula)

@@ -35,8 +35,9 @@ class HandWrittenSilu(FormulaRule):
 
     ## Fix safety
     Safe: `F.silu` computes the same function (rounding differs in the last bits). On
-    npu, `F.silu` runs the NPU's own SiLU kernel. A formula assembled from several
-    statements is reported without a fix.
+    npu, `F.silu` runs the NPU's own SiLU kernel. A formula assembled from several statements gets an unsafe fix that also deletes
+    those statements when nothing else reads what they compute and no input is
+    reassigned in between; otherwise it is reported without a fix.
 
     ## References
     - https://pytorch.org/docs/stable/generated/torch.nn.functional.silu.html

@@ -50,7 +50,9 @@ class HandWrittenRmsNorm(FormulaRule):
     (normalising in float32) the fix is unsafe: the fused kernel keeps the input dtype.
     eps outside the square root is reported without a fix. On npu the fix is unsafe
     (`npu_rms_norm` needs a weight, returns a tuple whose first element is the output,
-    and is unverified on Ascend hardware).
+    and is unverified on Ascend hardware). A formula assembled from several statements gets an unsafe fix that also deletes
+    those statements when nothing else reads what they compute and no input is
+    reassigned in between; otherwise it is reported without a fix.
 
     ## References
     - https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html

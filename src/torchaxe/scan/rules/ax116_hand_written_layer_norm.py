@@ -43,8 +43,9 @@ class HandWrittenLayerNorm(FormulaRule):
     and no dtype casts: `F.layer_norm` computes the same formula. A form with eps added
     to the standard deviation (it differs for near-constant rows) or with the unbiased
     variance (the annotated Transformer's `x.std(-1)`: outputs differ by a factor
-    `sqrt((n - 1) / n)`) is reported without a fix, as is a formula assembled from
-    several statements (the usual form, with `mean` and `var` locals).
+    `sqrt((n - 1) / n)`) is reported without a fix. The usual form, with `mean` and
+    `var` locals, gets an unsafe fix that also deletes those statements when nothing
+    else reads them.
 
     ## References
     - https://pytorch.org/docs/stable/generated/torch.nn.functional.layer_norm.html
@@ -65,6 +66,8 @@ class HandWrittenLayerNorm(FormulaRule):
             "import torch\n\n\nclass LayerNorm(torch.nn.Module):\n    def forward(self, x):\n"
             "        mean = x.mean(-1, keepdim=True)\n        var = ((x - mean) ** 2).mean(-1, keepdim=True)\n"
             "        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias\n",
+            fixed="import torch\n\n\nclass LayerNorm(torch.nn.Module):\n    def forward(self, x):\n"
+            "        return torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)\n",
         ),
         Invalid(
             "import torch\nimport torch.nn.functional as F\n\n\ndef ln(x, eps=1e-5):\n"

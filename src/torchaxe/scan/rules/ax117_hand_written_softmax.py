@@ -35,7 +35,9 @@ class HandWrittenSoftmax(FormulaRule):
 
     ## Fix safety
     Safe: `torch.softmax` computes the same function (rounding differs in the last
-    bits). A formula assembled from several statements is reported without a fix.
+    bits). A formula assembled from several statements gets an unsafe fix that also deletes
+    those statements when nothing else reads what they compute and no input is
+    reassigned in between; otherwise it is reported without a fix.
 
     ## References
     - https://pytorch.org/docs/stable/generated/torch.nn.functional.softmax.html
@@ -60,6 +62,7 @@ class HandWrittenSoftmax(FormulaRule):
             "import torch\n\n\ndef softmax(logits, dim):\n    e = torch.exp(logits - logits.amax(dim, keepdim=True))\n"
             "    return e / e.sum(dim, keepdim=True)\n",
             target="npu",
+            fixed="import torch\n\n\ndef softmax(logits, dim):\n    return torch.softmax(logits, dim=dim)\n",
         ),
         Invalid(
             "import torch\nsm = lambda z: (z - torch.logsumexp(z, 1, keepdim=True)).exp()\n",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 from torchaxe.findings import Applicability
 from torchaxe.scan.rules._formula import UNVERIFIED, FormulaRule, Proposal, atom, exact, functional
 from torchaxe.scan.rules.base import Invalid, Valid
@@ -62,12 +64,23 @@ class HandWrittenAttention(FormulaRule):
     Safe on cpu and cuda when the whole computation is one expression in the (batch,
     heads, sequence, head_dim) layout with no mask and no dropout: SDPA computes the
     same function (the scale is kept: omitted when it is `1/sqrt(q.size(-1))`, passed
-    as `scale=` otherwise). Masks (SDPA's boolean `attn_mask` is True where attention
-    is allowed, the opposite of `masked_fill`'s), dropout (`dropout_p` must follow
-    `self.training`), other layouts and formulas spread over statements are reported
-    with the suggested call but no automatic fix. On npu `npu_fusion_attention` needs
-    `head_num`, an `input_layout`, an explicit `scale` (its default is 1) and a mask in
-    which True means "drop"; it supports float16 and bfloat16 only. Always advice,
+    as `scale=` otherwise). Unsafe with a mask or dropout:
+    - `masked_fill(cond, -inf)` becomes `attn_mask=` the opposite condition (SDPA's
+      boolean mask is True where attention is allowed), and an added float mask is
+      passed as it is; a row masked everywhere gives NaN by hand and may not in SDPA,
+      and a float32 mask with half-precision scores (no autocast) is refused by SDPA;
+    - dropout on the weights, from an `nn.Dropout` set in `__init__` or `F.dropout`,
+      becomes `dropout_p=(p if self.training else 0.0)`: the same rate, other random
+      draws.
+
+    The usual form, over several statements (scores, mask, softmax, dropout, `@ v`),
+    is fixed by deleting those statements too, when nothing else reads what they
+    compute (attention weights returned or stored stay advice) and q, k, v are not
+    reassigned in between. With a causal mask of a self-attention, `is_causal=True`
+    instead of the mask lets cuda pick its flash kernel; that is left to the user.
+    Other layouts are advice. On npu `npu_fusion_attention` needs `head_num`, an
+    `input_layout`, an explicit `scale` (its default is 1) and a mask in which True
+    means "drop"; it supports float16 and bfloat16 only. Always advice on npu,
     unverified on Ascend hardware.
 
     ## References
@@ -113,8 +126,20 @@ class HandWrittenAttention(FormulaRule):
             target="npu",
         ),
         Invalid(
+            "import math\nimport torch\nimport torch.nn.functional as F\n\n\nclass Attention(torch.nn.Module):\n"
+            "    def forward(self, q, k, v, mask):\n"
+            "        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n"
+            "        scores = scores.masked_fill(mask == 0, float('-inf'))\n"
+            "        weights = torch.softmax(scores, dim=-1)\n        return weights @ v\n",
+            fixed="import math\nimport torch\nimport torch.nn.functional as F\n\n\nclass Attention(torch.nn.Module):\n"
+            "    def forward(self, q, k, v, mask):\n"
+            "        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0)\n",
+        ),
+        Invalid(
             "import torch\n\n\ndef attn(q, k, v):\n    w = torch.einsum('bhqd,bhkd->bhqk', q, k) * q.shape[-1] ** -0.5\n"
             "    return torch.einsum('bhqk,bhkd->bhqd', w.softmax(dim=-1), v)\n",
+            fixed="import torch\n\n\ndef attn(q, k, v):\n"
+            "    return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n",
         ),
         Valid("import torch.nn.functional as F\ndef attention(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)\n"),
         Valid("import torch\ndef not_attention(q, k, v):\n    return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v\n"),
@@ -141,27 +166,68 @@ class HandWrittenAttention(FormulaRule):
                 "use torch_npu.npu_fusion_attention", Applicability.DISPLAY_ONLY, edit=False,
             )
         fn, imports = functional(ctx)
-        extra = []
+        extra, advice = [], []
         if params.get("masked"):
             mask = match.inputs.get("mask")
             if params.get("mask_added"):
-                extra.append(f"attn_mask=<{mask or 'the mask'}: a float mask is added to the scores as it is>")
+                if mask:
+                    extra.append(f"attn_mask={mask}")
+                else:
+                    advice.append("attn_mask=<the mask: a float mask is added to the scores as it is>")
+            elif mask:
+                extra.append(f"attn_mask={_allowed(mask)}")
             else:
-                extra.append(f"attn_mask=<{'from ' + mask if mask else 'the mask'}: True where attention is allowed> "
-                             "(is_causal=True instead when it is the causal mask)")
+                advice.append("attn_mask=<the mask: True where attention is allowed>")
         if params.get("dropout"):
-            extra.append("dropout_p=(p if self.training else 0.0)")
+            dropout_p = match.plan.dropout_p if match.plan is not None else None
+            if dropout_p:
+                extra.append(f"dropout_p={dropout_p}")
+            else:
+                advice.append("dropout_p=(p if self.training else 0.0)")
         scale_arg = scale if scale is not None else ", scale=<the score scale>"
         replacement = f"{fn}.scaled_dot_product_attention({q}, {k}, {v}{scale_arg}" + "".join(
-            f", {e}" for e in extra) + ")"
+            f", {e}" for e in extra + advice) + ")"
         note = (f"{fn}.scaled_dot_product_attention computes it without materialising the score matrix (flash and "
                 "memory-efficient kernels on cuda, a fused kernel on cpu)")
         layout_ok = params.get("layout") == "BNSD"
         if not layout_ok:
             note += "; q, k and v must be transposed to (batch, heads, sequence, head_dim) first"
-        certain = not extra and layout_ok and scale is not None and not params.get("k_transposed")
-        if extra:
-            note += "; the mask and dropout need care (see the rule's documentation)"
-        safe = exact(match)
+        certain = not advice and layout_ok and scale is not None and not params.get("k_transposed")
+        if params.get("masked") and not params.get("mask_added"):
+            note += ("; attn_mask is True where attention is allowed, the opposite of masked_fill's mask (when it is "
+                     "the causal mask of a self-attention, is_causal=True instead lets cuda use its flash kernel)")
+        if params.get("dropout"):
+            note += "; dropout_p must follow self.training"
+        if advice:
+            note += " (see the rule's documentation)"
+        safe = exact(match) and not extra
         return Proposal(replacement, note, "use F.scaled_dot_product_attention",
                         Applicability.SAFE if safe else Applicability.UNSAFE, edit=certain, imports=imports)
+
+
+def _allowed(condition: str) -> str:
+    """SDPA's boolean ``attn_mask`` (True where attention is allowed) from
+    ``masked_fill``'s condition (True where a score is masked)."""
+    text = condition.strip()
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return f"~({condition})"
+
+    def source(part: ast.AST) -> str:
+        return ast.get_source_segment(text, part) or ast.unparse(part)
+
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):
+        return source(node.operand)
+    if (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq))
+            and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value in (0, 1)
+            and not isinstance(node.comparators[0].value, bool)):
+        flipped = "!=" if isinstance(node.ops[0], ast.Eq) else "=="
+        return f"{source(node.left)} {flipped} {source(node.comparators[0])}"
+    if isinstance(node, ast.Call) and not node.keywords and len(node.args) == 1 and (
+            ast.unparse(node.func) in ("torch.logical_not", "logical_not")):
+        return source(node.args[0])
+    if (isinstance(node, ast.Call) and not node.args and not node.keywords and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "logical_not"):
+        return source(node.func.value)
+    return f"~{atom(text)}"

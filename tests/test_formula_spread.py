@@ -1,0 +1,197 @@
+"""Fixing a hand-written formula that is spread over several statements: the fused
+call replaces the last part and the statements that built it are deleted, only when
+that keeps the program's meaning."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import textwrap
+
+import pytest
+import torch
+
+from torchaxe.findings import Applicability
+from torchaxe.scan.capabilities import torch_capabilities
+from torchaxe.scan.engine import ScanOptions, scan_source
+from torchaxe.scan.fix import fix_source
+from torchaxe.scan.formulas.analysis import FormulaMatch
+
+NANOGPT = '''\
+import math
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd, n_head, block_size, dropout):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.attn_dropout = nn.Dropout(dropout)
+        self.n_head = n_head
+        self.n_embd = n_embd
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        # the scores
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:,:,:T,:T] == 0, float('-inf'))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        y = att @ v
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+'''
+
+
+def _fix(source: str, code: str, target: str = "cuda") -> tuple[str, list]:
+    options = ScanOptions(target=target, select=(code,), capabilities=torch_capabilities(target))
+    findings = [f for f in scan_source(source, "m.py", options).findings if f.code == code]
+    return fix_source(source, "m.py", options, unsafe=True).fixed, findings
+
+
+def _load(path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nanogpt_attention_becomes_one_sdpa_call_with_its_mask_and_dropout(tmp_path):
+    fixed, [finding] = _fix(NANOGPT, "AX118")
+    assert finding.fix.applicability is Applicability.UNSAFE
+    assert "deletes lines 23-26, which built it" in finding.message
+    body = fixed.split("def forward(self, x):")[1]
+    assert not re.search(r"\batt\b", body)
+    assert ("        # the scores\n        y = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(k.size(-1)), "
+            "attn_mask=self.bias[:,:,:T,:T] != 0, dropout_p=(self.attn_dropout.p if self.training else 0.0))\n"
+            "        return y.transpose") in fixed
+
+    # The fixed module computes what the original did (eval: no dropout), forward and backward.
+    (tmp_path / "before.py").write_text(NANOGPT)
+    (tmp_path / "after.py").write_text(fixed)
+    before, after = _load(tmp_path / "before.py", "before_m"), _load(tmp_path / "after.py", "after_m")
+    torch.manual_seed(0)
+    a = before.CausalSelfAttention(32, 4, 16, 0.1).eval()
+    b = after.CausalSelfAttention(32, 4, 16, 0.1).eval()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 12, 32, requires_grad=True)
+    ya, yb = a(x), b(x)
+    assert torch.allclose(ya, yb, atol=1e-5)
+    ga, = torch.autograd.grad(ya.square().sum(), x)
+    gb, = torch.autograd.grad(yb.square().sum(), x)
+    assert torch.allclose(ga, gb, atol=1e-5)
+    # In training the same fraction of weights is dropped (other random draws).
+    b.train()
+    assert b(x).shape == ya.shape
+
+
+@pytest.mark.parametrize("change,why", [
+    # The weights are returned (output_attentions): they must still be computed.
+    (("        return y.transpose(1, 2).contiguous().view(B, T, C)\n",
+      "        return y.transpose(1, 2).contiguous().view(B, T, C), att\n"), "read elsewhere"),
+    # A chain name read between the statements.
+    (("        att = F.softmax(att, dim=-1)\n", "        att = F.softmax(att, dim=-1)\n        print(att.mean())\n"),
+     "read elsewhere"),
+    # An in-place write between the statements.
+    (("        att = F.softmax(att, dim=-1)\n", "        att = F.softmax(att, dim=-1)\n        att[:, 0] = 0\n"),
+     "written in place"),
+    # q is bound again after the scores used it: the call would read the new q.
+    (("        att = F.softmax(att, dim=-1)\n", "        att = F.softmax(att, dim=-1)\n        q = q * 2\n"),
+     "input reassigned"),
+    # The mask is applied only sometimes.
+    (("        att = att.masked_fill(self.bias[:,:,:T,:T] == 0, float('-inf'))\n",
+      "        if self.causal:\n            att = att.masked_fill(self.bias[:,:,:T,:T] == 0, float('-inf'))\n"),
+     "conditional"),
+    # Two statements share a line.
+    (("        att = F.softmax(att, dim=-1)\n", "        att = F.softmax(att, dim=-1); n = 1\n"), "shared line"),
+    # A dropout-named module that is not nn.Dropout (its rate is not .p).
+    (("        self.attn_dropout = nn.Dropout(dropout)\n", "        self.attn_dropout = DropPath(dropout)\n"),
+     "unknown dropout"),
+])
+def test_a_chain_that_cannot_be_deleted_soundly_stays_advice(change, why):
+    old, new = change
+    assert old in NANOGPT
+    source = NANOGPT.replace(old, new)
+    fixed, findings = _fix(source, "AX118")
+    # (A write into the scores in place already hides the formula from the engine.)
+    assert len(findings) == (0 if why == "written in place" else 1), why
+    for finding in findings:
+        assert not finding.fix.edits, why
+        assert "no automatic fix" in finding.message
+    assert fixed == source
+
+
+def test_functional_dropout_becomes_dropout_p():
+    source = NANOGPT.replace("        att = self.attn_dropout(att)\n",
+                             "        att = F.dropout(att, p=self.p, training=self.training)\n")
+    fixed, [finding] = _fix(source, "AX118")
+    assert "dropout_p=(self.p if self.training else 0.0))" in fixed
+
+
+def test_a_prescaled_query_keeps_its_scaling_and_the_weights_go():
+    source = textwrap.dedent('''\
+        import torch
+
+
+        class A(torch.nn.Module):
+            def forward(self, q, k, v):
+                q = q * self.scale
+                attn = q @ k.transpose(-2, -1)
+                attn = attn.softmax(dim=-1)
+                return attn @ v
+    ''')
+    fixed, _ = _fix(source, "AX118")
+    assert fixed.endswith("        q = q * self.scale\n"
+                          "        return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)\n")
+
+
+def test_other_formulas_lose_their_locals_too():
+    source = textwrap.dedent('''\
+        import math
+        import torch
+
+
+        def gelu(x):
+            cdf = 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+            return x * cdf
+
+
+        def gelu_logged(x):
+            cdf = 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+            print(cdf.mean())
+            return x * cdf
+    ''')
+    fixed, findings = _fix(source, "AX110", target="cpu")
+    assert [bool(f.fix.edits) for f in findings] == [True, False]
+    assert "deletes line 6, which built it" in findings[0].message
+    assert 'def gelu(x):\n    return torch.nn.functional.gelu(x, approximate="tanh")\n' in fixed
+    assert "print(cdf.mean())" in fixed and fixed.count("cdf = ") == 1
+
+
+def test_the_plan_is_kept_with_the_stored_match():
+    import ast
+
+    from torchaxe.scan.context import FileContext
+    from torchaxe.scan.formulas.analysis import _analyse
+
+    ctx = FileContext("m.py", NANOGPT, ast.parse(NANOGPT), "cuda")
+    [match] = [m for m in _analyse(ctx) if m.category == "attention"]
+    assert match.plan is not None and match.plan.delete == ((23, 23), (24, 24), (25, 25), (26, 26))
+    again = FormulaMatch.from_data(match.to_data())
+    assert again.plan == match.plan and again.plan.dropout_p == match.plan.dropout_p
+
+
+def test_the_bundled_gpt_example_gets_an_attention_fix():
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parent.parent / "examples" / "gpt" / "train.py").read_text()
+    fixed, [finding] = _fix(source, "AX118", target="cpu")
+    assert finding.fix.edits and "mask = self.causal_mask[:length, :length]" in fixed
+    assert "F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(self.head_dim), attn_mask=mask)" in fixed
+    assert "scores" not in fixed and "weights = " not in fixed
