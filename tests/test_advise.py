@@ -631,3 +631,32 @@ def test_refining_several_chosen_changes_reuses_their_combined_run_files(script:
     chosen, combined = runs.knobs["chosen"], runs.knobs["combined"]
     assert chosen.sources and chosen.sources == combined.sources and chosen.compile == combined.compile
     assert advice.combined["speedup"] == pytest.approx(0.1 / 0.035)
+
+
+def test_a_chosen_change_that_slows_the_others_down_is_left_out(script: Path) -> None:
+    # Each saves time alone, but all three together (0.07) are slower than without AX201 (0.04).
+    runs = FakeRuns(times={"code:AX201": 0.09, "combined": 0.07, "without-code-AX201": 0.04,
+                           "without-knob-compile": 0.09, "without-code-AX110": 0.075, "chosen": 0.04})
+    advice = run_advice(script, runs)
+    assert {r.key for r in advice.recommendations if r.selected} == {"knob:compile", "code:AX110"}
+    assert set(advice.combined["keys"]) == {"knob:compile", "code:AX110"}
+    assert advice.combined["speedup"] == pytest.approx(0.1 / 0.04)
+    assert any(n.startswith("code:AX201 was left out of the chosen changes") for n in advice.notes), advice.notes
+    # Measured in the same rounds as all three together.
+    first = runs.order.index("combined")
+    assert sorted(runs.order[first:first + 4]) == ["combined", "without-code-AX110", "without-code-AX201",
+                                                  "without-knob-compile"]
+    assert runs.order[first - 1] == "original"
+
+
+def test_chosen_changes_that_each_pull_their_weight_are_all_kept(script: Path) -> None:
+    runs = FakeRuns(times={"code:AX201": 0.09, "combined": 0.04, "without-code-AX201": 0.045,
+                           "without-knob-compile": 0.09, "without-code-AX110": 0.05, "chosen": 0.04})
+    advice = run_advice(script, runs)
+    assert {r.key for r in advice.recommendations if r.selected} == {"knob:compile", "code:AX110", "code:AX201"}
+    assert advice.combined["speedup"] == pytest.approx(0.1 / 0.04)
+    assert not any("left out" in n for n in advice.notes)
+    # Two chosen changes are not measured left out: each alone was measured already.
+    two = FakeRuns()
+    run_advice(script, two)
+    assert not any(name.startswith("without-") for name in two.order)

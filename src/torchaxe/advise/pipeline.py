@@ -52,6 +52,9 @@ DECIDE_ROUNDS = 3
 FASTER_SHARE = 0.8
 #: Changes tried one by one on top of the chosen ones (besides all of them at once).
 MAX_NEAR_MISSES = 2
+#: How many chosen changes are also measured with each one left out (more would cost
+#: a run per change and round).
+MIN_LEAVE_ONE_OUT, MAX_LEAVE_ONE_OUT = 3, 4
 
 
 #: A change whose rounds rank below the A/A arm's with at most this chance under no
@@ -700,10 +703,27 @@ class Advisor:
             self._refine(chosen, candidates, findings, measurer, original)
             return
         combined = self._set_knobs("combined", chosen, findings)
-        self.progress(f"measuring the {len(chosen)} chosen changes together")
-        base_arm, (arm,), complete = measurer.compare(original, [combined], self.options.repeats, "combined")
+        without = self._leave_one_out(chosen, findings, measurer)
+        self.progress(f"measuring the {len(chosen)} chosen changes together"
+                      + (", and with each one left out" if without else ""))
+        base_arm, arms, complete = measurer.compare(original, [combined, *without], self.options.repeats, "combined")
         if not complete:
             self.advice.partial = True
+        arm = arms[0]
+        dropped = self._dropped(chosen, arm, arms[1:]) if without else None
+        if dropped is not None:
+            # One change made the others slower (bf16 autocast with a CPU attention
+            # kernel that is slow in bf16, say): the rest, measured in the same rounds, win.
+            index, paired = dropped
+            left_out = chosen[index]
+            left_out.rec.selected = False
+            chosen = [c for c in chosen if c is not left_out]
+            arm, combined = arms[1 + index], without[index]
+            fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
+            self.advice.notes.append(
+                f"{left_out.rec.key} was left out of the chosen changes: without it the others took "
+                f"{statistics.median(paired):.2f} of the step time of all of them together "
+                f"({', '.join(f'{r:.2f}' for r in paired)} per round), though on its own it saved time")
         entry: dict[str, Any] = {"keys": [c.key for c in chosen], "status": "not_measured",
                                  "knobs": _merge_knobs(fragments)}
         if arm.error:
@@ -732,6 +752,41 @@ class Advisor:
         self.advice.combined = {**_alone(best), "together": {
             "keys": entry["keys"], "status": entry["status"], "speedup": entry.get("speedup"),
             "error": entry.get("error")}}
+
+    def _leave_one_out(self, chosen: list[Candidate], findings, measurer: Measurer) -> list[KnobSet]:
+        """With three or more chosen changes, the sets that leave one of them out, to
+        be measured in the same rounds as all of them: changes that each save time
+        can still cost time together. None when the budget has no room for them."""
+        if not MIN_LEAVE_ONE_OUT <= len(chosen) <= MAX_LEAVE_ONE_OUT:
+            return []
+        if measurer.deadline is not None:
+            # These runs make the chosen changes: as long as theirs (a compiled run far
+            # longer than the original's).
+            per_run = max([measurer.expected_run_seconds()] + [self.run_seconds.get(c.key, 0.0) for c in chosen])
+            runs = (2 + len(chosen)) * max(self.options.repeats, 1)
+            if (measurer.remaining() or 0.0) < runs * per_run:
+                self.advice.notes.append("the chosen changes were not also measured with each one left out "
+                                         "(out of --budget)")
+                return []
+        return [self._set_knobs("without-" + c.key.replace(":", "-"), [o for o in chosen if o is not c], findings)
+                for c in chosen]
+
+    def _dropped(self, chosen: list[Candidate], together: ArmResult,
+                 without: Sequence[ArmResult]) -> tuple[int, list[float]] | None:
+        """The change whose leaving out made the rest clearly faster than all of them
+        together (per round, the test a change passes against the original), and the
+        per-round ratios; None when every one pulls its weight."""
+        if together.error or len(together.ratios) < 2:
+            return None
+        best: tuple[float, int, list[float]] | None = None
+        for index, arm in enumerate(without):
+            if arm.error or len(arm.ratios) < len(together.ratios):
+                continue
+            paired = [a / b for a, b in zip(arm.ratios, together.ratios)]
+            share = statistics.median(paired)
+            if clear_gain(paired, self.noise, self.same_ratios) and (best is None or share < best[0]):
+                best = (share, index, paired)
+        return None if best is None else (best[1], best[2])
 
     def _set_knobs(self, name: str, members: Sequence[Candidate], findings) -> KnobSet:
         """The knob set that makes all of ``members``' changes at once (their knobs
