@@ -65,7 +65,7 @@ def _load(path, name: str):
 def test_nanogpt_attention_becomes_one_sdpa_call_with_its_mask_and_dropout(tmp_path):
     fixed, [finding] = _fix(NANOGPT, "AX118")
     assert finding.fix.applicability is Applicability.UNSAFE
-    assert "deletes lines 23-26, which built it" in finding.message
+    assert "deletes lines 23-26, used only to build it" in finding.message
     body = fixed.split("def forward(self, x):")[1]
     assert not re.search(r"\batt\b", body)
     assert ("        # the scores\n        y = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(k.size(-1)), "
@@ -169,7 +169,7 @@ def test_other_formulas_lose_their_locals_too():
     ''')
     fixed, findings = _fix(source, "AX110", target="cpu")
     assert [bool(f.fix.edits) for f in findings] == [True, False]
-    assert "deletes line 6, which built it" in findings[0].message
+    assert "deletes line 6, used only to build it" in findings[0].message
     assert 'def gelu(x):\n    return torch.nn.functional.gelu(x, approximate="tanh")\n' in fixed
     assert "print(cdf.mean())" in fixed and fixed.count("cdf = ") == 1
 
@@ -195,3 +195,187 @@ def test_the_bundled_gpt_example_gets_an_attention_fix():
     assert finding.fix.edits and "mask = self.causal_mask[:length, :length]" in fixed
     assert "F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(self.head_dim), attn_mask=mask)" in fixed
     assert "scores" not in fixed and "weights = " not in fixed
+
+
+ANNOTATED = '''\
+import math
+import torch
+import torch.nn as nn
+
+
+class Attention(nn.Module):
+    def __init__(self, dropout=0.1):
+        super().__init__()
+        self.dropout = nn.Dropout(p=dropout)
+
+    def forward(self, query, key, value, mask=None):
+        scores = torch.matmul(query, key.transpose(-2, -1)) / math.sqrt(query.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, -1e9)
+        p_attn = scores.softmax(dim=-1)
+        p_attn = self.dropout(p_attn)
+        return torch.matmul(p_attn, value)
+'''
+
+
+def test_an_optional_mask_is_passed_only_when_given(tmp_path):
+    fixed, [finding] = _fix(ANNOTATED, "AX118")
+    assert finding.fix.edits
+    assert ("    def forward(self, query, key, value, mask=None):\n        return torch.nn.functional."
+            "scaled_dot_product_attention(query, key, value, attn_mask=None if mask is None else mask != 0, "
+            "dropout_p=(self.dropout.p if self.training else 0.0))\n") in fixed
+    (tmp_path / "before_a.py").write_text(ANNOTATED)
+    (tmp_path / "after_a.py").write_text(fixed)
+    before, after = _load(tmp_path / "before_a.py", "before_a"), _load(tmp_path / "after_a.py", "after_a")
+    a, b = before.Attention().eval(), after.Attention().eval()
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 10, 16) for _ in range(3))
+    mask = (torch.rand(2, 1, 1, 10) > 0.3).long()
+    mask[..., 0] = 1  # no row masked everywhere
+    for m in (None, mask):
+        assert torch.allclose(a(q, k, v, m), b(q, k, v, m), atol=1e-5)
+
+
+def test_an_added_optional_mask_is_passed_as_it_is():
+    source = ANNOTATED.replace("scores.masked_fill(mask == 0, -1e9)", "scores + mask")
+    fixed, [finding] = _fix(source, "AX118")
+    assert "attn_mask=mask, dropout_p=" in fixed
+
+
+@pytest.mark.parametrize("old,new", [
+    # Guarding something other than the mask: the formula itself is conditional.
+    ("        if mask is not None:\n            scores = scores.masked_fill(mask == 0, -1e9)\n",
+     "        if self.temperature is not None:\n            scores = scores / self.temperature\n"),
+    # An else branch.
+    ("            scores = scores.masked_fill(mask == 0, -1e9)\n",
+     "            scores = scores.masked_fill(mask == 0, -1e9)\n        else:\n            scores = scores * 1.0\n"),
+    # Another test than "is not None".
+    ("        if mask is not None:\n", "        if self.causal:\n"),
+])
+def test_other_conditional_chains_stay_advice(old, new):
+    assert old in ANNOTATED
+    source = ANNOTATED.replace(old, new)
+    fixed, [finding] = _fix(source, "AX118")
+    assert not finding.fix.edits and "no automatic fix" in finding.message
+    assert fixed == source
+
+
+def test_scores_reshaped_on_the_way_stay_advice():
+    # The mask broadcasts over (batch, heads, ...) only while the scores are viewed 4-D:
+    # one SDPA call on the 3-D bmm operands would broadcast it differently.
+    source = textwrap.dedent('''\
+        import torch
+        import torch.nn.functional as F
+
+
+        class HeadsViewed(torch.nn.Module):
+            def forward(self, q, k, v, pad):
+                scores = torch.bmm(q, k.transpose(-1, -2)) * self.scale
+                scores = scores.view(-1, self.n_heads, scores.size(-2), scores.size(-1))
+                scores = scores.masked_fill(pad, torch.finfo(scores.dtype).min)
+                probs = F.softmax(scores, dim=-1)
+                return torch.bmm(probs.view(-1, probs.size(-2), probs.size(-1)), v)
+    ''')
+    fixed, [finding] = _fix(source, "AX118")
+    assert not finding.fix.edits and fixed == source
+
+
+SIMPLE = '''\
+import math
+import torch
+import torch.nn.functional as F
+
+
+def attend(q, k, v):
+    att = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    att = att.softmax(dim=-1)
+    return att @ v
+'''
+
+
+@pytest.mark.parametrize("old,new,why", [
+    # A detach stops the gradient through the weights; SDPA would let it through.
+    ("    att = att.softmax(dim=-1)\n", "    att = att.softmax(dim=-1).detach()\n", "detach"),
+    # The key written in place between the scores and @ v: the call would read the new values.
+    ("    att = att.softmax(dim=-1)\n", "    att = att.softmax(dim=-1)\n    k.mul_(0.5)\n", "in place"),
+    # A mask added before the scale is scaled with the scores.
+    ("    att = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n",
+     "    att = (q @ k.transpose(-2, -1) + bias) / math.sqrt(q.size(-1))\n", "mask scaled"),
+])
+def test_what_sdpa_would_compute_differently_stays_advice(old, new, why):
+    assert old in SIMPLE
+    source = SIMPLE.replace(old, new).replace("def attend(q, k, v):", "def attend(q, k, v, bias=None):")
+    fixed, findings = _fix(source, "AX118")
+    assert findings and all(not f.fix.edits for f in findings), why
+    assert fixed == source
+
+
+def test_a_cache_written_between_the_statements_stays_advice():
+    source = textwrap.dedent('''\
+        import math
+        import torch
+
+
+        class Decoder(torch.nn.Module):
+            def forward(self, q, k, v):
+                scores = q @ self.k_cache.transpose(-2, -1) / math.sqrt(q.size(-1))
+                self.k_cache = torch.cat([self.k_cache[:, :, 1:], k], dim=2)
+                w = scores.softmax(dim=-1)
+                return w @ v
+    ''')
+    fixed, [finding] = _fix(source, "AX118")
+    assert not finding.fix.edits and fixed == source
+
+
+def test_dropout_on_the_scores_or_a_module_that_may_be_identity_stays_advice():
+    before_softmax = NANOGPT.replace(
+        "        att = F.softmax(att, dim=-1)\n        att = self.attn_dropout(att)\n",
+        "        att = self.attn_dropout(att)\n        att = F.softmax(att, dim=-1)\n")
+    maybe_identity = NANOGPT.replace(
+        "        self.attn_dropout = nn.Dropout(dropout)\n",
+        "        self.attn_dropout = nn.Dropout(dropout) if dropout else nn.Identity()\n").replace(
+        "        self.n_head = n_head\n",
+        "        if not dropout:\n            self.attn_dropout = nn.Identity()\n        self.n_head = n_head\n")
+    for source in (before_softmax, maybe_identity):
+        fixed, [finding] = _fix(source, "AX118")
+        assert not finding.fix.edits and fixed == source
+
+
+def test_a_tensor_scale_goes_on_the_query(tmp_path):
+    # SDPA's scale= takes a Python float: a learned temperature multiplies q instead,
+    # and keeps its gradient.
+    source = textwrap.dedent('''\
+        import torch
+
+
+        class Attn(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.temperature = torch.nn.Parameter(torch.tensor([0.3]))
+
+            def forward(self, q, k, v):
+                attn = (q @ k.transpose(-2, -1)) * self.temperature
+                attn = attn.softmax(dim=-1)
+                return attn @ v
+    ''')
+    fixed, [finding] = _fix(source, "AX118")
+    assert ("        return torch.nn.functional.scaled_dot_product_attention(q * self.temperature, k, v, scale=1.0)\n"
+            in fixed)
+    (tmp_path / "t_before.py").write_text(source)
+    (tmp_path / "t_after.py").write_text(fixed)
+    a = _load(tmp_path / "t_before.py", "t_before").Attn()
+    b = _load(tmp_path / "t_after.py", "t_after").Attn()
+    q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+    ya, yb = a(q, k, v), b(q, k, v)
+    assert torch.allclose(ya, yb, atol=1e-5)
+    ya.sum().backward()
+    yb.sum().backward()
+    assert torch.allclose(a.temperature.grad, b.temperature.grad, atol=1e-4)
+
+
+def test_module_level_chains_are_not_deleted():
+    # A module's names may be imported by other modules.
+    source = ("import math\nimport torch\nq = k = v = torch.randn(2, 4, 4)\n"
+              "att = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\natt = att.softmax(dim=-1)\nout = att @ v\n")
+    fixed, [finding] = _fix(source, "AX118")
+    assert not finding.fix.edits and fixed == source

@@ -208,6 +208,38 @@ def test_norm_eps_and_weight_are_identified():
     assert m.inputs == {"x": "h", "weight": "(1 + g)", "eps": "eps"} or m.inputs["weight"] == "1 + g"
 
 
+@pytest.mark.parametrize("body,category,eps", [
+    # A small eps fits as none within the probes' tolerance: the closest fit keeps it.
+    ("x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)", "rms_norm", "1e-6"),
+    ("x * (x.square().mean(-1, keepdim=True) + 1e-5) ** -0.5", "rms_norm", "1e-5"),
+    ("(x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, unbiased=False) + 1e-6).sqrt()", "layer_norm",
+     "1e-6"),
+])
+def test_a_literal_eps_is_kept(body, category, eps):
+    [m] = matches(f"import torch\ndef norm(x):\n    return {body}\n", target="cuda")
+    assert m.category == category and m.inputs.get("eps") == eps and m.max_rel < 1e-12
+
+
+def test_two_stored_numbers_are_told_apart():
+    # self.eps inside the square root, self.scale outside: one number each, not a weight vector.
+    [m] = matches("""
+        import torch
+        class Norm(torch.nn.Module):
+            def forward(self, x):
+                return x / torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + self.eps) * self.scale
+    """, target="cuda")
+    assert (m.inputs["eps"], m.inputs["weight"]) == ("self.eps", "self.scale")
+    assert m.params["scalar_weight"]
+
+
+def test_a_scalar_norm_weight_multiplies_the_fused_output(scan):
+    source = ("import torch\nimport torch.nn.functional as F\nclass Norm(torch.nn.Module):\n"
+              "    def forward(self, x):\n"
+              "        return x / torch.sqrt(torch.mean(x ** 2, dim=-1, keepdim=True) + self.eps) * self.scale\n")
+    [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX115"]
+    assert finding.replacement == "F.rms_norm(x, (x.shape[-1],), None, self.eps) * self.scale"
+
+
 def test_match_errors_are_reported_on_float64_probes():
     [m] = matches("import math, torch\ndef f(x):\n    return 0.5 * x * (1 + torch.tanh(0.7978 * (x + 0.044715 * x**3)))\n")
     assert m.category == "gelu_tanh" and 1e-6 < m.max_abs < 1e-3  # truncated constant: close, not exact

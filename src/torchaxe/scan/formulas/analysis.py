@@ -491,13 +491,49 @@ def _locate(ctx: FileContext, root: Root, match: Match, scope_name: str) -> Form
             source = next((s for s in root.named.get(id(inner), ()) if _within(s, expr)), None)
             if source is not None:
                 placed[role] = source
+    # What the formula does between its inputs and its result, beyond the reference:
+    # a detach stops gradients the fused call would let through; a dropout before the
+    # softmax drops scores, not weights.
+    between = _ops_between(node, match.inputs.values())
+    params = match.params
+    if "cast" in between and not params.get("casts"):
+        params = {**params, "casts": True}
+    if "detach" in between or _dropout_before_softmax(node, match.inputs.values()):
+        fixable, spread_ok = False, False
+    else:
+        spread_ok = True
     plan = None
-    if spread and made_here and all(t is not None for t in inputs.values()) and set(placed) == {
+    if spread and spread_ok and made_here and all(t is not None for t in inputs.values()) and set(placed) >= {
             r for r, i in match.inputs.items() if i.op != CONST}:
         plan = spread_plan(root.scope, expr, placed, ctx.lines, ctx.qualified_name, _class_of(ctx, root.scope))
     callees = frozenset(id(root.scope_inlined[id(n)]) for n in walk(node) if id(n) in root.scope_inlined)
     return FormulaMatch(match.category, match.reference, match.max_abs, match.max_rel, Span.of(expr), inputs,
-                        match.params, fixable, spread, scope_name, node, id(root.scope), callees, plan)
+                        params, fixable, spread, scope_name, node, id(root.scope), callees, plan)
+
+
+def _between(node: Node, inputs: Any) -> Iterator[Node]:
+    """The nodes of ``node`` outside its inputs' subtrees."""
+    stop = {id(i) for i in inputs}
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in stop or id(n) in seen:
+            continue
+        seen.add(id(n))
+        yield n
+        stack.extend(n.children())
+
+
+def _ops_between(node: Node, inputs: Any) -> set[str]:
+    return {n.op for n in _between(node, inputs)}
+
+
+def _dropout_before_softmax(node: Node, inputs: Any) -> bool:
+    """A dropout whose operand holds no softmax (dropout on the scores): SDPA's
+    ``dropout_p`` drops weights after the softmax, another random function."""
+    inputs = list(inputs)
+    return any(n.op == "dropout" and not _ops_between(n, inputs) & {"softmax", "exp"}
+               for n in _between(node, inputs))
 
 
 def _class_of(ctx: FileContext, scope: ast.AST) -> ast.ClassDef | None:

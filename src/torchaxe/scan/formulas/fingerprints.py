@@ -27,7 +27,7 @@ from torchaxe.scan.formulas.interpreter import Evaluator, broadcast_shape, is_te
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
 from torchaxe.scan.formulas.probes import (
-    CONFIRMATIONS, PRIMARY, SCALAR, SCALAR_VALUE, Probe, data_vars, fresh_full, half_width_roles, make_env,
+    CONFIRMATIONS, PRIMARY, SCALAR, Probe, data_vars, fresh_full, half_width_roles, make_env, scalar_value,
 )
 from torchaxe.scan.formulas.store import Match
 
@@ -163,6 +163,14 @@ def _identify(probing: Probing, root: Node, avoid: Node, target: torch.Tensor, n
     return None
 
 
+def _scalar(probing: Probing, node: Node | None, size: int) -> bool:
+    """Whether a norm's weight or bias is one number, not a vector over the channels."""
+    if node is None or size == 1:
+        return False
+    value = probing.value(node)
+    return not isinstance(value, torch.Tensor) or value.numel() == 1
+
+
 _FACTOR_NAMES = re.compile(r"scale|dim|size", re.IGNORECASE)
 
 
@@ -277,7 +285,7 @@ class NormMatcher(Matcher):
         eps: list[tuple[float, Node | None]] = [(0.0, None)]
         for n in walk(node):
             if n.op == VAR and probing.roles.get(n.value) == SCALAR:
-                eps.append((SCALAR_VALUE, n))
+                eps.append((scalar_value(n.value), n))
         eps.extend(_float_constants(node))
         return eps
 
@@ -292,15 +300,19 @@ class NormMatcher(Matcher):
                 continue
             if x.shape[-1] < 2:
                 continue  # a norm over one element is anything (GRN's spatial norm on a probe)
+            # Every eps that fits, the closest kept: a small eps (1e-6) also fits as
+            # none within the probes' tolerance, and the fix must keep it.
+            fits = []
             for eps, eps_node in eps_candidates:
+                found = None
                 if "layer_norm" in allowed:
                     found = self._fit_layer(node, x_node, x, y, eps, eps_node, probing)
-                    if found:
-                        return found
-                if "rms_norm" in allowed:
+                if not found and "rms_norm" in allowed:
                     found = self._fit_rms(node, x_node, x, y, eps, eps_node, probing)
-                    if found:
-                        return found
+                if found:
+                    fits.append(found)
+            if fits:
+                return min(fits, key=lambda f: f.max_rel)
             if allowed & {"layer_norm", "rms_norm"} and x.ndim > 1:
                 # Channels-first LayerNorm (ConvNeXt) and RMSNorm (timm's RmsNorm2d): the
                 # same over another dimension.
@@ -345,6 +357,8 @@ class NormMatcher(Matcher):
             if weight[1] is not None:
                 text += " * weight"
             params = {"eps": eps, "eps_placement": placement, "casts": "cast" in node.ops}
+            if _scalar(probing, weight[1], size):
+                params["scalar_weight"] = True
             if factor is not None:
                 inputs["factor"] = factor
                 params["factor"] = True
@@ -439,6 +453,8 @@ class NormMatcher(Matcher):
                     "unbiased": "(x - mean) / sqrt(unbiased var + eps)",
                     "unbiased, outside": "(x - mean) / (unbiased std + eps)"}[placement]
             params = {"eps": eps, "eps_placement": placement, "casts": "cast" in node.ops}
+            if _scalar(probing, weight[1], size) or _scalar(probing, bias[1], size):
+                params["scalar_weight"] = True  # one number for every channel: not F.layer_norm's weight
             return Match("layer_norm", node, inputs, params,
                          text + (" * weight" if weight[1] is not None else "") + (" + bias" if bias[1] is not None else ""),
                          err, rel)
@@ -522,6 +538,8 @@ class AttentionMatcher(Matcher):
             if additive is not None:
                 inputs["mask"] = additive
                 params["mask_added"] = True  # a float mask added to the scores, as SDPA adds attn_mask
+                # 1 when added after the scale; 1/sqrt(d) for (q @ k^T + mask) / sqrt(d).
+                params["mask_weight"] = weight
             for mask_holder in walk(p_node):
                 if mask_holder.op == "masked_fill" and len(mask_holder.args) >= 2:
                     inputs.setdefault("mask", mask_holder.args[1])

@@ -331,6 +331,13 @@ def _generator(torch: Any, probe: Probe, name: str) -> Any:
     return torch.Generator().manual_seed((probe.seed * 1_000_003) ^ zlib.crc32(name.encode()))
 
 
+def scalar_value(name: str) -> float:
+    """A scalar variable's probe value: near ``SCALAR_VALUE`` and different per name,
+    so that two stored numbers (``self.eps`` inside the square root, ``self.scale``
+    outside) are told apart by their values."""
+    return SCALAR_VALUE + (zlib.crc32(name.encode()) % 997) / 10_000
+
+
 def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
     """Probe values for every variable, deterministic per (probe, name)."""
     import torch
@@ -346,7 +353,7 @@ def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
         elif role == VECTOR:
             env[name] = torch.rand((n,), generator=g, dtype=dtype) + 0.5
         elif role == SCALAR:
-            env[name] = SCALAR_VALUE
+            env[name] = scalar_value(name)
         elif role == INT:
             env[name] = -1
         elif role == SHAPE:

@@ -8,13 +8,16 @@ says whether deleting them is sound, from the syntax alone:
 
 * walking back from the reported expression through its block, each local it reads
   that is not an input of the replacement must be bound by a plain ``name = value``
-  statement of the same block (nothing conditional, in a loop or unpacked); those
-  statements are the *chain*, and the engine has already matched every operation in
-  them as part of the formula;
+  statement of the same block (nothing in a loop or unpacked, and nothing conditional
+  but one ``if NAME is not None:`` around a single assignment, where NAME is read by an
+  input: an optional mask, which the rule must then pass only when it is not None);
+  those statements are the *chain*, and the engine has already matched every
+  operation in them as part of the formula;
 * no chain name is read anywhere else in the function (not later, not by a closure,
   not by an in-place call between the statements);
 * every input's text still means the same value where the replacement goes: none of
   the names it reads is bound again between where the text was taken and there;
+* no intermediate result is reshaped on the way (a mask would broadcast otherwise);
 * each chain statement has its lines to itself, so deleting the lines deletes it.
 
 When any of that fails there is no plan, and the finding stays advice.
@@ -29,26 +32,32 @@ from typing import Iterator
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 #: Statement fields that hold statement lists.
 _BLOCK_FIELDS = ("body", "orelse", "finalbody", "handlers")
+#: Calls that change a tensor's shape or the order of its dimensions.
+_RESHAPES = frozenset({"view", "reshape", "flatten", "unflatten", "permute", "transpose", "unsqueeze", "squeeze",
+                       "view_as", "reshape_as", "movedim", "swapaxes", "swapdims", "expand", "expand_as"})
 _DROPOUT_FUNCTIONS = {"torch.nn.functional.dropout": (1, 2, 0.5, True), "torch.dropout": (1, 2, None, None)}
 
 
 @dataclass(frozen=True)
 class Plan:
     """The line ranges (first, last, 1-based, inclusive) of the chain statements to
-    delete, and the replacement's dropout probability text when the chain drops out."""
+    delete, the replacement's dropout probability text when the chain drops out, and
+    the name whose ``is not None`` guards one chain statement (an optional mask): the
+    replacement must then do without that part when the name is None."""
 
     delete: tuple[tuple[int, int], ...]
     dropout_p: str | None = None
+    guard: str | None = None
 
     def to_data(self) -> list:
-        return [[list(r) for r in self.delete], self.dropout_p]
+        return [[list(r) for r in self.delete], self.dropout_p, self.guard]
 
     @classmethod
     def from_data(cls, data: list | None) -> Plan | None:
         if data is None:
             return None
-        ranges, dropout_p = data
-        return cls(tuple((int(a), int(b)) for a, b in ranges), dropout_p)
+        ranges, dropout_p, guard = data
+        return cls(tuple((int(a), int(b)) for a, b in ranges), dropout_p, guard)
 
 
 # ---------------------------------------------------------------- syntax helpers
@@ -156,8 +165,8 @@ def plan(scope: ast.AST, expr: ast.AST, sources: dict[str, ast.AST], lines: list
     texts of ``sources`` (the inputs, by role), or None when that is not sound.
     ``resolve`` gives an expression's qualified name (``F.dropout`` ->
     ``torch.nn.functional.dropout``)."""
-    if isinstance(scope, ast.Lambda):
-        return None
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None  # a lambda has no statements; module-level names may be imported elsewhere
     place = _block_of(scope, expr)
     if place is None:
         return None
@@ -169,17 +178,25 @@ def plan(scope: ast.AST, expr: ast.AST, sources: dict[str, ast.AST], lines: list
     receiver = params[0] if params and cls is not None else None
     need = _loads(expr) - inputs
     chain: list[ast.stmt] = []
+    guard: str | None = None
     for stmt in reversed(block[:index]):
         bound = {name for name, _ in _bindings_of_statement(stmt)}
         hit = bound & need
         if not hit:
             continue
-        target = _simple_target(stmt)
+        assign = stmt
+        if _simple_target(stmt) is None:
+            # ``if mask is not None: scores = scores.masked_fill(...)``: an optional mask.
+            guarded = _guarded(stmt)
+            if guarded is None or guard is not None or guarded[0] not in inputs:
+                return None
+            guard, assign = guarded
+        target = _simple_target(assign)
         if target is None or hit != {target}:
             return None
         chain.append(stmt)
         need.discard(target)
-        need |= _loads(stmt.value) - inputs  # type: ignore[attr-defined]
+        need |= _loads(assign.value) - inputs  # type: ignore[attr-defined]
     chain.reverse()
     if not chain:
         return None
@@ -188,6 +205,8 @@ def plan(scope: ast.AST, expr: ast.AST, sources: dict[str, ast.AST], lines: list
     if left & (bound_anywhere | set(params)):
         return None  # the chain goes on outside this block, or through a parameter
     if not _chain_is_private(scope, chain, expr):
+        return None
+    if _reshapes_the_chain(chain, expr):
         return None
     if not _inputs_still_valid(scope, sources, expr):
         return None
@@ -203,7 +222,7 @@ def plan(scope: ast.AST, expr: ast.AST, sources: dict[str, ast.AST], lines: list
     dropout = _dropout_p(chain, expr, resolve, cls, receiver)
     if dropout is False:
         return None
-    return Plan(tuple(sorted(taken)), dropout or None)
+    return Plan(tuple(sorted(taken)), dropout or None, guard)
 
 
 def _bindings_of_statement(stmt: ast.stmt) -> Iterator[tuple[str, ast.AST]]:
@@ -212,6 +231,23 @@ def _bindings_of_statement(stmt: ast.stmt) -> Iterator[tuple[str, ast.AST]]:
         return
     wrapper = ast.Module(body=[stmt], type_ignores=[])
     yield from _bindings(wrapper)
+
+
+def _guarded(stmt: ast.stmt) -> tuple[str, ast.stmt] | None:
+    """``if NAME is not None: <one plain assignment>`` (no else): NAME and the assignment."""
+    if not isinstance(stmt, ast.If) or stmt.orelse or len(stmt.body) != 1 or _simple_target(stmt.body[0]) is None:
+        return None
+    test = stmt.test
+    if (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.IsNot) and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None):
+        return test.left.id, stmt.body[0]
+    return None
+
+
+def _chain_target(stmt: ast.stmt) -> str | None:
+    guarded = _guarded(stmt)
+    return _simple_target(guarded[1] if guarded else stmt)
 
 
 def _simple_target(stmt: ast.stmt) -> str | None:
@@ -225,7 +261,7 @@ def _simple_target(stmt: ast.stmt) -> str | None:
 
 def _chain_is_private(scope: ast.AST, chain: list[ast.stmt], expr: ast.AST) -> bool:
     """No chain name is read, written or declared outside the chain and ``expr``."""
-    names = {_simple_target(s) for s in chain}
+    names = {_chain_target(s) for s in chain}
     places = [*chain, expr]
     for node in ast.walk(scope):
         if isinstance(node, ast.Name) and node.id in names:
@@ -236,9 +272,31 @@ def _chain_is_private(scope: ast.AST, chain: list[ast.stmt], expr: ast.AST) -> b
     return True
 
 
+def _reshapes_the_chain(chain: list[ast.stmt], expr: ast.AST) -> bool:
+    """Whether an intermediate result is reshaped on the way (``scores.view(b, h, l,
+    s)`` between two ``bmm``): the engine reads through it, but a mask or a fused call
+    would then broadcast over other dimensions than the hand-written code did."""
+    names = {_chain_target(s) for s in chain}
+    for place in (*chain, expr):
+        for node in ast.walk(place):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in _RESHAPES:
+                if _loads(func.value) & names:
+                    return True
+                if node.args and isinstance(func.value, ast.Name) and func.value.id == "torch" and (
+                        _loads(node.args[0]) & names):
+                    return True
+    return False
+
+
 def _inputs_still_valid(scope: ast.AST, sources: dict[str, ast.AST], expr: ast.AST) -> bool:
-    """No name an input's text reads is bound between that text and ``expr``."""
+    """An input's text means the same value where ``expr`` is as where it was taken:
+    between the two, no name it reads is bound again, and nothing it reads is
+    written (``self.k_cache = ...``, ``k[0] = 0``) or changed in place (``k.mul_(2)``)."""
     bindings = list(_bindings(scope))
+    writes = list(_writes(scope))
     for source in sources.values():
         if _inside(source, expr):
             continue
@@ -247,7 +305,44 @@ def _inputs_still_valid(scope: ast.AST, sources: dict[str, ast.AST], expr: ast.A
         for name, node in bindings:
             if name in names and hasattr(node, "lineno") and lo <= _pos(node) < hi:
                 return False
+        paths = {p for p in (_path(n) for n in ast.walk(source)) if p}
+        for path, node in writes:
+            if lo <= _pos(node) < hi and any(_overlap(path, p) for p in paths):
+                return False
     return True
+
+
+def _path(node: ast.AST) -> str | None:
+    """``self.k_cache`` for an attribute chain on a name, ``k`` for a name."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _overlap(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _writes(scope: ast.AST) -> Iterator[tuple[str, ast.AST]]:
+    """What the scope writes other than by binding a name: attribute and subscript
+    stores (the object written to) and in-place calls (``k.mul_(2)``, ``torch.nn.init.zeros_(w)``)."""
+    for node in ast.walk(scope):
+        if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            path = _path(node) if isinstance(node, ast.Attribute) else _path(node.value)
+            if path:
+                yield path, node
+        elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            if name.endswith("_") and not name.endswith("__"):
+                if isinstance(node.func, ast.Attribute) and (path := _path(node.func.value)):
+                    yield path, node
+                for arg in node.args[:1]:
+                    if path := _path(arg):
+                        yield path, node
 
 
 def _dropout_p(chain: list[ast.stmt], expr: ast.AST, resolve, cls: ast.ClassDef | None,
@@ -298,12 +393,18 @@ def _argument(call: ast.Call, name: str, index: int, default) -> str | None:
 
 
 def _is_dropout_module(cls: ast.ClassDef | None, attr: str, resolve) -> bool:
-    """``self.<attr> = nn.Dropout(...)`` somewhere in the class's methods."""
+    """Every ``self.<attr> = ...`` in the class's methods sets an ``nn.Dropout`` (one
+    that may be ``nn.Identity`` has no ``.p``)."""
     if cls is None:
         return False
+    values = []
     for node in ast.walk(cls):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            for target in node.targets:
-                if isinstance(target, ast.Attribute) and target.attr == attr:
-                    return resolve(node.value.func) == "torch.nn.Dropout"
-    return False
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and target.attr == attr:
+                values.append(getattr(node, "value", None))
+            elif isinstance(target, (ast.Tuple, ast.List)) and any(
+                    isinstance(e, ast.Attribute) and e.attr == attr for e in target.elts):
+                return False
+    return bool(values) and all(isinstance(v, ast.Call) and resolve(v.func) == "torch.nn.Dropout" for v in values)

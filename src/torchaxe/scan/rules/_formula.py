@@ -43,6 +43,8 @@ class Proposal:
     #: Whether ``replacement`` may replace the matched expression in place.
     edit: bool = True
     imports: tuple[str, ...] = ()
+    #: The replacement handles the plan's guard (``if mask is not None:``).
+    guarded: bool = False
 
 
 class FormulaRule(Rule):
@@ -75,11 +77,12 @@ class FormulaRule(Rule):
         edits: list[Edit] = []
         if proposal.edit and match.fixable:
             edits = [ctx.replace(match.node, proposal.replacement)]
-        elif proposal.edit and match.spread and match.plan is not None:
+        elif proposal.edit and match.spread and match.plan is not None and (
+                match.plan.guard is None or proposal.guarded):
             # The statements that built it go too; deleting code is for the user to review.
             edits = [ctx.replace(match.node, proposal.replacement), *_deletions(ctx, match.plan)]
             message += (f" (the formula is assembled from several statements: the fix also deletes "
-                        f"{_lines_text(match.plan)}, which built it and are used for nothing else)")
+                        f"{_lines_text(match.plan)}, used only to build it)")
             if applicability is Applicability.SAFE:
                 applicability = Applicability.UNSAFE
         elif match.spread:

@@ -149,9 +149,14 @@ class HandWrittenRmsNorm(FormulaRule):
             return Proposal(replacement, note, "use torch_npu.npu_rms_norm", Applicability.UNSAFE, edit=not outside,
                             imports=("import torch_npu",))
         fn, imports = functional(ctx)
-        size_of = x if is_name(x) else weight if is_name(weight) else None
+        scalar = match.params.get("scalar_weight", False)
+        size_of = x if is_name(x) else weight if is_name(weight) and not scalar else None
         shape = f"({atom(size_of)}.shape[-1],)" if size_of else "(x.shape[-1],)"
-        replacement = f"{fn}.rms_norm({x}, {shape}, {weight or 'None'}, {eps})"
+        if scalar and weight:
+            # One number for every channel: a factor on the output, not F.rms_norm's weight.
+            replacement = f"{fn}.rms_norm({x}, {shape}, None, {eps}) * {atom(weight)}"
+        else:
+            replacement = f"{fn}.rms_norm({x}, {shape}, {weight or 'None'}, {eps})"
         available = torch_version_at_least(ctx, 2, 4)
         if available is False:
             return Proposal(replacement, "F.rms_norm (torch >= 2.4, also torch.nn.RMSNorm) computes it in one "

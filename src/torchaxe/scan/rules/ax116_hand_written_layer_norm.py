@@ -90,9 +90,19 @@ class HandWrittenLayerNorm(FormulaRule):
     def propose(self, ctx, match):
         x, weight, bias, eps = match.inputs["x"], match.inputs.get("weight"), match.inputs.get("bias"), eps_text(match)
         fn, imports = functional(ctx)
-        size_of = x if is_name(x) else weight if is_name(weight) else bias if is_name(bias) else None
-        shape = f"({atom(size_of)}.shape[-1],)" if size_of else "(x.shape[-1],)"
-        replacement = f"{fn}.layer_norm({x}, {shape}, {weight or 'None'}, {bias or 'None'}, {eps})"
+        if match.params.get("scalar_weight"):
+            # One number for every channel: applied to the output, not as F.layer_norm's weight and bias.
+            size_of = x if is_name(x) else None
+            shape = f"({atom(size_of)}.shape[-1],)" if size_of else "(x.shape[-1],)"
+            replacement = f"{fn}.layer_norm({x}, {shape}, None, None, {eps})"
+            if weight:
+                replacement += f" * {atom(weight)}"
+            if bias:
+                replacement += f" + {atom(bias)}"
+        else:
+            size_of = x if is_name(x) else weight if is_name(weight) else bias if is_name(bias) else None
+            shape = f"({atom(size_of)}.shape[-1],)" if size_of else "(x.shape[-1],)"
+            replacement = f"{fn}.layer_norm({x}, {shape}, {weight or 'None'}, {bias or 'None'}, {eps})"
         note = f"{replacement} computes it in one fused kernel"
         placement = match.params.get("eps_placement", "inside")
         outside = placement != "inside" or match.params.get("dim", -1) != -1

@@ -23,6 +23,51 @@ def _scale_argument(match) -> str | None:
     return None
 
 
+def _scaled_query(match, q: str) -> tuple[str, str] | None:
+    """For a scale that may be a tensor (``self.temperature``, a parameter): SDPA's
+    ``scale=`` takes a Python float only, so the scale goes on the query instead
+    (``(q * s) @ k^T`` is ``s * (q @ k^T)``, and its gradient still reaches ``s``).
+    None when the scale is a number (or the default)."""
+    scale = match.inputs.get("scale")
+    params = match.params
+    if scale is None or (params.get("scale_from_shape") and params.get("default_scale")) or _a_number(scale):
+        return None
+    op = "*" if params.get("scale_op") == "mul" else "/"
+    return f"{atom(q)} {op} {atom(scale)}", ", scale=1.0"
+
+
+_NUMBER_CALLS = ("float", "int", "len", "abs", "round", "min", "max", "pow")
+
+
+def _a_number(text: str) -> bool:
+    """Whether an expression is a Python number whatever its names hold: literals,
+    ``math`` functions, sizes (``k.size(-1)``, ``q.shape[-1]``) and arithmetic on them."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return False
+
+    def number(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+        if isinstance(node, ast.BinOp):
+            return number(node.left) and number(node.right)
+        if isinstance(node, ast.UnaryOp):
+            return number(node.operand)
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "math":
+                return True
+            if isinstance(func, ast.Attribute) and func.attr == "size" and node.args:
+                return True
+            return isinstance(func, ast.Name) and func.id in _NUMBER_CALLS and all(number(a) for a in node.args)
+        if isinstance(node, ast.Subscript):
+            return isinstance(node.value, ast.Attribute) and node.value.attr == "shape"
+        return isinstance(node, ast.Attribute) and node.attr == "ndim"
+
+    return number(tree)
+
+
 class HandWrittenAttention(FormulaRule):
     """
     ## What it does
@@ -63,8 +108,10 @@ class HandWrittenAttention(FormulaRule):
     ## Fix safety
     Safe on cpu and cuda when the whole computation is one expression in the (batch,
     heads, sequence, head_dim) layout with no mask and no dropout: SDPA computes the
-    same function (the scale is kept: omitted when it is `1/sqrt(q.size(-1))`, passed
-    as `scale=` otherwise). Unsafe with a mask or dropout:
+    same function. The scale is kept: omitted when it is `1/sqrt(q.size(-1))`, passed
+    as `scale=` when it is a Python number (a literal, a `math` function, a size), and
+    multiplied into q otherwise (`scale=` takes a float only, and a learned temperature
+    keeps its gradient that way). Unsafe with a mask, dropout or dtype casts on the way:
     - `masked_fill(cond, -inf)` becomes `attn_mask=` the opposite condition (SDPA's
       boolean mask is True where attention is allowed), and an added float mask is
       passed as it is; a row masked everywhere gives NaN by hand and may not in SDPA,
@@ -76,9 +123,11 @@ class HandWrittenAttention(FormulaRule):
     The usual form, over several statements (scores, mask, softmax, dropout, `@ v`),
     is fixed by deleting those statements too, when nothing else reads what they
     compute (attention weights returned or stored stay advice) and q, k, v are not
-    reassigned in between. With a causal mask of a self-attention, `is_causal=True`
+    reassigned in between. A mask applied under `if mask is not None:` is passed as
+    `attn_mask=None if mask is None else ...`; any other condition stays advice. With a causal mask of a self-attention, `is_causal=True`
     instead of the mask lets cuda pick its flash kernel; that is left to the user.
-    Other layouts are advice. On npu `npu_fusion_attention` needs `head_num`, an
+    Advice only: other layouts, a mask added before the scale (it is scaled with the
+    scores), dropout on the scores before the softmax, and a `.detach()` on the way. On npu `npu_fusion_attention` needs `head_num`, an
     `input_layout`, an explicit `scale` (its default is 1) and a mask in which True
     means "drop"; it supports float16 and bfloat16 only. Always advice on npu,
     unverified on Ascend hardware.
@@ -115,7 +164,7 @@ class HandWrittenAttention(FormulaRule):
             "    return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(2, 3)) * scale, -1), v)\n",
             target="cuda",
             fixed="import torch\n\n\ndef attention(q, k, v, scale):\n"
-            "    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)\n",
+            "    return torch.nn.functional.scaled_dot_product_attention(q * scale, k, v, scale=1.0)\n",
         ),
         Invalid(
             "import math\nimport torch\n\n\nclass Attention(torch.nn.Module):\n"
@@ -166,18 +215,27 @@ class HandWrittenAttention(FormulaRule):
                 "use torch_npu.npu_fusion_attention", Applicability.DISPLAY_ONLY, edit=False,
             )
         fn, imports = functional(ctx)
+        folded = _scaled_query(match, q)
+        if folded is not None:
+            q, scale = folded
         extra, advice = [], []
+        guard = match.plan.guard if match.plan is not None else None
+        guarded = False
         if params.get("masked"):
             mask = match.inputs.get("mask")
-            if params.get("mask_added"):
-                if mask:
-                    extra.append(f"attn_mask={mask}")
-                else:
-                    advice.append("attn_mask=<the mask: a float mask is added to the scores as it is>")
-            elif mask:
-                extra.append(f"attn_mask={_allowed(mask)}")
+            if not mask:
+                advice.append("attn_mask=<the mask: a float mask is added to the scores as it is>" if params.get(
+                    "mask_added") else "attn_mask=<the mask: True where attention is allowed>")
+            elif params.get("mask_added") and abs(params.get("mask_weight", 1.0) - 1.0) > 1e-6:
+                # (q @ k^T + mask) / sqrt(d): the mask is scaled with the scores.
+                advice.append(f"attn_mask=<{mask}, scaled as the scores are>")
             else:
-                advice.append("attn_mask=<the mask: True where attention is allowed>")
+                allowed = mask if params.get("mask_added") else _allowed(mask)
+                if guard is not None and guard in _names(mask):
+                    # Applied only when the mask is not None: SDPA's attn_mask=None is no mask.
+                    allowed = allowed if allowed == guard else f"None if {guard} is None else {allowed}"
+                    guarded = True
+                extra.append(f"attn_mask={allowed}")
         if params.get("dropout"):
             dropout_p = match.plan.dropout_p if match.plan is not None else None
             if dropout_p:
@@ -200,9 +258,20 @@ class HandWrittenAttention(FormulaRule):
             note += "; dropout_p must follow self.training"
         if advice:
             note += " (see the rule's documentation)"
-        safe = exact(match) and not extra
+        if params.get("casts"):
+            note += "; the hand-written form changes dtype on the way, the fused call computes in the input's"
+        safe = exact(match) and not extra and not params.get("casts")
         return Proposal(replacement, note, "use F.scaled_dot_product_attention",
-                        Applicability.SAFE if safe else Applicability.UNSAFE, edit=certain, imports=imports)
+                        Applicability.SAFE if safe else Applicability.UNSAFE, edit=certain, imports=imports,
+                        guarded=guarded)
+
+
+def _names(text: str) -> set[str]:
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        return set()
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def _allowed(condition: str) -> str:
