@@ -62,6 +62,13 @@ def _load(path, name: str):
     return module
 
 
+def _before_after(tmp_path, source: str, fixed: str, name: str):
+    """The original and the fixed source, imported as two modules."""
+    (tmp_path / f"{name}_before.py").write_text(source)
+    (tmp_path / f"{name}_after.py").write_text(fixed)
+    return _load(tmp_path / f"{name}_before.py", f"{name}_before"), _load(tmp_path / f"{name}_after.py", f"{name}_after")
+
+
 def test_nanogpt_attention_becomes_one_sdpa_call_with_its_mask_and_dropout(tmp_path):
     fixed, [finding] = _fix(NANOGPT, "AX118")
     assert finding.fix.applicability is Applicability.UNSAFE
@@ -73,9 +80,7 @@ def test_nanogpt_attention_becomes_one_sdpa_call_with_its_mask_and_dropout(tmp_p
             "        return y.transpose") in fixed
 
     # The fixed module computes what the original did (eval: no dropout), forward and backward.
-    (tmp_path / "before.py").write_text(NANOGPT)
-    (tmp_path / "after.py").write_text(fixed)
-    before, after = _load(tmp_path / "before.py", "before_m"), _load(tmp_path / "after.py", "after_m")
+    before, after = _before_after(tmp_path, NANOGPT, fixed, "nanogpt")
     torch.manual_seed(0)
     a = before.CausalSelfAttention(32, 4, 16, 0.1).eval()
     b = after.CausalSelfAttention(32, 4, 16, 0.1).eval()
@@ -224,9 +229,7 @@ def test_an_optional_mask_is_passed_only_when_given(tmp_path):
     assert ("    def forward(self, query, key, value, mask=None):\n        return torch.nn.functional."
             "scaled_dot_product_attention(query, key, value, attn_mask=None if mask is None else mask != 0, "
             "dropout_p=(self.dropout.p if self.training else 0.0))\n") in fixed
-    (tmp_path / "before_a.py").write_text(ANNOTATED)
-    (tmp_path / "after_a.py").write_text(fixed)
-    before, after = _load(tmp_path / "before_a.py", "before_a"), _load(tmp_path / "after_a.py", "after_a")
+    before, after = _before_after(tmp_path, ANNOTATED, fixed, "annotated")
     a, b = before.Attention().eval(), after.Attention().eval()
     torch.manual_seed(1)
     q, k, v = (torch.randn(2, 4, 10, 16) for _ in range(3))
@@ -361,10 +364,8 @@ def test_a_tensor_scale_goes_on_the_query(tmp_path):
     fixed, [finding] = _fix(source, "AX118")
     assert ("        return torch.nn.functional.scaled_dot_product_attention(q * self.temperature, k, v, scale=1.0)\n"
             in fixed)
-    (tmp_path / "t_before.py").write_text(source)
-    (tmp_path / "t_after.py").write_text(fixed)
-    a = _load(tmp_path / "t_before.py", "t_before").Attn()
-    b = _load(tmp_path / "t_after.py", "t_after").Attn()
+    before, after = _before_after(tmp_path, source, fixed, "temperature")
+    a, b = before.Attn(), after.Attn()
     q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
     ya, yb = a(q, k, v), b(q, k, v)
     assert torch.allclose(ya, yb, atol=1e-5)
