@@ -194,6 +194,8 @@ def main() -> int:
             f"{r['key']} {r['speedup']:.2f}x" for r in advice["recommendations"] if r["status"] == "measured"),
         "  not measured (out of the budget): " + (", ".join(
             r["key"] for r in advice["recommendations"] if r["status"] == "not_measured") or "none"),
+        *(f"  advise's note: {n}" for n in advice.get("notes", [])
+          if "left out" in n or "added to the chosen" in n or "together measured" in n),
         f"  original step median {1e3 * (base.median or 0):.1f} ms; tuned {1e3 * (tuned_arm.median or 0):.1f} ms",
         f"  tuned vs original: {speedup:.2f}x (per-round ratios {', '.join(f'{r:.3f}' for r in tuned_arm.ratios)})"
         if speedup else f"  tuned vs original: not measured ({tuned_arm.error})",
