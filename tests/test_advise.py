@@ -660,3 +660,17 @@ def test_chosen_changes_that_each_pull_their_weight_are_all_kept(script: Path) -
     two = FakeRuns()
     run_advice(script, two)
     assert not any(name.startswith("without-") for name in two.order)
+
+
+def test_small_changes_are_tried_again_without_one_that_hurts_on_top(script: Path, monkeypatch) -> None:
+    # compile is chosen; AX110 and AX201 are small (within the A/A noise alone). AX110 on
+    # top of compile is slower (a fused kernel slow in the chosen setting), and so is all
+    # at once; without it, AX201 on top is faster.
+    monkeypatch.setattr("torchaxe.advise.pipeline.MAX_NEAR_MISSES", 1)
+    runs = FakeRuns(times={"original-again": [0.09, 0.11, 0.092, 0.108, 0.094], "code:AX110": 0.095,
+                           "code:AX201": 0.096, "chosen": 0.05, "chosen+code-AX110+code-AX201": 0.07,
+                           "chosen+code-AX110": 0.08, "chosen+code-AX201": 0.03})
+    advice = run_advice(script, runs)
+    assert any(n.startswith("code:AX110 made the chosen changes slower") for n in advice.notes), advice.notes
+    assert "chosen+code-AX201" in runs.order
+    assert {r.key for r in advice.recommendations if r.selected} == {"knob:compile", "code:AX201"}

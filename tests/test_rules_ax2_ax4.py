@@ -347,3 +347,21 @@ def test_rule_documents_every_section(code):
     assert tuple(rule.docs()) == DOC_SECTIONS
     assert all(rule.docs()[s].strip() for s in DOC_SECTIONS)
     assert rule.fix_title and rule.fix_safety is not None and rule.references
+
+
+def test_a_momentum_buffer_loop_is_an_update_and_its_momentum_is_kept():
+    # The held-out custom loop's form: weight decay and momentum kept per parameter.
+    source = (
+        "import torch\n\n\n@torch.no_grad()\ndef sgd_update(params, lr, bufs, momentum=0.9, weight_decay=1e-4):\n"
+        "    for p in params:\n        if p.grad is None:\n            continue\n        d_p = p.grad\n"
+        "        if weight_decay:\n            d_p = d_p.add(p.data, alpha=weight_decay)\n"
+        "        buf = bufs.get(p)\n        if buf is None:\n            buf = bufs[p] = d_p.clone()\n"
+        "        else:\n            buf.mul_(momentum).add_(d_p)\n        p.data.add_(buf, alpha=-lr)\n"
+        "\n\nsgd_update(model.parameters(), 0.1, {})\n"
+    )
+    (finding,) = _scan(source, "cuda", ("AX203",))
+    assert finding.line == 17
+    assert finding.replacement == "torch.optim.SGD(params, lr=lr, momentum=momentum, fused=True)"
+    # A buffer that only accumulates gradients, with the parameters left alone, is not an update.
+    accumulate = "import torch\nfor p, acc in zip(model.parameters(), accs):\n    acc.add_(p.grad)\n"
+    assert _scan(accumulate, "cuda", ("AX203",)) == []

@@ -799,19 +799,11 @@ class Advisor:
             fragment["sources"] = fixed_sources(findings, codes, folder, target=self.target)
         return self._knob_set(name, fragment)
 
-    def _refine(self, chosen: list[Candidate], candidates: list[Candidate], findings, measurer: Measurer,
-                original: KnobSet, chosen_set: KnobSet | None = None) -> None:
-        """Try the near misses on top of what was chosen, while the budget lasts.
-
-        A change that saved time on its own but not clearly enough to be chosen may
-        still belong in the best combination: its gain was within the noise of a few
-        rounds, or it saves a fixed time per step (a fused optimizer) that is a larger
-        share of the faster step the chosen changes make. Measured in the same rounds
-        as the chosen set: the small changes all at once (those not slower alone by
-        more than the noise allows), then each promising one on its own. The variant
-        clearly faster than the chosen set (per round, the test a change passes
-        against the original) joins the choice. One step of a local search that
-        stands in for trying every combination."""
+    def _refining_variants(self, chosen: list[Candidate],
+                           candidates: list[Candidate]) -> tuple[list[Candidate], list[list[Candidate]]]:
+        """The small changes (measured, not chosen, not slower alone than the noise
+        allows; the best of each group) and the variants to try: all of them at once,
+        and the most promising one by one on top of a choice."""
         taken = {c.group or c.key for c in chosen}
         pool: dict[str, Candidate] = {}
         slack = 1.0 + max(MIN_GAIN, self.noise / 2)
@@ -827,6 +819,26 @@ class Advisor:
         variants: list[list[Candidate]] = [small] if len(small) >= 2 else []
         if chosen:  # with nothing chosen, one alone again would only be another round of its own
             variants += [[c] for c in near if [c] not in variants]
+        return small, variants
+
+    def _refine(self, chosen: list[Candidate], candidates: list[Candidate], findings, measurer: Measurer,
+                original: KnobSet, chosen_set: KnobSet | None = None,
+                only: list[list[Candidate]] | None = None) -> None:
+        """Try the near misses on top of what was chosen, while the budget lasts.
+
+        A change that saved time on its own but not clearly enough to be chosen may
+        still belong in the best combination: its gain was within the noise of a few
+        rounds, or it saves a fixed time per step (a fused optimizer) that is a larger
+        share of the faster step the chosen changes make. Measured in the same rounds
+        as the chosen set: the small changes all at once (those not slower alone by
+        more than the noise allows), then each promising one on its own. The variant
+        clearly faster than the chosen set (per round, the test a change passes
+        against the original) joins the choice. One step of a local search that
+        stands in for trying every combination."""
+        if only is not None:
+            small, variants = only[0], only
+        else:
+            small, variants = self._refining_variants(chosen, candidates)
         if not variants:
             return
         repeats = self.options.repeats
@@ -865,6 +877,7 @@ class Advisor:
             variant_arms = arms
             against = [1.0] * len(base_arm.runs)
         best: tuple[float, list[Candidate], ArmResult, list[float]] | None = None
+        hurting: list[Candidate] = []
         for v, arm in zip(tried, variant_arms):
             if arm.error or len(arm.ratios) < min(repeats, 2):
                 continue  # a single round cut short by the budget decides nothing
@@ -878,7 +891,18 @@ class Advisor:
                 c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + f"({where}: {share:.2f} of {whose} step time)"
             if clear_gain(paired, self.noise, self.same_ratios) and (best is None or share < best[0]):
                 best = (share, v, arm, paired)
+            if len(v) == 1 and share > 1.0 + max(MIN_GAIN, self.noise / 2):
+                hurting.append(v[0])
         if best is None:
+            rest = [c for c in small if c not in hurting]
+            if only is None and chosen and hurting and rest and small in tried and rest not in tried:
+                # All at once was held back by one that is slower on top of the chosen
+                # changes (a fused kernel slow in the chosen precision): once more without it.
+                self.advice.notes.append(
+                    f"{', '.join(c.key for c in hurting)} made the chosen changes slower on top of them: the small "
+                    "changes were tried at once again without "
+                    + ("it" if len(hurting) == 1 else "them"))
+                self._refine(chosen, candidates, findings, measurer, original, sets[0], only=[rest])
             return
         share, added, arm, paired = best
         for c in added:

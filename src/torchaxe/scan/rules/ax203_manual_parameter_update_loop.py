@@ -24,10 +24,13 @@ class ManualParameterUpdateLoop(Rule):
     Flags a gradient-descent update written by hand inside a loop over a model's
     parameters: `p.data.add_(p.grad, alpha=-lr)`, `p.data.sub_(lr * p.grad)`,
     `p.data -= lr * p.grad`, `p -= lr * p.grad` (under `torch.no_grad()`),
-    `p.data = p.data - lr * p.grad`, in `for p in model.parameters()`,
-    `for name, p in model.named_parameters()`, a list built from them, or an
-    argument of a plain function (`def sgd_step(params, lr): for p in params: ...`;
-    not in a class, where such a loop is an optimizer's own implementation).
+    `p.data = p.data - lr * p.grad`, or with a buffer made from the gradient first
+    (momentum: `buf.mul_(mu).add_(p.grad); p.add_(buf, alpha=-lr)`, weight decay:
+    `d_p = p.grad + wd * p`), in `for p in model.parameters()`,
+    `for name, p in model.named_parameters()`, `for p, buf in zip(model.parameters(),
+    bufs)`, `for i, p in enumerate(model.parameters())`, a list built from them, or an argument of a plain function
+    (`def sgd_step(params, lr): for p in params: ...`; not in a class, where such a
+    loop is an optimizer's own implementation).
 
     ## Why is this bad?
     Each statement launches one or more small kernels per parameter (a multiply, then
@@ -99,12 +102,26 @@ class ManualParameterUpdateLoop(Rule):
             "import torch\ndef sgd_step(params, lr):\n    for p in params:\n        p.data.add_(p.grad, alpha=-lr)\n"
             "sgd_step(model.parameters(), 0.1)\n"
         ),
+        Invalid(
+            "import torch\nbufs = [torch.zeros_like(p) for p in model.parameters()]\nwith torch.no_grad():\n"
+            "    for p, buf in zip(model.parameters(), bufs):\n        buf.mul_(0.9).add_(p.grad)\n"
+            "        p.add_(buf, alpha=-lr)\n"
+        ),
+        Invalid(
+            "import torch\nfor p in model.parameters():\n    d_p = p.grad + wd * p.data\n    p.data.add_(d_p, alpha=-lr)\n"
+        ),
+        Invalid(
+            "import torch\nfor i, p in enumerate(model.parameters()):\n    v[i] = 0.9 * v[i] + p.grad\n"
+            "    p.data -= lr * v[i]\n"
+        ),
         Valid(
             "import torch\nclass MySGD(torch.optim.Optimizer):\n    def update(self, params, lr):\n"
             "        for p in params:\n            p.data.add_(p.grad, alpha=-lr)\n"
             "opt = MySGD(model.parameters())\n"
         ),
         Valid("import torch\nfor p in model.parameters():\n    p.requires_grad_(False)\n"),
+        # Gradients accumulated into buffers, the parameters left alone.
+        Valid("import torch\nfor i, p in enumerate(model.parameters()):\n    acc[i].add_(p.grad)\n"),
         Valid("import torch\nfor p in model.parameters():\n    p.grad.mul_(scale)\n"),
         Valid(
             "import torch\nfor ema_p, p in zip(ema.parameters(), model.parameters()):\n"
@@ -123,38 +140,41 @@ class ManualParameterUpdateLoop(Rule):
         # Cheap test first: only a loop whose variable is updated from its .grad can
         # matter, and only then is it worth resolving what the loop iterates.
         target = node.target
-        if isinstance(target, ast.Tuple) and len(target.elts) == 2:
-            target = target.elts[1]
-        if not isinstance(target, ast.Name):
-            return
-        updates = [stmt for stmt in _same_scope(node.body) if _update_step(stmt, target.id) is not None]
-        if not updates:
+        names = [e.id for e in (target.elts if isinstance(target, ast.Tuple) else [target]) if isinstance(e, ast.Name)]
+        body = list(_same_scope(node.body))
+        for name in names:
+            # A momentum buffer made from the gradient steps the parameter just the same.
+            derived = _grad_derived(body, name)
+            updates = [stmt for stmt in body if _update_step(stmt, name, derived) is not None]
+            if updates:
+                break
+        else:
             return
         param = _loop_parameter(node, ctx)
-        if param is None:
+        if param != name:
             return
         for stmt in updates:
-            lr = _learning_rate(ctx, stmt, param) or "lr"
+            lr = _learning_rate(ctx, stmt, param, derived) or "lr"
             params = _parameter_source(ctx, node.iter)
             yield ctx.finding(
                 self,
                 stmt,
-                _message(ctx, lr, params),
-                replacement=_replacement(ctx, lr, params),
+                _message(ctx, lr, params, _momentum(body, derived)),
+                replacement=_replacement(ctx, lr, params, _momentum(body, derived)),
                 fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY),
             )
             return  # one finding per loop: the loop is the problem
 
 
-def _message(ctx: FileContext, lr: str, params: str) -> str:
+def _message(ctx: FileContext, lr: str, params: str, momentum: str = "") -> str:
     target = ctx.target
     if target == "npu":
         instead = (
-            f"torch_npu.optim.NpuFusedSGD({params}, lr={lr}) fuses the update (parameters must be fp16/fp32 "
+            f"torch_npu.optim.NpuFusedSGD({params}, lr={lr}{momentum}) fuses the update (parameters must be fp16/fp32 "
             "and keep their identity; unverified on Ascend hardware)"
         )
     else:
-        instead = f"{_replacement(ctx, lr, params)} updates every parameter in one fused kernel"
+        instead = f"{_replacement(ctx, lr, params, momentum)} updates every parameter in one fused kernel"
     waiting = "the step waits" if target == "cpu" else f"the {target} device waits"
     negative = f"-{lr}" if _SIMPLE.match(lr) else f"-({lr})"
     return (
@@ -165,12 +185,22 @@ def _message(ctx: FileContext, lr: str, params: str) -> str:
     )
 
 
-def _replacement(ctx: FileContext, lr: str, params: str) -> str:
+def _momentum(body: list[ast.stmt], derived: frozenset[str]) -> str:
+    """``, momentum=M`` when a gradient buffer is decayed in place (``buf.mul_(M)``)."""
+    for stmt in body:
+        for node in ast.walk(stmt):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "mul_"
+                    and len(node.args) == 1 and not node.keywords and ast.unparse(node.func.value) in derived):
+                return f", momentum={ast.unparse(node.args[0])}"
+    return ""
+
+
+def _replacement(ctx: FileContext, lr: str, params: str, momentum: str = "") -> str:
     if ctx.target == "npu":
-        return f"torch_npu.optim.NpuFusedSGD({params}, lr={lr})"
+        return f"torch_npu.optim.NpuFusedSGD({params}, lr={lr}{momentum})"
     if "SGD" in ctx.capabilities.get("fused_optimizers", ("SGD",)):
-        return f"torch.optim.SGD({params}, lr={lr}, fused=True)"
-    return f"torch.optim.SGD({params}, lr={lr}, foreach=True)"
+        return f"torch.optim.SGD({params}, lr={lr}{momentum}, fused=True)"
+    return f"torch.optim.SGD({params}, lr={lr}{momentum}, foreach=True)"
 
 
 def _function_argument(name: str, ctx: FileContext) -> bool:
@@ -195,6 +225,20 @@ def _loop_parameter(loop: ast.For, ctx: FileContext) -> str | None:
     if kind is None and isinstance(loop.iter, ast.Name) and _function_argument(loop.iter.id, ctx):
         kind = "parameters"
     target = loop.target
+    call = loop.iter
+    if (kind is None and isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+            and call.func.id == "enumerate" and "enumerate" not in ctx.imports and call.args
+            and isinstance(target, ast.Tuple) and len(target.elts) == 2 and isinstance(target.elts[1], ast.Name)
+            and _iterable_kind(call.args[0], ctx) == "parameters"):
+        return target.elts[1].id
+    if (kind is None and isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "zip"
+            and "zip" not in ctx.imports and isinstance(target, ast.Tuple) and len(target.elts) == len(call.args)):
+        # for p, buf in zip(model.parameters(), buffers): the element walking the parameters;
+        # for i, p in enumerate(model.parameters()): the second.
+        for element, iterable in zip(target.elts, call.args):
+            if isinstance(element, ast.Name) and _iterable_kind(iterable, ctx) == "parameters":
+                return element.id
+        return None
     if kind == "parameters" and isinstance(target, ast.Name):
         return target.id
     if (
@@ -266,43 +310,77 @@ def _is_param(node: ast.AST, param: str) -> bool:
     return isinstance(node, ast.Name) and node.id == param
 
 
-def _reads_grad(node: ast.AST, param: str) -> bool:
-    return any(
-        isinstance(sub, ast.Attribute)
-        and sub.attr == "grad"
-        and isinstance(sub.value, ast.Name)
-        and sub.value.id == param
-        for sub in ast.walk(node)
-    )
+def _reads_grad(node: ast.AST, param: str, derived: frozenset[str] = frozenset()) -> bool:
+    """Whether ``node`` reads ``param.grad``, or a buffer made from it (``derived``)."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and sub.attr == "grad" and isinstance(sub.value, ast.Name) \
+                and sub.value.id == param:
+            return True
+        if derived and isinstance(sub, (ast.Name, ast.Subscript, ast.Attribute)) and isinstance(
+                getattr(sub, "ctx", None), ast.Load) and ast.unparse(sub) in derived:
+            return True
+    return False
 
 
-def _update_step(stmt: ast.stmt, param: str) -> ast.AST | None:
+def _receiver(call: ast.Call) -> ast.AST:
+    """What a chain of in-place calls writes to: ``buf`` in ``buf.mul_(m).add_(g)``."""
+    node: ast.AST = call
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        node = node.func.value
+    return node
+
+
+def _grad_derived(body: list[ast.stmt], param: str) -> frozenset[str]:
+    """What the loop body computes from ``param.grad`` before stepping with it: a name
+    (``d_p = p.grad + wd * p``), a buffer written in place (``buf.mul_(mu).add_(p.grad)``)
+    or an entry (``state[p] = mu * state[p] + p.grad``), as source text."""
+    derived: set[str] = set()
+    for stmt in body:
+        frozen = frozenset(derived)
+        if isinstance(stmt, (ast.Assign, ast.AugAssign)) and _reads_grad(stmt.value, param, frozen):
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for target in targets:
+                if isinstance(target, (ast.Name, ast.Subscript, ast.Attribute)) and not _is_param(target, param):
+                    derived.add(ast.unparse(target))
+        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            call = stmt.value
+            if isinstance(call.func, ast.Attribute) and call.func.attr.endswith("_"):
+                base = _receiver(call)
+                inner = [a for c in ast.walk(call) if isinstance(c, ast.Call) for a in [*c.args, *c.keywords]]
+                if not _is_param(base, param) and any(_reads_grad(a, param, frozen) for a in inner) and isinstance(
+                        base, (ast.Name, ast.Subscript, ast.Attribute)):
+                    derived.add(ast.unparse(base))
+    return frozenset(derived)
+
+
+def _update_step(stmt: ast.stmt, param: str, derived: frozenset[str] = frozenset()) -> ast.AST | None:
     """The expression that steps ``param`` by its gradient, when ``stmt`` is one."""
     if isinstance(stmt, ast.AugAssign) and isinstance(stmt.op, (ast.Add, ast.Sub)):
-        if _is_param(stmt.target, param) and _reads_grad(stmt.value, param):
+        if _is_param(stmt.target, param) and _reads_grad(stmt.value, param, derived):
             return stmt.value
     if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
         target = stmt.targets[0]
         if isinstance(target, ast.Attribute) and target.attr == "data" and _is_param(target, param):
-            if _reads_grad(stmt.value, param):
+            if _reads_grad(stmt.value, param, derived):
                 return stmt.value
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         call = stmt.value
         func = call.func
         if isinstance(func, ast.Attribute) and func.attr in _UPDATE_METHODS and _is_param(func.value, param):
-            if any(_reads_grad(a, param) for a in [*call.args, *call.keywords]):
+            if any(_reads_grad(a, param, derived) for a in [*call.args, *call.keywords]):
                 return call
     return None
 
 
-def _learning_rate(ctx: FileContext, stmt: ast.stmt, param: str) -> str | None:
+def _learning_rate(ctx: FileContext, stmt: ast.stmt, param: str,
+                   derived: frozenset[str] = frozenset()) -> str | None:
     """The step size, as source text, for the common spellings of the update."""
     def grad_factor(expr: ast.AST) -> ast.AST | None:
         # lr * p.grad, p.grad * lr
         if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
-            if _reads_grad(expr.right, param) and not _reads_grad(expr.left, param):
+            if _reads_grad(expr.right, param, derived) and not _reads_grad(expr.left, param, derived):
                 return expr.left
-            if _reads_grad(expr.left, param) and not _reads_grad(expr.right, param):
+            if _reads_grad(expr.left, param, derived) and not _reads_grad(expr.right, param, derived):
                 return expr.right
         return None
 
