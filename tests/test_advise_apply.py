@@ -196,7 +196,14 @@ def test_advise_end_to_end_measures_a_real_fix(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     gelu = next(r for r in data["recommendations"] if r["key"] == "code:AX110")
     assert gelu["status"] == "measured", gelu
-    assert gelu["speedup"] > 1.1 and gelu["selected"]
+    assert gelu["speedup"] > 1.1
+    # Chosen whenever its rounds beat the original's own spread; under a loaded machine
+    # (the parallel suite) that spread can swallow even this gain, and then it is not.
+    from torchaxe.advise.pipeline import clear_gain
+
+    baseline = data["baseline"]
+    assert gelu["selected"] or not clear_gain(gelu["ratios"], baseline["run_to_run_noise"],
+                                              baseline.get("aa_ratios") or [])
     assert "torch.tanh" in script.read_text()  # measured, not applied
     assert json.loads((tmp_path / "a.json").read_text())["schema"] == "torchaxe.advice/1"
 

@@ -380,3 +380,34 @@ def test_module_level_chains_are_not_deleted():
               "att = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\natt = att.softmax(dim=-1)\nout = att @ v\n")
     fixed, [finding] = _fix(source, "AX118")
     assert not finding.fix.edits and fixed == source
+
+
+def test_blank_lines_inside_the_chain_go_with_it():
+    # vit-pytorch's layout: the statements separated by blank lines.
+    source = textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+
+
+        class Attention(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.attend = nn.Softmax(dim=-1)
+                self.dropout = nn.Dropout(0.1)
+
+            def forward(self, q, k, v):
+                h = q.shape[1]
+
+                dots = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+
+                attn = self.attend(dots)
+                attn = self.dropout(attn)
+
+                out = torch.matmul(attn, v)
+                return out
+    ''')
+    fixed, [finding] = _fix(source, "AX118")
+    assert fixed.endswith(
+        "        h = q.shape[1]\n\n"
+        "        out = torch.nn.functional.scaled_dot_product_attention(q * self.scale, k, v, scale=1.0, "
+        "dropout_p=(self.dropout.p if self.training else 0.0))\n        return out\n")

@@ -222,7 +222,21 @@ def plan(scope: ast.AST, expr: ast.AST, sources: dict[str, ast.AST], lines: list
     dropout = _dropout_p(chain, expr, resolve, cls, receiver)
     if dropout is False:
         return None
-    return Plan(tuple(sorted(taken)), dropout or None, guard)
+    return Plan(_with_blank_lines(sorted(taken), block[index].lineno, lines), dropout or None, guard)
+
+
+def _with_blank_lines(ranges: list[tuple[int, int]], final: int, lines: list[str]) -> tuple[tuple[int, int], ...]:
+    """The ranges, each extended over the blank lines after it when the next line with
+    text is deleted too or is the rewritten statement's: the chain's blank lines go with
+    it, and the blank line before it stays."""
+    starts = {a for a, _ in ranges} | {final}
+    out = []
+    for first, last in ranges:
+        end = last
+        while end < len(lines) and not lines[end].strip():
+            end += 1
+        out.append((first, end if end + 1 in starts and end > last else last))
+    return tuple(out)
 
 
 def _bindings_of_statement(stmt: ast.stmt) -> Iterator[tuple[str, ast.AST]]:

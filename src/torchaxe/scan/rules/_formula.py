@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Iterable
 
 from torchaxe.findings import Applicability, Edit, Finding, Position
@@ -52,6 +52,8 @@ class FormulaRule(Rule):
 
     #: What the formula is called in messages ("tanh-approximation GELU").
     label: ClassVar[str] = ""
+    #: The fused call takes ``inplace=True`` (F.silu), for a form written in place.
+    inplace_argument: ClassVar[bool] = False
     #: The fix's usual applicability per target, for an exact hand-written form
     #: written as one expression (``torchaxe verify`` checks the safe ones).
     safety_by_target: ClassVar[dict[str, Applicability]] = {}
@@ -75,6 +77,14 @@ class FormulaRule(Rule):
         )
         applicability = proposal.applicability
         edits: list[Edit] = []
+        written = _in_place(ctx, match)
+        if written and proposal.edit:
+            if self.inplace_argument and proposal.replacement.endswith(")"):
+                # x.mul_(x.sigmoid()): the caller may rely on x holding the result.
+                proposal = replace(proposal, replacement=proposal.replacement[:-1] + ", inplace=True)")
+            else:
+                proposal = replace(proposal, edit=False)
+                message += f" (the hand-written form writes its input in place ({written}), the fused call does not)"
         if proposal.edit and match.fixable:
             edits = [ctx.replace(match.node, proposal.replacement)]
         elif proposal.edit and match.spread and match.plan is not None and (
@@ -100,6 +110,18 @@ class FormulaRule(Rule):
 
 
 # ---------------------------------------------------------------- helpers
+def _in_place(ctx: FileContext, match: FormulaMatch) -> str | None:
+    """The in-place method (``mul_``) the matched expression ends with, if any."""
+    span = match.node
+    for node in ast.walk(ctx.tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
+                == (span.lineno, span.col_offset, span.end_lineno, span.end_col_offset)):
+            attr = node.func.attr
+            return attr if attr.endswith("_") and not attr.endswith("__") else None
+    return None
+
+
 def _deletions(ctx: FileContext, plan: Plan) -> list[Edit]:
     """Edits deleting each planned line range whole (its newline included)."""
     edits = []

@@ -51,6 +51,7 @@ class HandWrittenSilu(FormulaRule):
     fix_title = "use F.silu(x)"
     fix_safety = Applicability.SAFE
     safety_by_target = {"cpu": Applicability.SAFE, "cuda": Applicability.SAFE, "npu": Applicability.SAFE}
+    inplace_argument = True
     requires_text = ("sigmoid(", "torch.exp(", ".exp()", "tanh(")
     references = ("https://pytorch.org/docs/stable/generated/torch.nn.functional.silu.html",)
     examples = (
@@ -69,6 +70,12 @@ class HandWrittenSilu(FormulaRule):
             "from torch import sigmoid\n\n\ndef swish(h):\n    return h * sigmoid(h)\n",
             target="cuda",
             fixed="from torch import sigmoid\nimport torch.nn.functional as F\n\n\ndef swish(h):\n    return F.silu(h)\n",
+        ),
+        Invalid(
+            "import torch\n\n\ndef swish(x, inplace=False):\n"
+            "    return x.mul_(x.sigmoid()) if inplace else x.mul(x.sigmoid())\n",
+            fixed="import torch\n\n\ndef swish(x, inplace=False):\n"
+            "    return torch.nn.functional.silu(x, inplace=True) if inplace else x.mul(x.sigmoid())\n",
         ),
         Valid("import torch\ndef gate(x, y):\n    return x * torch.sigmoid(y)\n"),
         Valid("import torch.nn.functional as F\ndef swish(x):\n    return F.silu(x)\n"),
