@@ -104,6 +104,37 @@ def test_fixed_shapes_are_static(tmp_path):
     assert verdict.picks == {"npu": "jit-compile-on", "cuda": "compile-static", "cpu": "compile-static"}
 
 
+FIXED_WITH_EVAL = FIXED + """\
+    if step_count := globals().get("step_count", 0) + 1:
+        globals()["step_count"] = step_count
+    if step_count % 2 == 0:
+        model.eval()
+        with torch.no_grad():
+            for n in (3, 5, 7):  # validation batches of other sizes
+                model(torch.randn(n, 6))
+        model.train()
+"""
+
+
+def test_evaluation_under_no_grad_does_not_make_training_dynamic(tmp_path):
+    # Training always sees (8, 6); only the no_grad validation passes see other sizes.
+    _, analysis = run(tmp_path, FIXED_WITH_EVAL, steps=6)
+    verdict = decide(analysis)
+    assert verdict.verdict == "static", verdict.reasons
+    assert analysis.counts("module")["dynamic"] == 0 and analysis.counts("op")["dynamic"] == 0
+
+
+def test_a_module_only_ever_called_without_gradients_keeps_its_shapes(tmp_path):
+    # A frozen teacher, called under no_grad in every training step: its calls are all it has.
+    source = FIXED.replace("opt = torch.optim", "teacher = torch.nn.Linear(6, 1)\nopt = torch.optim").replace(
+        "    loss = torch.nn.functional.mse_loss(model(x), y)\n",
+        "    with torch.no_grad():\n        target = teacher(x[: int(torch.randint(2, 8, ()))])\n"
+        "    loss = torch.nn.functional.mse_loss(model(x), y)\n")
+    _, analysis = run(tmp_path, source, steps=6)
+    teacher = next(s for s in analysis.subjects if s.kind == "module" and s.type == "Linear" and s.name == "Linear")
+    assert teacher.dynamic and analysis.counts("module")["static"] == 4
+
+
 def test_boolean_mask_and_item_sizes_are_found_with_their_lines(tmp_path):
     observation, analysis = run(tmp_path, MASKED)
     kinds = {c.kind: c for c in analysis.causes}

@@ -564,7 +564,9 @@ class ModuleShapeProbe:
     seen (``GPT.blocks.0.attn``)."""
 
     def __init__(self) -> None:
-        self._seen: dict[int, tuple[Any, ShapeTallier]] = {}
+        #: Per module: its calls with gradients on (training) and off (evaluation,
+        #: ``torch.no_grad``/``inference_mode``), tallied apart.
+        self._seen: dict[int, tuple[Any, ShapeTallier, ShapeTallier]] = {}
         self._handle = None
 
     def install(self) -> None:
@@ -573,14 +575,15 @@ class ModuleShapeProbe:
 
         tensor_type = torch.Tensor
         seen = self._seen
+        grad_enabled = torch.is_grad_enabled
 
         def hook(module, args):
             if compiling():
                 return  # the call is being traced into the script's own compiled graph
             entry = seen.get(id(module))
             if entry is None:
-                entry = seen[id(module)] = (module, ShapeTallier(tensor_type))
-            entry[1].add(args)
+                entry = seen[id(module)] = (module, ShapeTallier(tensor_type), ShapeTallier(tensor_type))
+            entry[1 if grad_enabled() else 2].add(args)
 
         self._handle = register_module_forward_pre_hook(hook)
         quiet_global_hook_warning()
@@ -591,7 +594,11 @@ class ModuleShapeProbe:
             self._handle = None
 
     def tallies(self) -> list[ShapeTally]:
-        modules = {key: module for key, (module, _) in self._seen.items()}
+        """One tally per module: of its training calls, the shapes a compiled training
+        step sees; of its evaluation calls only when it was never called with gradients
+        on (an inference script, a frozen part). A validation pass over other lengths
+        is not what makes training's shapes dynamic."""
+        modules = {key: module for key, (module, _, _) in self._seen.items()}
         inside: set[int] = set()
         for module in modules.values():
             for _, sub in module.named_modules():
@@ -608,8 +615,9 @@ class ModuleShapeProbe:
             for name, sub in module.named_modules(prefix=prefix):
                 if id(sub) in modules and id(sub) not in names:
                     names[id(sub)] = name
-        out = [tallier.tally(names.get(key, type(module).__name__), type(module).__name__)
-               for key, (module, tallier) in self._seen.items()]
+        out = [(training if training.calls else evaluation).tally(names.get(key, type(module).__name__),
+                                                                   type(module).__name__)
+               for key, (module, training, evaluation) in self._seen.items()]
         self._seen.clear()
         return out
 

@@ -70,7 +70,9 @@ def observe(command: list[str], steps: int = 20, timeout: float | None = None, s
         if "--step-marker" not in hint:
             hint += "; for a loop without a torch.optim optimizer, pass --step-marker MODULE:FUNCTION"
         raise NoStepsError(f"{hint} (shapes are recorded per training step)")
-    return Observation(profile=profile, ops=list(recorder.ops.values()), sites=list(recorder.sites.values()),
+    # Training's operators; an inference-only script has only the others.
+    ops = recorder.ops or recorder.eval_ops
+    return Observation(profile=profile, ops=list(ops.values()), sites=list(recorder.sites.values()),
                        loaders=[info for info in loaders.loaders.values() if info.batches],
                        complete_steps=recorder.complete_steps)
 

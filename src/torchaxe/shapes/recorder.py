@@ -4,7 +4,9 @@ whose output size depends on the data, and the DataLoaders the batches came from
 
 - :class:`OpShapeRecorder` is a ``TorchDispatchMode``: it sees every aten operator
   call of the training thread (forward and backward) with its tensors, so it counts
-  each operator's distinct input shapes over every step (not a profiler window), and
+  each operator's distinct input shapes over every step (not a profiler window; calls
+  with gradients off outside the backward pass, evaluation and the optimizer's
+  update, are counted apart), and
   it catches the calls whose output size depends on the values: ``nonzero``,
   ``unique``, ``masked_select``, indexing with a boolean mask, ``repeat_interleave``
   with a tensor of repeats, and ``.item()`` of an integer tensor (a size read back
@@ -128,6 +130,8 @@ def make_op_recorder(codes: Any):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     tensor_type = torch.Tensor
+    grad_enabled = torch.is_grad_enabled
+    in_backward = torch._C._current_autograd_node  # not None while autograd runs a backward function
     int_dtypes = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
     mask_dtypes = {torch.bool, torch.uint8}
 
@@ -148,6 +152,10 @@ def make_op_recorder(codes: Any):
             self.harness_steps: list | None = None
             self.harness_clock: Any = None
             self.ops: dict[str, OpTally] = {}
+            #: Calls with gradients off outside the backward pass (evaluation, the
+            #: optimizer's update): apart, so that a validation pass over other
+            #: lengths does not make training's shapes look dynamic.
+            self.eval_ops: dict[str, OpTally] = {}
             self.sites: dict[tuple[str, str | None], DataDependentSite] = {}
             self._names: dict[Any, str] = {}
 
@@ -169,9 +177,10 @@ def make_op_recorder(codes: Any):
                 first = out[0] if isinstance(out, (tuple, list)) and out else out
                 if isinstance(first, tensor_type):
                     signature = (("out",) + tuple(first.shape),)
-            tally = self.ops.get(name)
+            ops = self.ops if grad_enabled() or in_backward() is not None else self.eval_ops
+            tally = ops.get(name)
             if tally is None:
-                tally = self.ops[name] = OpTally(name)
+                tally = ops[name] = OpTally(name)
             steps = self.harness_steps
             tally.add(signature, len(steps) + 1 if steps is not None else self.step)
             kind = DATA_DEPENDENT.get(name)
