@@ -77,8 +77,8 @@ class FormulaRule(Rule):
         )
         applicability = proposal.applicability
         edits: list[Edit] = []
-        written = _in_place(ctx, match)
-        if written and proposal.edit:
+        written = _in_place(ctx, match) if proposal.edit else None  # a walk of the file: only for a fix
+        if written:
             if self.inplace_argument and proposal.replacement.endswith(")"):
                 # x.mul_(x.sigmoid()): the caller may rely on x holding the result.
                 proposal = replace(proposal, replacement=proposal.replacement[:-1] + ", inplace=True)")
