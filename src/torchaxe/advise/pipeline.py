@@ -753,6 +753,11 @@ class Advisor:
             "keys": entry["keys"], "status": entry["status"], "speedup": entry.get("speedup"),
             "error": entry.get("error")}}
 
+    def _chosen_run_seconds(self, chosen: Sequence[Candidate], measurer: Measurer) -> float:
+        """How long one run making the chosen changes takes: as long as the slowest of
+        theirs (a compiled run far longer than the original's), the usual run at least."""
+        return max([measurer.expected_run_seconds()] + [self.run_seconds.get(c.key, 0.0) for c in chosen])
+
     def _leave_one_out(self, chosen: list[Candidate], findings, measurer: Measurer) -> list[KnobSet]:
         """With three or more chosen changes, the sets that leave one of them out, to
         be measured in the same rounds as all of them: changes that each save time
@@ -760,9 +765,7 @@ class Advisor:
         if not MIN_LEAVE_ONE_OUT <= len(chosen) <= MAX_LEAVE_ONE_OUT:
             return []
         if measurer.deadline is not None:
-            # These runs make the chosen changes: as long as theirs (a compiled run far
-            # longer than the original's).
-            per_run = max([measurer.expected_run_seconds()] + [self.run_seconds.get(c.key, 0.0) for c in chosen])
+            per_run = self._chosen_run_seconds(chosen, measurer)
             runs = (2 + len(chosen)) * max(self.options.repeats, 1)
             if (measurer.remaining() or 0.0) < runs * per_run:
                 self.advice.notes.append("the chosen changes were not also measured with each one left out "
@@ -843,9 +846,7 @@ class Advisor:
             return
         repeats = self.options.repeats
         if measurer.deadline is not None:
-            # Every run here makes the chosen changes, so it takes as long as theirs did
-            # (a compiled run far longer than the original's).
-            per_run = max([measurer.expected_run_seconds()] + [self.run_seconds.get(c.key, 0.0) for c in chosen])
+            per_run = self._chosen_run_seconds(chosen, measurer)
             room = int((measurer.remaining() or 0.0) / max(per_run, 1e-9))
             fit = room // max(repeats, 1) - 2
         else:

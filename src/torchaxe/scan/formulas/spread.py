@@ -200,7 +200,8 @@ def plan(scope: ast.AST, expr: ast.AST, sources: dict[str, ast.AST], lines: list
     chain.reverse()
     if not chain:
         return None
-    bound_anywhere = {name for name, _ in _bindings(scope)}
+    bindings = list(_bindings(scope))
+    bound_anywhere = {name for name, _ in bindings}
     left = need - {receiver}
     if left & (bound_anywhere | set(params)):
         return None  # the chain goes on outside this block, or through a parameter
@@ -208,7 +209,7 @@ def plan(scope: ast.AST, expr: ast.AST, sources: dict[str, ast.AST], lines: list
         return None
     if _reshapes_the_chain(chain, expr):
         return None
-    if not _inputs_still_valid(scope, sources, expr):
+    if not _inputs_still_valid(scope, sources, expr, bindings):
         return None
     if not all(_alone_on_its_lines(s, lines) for s in chain):
         return None
@@ -305,11 +306,11 @@ def _reshapes_the_chain(chain: list[ast.stmt], expr: ast.AST) -> bool:
     return False
 
 
-def _inputs_still_valid(scope: ast.AST, sources: dict[str, ast.AST], expr: ast.AST) -> bool:
+def _inputs_still_valid(scope: ast.AST, sources: dict[str, ast.AST], expr: ast.AST,
+                        bindings: list[tuple[str, ast.AST]]) -> bool:
     """An input's text means the same value where ``expr`` is as where it was taken:
     between the two, no name it reads is bound again, and nothing it reads is
     written (``self.k_cache = ...``, ``k[0] = 0``) or changed in place (``k.mul_(2)``)."""
-    bindings = list(_bindings(scope))
     writes = list(_writes(scope))
     for source in sources.values():
         if _inside(source, expr):
