@@ -300,6 +300,8 @@ class Advisor:
         self.run_seconds: dict[str, float] = {}
         #: The run table of torchaxe.toml, under which every arm runs (see _against_run_knobs).
         self.run_knobs: dict[str, Any] = {}
+        #: Changes dropped by leave-one-out: measured on top of the others, they hurt.
+        self.left_out: set[str] = set()
         self.advice = Advice(command=self.command, target=self.target, budget_seconds=options.budget,
                              repeats=options.repeats)
 
@@ -717,6 +719,7 @@ class Advisor:
             index, paired = dropped
             left_out = chosen[index]
             left_out.rec.selected = False
+            self.left_out.add(left_out.key)
             chosen = [c for c in chosen if c is not left_out]
             arm, combined = arms[1 + index], without[index]
             fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
@@ -785,7 +788,7 @@ class Advisor:
         for index, arm in enumerate(without):
             if arm.error or len(arm.ratios) < len(together.ratios):
                 continue
-            paired = [a / b for a, b in zip(arm.ratios, together.ratios)]
+            paired = _paired(arm, together.ratios)
             share = statistics.median(paired)
             if clear_gain(paired, self.noise, self.same_ratios) and (best is None or share < best[0]):
                 best = (share, index, paired)
@@ -812,8 +815,8 @@ class Advisor:
         slack = 1.0 + max(MIN_GAIN, self.noise / 2)
         for c in candidates:
             group = c.group or c.key
-            if c in chosen or group in taken or c.rec.status != "measured" or not c.rec.ratios \
-                    or not self._may_choose(c) or statistics.median(c.rec.ratios) > slack:
+            if c in chosen or group in taken or c.key in self.left_out or c.rec.status != "measured" \
+                    or not c.rec.ratios or not self._may_choose(c) or statistics.median(c.rec.ratios) > slack:
                 continue
             if group not in pool or statistics.median(c.rec.ratios) < statistics.median(pool[group].rec.ratios):
                 pool[group] = c
@@ -869,20 +872,20 @@ class Advisor:
         base_arm, arms, complete = measurer.compare(original, sets, repeats, "refining")
         if not complete:
             self.advice.partial = True
-        if chosen:
-            set_arm, variant_arms = arms[0], arms[1:]
-            if set_arm.error or not set_arm.ratios:
-                return
-            against = set_arm.ratios
-        else:  # against the original itself
-            variant_arms = arms
-            against = [1.0] * len(base_arm.runs)
+        set_arm = arms[0] if chosen else None
+        variant_arms = arms[1:] if chosen else arms
+        if set_arm is not None and (set_arm.error or not set_arm.ratios):
+            return
+        if complete and not self._more_refining_rounds(measurer, base_arm, set_arm, variant_arms):
+            self.advice.partial = True
+        # Against the chosen set in the same rounds, or the original itself.
+        against = set_arm.ratios if set_arm is not None else [1.0] * len(base_arm.runs)
         best: tuple[float, list[Candidate], ArmResult, list[float]] | None = None
         hurting: list[Candidate] = []
         for v, arm in zip(tried, variant_arms):
             if arm.error or len(arm.ratios) < min(repeats, 2):
                 continue  # a single round cut short by the budget decides nothing
-            paired = [a / b for a, b in zip(arm.ratios, against)]
+            paired = _paired(arm, against)
             share = statistics.median(paired)
             for c in v:
                 others = ", ".join(o.key for o in v if o is not c)
@@ -923,11 +926,45 @@ class Advisor:
                 f"{names} were chosen together: together they took {share:.2f} of the "
                 f"original's step time {per_round}, though on its own no such gain was clear")
 
+    def _more_refining_rounds(self, measurer: Measurer, base: ArmResult, set_arm: ArmResult | None,
+                              variants: Sequence[ArmResult]) -> bool:
+        """Further rounds, while the budget lasts, for the variants that look faster
+        than the chosen set (or the original) but not yet clearly: a variant of small
+        changes gains a few percent, which two rounds on a noisy machine seldom show.
+        A variant dropped from a round is not taken up again, so that its ratios stay
+        paired with the chosen set's round by round. False when the deadline cut a
+        round short."""
+        live = [a for a in variants if a.ok]
+        extra = 0
+        while True:
+            against = set_arm.ratios if set_arm is not None else [1.0] * len(base.runs)
+            live = [a for a in live if a.ok and len(a.ratios) == len(against) and len(a.ratios) < MAX_ROUNDS
+                    and _promising(_paired(a, against))
+                    and not clear_gain(_paired(a, against), self.noise, self.same_ratios)]
+            if not live or (set_arm is not None and not set_arm.ok):
+                return True
+            arms = ([set_arm] if set_arm is not None else []) + live
+            if not measurer.fits(1 + len(arms)):
+                return True
+            extra += 1
+            self.progress(f"refining: the budget allows more: round {len(base.runs) + 1} for "
+                          f"{', '.join(a.name for a in live)}")
+            try:
+                if not measurer.round(base, arms, f"refining: extra round {extra}"):
+                    return True
+            except OutOfTime:
+                return False
+
     def _may_choose(self, c: Candidate) -> bool:
         """Lower precision is chosen only with its accuracy measured."""
         r = c.rec
         return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision"
                     and not self.options.check_accuracy)
+
+
+def _paired(arm: ArmResult, against: Sequence[float]) -> list[float]:
+    """An arm's per-round ratios over another's in the same rounds."""
+    return [a / b for a, b in zip(arm.ratios, against)]
 
 
 def _measured(arm: ArmResult, base: ArmResult) -> dict[str, Any]:
