@@ -691,7 +691,40 @@ def test_channels_first_rms_norm_is_reported_with_the_permute_advice(scan):
     [m] = matches(source)
     assert m.category == "rms_norm" and m.params["dim"] == -3 and m.inputs["weight"] == "weight"
     [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX115"]
-    assert "normalises dimension -3" in finding.message and not finding.fix.edits
+    # The dimension as written, not as counted on the probes' 4-D inputs.
+    assert "normalises dimension 1, not the last one" in finding.message and not finding.fix.edits
+
+
+@pytest.mark.parametrize("stats", ["x.pow(2).mean(self.dim, keepdim=True)",
+                                   "x.pow(2).mean(dim=self.dim, keepdim=True)"])
+def test_a_norm_over_a_dimension_held_in_a_variable_is_advice_only(scan, stats):
+    # self.dim may be 1 (channels first): F.rms_norm over the last one would be wrong.
+    source = textwrap.dedent(f"""
+        import torch
+        class Norm(torch.nn.Module):
+            def __init__(self, d, dim=1, eps=1e-5):
+                super().__init__()
+                self.dim, self.eps = dim, eps
+                self.weight = torch.nn.Parameter(torch.ones(d))
+            def forward(self, x):
+                return x * torch.rsqrt({stats} + self.eps) * self.weight
+    """)
+    [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX115"]
+    assert "normalises the dimension held in self.dim" in finding.message
+    assert finding.fix.applicability.value == "display-only" and not finding.fix.edits
+
+
+def test_a_layer_norm_over_a_dimension_held_in_a_variable_is_advice_only(scan):
+    source = textwrap.dedent("""
+        import torch
+        def norm(x, weight, bias, dim, eps=1e-5):
+            mu = x.mean(dim, keepdim=True)
+            var = ((x - mu) ** 2).mean(dim, keepdim=True)
+            return (x - mu) / torch.sqrt(var + eps) * weight + bias
+    """)
+    [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX116"]
+    assert "normalises the dimension held in dim" in finding.message
+    assert finding.fix.applicability.value == "display-only" and not finding.fix.edits
 
 
 @pytest.mark.parametrize("signature,product,found", [

@@ -27,7 +27,7 @@ from torchaxe.scan.formulas.interpreter import Evaluator, broadcast_shape, is_te
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
 from torchaxe.scan.formulas.probes import (
-    CONFIRMATIONS, PRIMARY, SCALAR, Probe, data_vars, fresh_full, half_width_roles, make_env, scalar_value,
+    CONFIRMATIONS, INT, PRIMARY, SCALAR, Probe, data_vars, fresh_full, half_width_roles, make_env, scalar_value,
 )
 from torchaxe.scan.formulas.store import Match
 
@@ -273,6 +273,32 @@ class SoftmaxMatcher(Matcher):
         return None
 
 
+def _reduction_dims(node: Node) -> tuple[list[str], list[int]]:
+    """The dimensions a norm's reductions are over, as written: the names they come
+    from (``mean(self.dim)``: what it holds, the scan cannot know) and the numbers."""
+    names: set[str] = set()
+    numbers: set[int] = set()
+
+    def take(arg: Node) -> None:
+        if arg.op == CONST:
+            values = arg.value if isinstance(arg.value, tuple) else (arg.value,)
+            numbers.update(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+        elif arg.vars:
+            names.update(arg.vars)
+
+    for n in walk(node):
+        if n.op not in P.NORM_REDUCE:
+            continue
+        # x.mean(dim, keepdim), x.norm(p, dim), torch.var(x, dim)
+        index = 2 if n.op in ("norm", "vector_norm") else 1
+        if len(n.args) > index:
+            take(n.args[index])
+        for key, arg in n.kwargs:
+            if key in ("dim", "axis"):
+                take(arg)
+    return sorted(names), sorted(numbers)
+
+
 class NormMatcher(Matcher):
     """LayerNorm and RMSNorm over the last dimension, with fitted eps, weight and bias."""
 
@@ -290,6 +316,19 @@ class NormMatcher(Matcher):
         return eps
 
     def check(self, node, probing, allowed):
+        found = self._check(node, probing, allowed)
+        if found is not None:
+            names, numbers = _reduction_dims(node)
+            named = [name for name in names if probing.roles.get(name) == INT]
+            if named:
+                # The probes gave the name -1, so the fit says "the last dimension";
+                # the code may hold any other.
+                found.params["dim_from"] = named
+            if found.params.get("dim", -1) != -1 and len(numbers) == 1:
+                found.params["dim_written"] = numbers[0]  # dim 1 on the probes' 4-D inputs is -3
+        return found
+
+    def _check(self, node, probing, allowed):
         y = probing.tensor(node)
         if y is None or y.ndim < 1:
             return None

@@ -181,6 +181,17 @@ def is_name(text: str | None) -> bool:
     return text is not None and bool(_NAME_CHAIN.match(text.strip()))
 
 
+def over_named_dim(proposal: Proposal, match: FormulaMatch) -> Proposal:
+    """A norm whose reductions take their dimension from a variable (``mean(self.dim)``):
+    the fused norm covers the last dimension, which that may not be, so advice only."""
+    names = match.params.get("dim_from")
+    if not names:
+        return proposal
+    note = (f"{proposal.note}; the hand-written form normalises the dimension held in {', '.join(names)}, which the "
+            "scan cannot read: the replacement holds only when that is the last one (-1)")
+    return replace(proposal, note=note, applicability=Applicability.DISPLAY_ONLY, edit=False)
+
+
 def exact(match: FormulaMatch) -> bool:
     """The hand-written form equals the reference to float32 precision."""
     return match.max_rel <= SAFE_RELATIVE_ERROR

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torchaxe.findings import Applicability
 from torchaxe.scan.rules._formula import (
-    FormulaRule, Proposal, atom, eps_text, exact, functional, is_name, torch_version_at_least,
+    FormulaRule, Proposal, atom, eps_text, exact, functional, is_name, over_named_dim, torch_version_at_least,
 )
 from torchaxe.scan.rules.base import Invalid, Valid
 
@@ -110,14 +110,14 @@ class HandWrittenRmsNorm(FormulaRule):
     )
 
     def propose(self, ctx, match):
-        proposal = self._propose(ctx, match)
+        proposal = over_named_dim(self._propose(ctx, match), match)
         factor = match.inputs.get("factor")
         dim = match.params.get("dim", -1)
         if not match.params.get("factor") and dim == -1:
             return proposal
         note = proposal.note
         if dim != -1:
-            note += (f"; the hand-written form normalises dimension {dim}, not the last one: move it last (permute "
+            note += (f"; the hand-written form normalises dimension {match.params.get('dim_written', dim)}, not the last one: move it last (permute "
                      "to channels-last), normalise, and move it back")
         if match.params.get("factor"):
             # An L2 normalisation times a stored factor (self.scale = dim ** 0.5): RMSNorm

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from torchaxe.findings import Applicability
-from torchaxe.scan.rules._formula import FormulaRule, Proposal, atom, eps_text, exact, functional, is_name
+from torchaxe.scan.rules._formula import (
+    FormulaRule, Proposal, atom, eps_text, exact, functional, is_name, over_named_dim,
+)
 from torchaxe.scan.rules.base import Invalid, Valid
 
 
@@ -88,6 +90,9 @@ class HandWrittenLayerNorm(FormulaRule):
     )
 
     def propose(self, ctx, match):
+        return over_named_dim(self._propose(ctx, match), match)
+
+    def _propose(self, ctx, match):
         x, weight, bias, eps = match.inputs["x"], match.inputs.get("weight"), match.inputs.get("bias"), eps_text(match)
         fn, imports = functional(ctx)
         if match.params.get("scalar_weight"):
@@ -107,7 +112,7 @@ class HandWrittenLayerNorm(FormulaRule):
         placement = match.params.get("eps_placement", "inside")
         outside = placement != "inside" or match.params.get("dim", -1) != -1
         if match.params.get("dim", -1) != -1:
-            note += (f"; the hand-written form normalises dimension {match.params['dim']}, not the last one: move "
+            note += (f"; the hand-written form normalises dimension {match.params.get('dim_written', match.params['dim'])}, not the last one: move "
                      "it last (permute to channels-last), normalise with F.layer_norm, and move it back")
         casts = match.params.get("casts", False)
         if "unbiased" in placement:
