@@ -411,3 +411,31 @@ def test_blank_lines_inside_the_chain_go_with_it():
         "        h = q.shape[1]\n\n"
         "        out = torch.nn.functional.scaled_dot_product_attention(q * self.scale, k, v, scale=1.0, "
         "dropout_p=(self.dropout.p if self.training else 0.0))\n        return out\n")
+
+
+@pytest.mark.parametrize("init, expected", [
+    # vit-pytorch: a number from a parameter with a number default.
+    ("def __init__(self, dim, heads=8, dim_head=64):\n        super().__init__()\n"
+     "        self.scale = dim_head ** -0.5", "scaled_dot_product_attention(q, k, v, scale=self.scale)"),
+    # timm: through an attribute set from annotated parameters.
+    ("def __init__(self, dim: int, num_heads: int = 8):\n        super().__init__()\n"
+     "        self.head_dim = dim // num_heads\n        self.scale = self.head_dim ** -0.5",
+     "scaled_dot_product_attention(q, k, v, scale=self.scale)"),
+    # A learned scale: a tensor, folded into the query.
+    ("def __init__(self, dim):\n        super().__init__()\n        self.scale = nn.Parameter(torch.ones(1))",
+     "scaled_dot_product_attention(q * self.scale, k, v, scale=1.0)"),
+    # Parameters of unknown type: may be tensors, folded.
+    ("def __init__(self, dim, heads):\n        super().__init__()\n        self.scale = (dim // heads) ** -0.5",
+     "scaled_dot_product_attention(q * self.scale, k, v, scale=1.0)"),
+    # Set again outside __init__: folded.
+    ("def __init__(self, dim_head=64):\n        super().__init__()\n        self.scale = dim_head ** -0.5\n\n"
+     "    def rescale(self, t):\n        self.scale = t", "scaled_dot_product_attention(q * self.scale, k, v, scale=1.0)"),
+])
+def test_a_scale_the_class_sets_to_a_number_is_passed_as_scale(init, expected):
+    source = ("import torch\nimport torch.nn as nn\n\n\nclass Attention(nn.Module):\n    " + init + "\n\n"
+              "    def forward(self, q, k, v):\n"
+              "        dots = torch.matmul(q, k.transpose(-1, -2)) * self.scale\n"
+              "        attn = dots.softmax(dim=-1)\n"
+              "        return torch.matmul(attn, v)\n")
+    fixed, [finding] = _fix(source, "AX118")
+    assert f"        return torch.nn.functional.{expected}\n" in fixed, fixed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from typing import Callable
 
 from torchaxe.findings import Applicability
 from torchaxe.scan.rules._formula import UNVERIFIED, FormulaRule, Proposal, atom, exact, functional
@@ -23,14 +24,17 @@ def _scale_argument(match) -> str | None:
     return None
 
 
-def _scaled_query(match, q: str) -> tuple[str, str] | None:
+def _scaled_query(match, q: str, ctx=None) -> tuple[str, str] | None:
     """For a scale that may be a tensor (``self.temperature``, a parameter): SDPA's
     ``scale=`` takes a Python float only, so the scale goes on the query instead
     (``(q * s) @ k^T`` is ``s * (q @ k^T)``, and its gradient still reaches ``s``).
-    None when the scale is a number (or the default)."""
+    None when the scale is a number (or the default): written as one, or an attribute
+    the class sets to one (``self.scale = dim_head ** -0.5``)."""
     scale = match.inputs.get("scale")
     params = match.params
     if scale is None or (params.get("scale_from_shape") and params.get("default_scale")) or _a_number(scale):
+        return None
+    if ctx is not None and _number_attribute(ctx, match.node.lineno, scale):
         return None
     op = "*" if params.get("scale_op") == "mul" else "/"
     return f"{atom(q)} {op} {atom(scale)}", ", scale=1.0"
@@ -39,15 +43,21 @@ def _scaled_query(match, q: str) -> tuple[str, str] | None:
 _NUMBER_CALLS = ("float", "int", "len", "abs", "round", "min", "max", "pow")
 
 
-def _a_number(text: str) -> bool:
+def _a_number(text: str, known: Callable[[ast.AST], bool] = lambda node: False) -> bool:
     """Whether an expression is a Python number whatever its names hold: literals,
-    ``math`` functions, sizes (``k.size(-1)``, ``q.shape[-1]``) and arithmetic on them."""
+    ``math`` functions, sizes (``k.size(-1)``, ``q.shape[-1]``) and arithmetic on them;
+    ``known`` says so of further names and attributes."""
     try:
         tree = ast.parse(text.strip(), mode="eval").body
     except SyntaxError:
         return False
+    return _number_node(tree, known)
 
+
+def _number_node(tree: ast.AST, known: Callable[[ast.AST], bool]) -> bool:
     def number(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Name, ast.Attribute)) and known(node):
+            return True
         if isinstance(node, ast.Constant):
             return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
         if isinstance(node, ast.BinOp):
@@ -66,6 +76,66 @@ def _a_number(text: str) -> bool:
         return isinstance(node, ast.Attribute) and node.attr == "ndim"
 
     return number(tree)
+
+
+def _number_attribute(ctx, line: int, text: str) -> bool:
+    """Whether ``self.NAME`` is a number: the class around ``line`` sets it once, in
+    ``__init__``, to arithmetic on numbers, on ``__init__``'s parameters with a number
+    default or an ``int``/``float`` annotation, and on locals or attributes set so
+    (``self.scale = dim_head ** -0.5``, ``head_dim = dim // heads`` with ``dim: int``)."""
+    text = text.strip()
+    if not text.startswith("self.") or not text[5:].isidentifier():
+        return False
+    owner = None
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.ClassDef) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            if owner is None or node.lineno > owner.lineno:
+                owner = node  # the innermost class
+    if owner is None:
+        return False
+    init = next((f for f in owner.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    if init is None:
+        return False
+    numeric_params = set()
+    args = init.args
+    positional = args.posonlyargs + args.args
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    for arg, default in [*zip(positional, defaults), *zip(args.kwonlyargs, args.kw_defaults)]:
+        annotated = isinstance(arg.annotation, ast.Name) and arg.annotation.id in ("int", "float")
+        literal = isinstance(default, ast.Constant) and isinstance(default.value, (int, float)) \
+            and not isinstance(default.value, bool)
+        if annotated or literal:
+            numeric_params.add(arg.arg)
+    # Every binding of a name or self attribute in the class, by its text.
+    bindings: dict[str, list[tuple[ast.AST, bool]]] = {}
+    in_init = {id(n) for n in ast.walk(init)}
+    for node in ast.walk(owner):
+        targets: list[ast.AST] = []
+        value = None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets, value = [node.target], node.value
+        for target in targets:
+            if isinstance(target, ast.Tuple):
+                for elt in target.elts:  # unpacked: not followed
+                    bindings.setdefault(ast.unparse(elt), []).append((elt, False))
+            else:
+                plain = value is not None and not isinstance(node, ast.AugAssign) and id(node) in in_init
+                bindings.setdefault(ast.unparse(target), []).append((value if plain else target, plain))
+    seen: set[str] = set()
+
+    def known(node: ast.AST) -> bool:
+        name = ast.unparse(node)
+        if isinstance(node, ast.Name) and name in numeric_params and name not in bindings:
+            return True
+        found = bindings.get(name)
+        if name in seen or not found or len(found) != 1 or not found[0][1]:
+            return False
+        seen.add(name)
+        return _number_node(found[0][0], known)
+
+    return known(ast.parse(text, mode="eval").body)
 
 
 class HandWrittenAttention(FormulaRule):
@@ -109,8 +179,9 @@ class HandWrittenAttention(FormulaRule):
     Safe on cpu and cuda when the whole computation is one expression in the (batch,
     heads, sequence, head_dim) layout with no mask and no dropout: SDPA computes the
     same function. The scale is kept: omitted when it is `1/sqrt(q.size(-1))`, passed
-    as `scale=` when it is a Python number (a literal, a `math` function, a size), and
-    multiplied into q otherwise (`scale=` takes a float only, and a learned temperature
+    as `scale=` when it is a Python number (a literal, a `math` function, a size, or an
+    attribute `__init__` sets once to one, like `self.scale = dim_head ** -0.5` with
+    `dim_head=64`), and multiplied into q otherwise (`scale=` takes a float only, and a learned temperature
     keeps its gradient that way). Unsafe with a mask, dropout or dtype casts on the way:
     - `masked_fill(cond, -inf)` becomes `attn_mask=` the opposite condition (SDPA's
       boolean mask is True where attention is allowed), and an added float mask is
@@ -215,7 +286,7 @@ class HandWrittenAttention(FormulaRule):
                 "use torch_npu.npu_fusion_attention", Applicability.DISPLAY_ONLY, edit=False,
             )
         fn, imports = functional(ctx)
-        folded = _scaled_query(match, q)
+        folded = _scaled_query(match, q, ctx)
         if folded is not None:
             q, scale = folded
         extra, advice = [], []
