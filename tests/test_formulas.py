@@ -805,3 +805,47 @@ def test_a_boolean_mask_takes_the_rank_of_bmm_scores():
     assert infer_roles(roots(source)[-1].node)["mask"] == "bool3"
     [m] = matches(source)
     assert m.category == "attention" and m.params["masked"] and m.inputs["mask"] == "mask"
+
+
+def test_a_fix_does_not_name_functional_by_an_alias_the_function_rebinds(tmp_path):
+    # Audio code: F is the frequency dimension inside forward, F.silu there would be int.silu.
+    source = textwrap.dedent("""\
+        import math
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+
+        class SpecBlock(nn.Module):
+            def __init__(self, n=16):
+                super().__init__()
+                self.lin = nn.Linear(n, n)
+
+            def forward(self, spec):
+                B, T, F = spec.shape
+                h = self.lin(spec.reshape(B * T, F))
+                h = h * torch.sigmoid(h)
+                h = 0.5 * h * (1.0 + torch.erf(h / math.sqrt(2.0)))
+                return h.reshape(B, T, F)
+
+
+        def elsewhere(x):
+            return x * torch.sigmoid(x)
+    """)
+    from torchaxe.scan.engine import ScanOptions
+    from torchaxe.scan.fix import fix_source
+
+    fixed = fix_source(source, "m.py", ScanOptions(target="cpu")).fixed
+    assert "h = torch.nn.functional.silu(h)" in fixed
+    assert "h = torch.nn.functional.gelu(h)" in fixed
+    assert "return F.silu(x)" in fixed  # outside that function the alias is fine
+    import importlib.util
+
+    import torch
+
+    path = tmp_path / "fixed_spec.py"
+    path.write_text(fixed)
+    spec = importlib.util.spec_from_file_location("fixed_spec", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.SpecBlock()(torch.randn(2, 3, 16)).shape == (2, 3, 16)  # runs: F is not an int's attribute

@@ -143,22 +143,74 @@ def _lines_text(plan: Plan) -> str:
     return f"line {parts[0]}" if parts == [str(merged[0][0])] else f"lines {', '.join(parts)}"
 
 
-def functional(ctx: FileContext) -> tuple[str, tuple[str, ...]]:
-    """How this file can name ``torch.nn.functional``, and the import that needs."""
+def _bound_names(scope: ast.AST) -> set[str]:
+    """The names a function (its parameters and body, nested scopes left out) or a
+    module (everything but its imports) binds."""
+    names: set[str] = set()
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        a = scope.args
+        names.update(arg.arg for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if arg)
+        body: list[ast.AST] = list(scope.body) if isinstance(scope.body, list) else [scope.body]
+    else:
+        body = list(getattr(scope, "body", []))
+    stack = body
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            stack.extend(node.decorator_list)
+            continue  # its own scope
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and not isinstance(scope, ast.Module):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            names.add(node.name)
+        stack.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def shadowed(ctx: FileContext, line: int | None) -> set[str]:
+    """Names bound, at ``line``, by the functions around it or by the module other
+    than by an import (``B, T, F = spec.shape`` in audio code): a replacement must not
+    name ``torch.nn.functional`` as ``F`` there."""
+    if line is None:
+        return set()
+    key = ("shadowed", line)
+    if key not in ctx.cache:
+        names = set(ctx.cache.get(("shadowed", "module")) or _bound_names(ctx.tree))
+        ctx.cache[("shadowed", "module")] = frozenset(names)
+        for node in ast.walk(ctx.tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) \
+                    and node.lineno <= line <= (node.end_lineno or node.lineno):
+                names |= _bound_names(node)
+        ctx.cache[key] = frozenset(names)
+    return set(ctx.cache[key])
+
+
+def functional(ctx: FileContext, line: int | None = None) -> tuple[str, tuple[str, ...]]:
+    """How this file can name ``torch.nn.functional`` at ``line`` (an alias the code
+    around it does not rebind), and the import that needs."""
+    taken = shadowed(ctx, line)
     for name, origin in sorted(ctx.imports.items()):
-        if origin == "torch.nn.functional":
+        if origin == "torch.nn.functional" and name not in taken:
             return name, ()
-    if ctx.imports.get("torch") == "torch":
+    if ctx.imports.get("torch") == "torch" and "torch" not in taken:
         return "torch.nn.functional", ()
-    if "F" not in ctx.imports:
+    if "F" not in ctx.imports and "F" not in taken:
         return "F", ("import torch.nn.functional as F",)
     return "torch.nn.functional", ("import torch",)
 
 
-def torch_name(ctx: FileContext) -> tuple[str, tuple[str, ...]]:
-    """How this file can name ``torch``, and the import that needs."""
+def torch_name(ctx: FileContext, line: int | None = None) -> tuple[str, tuple[str, ...]]:
+    """How this file can name ``torch`` at ``line``, and the import that needs."""
+    taken = shadowed(ctx, line)
     for name, origin in sorted(ctx.imports.items()):
-        if origin == "torch":
+        if origin == "torch" and name not in taken:
             return name, ()
     return "torch", ("import torch",)
 

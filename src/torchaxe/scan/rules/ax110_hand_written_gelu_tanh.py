@@ -106,7 +106,7 @@ class HandWrittenGeluTanh(FormulaRule):
 
     def propose(self, ctx, match):
         x = match.inputs["x"]
-        fn, imports = functional(ctx)
+        fn, imports = functional(ctx, match.node.lineno)
         keep = f'{fn}.gelu({x}, approximate="tanh")'
         if ctx.target == "npu":
             return Proposal(

@@ -86,7 +86,7 @@ class HandWrittenGeluErf(FormulaRule):
 
     def propose(self, ctx, match):
         x = match.inputs["x"]
-        fn, imports = functional(ctx)
+        fn, imports = functional(ctx, match.node.lineno)
         keep = f"{fn}.gelu({x})"
         if ctx.target == "npu":
             return Proposal(f"torch_npu.fast_gelu({x})", FAST_GELU_NOTE.format(x=x, keep=keep),

@@ -83,7 +83,7 @@ class HandWrittenSilu(FormulaRule):
     )
 
     def propose(self, ctx, match):
-        fn, imports = functional(ctx)
+        fn, imports = functional(ctx, match.node.lineno)
         replacement = f"{fn}.silu({match.inputs['x']})"
         return Proposal(replacement, f"{replacement} computes it in one fused kernel, forward and backward",
                         "use F.silu(x)", Applicability.SAFE, imports=imports)

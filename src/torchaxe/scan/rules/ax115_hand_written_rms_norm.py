@@ -148,7 +148,7 @@ class HandWrittenRmsNorm(FormulaRule):
                 note += "; the hand-written form adds eps outside the square root, npu_rms_norm inside"
             return Proposal(replacement, note, "use torch_npu.npu_rms_norm", Applicability.UNSAFE, edit=not outside,
                             imports=("import torch_npu",))
-        fn, imports = functional(ctx)
+        fn, imports = functional(ctx, match.node.lineno)
         scalar = match.params.get("scalar_weight", False)
         size_of = x if is_name(x) else weight if is_name(weight) and not scalar else None
         shape = f"({atom(size_of)}.shape[-1],)" if size_of else "(x.shape[-1],)"

@@ -94,7 +94,7 @@ class HandWrittenLayerNorm(FormulaRule):
 
     def _propose(self, ctx, match):
         x, weight, bias, eps = match.inputs["x"], match.inputs.get("weight"), match.inputs.get("bias"), eps_text(match)
-        fn, imports = functional(ctx)
+        fn, imports = functional(ctx, match.node.lineno)
         if match.params.get("scalar_weight"):
             # One number for every channel: applied to the output, not as F.layer_norm's weight and bias.
             size_of = x if is_name(x) else None

@@ -75,7 +75,7 @@ class HandWrittenSoftmax(FormulaRule):
     )
 
     def propose(self, ctx, match):
-        name, imports = torch_name(ctx)
+        name, imports = torch_name(ctx, match.node.lineno)
         dim = match.inputs.get("dim")
         # Without the dimension as written, only the last one is independent of the rank.
         known = dim is not None or match.params.get("dim") == -1

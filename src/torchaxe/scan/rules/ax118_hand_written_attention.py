@@ -285,7 +285,7 @@ class HandWrittenAttention(FormulaRule):
                 f"the attention result); {UNVERIFIED}",
                 "use torch_npu.npu_fusion_attention", Applicability.DISPLAY_ONLY, edit=False,
             )
-        fn, imports = functional(ctx)
+        fn, imports = functional(ctx, match.node.lineno)
         folded = _scaled_query(match, q, ctx)
         if folded is not None:
             q, scale = folded
