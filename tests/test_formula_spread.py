@@ -439,3 +439,46 @@ def test_a_scale_the_class_sets_to_a_number_is_passed_as_scale(init, expected):
               "        return torch.matmul(attn, v)\n")
     fixed, [finding] = _fix(source, "AX118")
     assert f"        return torch.nn.functional.{expected}\n" in fixed, fixed
+
+
+def test_a_scale_a_subclass_or_another_method_sets_again_is_read_at_run_time(tmp_path):
+    # Inlining the 0.25 the base class sets would be wrong for the subclass's 1.0 and
+    # for set_temperature; the fixed code must compute what the hand-written one did.
+    source = textwrap.dedent('''\
+        import torch
+        import torch.nn as nn
+
+
+        class Attention(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.scale = 0.25
+
+            def forward(self, q, k, v):
+                attn = (q @ k.transpose(-2, -1)) * self.scale
+                attn = attn.softmax(dim=-1)
+                return attn @ v
+
+
+        class Unscaled(Attention):
+            def __init__(self):
+                super().__init__()
+                self.scale = 1.0
+
+
+        class Tempered(Attention):
+            def set_temperature(self, t):
+                self.scale = 0.25 / t
+    ''')
+    fixed, [finding] = _fix(source, "AX118")
+    assert "scale=0.25" not in fixed and "scaled_dot_product_attention(q * self.scale, k, v, scale=1.0)" in fixed
+    (tmp_path / "before.py").write_text(source)
+    (tmp_path / "after.py").write_text(fixed)
+    before, after = _load(tmp_path / "before.py", "before_scale"), _load(tmp_path / "after.py", "after_scale")
+    q, k, v = (torch.randn(2, 3, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    for name in ("Attention", "Unscaled", "Tempered"):
+        a, b = getattr(before, name)(), getattr(after, name)()
+        if name == "Tempered":
+            a.set_temperature(2.0)
+            b.set_temperature(2.0)
+        torch.testing.assert_close(b(q, k, v), a(q, k, v))

@@ -80,6 +80,7 @@ class FileUnit:
     _module_constants: dict[str, float | str] | None = None
     _class_constants: dict[int, dict[str, float | str]] = field(default_factory=dict)
     _class_activations: dict[int, dict[str, Activation]] = field(default_factory=dict)
+    _attribute_writes: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         for stmt in self.tree.body:
@@ -102,9 +103,30 @@ class FileUnit:
                 self.tree, None)
         return self._module_constants
 
+    def attribute_writes(self) -> dict[str, int]:
+        """How many times the file assigns each attribute name: ``x.NAME = ...`` anywhere,
+        ``NAME = ...`` in any class body. An attribute written twice (a subclass, a
+        ``set_temperature`` method) is no constant."""
+        if self._attribute_writes is None:
+            counts: dict[str, int] = {}
+            for node in ast.walk(self.tree):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                    counts[node.attr] = counts.get(node.attr, 0) + 1
+                elif isinstance(node, ast.ClassDef):
+                    for stmt in node.body:
+                        targets = stmt.targets if isinstance(stmt, ast.Assign) else \
+                            [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else []
+                        for target in targets:
+                            for name in ast.walk(target):
+                                if isinstance(name, ast.Name):
+                                    counts[name.id] = counts.get(name.id, 0) + 1
+            self._attribute_writes = counts
+        return self._attribute_writes
+
     def class_constants(self, cls: ast.ClassDef) -> dict[str, float | str]:
         """Attributes a class sets to a number or a string: in its body (``eps = 1e-6``) or in
-        ``__init__`` (``self.c = math.sqrt(2 / math.pi)``), and nowhere else."""
+        ``__init__`` (``self.c = math.sqrt(2 / math.pi)``), and nowhere else in the file
+        (no other method, subclass or outside code assigns that attribute name)."""
         found = self._class_constants.get(id(cls))
         if found is None:
             self._class_constants[id(cls)] = {}
@@ -119,7 +141,9 @@ class FileUnit:
                             if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                                 value = stmt.value if isinstance(stmt, ast.Assign) and len(targets) == 1 else None
                                 pairs.append((t.attr, value))
-            found = self._constants(pairs, cls, cls)
+            writes = self.attribute_writes()
+            found = {name: value for name, value in self._constants(pairs, cls, cls).items()
+                     if writes.get(name, 0) <= 1}
             self._class_constants[id(cls)] = found
         return found
 

@@ -86,6 +86,10 @@ def _number_attribute(ctx, line: int, text: str) -> bool:
     text = text.strip()
     if not text.startswith("self.") or not text[5:].isidentifier():
         return False
+    writes = sum(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and n.attr == text[5:]
+                 for n in ast.walk(ctx.tree))
+    if writes != 1:
+        return False  # set again by a subclass or elsewhere: perhaps to a tensor
     owner = None
     for node in ast.walk(ctx.tree):
         if isinstance(node, ast.ClassDef) and node.lineno <= line <= (node.end_lineno or node.lineno):
