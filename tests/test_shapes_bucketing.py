@@ -76,9 +76,64 @@ def test_wrapping_a_collate_function_keeps_its_structure():
     tokens, lengths, labels = collate([(torch.ones(3, dtype=torch.long), 0), (torch.ones(10, dtype=torch.long), 1)])
     assert tokens.shape == (2, 16) and lengths.tolist() == [3, 10] and labels.tolist() == [0, 1]
     assert tokens[:, 10:].eq(0).all()
-    with_mask = BucketingCollate([8, 16], collate_fn=pad_collate, return_mask=True)
+    with_mask = BucketingCollate([8, 16], collate_fn=pad_collate, return_mask=True, pad_value=0)
     *_, mask = with_mask([(torch.ones(3, dtype=torch.long), 0)])
     assert mask.tolist() == [[True] * 3 + [False] * 5]
+
+
+def hf_collate(batch):
+    # A Hugging Face style collate: labels padded with the loss's ignore index, a
+    # mask padded with 0, and a fixed-width target beside them.
+    ids = [torch.tensor(s) for s in batch]
+    return {"input_ids": pad_sequence(ids, batch_first=True, padding_value=0),
+            "labels": pad_sequence(ids, batch_first=True, padding_value=-100),
+            "attention_mask": pad_sequence([torch.ones(len(s), dtype=torch.long) for s in batch], batch_first=True),
+            "onehot": torch.zeros(len(batch), 3)}
+
+
+def test_a_wrapped_collate_is_padded_with_the_values_it_pads_with_itself():
+    collate = BucketingCollate([8, 16], collate_fn=hf_collate)
+    out = collate([[5, 6, 7], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [9, 9]])
+    assert collate.learned == {"input_ids": 0, "labels": -100, "attention_mask": 0}
+    assert out["input_ids"].shape == out["labels"].shape == out["attention_mask"].shape == (3, 16)
+    assert out["labels"][:, 10:].eq(-100).all() and out["attention_mask"][:, 10:].eq(0).all()
+    assert out["onehot"].shape == (3, 3)  # not a sequence: left alone
+    # The loss over the padded batch is the loss over the original one.
+    original = hf_collate([[5, 6, 7], [5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [9, 9]])
+    logits = torch.randn(3, 16, 20, generator=torch.Generator().manual_seed(0))
+    padded_loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), out["labels"].flatten())
+    loss = torch.nn.functional.cross_entropy(logits[:, :10].flatten(0, 1), original["labels"].flatten())
+    torch.testing.assert_close(padded_loss, loss)
+
+
+def test_a_wrapped_collate_passes_a_batch_on_unpadded_until_its_padding_is_known():
+    collate = BucketingCollate([8, 16], collate_fn=hf_collate)
+    same = collate([[5, 6, 7, 8], [1, 2, 3, 4]])  # equal lengths: nothing shows the padding
+    assert same["labels"].shape == (2, 4) and collate.unpadded_batches == 1 and not collate.learned
+    out = collate([[5, 6, 7, 8, 9], [1, 2]])
+    assert out["labels"].shape == (2, 8) and out["labels"][1, 2:].eq(-100).all()
+
+
+def test_learned_padding_is_not_fooled_by_rows_that_end_alike():
+    from torchaxe.shapes.bucketing import learned_padding
+
+    sep = 102
+    # Truncated rows all end with [SEP]; one short row is padded with 0.
+    rows = torch.tensor([[1, 4, 5, 6, sep], [1, 7, 8, 9, sep], [1, 3, 2, 8, sep], [1, 5, sep, 0, 0]])
+    assert learned_padding(rows, 1) == 0
+    assert learned_padding(torch.tensor([[1, 2, 3], [4, 5, 6]]), 1) is None  # no padding to see
+    assert learned_padding(torch.ones(3, 5), 1) is None
+    # Padded features: [batch, length, hidden].
+    features = torch.randn(2, 4, 3)
+    features[0, 2:] = 0.0
+    assert learned_padding(features, 1) == 0.0
+
+
+def test_pad_value_auto_needs_a_collate_function_to_learn_from():
+    with pytest.raises(TorchaxeError, match="collate_fn"):
+        BucketingCollate([8], pad_value="auto")
+    with pytest.raises(TorchaxeError, match="pad_value"):
+        BucketingCollate([8], collate_fn=hf_collate, pad_value="zero")
 
 
 def test_loader_with_the_collate_yields_only_bucket_shapes():
@@ -111,12 +166,13 @@ def test_collate_bucketing_patch_wraps_loaders_and_is_removed():
     original = DataLoader.__init__
     patch.install()
     try:
-        loader = DataLoader([(torch.ones(3, dtype=torch.long), 0)], batch_size=1, collate_fn=pad_collate)
+        loader = DataLoader([(torch.ones(3, dtype=torch.long), 0), (torch.ones(5, dtype=torch.long), 1)],
+                            batch_size=2, collate_fn=pad_collate)
         plain = DataLoader([torch.ones(3)], batch_size=None)  # no automatic batching: left alone
     finally:
         patch.uninstall()
     assert DataLoader.__init__ is original
-    assert isinstance(loader.collate_fn, BucketingCollate) and next(iter(loader))[0].shape == (1, 16)
+    assert isinstance(loader.collate_fn, BucketingCollate) and next(iter(loader))[0].shape == (2, 16)
     assert not isinstance(plain.collate_fn, BucketingCollate)
     assert notes["bucketing"]["collate_fns"] == ["pad_collate"]
 
@@ -152,4 +208,4 @@ def test_bootstrap_applies_the_bucketing_knob(tmp_path):
     shapes = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("shape")]
     assert shapes[:3] == ["(3, 8)", "(3, 8)", "(3, 16)"]
     applied = json.loads(out.read_text())["run"]["options"]["knobs"]
-    assert applied["bucketing"] == {"boundaries": [8, 16], "dim": 1, "pad_value": 0, "collate_fns": ["collate"]}
+    assert applied["bucketing"] == {"boundaries": [8, 16], "dim": 1, "pad_value": "auto", "collate_fns": ["collate"]}

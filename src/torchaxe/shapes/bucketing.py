@@ -23,6 +23,8 @@ from torchaxe.errors import TorchaxeError
 from torchaxe.shapes.buckets import bucket_of
 
 OVERSIZE = ("error", "keep")
+#: ``pad_value`` of a wrapped collate function: learn the padding it uses.
+AUTO = "auto"
 
 
 class BucketingError(TorchaxeError, ValueError):
@@ -57,6 +59,41 @@ def _target_size(size: int, bounds: tuple[int, ...], dim: int, oversize: str) ->
         return size
     raise BucketingError(f"size {size} along dim {dim} is above the largest bucket {bounds[-1]} "
                          f"(add a larger boundary, or pass oversize='keep')")
+
+
+def learned_padding(tensor: Any, dim: int) -> float | None:
+    """The value a collate function padded ``tensor`` (a batch) with along ``dim``:
+    what fills the end of the row with the longest run of one value at its end that
+    is not the whole row (a real row of a mask is all ones), when that run is at least
+    two long and some row ends otherwise (the longest row ends in real data). None
+    without such evidence (every row as long as the longest, say)."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2:
+        return None
+    d = dim % tensor.dim()
+    if d == 0:
+        return None
+    rows = tensor.movedim(d, 1).reshape(tensor.shape[0], tensor.shape[d], -1)
+    count, length = rows.shape[0], rows.shape[1]
+    if count < 2 or length < 3:
+        return None
+    ends: list[float | None] = []
+    best_run, best = 1, None
+    for row in rows:
+        last = row[-1]
+        if not bool((last == last[0]).all()):
+            ends.append(None)
+            continue
+        value = last[0].item()
+        ends.append(value)
+        same = (row == last[0]).all(dim=-1).flip(0).to(torch.int64)
+        run = int(same.cumprod(0).sum())
+        if best_run < run < length:
+            best_run, best = run, value
+    if best is None or all(e == best for e in ends):
+        return None
+    return best
 
 
 def pad_to_bucket(tensor: Any, boundaries: Sequence[int] | Sequence[Sequence[int]], dim: int | Sequence[int] = -1,
@@ -100,16 +137,22 @@ class BucketingCollate:
 
     With ``collate_fn``: the samples go through it first, and the tensors of its
     output (the output itself, or the items of a tuple/list/dict; ``fields`` picks
-    them, default every tensor with more than ``dim`` dimensions) are padded along
-    ``dim`` (default 1: batch-first sequences). This is how ``torchaxe trial`` adds
-    bucketing to a script's own collate function without editing it. The mask is
-    off by default in this form, since the script's own code does not expect one;
-    when asked for, it marks the positions the bucketing added (the inner
-    function's own padding is not known).
+    them, default every tensor with more than ``dim`` dimensions that is as long along
+    ``dim`` as the longest of them: a fixed-width target ``[batch, 3]`` is left alone)
+    are padded along ``dim`` (default 1: batch-first sequences). This is how
+    ``torchaxe trial`` adds bucketing to a script's own collate function without
+    editing it. The padding value is by default (``pad_value="auto"``) the one the
+    inner function uses, learned per tensor from its batches (-100 for labels, 0 for
+    an attention mask): the value that fills the end of a row shorter than the
+    longest. Until every tensor to pad has shown its value, a batch is passed on
+    unpadded (another shape, not another loss). The mask is off by default in this
+    form, since the script's own code does not expect one; when asked for, it marks
+    the positions the bucketing added (the inner function's own padding is not
+    known).
     """
 
     def __init__(self, boundaries: Sequence[int] | Sequence[Sequence[int]], *, dim: int | Sequence[int] | None = None,
-                 pad_value: float = 0, collate_fn: Callable[[list], Any] | None = None,
+                 pad_value: float | str | None = None, collate_fn: Callable[[list], Any] | None = None,
                  fields: Sequence[int | str] | None = None, return_mask: bool | None = None,
                  mask_key: str = "attention_mask", oversize: str = "error") -> None:
         if dim is None:
@@ -118,7 +161,17 @@ class BucketingCollate:
             raise BucketingError(f"oversize: {oversize!r} is not one of {', '.join(OVERSIZE)}")
         self.dims, self.boundaries = _normalise(boundaries, dim)
         self.dim = dim
+        if pad_value is None:
+            pad_value = 0 if collate_fn is None else AUTO
+        if pad_value == AUTO and collate_fn is None:
+            raise BucketingError("pad_value='auto' learns the padding of a collate_fn: give collate_fn, or a number")
+        if pad_value != AUTO and (isinstance(pad_value, bool) or not isinstance(pad_value, (int, float))):
+            raise BucketingError(f"pad_value: expected a number or 'auto', got {pad_value!r}")
         self.pad_value = pad_value
+        #: pad_value="auto": the padding value learned per tensor (dict key or position).
+        self.learned: dict[Any, float] = {}
+        #: Batches passed on unpadded while a tensor's padding value was not known yet.
+        self.unpadded_batches = 0
         self.collate_fn = collate_fn
         self.fields = tuple(fields) if fields is not None else None
         self.return_mask = (collate_fn is None) if return_mask is None else bool(return_mask)
@@ -145,32 +198,61 @@ class BucketingCollate:
     def _wrap(self, batch: Any) -> Any:
         import torch
 
-        def wanted(key: Any, value: Any) -> bool:
-            if not isinstance(value, torch.Tensor):
-                return False
-            if self.fields is not None:
-                return key in self.fields
+        def shaped(value: Any) -> bool:
             # dim 0 is the batch: a tensor is padded only when it has the dimensions asked for
-            return all(value.dim() > d if d >= 0 else value.dim() >= max(2, -d) for d in self.dims)
+            return isinstance(value, torch.Tensor) and all(
+                value.dim() > d if d >= 0 else value.dim() >= max(2, -d) for d in self.dims)
+
+        if isinstance(batch, Mapping):
+            entries = list(batch.items())
+        elif isinstance(batch, (tuple, list)):
+            entries = list(enumerate(batch))
+        else:
+            entries = [(0, batch)]
+        if self.fields is not None:
+            chosen = {k for k, v in entries if isinstance(v, torch.Tensor) and k in self.fields}
+        else:
+            candidates = [(k, v) for k, v in entries if shaped(v)]
+            longest = max((v.shape[self.dims[0]] for _, v in candidates), default=0)
+            chosen = {k for k, v in candidates if v.shape[self.dims[0]] == longest}
+        values: dict[Any, Any] = {}
+        for key, value in entries:
+            if key not in chosen:
+                continue
+            if self.pad_value != AUTO:
+                values[key] = self.pad_value
+                continue
+            if key not in self.learned:
+                found = learned_padding(value, self.dims[0])
+                if found is not None:
+                    self.learned[key] = found
+            if key in self.learned:
+                values[key] = self.learned[key]
+            elif pad_to_bucket(value, self._bounds_arg(), self._dim_arg(), 0, self.oversize) is not value:
+                # Its padding is not known yet: padded with a guess it could change the loss.
+                self.unpadded_batches += 1
+                return batch
 
         mask_of: list = []
 
-        def pad(value: Any) -> Any:
-            padded = pad_to_bucket(value, self._bounds_arg(), self._dim_arg(), self.pad_value, self.oversize)
+        def pad(key: Any, value: Any) -> Any:
+            if key not in chosen:
+                return value
+            padded = pad_to_bucket(value, self._bounds_arg(), self._dim_arg(), values[key], self.oversize)
             if self.return_mask and not mask_of:
                 mask_of.append(self._mask_added(value, padded))
             return padded
 
         if isinstance(batch, torch.Tensor):
-            out: Any = pad(batch) if wanted(0, batch) else batch
+            out: Any = pad(0, batch)
             return (out, mask_of[0]) if self.return_mask and mask_of else out
         if isinstance(batch, Mapping):
-            out = {k: pad(v) if wanted(k, v) else v for k, v in batch.items()}
+            out = {k: pad(k, v) for k, v in batch.items()}
             if self.return_mask and mask_of:
                 out[self.mask_key] = mask_of[0]
             return out
         if isinstance(batch, (tuple, list)):
-            items = [pad(v) if wanted(i, v) else v for i, v in enumerate(batch)]
+            items = [pad(i, v) for i, v in enumerate(batch)]
             if self.return_mask and mask_of:
                 items.append(mask_of[0])
             if isinstance(batch, list):

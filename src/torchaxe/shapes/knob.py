@@ -1,7 +1,7 @@
 """The trials' ``bucketing`` knob: pad the batches of every DataLoader the script
 builds to a few bucket sizes, without editing the script.
 
-    {"bucketing": {"boundaries": [24, 40, 64], "dim": 1, "pad_value": 0}}
+    {"bucketing": {"boundaries": [24, 40, 64], "dim": 1, "pad_value": "auto"}}
 
 ``boundaries`` may be one list per dimension with ``dim`` a list (image height and
 width). The bootstrap patches ``DataLoader.__init__`` so that the loader's collate
@@ -23,7 +23,8 @@ from typing import Any, Callable
 class BucketingKnobs:
     boundaries: tuple  # of ints, or of tuples of ints (one per dim)
     dim: Any = 1  # int, or tuple of ints
-    pad_value: float = 0
+    #: A number, or "auto": the value the script's own collate function pads with.
+    pad_value: float | str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
         multi = not isinstance(self.dim, int)
@@ -46,9 +47,9 @@ def bucketing_from_dict(raw: Any, fail: Callable[[str, str], Any]) -> BucketingK
         if key not in ("boundaries", "dim", "pad_value"):
             fail(f"bucketing.{key}", "unknown key (expected one of boundaries, dim, pad_value)")
     dim = raw.get("dim", 1)
-    pad = raw.get("pad_value", 0)
-    if isinstance(pad, bool) or not isinstance(pad, (int, float)):
-        fail("bucketing.pad_value", "expected a number")
+    pad = raw.get("pad_value", "auto")
+    if pad != "auto" and (isinstance(pad, bool) or not isinstance(pad, (int, float))):
+        fail("bucketing.pad_value", "expected a number, or \"auto\" (the value the script's collate function pads with)")
     boundaries = raw.get("boundaries")
     if isinstance(dim, int) and not isinstance(dim, bool):
         return BucketingKnobs(boundaries=_sizes(boundaries, "bucketing.boundaries", fail), dim=dim, pad_value=pad)

@@ -65,7 +65,7 @@ class BucketAdvice:
     #: The batches' shapes as they are (distinct), for the comparison.
     current_shapes: int
 
-    def knob(self, pad_value: int = 0) -> dict[str, Any]:
+    def knob(self, pad_value: float | str = "auto") -> dict[str, Any]:
         """The ``bucketing`` knob of a trial that applies the chosen plan."""
         if len(self.dims) == 1:
             return {"boundaries": list(self.chosen.boundaries[0]), "dim": self.dims[0], "pad_value": pad_value}
