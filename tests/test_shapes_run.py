@@ -135,6 +135,41 @@ def test_a_module_only_ever_called_without_gradients_keeps_its_shapes(tmp_path):
     assert teacher.dynamic and analysis.counts("module")["static"] == 4
 
 
+SHARED_ACTIVATION = """\
+import torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(6, 12), torch.nn.Linear(12, 4), torch.nn.Linear(4, 1)
+        self.act = torch.nn.ReLU()  # one module, called after layers of three widths
+    def forward(self, x):
+        return self.c(self.act(self.b(self.act(self.a(x)))))
+model = Net()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(100):
+    x, y = torch.randn(8, 6), torch.randn(8, 1)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_module_called_at_several_places_with_fixed_shapes_is_static(tmp_path):
+    # The shared ReLU sees (8, 12) and (8, 4) in every step: two signatures, one set per step.
+    observation, analysis = run(tmp_path, SHARED_ACTIVATION, steps=6)
+    act = next(m for m in observation.profile.shapes.modules if m.type == "ReLU")
+    assert len(act.signatures) == 2 and act.step_sets == 1 and not act.dynamic
+    assert decide(analysis).verdict == "static"
+    assert observation.profile.shapes.to_dict()["static"]
+    # Its sizes changing from one step to the next is what makes a module dynamic.
+    varying = SHARED_ACTIVATION.replace("torch.randn(8, 6), torch.randn(8, 1)",
+                                        "torch.randn(4 + step % 3, 6), torch.randn(4 + step % 3, 1)")
+    observation, analysis = run(tmp_path, varying, steps=6)
+    act = next(m for m in observation.profile.shapes.modules if m.type == "ReLU")
+    assert act.step_sets == 3 and act.dynamic and decide(analysis).verdict in ("dynamic", "mixed")
+
+
 def test_boolean_mask_and_item_sizes_are_found_with_their_lines(tmp_path):
     observation, analysis = run(tmp_path, MASKED)
     kinds = {c.kind: c for c in analysis.causes}

@@ -607,7 +607,7 @@ class Harness:
         syncs = HostSyncProbe(recorder, codes, count_host_tensors=backend.name == "cpu")
         recorder.on_device_ready = lambda: syncs.watch_sync_warnings(backend.enable_sync_warnings)
         batch_shapes = ShapeTallier(torch.Tensor) if options.shapes else None
-        module_shapes = ModuleShapeProbe() if options.shapes else None
+        module_shapes = ModuleShapeProbe(recorder.steps) if options.shapes else None
         if options.ops:
             from torchaxe.runtime.opstats import OpWindow
 

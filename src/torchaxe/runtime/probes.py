@@ -530,14 +530,24 @@ def input_signature(values: Any, tensor_type: type) -> tuple[tuple[tuple[int, ..
     return tuple(out)
 
 
+#: Steps whose signature sets a tallier keeps (the shapes runs are a few dozen steps).
+MAX_TALLIED_STEPS = 256
+
+
 @dataclass
 class ShapeTallier:
-    """Counts the distinct input signatures of one module or of the batches."""
+    """Counts the distinct input signatures of one module or of the batches; with
+    ``step_of`` (the number of the step in progress), also which signatures each step
+    saw, so that a module called at several places with fixed shapes (one ReLU
+    after convolutions of several widths) is told from one whose shapes change
+    from step to step."""
 
     tensor_type: type
+    step_of: Callable[[], int] | None = None
     calls: int = 0
     counts: dict = field(default_factory=dict)
     truncated: bool = False
+    per_step: dict = field(default_factory=dict)
 
     def add(self, values: Any) -> None:
         self.calls += 1
@@ -548,6 +558,26 @@ class ShapeTallier:
             self.counts[signature] = 1
         else:
             self.truncated = True
+        if self.step_of is not None:
+            step = self.step_of()
+            seen = self.per_step.get(step)
+            if seen is None and len(self.per_step) < MAX_TALLIED_STEPS:
+                seen = self.per_step[step] = set()
+            if seen is not None:
+                seen.add(signature)
+
+    def step_sets(self) -> int | None:
+        """How many different sets of signatures the finished steps saw (the first
+        left out when there are others: it runs one-off work); None when not tallied
+        per step or no step finished."""
+        if self.step_of is None:
+            return None
+        current = self.step_of()  # in progress: perhaps cut short
+        finished = sorted(s for s in self.per_step if s < current)
+        considered = [s for s in finished if s >= 2] or finished
+        if not considered:
+            return None
+        return len({frozenset(self.per_step[s]) for s in considered})
 
     def tally(self, name: str, type_name: str) -> ShapeTally:
         signatures = [
@@ -555,7 +585,8 @@ class ShapeTallier:
                            dtypes=[d for _, d in sig], count=count)
             for sig, count in sorted(self.counts.items(), key=lambda kv: -kv[1])
         ]
-        return ShapeTally(name=name, type=type_name, calls=self.calls, signatures=signatures, truncated=self.truncated)
+        return ShapeTally(name=name, type=type_name, calls=self.calls, signatures=signatures, truncated=self.truncated,
+                          step_sets=self.step_sets())
 
 
 class ModuleShapeProbe:
@@ -563,11 +594,13 @@ class ModuleShapeProbe:
     pre-hook); module names are resolved at the end, from the roots of the modules
     seen (``GPT.blocks.0.attn``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, steps: list | None = None) -> None:
         #: Per module: its calls with gradients on (training) and off (evaluation,
         #: ``torch.no_grad``/``inference_mode``), tallied apart.
         self._seen: dict[int, tuple[Any, ShapeTallier, ShapeTallier]] = {}
         self._handle = None
+        #: The harness's finished steps: the calls are also tallied step by step.
+        self._step_of = (lambda: len(steps) + 1) if steps is not None else None
 
     def install(self) -> None:
         import torch
@@ -576,13 +609,14 @@ class ModuleShapeProbe:
         tensor_type = torch.Tensor
         seen = self._seen
         grad_enabled = torch.is_grad_enabled
+        step_of = self._step_of
 
         def hook(module, args):
             if compiling():
                 return  # the call is being traced into the script's own compiled graph
             entry = seen.get(id(module))
             if entry is None:
-                entry = seen[id(module)] = (module, ShapeTallier(tensor_type), ShapeTallier(tensor_type))
+                entry = seen[id(module)] = (module, ShapeTallier(tensor_type, step_of), ShapeTallier(tensor_type, step_of))
             entry[1 if grad_enabled() else 2].add(args)
 
         self._handle = register_module_forward_pre_hook(hook)

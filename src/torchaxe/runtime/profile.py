@@ -396,10 +396,18 @@ class ShapeTally:
     calls: int
     signatures: list[InputSignature] = field(default_factory=list)
     truncated: bool = False
+    #: How many different sets of signatures the steps saw (the first step and an
+    #: unfinished last one left out); None when not tallied per step. A module called
+    #: at several places with fixed shapes has several signatures and one set.
+    step_sets: int | None = None
 
     @property
     def dynamic(self) -> bool:
-        return self.truncated or len(self.signatures) > 1
+        if self.truncated:
+            return True
+        if self.step_sets is not None:
+            return self.step_sets > 1
+        return len(self.signatures) > 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -407,6 +415,7 @@ class ShapeTally:
             "type": self.type,
             "calls": self.calls,
             "distinct": len(self.signatures),
+            "step_sets": self.step_sets,
             "dynamic": self.dynamic,
             "truncated": self.truncated,
             "signatures": [s.to_dict() for s in self.signatures],
@@ -421,6 +430,7 @@ class ShapeTally:
             calls=r.int("calls"),
             signatures=r.list("signatures", InputSignature.from_dict),
             truncated=r.bool("truncated"),
+            step_sets=r.int("step_sets", optional=True, minimum=1),
         )
 
 

@@ -368,6 +368,12 @@ def analyse(observation: Observation) -> ShapeAnalysis:
         subjects.append(op_subject(op, observation.complete_steps))
     shapes = observation.profile.shapes
     for module in (shapes.modules if shapes is not None else []):
+        if not module.dynamic:
+            # One shape, or several at several places in the model (a shared ReLU)
+            # that every step sees alike: what a compiled step sees is fixed.
+            subjects.append(Subject(kind="module", name=module.name, calls=module.calls, distinct=1,
+                                    truncated=False, type=module.type))
+            continue
         counted = Counter({tuple(tuple(s) if s is not None else None for s in sig.shapes): sig.count
                            for sig in module.signatures})
         rank_varies, dims = variations(Counter({tuple(s for s in k if s is not None): v for k, v in counted.items()}))
