@@ -124,6 +124,38 @@ def is_tensor_dataset(ctx: FileContext, loader: LoaderCall) -> bool:
     return isinstance(node, ast.Call) and ctx.call_name(node) in TENSOR_DATASET_NAMES
 
 
+ITERABLE_DATASET_NAMES = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"})
+
+
+def unsharded_iterable_dataset(ctx: FileContext, loader: LoaderCall) -> str | None:
+    """The name of the loader's dataset class when it is an ``IterableDataset``
+    defined in this file (directly or through its own base classes) that never calls
+    ``get_worker_info()``: every worker would yield the whole data set."""
+    node = dataset_expression(ctx, loader)
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return None
+    classes = {c.name: c for c in ast.walk(ctx.tree) if isinstance(c, ast.ClassDef)}
+    seen: set[str] = set()
+
+    def iterable(name: str) -> bool:
+        cls = classes.get(name)
+        if cls is None or name in seen:
+            return False
+        seen.add(name)
+        for base in cls.bases:
+            if ctx.qualified_name(base) in ITERABLE_DATASET_NAMES:
+                return True
+            if isinstance(base, ast.Name) and iterable(base.id):
+                return True
+        return False
+
+    if not iterable(node.func.id):
+        return None
+    shards = any(isinstance(n, (ast.Name, ast.Attribute)) and (getattr(n, "id", None) or getattr(n, "attr", None))
+                 == "get_worker_info" for name in seen for n in ast.walk(classes[name]))
+    return None if shards else node.func.id
+
+
 def holds_device_tensors(ctx: FileContext, loader: LoaderCall) -> bool:
     """Whether the dataset is a TensorDataset of tensors moved to a device here
     (``x.cuda()``, ``x.to(device)``...): such batches cannot be pinned."""

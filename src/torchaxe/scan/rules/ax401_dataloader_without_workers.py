@@ -7,7 +7,8 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext
-from torchaxe.scan.rules._dataloader import MISSING, is_tensor_dataset, loader_call, set_argument
+from torchaxe.scan.rules._dataloader import (MISSING, is_tensor_dataset, loader_call, set_argument,
+                                             unsharded_iterable_dataset)
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: Workers the fix asks for: enough to hide decoding and augmentation behind a step
@@ -50,7 +51,9 @@ class DataLoaderWithoutWorkers(Rule):
     with `spawn` need the training code under `if __name__ == "__main__":`. On a CPU
     target the workers share cores with the training threads. Loaders over a
     `TensorDataset` built in the same file (data already in memory) and calls with
-    `*args`/`**kwargs` or a non-literal `num_workers` are not flagged.
+    `*args`/`**kwargs` or a non-literal `num_workers` are not flagged. A loader over an
+    `IterableDataset` defined in the same file that never calls `get_worker_info()`
+    gets advice only: with workers, each would yield the whole data set.
 
     ## References
     - https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading
@@ -101,6 +104,18 @@ class DataLoaderWithoutWorkers(Rule):
         Valid("from torch.utils.data import DataLoader\nloader = DataLoader(*loader_args)\n"),
         Valid("from mylib.data import DataLoader\nloader = DataLoader(ds, batch_size=64)\n"),
         Valid("import torch\nloader = torch.utils.data.DataLoader(ds)  # noqa: AX401\n"),
+        Invalid(
+            "from torch.utils.data import DataLoader, IterableDataset\n\n\nclass Stream(IterableDataset):\n"
+            "    def __iter__(self):\n        yield from range(8)\n\n\nloader = DataLoader(Stream(), batch_size=4)\n",
+        ),
+        Invalid(
+            "import torch\n\n\nclass Shards(torch.utils.data.IterableDataset):\n    def __iter__(self):\n"
+            "        info = torch.utils.data.get_worker_info()\n        yield from range(info.id if info else 0, 8, 2)\n\n\n"
+            "loader = torch.utils.data.DataLoader(Shards(), batch_size=4)\n",
+            fixed="import torch\n\n\nclass Shards(torch.utils.data.IterableDataset):\n    def __iter__(self):\n"
+            "        info = torch.utils.data.get_worker_info()\n        yield from range(info.id if info else 0, 8, 2)\n\n\n"
+            "loader = torch.utils.data.DataLoader(Shards(), batch_size=4, num_workers=4)\n",
+        ),
         Valid(
             "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
             "train_set = TensorDataset(x, y)\nloader = DataLoader(train_set, batch_size=64)\n"
@@ -131,10 +146,18 @@ class DataLoaderWithoutWorkers(Rule):
             f"(tune the count by measuring{cpu_note}). Fix is {_UNSAFE_BECAUSE}"
         )
         edits = set_argument(ctx, loader, "num_workers", str(SUGGESTED_WORKERS))
+        applicability = None
+        unsharded = unsharded_iterable_dataset(ctx, loader)
+        if unsharded is not None:
+            # Each worker would run the whole iterator: every sample once per worker.
+            message += (f". No automatic fix: {unsharded} is an IterableDataset that does not shard with "
+                        "torch.utils.data.get_worker_info(), so each worker would yield all of it; split its "
+                        "iteration by worker id first")
+            edits, applicability = [], Applicability.DISPLAY_ONLY
         yield ctx.finding(
             self,
             node,
             message,
             replacement=f"DataLoader(..., num_workers={SUGGESTED_WORKERS})",
-            fix=ctx.fix(self, edits),
+            fix=ctx.fix(self, edits, applicability=applicability),
         )
