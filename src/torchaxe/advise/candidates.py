@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -117,6 +117,13 @@ def _axis_of_code(code: str) -> str:
                                                                                                      "environment")
 
 
+#: Loader settings compute the same thing on each batch, but worker processes seed
+#: their own random state (augmentation), and persistent workers stop drawing a base
+#: seed from the global generator each epoch (the shuffle order after the first).
+LOADER_ACCURACY = Accuracy(kind="data_order", detail="same computation per batch; with worker processes the "
+                           "shuffle order and random augmentation may differ; use --check-accuracy for the loss")
+
+
 def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, Any]) -> list[Candidate]:
     """Runtime settings worth measuring on this target, given what the run showed."""
     out: list[Candidate] = []
@@ -207,7 +214,8 @@ def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, An
             knobs["pin_memory"] = True
         add("knob:dataloader", "data", f"DataLoader(num_workers={workers}, persistent_workers=True"
             + (", pin_memory=True)" if "pin_memory" in knobs else ")"), {"dataloader": knobs},
-            group="dataloader", priority=1.0 + 4 * wait, detail=f"the step waited for data {wait:.0%} of the time")
+            group="dataloader", priority=1.0 + 4 * wait, detail=f"the step waited for data {wait:.0%} of the time",
+            accuracy=replace(LOADER_ACCURACY))
     return out
 
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from torchaxe.advise.candidates import (Candidate, code_candidates, fixed_sources, knob_candidates,
-                                        script_speedups)
+from torchaxe.advise.candidates import (LOADER_ACCURACY, Candidate, code_candidates, fixed_sources,
+                                        knob_candidates, script_speedups)
 from torchaxe.advise.environment import environment_checks
 from torchaxe.advise.measure import ArmResult, Measurer, OutOfTime
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
@@ -490,7 +490,7 @@ class Advisor:
         rec = Recommendation(key="knob:dataloader-tuned", axis="data", title=f"DataLoader({settings}) "
                              "(found by `torchaxe data --tune`)", applies="knob", knobs={"dataloader": loader},
                              detail="the loader setting the knowledge base holds for this command",
-                             accuracy=Accuracy(kind="exact", detail="same data, same order"))
+                             accuracy=replace(LOADER_ACCURACY))
         out.append(Candidate(rec=rec, knobs={"dataloader": loader}, group="dataloader", priority=2.5))
         return out
 

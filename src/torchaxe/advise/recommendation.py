@@ -28,7 +28,9 @@ AXIS_TITLES = {
 class Accuracy:
     """The accuracy cost of a change, as far as it was measured.
 
-    ``kind``: ``exact`` (same numerics by construction), ``max_error`` (a replacement
+    ``kind``: ``exact`` (same numerics by construction), ``data_order`` (the same
+    computation on each batch, but the batches' order or random augmentation may
+    differ: worker processes seed their own random state), ``max_error`` (a replacement
     checked on probes: its largest absolute difference), ``loss`` (the training loss
     over the first steps from the same seed, before and after, with the run-to-run
     noise of the unchanged script beside it), ``unknown`` (not measured)."""
@@ -47,6 +49,8 @@ class Accuracy:
     def text(self) -> str:
         if self.kind == "exact":
             return "exact (same numerics)"
+        if self.kind == "data_order":
+            return "same math; data order may differ"
         parts = []
         if self.max_error is not None:
             parts.append(f"max error {self.max_error:.1e}")
