@@ -482,3 +482,38 @@ def test_a_scale_a_subclass_or_another_method_sets_again_is_read_at_run_time(tmp
             a.set_temperature(2.0)
             b.set_temperature(2.0)
         torch.testing.assert_close(b(q, k, v), a(q, k, v))
+
+
+def test_a_branch_the_formula_leaves_out_is_named_in_the_advice():
+    # Read with the branch skipped, the attention is unmasked: the replacement alone
+    # would drop causality, so the message says which branch to carry over.
+    source = textwrap.dedent('''\
+        import torch
+        import torch.nn.functional as F
+
+
+        class Attention(torch.nn.Module):
+            def forward(self, q, k, v):
+                T = q.size(-2)
+                att = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+                if self.causal:
+                    m = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+                    att = att.masked_fill(~m, float("-inf"))
+                att = F.softmax(att, dim=-1)
+                return att @ v
+
+
+        class Biased(torch.nn.Module):
+            def forward(self, q, k, v, bias=None):
+                attn = q @ k.transpose(-2, -1) * self.scale
+                if bias is not None:
+                    attn = attn + bias
+                attn = attn.softmax(dim=-1)
+                return attn @ v
+    ''')
+    fixed, findings = _fix(source, "AX118")
+    causal = next(f for f in findings if "Attention.forward" in f.message)
+    assert "the code also changes att, m under `if self.causal:` (line 9)" in causal.message
+    assert not causal.fix.edits
+    biased = next(f for f in findings if "Biased.forward" in f.message)
+    assert "the code also changes" not in biased.message  # the guarded mask is in the formula

@@ -97,6 +97,11 @@ class FormulaRule(Rule):
                 applicability = Applicability.UNSAFE
         elif match.spread:
             message += " (the formula is assembled from several statements, so there is no automatic fix)"
+            branches = _branches_left_out(ctx, match)
+            if branches:
+                message += (f"; the code also changes {branches} only on some runs, which the formula above and "
+                            "the replacement leave out: carry it over by hand (a mask as attn_mask= or "
+                            "is_causal=, for instance) or keep the hand-written form")
         if "torch_npu" in proposal.replacement and UNVERIFIED not in message:
             message += f"; {UNVERIFIED}"
         fix = ctx.fix(
@@ -120,6 +125,79 @@ def _in_place(ctx: FileContext, match: FormulaMatch) -> str | None:
             attr = node.func.attr
             return attr if attr.endswith("_") and not attr.endswith("__") else None
     return None
+
+
+def _branches_left_out(ctx: FileContext, match: FormulaMatch) -> str:
+    """Where a name the matched expression reads (directly or through the statements
+    that built it) is assigned again under an ``if`` before it: ``att under `if
+    self.causal:` (line 44)``. A formula read with that branch skipped (or taken) is not
+    the whole computation."""
+    line = match.node.lineno
+    function = None
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or 0):
+            if function is None or node.lineno > function.lineno:
+                function = node
+    if function is None:
+        return ""
+    # Every assignment before the matched line, with the ``if`` it sits under (if any).
+    assignments: list[tuple[ast.stmt, ast.If | None]] = []
+
+    def visit(stmts: list[ast.stmt], under: ast.If | None) -> None:
+        for stmt in stmts:
+            if stmt.lineno >= line:
+                return
+            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                assignments.append((stmt, under))
+            elif isinstance(stmt, ast.If):
+                visit(stmt.body, stmt)
+                visit(stmt.orelse, stmt)
+            elif isinstance(stmt, (ast.With, ast.AsyncWith, ast.Try)):
+                visit(stmt.body, under)
+
+    visit(function.body, None)
+    expression = next((n for n in ast.walk(function) if isinstance(n, ast.expr)
+                       and (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset)
+                       == (match.node.lineno, match.node.col_offset, match.node.end_lineno, match.node.end_col_offset)),
+                      None)
+    if expression is None:
+        return ""
+    # The names the formula's inputs are written with: a branch about one of them
+    # (``if mask is not None:``, the mask itself) is in the formula already.
+    inputs: set[str] = set()
+    for text in match.inputs.values():
+        try:
+            inputs |= {n.id for n in ast.walk(ast.parse(text or "", mode="eval")) if isinstance(n, ast.Name)}
+        except SyntaxError:
+            continue
+    inputs.discard("self")
+    wanted = {n.id for n in ast.walk(expression) if isinstance(n, ast.Name)}
+    seen: set[str] = set()
+    branches: dict[int, tuple[ast.If, list[str]]] = {}
+    while wanted - seen:
+        name = (wanted - seen).pop()
+        seen.add(name)
+        for stmt, under in assignments:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            if not any(isinstance(t, ast.Name) and t.id == name for target in targets for t in ast.walk(target)):
+                continue
+            if stmt.value is not None:
+                wanted |= {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
+            if under is not None:
+                names = branches.setdefault(id(under), (under, []))[1]
+                if name not in names:
+                    names.append(name)
+    found = []
+    for under, names in sorted(branches.values(), key=lambda b: b[0].lineno):
+        about = {n.id for n in ast.walk(under.test) if isinstance(n, ast.Name)}
+        assigned = {n.id for stmt in ast.walk(under) if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+                    for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
+                    for n in ast.walk(target) if isinstance(n, ast.Name)}
+        if (about | assigned) & inputs:
+            continue
+        test = ast.get_source_segment(ctx.source, under.test) or ast.unparse(under.test)
+        found.append(f"{', '.join(sorted(names))} under `if {test}:` (line {under.lineno})")
+    return "; ".join(found)
 
 
 def _deletions(ctx: FileContext, plan: Plan) -> list[Edit]:
