@@ -849,3 +849,20 @@ def test_a_fix_does_not_name_functional_by_an_alias_the_function_rebinds(tmp_pat
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.SpecBlock()(torch.randn(2, 3, 16)).shape == (2, 3, 16)  # runs: F is not an int's attribute
+
+
+def test_a_group_norm_written_out_is_not_reported_as_a_layer_norm(scan):
+    # The view regroups the channels: the statistics are per group, not over the last dimension.
+    source = textwrap.dedent("""
+        import torch
+        class GroupNormManual(torch.nn.Module):
+            def forward(self, x):
+                N, C, H, W = x.shape
+                x = x.view(N, self.g, -1)
+                mean = x.mean(-1, keepdim=True)
+                var = x.var(-1, keepdim=True, unbiased=False)
+                x = (x - mean) / (var + self.eps).sqrt()
+                x = x.view(N, C, H, W)
+                return x * self.w + self.b
+    """)
+    assert not [f for f in scan(source, target="cuda").findings if f.code in ("AX115", "AX116")]

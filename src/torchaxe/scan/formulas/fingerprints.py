@@ -299,6 +299,28 @@ def _reduction_dims(node: Node) -> tuple[list[str], list[int]]:
     return sorted(names), sorted(numbers)
 
 
+_RESHAPES = frozenset({"reshape", "view", "flatten", "unflatten"})
+
+
+def _regroups_last_dimension(node: Node) -> bool:
+    """Whether the data is reshaped inside the formula so that its last dimension
+    changes (``x.view(N, groups, -1)`` before the statistics and back after, as a
+    GroupNorm written out does): its statistics are over groups of channels, which no
+    norm over the last dimension computes. The probes cannot tell (a reshape passes
+    them through), so the call is read: a flatten, an unflatten, or a reshape to
+    several sizes ending in -1."""
+    data = data_vars(node)
+    for n in walk(node):
+        if n.op not in _RESHAPES or not n.args or not n.args[0].vars & data:
+            continue  # a weight's reshape ([C] to [1, C, 1, 1]) is no regrouping
+        if n.op in ("flatten", "unflatten"):
+            return True
+        sizes = n.args[1].args if len(n.args) == 2 and n.args[1].op == "tuple" else n.args[1:]
+        if len(sizes) >= 2 and sizes[-1].op == CONST and sizes[-1].value == -1:
+            return True
+    return False
+
+
 class NormMatcher(Matcher):
     """LayerNorm and RMSNorm over the last dimension, with fitted eps, weight and bias."""
 
@@ -316,6 +338,8 @@ class NormMatcher(Matcher):
         return eps
 
     def check(self, node, probing, allowed):
+        if _regroups_last_dimension(node):
+            return None  # x.view(N, groups, -1): a GroupNorm, not a norm over the last dimension
         found = self._check(node, probing, allowed)
         if found is not None:
             names, numbers = _reduction_dims(node)

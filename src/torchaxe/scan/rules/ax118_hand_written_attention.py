@@ -316,7 +316,7 @@ class HandWrittenAttention(FormulaRule):
             if dropout_p:
                 extra.append(f"dropout_p={dropout_p}")
             else:
-                advice.append("dropout_p=(p if self.training else 0.0)")
+                advice.append("dropout_p=(<the dropout rate> if self.training else 0.0)")
         scale_arg = scale if scale is not None else ", scale=<the score scale>"
         replacement = f"{fn}.scaled_dot_product_attention({q}, {k}, {v}{scale_arg}" + "".join(
             f", {e}" for e in extra + advice) + ")"
