@@ -75,6 +75,16 @@ def test_write_keeps_mode_and_leaves_no_temp_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
 
 
+def test_a_read_only_file_is_left_unchanged_and_said_so(tmp_path):
+    f = tmp_path / "train.py"
+    f.write_text(TRAIN)
+    f.chmod(0o444)  # even for root, who could rename over it
+    result = fix_paths([f], ScanOptions(target="cpu"), unsafe=True)
+    assert f.read_text() == TRAIN and result.applied == 0
+    assert [(d.code, d.message) for d in result.diagnostics] == [
+        ("AX909", "read-only file: left unchanged (make it writable to fix it)")]
+
+
 def test_failed_write_leaves_original_untouched(tmp_path, monkeypatch):
     f = tmp_path / "train.py"
     f.write_text(TRAIN)

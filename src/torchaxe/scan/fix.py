@@ -236,6 +236,12 @@ def fix_paths(
             if ff.error:
                 result.diagnostics.append(Diagnostic("AX908", ff.error, shown))
             elif ff.changed and write:
+                if not path.stat().st_mode & 0o222:
+                    # A rename over it would succeed (the folder is writable): the file's
+                    # own permission says the user does not want it changed.
+                    result.diagnostics.append(Diagnostic("AX909", "read-only file: left unchanged (make it "
+                                                         "writable to fix it)", shown))
+                    continue
                 try:
                     write_text_atomic(path, ff.fixed, _encoding_of(data))
                 except OSError as exc:
