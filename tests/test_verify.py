@@ -72,7 +72,7 @@ def test_timing_is_interleaved_and_kept_raw():
     (("AX201",), "no formula rule"),
     (("AX118", "--shape", "8"), "needs at least 3 dimensions"),
     (("--shape", "8,-1"), "positive"),
-    (("AX9",), "matches no rule"),
+    (("AX9",), "torchaxe verify: 'AX9' matches no rule"),  # not "--select": the user gave no such option
 ])
 def test_user_errors_are_one_line(capsys, args, message):
     assert main(["verify", *args]) == 2

@@ -111,7 +111,7 @@ def formula_rules(codes: tuple[str, ...] = ()) -> list[type]:
     from torchaxe.scan.rules import select_rules
     from torchaxe.scan.rules._formula import FormulaRule
 
-    chosen = select_rules(codes) if codes else select_rules(("AX1",))
+    chosen = select_rules(codes, what="torchaxe verify") if codes else select_rules(("AX1",))
     rules = [r for r in chosen if issubclass(r, FormulaRule)]
     if not rules:
         raise TorchaxeError(f"{', '.join(codes)}: no formula rule to verify (formula rules are AX110-AX119)")

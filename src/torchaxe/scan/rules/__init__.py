@@ -48,10 +48,12 @@ def _check_prefixes(prefixes: tuple[str, ...], option: str) -> tuple[str, ...]:
     return tuple(cleaned)
 
 
-def select_rules(select: tuple[str, ...] = (), ignore: tuple[str, ...] = ()) -> tuple[type[Rule], ...]:
+def select_rules(select: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
+                 what: str = "--select") -> tuple[type[Rule], ...]:
     """The rules whose code starts with a ``select`` prefix (all when empty) and with
-    no ``ignore`` prefix. An unknown prefix is an error, not a silent no-op."""
-    sel = _check_prefixes(tuple(select), "--select")
+    no ``ignore`` prefix. An unknown prefix is an error, not a silent no-op; ``what``
+    names where the prefixes came from in that error."""
+    sel = _check_prefixes(tuple(select), what)
     ign = _check_prefixes(tuple(ignore), "--ignore")
     chosen = []
     for rule in all_rules():
