@@ -692,3 +692,18 @@ def test_a_variant_faster_on_top_but_not_yet_clearly_gets_more_rounds(script: Pa
     assert runs.order.count("chosen") == 3  # the chosen set runs in every round it is compared in
     assert {r.key for r in advice.recommendations if r.selected} == {"knob:compile", "code:AX110", "code:AX201"}
     assert advice.combined["speedup"] == pytest.approx(0.1 / 0.046)
+
+
+def test_small_changes_slower_together_on_top_are_tried_again_without_the_weakest(script: Path, monkeypatch) -> None:
+    # compile is chosen; three small changes, none tried alone on top. All at once they
+    # make compile slower; without bf16, which gained least alone, they make it faster.
+    monkeypatch.setattr("torchaxe.advise.pipeline.MAX_NEAR_MISSES", 0)
+    runs = FakeRuns(times={"original-again": [0.09, 0.11, 0.092, 0.108, 0.094], "code:AX110": 0.095,
+                           "code:AX201": 0.096, "knob:autocast-bf16": 0.099, "chosen": 0.05,
+                           "chosen+code-AX110+code-AX201+knob-autocast-bf16": 0.07,
+                           "chosen+code-AX110+code-AX201": 0.03})
+    advice = run_advice(script, runs, check_accuracy=True)
+    assert any(n.startswith("the small changes at once made the chosen changes slower (1.40 of their step time): "
+                            "they were tried again without knob:autocast-bf16") for n in advice.notes), advice.notes
+    assert {r.key for r in advice.recommendations if r.selected} == {"knob:compile", "code:AX110", "code:AX201"}
+    assert advice.combined["speedup"] == pytest.approx(0.1 / 0.03)

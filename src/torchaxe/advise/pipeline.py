@@ -882,11 +882,14 @@ class Advisor:
         against = set_arm.ratios if set_arm is not None else [1.0] * len(base_arm.runs)
         best: tuple[float, list[Candidate], ArmResult, list[float]] | None = None
         hurting: list[Candidate] = []
+        all_at_once: float | None = None  # the small changes together, on top: their share
         for v, arm in zip(tried, variant_arms):
             if arm.error or len(arm.ratios) < min(repeats, 2):
                 continue  # a single round cut short by the budget decides nothing
             paired = _paired(arm, against)
             share = statistics.median(paired)
+            if v is small:
+                all_at_once = share
             for c in v:
                 others = ", ".join(o.key for o in v if o is not c)
                 where = "on top of the chosen changes" + (f" with {others}" if others else "") if chosen \
@@ -906,6 +909,16 @@ class Advisor:
                     f"{', '.join(c.key for c in hurting)} made the chosen changes slower on top of them: the small "
                     "changes were tried at once again without "
                     + ("it" if len(hurting) == 1 else "them"))
+                self._refine(chosen, candidates, findings, measurer, original, sets[0], only=[rest])
+            elif only is None and chosen and not hurting and len(small) >= 3 and small in tried \
+                    and all_at_once is not None and all_at_once > 1.0 + max(MIN_GAIN, self.noise / 2):
+                # All at once made the chosen set slower and no single one was tried
+                # alone on top to blame: the one that gained least alone goes.
+                weakest = max(small, key=lambda c: statistics.median(c.rec.ratios or [1.0]))
+                rest = [c for c in small if c is not weakest]
+                self.advice.notes.append(
+                    f"the small changes at once made the chosen changes slower ({all_at_once:.2f} of their step "
+                    f"time): they were tried again without {weakest.key}, the one that gained least alone")
                 self._refine(chosen, candidates, findings, measurer, original, sets[0], only=[rest])
             return
         share, added, arm, paired = best
