@@ -901,25 +901,18 @@ class Advisor:
             if len(v) == 1 and share > 1.0 + max(MIN_GAIN, self.noise / 2):
                 hurting.append(v[0])
         if best is None:
-            rest = [c for c in small if c not in hurting]
-            if only is None and chosen and hurting and rest and small in tried and rest not in tried:
-                # All at once was held back by one that is slower on top of the chosen
-                # changes (a fused kernel slow in the chosen precision): once more without it.
-                self.advice.notes.append(
-                    f"{', '.join(c.key for c in hurting)} made the chosen changes slower on top of them: the small "
-                    "changes were tried at once again without "
-                    + ("it" if len(hurting) == 1 else "them"))
-                self._refine(chosen, candidates, findings, measurer, original, sets[0], only=[rest])
-            elif only is None and chosen and not hurting and len(small) >= 3 and small in tried \
-                    and all_at_once is not None and all_at_once > 1.0 + max(MIN_GAIN, self.noise / 2):
-                # All at once made the chosen set slower and no single one was tried
-                # alone on top to blame: the one that gained least alone goes.
-                weakest = max(small, key=lambda c: statistics.median(c.rec.ratios or [1.0]))
-                rest = [c for c in small if c is not weakest]
-                self.advice.notes.append(
-                    f"the small changes at once made the chosen changes slower ({all_at_once:.2f} of their step "
-                    f"time): they were tried again without {weakest.key}, the one that gained least alone")
-                self._refine(chosen, candidates, findings, measurer, original, sets[0], only=[rest])
+            retry = self._smaller_sets(small, hurting, all_at_once, tried) if only is None and chosen \
+                and small in tried else []
+            if retry:
+                # All at once was held back: by one that is slower on top of the chosen
+                # changes (a fused kernel slow in the chosen precision), or by one not
+                # tried alone. Smaller sets, in the same rounds, tell which.
+                why = (f"{', '.join(c.key for c in hurting)} made the chosen changes slower on top of them"
+                       if hurting else f"the small changes at once made the chosen changes slower "
+                       f"({all_at_once:.2f} of their step time)")
+                self.advice.notes.append(f"{why}: smaller sets of them were tried on top: "
+                                         + "; ".join(" + ".join(c.key for c in v) for v in retry))
+                self._refine(chosen, candidates, findings, measurer, original, sets[0], only=retry)
             return
         share, added, arm, paired = best
         for c in added:
@@ -938,6 +931,27 @@ class Advisor:
             self.advice.notes.append(
                 f"{names} were chosen together: together they took {share:.2f} of the "
                 f"original's step time {per_round}, though on its own no such gain was clear")
+
+    def _smaller_sets(self, small: list[Candidate], hurting: list[Candidate], all_at_once: float | None,
+                      tried: list[list[Candidate]]) -> list[list[Candidate]]:
+        """When the small changes all at once did not make the chosen set clearly
+        faster, and one of them tried alone on top made it slower (or all at once
+        did): the sets to try next. Without the ones that hurt; without the one that
+        gained least alone; the better half by their gains alone. At most three."""
+        slower = all_at_once is not None and all_at_once > 1.0 + max(MIN_GAIN, self.noise / 2)
+        if not hurting and not slower:
+            return []
+        ranked = sorted((c for c in small if c not in hurting), key=lambda c: statistics.median(c.rec.ratios or [1.0]))
+        options = [ranked] if hurting else []
+        if len(ranked) >= 3:
+            options.append(ranked[:-1])
+        if len(ranked) >= 4:
+            options.append(ranked[:(len(ranked) + 1) // 2])
+        out: list[list[Candidate]] = []
+        for v in options:
+            if v and v != small and v not in out and v not in tried:
+                out.append(v)
+        return out[:3]
 
     def _more_refining_rounds(self, measurer: Measurer, base: ArmResult, set_arm: ArmResult | None,
                               variants: Sequence[ArmResult]) -> bool:
