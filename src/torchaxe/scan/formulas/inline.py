@@ -56,6 +56,25 @@ class Root:
     scope_named: dict[int, list[ast.AST]] = field(default_factory=dict)
 
 
+def attribute_writes(tree: ast.AST) -> dict[str, int]:
+    """How many times ``tree`` assigns each attribute name: ``x.NAME = ...`` anywhere,
+    ``NAME = ...`` in any class body. An attribute written twice (a subclass, a
+    ``set_temperature`` method) is no constant."""
+    counts: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            counts[node.attr] = counts.get(node.attr, 0) + 1
+        elif isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else \
+                    [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else []
+                for target in targets:
+                    for name in ast.walk(target):
+                        if isinstance(name, ast.Name):
+                            counts[name.id] = counts.get(name.id, 0) + 1
+    return counts
+
+
 @dataclass
 class FileUnit:
     """What the lowering needs to know about the file: import bindings, the
@@ -104,23 +123,9 @@ class FileUnit:
         return self._module_constants
 
     def attribute_writes(self) -> dict[str, int]:
-        """How many times the file assigns each attribute name: ``x.NAME = ...`` anywhere,
-        ``NAME = ...`` in any class body. An attribute written twice (a subclass, a
-        ``set_temperature`` method) is no constant."""
+        """How many times the file assigns each attribute name (``attribute_writes``)."""
         if self._attribute_writes is None:
-            counts: dict[str, int] = {}
-            for node in ast.walk(self.tree):
-                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-                    counts[node.attr] = counts.get(node.attr, 0) + 1
-                elif isinstance(node, ast.ClassDef):
-                    for stmt in node.body:
-                        targets = stmt.targets if isinstance(stmt, ast.Assign) else \
-                            [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else []
-                        for target in targets:
-                            for name in ast.walk(target):
-                                if isinstance(name, ast.Name):
-                                    counts[name.id] = counts.get(name.id, 0) + 1
-            self._attribute_writes = counts
+            self._attribute_writes = attribute_writes(self.tree)
         return self._attribute_writes
 
     def class_constants(self, cls: ast.ClassDef) -> dict[str, float | str]:

@@ -127,17 +127,24 @@ def _in_place(ctx: FileContext, match: FormulaMatch) -> str | None:
     return None
 
 
+def innermost(ctx: FileContext, line: int, kinds: tuple[type, ...]) -> ast.AST | None:
+    """The innermost definition of one of ``kinds`` (functions, classes) whose lines
+    hold ``line``."""
+    found = None
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, kinds) and node.lineno <= line <= (node.end_lineno or node.lineno):  # type: ignore[attr-defined]
+            if found is None or node.lineno > found.lineno:  # type: ignore[attr-defined]
+                found = node
+    return found
+
+
 def _branches_left_out(ctx: FileContext, match: FormulaMatch) -> str:
     """Where a name the matched expression reads (directly or through the statements
     that built it) is assigned again under an ``if`` before it: ``att under `if
     self.causal:` (line 44)``. A formula read with that branch skipped (or taken) is not
     the whole computation."""
     line = match.node.lineno
-    function = None
-    for node in ast.walk(ctx.tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or 0):
-            if function is None or node.lineno > function.lineno:
-                function = node
+    function = innermost(ctx, line, (ast.FunctionDef, ast.AsyncFunctionDef))
     if function is None:
         return ""
     # Every assignment before the matched line, with the ``if`` it sits under (if any).

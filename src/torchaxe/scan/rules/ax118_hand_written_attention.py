@@ -6,7 +6,8 @@ import ast
 from typing import Callable
 
 from torchaxe.findings import Applicability
-from torchaxe.scan.rules._formula import UNVERIFIED, FormulaRule, Proposal, atom, exact, functional
+from torchaxe.scan.formulas.inline import attribute_writes
+from torchaxe.scan.rules._formula import UNVERIFIED, FormulaRule, Proposal, atom, exact, functional, innermost
 from torchaxe.scan.rules.base import Invalid, Valid
 
 
@@ -86,16 +87,12 @@ def _number_attribute(ctx, line: int, text: str) -> bool:
     text = text.strip()
     if not text.startswith("self.") or not text[5:].isidentifier():
         return False
-    writes = sum(isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and n.attr == text[5:]
-                 for n in ast.walk(ctx.tree))
-    if writes != 1:
+    if ("attribute_writes",) not in ctx.cache:
+        ctx.cache[("attribute_writes",)] = attribute_writes(ctx.tree)
+    if ctx.cache[("attribute_writes",)].get(text[5:], 0) != 1:
         return False  # set again by a subclass or elsewhere: perhaps to a tensor
-    owner = None
-    for node in ast.walk(ctx.tree):
-        if isinstance(node, ast.ClassDef) and node.lineno <= line <= (node.end_lineno or node.lineno):
-            if owner is None or node.lineno > owner.lineno:
-                owner = node  # the innermost class
-    if owner is None:
+    owner = innermost(ctx, line, (ast.ClassDef,))
+    if not isinstance(owner, ast.ClassDef):
         return False
     init = next((f for f in owner.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
     if init is None:
