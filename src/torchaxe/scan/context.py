@@ -252,19 +252,50 @@ class FileContext:
         function, lambda or class defined in a loop is not in the loop. An evaluation
         loop nested in an epoch loop is not a training loop even though the epoch loop
         holds the training loop too: the epoch loop's own body must train.
+
+        A step written as a function (``def train_step(...)`` whose own body calls
+        ``backward()`` or ``step()``) that the file calls inside a loop counts as a
+        training loop's body: the function is returned in place of the loop.
         """
         path = [*self.parents, *nodes]
         for i in range(len(path) - 2, -1, -1):
             parent, child = path[i], path[i + 1]
             if isinstance(parent, BOUNDARY_TYPES):
+                if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) \
+                        and any(child is s for s in parent.body) and parent.name in self.called_in_loops() \
+                        and self.runs_training_step(parent):
+                    return parent
                 return None
             if isinstance(parent, LOOP_TYPES) and _repeats(parent, child) and self.runs_training_step(parent):
                 return parent
         return None
 
+    def called_in_loops(self) -> frozenset[str]:
+        """Names of the functions and methods the file calls on every iteration of
+        some loop (``train_step(batch)``, ``self.training_step(batch)``)."""
+        key = "called_in_loops"
+        if key not in self.cache:
+            names: set[str] = set()
+            for loop in ast.walk(self.tree):
+                if not isinstance(loop, LOOP_TYPES):
+                    continue
+                stack: list[ast.AST] = list(loop.body)
+                while stack:
+                    node = stack.pop()
+                    if isinstance(node, ast.Call):
+                        func = node.func
+                        if isinstance(func, ast.Name):
+                            names.add(func.id)
+                        elif isinstance(func, ast.Attribute):
+                            names.add(func.attr)
+                    if not isinstance(node, BOUNDARY_TYPES):
+                        stack.extend(ast.iter_child_nodes(node))
+            self.cache[key] = frozenset(names)
+        return self.cache[key]
+
     def runs_training_step(self, loop: ast.AST) -> bool:
-        """Whether the loop's own body (not nested loops or functions) calls
-        ``backward()`` or an optimizer's ``step()``."""
+        """Whether the loop's (or function's) own body, not nested loops or
+        functions, calls ``backward()`` or an optimizer's ``step()``."""
         key = ("runs_training_step", id(loop))
         if key not in self.cache:
             stack: list[ast.AST] = list(loop.body)  # type: ignore[attr-defined]

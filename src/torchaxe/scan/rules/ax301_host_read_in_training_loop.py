@@ -34,7 +34,8 @@ class HostReadInTrainingLoop(Rule):
     ## What it does
     Flags `.item()`, `.cpu()`, `.numpy()`, `.tolist()` and a blocking `.to("cpu")`
     inside a training loop (a loop whose own body calls `backward()` or an
-    optimizer's `step()`), on the GPU and NPU targets.
+    optimizer's `step()`, or the body of a step function that does, such as
+    `def train_step(batch)`, that the file calls in a loop), on the GPU and NPU targets.
 
     ## Why is this bad?
     The device runs kernels asynchronously: the host queues the next step's work while
@@ -96,6 +97,12 @@ class HostReadInTrainingLoop(Rule):
     )
     examples = (
         Invalid(
+            "import torch\n\n\ndef train_step(x, y):\n    loss = criterion(model(x), y)\n    loss.backward()\n"
+            "    opt.step()\n    return loss.item()\n\n\ndef evaluate(x, y):\n    return criterion(model(x), y).item()\n\n\n"
+            "for x, y in loader:\n    print(train_step(x, y))\nprint(evaluate(x, y))\n",
+            target="cuda",
+        ),
+        Invalid(
             "import torch\n"
             "for x, y in loader:\n"
             "    loss = criterion(model(x), y)\n"
@@ -134,6 +141,11 @@ class HostReadInTrainingLoop(Rule):
             "        print(loss.to('cpu'))\n",
             target="cuda",
             count=2,
+        ),
+        Valid(
+            "import torch\n\n\ndef train_step(x, y):\n    loss = criterion(model(x), y)\n    loss.backward()\n"
+            "    opt.step()\n    return loss.item()\n\n\ntrain_step(x, y)  # once, not in a loop\n",
+            target="cuda",
         ),
         Valid(
             "for x, y in loader:\n"

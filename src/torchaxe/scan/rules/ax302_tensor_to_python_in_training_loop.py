@@ -23,7 +23,8 @@ class TensorToPythonInTrainingLoop(Rule):
     """
     ## What it does
     Flags, inside a training loop (a loop whose own body calls `backward()` or an
-    optimizer's `step()`), code that turns a tensor into a Python value:
+    optimizer's `step()`, or the body of a step function that does, such as
+    `def train_step(batch)`, that the file calls in a loop), code that turns a tensor into a Python value:
     `float(t)`, `int(t)`, `bool(t)`, `str(t)`, `print(t)`, `f"{t}"`,
     `"%f" % t`, `"{}".format(t)`, `math.exp(t)`, `writer.add_scalar(tag, t)` and
     tqdm's `set_postfix(loss=t)`. Only expressions that plausibly hold a tensor count:
