@@ -866,3 +866,23 @@ def test_a_group_norm_written_out_is_not_reported_as_a_layer_norm(scan):
                 return x * self.w + self.b
     """)
     assert not [f for f in scan(source, target="cuda").findings if f.code in ("AX115", "AX116")]
+
+
+def test_formulas_in_the_cases_of_a_match_statement_are_found(scan):
+    source = textwrap.dedent("""
+        import math
+        import torch
+        def act(x, kind):
+            match kind:
+                case "silu":
+                    y = x * torch.sigmoid(x)
+                case "gelu":
+                    y = 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+                case {"scale": s, **rest}:
+                    y = x * s
+                case _:
+                    y = x
+            return y * torch.sigmoid(y)  # a SiLU of y itself: y is not read as any one case's value
+    """)
+    codes = sorted((f.code, f.line) for f in scan(source, target="cuda").findings if f.code.startswith("AX11"))
+    assert codes == [("AX111", 9), ("AX113", 7), ("AX113", 14)]

@@ -579,6 +579,23 @@ class Scope:
             if not ends:
                 self._block(stmt.orelse)  # type: ignore[attr-defined]
             self._block(stmt.finalbody)  # type: ignore[attr-defined]
+        elif isinstance(stmt, ast.Match):
+            # Each case read from the state before the match; afterwards, what any
+            # case bound is unknown (which case ran is not).
+            before = dict(self.env)
+            assigned: set[str] = set()
+            for case in stmt.cases:
+                self.env = dict(before)
+                captured = {n.name for n in ast.walk(case.pattern)
+                            if isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name}
+                captured |= {n.rest for n in ast.walk(case.pattern) if isinstance(n, ast.MatchMapping) and n.rest}
+                for name in captured:
+                    self.kill(name)
+                self._block(case.body)
+                assigned |= captured | set(_assigned_names(case.body))
+            self.env = before
+            for name in assigned:
+                self.kill(name)
         elif isinstance(stmt, (*_SCOPES, ast.ClassDef)):
             self.kill(stmt.name)
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
@@ -798,6 +815,9 @@ def _assigned_names(body: list[ast.stmt]) -> Iterator[str]:
                 yield from _assigned_names(inner)
         for handler in getattr(stmt, "handlers", ()):
             yield from _assigned_names(handler.body)
+        for case in getattr(stmt, "cases", ()):  # match statements
+            yield from (n.name for n in ast.walk(case.pattern) if isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name)
+            yield from _assigned_names(case.body)
 
 
 def read_scope(unit: FileUnit, node: ast.AST, cls: ast.ClassDef | None) -> list[Root]:
