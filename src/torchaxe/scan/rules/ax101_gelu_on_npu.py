@@ -39,7 +39,9 @@ class GeluOnNpu(Rule):
     Unsafe: `fast_gelu` is a different approximation of GELU (neither the erf form nor
     the tanh form), so outputs change slightly; verify accuracy after the change. The
     `nn.GELU()` module form is reported but not rewritten (wrap `fast_gelu` in your
-    own module). The NPU path is unverified on Ascend hardware.
+    own module), and so is the class handed over to be built elsewhere
+    (`Mlp(act_layer=nn.GELU)`, a parameter default `act_layer=nn.GELU`, as timm
+    writes it). The NPU path is unverified on Ascend hardware.
 
     ## References
     - https://www.hiascend.com/document (torch_npu.fast_gelu)
@@ -54,7 +56,7 @@ class GeluOnNpu(Rule):
     fix_safety = Applicability.UNSAFE
     targets = ("npu",)
     requires_text = ("gelu", "GELU")
-    node_types = (ast.Call,)
+    node_types = (ast.Call, ast.arguments)
     references = ("https://www.hiascend.com/document (torch_npu.fast_gelu)",)
     examples = (
         Invalid(
@@ -68,6 +70,10 @@ class GeluOnNpu(Rule):
             fixed='from torch.nn.functional import gelu\nimport torch_npu\ny = torch_npu.fast_gelu(h)\n',
         ),
         Invalid("import torch.nn as nn\nact = nn.GELU()\n", target="npu"),
+        Invalid("import torch.nn as nn\nmlp = Mlp(64, act_layer=nn.GELU)\n", target="npu"),
+        Invalid("import torch.nn as nn\n\n\nclass Mlp(nn.Module):\n    def __init__(self, d, act_layer=nn.GELU):\n"
+                "        super().__init__()\n        self.act = act_layer()\n", target="npu"),
+        Valid("import torch.nn as nn\nmlp = Mlp(64, act_layer=nn.ReLU)\n", target="npu"),
         Valid("import torch.nn.functional as F\ny = F.gelu(x)\n", target="cuda"),
         Valid("import torch_npu\ny = torch_npu.fast_gelu(x)\n", target="npu"),
         Valid("import torch.nn.functional as F\ny = F.gelu(*args)\n", target="npu"),
@@ -75,7 +81,24 @@ class GeluOnNpu(Rule):
     )
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
-        assert isinstance(node, ast.Call)
+        if isinstance(node, ast.arguments):
+            handed = [*node.defaults, *(d for d in node.kw_defaults if d is not None)]
+        else:
+            handed = [*node.args, *(k.value for k in node.keywords)]
+        for value in handed:
+            # The class itself, to be built elsewhere: Mlp(act_layer=nn.GELU).
+            if isinstance(value, (ast.Name, ast.Attribute)) and ctx.qualified_name(value) in GELU_MODULES:
+                yield ctx.finding(
+                    self,
+                    value,
+                    "nn.GELU handed over as the activation class runs the generic kernel on the NPU; hand over a "
+                    "module whose forward calls torch_npu.fast_gelu instead (a different approximation: verify "
+                    "accuracy; unverified on Ascend hardware)",
+                    replacement="a module calling torch_npu.fast_gelu(x) in forward",
+                    fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY),
+                )
+        if not isinstance(node, ast.Call):
+            return
         name = ctx.call_name(node)
         if name in GELU_CALLS:
             if len(node.args) != 1 or isinstance(node.args[0], ast.Starred):
