@@ -24,11 +24,11 @@ class TensorToPythonInTrainingLoop(Rule):
     ## What it does
     Flags, inside a training loop (a loop whose own body calls `backward()` or an
     optimizer's `step()`, or the body of a step function that does, such as
-    `def train_step(batch)`, that the file calls in a loop), code that turns a tensor into a Python value:
-    `float(t)`, `int(t)`, `bool(t)`, `str(t)`, `print(t)`, `f"{t}"`,
-    `"%f" % t`, `"{}".format(t)`, `math.exp(t)`, `writer.add_scalar(tag, t)` and
-    tqdm's `set_postfix(loss=t)`. Only expressions that plausibly hold a tensor count:
-    the result of a model or loss call, of a torch op, of a tensor method such as
+    `def train_step(batch)`, that the file calls in a loop), code that turns a tensor
+    into a Python value: `float(t)`, `int(t)`, `bool(t)`, `str(t)`, `print(t)`,
+    `f"{t}"`, `"%f" % t`, `"{}".format(t)`, `math.exp(t)`, `writer.add_scalar(tag, t)`
+    and tqdm's `set_postfix(loss=t)`. Only expressions that plausibly hold a tensor
+    count: the result of a model or loss call, of a torch op, of a tensor method such as
     `.sum()` or `.mean()`, or a name that receives `.backward()`; `float(args.lr)` or
     `print(f"epoch {epoch}")` are left alone.
 

@@ -19,9 +19,9 @@ class TensorConditionInTrainingLoop(Rule):
     ## What it does
     Flags `if`, `while`, `assert` and conditional expressions whose condition is a
     tensor (`if torch.isnan(loss):`, `if loss > best:`, `assert mask.any()`) inside a
-    training loop (a loop whose own body calls `backward()` or an optimizer's
-    `step()`, or the body of a step function that does, such as
-    `def train_step(batch)`, that the file calls in a loop). Identity tests (`if loss is None`) are not tensor conditions.
+    training loop (a loop whose own body calls `backward()` or an optimizer's `step()`,
+    or the body of a step function that does, such as `def train_step(batch)`, that the
+    file calls in a loop). Identity tests (`if loss is None`) are not tensor conditions.
 
     ## Why is this bad?
     Python must know the condition's truth to choose a branch, so it calls

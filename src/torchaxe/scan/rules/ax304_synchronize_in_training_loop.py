@@ -71,8 +71,9 @@ class SynchronizeInTrainingLoop(Rule):
     Flags `torch.cuda.synchronize()`, `torch.npu.synchronize()`,
     `torch.accelerator.synchronize()`, `torch.cuda.current_stream().synchronize()` and
     `.synchronize()` on a stream or event made in the file, inside a training loop (a
-    loop whose own body calls `backward()` or an optimizer's `step()`, or the body of a step function that does, such as
-    `def train_step(batch)`, that the file calls in a loop).
+    loop whose own body calls `backward()` or an optimizer's `step()`, or the body of a
+    step function that does, such as `def train_step(batch)`, that the file calls in a
+    loop).
 
     ## Why is this bad?
     The host normally runs ahead of the device, queuing the next kernels while the

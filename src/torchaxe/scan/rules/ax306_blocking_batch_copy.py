@@ -173,13 +173,13 @@ def _batch_kind(ctx: FileContext, node: ast.AST) -> str | None:
 class BlockingBatchCopy(Rule):
     """
     ## What it does
-    Flags `.to(device)`, `.cuda()` and `.npu()` of a batch without
-    `non_blocking=True` inside a training loop (a loop whose own body calls
-    `backward()` or an optimizer's `step()`, or the body of a step function that does, such as
-    `def train_step(batch)`, that the file calls in a loop), when the file builds a DataLoader with
+    Flags `.to(device)`, `.cuda()` and `.npu()` of a batch without `non_blocking=True`
+    inside a training loop (a loop whose own body calls `backward()` or an optimizer's
+    `step()`, or the body of a step function that does, such as `def train_step(batch)`,
+    that the file calls in a loop), when the file builds a DataLoader with
     `pin_memory=True`. A batch is the for-loop variable over a loader (through
-    `enumerate`, `tqdm`, ...), a `next()` of an iterator over one, or a tensor
-    unpacked or indexed from it (`x, y = batch`, `batch["ids"]`,
+    `enumerate`, `tqdm`, ...), a `next()` of an iterator over one, or a tensor unpacked
+    or indexed from it (`x, y = batch`, `batch["ids"]`,
     `{k: v.to(d) for k, v in batch.items()}`).
 
     ## Why is this bad?
