@@ -152,11 +152,15 @@ def _progress_writer():
 
 def _leave(before: set, code: int) -> None:
     """A stopped script (or a hung sample) can leave threads behind that would keep
-    the process alive: give them a moment, then exit without them."""
-    lingering = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
+    the process alive: give them a moment, then exit without them. A daemon thread
+    the run left running (a hung sample) is not waited for, but the interpreter's
+    shutdown is skipped too: torch aborts the process ("terminate called without an
+    active exception") when one of its threads is torn down mid-call."""
+    started = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    lingering = [t for t in started if not t.daemon]
     for thread in lingering:
         thread.join(timeout=2.0 / len(lingering))
-    if any(t.is_alive() for t in lingering):
+    if any(t.is_alive() for t in started):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -351,5 +351,9 @@ def sample_loader(record: Any, samples: int = 32, *, timeout: float = 30.0, seed
                 report.collate_error = message[1]
     finally:
         timer.uninstall()
+    if report.hung is None:
+        # Its last message is sent just before it returns: let it finish, so that no
+        # thread is still inside torch when the process exits (an abort at shutdown).
+        thread.join(timeout=5.0)
     report.image_files = list(opened)
     return report
