@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from torchaxe.findings import Applicability, Edit, Finding, Fix, Position
 
@@ -279,17 +279,14 @@ class FileContext:
             for loop in ast.walk(self.tree):
                 if not isinstance(loop, LOOP_TYPES):
                     continue
+                body: list[ast.AST] = []
                 stack: list[ast.AST] = list(loop.body)
                 while stack:
                     node = stack.pop()
-                    if isinstance(node, ast.Call):
-                        func = node.func
-                        if isinstance(func, ast.Name):
-                            names.add(func.id)
-                        elif isinstance(func, ast.Attribute):
-                            names.add(func.attr)
+                    body.append(node)
                     if not isinstance(node, BOUNDARY_TYPES):
                         stack.extend(ast.iter_child_nodes(node))
+                names |= called_names(body)
             self.cache[key] = frozenset(names)
         return self.cache[key]
 
@@ -371,6 +368,20 @@ class FileContext:
                                 names.add(t.attr)
             self.cache[key] = frozenset(names)
         return self.cache[key]
+
+
+def called_names(nodes: Iterable[ast.AST]) -> set[str]:
+    """The names the calls among ``nodes`` call: ``f`` of ``f(x)``, ``step`` of
+    ``self.step(x)``."""
+    names = set()
+    for node in nodes:
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute):
+                names.add(func.attr)
+            elif isinstance(func, ast.Name):
+                names.add(func.id)
+    return names
 
 
 def _repeats(loop: ast.AST, child: ast.AST) -> bool:

@@ -115,15 +115,19 @@ class FormulaRule(Rule):
 
 
 # ---------------------------------------------------------------- helpers
+def _expression_at(root: ast.AST, span) -> ast.expr | None:
+    """The outermost expression under ``root`` that spans exactly ``span``."""
+    where = (span.lineno, span.col_offset, span.end_lineno, span.end_col_offset)
+    return next((n for n in ast.walk(root) if isinstance(n, ast.expr)
+                 and (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset) == where), None)
+
+
 def _in_place(ctx: FileContext, match: FormulaMatch) -> str | None:
     """The in-place method (``mul_``) the matched expression ends with, if any."""
-    span = match.node
-    for node in ast.walk(ctx.tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and (node.lineno, node.col_offset, node.end_lineno, node.end_col_offset)  # type: ignore[attr-defined]
-                == (span.lineno, span.col_offset, span.end_lineno, span.end_col_offset)):
-            attr = node.func.attr
-            return attr if attr.endswith("_") and not attr.endswith("__") else None
+    node = _expression_at(ctx.tree, match.node)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        attr = node.func.attr
+        return attr if attr.endswith("_") and not attr.endswith("__") else None
     return None
 
 
@@ -163,10 +167,7 @@ def _branches_left_out(ctx: FileContext, match: FormulaMatch) -> str:
                 visit(stmt.body, under)
 
     visit(function.body, None)
-    expression = next((n for n in ast.walk(function) if isinstance(n, ast.expr)
-                       and (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset)
-                       == (match.node.lineno, match.node.col_offset, match.node.end_lineno, match.node.end_col_offset)),
-                      None)
+    expression = _expression_at(function, match.node)
     if expression is None:
         return ""
     # The names the formula's inputs are written with: a branch about one of them
@@ -267,8 +268,9 @@ def shadowed(ctx: FileContext, line: int | None) -> set[str]:
         return set()
     key = ("shadowed", line)
     if key not in ctx.cache:
-        names = set(ctx.cache.get(("shadowed", "module")) or _bound_names(ctx.tree))
-        ctx.cache[("shadowed", "module")] = frozenset(names)
+        if ("shadowed", "module") not in ctx.cache:
+            ctx.cache[("shadowed", "module")] = frozenset(_bound_names(ctx.tree))
+        names = set(ctx.cache[("shadowed", "module")])
         for node in ast.walk(ctx.tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) \
                     and node.lineno <= line <= (node.end_lineno or node.lineno):

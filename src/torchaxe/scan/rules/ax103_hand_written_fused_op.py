@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import DEFINITION_TYPES, FileContext, walk_scope
+from torchaxe.scan.context import DEFINITION_TYPES, FileContext, called_names, walk_scope
 from torchaxe.scan.formulas.analysis import covers
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
@@ -109,18 +109,6 @@ _PREFILTER = (
 )
 _SOFTMAX = ("softmax",)
 _MATMUL = ("matmul", "bmm", "einsum", "baddbmm")
-
-
-def _called_names(body: Iterable[ast.AST]) -> set[str]:
-    names = set()
-    for node in body:
-        if isinstance(node, ast.Call):
-            func = node.func
-            if isinstance(func, ast.Attribute):
-                names.add(func.attr)
-            elif isinstance(func, ast.Name):
-                names.add(func.id)
-    return names
 
 
 def _does_math(nodes: list[ast.AST]) -> bool:
@@ -223,7 +211,7 @@ class HandWrittenFusedOp(Rule):
                     for n in walk_scope(stmt)]
         else:
             body = list(walk_scope(node))
-        called = _called_names(body)
+        called = called_names(body)
         if any(c in called for c in op.fused_calls):
             return
         if not _does_math(body):
