@@ -228,7 +228,7 @@ class BucketingCollate:
                     self.learned[key] = found
             if key in self.learned:
                 values[key] = self.learned[key]
-            elif pad_to_bucket(value, self._bounds_arg(), self._dim_arg(), 0, self.oversize) is not value:
+            elif self._needs_padding(value):
                 # Its padding is not known yet: padded with a guess it could change the loss.
                 self.unpadded_batches += 1
                 return batch
@@ -261,6 +261,17 @@ class BucketingCollate:
                 return type(batch)(*items)
             return tuple(items)
         return batch
+
+    def _needs_padding(self, value: Any) -> bool:
+        """Whether ``value`` is off its bucket in any of the dimensions (its sizes
+        read, nothing padded)."""
+        ndim = value.dim()
+        for d, bounds in zip(self.dims, self.boundaries):
+            if not -ndim <= d < ndim:
+                raise BucketingError(f"dim {d}: the tensor has only {ndim} dimensions (shape {tuple(value.shape)})")
+            if _target_size(value.shape[d], bounds, d % ndim, self.oversize) != value.shape[d]:
+                return True
+        return False
 
     def _mask_added(self, before: Any, after: Any) -> Any:
         """True where the original batch had a position (the inner padding included)."""
