@@ -204,7 +204,8 @@ def test_dataloader_knob_takes_start_method_and_timeout():
 def test_bootstrap_override_applies_start_method_and_drops_it_without_workers():
     from torch.utils.data import DataLoader
 
-    from torchaxe.runtime.bootstrap import AppliedKnobs, DataLoaderOverride
+    from torchaxe.data.knob import DataLoaderOverride
+    from torchaxe.runtime.knobs import AppliedKnobs
 
     knobs = knob_set_from_dict({"dataloader": {"num_workers": 1, "multiprocessing_context": "spawn", "timeout": 5}}, "k")
     applied = AppliedKnobs(knobs)
@@ -231,7 +232,8 @@ def test_bootstrap_override_applies_start_method_and_drops_it_without_workers():
 def test_bootstrap_override_never_changes_the_workers_of_an_iterable_dataset():
     from torch.utils.data import DataLoader, IterableDataset
 
-    from torchaxe.runtime.bootstrap import AppliedKnobs, DataLoaderOverride
+    from torchaxe.data.knob import DataLoaderOverride
+    from torchaxe.runtime.knobs import AppliedKnobs
 
     class Stream(IterableDataset):  # does not split itself by worker: 2 workers would yield it twice
         def __iter__(self):

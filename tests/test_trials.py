@@ -11,7 +11,8 @@ import types
 import pytest
 
 from torchaxe.cli import main
-from torchaxe.runtime import bootstrap
+from torchaxe.runtime import bootstrap, knob_specs
+from torchaxe.data.knob import DataLoaderOverride
 from torchaxe.runtime.knobs import KnobError, KnobSet, knob_set_from_dict, load_knob_set
 from torchaxe.runtime.trials import TrialOptions, TrialRun, run_trials, unique_names, child_environment, bootstrap_argv
 from torchaxe.report.trial_text import render_trial_report
@@ -181,7 +182,7 @@ def test_dataloader_override_handles_positional_and_keyword_arguments():
 
     data = TensorDataset(torch.zeros(4, 1))
     applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
-    override = bootstrap.DataLoaderOverride({"num_workers": 2, "pin_memory": True, "prefetch_factor": 3}, applied)
+    override = DataLoaderOverride({"num_workers": 2, "pin_memory": True, "prefetch_factor": 3}, applied)
     original = DataLoader.__init__
     override.install()
     try:
@@ -201,7 +202,7 @@ def test_worker_only_options_are_dropped_when_no_workers():
     from torch.utils.data import DataLoader, TensorDataset
 
     applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
-    override = bootstrap.DataLoaderOverride({"persistent_workers": True, "prefetch_factor": 4}, applied)
+    override = DataLoaderOverride({"persistent_workers": True, "prefetch_factor": 4}, applied)
     override.install()
     try:
         loader = DataLoader(TensorDataset(torch.zeros(4, 1)), batch_size=2)  # torch would refuse both here
@@ -217,7 +218,7 @@ def test_torch_settings_are_applied_and_recorded():
     knobs = knob_set_from_dict({"torch": {"num_threads": 1, "matmul_precision": "medium", "cudnn_benchmark": True}}, "t")
     applied = bootstrap.AppliedKnobs(knobs)
     try:
-        bootstrap.apply_torch(knobs, applied)
+        knob_specs.apply_torch(knobs.torch, applied)
         assert torch.get_num_threads() == 1
         assert torch.get_float32_matmul_precision() == "medium"
         assert torch.backends.cudnn.benchmark is True
@@ -235,7 +236,7 @@ def test_npu_compile_mode_goes_through_the_npu_backend(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_npu", fake)
     knobs = knob_set_from_dict({"npu": {"jit_compile": False}}, "n")
     applied = bootstrap.AppliedKnobs(knobs)
-    bootstrap.apply_npu(knobs, applied)
+    knob_specs.apply_npu(knobs.npu, applied)
     assert calls == [{"jit_compile": False}]
     assert applied.record["npu"] == {"jit_compile": False}
 
@@ -244,7 +245,7 @@ def test_npu_knob_without_torch_npu_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_npu", None)  # import fails
     knobs = knob_set_from_dict({"npu": {"jit_compile": True}}, "n")
     with pytest.raises(Exception, match="npu.jit_compile: torch_npu is not installed"):
-        bootstrap.apply_npu(knobs, bootstrap.AppliedKnobs(knobs))
+        knob_specs.apply_npu(knobs.npu, bootstrap.AppliedKnobs(knobs))
 
 
 def test_model_compiler_picks_the_top_level_model_and_unpatches(monkeypatch):
@@ -255,7 +256,7 @@ def test_model_compiler_picks_the_top_level_model_and_unpatches(monkeypatch):
     monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: compiled.append((type(self).__name__, kw)))
     original = nn.Module.__call__
     applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
-    compiler = bootstrap.ModelCompiler({"backend": "eager"}, applied)
+    compiler = knob_specs.ModelCompiler({"backend": "eager"}, applied)
     compiler.install()
     try:
         nn.ReLU()(torch.zeros(1))  # no parameters: not the model

@@ -11,14 +11,16 @@ Parsing imports nothing heavy (knob files are read before torch is imported).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from torchaxe.bind.plan import MODES
+from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed
 
 
 @dataclass(frozen=True)
-class BindKnob:
+class BindSettings:
     mode: str = "exclusive"
     cpus: str | None = None
     #: None: automatic (see torchaxe.bind.plan).
@@ -33,10 +35,10 @@ class BindKnob:
         return out
 
 
-def bind_from_dict(raw: Any, fail: Callable[[str, str], Any]) -> BindKnob:
+def bind_from_dict(raw: Any, fail: Callable[[str, str], Any]) -> BindSettings:
     """Validate the ``bind`` value; ``fail(key, message)`` raises the knob error."""
     if raw is True:
-        return BindKnob()
+        return BindSettings()
     if not isinstance(raw, dict):
         fail("bind", "expected true or an object with mode, cpus, loader_cores")
     for key in raw:
@@ -60,7 +62,7 @@ def bind_from_dict(raw: Any, fail: Callable[[str, str], Any]) -> BindKnob:
     loader = raw.get("loader_cores")
     if loader is not None and (isinstance(loader, bool) or not isinstance(loader, int) or loader < 0):
         fail("bind.loader_cores", "expected a number of cores, 0 or more")
-    return BindKnob(mode=mode, cpus=cpus, loader_cores=loader)
+    return BindSettings(mode=mode, cpus=cpus, loader_cores=loader)
 
 
 class BoundRun:
@@ -68,7 +70,7 @@ class BoundRun:
     process now (before torch is imported), and pin DataLoader workers while the
     script runs."""
 
-    def __init__(self, knob: BindKnob, note: Callable[[str, Any], None]) -> None:
+    def __init__(self, knob: BindSettings, note: Callable[[str, Any], None]) -> None:
         from torchaxe.bind.apply import apply_binding
         from torchaxe.bind.plan import plan_binding
         from torchaxe.bind.topology import read_topology
@@ -93,3 +95,21 @@ class BoundRun:
         if self._undo is not None:
             self._undo()
             self._undo = None
+
+
+class BindKnob(Knob):
+    """``bind``: bind the run as a one-rank plan says. Acts before torch is imported
+    (the process's CPUs and thread counts size torch's pools at import)."""
+
+    key = "bind"
+    before_torch = True
+    conflicts = {"cpu_affinity": "cpu_affinity pins the process too: give one of them"}
+
+    def parse(self, raw: Any, check: KnobCheck) -> BindSettings | None:
+        return None if raw is None else bind_from_dict(raw, check.fail)
+
+    def patch(self, value: BindSettings | None, applied: AppliedKnobs):
+        return installed(BoundRun(value, applied.note)) if value is not None else nullcontext()
+
+
+SPEC = BindKnob()

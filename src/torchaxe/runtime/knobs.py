@@ -12,157 +12,185 @@ A knob-set file is one JSON object (docs/trial.md)::
      "cpu_affinity": [0, 1],
      "npu": {"jit_compile": false}}
 
-Every key is optional; ``{}`` is the untouched run. Validation is strict: an unknown
-key or a value of the wrong kind is refused with one line naming the file and the key.
-This module imports neither torch nor anything else heavy: the bootstrap reads the file
-before torch is imported, so that environment variables and CPU affinity take effect
-on torch's own start-up.
+Every key but ``name`` belongs to one knob, a plugin (:class:`KnobSpec`) registered by
+import string in :data:`KNOB_SPECS`: it parses its own value, writes it back, and
+installs and uninstalls its own patch in the trial bootstrap. Adding a knob is one
+spec in its axis package and one line here; nothing else changes. Every key is
+optional; ``{}`` is the untouched run. Validation is strict: an unknown key or a value
+of the wrong kind is refused with one line naming the file and the key.
+
+This module imports neither torch nor any knob's axis package at import: the bootstrap
+reads the file before torch is imported, so that environment variables and CPU
+affinity take effect on torch's own start-up. Specs are imported on first use, and
+their modules import nothing heavy either.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from torchaxe.errors import TorchaxeError
 
-TOP_KEYS = ("name", "env", "torch", "compile", "dataloader", "cpu_affinity", "npu", "sources", "autocast", "bucketing", "tune",
-            "observe", "bind")
-MATMUL_PRECISIONS = ("highest", "high", "medium")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-#: DataLoader worker start methods (``dataloader.multiprocessing_context``).
-START_METHODS = ("fork", "spawn", "forkserver")
+#: The knobs, in the order the bootstrap applies them (and the order of a knob set's
+#: JSON form). The ones that must act before torch is imported come first. The three
+#: model patches (autocast, compile, tune) each find the model at its first call; the
+#: one applied last sees it first.
+KNOB_SPECS: tuple[str, ...] = (
+    "torchaxe.runtime.knob_specs:ENV",
+    "torchaxe.runtime.knob_specs:CPU_AFFINITY",
+    "torchaxe.bind.knob:SPEC",
+    "torchaxe.runtime.knob_specs:NPU",
+    "torchaxe.runtime.knob_specs:TORCH",
+    "torchaxe.data.knob:SPEC",
+    "torchaxe.runtime.knob_specs:OBSERVE",
+    "torchaxe.shapes.knob:SPEC",
+    "torchaxe.runtime.knob_specs:AUTOCAST",
+    "torchaxe.runtime.knob_specs:COMPILE",
+    "torchaxe.tune.knob:SPEC",
+    "torchaxe.runtime.knob_specs:SOURCES",
+)
 
 
 class KnobError(TorchaxeError):
     """A knob-set file that cannot be used, in one line: ``FILE: KEY: what is wrong``."""
 
 
-@dataclass(frozen=True)
-class TorchKnobs:
-    cudnn_benchmark: bool | None = None
-    matmul_precision: str | None = None
-    num_threads: int | None = None
-    interop_threads: int | None = None
+class AppliedKnobs:
+    """What the bootstrap actually did, for the profile (tests and users check it)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+    def __init__(self, knobs: "KnobSet") -> None:
+        self.record: dict[str, Any] = {"name": knobs.name, "requested": knobs.to_dict()}
 
-
-@dataclass(frozen=True)
-class CompileKnobs:
-    """``torch.compile`` of the model: the first module with parameters that the
-    script calls from outside any other module (see bootstrap.py)."""
-
-    mode: str | None = None
-    dynamic: bool | None = None
-    backend: str = "inductor"
-    fullgraph: bool = False
-
-    def kwargs(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
-        if self.mode is not None and self.mode != "default":
-            out["mode"] = self.mode
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "dynamic": self.dynamic, "backend": self.backend, "fullgraph": self.fullgraph}
+    def note(self, key: str, value: Any) -> None:
+        self.record[key] = value
 
 
-@dataclass(frozen=True)
-class DataLoaderKnobs:
-    num_workers: int | None = None
-    pin_memory: bool | None = None
-    persistent_workers: bool | None = None
-    prefetch_factor: int | None = None
-    #: The workers' start method (``fork``, ``spawn``, ``forkserver``).
-    multiprocessing_context: str | None = None
-    #: Seconds a worker batch may take before the loader raises (a hung loader).
-    timeout: float | None = None
+class KnobSpec(Protocol):
+    """One knob: a top-level key of a knob set and everything torchaxe does with it."""
 
-    def overrides(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+    #: The key in the knob-set JSON.
+    key: str
+    #: The :class:`KnobSet` attribute that holds the parsed value (usually ``key``).
+    attribute: str
+    #: Applied before torch is imported (environment variables, CPU affinity).
+    before_torch: bool
+    #: Other keys this knob cannot be given with, each with the one-line reason.
+    conflicts: Mapping[str, str]
 
-    to_dict = overrides
+    def default(self) -> Any:
+        """The value of a knob set that does not give the key (the untouched run)."""
 
+    def parse(self, raw: Any, check: "KnobCheck") -> Any:
+        """The validated, immutable value of ``raw``; errors through ``check.fail``."""
 
-@dataclass(frozen=True)
-class NpuKnobs:
-    jit_compile: bool | None = None
+    def to_json(self, value: Any) -> Any:
+        """The JSON form of ``value``, as the file gives it; ``None`` or empty to leave it out."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
-
-
-AUTOCAST_DTYPES = ("bfloat16", "float16")
+    def patch(self, value: Any, applied: AppliedKnobs) -> AbstractContextManager[Any]:
+        """Apply ``value`` on enter (noting what was done in ``applied``), undo it on exit."""
 
 
-@dataclass(frozen=True)
-class AutocastKnobs:
-    """Mixed precision: the model's forward runs under ``torch.autocast`` with this dtype."""
+class Knob:
+    """Defaults for a :class:`KnobSpec`: a knob with no conflicts, applied after torch
+    is imported, whose default is ``None`` and whose value writes itself back with
+    ``to_dict()``."""
 
-    dtype: str
+    key: str = ""
+    attribute: str = ""
+    before_torch: bool = False
+    conflicts: Mapping[str, str] = {}
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype}
+    def __init__(self) -> None:
+        if not self.attribute:
+            self.attribute = self.key
+
+    def default(self) -> Any:
+        return None
+
+    def to_json(self, value: Any) -> Any:
+        return None if value is None else value.to_dict()
+
+    def __repr__(self) -> str:
+        return f"<knob {self.key}>"
 
 
-@dataclass(frozen=True)
+def _load(reference: str) -> KnobSpec:
+    module, _, name = reference.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+_SPECS: list[KnobSpec] = []
+
+
+def knob_specs() -> Sequence[KnobSpec]:
+    """Every registered knob, in application order (imported on first use)."""
+    if not _SPECS:
+        _SPECS.extend(_load(reference) for reference in KNOB_SPECS)
+    return _SPECS
+
+
+def _by_attribute() -> dict[str, KnobSpec]:
+    return {spec.attribute: spec for spec in knob_specs()}
+
+
+def top_keys() -> tuple[str, ...]:
+    """The keys a knob-set object may have."""
+    return ("name",) + tuple(spec.key for spec in knob_specs())
+
+
+@dataclass(frozen=True, init=False)
 class KnobSet:
-    """One set of knobs. ``env`` maps a variable to its value, or to ``None`` to unset it."""
+    """One set of knobs: a name and, for each knob the set gives, its parsed value.
+
+    Each knob's value is read as an attribute named after it (``knobs.env``,
+    ``knobs.compile``, ``knobs.observe_loss``); a knob the set does not give reads as
+    its spec's default. ``KnobSet(name="x", env={...})`` builds one from parsed values,
+    and ``dataclasses.replace(knobs, name="y")`` renames one.
+    """
 
     name: str
-    env: dict[str, str | None] = field(default_factory=dict)
-    torch: TorchKnobs = field(default_factory=TorchKnobs)
-    compile: CompileKnobs | None = None
-    dataloader: DataLoaderKnobs = field(default_factory=DataLoaderKnobs)
-    cpu_affinity: tuple[int, ...] | None = None
-    npu: NpuKnobs = field(default_factory=NpuKnobs)
-    #: Source files read in place of the user's (original path -> replacement path):
-    #: how a code fix is measured before it is applied (runtime/overlay.py).
-    sources: dict[str, str] = field(default_factory=dict)
-    autocast: AutocastKnobs | None = None
-    #: Record the training loss of every step (the scalar ``backward()`` is called
-    #: on) into the profile's applied knobs: how ``advise --check-accuracy`` compares runs.
-    observe_loss: bool = False
-    #: Pad every DataLoader's batches to a few sizes (torchaxe.shapes.knob).
-    bucketing: Any = None
-    #: Apply the knowledge base's tuned winners to the model (torchaxe.tune.knob).
-    tune: dict[str, Any] | None = None
-    #: Bind the run as a one-rank core-binding plan says (torchaxe.bind.knob).
-    bind: Any = None
+    #: attribute -> parsed value, for the knobs this set gives.
+    values: Mapping[str, Any]
     #: The file it was read from, for messages.
-    source: str | None = None
+    source: str | None
+
+    def __init__(self, name: str, values: Mapping[str, Any] | None = None, source: str | None = None,
+                 **knobs: Any) -> None:
+        merged = {**(values or {}), **knobs}
+        specs = _by_attribute()
+        for attribute in merged:
+            if attribute not in specs:
+                raise TypeError(f"KnobSet: no knob holds {attribute!r} (knobs: {', '.join(specs)})")
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "values", merged)
+        object.__setattr__(self, "source", source)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__") or attribute in ("name", "values", "source"):
+            raise AttributeError(attribute)
+        spec = _by_attribute().get(attribute)
+        if spec is None:
+            raise AttributeError(f"KnobSet has no knob {attribute!r}")
+        return self.values[attribute] if attribute in self.values else spec.default()
+
+    def active(self, *, before_torch: bool) -> list[tuple[KnobSpec, Any]]:
+        """The knobs this set gives whose patch runs in the given phase, in order."""
+        return [(spec, self.values[spec.attribute]) for spec in knob_specs()
+                if spec.attribute in self.values and spec.before_torch == before_torch]
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (the file format, with every given key; ``name`` included)."""
         out: dict[str, Any] = {"name": self.name}
-        if self.env:
-            out["env"] = dict(self.env)
-        if self.torch.to_dict():
-            out["torch"] = self.torch.to_dict()
-        if self.compile is not None:
-            out["compile"] = self.compile.to_dict()
-        if self.dataloader.to_dict():
-            out["dataloader"] = self.dataloader.to_dict()
-        if self.cpu_affinity is not None:
-            out["cpu_affinity"] = list(self.cpu_affinity)
-        if self.npu.to_dict():
-            out["npu"] = self.npu.to_dict()
-        if self.sources:
-            out["sources"] = dict(self.sources)
-        if self.autocast is not None:
-            out["autocast"] = self.autocast.to_dict()
-        if self.observe_loss:
-            out["observe"] = {"loss": True}
-        if self.bucketing is not None:
-            out["bucketing"] = self.bucketing.to_dict()
-        if self.tune is not None:
-            out["tune"] = dict(self.tune)
-        if self.bind is not None:
-            out["bind"] = self.bind.to_dict()
+        for spec in knob_specs():
+            if spec.attribute in self.values:
+                value = spec.to_json(self.values[spec.attribute])
+                if value is not None and value != {} and value != []:
+                    out[spec.key] = value
         return out
 
     @property
@@ -178,7 +206,10 @@ class KnobSet:
 # ------------------------------------------------------------------ validation
 
 
-class _Check:
+class KnobCheck:
+    """The one error convention of knob parsing: ``fail(key, message)`` raises a
+    :class:`KnobError` that starts with where the knobs came from and the key."""
+
     def __init__(self, where: str) -> None:
         self.where = where
 
@@ -187,7 +218,7 @@ class _Check:
 
     def obj(self, value: Any, key: str, allowed: tuple[str, ...]) -> dict[str, Any]:
         if not isinstance(value, dict):
-            self.fail(key, f"expected an object, got {_kind(value)}")
+            self.fail(key, f"expected an object, got {kind(value)}")
         for k in value:
             if k not in allowed:
                 self.fail(f"{key}.{k}" if key else k, f"unknown key (expected one of {', '.join(allowed)})")
@@ -197,14 +228,14 @@ class _Check:
         if value is None and optional:
             return None
         if not isinstance(value, bool):
-            self.fail(key, f"expected true or false, got {_kind(value)}")
+            self.fail(key, f"expected true or false, got {kind(value)}")
         return value
 
     def int(self, value: Any, key: str, minimum: int) -> int | None:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, f"expected an integer, got {_kind(value)}")
+            self.fail(key, f"expected an integer, got {kind(value)}")
         if value < minimum:
             self.fail(key, f"{value} is below the minimum {minimum}")
         return value
@@ -217,7 +248,8 @@ class _Check:
         return value
 
 
-def _kind(value: Any) -> str:
+def kind(value: Any) -> str:
+    """How a JSON value reads in an error message ("string \\"2\\"", "a list")."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -233,121 +265,24 @@ def _kind(value: Any) -> str:
 
 def knob_set_from_dict(data: Any, where: str, default_name: str = "knobs") -> KnobSet:
     """Validate one knob set; ``where`` (usually the file name) starts every error."""
-    c = _Check(where)
+    c = KnobCheck(where)
     if not isinstance(data, dict):
-        raise KnobError(f"{where}: expected a JSON object of knobs, got {_kind(data)}")
-    c.obj(data, "", TOP_KEYS)
+        raise KnobError(f"{where}: expected a JSON object of knobs, got {kind(data)}")
+    c.obj(data, "", top_keys())
 
     name = data.get("name", default_name)
     if not isinstance(name, str) or not name.strip():
-        c.fail("name", f"expected a non-empty string, got {_kind(name)}")
+        c.fail("name", f"expected a non-empty string, got {kind(name)}")
 
-    env: dict[str, str | None] = {}
-    raw_env = data.get("env", {})
-    if not isinstance(raw_env, dict):
-        c.fail("env", f"expected an object of variable names to strings, got {_kind(raw_env)}")
-    for var, value in raw_env.items():
-        if not var or "=" in var or "\0" in var:
-            c.fail(f"env.{var}", "not a valid environment variable name")
-        if value is not None and not isinstance(value, str):
-            c.fail(f"env.{var}", f"expected a string (or null to unset it), got {_kind(value)}")
-        env[var] = value
-
-    t = c.obj(data.get("torch", {}), "torch", ("cudnn_benchmark", "matmul_precision", "num_threads", "interop_threads"))
-    torch_knobs = TorchKnobs(
-        cudnn_benchmark=c.bool(t.get("cudnn_benchmark"), "torch.cudnn_benchmark"),
-        matmul_precision=c.choice(t.get("matmul_precision"), "torch.matmul_precision", MATMUL_PRECISIONS),
-        num_threads=c.int(t.get("num_threads"), "torch.num_threads", 1),
-        interop_threads=c.int(t.get("interop_threads"), "torch.interop_threads", 1),
-    )
-
-    compile_knobs = None
-    if "compile" in data and data["compile"] is not None:
-        raw = data["compile"]
-        if raw is True:
-            raw = {}
-        m = c.obj(raw, "compile", ("mode", "dynamic", "backend", "fullgraph"))
-        backend = m.get("backend", "inductor")
-        if not isinstance(backend, str) or not backend:
-            c.fail("compile.backend", f"expected a backend name such as \"inductor\" or \"eager\", got {_kind(backend)}")
-        compile_knobs = CompileKnobs(
-            mode=c.choice(m.get("mode"), "compile.mode", COMPILE_MODES),
-            dynamic=c.bool(m.get("dynamic"), "compile.dynamic"),
-            backend=backend,
-            fullgraph=bool(c.bool(m.get("fullgraph"), "compile.fullgraph")),
-        )
-
-    dl = c.obj(data.get("dataloader", {}), "dataloader",
-               ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "multiprocessing_context",
-                "timeout"))
-    loader_timeout = dl.get("timeout")
-    if loader_timeout is not None and (isinstance(loader_timeout, bool) or not isinstance(loader_timeout, (int, float))
-                                       or not loader_timeout > 0 or loader_timeout == float("inf")):
-        c.fail("dataloader.timeout", f"expected a positive number of seconds, got {_kind(loader_timeout)}")
-    loader = DataLoaderKnobs(
-        num_workers=c.int(dl.get("num_workers"), "dataloader.num_workers", 0),
-        pin_memory=c.bool(dl.get("pin_memory"), "dataloader.pin_memory"),
-        persistent_workers=c.bool(dl.get("persistent_workers"), "dataloader.persistent_workers"),
-        prefetch_factor=c.int(dl.get("prefetch_factor"), "dataloader.prefetch_factor", 1),
-        multiprocessing_context=c.choice(dl.get("multiprocessing_context"), "dataloader.multiprocessing_context",
-                                         START_METHODS),
-        timeout=float(loader_timeout) if loader_timeout is not None else None,
-    )
-
-    affinity = None
-    raw_aff = data.get("cpu_affinity")
-    if raw_aff is not None:
-        if not isinstance(raw_aff, list) or not raw_aff:
-            c.fail("cpu_affinity", f"expected a non-empty list of CPU numbers, got {_kind(raw_aff)}")
-        for i, cpu in enumerate(raw_aff):
-            c.int(cpu, f"cpu_affinity[{i}]", 0)
-        affinity = tuple(sorted(set(raw_aff)))
-
-    n = c.obj(data.get("npu", {}), "npu", ("jit_compile",))
-    npu = NpuKnobs(jit_compile=c.bool(n.get("jit_compile"), "npu.jit_compile"))
-
-    raw_sources = data.get("sources", {})
-    if not isinstance(raw_sources, dict):
-        c.fail("sources", f"expected an object of original path to replacement path, got {_kind(raw_sources)}")
-    sources: dict[str, str] = {}
-    for original, replacement in raw_sources.items():
-        if not original or not isinstance(replacement, str) or not replacement:
-            c.fail(f"sources.{original}", f"expected a replacement file path, got {_kind(replacement)}")
-        sources[original] = replacement
-
-    observe = c.obj(data.get("observe", {}), "observe", ("loss",))
-    c.bool(observe.get("loss"), "observe.loss")
-
-    autocast = None
-    if data.get("autocast") is not None:
-        a = c.obj(data["autocast"], "autocast", ("dtype",))
-        dtype = c.choice(a.get("dtype", "bfloat16"), "autocast.dtype", AUTOCAST_DTYPES)
-        autocast = AutocastKnobs(dtype=dtype or "bfloat16")
-
-    bucketing = None
-    if data.get("bucketing") is not None:
-        from torchaxe.shapes.knob import bucketing_from_dict
-
-        bucketing = bucketing_from_dict(data["bucketing"], c.fail)
-
-    tune = None
-    if data.get("tune") is not None:
-        from torchaxe.tune.knob import parse_tune_knob
-
-        tune = parse_tune_knob(data["tune"], where)
-
-    bind = None
-    if data.get("bind") is not None:
-        from torchaxe.bind.knob import bind_from_dict
-
-        bind = bind_from_dict(data["bind"], c.fail)
-        if affinity is not None:
-            c.fail("bind", "cpu_affinity pins the process too: give one of them")
-
-    return KnobSet(name=name.strip(), env=env, torch=torch_knobs, compile=compile_knobs, dataloader=loader,
-                   cpu_affinity=affinity, npu=npu, sources=sources, autocast=autocast,
-                   observe_loss=bool(observe.get("loss")), bucketing=bucketing, source=where, tune=tune,
-                   bind=bind)
+    values: dict[str, Any] = {}
+    for spec in knob_specs():
+        if spec.key in data:
+            values[spec.attribute] = spec.parse(data[spec.key], c)
+    for spec in knob_specs():
+        for other, reason in spec.conflicts.items():
+            if data.get(spec.key) is not None and data.get(other) is not None:
+                c.fail(spec.key, reason)
+    return KnobSet(name.strip(), values, where)
 
 
 def load_knob_set(path: str | Path) -> KnobSet:
@@ -364,3 +299,13 @@ def load_knob_set(path: str | Path) -> KnobSet:
     except json.JSONDecodeError as exc:
         raise KnobError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     return knob_set_from_dict(data, str(path), default_name=p.stem)
+
+
+@contextmanager
+def installed(patch: Any) -> Iterator[Any]:
+    """Calls ``patch.install()`` on enter and ``patch.uninstall()`` on exit."""
+    patch.install()
+    try:
+        yield patch
+    finally:
+        patch.uninstall()

@@ -15,8 +15,11 @@ same numbers. Validation here is stdlib-only; torch is imported when installing.
 from __future__ import annotations
 
 import inspect
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed
 
 
 @dataclass(frozen=True)
@@ -111,3 +114,18 @@ class CollateBucketing:
 
             DataLoader.__init__ = self._original
             self._original = None
+
+
+class BucketingKnob(Knob):
+    """``bucketing``: pad every DataLoader's batches to a few sizes."""
+
+    key = "bucketing"
+
+    def parse(self, raw: Any, check: KnobCheck) -> BucketingKnobs | None:
+        return None if raw is None else bucketing_from_dict(raw, check.fail)
+
+    def patch(self, value: BucketingKnobs | None, applied: AppliedKnobs):
+        return installed(CollateBucketing(value, applied.note)) if value is not None else nullcontext()
+
+
+SPEC = BucketingKnob()

@@ -13,37 +13,38 @@ without touching the script. Validation here imports nothing heavy.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable
 
-from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed
 
 KEYS = ("kb", "depth", "whole_model", "min_gain", "compile_backend")
 
 
-def parse_tune_knob(value: Any, where: str) -> dict[str, Any]:
-    """Validate the ``tune`` object of a knob set; errors name the file and the key."""
+def parse_tune_knob(value: Any, fail: Callable[[str, str], Any]) -> dict[str, Any]:
+    """Validate the ``tune`` object of a knob set; ``fail(key, message)`` raises the knob error."""
     if value is True:
         value = {}
     if not isinstance(value, dict):
-        raise TorchaxeError(f"{where}: tune: expected an object such as {{\"kb\": \"kb.sqlite\"}}")
+        fail("tune", "expected an object such as {\"kb\": \"kb.sqlite\"}")
     for key in value:
         if key not in KEYS:
-            raise TorchaxeError(f"{where}: tune.{key}: unknown key (expected one of {', '.join(KEYS)})")
+            fail(f"tune.{key}", f"unknown key (expected one of {', '.join(KEYS)})")
     kb = value.get("kb")
     if kb is not None and (not isinstance(kb, str) or not kb):
-        raise TorchaxeError(f"{where}: tune.kb: expected a file path")
+        fail("tune.kb", "expected a file path")
     depth = value.get("depth", 1)
     if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-        raise TorchaxeError(f"{where}: tune.depth: expected an integer of at least 1")
+        fail("tune.depth", "expected an integer of at least 1")
     whole = value.get("whole_model", True)
     if not isinstance(whole, bool):
-        raise TorchaxeError(f"{where}: tune.whole_model: expected true or false")
+        fail("tune.whole_model", "expected true or false")
     gain = value.get("min_gain", 0.05)
     if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= gain < 1:
-        raise TorchaxeError(f"{where}: tune.min_gain: expected a number in [0, 1)")
+        fail("tune.min_gain", "expected a number in [0, 1)")
     backend = value.get("compile_backend", "inductor")
     if not isinstance(backend, str) or not backend:
-        raise TorchaxeError(f"{where}: tune.compile_backend: expected a backend name such as \"inductor\"")
+        fail("tune.compile_backend", "expected a backend name such as \"inductor\"")
     return {"kb": kb, "depth": depth, "whole_model": whole, "min_gain": float(gain), "compile_backend": backend}
 
 
@@ -81,3 +82,21 @@ class TunedModel:
         if self._finder is not None:
             self._finder.uninstall()
             self._finder = None
+
+
+class TuneKnob(Knob):
+    """``tune``: apply the knowledge base's tuned winners to the model (``true`` for the defaults)."""
+
+    key = "tune"
+
+    def parse(self, raw: Any, check: KnobCheck) -> dict[str, Any] | None:
+        return None if raw is None else parse_tune_knob(raw, check.fail)
+
+    def to_json(self, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else dict(value)
+
+    def patch(self, value: dict[str, Any] | None, applied: AppliedKnobs):
+        return installed(TunedModel(value, applied.note)) if value is not None else nullcontext()
+
+
+SPEC = TuneKnob()

@@ -1,0 +1,140 @@
+"""The ``dataloader`` knob: DataLoader settings for every loader the script builds,
+without editing the script::
+
+    {"dataloader": {"num_workers": 2, "pin_memory": true, "persistent_workers": true,
+                    "prefetch_factor": 4, "multiprocessing_context": "fork", "timeout": 60}}
+
+The bootstrap patches ``DataLoader.__init__`` while the script runs
+(:class:`DataLoaderOverride`). Parsing imports nothing heavy; torch is imported when
+the patch is installed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed, kind
+
+#: DataLoader worker start methods (``dataloader.multiprocessing_context``).
+START_METHODS = ("fork", "spawn", "forkserver")
+KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "multiprocessing_context", "timeout")
+
+
+@dataclass(frozen=True)
+class DataLoaderKnobs:
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    #: The workers' start method (``fork``, ``spawn``, ``forkserver``).
+    multiprocessing_context: str | None = None
+    #: Seconds a worker batch may take before the loader raises (a hung loader).
+    timeout: float | None = None
+
+    def overrides(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    to_dict = overrides
+
+
+class DataLoaderOverride:
+    """Patches ``DataLoader.__init__`` so that every loader the script builds gets the
+    knob's keywords, whether the script passed them by position, by name or not at all.
+    ``prefetch_factor``, ``persistent_workers`` and ``multiprocessing_context`` need
+    worker processes: on a loader that ends up with ``num_workers=0`` they are left out
+    (torch refuses them there). The worker count of a loader over an
+    ``IterableDataset`` is never changed: each worker iterates such a dataset whole
+    unless it splits itself by ``get_worker_info()``, so another count could repeat or
+    drop samples."""
+
+    def __init__(self, overrides: dict[str, Any], applied: AppliedKnobs) -> None:
+        self.overrides = overrides
+        self.applied = applied
+        self.loaders: list[dict[str, Any]] = []
+        self._original = None
+
+    def install(self) -> None:
+        if not self.overrides:
+            return
+        from torch.utils.data import DataLoader
+
+        original = DataLoader.__init__
+        self._original = original
+        signature = inspect.signature(original)
+        override = self
+
+        def __init__(loader, *args, **kwargs):
+            try:
+                bound = signature.bind(loader, *args, **kwargs)
+            except TypeError:
+                return original(loader, *args, **kwargs)  # let torch say what is wrong
+            arguments = bound.arguments
+            settings = dict(override.overrides)
+            dataset = arguments.get("dataset")
+            from torch.utils.data import IterableDataset
+
+            if isinstance(dataset, IterableDataset) and "num_workers" in settings \
+                    and settings["num_workers"] != arguments.get("num_workers", 0):
+                # Each worker of an iterable dataset iterates it whole unless the
+                # dataset splits itself by get_worker_info(): another worker count
+                # could repeat or drop samples. Left as the script wrote it.
+                settings.pop("num_workers")
+            workers = settings.get("num_workers", arguments.get("num_workers", 0))
+            if not workers:
+                settings.pop("prefetch_factor", None)
+                settings.pop("persistent_workers", None)
+                settings.pop("multiprocessing_context", None)
+            arguments.update(settings)
+            final = {k: arguments.get(k, signature.parameters[k].default) for k in KEYS if k in signature.parameters}
+            context = final.get("multiprocessing_context")
+            if context is not None and not isinstance(context, str):  # a context object: its method's name
+                final["multiprocessing_context"] = getattr(context, "get_start_method", lambda: str(context))()
+            override.loaders.append(final)
+            override.applied.note("dataloader", {"overrides": override.overrides, "loaders": override.loaders})
+            return original(*bound.args, **bound.kwargs)
+
+        __init__.__wrapped__ = original  # type: ignore[attr-defined]
+        DataLoader.__init__ = __init__
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            from torch.utils.data import DataLoader
+
+            DataLoader.__init__ = self._original
+            self._original = None
+
+
+class DataLoaderKnob(Knob):
+    """``dataloader``: worker count, pinning, persistence, prefetch depth, start method
+    and timeout of every DataLoader the script builds."""
+
+    key = "dataloader"
+
+    def default(self) -> DataLoaderKnobs:
+        return DataLoaderKnobs()
+
+    def parse(self, raw: Any, check: KnobCheck) -> DataLoaderKnobs:
+        dl = check.obj(raw, "dataloader", KEYS)
+        timeout = dl.get("timeout")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout > 0 or timeout == float("inf")):
+            check.fail("dataloader.timeout", f"expected a positive number of seconds, got {kind(timeout)}")
+        return DataLoaderKnobs(
+            num_workers=check.int(dl.get("num_workers"), "dataloader.num_workers", 0),
+            pin_memory=check.bool(dl.get("pin_memory"), "dataloader.pin_memory"),
+            persistent_workers=check.bool(dl.get("persistent_workers"), "dataloader.persistent_workers"),
+            prefetch_factor=check.int(dl.get("prefetch_factor"), "dataloader.prefetch_factor", 1),
+            multiprocessing_context=check.choice(dl.get("multiprocessing_context"), "dataloader.multiprocessing_context",
+                                                 START_METHODS),
+            timeout=float(timeout) if timeout is not None else None,
+        )
+
+    def patch(self, value: DataLoaderKnobs, applied: AppliedKnobs):
+        overrides = value.overrides()
+        return installed(DataLoaderOverride(overrides, applied)) if overrides else nullcontext()
+
+
+SPEC = DataLoaderKnob()

@@ -1,0 +1,433 @@
+"""The knobs that belong to no single axis: environment variables, CPU affinity,
+torch settings, the npu compile mode, mixed precision, ``torch.compile`` of the model,
+the loss record and source overlays. Each is one :class:`~torchaxe.runtime.knobs.KnobSpec`
+registered in ``runtime/knobs.py``; the axes keep theirs in their own packages
+(``data/knob.py``, ``shapes/knob.py``, ``tune/knob.py``, ``bind/knob.py``).
+
+Parsing imports nothing heavy; torch is imported only when a patch is applied.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.first_model import FirstModel
+from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed, kind
+
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+AUTOCAST_DTYPES = ("bfloat16", "float16")
+
+
+# ------------------------------------------------------------------ env
+
+
+def apply_environment(env: dict[str, str | None], applied: AppliedKnobs, environ: Any = os.environ) -> None:
+    for var, value in env.items():
+        if value is None:
+            environ.pop(var, None)
+        else:
+            environ[var] = value
+    if env:
+        applied.note("env", dict(env))
+
+
+class EnvKnob(Knob):
+    """``env``: variables to set, or to unset (``null``), before torch is imported."""
+
+    key = "env"
+    before_torch = True
+
+    def default(self) -> dict[str, str | None]:
+        return {}
+
+    def parse(self, raw: Any, check: KnobCheck) -> dict[str, str | None]:
+        if not isinstance(raw, dict):
+            check.fail("env", f"expected an object of variable names to strings, got {kind(raw)}")
+        env: dict[str, str | None] = {}
+        for var, value in raw.items():
+            if not var or "=" in var or "\0" in var:
+                check.fail(f"env.{var}", "not a valid environment variable name")
+            if value is not None and not isinstance(value, str):
+                check.fail(f"env.{var}", f"expected a string (or null to unset it), got {kind(value)}")
+            env[var] = value
+        return env
+
+    def to_json(self, value: dict[str, str | None]) -> dict[str, str | None]:
+        return dict(value)
+
+    def patch(self, value: dict[str, str | None], applied: AppliedKnobs):
+        apply_environment(value, applied)
+        return nullcontext()
+
+
+# ------------------------------------------------------------------ cpu_affinity
+
+
+def apply_affinity(cpus: tuple[int, ...], applied: AppliedKnobs) -> None:
+    if not hasattr(os, "sched_setaffinity"):
+        raise TorchaxeError("cpu_affinity: this platform has no os.sched_setaffinity")
+    try:
+        os.sched_setaffinity(0, set(cpus))
+    except (OSError, ValueError) as exc:
+        raise TorchaxeError(f"cpu_affinity {list(cpus)}: cannot pin to these CPUs: {exc}") from None
+    applied.note("cpu_affinity", sorted(os.sched_getaffinity(0)))
+
+
+class CpuAffinityKnob(Knob):
+    """``cpu_affinity``: the CPUs the run may use, set before torch sizes its thread pools."""
+
+    key = "cpu_affinity"
+    before_torch = True
+
+    def parse(self, raw: Any, check: KnobCheck) -> tuple[int, ...] | None:
+        if raw is None:
+            return None
+        if not isinstance(raw, list) or not raw:
+            check.fail("cpu_affinity", f"expected a non-empty list of CPU numbers, got {kind(raw)}")
+        for i, cpu in enumerate(raw):
+            check.int(cpu, f"cpu_affinity[{i}]", 0)
+        return tuple(sorted(set(raw)))
+
+    def to_json(self, value: tuple[int, ...] | None) -> list[int] | None:
+        return None if value is None else list(value)
+
+    def patch(self, value: tuple[int, ...] | None, applied: AppliedKnobs):
+        if value is not None:
+            apply_affinity(value, applied)
+        return nullcontext()
+
+
+# ------------------------------------------------------------------ npu
+
+
+@dataclass(frozen=True)
+class NpuKnobs:
+    jit_compile: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+def apply_npu(npu_knobs: NpuKnobs, applied: AppliedKnobs) -> None:
+    """The operator compile mode, through the npu backend (which imports ``torch_npu``)."""
+    if npu_knobs.jit_compile is None:
+        return
+    from torchaxe.backends import npu
+
+    try:
+        npu.set_compile_mode(npu_knobs.jit_compile)
+    except ModuleNotFoundError:
+        raise TorchaxeError("npu.jit_compile: torch_npu is not installed here") from None
+    applied.note("npu", {"jit_compile": npu_knobs.jit_compile})
+
+
+class NpuKnob(Knob):
+    """``npu``: ``torch_npu.npu.set_compile_mode(jit_compile=...)`` (unverified on hardware)."""
+
+    key = "npu"
+
+    def default(self) -> NpuKnobs:
+        return NpuKnobs()
+
+    def parse(self, raw: Any, check: KnobCheck) -> NpuKnobs:
+        n = check.obj(raw, "npu", ("jit_compile",))
+        return NpuKnobs(jit_compile=check.bool(n.get("jit_compile"), "npu.jit_compile"))
+
+    def patch(self, value: NpuKnobs, applied: AppliedKnobs):
+        apply_npu(value, applied)
+        return nullcontext()
+
+
+# ------------------------------------------------------------------ torch
+
+
+@dataclass(frozen=True)
+class TorchKnobs:
+    cudnn_benchmark: bool | None = None
+    matmul_precision: str | None = None
+    num_threads: int | None = None
+    interop_threads: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+def apply_torch(t: TorchKnobs, applied: AppliedKnobs) -> None:
+    import torch
+
+    done: dict[str, Any] = {}
+    if t.cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = t.cudnn_benchmark
+        done["cudnn_benchmark"] = torch.backends.cudnn.benchmark
+    if t.matmul_precision is not None:
+        torch.set_float32_matmul_precision(t.matmul_precision)
+        done["matmul_precision"] = torch.get_float32_matmul_precision()
+    if t.num_threads is not None:
+        torch.set_num_threads(t.num_threads)
+        done["num_threads"] = torch.get_num_threads()
+    if t.interop_threads is not None:
+        try:
+            torch.set_num_interop_threads(t.interop_threads)
+        except RuntimeError as exc:
+            raise TorchaxeError(f"torch.interop_threads: {exc}") from None
+        done["interop_threads"] = torch.get_num_interop_threads()
+    if done:
+        applied.note("torch", done)
+
+
+class TorchKnob(Knob):
+    """``torch``: cudnn.benchmark, float32 matmul precision and the thread counts."""
+
+    key = "torch"
+
+    def default(self) -> TorchKnobs:
+        return TorchKnobs()
+
+    def parse(self, raw: Any, check: KnobCheck) -> TorchKnobs:
+        t = check.obj(raw, "torch", ("cudnn_benchmark", "matmul_precision", "num_threads", "interop_threads"))
+        return TorchKnobs(
+            cudnn_benchmark=check.bool(t.get("cudnn_benchmark"), "torch.cudnn_benchmark"),
+            matmul_precision=check.choice(t.get("matmul_precision"), "torch.matmul_precision", MATMUL_PRECISIONS),
+            num_threads=check.int(t.get("num_threads"), "torch.num_threads", 1),
+            interop_threads=check.int(t.get("interop_threads"), "torch.interop_threads", 1),
+        )
+
+    def patch(self, value: TorchKnobs, applied: AppliedKnobs):
+        apply_torch(value, applied)
+        return nullcontext()
+
+
+# ------------------------------------------------------------------ observe
+
+
+class LossRecorder:
+    """Records the value of every scalar tensor ``backward()`` is called on (the
+    loss), by patching ``torch.Tensor.backward``. Reading it synchronises the device
+    once per step, so it is only installed when asked for (``observe.loss``)."""
+
+    LIMIT = 10_000
+
+    def __init__(self, applied: AppliedKnobs) -> None:
+        self.values: list[float] = []
+        self._original = None
+        applied.note("loss", self.values)
+
+    def install(self) -> None:
+        import torch
+
+        original = torch.Tensor.backward
+        self._original = original
+        values = self.values
+
+        def backward(tensor, *args, **kwargs):
+            if tensor.numel() == 1 and len(values) < self.LIMIT:
+                values.append(float(tensor.detach().float().cpu()))
+            return original(tensor, *args, **kwargs)
+
+        torch.Tensor.backward = backward
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            import torch
+
+            torch.Tensor.backward = self._original
+            self._original = None
+
+
+class ObserveKnob(Knob):
+    """``observe``: ``{"loss": true}`` records the training loss of every step (the
+    scalar ``backward()`` is called on): how ``advise --check-accuracy`` compares runs."""
+
+    key = "observe"
+    attribute = "observe_loss"
+
+    def default(self) -> bool:
+        return False
+
+    def parse(self, raw: Any, check: KnobCheck) -> bool:
+        observe = check.obj(raw, "observe", ("loss",))
+        return bool(check.bool(observe.get("loss"), "observe.loss"))
+
+    def to_json(self, value: bool) -> dict[str, bool] | None:
+        return {"loss": True} if value else None
+
+    def patch(self, value: bool, applied: AppliedKnobs):
+        return installed(LossRecorder(applied)) if value else nullcontext()
+
+
+# ------------------------------------------------------------------ autocast
+
+
+@dataclass(frozen=True)
+class AutocastKnobs:
+    """Mixed precision: the model's forward runs under ``torch.autocast`` with this dtype."""
+
+    dtype: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype}
+
+
+class ModelAutocast(FirstModel):
+    """Runs the model's forward under ``torch.autocast`` (mixed precision) without
+    touching the script: "the model" is found as :class:`ModelCompiler` finds it, and
+    its ``forward`` is wrapped on the instance at its first call. The autocast device
+    is the one its parameters live on."""
+
+    def __init__(self, dtype: str, applied: AppliedKnobs) -> None:
+        super().__init__(self.wrap)
+        self.dtype = dtype
+        self.applied = applied
+
+    def wrap(self, module: Any) -> None:
+        import functools
+
+        import torch
+
+        device_type = next(module.parameters()).device.type
+        dtype = getattr(torch, self.dtype)
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def autocast_forward(*args, **kwargs):
+            with torch.autocast(device_type=device_type, dtype=dtype):
+                return forward(*args, **kwargs)
+
+        module.forward = autocast_forward
+        self.applied.note("autocast", {"module": type(module).__qualname__, "device_type": device_type,
+                                       "dtype": self.dtype})
+
+
+class AutocastKnob(Knob):
+    """``autocast``: ``{"dtype": "bfloat16"}`` runs the model's forward in mixed precision."""
+
+    key = "autocast"
+
+    def parse(self, raw: Any, check: KnobCheck) -> AutocastKnobs | None:
+        if raw is None:
+            return None
+        a = check.obj(raw, "autocast", ("dtype",))
+        dtype = check.choice(a.get("dtype", "bfloat16"), "autocast.dtype", AUTOCAST_DTYPES)
+        return AutocastKnobs(dtype=dtype or "bfloat16")
+
+    def patch(self, value: AutocastKnobs | None, applied: AppliedKnobs):
+        return installed(ModelAutocast(value.dtype, applied)) if value is not None else nullcontext()
+
+
+# ------------------------------------------------------------------ compile
+
+
+@dataclass(frozen=True)
+class CompileKnobs:
+    """``torch.compile`` of the model: the first module with parameters that the
+    script calls from outside any other module (see runtime/first_model.py)."""
+
+    mode: str | None = None
+    dynamic: bool | None = None
+    backend: str = "inductor"
+    fullgraph: bool = False
+
+    def kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
+        if self.mode is not None and self.mode != "default":
+            out["mode"] = self.mode
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "dynamic": self.dynamic, "backend": self.backend, "fullgraph": self.fullgraph}
+
+
+class ModelCompiler(FirstModel):
+    """Compiles the model at its first forward, without touching the script.
+
+    "The model" is found as runtime/first_model.py describes. It is compiled in place
+    with ``module.compile(**kwargs)`` (``torch.compile`` of its ``forward``, same
+    object, same ``state_dict`` keys, so the script's optimizer, checkpoints and
+    ``.train()``/``.eval()`` calls all keep working). Only one model is compiled; a
+    second top-level model (a GAN's discriminator) is not.
+    """
+
+    def __init__(self, kwargs: dict[str, Any], applied: AppliedKnobs) -> None:
+        super().__init__(self.compile)
+        self.kwargs = kwargs
+        self.applied = applied
+
+    def compile(self, module: Any) -> None:
+        module.compile(**self.kwargs)
+        self.applied.note("compile", {"module": type(module).__qualname__, "kwargs": self.kwargs})
+
+
+class CompileKnob(Knob):
+    """``compile``: ``torch.compile`` the model (``true`` for the defaults)."""
+
+    key = "compile"
+
+    def parse(self, raw: Any, check: KnobCheck) -> CompileKnobs | None:
+        if raw is None:
+            return None
+        if raw is True:
+            raw = {}
+        m = check.obj(raw, "compile", ("mode", "dynamic", "backend", "fullgraph"))
+        backend = m.get("backend", "inductor")
+        if not isinstance(backend, str) or not backend:
+            check.fail("compile.backend",
+                       f"expected a backend name such as \"inductor\" or \"eager\", got {kind(backend)}")
+        return CompileKnobs(
+            mode=check.choice(m.get("mode"), "compile.mode", COMPILE_MODES),
+            dynamic=check.bool(m.get("dynamic"), "compile.dynamic"),
+            backend=backend,
+            fullgraph=bool(check.bool(m.get("fullgraph"), "compile.fullgraph")),
+        )
+
+    def patch(self, value: CompileKnobs | None, applied: AppliedKnobs):
+        return installed(ModelCompiler(value.kwargs(), applied)) if value is not None else nullcontext()
+
+
+# ------------------------------------------------------------------ sources
+
+
+class SourcesKnob(Knob):
+    """``sources``: files read in place of the user's (original path -> replacement
+    path): how a code fix is measured before it is applied (runtime/overlay.py)."""
+
+    key = "sources"
+
+    def default(self) -> dict[str, str]:
+        return {}
+
+    def parse(self, raw: Any, check: KnobCheck) -> dict[str, str]:
+        if not isinstance(raw, dict):
+            check.fail("sources", f"expected an object of original path to replacement path, got {kind(raw)}")
+        sources: dict[str, str] = {}
+        for original, replacement in raw.items():
+            if not original or not isinstance(replacement, str) or not replacement:
+                check.fail(f"sources.{original}", f"expected a replacement file path, got {kind(replacement)}")
+            sources[original] = replacement
+        return sources
+
+    def to_json(self, value: dict[str, str]) -> dict[str, str]:
+        return dict(value)
+
+    def patch(self, value: dict[str, str], applied: AppliedKnobs):
+        from torchaxe.runtime.overlay import check_overlay, source_overlay
+
+        overlay = check_overlay(value)
+        if not overlay:
+            return nullcontext()
+        applied.note("sources", dict(value))
+        return source_overlay(overlay)
+
+
+ENV = EnvKnob()
+CPU_AFFINITY = CpuAffinityKnob()
+NPU = NpuKnob()
+TORCH = TorchKnob()
+OBSERVE = ObserveKnob()
+AUTOCAST = AutocastKnob()
+COMPILE = CompileKnob()
+SOURCES = SourcesKnob()
