@@ -121,7 +121,7 @@ def _build_options(target, select, ignore, exclude, jobs):
 
     config = find_config()
     return ScanOptions(
-        target=resolve_target(target or config.get("target") or "auto"),
+        target=resolve_target(target or config.get("target") or "auto", import_torch=False),
         select=_split(select) or tuple(config.get("select", ())),
         ignore=_split(ignore) or tuple(config.get("ignore", ())),
         exclude=_split(exclude) + tuple(config.get("exclude", ())),

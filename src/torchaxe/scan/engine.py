@@ -249,6 +249,20 @@ def scan_file(path: Path, options: ScanOptions, rules: list[Rule]) -> FileReport
     return scan_source(source, shown, options, rules)
 
 
+def _torch_sources(files: list[str]) -> list[str]:
+    """The text of the files the scan will analyse (those that mention torch); a file
+    that cannot be read or decoded is left to the scan to report."""
+    sources = []
+    for p in files:
+        try:
+            data = Path(p).read_bytes()
+            if b"torch" in data:
+                sources.append(decode_source(data))
+        except (OSError, UnicodeDecodeError, LookupError):
+            continue
+    return sources
+
+
 def _scan_chunk(paths: list[str], options: ScanOptions) -> list[FileReport]:
     rules = [cls() for cls in select_rules(options.select, options.ignore)]
     return [scan_file(Path(p), options, rules) for p in paths]
@@ -288,8 +302,12 @@ def scan_paths(
         context = multiprocessing.get_context()
         rules = [cls() for cls in select_rules(options.select, options.ignore)]
         # Formula rules evaluate candidate trees with torch: one evaluator process
-        # imports it once for all workers, and only if some file needs it.
-        evaluator = remote.Evaluator(context, jobs, eager=True) if any(r.uses_formulas for r in rules) else None
+        # imports it once for all workers, and only if some file needs it. When
+        # every file's results are stored already, none is started.
+        from torchaxe.scan.formulas.analysis import all_stored
+
+        needs_evaluator = any(r.uses_formulas for r in rules) and not all_stored(_torch_sources(files), options.target)
+        evaluator = remote.Evaluator(context, jobs, eager=True) if needs_evaluator else None
         try:
             with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
                                      initializer=remote.connect if evaluator else None,

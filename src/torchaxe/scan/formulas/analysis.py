@@ -146,6 +146,13 @@ def formula_matches(ctx: FileContext) -> list[FormulaMatch]:
     return cached
 
 
+def all_stored(sources: list[str], target: str) -> bool:
+    """Whether every one of these files' formula results is already stored, so that
+    scanning them evaluates nothing (and needs no torch)."""
+    keys = {file_key(source, target) for source in sources}
+    return len(STORE.get_many(list(keys))) == len(keys)
+
+
 def covers(ctx: FileContext, definition: ast.AST) -> bool:
     """Whether a formula match lies inside a function or class definition (the
     name-level rule AX103 then leaves it to the formula rules)."""

@@ -131,11 +131,21 @@ def _in_place(ctx: FileContext, match: FormulaMatch) -> str | None:
     return None
 
 
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def _definitions(ctx: FileContext) -> list[ast.AST]:
+    """The file's functions, lambdas and classes, found in one walk per file."""
+    if "definitions" not in ctx.cache:
+        ctx.cache["definitions"] = [node for node in ast.walk(ctx.tree) if isinstance(node, _DEFINITIONS)]
+    return ctx.cache["definitions"]
+
+
 def innermost(ctx: FileContext, line: int, kinds: tuple[type, ...]) -> ast.AST | None:
     """The innermost definition of one of ``kinds`` (functions, classes) whose lines
     hold ``line``."""
     found = None
-    for node in ast.walk(ctx.tree):
+    for node in _definitions(ctx):
         if isinstance(node, kinds) and node.lineno <= line <= (node.end_lineno or node.lineno):  # type: ignore[attr-defined]
             if found is None or node.lineno > found.lineno:  # type: ignore[attr-defined]
                 found = node
@@ -271,10 +281,13 @@ def shadowed(ctx: FileContext, line: int | None) -> set[str]:
         if ("shadowed", "module") not in ctx.cache:
             ctx.cache[("shadowed", "module")] = frozenset(_bound_names(ctx.tree))
         names = set(ctx.cache[("shadowed", "module")])
-        for node in ast.walk(ctx.tree):
+        for node in _definitions(ctx):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) \
                     and node.lineno <= line <= (node.end_lineno or node.lineno):
-                names |= _bound_names(node)
+                bound = ("shadowed", "bound", id(node))
+                if bound not in ctx.cache:
+                    ctx.cache[bound] = frozenset(_bound_names(node))
+                names |= ctx.cache[bound]
         ctx.cache[key] = frozenset(names)
     return set(ctx.cache[key])
 
