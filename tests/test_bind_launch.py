@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from torchaxe.bind import launcher
-from torchaxe.bind.cpulist import format_cpulist, parse_cpulist
+from torchaxe.cpulist import format_cpulist, parse_cpulist
 from torchaxe.errors import TorchaxeError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from torchaxe.bind.cpulist import format_cpulist
+from torchaxe.cpulist import format_cpulist
 from torchaxe.bind.plan import BindingPlan, parse_loader_cores, plan_binding
 from torchaxe.bind.render import render_plan
 from torchaxe.bind.topology import read_topology

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchaxe.bind.cpulist import format_cpulist, parse_cpulist
+from torchaxe.cpulist import format_cpulist, parse_cpulist
 from torchaxe.bind.topology import read_topology
 from torchaxe.backends.pci import normalize_pci, parse_npu_smi_topo
 from torchaxe.errors import TorchaxeError

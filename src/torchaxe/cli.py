@@ -29,33 +29,41 @@ def _split(values: tuple[str, ...]) -> tuple[str, ...]:
 
 
 #: Commands that live beside their own package, imported only when used so that
-#: `torchaxe --help` and `torchaxe scan` stay fast. name -> "module:attribute".
-LAZY_COMMANDS: dict[str, str] = {
-    "verify": "torchaxe.scan.formulas.verify_cli:verify",
-    "profile": "torchaxe.runtime.profile_cli:profile",
-    "trial": "torchaxe.runtime.trial_cli:trial",
-    "shapes": "torchaxe.shapes.cli:shapes",
-    "tune": "torchaxe.tune.cli:tune",
-    "kb": "torchaxe.tune.kb_cli:kb",
-    "topo": "torchaxe.bind.cli:topo",
-    "launch": "torchaxe.bind.cli:launch",
-    "bind": "torchaxe.bind.cli:bind",
-    "data": "torchaxe.data.cli:data",
-    "advise": "torchaxe.advise.cli:advise",
-    "apply": "torchaxe.advise.cli:apply",
-    "run": "torchaxe.advise.cli:run",
+#: `torchaxe --help` and `torchaxe scan` stay fast (several of them import torch).
+#: name -> ("module:attribute", the first sentence of its help, shown by --help
+#: without importing it; a test keeps the two the same).
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "verify": ("torchaxe.scan.formulas.verify_cli:verify",
+               "Measure each formula rule's fix: hand-written form against replacement."),
+    "profile": ("torchaxe.runtime.profile_cli:profile", "Run a training script unmodified and measure its steps."),
+    "trial": ("torchaxe.runtime.trial_cli:trial",
+              "Run a training script under several knob sets and compare their step times."),
+    "shapes": ("torchaxe.shapes.cli:shapes",
+               "Find out whether the model's shapes are static or dynamic, and which compile mode fits."),
+    "tune": ("torchaxe.tune.cli:tune", "Auto-tune the model's fixed-shape subgraphs and keep the winners."),
+    "kb": ("torchaxe.tune.kb_cli:kb", "Look after the knowledge base of tuned subgraphs and measured settings."),
+    "topo": ("torchaxe.bind.cli:topo", "Show the CPU topology core binding works with."),
+    "launch": ("torchaxe.bind.cli:launch", "Run torchrun with every local rank bound to the cores near its device."),
+    "bind": ("torchaxe.bind.cli:bind", "Bind this rank under another launcher, or check a running process."),
+    "data": ("torchaxe.data.cli:data",
+             "Measure whether training waits for data, find why, and tune the DataLoader."),
+    "advise": ("torchaxe.advise.cli:advise",
+               "Find, measure and rank everything that would make a training script faster."),
+    "apply": ("torchaxe.advise.cli:apply", "Apply the changes `torchaxe advise` chose: code fixes and runtime knobs."),
+    "run": ("torchaxe.advise.cli:run", "Run a training script to its end with the knobs from torchaxe.toml applied."),
 }
 
 
 class LazyGroup(click.Group):
-    """A click group whose extra commands are imported on first use; a command whose
-    module is not there (yet) is simply not offered."""
+    """A click group whose extra commands are imported on first use (``--help`` lists
+    them from :data:`LAZY_COMMANDS` without importing them); a command whose module is
+    not there (yet) is simply not offered."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         import importlib.util
 
         names = set(super().list_commands(ctx))
-        for name, target in LAZY_COMMANDS.items():
+        for name, (target, _) in LAZY_COMMANDS.items():
             module = target.split(":", 1)[0]
             try:
                 if importlib.util.find_spec(module) is not None:
@@ -70,13 +78,31 @@ class LazyGroup(click.Group):
             return command
         import importlib
 
-        module, attribute = LAZY_COMMANDS[name].split(":", 1)
+        module, attribute = LAZY_COMMANDS[name][0].split(":", 1)
         try:
             return getattr(importlib.import_module(module), attribute)
         except ModuleNotFoundError as exc:
             if exc.name and module.startswith(exc.name):
                 return None
             raise
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from click.utils import make_default_short_help
+
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = []
+        for name in names:
+            if name in LAZY_COMMANDS and name not in self.commands:
+                rows.append((name, make_default_short_help(LAZY_COMMANDS[name][1], limit)))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
 
 @click.group(cls=LazyGroup, context_settings=CONTEXT)

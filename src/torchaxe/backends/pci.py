@@ -179,7 +179,7 @@ def parse_npu_smi_topo(text: str) -> dict[int, tuple[int, ...]]:
     """``npu-smi info -t topo`` -> {NPU id: its "CPU Affinity" CPUs}. The table has a
     header row naming the NPUs and ending in ``CPU Affinity``, then one row per NPU
     whose last column is a CPU list (``144-167``). Rows without one are skipped."""
-    from torchaxe.bind.cpulist import parse_cpulist
+    from torchaxe.cpulist import parse_cpulist
 
     lines = text.splitlines()
     if not any("CPU Affinity" in line for line in lines):

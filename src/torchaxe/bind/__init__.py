@@ -9,10 +9,28 @@
 - :mod:`torchaxe.bind.knob` is the trials' ``bind`` knob (one rank, bound in the
   bootstrap).
 
-Nothing here imports torch at import time.
+Nothing here imports torch at import time, and importing the package imports none of
+its modules: the names below load on first use (``torchaxe --help`` looks the
+package up).
 """
 
-from torchaxe.bind.plan import BindingPlan, RankBinding, plan_binding
-from torchaxe.bind.topology import Topology, read_topology
+from __future__ import annotations
 
 __all__ = ["BindingPlan", "RankBinding", "Topology", "plan_binding", "read_topology"]
+
+_LAZY = {
+    "BindingPlan": "torchaxe.bind.plan",
+    "RankBinding": "torchaxe.bind.plan",
+    "plan_binding": "torchaxe.bind.plan",
+    "Topology": "torchaxe.bind.topology",
+    "read_topology": "torchaxe.bind.topology",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchaxe.bind' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any, Callable, MutableMapping
 
-from torchaxe.bind.cpulist import format_cpulist
+from torchaxe.cpulist import format_cpulist
 from torchaxe.bind.plan import BindingPlan, RankBinding
 
 #: Environment variables, most specific first, that carry the local rank / the

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from torchaxe.bind.cpulist import format_cpulist, parse_cpulist
+from torchaxe.cpulist import format_cpulist, parse_cpulist
 from torchaxe.errors import TorchaxeError
 
 #: Thresholds for the verdict (per busy thread): documented in docs/bind.md.

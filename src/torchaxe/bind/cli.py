@@ -100,7 +100,7 @@ def launch(ctx, show_help, tokens):
     from torchaxe.bind import launcher
     from torchaxe.bind.plan import parse_loader_cores, plan_binding
 
-    parser = launcher._torchrun_parser()
+    parser = launcher.torchrun_parser()
     args = launcher.split_args(tokens, parser)
     own = args.own
     mode = own.get("bind", "exclusive")
@@ -229,7 +229,7 @@ def widen_to_cgroup(topology) -> None:
     online = set(topology.cpus)
     wider = tuple(sorted(set(topology.cgroup_cpus) & online))
     if wider and set(topology.allowed) < set(wider):
-        from torchaxe.bind.cpulist import format_cpulist
+        from torchaxe.cpulist import format_cpulist
 
         topology.warnings.append(f"this process was bound to {format_cpulist(topology.affinity)} by its launcher: "
                                  f"planning over the cgroup's CPUs {format_cpulist(wider)} instead")

@@ -49,7 +49,7 @@ def bind_from_dict(raw: Any, fail: Callable[[str, str], Any]) -> BindSettings:
         fail("bind.mode", f"{mode!r} is not one of {', '.join(MODES)}")
     cpus = raw.get("cpus")
     if cpus is not None:
-        from torchaxe.bind.cpulist import parse_cpulist
+        from torchaxe.cpulist import parse_cpulist
         from torchaxe.errors import TorchaxeError
 
         if not isinstance(cpus, str):
@@ -102,6 +102,7 @@ class BindKnob(Knob):
     (the process's CPUs and thread counts size torch's pools at import)."""
 
     key = "bind"
+    example = {"mode": "exclusive", "loader_cores": 1}
     before_torch = True
     conflicts = {"cpu_affinity": "cpu_affinity pins the process too: give one of them"}
 

@@ -29,7 +29,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from torchaxe.bind.cpulist import format_cpulist, parse_cpulist
+from torchaxe.cpulist import format_cpulist, parse_cpulist
 from torchaxe.bind.topology import Core, Topology
 from torchaxe.errors import TorchaxeError
 

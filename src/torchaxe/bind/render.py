@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from torchaxe.bind.cpulist import format_cpulist
+from torchaxe.cpulist import format_cpulist
 from torchaxe.bind.plan import BindingPlan
 from torchaxe.bind.topology import Topology
 

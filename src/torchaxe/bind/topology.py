@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from torchaxe.backends.pci import DeviceLocation
-from torchaxe.bind.cpulist import format_cpulist, parse_cpulist
+from torchaxe.cpulist import format_cpulist, parse_cpulist
 from torchaxe.errors import TorchaxeError
 
 

@@ -112,6 +112,7 @@ class DataLoaderKnob(Knob):
     and timeout of every DataLoader the script builds."""
 
     key = "dataloader"
+    example = {"num_workers": 2, "pin_memory": True, "multiprocessing_context": "spawn"}
 
     def default(self) -> DataLoaderKnobs:
         return DataLoaderKnobs()

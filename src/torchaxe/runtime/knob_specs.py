@@ -41,6 +41,7 @@ class EnvKnob(Knob):
 
     key = "env"
     before_torch = True
+    example = {"OMP_NUM_THREADS": "2", "UNSET_ME": None}
 
     def default(self) -> dict[str, str | None]:
         return {}
@@ -83,6 +84,7 @@ class CpuAffinityKnob(Knob):
 
     key = "cpu_affinity"
     before_torch = True
+    example = [0]
 
     def parse(self, raw: Any, check: KnobCheck) -> tuple[int, ...] | None:
         if raw is None:
@@ -130,6 +132,7 @@ class NpuKnob(Knob):
     """``npu``: ``torch_npu.npu.set_compile_mode(jit_compile=...)`` (unverified on hardware)."""
 
     key = "npu"
+    example = {"jit_compile": False}
 
     def default(self) -> NpuKnobs:
         return NpuKnobs()
@@ -184,6 +187,7 @@ class TorchKnob(Knob):
     """``torch``: cudnn.benchmark, float32 matmul precision and the thread counts."""
 
     key = "torch"
+    example = {"num_threads": 2, "matmul_precision": "high"}
 
     def default(self) -> TorchKnobs:
         return TorchKnobs()
@@ -244,6 +248,7 @@ class ObserveKnob(Knob):
     scalar ``backward()`` is called on): how ``advise --check-accuracy`` compares runs."""
 
     key = "observe"
+    example = {"loss": True}
     attribute = "observe_loss"
 
     def default(self) -> bool:
@@ -307,6 +312,7 @@ class AutocastKnob(Knob):
     """``autocast``: ``{"dtype": "bfloat16"}`` runs the model's forward in mixed precision."""
 
     key = "autocast"
+    example = {"dtype": "bfloat16"}
 
     def parse(self, raw: Any, check: KnobCheck) -> AutocastKnobs | None:
         if raw is None:
@@ -366,6 +372,7 @@ class CompileKnob(Knob):
     """``compile``: ``torch.compile`` the model (``true`` for the defaults)."""
 
     key = "compile"
+    example = {"mode": "default", "dynamic": False, "backend": "inductor", "fullgraph": False}
 
     def parse(self, raw: Any, check: KnobCheck) -> CompileKnobs | None:
         if raw is None:
@@ -396,6 +403,7 @@ class SourcesKnob(Knob):
     path): how a code fix is measured before it is applied (runtime/overlay.py)."""
 
     key = "sources"
+    example = {"train.py": "fixed/train.py"}
 
     def default(self) -> dict[str, str]:
         return {}

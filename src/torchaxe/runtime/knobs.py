@@ -81,6 +81,8 @@ class KnobSpec(Protocol):
     before_torch: bool
     #: Other keys this knob cannot be given with, each with the one-line reason.
     conflicts: Mapping[str, str]
+    #: A value as a knob-set file gives it, written back unchanged (the tests read it).
+    example: Any
 
     def default(self) -> Any:
         """The value of a knob set that does not give the key (the untouched run)."""
@@ -104,6 +106,7 @@ class Knob:
     attribute: str = ""
     before_torch: bool = False
     conflicts: Mapping[str, str] = {}
+    example: Any = None
 
     def __init__(self) -> None:
         if not self.attribute:

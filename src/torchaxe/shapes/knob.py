@@ -120,6 +120,7 @@ class BucketingKnob(Knob):
     """``bucketing``: pad every DataLoader's batches to a few sizes."""
 
     key = "bucketing"
+    example = {"boundaries": [16, 32], "dim": 1, "pad_value": 0}
 
     def parse(self, raw: Any, check: KnobCheck) -> BucketingKnobs | None:
         return None if raw is None else bucketing_from_dict(raw, check.fail)

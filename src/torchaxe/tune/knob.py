@@ -88,6 +88,7 @@ class TuneKnob(Knob):
     """``tune``: apply the knowledge base's tuned winners to the model (``true`` for the defaults)."""
 
     key = "tune"
+    example = {"kb": "kb.sqlite", "depth": 1, "whole_model": True, "min_gain": 0.05, "compile_backend": "inductor"}
 
     def parse(self, raw: Any, check: KnobCheck) -> dict[str, Any] | None:
         return None if raw is None else parse_tune_knob(raw, check.fail)
