@@ -87,8 +87,6 @@ class LazyGroup(click.Group):
             raise
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from click.utils import make_default_short_help
-
         names = self.list_commands(ctx)
         if not names:
             return
@@ -96,7 +94,8 @@ class LazyGroup(click.Group):
         rows = []
         for name in names:
             if name in LAZY_COMMANDS and name not in self.commands:
-                rows.append((name, make_default_short_help(LAZY_COMMANDS[name][1], limit)))
+                # A stand-in command shortens the stored sentence as click shortens help.
+                rows.append((name, click.Command(name, help=LAZY_COMMANDS[name][1]).get_short_help_str(limit)))
                 continue
             command = self.get_command(ctx, name)
             if command is not None and not command.hidden:
