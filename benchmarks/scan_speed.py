@@ -78,6 +78,7 @@ JSON_KEYS = (
     "full_tree",
     "scan",
     "sample",
+    "startup",
     "ratios",
     "targets",
 )
@@ -126,7 +127,15 @@ WORK_KEYS = (
     "sympy_imported",
 )
 
+#: Keys of ``startup``: the CLI's start-up and a warm scan of a small project, each
+#: beside TorchFix's CLI on the same files.
+STARTUP_KEYS = ("project_files", "torchaxe_help", "torchfix_help", "torchaxe_warm_project_jobs2",
+                "torchfix_project_jobs2")
+
 TARGET_FILES_PER_S = 300.0
+TARGET_HELP_SECONDS = 0.3
+TARGET_WARM_RATIO = 40.0
+PROJECT_FILES = 81
 TARGET_JOBS = 2
 TARGET_RATIO = 100.0
 NOISY_SPREAD_PCT = 10.0
@@ -376,6 +385,26 @@ def run_torchaxe_cli(files: list[Path], target: str, clocks: Clocks, workdir: Pa
     return seconds
 
 
+def torchaxe_command() -> list[str]:
+    """How a user starts torchaxe: the console script beside this Python, else ``-m``."""
+    script = Path(sys.executable).parent / "torchaxe"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "torchaxe"]
+
+
+def run_timed(cmd: list[str], clocks: Clocks, workdir: Path, env: dict[str, str] | None = None,
+              ok: tuple[int, ...] = (0,)) -> tuple[float, float]:
+    """Wall and CPU clock of one command; an exit code outside ``ok`` is a failure."""
+    started = clocks.start()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, env=env, timeout=3600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise BenchmarkError(f"cannot run {cmd[0]}: {exc}") from None
+    spent = clocks.since(started)
+    if done.returncode not in ok:
+        raise BenchmarkError(f"{Path(cmd[0]).name} failed (exit {done.returncode}): {_last_line(done.stderr)}")
+    return spent
+
+
 _TORCHFIX_DONE = re.compile(r"Finished checking (\d+) files")
 
 
@@ -491,6 +520,47 @@ def measure_sample(
     return s_inproc, s_cli, s_tf, tf_checked
 
 
+def measure_startup(
+    project: list[Path], args: argparse.Namespace, clocks: Clocks, log: Callable[[str], None], tf_exe: Path | None,
+) -> dict[str, Any]:
+    """``--help`` of both CLIs, then a warm ``--jobs 2`` scan of ``project`` by torchaxe's
+    CLI (its result store filled by one untimed cold scan, in a folder of its own) and
+    TorchFix's CLI on the same files (it keeps no results between runs), interleaved."""
+    rounds = max(args.repeats, 5)
+    ax_help = Measurement("torchaxe --help", 0)
+    tf_help = Measurement("torchfix --help", 0) if tf_exe else None
+    ax_warm = Measurement("torchaxe CLI, warm project, --jobs 2", len(project))
+    tf_scan = Measurement("torchfix CLI, project, --jobs 2 --select ALL", len(project)) if tf_exe else None
+    with tempfile.TemporaryDirectory(prefix="scan-speed-startup-") as tmp:
+        workdir = Path(tmp)
+        env = {**os.environ, "TORCHAXE_HOME": str(workdir / "home")}
+        env.pop("TORCHAXE_NO_CACHE", None)
+        scan = [*torchaxe_command(), "scan", "--jobs", "2", "--target", args.target, "--format", "json",
+                "-o", str(workdir / "report.json"), *map(str, project)]
+        run_timed(scan, clocks, workdir, env, ok=(0, 1, 2, 3))  # the cold scan that fills the store
+        for rep in range(1, rounds + 1):
+            ax_help.add(run_timed([*torchaxe_command(), "--help"], clocks, workdir, env))
+            if tf_help is not None and tf_exe is not None:
+                tf_help.add(run_timed([str(tf_exe), "--help"], clocks, workdir))
+            if rep <= args.repeats:
+                seconds = ax_warm.add(run_timed(scan, clocks, workdir, env, ok=(0, 1, 2, 3)))
+                log(f"warm project scan run {rep}/{args.repeats}: {seconds:.2f} s")
+            if tf_scan is not None and tf_exe is not None and rep <= args.torchfix_repeats:
+                log(f"torchfix project scan run {rep}/{args.torchfix_repeats} on {len(project)} files (slow) ...")
+                seconds = tf_scan.add(run_timed([str(tf_exe), "--jobs", "2", "--select", "ALL", *map(str, project)],
+                                                clocks, workdir, ok=(0, 1)))
+                log(f"torchfix project scan run {rep}/{args.torchfix_repeats}: {seconds:.2f} s")
+        log(f"--help: torchaxe {ax_help.median:.3f} s"
+            + (f", torchfix {tf_help.median:.3f} s" if tf_help is not None else ""))
+    return {
+        "project_files": len(project),
+        "torchaxe_help": ax_help.to_dict(),
+        "torchfix_help": tf_help.to_dict() if tf_help else None,
+        "torchaxe_warm_project_jobs2": ax_warm.to_dict(),
+        "torchfix_project_jobs2": tf_scan.to_dict() if tf_scan else None,
+    }
+
+
 def run_benchmark(
     args: argparse.Namespace,
     argv: list[str],
@@ -538,12 +608,18 @@ def run_benchmark(
         log("warning: runs disagree on counts (files, findings or diagnostics); the first run is reported")
     sample = sorted(random.Random(args.seed).sample(sorted(files), min(args.sample, len(files))))
     s_inproc, s_cli, s_tf, tf_checked = measure_sample(sample, args, options, clocks, log, tf_exe)
+    project = sorted(random.Random(args.seed + 1).sample(sorted(files), min(PROJECT_FILES, len(files))))
+    startup = measure_startup(project, args, clocks, log, tf_exe)
 
     ratios: dict[str, float | None] = {
         "sample_inprocess_jobs1_vs_torchfix": None,
         "sample_cli_jobs1_vs_torchfix": None,
         f"full_tree_jobs{TARGET_JOBS}_vs_torchfix": None,
+        "warm_project_cli_jobs2_vs_torchfix": None,
     }
+    if startup["torchfix_project_jobs2"] is not None:
+        ratios["warm_project_cli_jobs2_vs_torchfix"] = round(
+            startup["torchfix_project_jobs2"]["median_seconds"] / startup["torchaxe_warm_project_jobs2"]["median_seconds"], 1)
     if s_tf is not None and s_cli is not None:
         tf_rate = s_tf.rate_median
         ratios["sample_inprocess_jobs1_vs_torchfix"] = round(s_inproc.rate_median / tf_rate, 1)
@@ -560,6 +636,10 @@ def run_benchmark(
                 ratios["sample_inprocess_jobs1_vs_torchfix"], TARGET_RATIO, "x"),
         {"name": f"zero crashes ({CRASH_CODE})", "value": crashes, "threshold": 0, "unit": "crashes",
          "status": "PASS" if crashes == 0 else "FAIL"},
+        _target_at_most(f"torchaxe --help <= {TARGET_HELP_SECONDS:g} s",
+                        startup["torchaxe_help"]["median_seconds"], TARGET_HELP_SECONDS, "s"),
+        _target(f"warm {PROJECT_FILES}-file project CLI --jobs 2 >= {TARGET_WARM_RATIO:g}x torchfix",
+                ratios["warm_project_cli_jobs2_vs_torchfix"], TARGET_WARM_RATIO, "x"),
     ]
     return {
         "benchmark": "scan_speed",
@@ -581,9 +661,16 @@ def run_benchmark(
             "torchfix": s_tf.to_dict() if s_tf else None,
             "torchfix_files_checked": tf_checked,
         },
+        "startup": startup,
         "ratios": ratios,
         "targets": targets,
     }
+
+
+def _target_at_most(name: str, value: float | None, threshold: float, unit: str) -> dict[str, Any]:
+    status = "SKIP" if value is None else ("PASS" if value <= threshold else "FAIL")
+    return {"name": name, "value": value if value is None else round(value, 3), "threshold": threshold,
+            "unit": unit, "status": status}
 
 
 def _target(name: str, value: float | None, threshold: float, unit: str) -> dict[str, Any]:
@@ -725,6 +812,12 @@ def render_text(data: dict[str, Any], out: TextIO) -> None:
     if sample["torchfix"] is None:
         w("torchfix: not measured (--no-torchfix, or not found: give --torchfix PATH or install it into "
           "benchmarks/.torchfix-venv)\n")
+    startup = data["startup"]
+    w(f"\nstart-up, and a warm scan of a {startup['project_files']}-file project (its results stored by one cold scan)\n")
+    w(_HEADER)
+    for key in STARTUP_KEYS[1:]:
+        if startup[key]:
+            w(f"{startup[key]['label']:<46}{_fmt_measurement(startup[key])}\n")
     ratios = "  ".join(f"{k} {v}x" for k, v in data["ratios"].items() if v is not None)
     if ratios:
         w(f"ratios (median rates): {ratios}\n")

@@ -67,7 +67,12 @@ def test_json_has_documented_keys(bench, tmp_path):
         "full tree --jobs 2 >= 300 files/s": "FAIL",
         "sample in-process --jobs 1 >= 100x torchfix": "SKIP",
         "zero crashes (AX906)": "PASS",
+        "torchaxe --help <= 0.3 s": "FAIL",  # every span of the fake clock is 1 s
+        "warm 81-file project CLI --jobs 2 >= 40x torchfix": "SKIP",
     }
+    assert tuple(data["startup"]) == bench.STARTUP_KEYS
+    assert data["startup"]["project_files"] == 3 and data["startup"]["torchfix_help"] is None
+    assert data["startup"]["torchaxe_help"]["seconds"] == [1.0] * 5
     assert "scan_speed:" in err.getvalue()
 
 
