@@ -9,11 +9,27 @@ for garbage collection, what it was measured to cost.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from torchaxe.advise.candidates import Candidate
-from torchaxe.advise.recommendation import Accuracy, EnvironmentCheck, Recommendation
+from torchaxe.runtime.candidate import Candidate, knob_candidate
+
+
+@dataclass
+class EnvironmentCheck:
+    """A setting that silently slows training, found in the run's environment or code."""
+
+    name: str
+    message: str
+    location: str | None = None
+    #: The key of the recommendation that measures switching it off, if any.
+    recommendation: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "message": self.message, "location": self.location,
+                "recommendation": self.recommendation}
+
 
 #: Code that turns on a slow process-wide switch, and the setting it shows up as.
 _CODE_PATTERNS = {
@@ -51,13 +67,13 @@ def locate(folder: Path, name: str, limit: int = 200) -> str | None:
 
 
 def _env_candidate(key: str, title: str, env: dict[str, str | None], detail: str) -> Candidate:
-    rec = Recommendation(key=key, axis="environment", title=title, applies="knob", knobs={"env": env},
-                         detail=detail, accuracy=Accuracy(kind="exact", detail="same computation"))
-    return Candidate(rec=rec, knobs={"env": env}, priority=3.0)
+    return knob_candidate(key, "environment", title, {"env": env}, detail=detail, priority=3.0)
 
 
 def environment_checks(settings: dict[str, Any], profile: dict[str, Any], findings: Sequence[Any], target: str,
                        folder: Path | None = None) -> tuple[list[EnvironmentCheck], list[Candidate]]:
+    """The environment checks of a run, and a candidate for each setting that an
+    environment variable can switch off (its check names the candidate)."""
     env: dict[str, str] = settings.get("env") or {}
     checks: list[EnvironmentCheck] = []
     candidates: list[Candidate] = []
