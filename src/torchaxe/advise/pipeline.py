@@ -32,8 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from torchaxe.advise.candidates import (LOADER_ACCURACY, Candidate, code_candidates, fixed_sources,
-                                        knob_candidates, script_speedups)
+from torchaxe.advise.candidates import (Candidate, code_candidates, fixed_sources, knob_candidates, script_speedups,
+                                        stored_candidates)
 from torchaxe.advise.environment import environment_checks
 from torchaxe.advise.measure import ArmResult, Measurer, OutOfTime
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
@@ -460,39 +460,8 @@ class Advisor:
 
     def _stored_candidates(self) -> list[Candidate]:
         """Settings measured for this very command before and kept in the knowledge
-        base (``torchaxe data --tune``): measured again here, against this run."""
-        from torchaxe.data.tuning import stored_loader_knobs
-        from torchaxe.tune.kb import KnowledgeBase
-
-        out: list[Candidate] = []
-        try:
-            stored = stored_loader_knobs(self.command)
-            with KnowledgeBase.open() as kb:
-                tuned = len(kb.signatures())
-        except TorchaxeError as exc:
-            self.advice.notes.append(f"knowledge base not read: {exc}")
-            return []
-        if tuned:
-            rec = Recommendation(
-                key="knob:tune", axis="tune", title=f"tuned subgraphs from the knowledge base ({tuned} tuned "
-                "signatures; those matching this model are swapped in)", applies="knob", knobs={"tune": {}},
-                detail="the winners `torchaxe tune` measured and checked against eager (docs/tune.md)",
-                accuracy=Accuracy(kind="unknown", detail="each winner matched eager within its dtype's tolerance "
-                                  "when tuned; use --check-accuracy for the loss"))
-            out.append(Candidate(rec=rec, knobs={"tune": {}}, group="compile", priority=1.8))
-        elif (self.advice.profile or {}).get("static_shapes"):
-            self.advice.notes.append("shapes are static: `torchaxe tune -- " + " ".join(self.command)
-                                     + "` can tune the model's subgraphs and keep the winners for `torchaxe run`")
-        if not stored:
-            return out
-        loader = stored["dataloader"]
-        settings = ", ".join(f"{k}={v}" for k, v in sorted(loader.items()))
-        rec = Recommendation(key="knob:dataloader-tuned", axis="data", title=f"DataLoader({settings}) "
-                             "(found by `torchaxe data --tune`)", applies="knob", knobs={"dataloader": loader},
-                             detail="the loader setting the knowledge base holds for this command",
-                             accuracy=replace(LOADER_ACCURACY))
-        out.append(Candidate(rec=rec, knobs={"dataloader": loader}, group="dataloader", priority=2.5))
-        return out
+        base: measured again here, against this run."""
+        return stored_candidates(self.command, (self.advice.profile or {}).get("static_shapes"), self.advice.notes)
 
     def _micro_benchmarks(self, candidates: list[Candidate]) -> None:
         """A formula fix's replacement against the hand-written form on the shapes the

@@ -1,6 +1,8 @@
 """What ``torchaxe advise`` hands back: measured recommendations, ranked, and the
 evidence they rest on. Plain data with a stable JSON form (schema
-``torchaxe.advice/1``); rendering lives in ``torchaxe.report``."""
+``torchaxe.advice/1``); rendering lives in ``torchaxe.report``. A recommendation and
+its accuracy are defined beside the candidates (runtime/candidate.py), where the
+axis packages that propose them can reach them; they are re-exported here."""
 
 from __future__ import annotations
 
@@ -8,6 +10,11 @@ import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from torchaxe.environment.checks import EnvironmentCheck
+from torchaxe.runtime.candidate import Accuracy, Recommendation
+
+__all__ = ["AXES", "AXIS_TITLES", "SCHEMA", "Accuracy", "Advice", "EnvironmentCheck", "Recommendation"]
 
 SCHEMA = "torchaxe.advice/1"
 
@@ -22,108 +29,6 @@ AXIS_TITLES = {
     "precision": "mixed precision",
     "environment": "environment",
 }
-
-
-@dataclass
-class Accuracy:
-    """The accuracy cost of a change, as far as it was measured.
-
-    ``kind``: ``exact`` (same numerics by construction), ``data_order`` (the same
-    computation on each batch, but the batches' order or random augmentation may
-    differ: worker processes seed their own random state), ``max_error`` (a replacement
-    checked on probes: its largest absolute difference), ``loss`` (the training loss
-    over the first steps from the same seed, before and after, with the run-to-run
-    noise of the unchanged script beside it), ``unknown`` (not measured)."""
-
-    kind: str = "unknown"
-    max_error: float | None = None
-    loss_delta: float | None = None
-    loss_noise: float | None = None
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "max_error": self.max_error, "loss_delta": self.loss_delta,
-                "loss_noise": self.loss_noise, "detail": self.detail}
-
-    @property
-    def text(self) -> str:
-        if self.kind == "exact":
-            return "exact (same numerics)"
-        if self.kind == "data_order":
-            return "same math; data order may differ"
-        parts = []
-        if self.max_error is not None:
-            parts.append(f"max error {self.max_error:.1e}")
-        if self.loss_delta is not None:
-            noise = f" (noise {self.loss_noise:.2%})" if self.loss_noise is not None else ""
-            parts.append(f"loss {self.loss_delta:+.2%}{noise}")
-        if parts:
-            return ", ".join(parts)
-        return "not measured (--check-accuracy)"
-
-
-@dataclass
-class Recommendation:
-    """One change, measured on the user's run.
-
-    ``applies``: ``code`` (an edit of the user's files, by ``torchaxe apply``) or
-    ``knob`` (a runtime setting ``torchaxe run`` applies with no code change).
-    ``status``: ``measured``, ``failed`` (the run broke under it: never recommended),
-    ``not_measured`` (out of budget or interrupted) or ``advice`` (no automatic change
-    exists; the user edits by hand)."""
-
-    key: str
-    axis: str
-    title: str
-    applies: str
-    location: str | None = None
-    status: str = "not_measured"
-    measured_seconds_saved_per_step: float | None = None
-    speedup: float | None = None
-    #: Per-round ratios of step time (changed / original): below 1 is faster.
-    ratios: list[float] = field(default_factory=list)
-    accuracy: Accuracy = field(default_factory=Accuracy)
-    #: What the static scan and the profile saw (counts per step, shapes, time).
-    evidence: list[str] = field(default_factory=list)
-    detail: str = ""
-    #: For knobs: the knob-set fragment; for code: the rule codes and files.
-    knobs: dict[str, Any] = field(default_factory=dict)
-    rules: list[str] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)
-    unsafe: bool = False
-    error: str | None = None
-    #: Chosen for the combined run (and for ``torchaxe apply``).
-    selected: bool = False
-
-    @property
-    def distinguishable(self) -> bool:
-        """Every round faster: not noise."""
-        return bool(self.ratios) and max(self.ratios) < 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "key": self.key, "axis": self.axis, "title": self.title, "applies": self.applies,
-            "location": self.location, "status": self.status,
-            "measured_seconds_saved_per_step": self.measured_seconds_saved_per_step,
-            "speedup": self.speedup, "ratios": self.ratios, "accuracy": self.accuracy.to_dict(),
-            "evidence": self.evidence, "detail": self.detail, "knobs": self.knobs, "rules": self.rules,
-            "files": self.files, "unsafe": self.unsafe, "error": self.error, "selected": self.selected,
-        }
-
-
-@dataclass
-class EnvironmentCheck:
-    """A setting that silently slows training, found in the run's environment or code."""
-
-    name: str
-    message: str
-    location: str | None = None
-    #: The key of the recommendation that measures switching it off, if any.
-    recommendation: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "message": self.message, "location": self.location,
-                "recommendation": self.recommendation}
 
 
 @dataclass

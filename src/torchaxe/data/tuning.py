@@ -320,7 +320,7 @@ class LoaderTuner:
         baseline = self.run_point(LoaderPoint(), runs=1)
         if not baseline.ok:
             return self._report("search", baseline, estimate, f"the script as written failed: {baseline.error}")
-        w0 = int(estimate.get("workers") or max(1, self.cores // 2))
+        w0 = int(estimate.get("workers") or estimate_workers(None, None, self.cores))
         start = LoaderPoint(num_workers=w0, prefetch_factor=2, persistent_workers=True,
                             pin_memory=True if self.accelerator else None)
         first, gain = self.compare(start, baseline)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
 from torchaxe.runtime.stats import Samples
 from torchaxe.runtime.trials import KnobResult, Runner, TrialOptions, run_trials
+from torchaxe.shapes.candidates import trial_settings
 from torchaxe.shapes.verdict import Verdict
 
 #: A pick within this fraction of the winner's steady-state median counts as right.
@@ -29,22 +30,9 @@ PICK_TOLERANCE = 0.05
 
 
 def candidates(target: str, bucketing: dict[str, Any] | None = None, backend: str = "inductor") -> list[KnobSet]:
-    """The settings worth comparing on ``target``, baseline first."""
-    if target == "npu":
-        sets = [{"name": "jit-compile-off", "npu": {"jit_compile": False}},
-                {"name": "jit-compile-on", "npu": {"jit_compile": True}}]
-        if bucketing:
-            sets.append({"name": "jit-compile-on+bucketing", "npu": {"jit_compile": True}, "bucketing": bucketing})
-    else:
-        static: dict[str, Any] = {"compile": {"dynamic": False, "backend": backend}}
-        if target == "cuda":
-            static["torch"] = {"cudnn_benchmark": True}
-        sets = [{"name": "eager"},
-                {"name": "compile-static", **static},
-                {"name": "compile-dynamic", "compile": {"dynamic": True, "backend": backend}}]
-        if bucketing:
-            sets.append({"name": "compile-static+bucketing", **static, "bucketing": bucketing})
-    return [knob_set_from_dict(s, f"candidate {s['name']}") for s in sets]
+    """The settings worth comparing on ``target``, baseline first, as knob sets
+    (the list is the shapes axis's, shapes/candidates.py)."""
+    return [knob_set_from_dict(s, f"candidate {s['name']}") for s in trial_settings(target, bucketing, backend)]
 
 
 @dataclass

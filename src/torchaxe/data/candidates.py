@@ -1,0 +1,57 @@
+"""The loader settings worth measuring: worker processes when the run waited for
+data, and the setting ``torchaxe data --tune`` found and kept for this command.
+
+The worker count is the data axis's one estimate (:func:`torchaxe.data.tuning.
+estimate_workers`), the same the tuning search starts from.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any, Sequence
+
+from torchaxe.data.tuning import estimate_workers, stored_loader_knobs
+from torchaxe.runtime.candidate import Accuracy, Candidate, Recommendation, knob_candidate
+
+#: Loader settings compute the same thing on each batch, but worker processes seed
+#: their own random state (augmentation), and persistent workers stop drawing a base
+#: seed from the global generator each epoch (the shuffle order after the first).
+LOADER_ACCURACY = Accuracy(kind="data_order", detail="same computation per batch; with worker processes the "
+                           "shuffle order and random augmentation may differ; use --check-accuracy for the loss")
+#: Below this fraction of the step spent waiting for data, loader settings are not tried.
+MIN_WAIT_FRACTION = 0.05
+
+
+def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
+    """Worker processes (persistent, with pinned memory on a device) when the profile
+    shows the step waiting for data."""
+    wait = (profile.get("summary") or {}).get("data_wait_fraction") or 0.0
+    if wait <= MIN_WAIT_FRACTION:
+        return []
+    cores = settings.get("allowed_cpus") or os.cpu_count() or 1
+    workers = estimate_workers(None, None, cores)
+    knobs: dict[str, Any] = {"num_workers": workers, "persistent_workers": True}
+    if target in ("cuda", "npu"):
+        knobs["pin_memory"] = True
+    return [knob_candidate(
+        "knob:dataloader", "data", f"DataLoader(num_workers={workers}, persistent_workers=True"
+        + (", pin_memory=True)" if "pin_memory" in knobs else ")"), {"dataloader": knobs},
+        group="dataloader", priority=1.0 + 4 * wait, detail=f"the step waited for data {wait:.0%} of the time",
+        accuracy=replace(LOADER_ACCURACY))]
+
+
+def stored_candidates(command: Sequence[str]) -> list[Candidate]:
+    """The loader setting the knowledge base holds for this command (found by
+    ``torchaxe data --tune``), to measure again against this run. Raises
+    :class:`~torchaxe.errors.TorchaxeError` when the knowledge base cannot be read."""
+    stored = stored_loader_knobs(command)
+    if not stored:
+        return []
+    loader = stored["dataloader"]
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(loader.items()))
+    rec = Recommendation(key="knob:dataloader-tuned", axis="data", title=f"DataLoader({settings}) "
+                         "(found by `torchaxe data --tune`)", applies="knob", knobs={"dataloader": loader},
+                         detail="the loader setting the knowledge base holds for this command",
+                         accuracy=replace(LOADER_ACCURACY))
+    return [Candidate(rec=rec, knobs={"dataloader": loader}, group="dataloader", priority=2.5)]

@@ -1,0 +1,140 @@
+"""The compile settings the shapes axis offers to measure.
+
+Two callers ask: ``advise`` (:func:`candidates`: the settings the profile's shapes call
+for, each one candidate) and ``torchaxe shapes --try`` (:func:`trial_settings`: every
+setting on the target, baseline first, measured against each other). Both lists are
+built here from the same knob fragments and the same per-target rules (online
+compilation on the NPU, ``torch.compile`` elsewhere, cuDNN benchmarking with static
+shapes on cuda, bucketing only with a plan), so that they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
+from torchaxe.shapes.buckets import optimal_boundaries
+
+#: Compiled kernels can sum in another order than eager ones.
+COMPILE_ACCURACY_DETAIL = ("compiled kernels may reorder floating-point sums; use --check-accuracy to measure "
+                           "the loss")
+
+
+def compile_knob(*, mode: str | None = None, dynamic: bool | None = None, backend: str | None = None) -> dict[str, Any]:
+    """The ``compile`` knob-set fragment with the given settings (absent ones keep the
+    knob's defaults)."""
+    settings = {"mode": mode, "dynamic": dynamic, "backend": backend}
+    return {"compile": {k: v for k, v in settings.items() if v is not None}}
+
+
+def npu_compile_knob(jit: bool) -> dict[str, Any]:
+    """``torch_npu.npu.set_compile_mode(jit_compile=jit)``: online operator compilation
+    pays off for fixed shapes and recompiles for every new one."""
+    return {"npu": {"jit_compile": jit}}
+
+
+def cudnn_benchmark_knob() -> dict[str, Any]:
+    """``torch.backends.cudnn.benchmark = True``: with fixed shapes cuDNN times its
+    algorithms once and keeps the fastest."""
+    return {"torch": {"cudnn_benchmark": True}}
+
+
+def bucketing_knob(batches: dict[str, Any], max_shapes: int = 4) -> dict[str, Any] | None:
+    """Bucket boundaries for the one batch dimension that varies (sequence length,
+    image size), from the batch shapes the profile saw: at most ``max_shapes``
+    sizes, least padding (torchaxe.shapes.buckets)."""
+    signatures = [sig for sig in batches.get("signatures") or [] if sig.get("shapes")]
+    firsts = [(sig["shapes"][0], sig.get("count") or 1) for sig in signatures if sig["shapes"][0]]
+    if len(firsts) < 2:
+        return None
+    rank = len(firsts[0][0])
+    if any(len(shape) != rank for shape, _ in firsts):
+        return None
+    varying = [d for d in range(1, rank) if len({shape[d] for shape, _ in firsts}) > 1]
+    if len(varying) != 1:
+        return None  # only the batch dimension (a last partial batch), or several at once
+    dim = varying[0]
+    counts: dict[int, int] = {}
+    for shape, count in firsts:
+        counts[shape[dim]] = counts.get(shape[dim], 0) + count
+    boundaries = optimal_boundaries(counts, max_shapes)
+    if len(boundaries) >= len(counts):
+        return None
+    return {"boundaries": list(boundaries), "dim": dim}
+
+
+def trial_settings(target: str, bucketing: dict[str, Any] | None = None,
+                   backend: str = "inductor") -> list[dict[str, Any]]:
+    """The named knob sets ``torchaxe shapes --try`` compares on ``target``, baseline
+    first: every compile mode, each measured, whatever the verdict."""
+    if target == "npu":
+        sets = [{"name": "jit-compile-off", **npu_compile_knob(False)},
+                {"name": "jit-compile-on", **npu_compile_knob(True)}]
+        if bucketing:
+            sets.append({"name": "jit-compile-on+bucketing", **npu_compile_knob(True), "bucketing": bucketing})
+        return sets
+    static: dict[str, Any] = compile_knob(dynamic=False, backend=backend)
+    if target == "cuda":
+        static.update(cudnn_benchmark_knob())
+    sets = [{"name": "eager"},
+            {"name": "compile-static", **static},
+            {"name": "compile-dynamic", **compile_knob(dynamic=True, backend=backend)}]
+    if bucketing:
+        sets.append({"name": "compile-static+bucketing", **static, "bucketing": bucketing})
+    return sets
+
+
+def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
+    """The compile settings worth measuring on ``target`` for the shapes the profile
+    saw: dynamic compilation and bucketing when they vary, cuDNN benchmarking when
+    they do not, the NPU's compile mode either way. Nothing the script already
+    compiles itself (see :func:`own_speedups`)."""
+    out: list[Candidate] = []
+    shapes = profile.get("shapes") or {}
+    dynamic = bool(shapes) and not shapes.get("static", True)
+    bucketing = bucketing_knob(shapes.get("batches") or {}) if dynamic else None
+    compile_accuracy = Accuracy(kind="unknown", detail=COMPILE_ACCURACY_DETAIL)
+    if target in ("cpu", "cuda") and not settings.get("compiled_graphs"):
+        if dynamic:
+            out.append(knob_candidate(
+                "knob:compile-dynamic", "compile", "torch.compile(model, dynamic=True): shapes vary between steps",
+                compile_knob(mode="default", dynamic=True), group="compile", accuracy=compile_accuracy,
+                detail="the profile saw several input shapes; dynamic=True compiles once for all of them",
+                priority=2.0))
+        if bucketing is not None:
+            out.append(knob_candidate(
+                "knob:compile-bucketing", "compile",
+                f"torch.compile(model) with batches padded to {len(bucketing['boundaries'])} sizes "
+                f"(torchaxe.shapes.BucketingCollate, dim {bucketing['dim']}: {bucketing['boundaries']})",
+                {**compile_knob(mode="default"), "bucketing": bucketing}, group="compile", accuracy=Accuracy(
+                    kind="unknown", detail="padding changes results unless the script masks it; "
+                    "use --check-accuracy"), priority=1.9,
+                detail="few distinct shapes: each compiles once, then every batch reuses one of them"))
+        out.append(knob_candidate(
+            "knob:compile", "compile", "torch.compile(model)" + (" (shapes are static)" if not dynamic else ""),
+            compile_knob(mode="default"), group="compile", accuracy=compile_accuracy,
+            detail="fuses the model's operators into generated kernels; the first steps pay the compile time",
+            priority=2.0))
+    if target == "cuda" and not dynamic and not settings.get("cudnn_benchmark"):
+        out.append(knob_candidate(
+            "knob:cudnn-benchmark", "compile", "torch.backends.cudnn.benchmark = True (static shapes)",
+            cudnn_benchmark_knob(), priority=0.8,
+            detail="with fixed shapes cuDNN can time its algorithms once and keep the fastest"))
+    if target == "npu":
+        jit = not dynamic
+        out.append(knob_candidate(
+            f"knob:npu-jit-{'on' if jit else 'off'}", "compile",
+            f"torch_npu.npu.set_compile_mode(jit_compile={jit}) ({'static' if jit else 'dynamic'} shapes)",
+            npu_compile_knob(jit), priority=2.0,
+            detail="online operator compilation pays off for fixed shapes and recompiles for every new shape "
+                   "(NPU path unverified on hardware)"))
+    return out
+
+
+def own_speedups(settings: dict[str, Any]) -> list[str]:
+    """A note when the run showed the script compiling its model itself, which is why
+    no compile candidate is offered."""
+    if not settings.get("compiled_graphs"):
+        return []
+    return [f"the script compiles its model itself ({settings['compiled_graphs']} graph(s) made by torch.compile in "
+            f"the profiled run): torch.compile settings were not tried again"]

@@ -1,0 +1,47 @@
+"""Each axis proposes its own candidates; advise collects them in a fixed order."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import torchaxe
+from torchaxe.advise.candidates import knob_candidates
+from torchaxe.bind import candidates as bind
+from torchaxe.data import candidates as data
+from torchaxe.data.tuning import estimate_workers
+from torchaxe.precision import candidates as precision
+from torchaxe.shapes import candidates as shapes
+
+PACKAGE = Path(torchaxe.__file__).parent
+WAITING = {"shapes": {"static": True}, "summary": {"data_wait_fraction": 0.3}}
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda", "npu"])
+def test_advise_lists_what_each_axis_proposes_in_a_fixed_order(target: str) -> None:
+    settings = {"allowed_cpus": 8, "num_threads": 2}
+    expected = [c.key for axis in (shapes, precision, bind, data) for c in axis.candidates(WAITING, target, settings)]
+    assert [c.key for c in knob_candidates(target, WAITING, settings)] == expected
+    assert expected[-1] == "knob:dataloader" and expected[-2] == "knob:bind"
+
+
+@pytest.mark.parametrize("cores", [1, 2, 6, 16])
+def test_the_loader_candidate_uses_the_data_axis_worker_estimate(cores: int) -> None:
+    (loader,) = data.candidates(WAITING, "cpu", {"allowed_cpus": cores})
+    assert loader.knobs["dataloader"]["num_workers"] == estimate_workers(None, None, cores)
+
+
+def test_shapes_try_and_advise_share_the_npu_compile_mode() -> None:
+    static = {c.key: c.knobs for c in shapes.candidates({"shapes": {"static": True}}, "npu", {})}
+    tried = {s["name"]: s for s in shapes.trial_settings("npu")}
+    assert static["knob:npu-jit-on"] == {"npu": tried["jit-compile-on"]["npu"]}
+
+
+def test_no_axis_package_imports_advise() -> None:
+    for folder in ("shapes", "data", "bind", "tune", "precision", "environment", "runtime"):
+        for path in (PACKAGE / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    assert not node.module.startswith("torchaxe.advise"), f"{path} imports {node.module}"
