@@ -24,6 +24,8 @@ LAYERS = {
     "torchaxe.tune": 3,
     "torchaxe.bind": 3,
     "torchaxe.data": 3,
+    "torchaxe.precision": 3,
+    "torchaxe.environment": 3,
     "torchaxe.runtime": 2,
     "torchaxe.kb": 2,
     "torchaxe.findings": 1,

@@ -2,7 +2,8 @@
 data, and the setting ``torchaxe data --tune`` found and kept for this command.
 
 The worker count is the data axis's one estimate (:func:`torchaxe.data.tuning.
-estimate_workers`), the same the tuning search starts from.
+estimate_workers`), the same the tuning search starts from, fed with the profile's
+data wait and step time.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
     if wait <= MIN_WAIT_FRACTION:
         return []
     cores = settings.get("allowed_cpus") or os.cpu_count() or 1
-    workers = estimate_workers(None, None, cores)
+    # Loading in the script's own process, a batch takes about the step's data wait;
+    # the rest of the step is what a worker's batch has to arrive within.
+    summary = profile.get("summary") or {}
+    load, step = summary.get("data_wait_seconds_median"), summary.get("step_seconds_median")
+    compute = step - load if load and step and step > load else None
+    workers = estimate_workers(load if compute else None, compute, cores)
     knobs: dict[str, Any] = {"num_workers": workers, "persistent_workers": True}
     if target in ("cuda", "npu"):
         knobs["pin_memory"] = True
