@@ -382,9 +382,6 @@ class KnowledgeBase:
 
         return self._write(insert) if rows else 0
 
-    def put_tuned(self, record: TunedRecord) -> None:
-        self.add([record])
-
     def put_setting(self, kind: str, workload: str, setting: dict, stats: dict, env: dict | None = None) -> None:
         """Record the measured ``setting`` of axis ``kind`` for ``workload``; the latest
         record of a (kind, workload) is what :meth:`best_setting` returns."""
