@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from torchaxe.cli import main
-from torchaxe.tune.kb import (
+from torchaxe.kb import (
     EXPORT_FORMAT, SCHEMA_VERSION, KnowledgeBase, KnowledgeBaseError, TunedRecord, choose, doctor, workload_key,
 )
 
@@ -135,7 +135,7 @@ def test_a_file_that_is_not_sqlite_gives_one_clear_line(tmp_path, capsys):
 
 _WRITER = """
 import sys
-from torchaxe.tune.kb import KnowledgeBase, TunedRecord
+from torchaxe.kb import KnowledgeBase, TunedRecord
 path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for i in range(n):
     with KnowledgeBase.open(path) as kb:
@@ -278,6 +278,6 @@ def test_kb_cli_show_export_import_prune(tmp_path, capsys):
 
 
 def test_importing_the_kb_module_does_not_import_torch():
-    code = "import sys, torchaxe.tune.kb, torchaxe.tune.kb_cli, torchaxe.tune.knob; print('torch' in sys.modules)"
+    code = "import sys, torchaxe.kb, torchaxe.kb.cli, torchaxe.tune.knob; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

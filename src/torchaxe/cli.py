@@ -36,7 +36,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "trial": "torchaxe.runtime.trial_cli:trial",
     "shapes": "torchaxe.shapes.cli:shapes",
     "tune": "torchaxe.tune.cli:tune",
-    "kb": "torchaxe.tune.kb_cli:kb",
+    "kb": "torchaxe.kb.cli:kb",
     "topo": "torchaxe.bind.cli:topo",
     "launch": "torchaxe.bind.cli:launch",
     "bind": "torchaxe.bind.cli:bind",

@@ -428,7 +428,7 @@ def store_best(report: TuneReport, command: Sequence[str], *, kb_path: str | Non
     ``torchaxe run`` to apply (the setting is the trial knob's ``dataloader`` object;
     :func:`stored_loader_knobs` reads it back as a knob set). Returns what was stored,
     or None when no point ran."""
-    from torchaxe.tune.kb import KnowledgeBase, workload_key
+    from torchaxe.kb import KnowledgeBase, workload_key
 
     best = report.best
     if best is None:
@@ -449,7 +449,7 @@ def store_best(report: TuneReport, command: Sequence[str], *, kb_path: str | Non
 def stored_loader_knobs(command: Sequence[str], *, kb_path: str | None = None, cwd: str | None = None) -> dict | None:
     """The knob-set object (``{"name": ..., "dataloader": {...}}``) of the tuned loader
     setting stored for this command, or None: what ``torchaxe run`` hands the bootstrap."""
-    from torchaxe.tune.kb import KnowledgeBase, workload_key
+    from torchaxe.kb import KnowledgeBase, workload_key
 
     with KnowledgeBase.open(kb_path) as kb:
         found = kb.best_setting(KB_KIND, workload_key(list(command), cwd))

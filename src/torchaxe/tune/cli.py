@@ -78,7 +78,7 @@ def tune(budget, kb_path, depth, whole_model, strategies, steps, repeats, min_ga
     script = parse_command(command)
     check_module(script)
     if kb_path is not None:
-        from torchaxe.tune.kb import KnowledgeBase
+        from torchaxe.kb import KnowledgeBase
 
         KnowledgeBase.open(kb_path).close()  # a bad file is reported before the script runs
     report = tune_script(script, options, steps=steps, timeout=timeout, err=sys.stderr)

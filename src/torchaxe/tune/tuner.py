@@ -41,7 +41,7 @@ from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.stats import Samples
 from torchaxe.tune import strategies as S
 from torchaxe.tune.capture import CallRecorder, Subgraph, capture
-from torchaxe.tune.kb import KnowledgeBase, TunedRecord, choose
+from torchaxe.kb import KnowledgeBase, TunedRecord, choose
 from torchaxe.tune.measure import Example, Timer, compare, interleaved, run_once, tolerance
 from torchaxe.tune.signature import describe, signature_of, signature_parts
 

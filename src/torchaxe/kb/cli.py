@@ -32,7 +32,7 @@ def kb() -> None:
 
 
 def _open(kb_path: str | None, create: bool = False):
-    from torchaxe.tune.kb import KnowledgeBase, default_path
+    from torchaxe.kb.store import KnowledgeBase, default_path
 
     path = Path(kb_path) if kb_path else default_path()
     if not create and not path.exists():
@@ -52,7 +52,7 @@ def _ms(value: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the winners and records as JSON.")
 def show(kb_path, min_gain, as_json):
     """Show each tuned subgraph with its strategies and winner, and the settings."""
-    from torchaxe.tune.kb import choose
+    from torchaxe.kb.store import choose
 
     with _open(kb_path) as base:
         rows = []
@@ -173,7 +173,7 @@ def prune(kb_path, older_than, superseded, other_torch):
 def doctor(kb_path, check):
     """Check the knowledge base; when it is damaged, recover every readable, valid
     record into a fresh file (the damaged one is kept beside it)."""
-    from torchaxe.tune.kb import doctor as run_doctor
+    from torchaxe.kb.store import doctor as run_doctor
 
     report = run_doctor(kb_path, repair=not check)
     if report.healthy:
