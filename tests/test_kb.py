@@ -62,6 +62,23 @@ def test_workload_key_is_stable_and_distinguishes(tmp_path):
     assert len(a) == 32 and all(ch in "0123456789abcdef" for ch in a)
 
 
+def test_workload_key_reads_interpreter_options_as_the_runs_do(tmp_path):
+    from torchaxe.errors import TorchaxeError
+    from torchaxe.runtime.command import parse_command, split_python
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    plain = workload_key(["python", "train.py", "--bs", "8"], cwd=tmp_path)
+    # -O: the key dropped it while the run refuses it; both now read it as an option.
+    assert split_python(["python", "-O", "train.py"]) == (("-O",), ["train.py"])
+    with pytest.raises(TorchaxeError, match="python option -O is not supported"):
+        parse_command(["python", "-O", str(script)])
+    assert workload_key(["python", "-O", "train.py", "--bs", "8"], cwd=tmp_path) == plain
+    # -W takes a value: the key used to take "-W" for the script.
+    assert split_python(["python", "-W", "ignore", "train.py"]) == (("-W", "ignore"), ["train.py"])
+    assert workload_key(["python", "-W", "ignore", "train.py", "--bs", "8"], cwd=tmp_path) == plain
+
+
 def test_winner_is_the_fastest_correct_strategy(tmp_path):
     with KnowledgeBase.open(tmp_path / "kb.sqlite") as kb:
         kb.add([tuned("eager", 1.0), tuned("compile", 0.5), tuned("replace", None, status="wrong"),

@@ -28,7 +28,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import sqlite3
 import time
 import uuid
@@ -38,6 +37,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torchaxe.config import home
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.command import split_module, split_python
 
 #: The schema this code writes. Older files are migrated on open; newer ones refused.
 SCHEMA_VERSION = 2
@@ -218,18 +218,14 @@ def workload_key(command: Sequence[str], cwd: str | os.PathLike[str] | None = No
     """A stable key for a training command: a hash of the resolved script path (or
     ``-m module``) and its arguments, so that ``python train.py --bs 8`` run as
     ``./train.py`` or by its absolute path gives the same key while another script
-    or other arguments give another. ``python`` and its harmless flags (``-u``) are
-    left out; relative paths are resolved against ``cwd`` (default: the working folder)."""
+    or other arguments give another. ``python`` and its options (``-u``, ``-O``, ``-W
+    ignore``), read by the one command parser the runs use, are left out; relative
+    paths are resolved against ``cwd`` (default: the working folder)."""
     base = Path(cwd) if cwd is not None else Path.cwd()
-    tokens = list(command)
-    if tokens and re.match(r"^python(\d+(\.\d+)*)?(\.exe)?$", os.path.basename(tokens[0]), re.IGNORECASE):
-        tokens.pop(0)
-        while tokens and tokens[0] in ("-u", "-B", "-E", "-s", "-I", "-q", "-O", "-OO"):
-            tokens.pop(0)
-    if tokens and tokens[0] == "-m" and len(tokens) > 1:
-        parts = ["module", tokens[1], *tokens[2:]]
-    elif tokens and tokens[0].startswith("-m") and len(tokens[0]) > 2:
-        parts = ["module", tokens[0][2:], *tokens[1:]]
+    _, tokens = split_python(command)
+    module = split_module(tokens)
+    if module is not None and module[0]:
+        parts = ["module", module[0], *module[1]]
     elif tokens:
         target = tokens[0] if os.path.isabs(tokens[0]) else str(base / tokens[0])
         parts = ["path", os.path.realpath(target), *tokens[1:]]
