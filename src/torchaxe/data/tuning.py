@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.units import duration
 
 #: The data-wait fraction at which the search stops: the device hardly waits.
 WAIT_TARGET = 0.02
@@ -415,8 +416,8 @@ def _rate(result: PointResult) -> str:
     if result.throughput is None:
         return "n/a"
     unit = "samples/s" if result.batch_size else "steps/s"
-    return (f"{result.throughput:.1f} {unit} (mean step {1e3 * (result.mean_step_seconds or 0):.1f} ms, "
-            f"median {1e3 * (result.median_step_seconds or 0):.1f} ms)")
+    return (f"{result.throughput:.1f} {unit} (mean step {duration(result.mean_step_seconds or 0, 1)}, "
+            f"median {duration(result.median_step_seconds or 0, 1)})")
 
 
 # ------------------------------------------------------------------ knowledge base
