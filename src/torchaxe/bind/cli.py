@@ -100,7 +100,7 @@ def launch(ctx, show_help, tokens):
     from torchaxe.bind import launcher
     from torchaxe.bind.plan import parse_loader_cores, plan_binding
 
-    parser = launcher._torchrun_parser()
+    parser = launcher.torchrun_parser()
     args = launcher.split_args(tokens, parser)
     own = args.own
     mode = own.get("bind", "exclusive")

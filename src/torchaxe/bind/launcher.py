@@ -38,7 +38,8 @@ class LaunchArgs:
     how: str = "script"
 
 
-def _torchrun_parser():
+def torchrun_parser():
+    """torchrun's own argument parser, so that ``launch`` accepts exactly its options."""
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
@@ -54,7 +55,7 @@ def split_args(tokens: Sequence[str], parser=None) -> LaunchArgs:
     """Separate torchaxe's options, torchrun's options, the script and its arguments.
     torchrun's parser says which of its options take a value, so the script is the
     first token that is neither an option nor an option's value."""
-    parser = parser or _torchrun_parser()
+    parser = parser or torchrun_parser()
     takes_value = {opt: action.nargs != 0 for action in parser._actions for opt in action.option_strings}
     out = LaunchArgs()
     tokens = list(tokens)
@@ -119,7 +120,7 @@ def local_world_size(args: LaunchArgs, parser=None) -> tuple[int, Any]:
     ``--nproc-per-node`` given as a number, cpu, gpu or auto, or by PET_NPROC_PER_NODE)."""
     from torch.distributed.run import determine_local_world_size
 
-    parser = parser or _torchrun_parser()
+    parser = parser or torchrun_parser()
     namespace = parser.parse_args([*args.torchrun, "torchaxe-placeholder.py"])
     try:
         return int(determine_local_world_size(namespace.nproc_per_node)), namespace
