@@ -63,6 +63,7 @@ SCRIPT = ROOT / "examples" / "gpt" / "train.py"
 sys.path.insert(0, str(ROOT / "src"))
 
 from torchaxe.runtime.stats import Samples  # noqa: E402  (after the path set-up above)
+from torchaxe.units import duration  # noqa: E402
 
 #: Most the default instrumentation may add to the median step time.
 TARGET_RATIO = 1.03
@@ -97,7 +98,6 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torchaxe.runtime.command import parse_command
 from torchaxe.runtime.harness import Harness, HarnessOptions
-from torchaxe.units import duration
 out, repeats, warmup, script, args = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5:]
 sys.path[0] = os.path.dirname(os.path.realpath(script))
 def without():
