@@ -41,10 +41,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from torchaxe.report.profile_text import seconds_text  # noqa: E402
+
 from torchaxe.runtime.stats import Samples  # noqa: E402
 from torchaxe.shapes.measure import PICK_TOLERANCE, candidates, run_compile_trial  # noqa: E402
 from torchaxe.shapes.verdict import Verdict  # noqa: E402
+from torchaxe.units import duration  # noqa: E402
 
 EXAMPLES = {
     "gpt (fixed shapes)": ["examples/gpt/train.py", "--steps", "100000", "--log-every", "100000"],
@@ -114,8 +115,8 @@ def render(results: list[dict[str, Any]], header: str) -> str:
             ratio = (f"{row['ratio_median']:.3f} ({row['ratio_min']:.3f}..{row['ratio_max']:.3f})"
                      if row["ratio_median"] is not None else "n/a")
             spread = f"{100 * row['spread']:.1f}%" + (" noisy" if row["noisy"] else "") if row["spread"] is not None else "n/a"
-            table.append((row["candidate"], seconds_text(row["warmup_seconds"]), seconds_text(row["steady_median"]),
-                          seconds_text(row["steady_mean"]), seconds_text(row["steady_p90"]), spread, ratio))
+            table.append((row["candidate"], duration(row["warmup_seconds"]), duration(row["steady_median"]),
+                          duration(row["steady_mean"]), duration(row["steady_p90"]), spread, ratio))
         widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
         for r in table:
             lines.append("  " + "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip())

@@ -63,6 +63,7 @@ SCRIPT = ROOT / "examples" / "gpt" / "train.py"
 sys.path.insert(0, str(ROOT / "src"))
 
 from torchaxe.runtime.stats import Samples  # noqa: E402  (after the path set-up above)
+from torchaxe.units import duration  # noqa: E402
 
 #: Most the default instrumentation may add to the median step time.
 TARGET_RATIO = 1.03
@@ -332,10 +333,6 @@ def machine_info() -> dict[str, Any]:
 # --------------------------------------------------------------------------- output
 
 
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:.2f} ms"
-
-
 def render_text(data: dict[str, Any], out: TextIO) -> None:
     w = data["workload"]
     out.write(f"harness overhead: {w['script']} {' '.join(w['script_args'])}\n")
@@ -346,9 +343,10 @@ def render_text(data: dict[str, Any], out: TextIO) -> None:
     pairs = data["pair_ratios"]["values"]
     for i, (a, b) in enumerate(zip(data["without"]["run_medians"], data["with"]["run_medians"]), 1):
         ratio = f"{pairs[i - 1]:.3f}" if i <= len(pairs) else "n/a"
-        out.write(f"  {i:>4}  {_ms(a):>10}  {_ms(b):>10}  {ratio:>6}\n")
+        out.write(f"  {i:>4}  {duration(a, 2):>10}  {duration(b, 2):>10}  {ratio:>6}\n")
     a, b = data["without"]["step_seconds"], data["with"]["step_seconds"]
-    out.write(f"  median step time over all measured steps: without {_ms(a['median'])}, with {_ms(b['median'])}\n")
+    out.write(f"  median step time over all measured steps: without {duration(a['median'], 2)}, "
+              f"with {duration(b['median'], 2)}\n")
     ratio = data["ratio"]
     overhead = f"{ratio:.3f} ({100 * (ratio - 1):+.1f}%)" if ratio is not None else "n/a"
     out.write(f"  ratio with/without: {overhead}\n")
@@ -363,8 +361,9 @@ def render_text(data: dict[str, Any], out: TextIO) -> None:
     same = data.get("same_process")
     if same and same["ratio"] is not None:
         q = same["pair_ratios"]
-        out.write(f"  same process, {same['pairs']} pairs alternating: without {_ms(same['without_median'])}, "
-                  f"with {_ms(same['with_median'])}, ratio {same['ratio']:.3f} ({100 * (same['ratio'] - 1):+.1f}%); "
+        out.write(f"  same process, {same['pairs']} pairs alternating: without {duration(same['without_median'], 2)}, "
+                  f"with {duration(same['with_median'], 2)}, ratio {same['ratio']:.3f} "
+                  f"({100 * (same['ratio'] - 1):+.1f}%); "
                   f"pair ratios {q['min']:.3f}..{q['max']:.3f}\n")
     for key in ("without", "with"):
         if data[key]["step_seconds"]["noisy"]:

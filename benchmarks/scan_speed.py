@@ -697,7 +697,7 @@ def count_work(tree: Path, target: str, capabilities: dict[str, Any] | None, log
     caps = capabilities if capabilities is not None else torch_capabilities(target)
     files = discover([tree]).files
     counts = {"files_analysed": 0, "candidate_trees": 0, "trees_evaluated": 0, "node_evaluations": 0}
-    originals = (analysis.STORE, analysis._compute, analysis._analyse, analysis._fingerprints)
+    originals = (analysis.STORE, analysis.load_compute, analysis._analyse, analysis._fingerprints)
     with tempfile.TemporaryDirectory() as tmp:
         pids = Path(tmp) / "pids"
         pids.write_text("")
@@ -709,7 +709,7 @@ def count_work(tree: Path, target: str, capabilities: dict[str, Any] | None, log
             return originals[1]()
 
         try:
-            analysis._compute = compute
+            analysis.load_compute = compute
             analysis.STORE = FingerprintStore(use_disk=False)
             log("work: cold scan with --jobs 2")
             parallel = scan_paths([tree], ScanOptions(target=target, jobs=2, capabilities=caps))
@@ -749,7 +749,7 @@ def count_work(tree: Path, target: str, capabilities: dict[str, Any] | None, log
             finally:
                 fp.compute, interpreter.Evaluator._compute = original_tree, original_node
         finally:
-            analysis.STORE, analysis._compute, analysis._analyse, analysis._fingerprints = originals
+            analysis.STORE, analysis.load_compute, analysis._analyse, analysis._fingerprints = originals
     return {
         "benchmark": "scan_speed --work",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -49,6 +49,20 @@ def test_apply_writes_the_chosen_fix_keeps_the_original_and_writes_knobs(script:
     assert knobs == {"compile": {"mode": "default"}} and source == tmp_path / "torchaxe.toml"
 
 
+def test_kept_originals_and_the_knowledge_base_share_the_xdg_home(script: Path, tmp_path: Path,  # noqa: F811
+                                                                  monkeypatch) -> None:
+    from torchaxe.kb import KnowledgeBase
+
+    monkeypatch.delenv("TORCHAXE_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    home = tmp_path / "xdg" / "torchaxe"
+    apply_advice(load_advice(advice_file(script, tmp_path)))
+    kept = kept_originals(script)
+    assert kept and all(Path(copy).is_relative_to(home) for copy in kept.values())
+    with KnowledgeBase.open() as kb:
+        assert kb.path.parent == home
+
+
 def test_apply_diff_changes_nothing(script: Path, tmp_path: Path) -> None:  # noqa: F811
     before = script.read_text()
     result = apply_advice(load_advice(advice_file(script, tmp_path)), write=False)
@@ -218,7 +232,7 @@ def test_advise_says_when_no_step_is_detected(tmp_path: Path) -> None:
 
 
 def test_a_tuned_loader_setting_in_the_knowledge_base_is_tried_and_run(tmp_path: Path, monkeypatch) -> None:
-    from torchaxe.tune.kb import KnowledgeBase, workload_key
+    from torchaxe.kb import KnowledgeBase, workload_key
 
     monkeypatch.setenv("TORCHAXE_HOME", str(tmp_path / "home"))
     script = tmp_path / "train.py"

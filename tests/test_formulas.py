@@ -410,12 +410,12 @@ def test_a_parallel_scan_evaluates_in_one_process(tmp_path):
         os.environ['TORCHAXE_NO_CACHE'] = '1'
         from torchaxe.scan.engine import scan_paths, ScanOptions
         from torchaxe.scan.formulas import analysis
-        original = analysis._compute
+        original = analysis.load_compute
         def logged():
             with open({str(log)!r}, 'a') as f:
                 f.write(f'{{os.getpid()}}\\n')
             return original()
-        analysis._compute = logged
+        analysis.load_compute = logged
         opts = ScanOptions(target='npu', capabilities={{'fused_optimizers': ['AdamW']}})
         parallel = scan_paths([{str(tmp_path)!r}], ScanOptions(**{{**opts.__dict__, 'jobs': 2}}))
         in_parent = 'torch' in sys.modules

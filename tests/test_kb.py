@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from torchaxe.cli import main
-from torchaxe.tune.kb import (
+from torchaxe.kb import (
     EXPORT_FORMAT, SCHEMA_VERSION, KnowledgeBase, KnowledgeBaseError, TunedRecord, choose, doctor, workload_key,
 )
 
@@ -60,6 +60,23 @@ def test_workload_key_is_stable_and_distinguishes(tmp_path):
     assert workload_key(["python", "train.py", "--bs", "16"], cwd=tmp_path) != a
     assert workload_key(["python", "-m", "pkg.train"]) != a
     assert len(a) == 32 and all(ch in "0123456789abcdef" for ch in a)
+
+
+def test_workload_key_reads_interpreter_options_as_the_runs_do(tmp_path):
+    from torchaxe.errors import TorchaxeError
+    from torchaxe.runtime.command import parse_command, split_python
+
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    plain = workload_key(["python", "train.py", "--bs", "8"], cwd=tmp_path)
+    # -O: the key dropped it while the run refuses it; both now read it as an option.
+    assert split_python(["python", "-O", "train.py"]) == (("-O",), ["train.py"])
+    with pytest.raises(TorchaxeError, match="python option -O is not supported"):
+        parse_command(["python", "-O", str(script)])
+    assert workload_key(["python", "-O", "train.py", "--bs", "8"], cwd=tmp_path) == plain
+    # -W takes a value: the key used to take "-W" for the script.
+    assert split_python(["python", "-W", "ignore", "train.py"]) == (("-W", "ignore"), ["train.py"])
+    assert workload_key(["python", "-W", "ignore", "train.py", "--bs", "8"], cwd=tmp_path) == plain
 
 
 def test_winner_is_the_fastest_correct_strategy(tmp_path):
@@ -135,7 +152,7 @@ def test_a_file_that_is_not_sqlite_gives_one_clear_line(tmp_path, capsys):
 
 _WRITER = """
 import sys
-from torchaxe.tune.kb import KnowledgeBase, TunedRecord
+from torchaxe.kb import KnowledgeBase, TunedRecord
 path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for i in range(n):
     with KnowledgeBase.open(path) as kb:
@@ -278,6 +295,6 @@ def test_kb_cli_show_export_import_prune(tmp_path, capsys):
 
 
 def test_importing_the_kb_module_does_not_import_torch():
-    code = "import sys, torchaxe.tune.kb, torchaxe.tune.kb_cli, torchaxe.tune.knob; print('torch' in sys.modules)"
+    code = "import sys, torchaxe.kb, torchaxe.kb.cli, torchaxe.tune.knob; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -196,6 +196,28 @@ def test_loader_rules_skip_unpacked_arguments_and_other_loaders():
     assert _scan(source, "cuda") == []
 
 
+def test_one_dataloader_detector_serves_the_loop_rules_and_the_loader_rules():
+    from torchaxe.scan.context import FileContext
+    from torchaxe.scan.rules._dataloader import dataloader_kind, loader_call
+    from torchaxe.scan.rules._tensors import is_loader
+
+    source = (
+        "import torch\nfrom monai.data import DataLoader as MonaiLoader\n"
+        "a = torch.utils.data.DataLoader(ds, 8)\n"
+        "b = MonaiLoader(ds, 2)\n"
+        "c = DataLoader(ds, 8)\n"
+        "d = make(ds)\n"
+    )
+    tree = ast.parse(source)
+    ctx = FileContext("t.py", source, tree, "cuda")
+    calls = [node.value for node in tree.body if isinstance(node, ast.Assign)]
+    assert [dataloader_kind(ctx, call) for call in calls] == ["torch", "other", "other", None]
+    # The loop rules saw MONAI's and an unbound DataLoader as loaders, the loader rules
+    # did not: both now read the one answer, and keep their own use of it.
+    assert [is_loader(ctx, call) for call in calls] == [True, True, True, False]
+    assert [loader_call(call, ctx) is not None for call in calls] == [True, False, False, False]
+
+
 def test_persistent_workers_parenthesises_low_precedence_expressions():
     source = "from torch.utils.data import DataLoader\nl = DataLoader(ds, num_workers=a if b else c)\n"
     fixed = _fix(source, "cpu", ("AX403",))

@@ -21,7 +21,7 @@ import torchaxe
 from torchaxe.errors import TorchaxeError
 from torchaxe.tune import strategies as S
 from torchaxe.tune.capture import capture
-from torchaxe.tune.kb import KnowledgeBase
+from torchaxe.kb import KnowledgeBase
 from torchaxe.tune.measure import Example, RunResult, Timer, compare, interleaved, run_once
 from torchaxe.tune.replacements import plan_for, apply_plan
 from torchaxe.tune.signature import signature_of, signature_parts

@@ -12,7 +12,7 @@ import pytest
 
 from torchaxe.cli import main
 from torchaxe.runtime.knobs import knob_set_from_dict
-from torchaxe.tune.kb import KnowledgeBase, TunedRecord
+from torchaxe.kb import KnowledgeBase, TunedRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT = ["python", str(ROOT / "examples" / "gpt" / "train.py"), "--steps", "6", "--n-layers", "2", "--d-model", "32",

@@ -17,10 +17,9 @@ import click
 
 from torchaxe import __version__
 from torchaxe.backends import TARGET_CHOICES
+from torchaxe.console import CONTEXT, write_output
 from torchaxe.errors import TorchaxeError
 from torchaxe.report import FORMATS
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 def _split(values: tuple[str, ...]) -> tuple[str, ...]:
@@ -41,7 +40,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "shapes": ("torchaxe.shapes.cli:shapes",
                "Find out whether the model's shapes are static or dynamic, and which compile mode fits."),
     "tune": ("torchaxe.tune.cli:tune", "Auto-tune the model's fixed-shape subgraphs and keep the winners."),
-    "kb": ("torchaxe.tune.kb_cli:kb", "Look after the knowledge base of tuned subgraphs and measured settings."),
+    "kb": ("torchaxe.kb.cli:kb", "Look after the knowledge base of tuned subgraphs and measured settings."),
     "topo": ("torchaxe.bind.cli:topo", "Show the CPU topology core binding works with."),
     "launch": ("torchaxe.bind.cli:launch", "Run torchrun with every local rank bound to the cores near its device."),
     "bind": ("torchaxe.bind.cli:bind", "Bind this rank under another launcher, or check a running process."),
@@ -185,21 +184,6 @@ def _progress(label: str) -> Iterator[Callable[[int, int], None] | None]:
         yield update
 
 
-def _write_output(text: str, output: str | None) -> None:
-    if output is None or output == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    from torchaxe.atomic import write_text_atomic
-
-    path = Path(output)
-    if path.is_dir():
-        raise TorchaxeError(f"--output {output}: is a folder")
-    if not path.parent.exists():
-        raise TorchaxeError(f"--output {output}: folder {path.parent} does not exist")
-    write_text_atomic(path, text)
-
-
 @cli.command(context_settings=CONTEXT)
 @click.argument("paths", nargs=-1, type=click.Path(path_type=str))
 @_scan_options
@@ -233,7 +217,7 @@ def scan(paths, target, select, ignore, exclude, jobs, packages, fmt, output):
     buffer = io.StringIO()
     color = fmt == "text" and output is None and sys.stdout.isatty()
     render(result, fmt, buffer, color=color)
-    _write_output(buffer.getvalue(), output)
+    write_output(buffer.getvalue(), output)
     sys.exit(result.exit_code)
 
 

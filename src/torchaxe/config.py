@@ -3,6 +3,7 @@ found from the working folder upwards; command-line flags override it."""
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,17 @@ KEYS: dict[str, type | tuple[type, ...]] = {
     "jobs": int,
     "format": str,
 }
+
+
+def home() -> Path:
+    """The one folder torchaxe keeps its files in (caches, the knowledge base, kept
+    originals): ``$TORCHAXE_HOME``, else ``$XDG_CACHE_HOME/torchaxe``, else
+    ``~/.cache/torchaxe``. Read at each call, so that a changed environment counts."""
+    own = os.environ.get("TORCHAXE_HOME")
+    if own:
+        return Path(own)
+    cache = os.environ.get("XDG_CACHE_HOME")
+    return (Path(cache) if cache else Path.home() / ".cache") / "torchaxe"
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from torchaxe.tune import tune
-from torchaxe.tune.kb import KnowledgeBase
+from torchaxe.kb import KnowledgeBase
 
 
 class Model(nn.Module):

@@ -2,7 +2,7 @@
 
 Code changes are the scanner's fixes of the chosen rules, written atomically (safe
 fixes by default, unsafe ones with ``unsafe=True``). Before the first change to a
-workload its original files are kept under ``$TORCHAXE_HOME/originals/`` so that a
+workload its original files are kept under ``originals/`` of torchaxe's home folder (:func:`torchaxe.config.home`) so that a
 later ``advise`` can measure the gain achieved against them. Runtime knobs go to the
 ``run`` table of the project's ``torchaxe.toml`` (or ``[tool.torchaxe.run]`` of a
 pyproject.toml that already holds the configuration), edited in place so the user's
@@ -21,13 +21,10 @@ from typing import Any, Sequence
 
 from torchaxe.advise.recommendation import SCHEMA
 from torchaxe.atomic import write_text_atomic
+from torchaxe.config import home
 from torchaxe.errors import TorchaxeError
 
 ORIGINALS_SCHEMA = "torchaxe.originals/1"
-
-
-def home() -> Path:
-    return Path(os.environ.get("TORCHAXE_HOME") or Path.home() / ".cache" / "torchaxe")
 
 
 def workload_id(script: str | Path) -> str:

@@ -347,12 +347,12 @@ def judge(processes: list[ProcessReport], topology) -> tuple[str, list[str]]:
 
 
 def render_check(report: CheckReport, out, top: int = 12) -> None:
-    from torchaxe.bind.render import _console, _table
+    from torchaxe.bind.render import text_console, text_table
 
-    console = _console(out)
+    console = text_console(out)
     console.print(f"bind check: {len(report.processes)} process(es), {report.seconds:.1f} s, {report.samples} samples; "
                   f"allowed CPUs {format_cpulist(report.allowed)}, {report.nodes} NUMA node(s)")
-    table = _table("pid", "tid", "name", "busy", "migr/s", "ctx sw/s", "preempt/s", "off-node", "CPUs seen", "allowed")
+    table = text_table("pid", "tid", "name", "busy", "migr/s", "ctx sw/s", "preempt/s", "off-node", "CPUs seen", "allowed")
     threads = sorted((t for p in report.processes for t in p.threads), key=lambda t: -t.busy)
     for t in threads[:top]:
         table.add_row(str(t.pid), str(t.tid), t.name, f"{t.busy:.0%}",

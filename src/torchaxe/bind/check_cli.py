@@ -9,9 +9,8 @@ import time
 
 import click
 
+from torchaxe.console import CONTEXT
 from torchaxe.errors import TorchaxeError
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.command("check", context_settings={**CONTEXT, "ignore_unknown_options": True})

@@ -6,9 +6,9 @@ import sys
 
 import click
 
+from torchaxe.console import CONTEXT
 from torchaxe.errors import TorchaxeError
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 TARGETS = ("auto", "cpu", "cuda", "npu")
 BIND_MODES = ("exclusive", "node", "socket", "core-complex", "none")
 

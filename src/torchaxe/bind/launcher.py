@@ -39,6 +39,7 @@ class LaunchArgs:
 
 
 def torchrun_parser():
+    """torchrun's own argument parser, so that ``launch`` accepts exactly its options."""
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()

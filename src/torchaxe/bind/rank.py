@@ -49,9 +49,9 @@ def run_bound(plan: BindingPlan, local_rank: int, command: Sequence[str], how: s
     elif how == "module":
         script = parse_command(["python", "-m", *command])
     elif how == "auto":
-        from torchaxe.runtime.command import _is_python
+        from torchaxe.runtime.command import is_python
 
-        if _is_python(command[0]):
+        if is_python(command[0]):
             try:
                 script = parse_command(command)
             except TorchaxeError:

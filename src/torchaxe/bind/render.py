@@ -9,7 +9,8 @@ from torchaxe.bind.plan import BindingPlan
 from torchaxe.bind.topology import Topology
 
 
-def _console(out: TextIO):
+def text_console(out: TextIO):
+    """A rich console for the bind reports on ``out``: colour only on a terminal."""
     from rich.console import Console
 
     color = hasattr(out, "isatty") and out.isatty()
@@ -17,7 +18,8 @@ def _console(out: TextIO):
                    force_terminal=False if not color else None)
 
 
-def _table(*columns: str):
+def text_table(*columns: str):
+    """A plain rich table with these columns, as every bind report draws them."""
     from rich import box
     from rich.table import Table
 
@@ -28,7 +30,7 @@ def _table(*columns: str):
 
 
 def render_topology(topo: Topology, out: TextIO) -> None:
-    console = _console(out)
+    console = text_console(out)
     cores = len(topo.cores)
     cpus = len(topo.cpus)
     console.print(f"topology: {len(topo.sockets)} socket(s), {len(topo.nodes)} NUMA node(s), {cores} physical cores, "
@@ -38,7 +40,7 @@ def render_topology(topo: Topology, out: TextIO) -> None:
     console.print(f"allowed CPUs: {format_cpulist(topo.allowed)} ({len(topo.allowed)} of {cpus}; affinity "
                   f"{format_cpulist(topo.affinity)}, cgroup cpuset "
                   f"{format_cpulist(topo.cgroup_cpus) if topo.cgroup_cpus is not None else 'none'})")
-    table = _table("node", "socket", "CPUs", "cores", "allowed", "L3 groups", "distances", "devices")
+    table = text_table("node", "socket", "CPUs", "cores", "allowed", "L3 groups", "distances", "devices")
     for node in topo.nodes:
         node_cores = [c for c in topo.cores if c.node == node.id]
         groups = sorted({c.l3 for c in node_cores if c.l3 is not None})
@@ -50,7 +52,7 @@ def render_topology(topo: Topology, out: TextIO) -> None:
                       " ".join(devices) or "-")
     console.print(table)
     if topo.devices:
-        dtable = _table("device", "PCI", "node", "source", "note")
+        dtable = text_table("device", "PCI", "node", "source", "note")
         for d in topo.devices:
             dtable.add_row(f"{d.kind}:{d.index}", d.pci or "?", "unknown" if d.numa_node is None else str(d.numa_node),
                            d.source, d.note or "")
@@ -62,10 +64,10 @@ def render_topology(topo: Topology, out: TextIO) -> None:
 
 
 def render_plan(plan: BindingPlan, out: TextIO) -> None:
-    console = _console(out)
+    console = text_console(out)
     console.print(f"binding plan: mode {plan.mode}, {plan.nproc} local rank(s), {plan.device_kind}"
                   f", allowed CPUs {format_cpulist(plan.allowed)}")
-    table = _table("rank", "device", "dev node", "CPUs", "nodes", "compute CPUs", "loader CPUs", "threads")
+    table = text_table("rank", "device", "dev node", "CPUs", "nodes", "compute CPUs", "loader CPUs", "threads")
     for r in plan.ranks:
         device = f"{plan.device_kind}:{r.device}" if r.device is not None else "-"
         table.add_row(str(r.local_rank), device, "-" if r.device_node is None else str(r.device_node),

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from torchaxe.runtime.stats import Samples
+from torchaxe.units import duration
 
 SCHEMA = "torchaxe.data/1"
 #: At or above this fraction of the step spent waiting for data, the run is data-bound.
@@ -151,10 +153,9 @@ def pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
 
-def ms(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    return f"{seconds * 1e3:.2f} ms" if seconds < 0.01 else f"{seconds * 1e3:.1f} ms"
+#: Durations in the data reports: milliseconds however long (a data wait in seconds
+#: still reads against the per-step compute beside it).
+ms = partial(duration, in_seconds=False)
 
 
 def step_splits(profile: Any, copies: Any = None) -> list[StepSplit]:

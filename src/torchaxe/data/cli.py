@@ -10,9 +10,8 @@ from pathlib import Path
 import click
 
 from torchaxe.backends import TARGET_CHOICES
+from torchaxe.console import CONTEXT, progress_printer, writable_path
 from torchaxe.errors import TorchaxeError
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 EPILOG = """\b
 Exit codes:
@@ -98,9 +97,7 @@ def data(steps, warmup, timeout, target, samples, sample_timeout, images, decode
     if images is not None and not Path(images).exists():
         raise TorchaxeError(f"--images {images}: no such file or folder")
     if out:
-        target_path = Path(out)
-        if target_path.is_dir() or not target_path.parent.exists():
-            raise TorchaxeError(f"--out {out}: {'is a folder' if target_path.is_dir() else 'folder does not exist'}")
+        writable_path(out, "--out")
     options = DataOptions(
         steps=steps, warmup=warmup, timeout=timeout, target=target or find_config().get("target") or "auto",
         samples=samples, sample_timeout=sample_timeout, images=images, decode_files=decode_files,
@@ -109,7 +106,7 @@ def data(steps, warmup, timeout, target, samples, sample_timeout, images, decode
         trial_timeout=trial_timeout, kb_path=kb_path, store=not no_store,
     )
     threads_before = set(threading.enumerate())
-    report, code = analyse(list(command), options, progress=_progress_writer())
+    report, code = analyse(list(command), options, progress=progress_printer("data"))
     if out:
         from torchaxe.atomic import write_text_atomic
 
@@ -132,22 +129,6 @@ def _json(report) -> str:
     import json
 
     return json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n"
-
-
-def _progress_writer():
-    """Progress lines on stderr (rich's console when it is a terminal)."""
-    if sys.stderr.isatty():
-        from rich.console import Console
-        from rich.markup import escape
-
-        console = Console(stderr=True, highlight=False)
-        return lambda line: console.print(f"[dim]torchaxe data:[/dim] {escape(line)}", soft_wrap=True)
-
-    def plain(line: str) -> None:
-        sys.stderr.write(f"torchaxe data: {line}\n")
-        sys.stderr.flush()
-
-    return plain
 
 
 def _leave(before: set, code: int) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.units import duration
 
 DECODERS = ("pil", "opencv", "torchvision")
 MODES = ("RGB", "L")
@@ -215,7 +216,7 @@ def choose_decoder(data: bytes, mode: str = "RGB", tolerance: int = 0,
         return DecoderChoice(fmt, mode, "pil", seconds, differences, "no decoder could decode the first image")
     fastest = min(matching, key=lambda n: seconds[n])
     reason = (f"fastest of {', '.join(sorted(seconds))} on the first {fmt} image "
-              f"({seconds[fastest] * 1e3:.3f} ms), pixels within {tolerance} of PIL's")
+              f"({duration(seconds[fastest], 3)}), pixels within {tolerance} of PIL's")
     return DecoderChoice(fmt, mode, fastest, seconds, differences, reason)
 
 

@@ -370,9 +370,9 @@ class CopyProbe:
         import torch
         import torch.utils.data._utils.pin_memory as pin_module
 
-        from torchaxe.runtime.probes import _is_compiling
+        from torchaxe.runtime.dynamo import compiling_check
 
-        compiling = _is_compiling()
+        compiling = compiling_check()
         for name in self.METHODS:
             original = getattr(torch.Tensor, name, None)  # ``npu`` only with torch_npu
             if original is None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.units import duration
 
 #: The data-wait fraction at which the search stops: the device hardly waits.
 WAIT_TARGET = 0.02
@@ -415,8 +416,8 @@ def _rate(result: PointResult) -> str:
     if result.throughput is None:
         return "n/a"
     unit = "samples/s" if result.batch_size else "steps/s"
-    return (f"{result.throughput:.1f} {unit} (mean step {1e3 * (result.mean_step_seconds or 0):.1f} ms, "
-            f"median {1e3 * (result.median_step_seconds or 0):.1f} ms)")
+    return (f"{result.throughput:.1f} {unit} (mean step {duration(result.mean_step_seconds or 0, 1)}, "
+            f"median {duration(result.median_step_seconds or 0, 1)})")
 
 
 # ------------------------------------------------------------------ knowledge base
@@ -428,7 +429,7 @@ def store_best(report: TuneReport, command: Sequence[str], *, kb_path: str | Non
     ``torchaxe run`` to apply (the setting is the trial knob's ``dataloader`` object;
     :func:`stored_loader_knobs` reads it back as a knob set). Returns what was stored,
     or None when no point ran."""
-    from torchaxe.tune.kb import KnowledgeBase, workload_key
+    from torchaxe.kb import KnowledgeBase, workload_key
 
     best = report.best
     if best is None:
@@ -449,7 +450,7 @@ def store_best(report: TuneReport, command: Sequence[str], *, kb_path: str | Non
 def stored_loader_knobs(command: Sequence[str], *, kb_path: str | None = None, cwd: str | None = None) -> dict | None:
     """The knob-set object (``{"name": ..., "dataloader": {...}}``) of the tuned loader
     setting stored for this command, or None: what ``torchaxe run`` hands the bootstrap."""
-    from torchaxe.tune.kb import KnowledgeBase, workload_key
+    from torchaxe.kb import KnowledgeBase, workload_key
 
     with KnowledgeBase.open(kb_path) as kb:
         found = kb.best_setting(KB_KIND, workload_key(list(command), cwd))

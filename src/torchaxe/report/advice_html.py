@@ -8,19 +8,17 @@ escaped by the template's autoescaping.
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 from torchaxe import __version__
 from torchaxe.advise.recommendation import AXIS_TITLES, Advice
+from torchaxe.units import duration
 
 TEMPLATE = "advice.html.j2"
 COLORS = {"data_wait": "#cf222e", "forward_and_rest": "#0969da", "backward": "#8250df", "gc": "#9a6700"}
 LABELS = {"data_wait": "data wait", "forward_and_rest": "forward, loss, optimizer", "backward": "backward",
           "gc": "garbage collection"}
-
-
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:.2f} ms"
 
 
 def hbars(items: list[tuple[str, float, str]], width: int = 640, row: int = 22, label_width: int = 260) -> dict:
@@ -31,7 +29,7 @@ def hbars(items: list[tuple[str, float, str]], width: int = 640, row: int = 22, 
     for n, (label, value, color) in enumerate(items):
         length = max(span * max(value, 0.0) / top, 1.0 if value > 0 else 0.0)
         rows.append({"y": n * row, "label": label if len(label) <= 40 else label[:39] + "…", "full": label,
-                     "x": label_width, "w": round(length, 1), "color": color, "value": _ms(value),
+                     "x": label_width, "w": round(length, 1), "color": color, "value": duration(value, 2),
                      "tx": round(label_width + length + 6, 1)})
     return {"width": width, "height": max(len(items) * row, row), "rows": rows, "label_width": label_width}
 
@@ -45,7 +43,7 @@ def stacked(parts: dict[str, float], width: int = 640) -> dict:
             continue
         w = width * value / total
         segs.append({"x": round(x, 1), "w": round(w, 1), "color": COLORS.get(key, "#59636e"),
-                     "label": LABELS.get(key, key), "value": _ms(value), "share": f"{value / total:.0%}"})
+                     "label": LABELS.get(key, key), "value": duration(value, 2), "share": f"{value / total:.0%}"})
         x += w
     return {"width": width, "segs": segs}
 
@@ -60,7 +58,7 @@ def columns(steps: list[float], waits: list[float], width: int = 640, height: in
         hw = height * min(w, s) / top
         cols.append({"x": round(i * bar + 1, 1), "w": round(max(bar - 2, 1), 1), "hs": round(hs, 1),
                      "ys": round(height - hs, 1), "hw": round(hw, 1), "yw": round(height - hw, 1),
-                     "title": f"step {i + 1}: {_ms(s)}, data wait {_ms(w)}"})
+                     "title": f"step {i + 1}: {duration(s, 2)}, data wait {duration(w, 2)}"})
     return {"width": width, "height": height, "cols": cols}
 
 
@@ -75,7 +73,8 @@ def render_advice_html(advice: Advice, now: datetime | None = None) -> str:
              for r in ranked if r.status == "measured" and (r.measured_seconds_saved_per_step or 0) > 0]
     top_ops = [(o["name"], o["seconds_per_step"], "#0969da") for o in plots.get("top_ops") or []]
     context: dict[str, Any] = {
-        "advice": advice, "ranked": ranked, "axis_titles": AXIS_TITLES, "ms": _ms, "version": __version__,
+        "advice": advice, "ranked": ranked, "axis_titles": AXIS_TITLES, "ms": partial(duration, digits=2),
+        "version": __version__,
         "now": (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
         "breakdown": stacked(plots.get("breakdown") or {}),
         "waits": columns(plots.get("step_seconds") or [], plots.get("data_wait_per_step") or []),

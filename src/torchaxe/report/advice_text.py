@@ -9,17 +9,14 @@ from rich.console import Console
 from rich.table import Table
 
 from torchaxe.advise.recommendation import AXIS_TITLES, Advice
-
-
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:.2f} ms"
+from torchaxe.units import duration
 
 
 def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | None = None) -> None:
     console = Console(file=out, width=width or 110, highlight=False, soft_wrap=False)
     base = advice.baseline
     console.print(f"[bold]torchaxe advise[/bold] {' '.join(advice.command)}  (target {advice.target})")
-    console.print(f"  original step time  median {_ms(base.get('step_seconds_median'))}"
+    console.print(f"  original step time  median {duration(base.get('step_seconds_median'), 2)}"
                   + (f", data wait {base['data_wait_fraction']:.1%}" if base.get("data_wait_fraction") is not None
                      else ""))
     if base.get("run_to_run_noise") is not None:
@@ -38,7 +35,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         table.add_column("accuracy", overflow="fold", max_width=24)
         table.add_column("status", overflow="fold", max_width=22)
         for n, rec in enumerate(ranked[:top], 1):
-            saved = _ms(rec.measured_seconds_saved_per_step) if rec.status == "measured" else "-"
+            saved = duration(rec.measured_seconds_saved_per_step, 2) if rec.status == "measured" else "-"
             speedup = f"{rec.speedup:.2f}x" if rec.speedup else "-"
             status = ("* " if rec.selected else "") + rec.status
             if rec.status == "failed" and rec.error:
@@ -56,7 +53,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     if combined:
         if combined.get("status") == "measured":
             console.print(f"[bold]All chosen changes together:[/bold] {combined['speedup']:.2f}x faster "
-                          f"({_ms(combined.get('measured_seconds_saved_per_step'))} saved per step), measured "
+                          f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step), measured "
                           "interleaved with the original")
         else:
             console.print(f"All chosen changes together: {combined.get('status')} {combined.get('error') or ''}")
@@ -66,7 +63,8 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             rounds = ", ".join(f"{1 / r:.2f}x" for r in a.get("ratios") or [] if r)
             console.print(f"[bold]Gain achieved since `torchaxe apply`:[/bold] {a['speedup']:.2f}x, the median of "
                           f"the interleaved rounds ({rounds}); step medians over all rounds: now "
-                          f"{_ms(a.get('step_seconds_median'))}, original {_ms(a.get('original_step_seconds_median'))}")
+                          f"{duration(a.get('step_seconds_median'), 2)}, "
+                          f"original {duration(a.get('original_step_seconds_median'), 2)}")
         elif a.get("error"):
             console.print(f"Gain achieved since `torchaxe apply`: not measured ({a['error']})")
     if advice.environment:

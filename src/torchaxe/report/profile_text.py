@@ -10,6 +10,7 @@ from typing import TextIO
 
 from torchaxe.runtime.merge import MergeReport
 from torchaxe.runtime.profile import Profile
+from torchaxe.units import duration
 
 #: Lines of host-sync sites and of ops shown in the summary.
 TOP_SYNCS = 3
@@ -28,18 +29,6 @@ CALLS = {
     "__repr__": "print/repr(tensor)",
     "device-sync": "device sync",
 }
-
-
-def seconds_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    if seconds >= 10:
-        return f"{seconds:.1f} s"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 0.01:
-        return f"{seconds * 1e3:.1f} ms"
-    return f"{seconds * 1e3:.2f} ms"
 
 
 def bytes_text(count: int | None) -> str:
@@ -68,11 +57,11 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
     out.write(f"  steps       {' + '.join(parts) or 'none'} on {run.target}\n")
     if s.steps_measured:
         spread = f"; IQR {percent(s.step_seconds_spread)} of median" if s.step_seconds_spread is not None else ""
-        out.write(f"  step time   median {seconds_text(s.step_seconds_median)}, p90 {seconds_text(s.step_seconds_p90)} "
-                  f"(min {seconds_text(s.step_seconds_min)}, max {seconds_text(s.step_seconds_max)}{spread})\n")
+        out.write(f"  step time   median {duration(s.step_seconds_median)}, p90 {duration(s.step_seconds_p90)} "
+                  f"(min {duration(s.step_seconds_min)}, max {duration(s.step_seconds_max)}{spread})\n")
         if s.data_wait_fraction is not None or run.source == "harness":
             out.write(f"  data wait   {percent(s.data_wait_fraction)} of step time "
-                      f"(median {seconds_text(s.data_wait_seconds_median)} per step)\n")
+                      f"(median {duration(s.data_wait_seconds_median)} per step)\n")
         syncs = f"{s.host_syncs_per_step:.1f}" if s.host_syncs_per_step is not None else "n/a"
         note = " (on cpu: reads that would synchronise a device)" if run.target == "cpu" else ""
         out.write(f"  host syncs  {syncs} per step{note}\n")
@@ -80,7 +69,7 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
         code = f"  {site.code}" if site.code else ""
         out.write(f"                {site.location} {CALLS.get(site.call, site.call)} x{site.count}{code}\n")
     if s.steps_measured and run.source == "harness":
-        out.write(f"  gc          {seconds_text(s.gc_seconds_per_step)} per step ({percent(s.gc_fraction)})\n")
+        out.write(f"  gc          {duration(s.gc_seconds_per_step)} per step ({percent(s.gc_fraction)})\n")
     traced = run.source != "harness"
     device = bytes_text(s.peak_device_memory_bytes) if s.peak_device_memory_bytes is not None else f"n/a on {run.target}"
     if not traced:
@@ -98,14 +87,15 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
             if op.sources:
                 first = op.sources[0]
                 source = f"  from {first.function} ({first.location})" if first.function else f"  from {first.location}"
-            out.write(f"                {op.name:<28} {seconds_text(t):>9} {100 * t / total:5.1f}%  {op.calls} calls{source}\n")
+            out.write(f"                {op.name:<28} {duration(t):>9} {100 * t / total:5.1f}%  "
+                      f"{op.calls} calls{source}\n")
     kernels = [o for o in profile.ops if o.kind == "kernel"]
     if kernels:
         total = sum(k.device_self_seconds or 0.0 for k in kernels) or 1.0
         out.write("  kernels     top by device time:\n")
         for kernel in kernels[:TOP_OPS]:
             t = kernel.device_self_seconds or 0.0
-            out.write(f"                {_short(kernel.name, 44):<44} {seconds_text(t):>9} {100 * t / total:5.1f}%  "
+            out.write(f"                {_short(kernel.name, 44):<44} {duration(t):>9} {100 * t / total:5.1f}%  "
                       f"{kernel.calls} calls\n")
     for finding in profile.findings:
         out.write(f"  {finding.kind}: {finding.message}\n")
@@ -143,8 +133,8 @@ def render_merge(report: MergeReport, out: TextIO) -> None:
               f"{'data wait':>9}  {'syncs/step':>10}\n")
     for r in report.ranks:
         syncs = f"{r.host_syncs_per_step:.1f}" if r.host_syncs_per_step is not None else "n/a"
-        out.write(f"{r.rank:>4}  {r.status:<11} {r.steps_measured:>5}  {seconds_text(r.step_seconds_median):>10}  "
-                  f"{seconds_text(r.step_seconds_p90):>10}  {seconds_text(r.outside_backward_seconds_median):>11}  "
+        out.write(f"{r.rank:>4}  {r.status:<11} {r.steps_measured:>5}  {duration(r.step_seconds_median):>10}  "
+                  f"{duration(r.step_seconds_p90):>10}  {duration(r.outside_backward_seconds_median):>11}  "
                   f"{percent(r.data_wait_fraction):>9}  {syncs:>10}\n")
     slowest = report.slowest
     if slowest is not None:
@@ -152,9 +142,9 @@ def render_merge(report: MergeReport, out: TextIO) -> None:
         what = "time outside backward" if by == OUTSIDE_BACKWARD else "step time"
         counts = report.slowest_counts()
         steps = f"; slowest on {counts.get(slowest.rank, 0)} of {len(report.steps)} steps" if report.steps else ""
-        out.write(f"slowest rank {slowest.rank}: median {what} {seconds_text(slowest.measure(by))}, "
+        out.write(f"slowest rank {slowest.rank}: median {what} {duration(slowest.measure(by))}, "
                   f"{percent(report.slowest_vs_median)} above the median rank "
-                  f"({seconds_text(report.median_rank_measure)}){steps}\n")
+                  f"({duration(report.median_rank_measure)}){steps}\n")
         if by == OUTSIDE_BACKWARD:
             out.write("  (in data-parallel training every rank's step lasts as long as the slowest one's: the others "
                       "wait inside backward for its gradients, so ranks are compared by their time outside backward)\n")

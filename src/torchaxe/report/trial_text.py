@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from torchaxe.report.profile_text import seconds_text
 from torchaxe.runtime.trials import TrialReport
+from torchaxe.units import duration
 
 
 def _ratio_text(result, is_baseline: bool) -> str:
@@ -28,7 +28,7 @@ def render_trial_report(report: TrialReport, out: TextIO) -> None:
     for i, r in enumerate(report.results):
         s = r.samples
         spread = f"{100 * s.relative_spread:.1f}%" if s.relative_spread is not None else "n/a"
-        rows.append((r.name, "ok" if r.ok else "FAILED", seconds_text(s.median), seconds_text(s.p90), spread,
+        rows.append((r.name, "ok" if r.ok else "FAILED", duration(s.median), duration(s.p90), spread,
                      str(len(s)), _ratio_text(r, i == 0) if r.ok else "n/a"))
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     for row in rows:

@@ -21,7 +21,9 @@ from torchaxe.errors import TorchaxeError
 
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?(\.exe)?$", re.IGNORECASE)
 #: Interpreter options that change nothing the harness could honour differently.
-_HARMLESS_FLAGS = {"-u", "-B", "-E", "-s", "-I", "-q"}
+HARMLESS_FLAGS = frozenset({"-u", "-B", "-E", "-s", "-I", "-q"})
+#: Interpreter options whose value is the next token (``-W ignore``, ``-X dev``).
+_VALUED_FLAGS = frozenset({"-W", "-X", "--check-hash-based-pycs"})
 
 
 @dataclass(frozen=True)
@@ -52,9 +54,45 @@ class ScriptCommand:
         return Path(self.workdir) if self.workdir else Path.cwd()
 
 
-def _is_python(token: str) -> bool:
+def is_python(token: str) -> bool:
+    """Whether a command's first word is a Python interpreter (``python3.11``, this one)."""
     name = os.path.basename(token)
     return bool(_PYTHON.match(name)) or os.path.abspath(token) == os.path.abspath(sys.executable)
+
+
+def _starts_module(token: str) -> bool:
+    return token == "-m" or (token.startswith("-m") and not token.startswith("--"))
+
+
+def split_python(argv: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """``python [options] REST`` taken apart into the interpreter's options and the
+    rest (the script, ``-m MODULE`` or ``-``, onwards); a command that does not start
+    with an interpreter has no options. Nothing is judged here: callers decide which
+    options they accept."""
+    tokens = list(argv)
+    if not tokens or not is_python(tokens[0]):
+        return (), tokens
+    tokens.pop(0)
+    options: list[str] = []
+    while tokens and tokens[0].startswith("-") and tokens[0] != "-" and not _starts_module(tokens[0]):
+        flag = tokens.pop(0)
+        options.append(flag)
+        if flag == "-c":
+            break
+        if flag in _VALUED_FLAGS and tokens:
+            options.append(tokens.pop(0))
+    return tuple(options), tokens
+
+
+def split_module(tokens: Sequence[str]) -> tuple[str, list[str]] | None:
+    """``-m NAME ARGS`` (or ``-mNAME ARGS``) as (NAME, ARGS), the name empty when it is
+    missing; ``None`` when ``tokens`` do not start with ``-m``."""
+    if not tokens or not _starts_module(tokens[0]):
+        return None
+    first = tokens[0]
+    if first != "-m":
+        return first[2:], list(tokens[1:])
+    return (tokens[1] if len(tokens) > 1 else ""), list(tokens[2:])
 
 
 def parse_command(argv: Sequence[str], cwd: str | None = None) -> ScriptCommand:
@@ -74,14 +112,10 @@ def parse_command(argv: Sequence[str], cwd: str | None = None) -> ScriptCommand:
             "run torchrun outside torchaxe, so that every rank is profiled: "
             "`torchrun --nproc_per_node N --no-python torchaxe profile -- python train.py`"
         )
-    if _is_python(tokens[0]):
-        tokens.pop(0)
-        while tokens and tokens[0].startswith("-") and tokens[0] != "-":
-            flag = tokens[0]
-            if flag == "-m" or (flag.startswith("-m") and not flag.startswith("--")):
-                break
-            if flag in _HARMLESS_FLAGS:
-                tokens.pop(0)
+    if is_python(tokens[0]):
+        options, tokens = split_python(tokens)
+        for flag in options:
+            if flag in HARMLESS_FLAGS:
                 continue
             if flag == "-c":
                 raise TorchaxeError("python -c is not supported: torchaxe profiles a script file or a module (-m)")
@@ -92,12 +126,12 @@ def parse_command(argv: Sequence[str], cwd: str | None = None) -> ScriptCommand:
         if not tokens:
             raise TorchaxeError("no script after `python`: give the training script, e.g. `python train.py`")
     first = tokens[0]
-    if first == "-m" or (first.startswith("-m") and not first.startswith("--")):
-        module = first[2:] if first != "-m" else (tokens[1] if len(tokens) > 1 else "")
-        rest = tokens[1:] if first != "-m" else tokens[2:]
-        if not module:
+    module = split_module(tokens)
+    if module is not None:
+        name, rest = module
+        if not name:
             raise TorchaxeError("-m needs a module name, e.g. `python -m package.train`")
-        return ScriptCommand("module", module, tuple(rest), typed, workdir=cwd)
+        return ScriptCommand("module", name, tuple(rest), typed, workdir=cwd)
     if first == "-":
         raise TorchaxeError("reading the script from stdin is not supported: give a file")
     if first.startswith("-"):

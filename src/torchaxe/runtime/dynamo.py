@@ -12,13 +12,16 @@ from __future__ import annotations
 from typing import Callable
 
 
-def _is_compiling() -> Callable[[], bool]:
+def compiling_check() -> Callable[[], bool]:
+    """torch's own "is dynamo tracing now?" function (``torch.compiler.is_compiling``
+    from torch 2.3, ``torch._dynamo``'s before), or one that always says no. A probe
+    that patches tensor methods calls it directly: dynamo knows it as a constant."""
     import torch
 
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):  # torch >= 2.3
-        return compiler.is_compiling
-    return torch._dynamo.is_compiling  # pragma: no cover - older torch
+    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if check is None:
+        check = getattr(getattr(torch, "_dynamo", None), "is_compiling", None)
+    return check or (lambda: False)
 
 
 _check: Callable[[], bool] | None = None
@@ -28,7 +31,7 @@ def compiling() -> bool:
     """Whether dynamo is tracing the code that calls this (torch imported already)."""
     global _check
     if _check is None:
-        _check = _is_compiling()
+        _check = compiling_check()
     return _check()
 
 

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from torchaxe.runtime.dynamo import compiling, quiet_global_hook_warning
+from torchaxe.runtime.dynamo import compiling, compiling_check, quiet_global_hook_warning
 from torchaxe.runtime.profile import HostSyncSite, InputSignature, ShapeTally
 
 #: Distinct input signatures kept per module before it is marked ``truncated``.
@@ -233,15 +233,6 @@ class BackwardProbe:
 SYNC_METHODS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__", "__repr__")
 
 
-def _is_compiling() -> Callable[[], bool]:
-    import torch
-
-    check = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    if check is None:
-        check = getattr(getattr(torch, "_dynamo", None), "is_compiling", None)
-    return check or (lambda: False)
-
-
 def _filters_changed() -> None:
     """Tell the warnings machinery its filter list was replaced (its cache is keyed
     on a version number the public functions bump)."""
@@ -290,7 +281,7 @@ class HostSyncProbe:
 
         import torch
 
-        compiling = _is_compiling()
+        compiling = compiling_check()
         for name in SYNC_METHODS:
             original = getattr(torch.Tensor, name)
             self._saved.append((name, original, name in torch.Tensor.__dict__))

@@ -807,12 +807,9 @@ def load_profile(path: str | Path) -> Profile:
 def save_profile(profile: Profile, path: str | Path) -> Path:
     """Write the profile atomically (a temporary file, then a rename)."""
     from torchaxe.atomic import write_text_atomic
+    from torchaxe.console import writable_path
 
-    path = Path(path)
-    if path.is_dir():
-        raise TorchaxeError(f"--out {path}: is a folder")
-    if not path.parent.exists():
-        raise TorchaxeError(f"--out {path}: folder {path.parent} does not exist")
+    path = writable_path(path, "--out")
     write_text_atomic(path, profile.to_json())
     return path
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import click
 
 from torchaxe.backends import TARGET_CHOICES
+from torchaxe.console import CONTEXT, writable_path
 from torchaxe.errors import TorchaxeError
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 _SUBCOMMAND = "torchaxe.profile.subcommand"
 
 EPILOG = """\b
@@ -154,11 +154,7 @@ def profile(steps, warmup, out, target, timeout, step_marker, ops, ops_steps, sh
         target=target or find_config().get("target") or "auto",
     )
     rank, _, world = distributed_identity()
-    path = rank_path(out, rank, world)
-    if path.is_dir():
-        raise TorchaxeError(f"--out {out}: is a folder")
-    if not path.parent.exists():
-        raise TorchaxeError(f"--out {out}: folder {path.parent} does not exist")
+    path = writable_path(rank_path(out, rank, world), "--out", shown=str(out))
     threads_before = set(threading.enumerate())
 
     def abandon(measured) -> None:
@@ -181,10 +177,7 @@ def _import_trace(trace: str, path: Path) -> None:
     from torchaxe.runtime.profile import save_profile
     from torchaxe.runtime.traces import load_trace
 
-    if path.is_dir():
-        raise TorchaxeError(f"--out {path}: is a folder")
-    if not path.parent.exists():
-        raise TorchaxeError(f"--out {path}: folder {path.parent} does not exist")
+    writable_path(path, "--out")
     result = load_trace(trace)
     save_profile(result, path)
     render_profile_summary(result, str(path), sys.stderr)
@@ -207,10 +200,10 @@ def _report(result, path: Path) -> None:
     run = result.run
     if run.rank and (run.world_size or 0) > 1:
         median = result.summary.step_seconds_median
-        from torchaxe.report.profile_text import seconds_text
+        from torchaxe.units import duration
 
         err.write(f"torchaxe profile [rank {run.rank}/{run.world_size}]: {result.status}: median step "
-                  f"{seconds_text(median)}; profile written to {path}\n")
+                  f"{duration(median)}; profile written to {path}\n")
     else:
         render_profile_summary(result, str(path), err)
     err.flush()

@@ -7,8 +7,7 @@ import sys
 import click
 
 from torchaxe.backends import TARGET_CHOICES
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+from torchaxe.console import CONTEXT, progress_printer
 
 EPILOG = """\b
 Exit codes:
@@ -60,11 +59,7 @@ def trial(knob_files, repeats, steps, warmup, timeout, target, as_json, command)
     check_module(parse_command(command))  # one-line errors before any run
     options = TrialOptions(repeats=repeats, steps=steps, warmup=warmup, timeout=timeout, target=target.lower())
 
-    def progress(line: str) -> None:
-        sys.stderr.write(f"torchaxe trial: {line}\n")
-        sys.stderr.flush()
-
-    report = run_trials(knob_sets, list(command), options, progress=progress)
+    report = run_trials(knob_sets, list(command), options, progress=progress_printer("trial"))
     if as_json:
         sys.stdout.write(report.to_json())
     else:

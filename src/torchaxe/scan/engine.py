@@ -22,7 +22,8 @@ from torchaxe.scan.formulas import remote
 from torchaxe.scan.rules import Rule, select_rules
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Za-z]+[0-9]+(?:\s*,\s*[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
-_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+#: A PEP 263 coding line (``# -*- coding: latin-1 -*-``); its group is the encoding.
+CODING_LINE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 
 #: Files per task sent to a worker process; large enough to amortise the round trip.
 _CHUNK = 48
@@ -70,7 +71,7 @@ def decode_source(data: bytes) -> str:
     PEP 263 coding line in the first two lines says otherwise.
     Raises UnicodeDecodeError or LookupError when it cannot."""
     for line in data.split(b"\n", 2)[:2]:
-        m = _CODING.match(line)
+        m = CODING_LINE.match(line)
         if m:
             return data.decode(m.group(1).decode("ascii"))
     return data.decode("utf-8-sig")

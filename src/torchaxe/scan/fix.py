@@ -255,10 +255,10 @@ def fix_paths(
 def _encoding_of(data: bytes) -> str:
     if data.startswith(b"\xef\xbb\xbf"):
         return "utf-8-sig"
-    from torchaxe.scan.engine import _CODING
+    from torchaxe.scan.engine import CODING_LINE
 
     for line in data.split(b"\n", 2)[:2]:
-        m = _CODING.match(line)
+        m = CODING_LINE.match(line)
         if m:
             return m.group(1).decode("ascii")
     return "utf-8"

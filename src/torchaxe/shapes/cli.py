@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from pathlib import Path
 
 import click
 
 from torchaxe.backends import TARGET_CHOICES
+from torchaxe.console import CONTEXT, progress_printer, write_output
 from torchaxe.errors import TorchaxeError
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 EPILOG = """\b
 Exit codes:
@@ -104,7 +102,7 @@ def shapes(steps, max_shapes, target, timeout, step_marker, try_, try_steps, try
         report, code = _run(list(command), steps, max_shapes, resolved, timeout, step_marker, try_, try_steps,
                             try_warmup, repeats, compile_backend)
     text = to_json(report) if fmt == "json" else _text(report, render_text)
-    _write(text, out)
+    write_output(text, out, "--out")
     sys.exit(code)
 
 
@@ -116,27 +114,6 @@ def _text(report, render) -> str:
     return buffer.getvalue()
 
 
-def _write(text: str, out: str | None) -> None:
-    if out is None or out == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    from torchaxe.atomic import write_text_atomic
-
-    path = Path(out)
-    if path.is_dir():
-        raise TorchaxeError(f"--out {out}: is a folder")
-    if not path.parent.exists():
-        raise TorchaxeError(f"--out {out}: folder {path.parent} does not exist")
-    write_text_atomic(path, text)
-
-
-def _progress(line: str) -> None:
-    from rich.console import Console
-
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[dim]torchaxe shapes:[/dim] {line}", markup=True)
-
-
 def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_steps, try_warmup, repeats, backend):
     from torchaxe.runtime.command import check_module, parse_command
     from torchaxe.shapes.analysis import analyse
@@ -145,6 +122,7 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
     from torchaxe.shapes.verdict import decide
 
     check_module(parse_command(command))  # one-line errors before anything runs
+    progress = progress_printer("shapes")
     if try_:
         from torchaxe.backends import detect_target
 
@@ -152,7 +130,7 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
         if here != target:
             raise TorchaxeError(f"--try measures on this machine, which has {here}, not {target}: "
                                 f"use --target {here}, or run --try where the {target} is")
-    _progress(f"recording shapes over {steps} steps of {' '.join(command)}")
+    progress(f"recording shapes over {steps} steps of {' '.join(command)}")
     with contextlib.redirect_stdout(sys.stderr):  # the script's prints are not the report
         # recorded on whatever device this machine has; the advice is for --target
         observation = observe(command, steps=steps, timeout=timeout, step_marker=step_marker, target="auto")
@@ -176,9 +154,9 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
     if try_:
         from torchaxe.shapes.measure import run_compile_trial
 
-        _progress(f"measuring the candidates for {target}: {repeats} round(s) of {try_warmup} + {try_steps} steps")
+        progress(f"measuring the candidates for {target}: {repeats} round(s) of {try_warmup} + {try_steps} steps")
         result = run_compile_trial(command, verdict, target, steps=try_steps, warmup=try_warmup, repeats=repeats,
-                                   timeout=timeout, backend=backend, progress=_progress)
+                                   timeout=timeout, backend=backend, progress=progress)
         trial = result.to_dict()
         if any(not r.ok for r in result.results):
             code = 1

@@ -9,6 +9,7 @@ from typing import Any, Sequence, TextIO
 
 from torchaxe.shapes.analysis import MAX_LISTED, ShapeAnalysis
 from torchaxe.shapes.verdict import Verdict
+from torchaxe.units import duration
 
 SCHEMA = "torchaxe.shapes/1"
 NPU_NOTE = "npu recommendations and the npu compile-mode setters are unverified on Ascend hardware"
@@ -66,12 +67,6 @@ def _sizes(dim: dict[str, Any]) -> str:
 
 def _where(d: dict[str, Any]) -> str:
     return f"{d['position']} dim {d['dim']}" if d["dim"] is not None else f"{d['position']} (number of tensors)"
-
-
-def _ms(seconds: float | None) -> str:
-    from torchaxe.report.profile_text import seconds_text
-
-    return seconds_text(seconds)
 
 
 def render_text(report: dict[str, Any], out: TextIO) -> None:
@@ -164,8 +159,9 @@ def _render_trial(trial: dict[str, Any], w) -> None:
         if c["name"] == trial["baseline"]:
             ratio_text = "1.00 (baseline)"
         steady = c["steady"]
-        rows.append((c["name"], "ok" + (" noisy" if steady["noisy"] else ""), _ms(c["warmup"]["seconds_median"]),
-                     _ms(c["warmup"]["overhead_seconds"]), _ms(steady["median"]), _ms(steady["p90"]), ratio_text))
+        rows.append((c["name"], "ok" + (" noisy" if steady["noisy"] else ""), duration(c["warmup"]["seconds_median"]),
+                     duration(c["warmup"]["overhead_seconds"]), duration(steady["median"]), duration(steady["p90"]),
+                     ratio_text))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         w("  " + "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() + "\n")

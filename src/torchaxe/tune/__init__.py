@@ -1,14 +1,12 @@
-"""Auto-tuning of fixed-shape subgraphs, and the knowledge base that keeps the winners.
+"""Auto-tuning of fixed-shape subgraphs; the winners are kept in the knowledge base.
 
 ``torchaxe.tune(model, example_inputs)`` (also ``torchaxe.tune.tune``) captures the
 model on its real shapes, cuts it into subgraphs, measures every strategy on each
-distinct subgraph, records the results in the knowledge base (``torchaxe.tune.kb``)
+distinct subgraph, records the results in the knowledge base (:mod:`torchaxe.kb`)
 and applies the winners; ``torchaxe.tune.apply(model)`` applies what the knowledge
 base already holds, without tuning. See docs/tune.md and docs/kb.md.
 
-Importing this package is light (no torch): the tuner is loaded on first use, so
-that other axes can use the knowledge base (``from torchaxe.tune.kb import
-KnowledgeBase``) without paying for torch.
+Importing this package is light (no torch): the tuner is loaded on first use.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from torchaxe.errors import TorchaxeError
 
 
 def _dump_folder() -> Path:
-    from torchaxe.scan.formulas.store import default_folder
+    from torchaxe.config import home
 
-    root = default_folder() / "aoe"
+    root = home() / "aoe"
     root.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix="dump-", dir=root))
 

@@ -10,10 +10,10 @@ from typing import Any, TextIO
 import click
 
 from torchaxe.backends import TARGET_CHOICES
+from torchaxe.console import CONTEXT
 from torchaxe.errors import TorchaxeError
 from torchaxe.tune.strategies import ALL as STRATEGIES
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+from torchaxe.units import duration
 
 EPILOG = """\b
 Exit codes:
@@ -78,7 +78,7 @@ def tune(budget, kb_path, depth, whole_model, strategies, steps, repeats, min_ga
     script = parse_command(command)
     check_module(script)
     if kb_path is not None:
-        from torchaxe.tune.kb import KnowledgeBase
+        from torchaxe.kb import KnowledgeBase
 
         KnowledgeBase.open(kb_path).close()  # a bad file is reported before the script runs
     report = tune_script(script, options, steps=steps, timeout=timeout, err=sys.stderr)
@@ -174,10 +174,6 @@ class _Progress:
             self.err.flush()
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.3f} ms"
-
-
 def render(report: Any, out: TextIO) -> None:
     """The report as text: one block per distinct subgraph."""
     where = f" (rank {report.rank} of {report.world_size})" if report.world_size else ""
@@ -186,10 +182,12 @@ def render(report: Any, out: TextIO) -> None:
         names = ", ".join(s.names[:4]) + (f" (+{len(s.names) - 4})" if len(s.names) > 4 else "")
         speed = f", {s.speedup:.2f}x eager" if s.speedup else ""
         out.write(f"\n{s.module.rsplit('.', 1)[-1]}  [{names}]  {s.status}; winner: {s.winner or '-'}{speed}\n")
-        out.write(f"  signature {s.signature}; eager {_ms(s.eager_median)}, winner {_ms(s.winner_median)}\n")
+        eager, winner = duration(s.eager_median, 3, missing="-"), duration(s.winner_median, 3, missing="-")
+        out.write(f"  signature {s.signature}; eager {eager}, winner {winner}\n")
         for r in s.records:
             if r.status == "ok":
-                out.write(f"  {r.strategy:<16} ok      {_ms(r.median)} fwd+bwd (n={len(r.samples)}, "
+                median = duration(r.median, 3, missing="-")
+                out.write(f"  {r.strategy:<16} ok      {median} fwd+bwd (n={len(r.samples)}, "
                           f"error {r.errors.get('output_max_rel', 0):.1e} out / {r.errors.get('grad_max_rel', 0):.1e} grad)\n")
             else:
                 out.write(f"  {r.strategy:<16} {r.status:<7} {r.message}\n")

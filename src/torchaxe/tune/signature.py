@@ -187,10 +187,6 @@ def signature_parts(module: nn.Module, spec: list[Any]) -> dict[str, Any]:
     }
 
 
-def input_spec(args: tuple, kwargs: dict[str, Any]) -> list[Any]:
-    return [value_spec(list(args)), value_spec(dict(kwargs))]
-
-
 def _first_device(value: Any) -> str | None:
     if isinstance(value, dict) and "tensor" in value:
         return value["tensor"][3]

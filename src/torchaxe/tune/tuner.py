@@ -41,9 +41,10 @@ from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.stats import Samples
 from torchaxe.tune import strategies as S
 from torchaxe.tune.capture import CallRecorder, Subgraph, capture
-from torchaxe.tune.kb import KnowledgeBase, TunedRecord, choose
+from torchaxe.kb import KnowledgeBase, TunedRecord, choose
 from torchaxe.tune.measure import Example, Timer, compare, interleaved, run_once, tolerance
 from torchaxe.tune.signature import describe, signature_of, signature_parts
+from torchaxe.units import duration
 
 #: A progress callback: (what is being done, units done, units in all).
 Progress = Callable[[str, int, int], None]
@@ -444,13 +445,13 @@ def _one_level(results: Sequence[SubgraphResult], levels: dict[str, int], copies
     root_saving = _saving(root, 1)
     parts_saving = sum(_saving(r, copies.get(r.signature, 1)) for r in parts)
     if root_saving > parts_saving:
-        why = (f"not applied: the whole model's winner ({root.winner}) saves {root_saving * 1e3:.2f} ms per "
-               f"forward + backward, the subgraphs' winners together {parts_saving * 1e3:.2f} ms")
+        why = (f"not applied: the whole model's winner ({root.winner}) saves {duration(root_saving, 2)} per "
+               f"forward + backward, the subgraphs' winners together {duration(parts_saving, 2)}")
         return {r.signature: why for r in parts if r.winner not in (None, "eager")}
     if root.winner in (None, "eager"):
         return {}
-    return {root.signature: f"not applied: the subgraphs' winners together save {parts_saving * 1e3:.2f} ms per "
-                            f"forward + backward, the whole model's ({root.winner}) {root_saving * 1e3:.2f} ms"}
+    return {root.signature: f"not applied: the subgraphs' winners together save {duration(parts_saving, 2)} per "
+                            f"forward + backward, the whole model's ({root.winner}) {duration(root_saving, 2)}"}
 
 
 def tune(model: nn.Module, example_inputs: Any, options: TuneOptions | None = None, *, timer: Timer | None = None,

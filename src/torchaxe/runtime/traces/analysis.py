@@ -14,6 +14,7 @@ from typing import Iterable
 from torchaxe.runtime.profile import OpShapeGroup, OpStat, Profile, ProfileFinding, RunInfo, StepRecord
 from torchaxe.runtime.traces.ascend import KernelRow, OpTypeRow
 from torchaxe.runtime.traces.events import Event, Timeline
+from torchaxe.units import duration
 
 MAX_OPS = 100
 MAX_KERNELS = 50
@@ -294,7 +295,7 @@ def _copy_findings(timeline: Timeline, steps: int, ascend: bool) -> list[Profile
         total = sum(e.dur for e in htod)
         findings.append(ProfileFinding(
             kind="host-to-device-copy", count=len(htod), ops=sorted({e.name for e in htod}),
-            message=f"{len(htod)} host-to-device copies on the device timeline ({total / 1e3:.2f} ms)"
+            message=f"{len(htod)} host-to-device copies on the device timeline ({duration(total / 1e6, 2)})"
                     f"{_per_step(len(htod), steps)}",
             suggestion="copy batches from pinned memory (DataLoader(pin_memory=True)) with .to(device, "
                        "non_blocking=True), and keep constant tensors on the device"))
@@ -419,6 +420,6 @@ def _compile_findings(timeline: Timeline) -> list[ProfileFinding]:
     return [ProfileFinding(
         kind="online-compile", count=len(compiles), ops=["opCompile"],
         message=f"{len(compiles)} operator compilations during the profiled run (AscendCL@opCompile, "
-                f"{total / 1e3:.2f} ms of host time)",
+                f"{duration(total / 1e6, 2)} of host time)",
         suggestion="operators compiled at run time: with fixed shapes this is a one-off cost; if it recurs every "
                    "step, compare torch_npu.npu.set_compile_mode(jit_compile=False) (torchaxe trial)")]

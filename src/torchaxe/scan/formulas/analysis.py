@@ -420,7 +420,7 @@ def _calls_bare(text: str, name: str) -> bool:
     return False
 
 
-def _compute() -> Any:
+def load_compute() -> Any:
     """The evaluating half, imported on first use: it imports torch."""
     if "torch" not in sys.modules:
         from torchaxe.scan.formulas import fingerprints
@@ -464,7 +464,7 @@ def _evaluate(todo: dict[str, tuple[Node, dict[str, str]]], categories: frozense
         entries = channel.evaluate(list(todo.values()), categories)
         if entries is not None:
             return dict(zip(todo, entries))
-    compute = _compute()
+    compute = load_compute()
     return {k: encode(compute(node, roles, categories), node) for k, (node, roles) in todo.items()}
 
 

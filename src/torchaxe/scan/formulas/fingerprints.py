@@ -120,13 +120,6 @@ class Probing:
         max_abs = float(diff.max())
         return ok, max_abs, max_abs / max(top, 1e-30)
 
-    def close_to(self, value: Any, target: float) -> bool:
-        if isinstance(value, (int, float)):
-            return abs(value - target) <= 1e-5 * max(1.0, abs(target))
-        if isinstance(value, torch.Tensor) and not value.is_complex():
-            return self.compare(value, torch.full_like(value, target, dtype=torch.float64))[0]
-        return False
-
 
 # ------------------------------------------------------------------ tree helpers
 def depends_on(root: Node, target: Node) -> set[int]:

@@ -112,10 +112,6 @@ def _one(shape, dtype, device, g):
     return (torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype) * 2,)
 
 
-def _two(shape, dtype, device, g):
-    return tuple(torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype) for _ in range(2))
-
-
 def _norm_inputs(shape, dtype, device, g):
     x = torch.randn(shape, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
     w = (torch.rand(shape[-1], generator=g, dtype=torch.float32) + 0.5).to(device=device, dtype=dtype)

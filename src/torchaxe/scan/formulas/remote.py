@@ -115,9 +115,9 @@ def serve(requests: Any, answers: list[Any], parent: int, eager: bool = False) -
     if eager:
         try:
             os.nice(10)
-            from torchaxe.scan.formulas.analysis import _compute
+            from torchaxe.scan.formulas.analysis import load_compute
 
-            _compute()
+            load_compute()
         except Exception:  # the first request will import it, or fail and say so
             pass
     while True:
@@ -131,10 +131,10 @@ def serve(requests: Any, answers: list[Any], parent: int, eager: bool = False) -
             return
         slot, text = item
         try:
-            from torchaxe.scan.formulas.analysis import _compute
+            from torchaxe.scan.formulas.analysis import load_compute
             from torchaxe.scan.formulas.store import encode
 
-            compute = _compute()
+            compute = load_compute()
             trees, categories = request_in(text)
             entries = [encode(compute(node, roles, categories), node) for node, roles in trees]
             reply = json.dumps(["ok", entries], separators=(",", ":"))

@@ -77,12 +77,6 @@ def _loads(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
-def _binding_names(target: ast.AST) -> Iterator[str]:
-    for n in ast.walk(target):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
-            yield n.id
-
-
 def _bindings(scope: ast.AST) -> Iterator[tuple[str, ast.AST]]:
     """Every (name, node) that binds a local of ``scope``, nested scopes' own locals
     excepted (their names, a ``def``'s or a ``class``'s, are bindings here)."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from torchaxe.scan.formulas.ir import Node, normalised, walk
+from torchaxe.config import home
 from torchaxe.scan.formulas.probes import infer_roles
 
 #: A change to any module of this package empties the disk store.
@@ -94,14 +95,6 @@ def file_key(source: str, target: str) -> str:
     return "file:" + hashlib.sha1(f"{target}\0{source}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def default_folder() -> Path:
-    home = os.environ.get("TORCHAXE_HOME")
-    if home:
-        return Path(home)
-    cache = os.environ.get("XDG_CACHE_HOME")
-    return (Path(cache) if cache else Path.home() / ".cache") / "torchaxe"
-
-
 class FingerprintStore:
     """Memory, then disk. Every disk problem (read-only folder, a locked or broken
     file) turns the disk part off for the process: the store is an accelerator only."""
@@ -124,7 +117,7 @@ class FingerprintStore:
         if self._db is not None and self._pid == os.getpid():
             return self._db
         try:
-            folder = self._folder or default_folder()
+            folder = self._folder or home()
             folder.mkdir(parents=True, exist_ok=True)
             db = sqlite3.connect(folder / "fingerprints.sqlite3", timeout=5, isolation_level=None)
             db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT)")

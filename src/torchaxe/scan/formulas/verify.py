@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.units import duration
 
 #: torch.testing's default (rtol, atol) per dtype.
 TOLERANCES = {
@@ -256,16 +257,12 @@ def _synchronizer(device: str) -> Callable[[], None]:
 
 
 # ------------------------------------------------------------------ rendering
-def _ms(seconds: float) -> str:
-    return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1e3:.3f} ms"
-
-
 def render_text(results: list[VerifyResult], out: Any, header: str) -> None:
     w = out.write
     w(header + "\n")
     for r in results:
         w(f"\n{r.code} {r.category}  {list(r.shape)} {r.dtype} on {r.device}\n")
-        w(f"  hand-written  {r.hand_text}   {_ms(r.hand.median)}\n")
+        w(f"  hand-written  {r.hand_text}   {duration(r.hand.median, 3, missing='-')}\n")
         if r.error:
             w(f"  error         {r.error}\n")
             continue
@@ -273,7 +270,7 @@ def render_text(results: list[VerifyResult], out: Any, header: str) -> None:
             w(f"  replacement   none in torch on {r.device} (the rule reports this formula on npu only)\n")
         else:
             speed = f"   {r.speedup:.2f}x" + (" (noisy)" if r.noisy else "") if r.speedup else ""
-            w(f"  replacement   {r.replacement}   {_ms(r.fused.median)}{speed}\n")
+            w(f"  replacement   {r.replacement}   {duration(r.fused.median, 3, missing='-')}{speed}\n")
             verdict = "within" if r.within_tolerance else "NOT within"
             w(f"  difference    max abs {r.max_abs:.2e}, max rel {r.max_rel:.2e} (of the largest output): {verdict} {r.dtype} tolerance "
               f"(rtol {r.rtol:g}, atol {r.atol:g})\n")

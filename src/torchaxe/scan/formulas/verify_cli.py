@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from torchaxe.cli import CONTEXT
+from torchaxe.console import CONTEXT, progress_printer
 
 
 @click.command(context_settings=CONTEXT)
@@ -43,12 +43,8 @@ def verify(codes, device, dtype, shape, repeats, fmt):
     from torchaxe.scan.formulas.verify import parse_shape, render_text
     from torchaxe.scan.formulas.verify import verify as run_verify
 
-    def progress(line: str) -> None:
-        if sys.stderr.isatty():
-            sys.stderr.write(f"verifying {line}\n")
-
     results = run_verify(tuple(c.upper() for c in codes), device.lower(), dtype, parse_shape(shape), repeats,
-                         progress=progress)
+                         progress=progress_printer("verify", quiet=not sys.stderr.isatty()))
     if fmt == "json":
         click.echo(json.dumps({"torch": torch.__version__, "results": [r.to_dict() for r in results]}, indent=2))
     else:

@@ -78,10 +78,30 @@ class LoaderCall:
         return NOT_LITERAL if value is _NO_VALUE else value
 
 
+def dataloader_kind(ctx: FileContext, call: ast.Call) -> str | None:
+    """Which DataLoader ``call`` builds: ``"torch"`` for torch's own (through any
+    import alias), ``"other"`` for another callable named ``DataLoader`` (a subclass
+    such as MONAI's, or a name no import binds), None for anything else. Rules that
+    edit arguments by torch's positions take only the first; rules that ask whether
+    batches come from a host-side loader take both."""
+    name = ctx.call_name(call)
+    if name in LOADER_NAMES:
+        return "torch"
+    if (name or ast.unparse(call.func)).rsplit(".", 1)[-1] == "DataLoader":
+        return "other"
+    return None
+
+
+def is_dataloader_call(ctx: FileContext, call: ast.Call) -> bool:
+    """Whether ``call`` builds a DataLoader, torch's or another (see :func:`dataloader_kind`)."""
+    return dataloader_kind(ctx, call) is not None
+
+
 def loader_call(node: ast.AST, ctx: FileContext) -> LoaderCall | None:
-    """The call as a :class:`LoaderCall` when it builds a torch DataLoader and every
-    argument is visible; None otherwise (unpacked arguments may set anything)."""
-    if not isinstance(node, ast.Call) or ctx.call_name(node) not in LOADER_NAMES:
+    """The call as a :class:`LoaderCall` when it builds torch's own DataLoader and
+    every argument is visible; None otherwise (unpacked arguments may set anything,
+    and another loader's arguments need not follow torch's positions)."""
+    if not isinstance(node, ast.Call) or dataloader_kind(ctx, node) != "torch":
         return None
     if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
         return None

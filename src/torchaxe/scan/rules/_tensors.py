@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext
+from torchaxe.scan.rules._dataloader import is_dataloader_call
 
 FUNCTION_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
@@ -419,11 +420,6 @@ def loader_names(ctx: FileContext) -> frozenset[str]:
                         names.add(t.attr)
         ctx.cache[key] = frozenset(names)
     return ctx.cache[key]
-
-
-def is_dataloader_call(ctx: FileContext, call: ast.Call) -> bool:
-    name = ctx.call_name(call) or ast.unparse(call.func)
-    return name.rsplit(".", 1)[-1] == "DataLoader"
 
 
 def is_loader(ctx: FileContext, node: ast.AST) -> bool:

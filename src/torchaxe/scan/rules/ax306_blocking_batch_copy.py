@@ -9,10 +9,11 @@ from typing import Iterable
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext, walk_scope
 from torchaxe.scan.rules import _tensors as T
+from torchaxe.scan.rules._dataloader import POSITIONS, is_dataloader_call
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
-#: DataLoader's positional index of pin_memory (torch 2.x signature).
-PIN_MEMORY_POSITION = 7
+#: torch DataLoader's positional index of pin_memory.
+PIN_MEMORY_POSITION = POSITIONS.index("pin_memory")
 
 WHOLE, ITEM = "whole", "item"
 
@@ -31,7 +32,7 @@ def _pins_memory(ctx: FileContext) -> bool:
             if isinstance(node, ast.Call):
                 kw = T.keyword(node, "pin_memory")
                 value = kw.value if kw is not None else None
-                if value is None and T.is_dataloader_call(ctx, node) and len(node.args) > PIN_MEMORY_POSITION:
+                if value is None and is_dataloader_call(ctx, node) and len(node.args) > PIN_MEMORY_POSITION:
                     value = node.args[PIN_MEMORY_POSITION]
             elif isinstance(node, ast.Dict):  # loader_kwargs = {"pin_memory": True}
                 value = next(
@@ -126,7 +127,7 @@ def _loader_iterators(ctx: FileContext) -> frozenset[str]:
 def _wraps_loader(ctx: FileContext, node: ast.AST) -> bool:
     return (
         isinstance(node, ast.Call)
-        and not T.is_dataloader_call(ctx, node)
+        and not is_dataloader_call(ctx, node)
         and bool(node.args)
         and T.is_loader(ctx, node.args[0])
     )

@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
+from torchaxe.console import CONTEXT, write_output
 from torchaxe.errors import TorchaxeError
-
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+from torchaxe.units import duration
 
 _KB_OPTION = click.option("--kb", "kb_path", default=None, metavar="PATH",
                           help="Knowledge base file (default $TORCHAXE_HOME/kb.sqlite).")
@@ -32,17 +32,13 @@ def kb() -> None:
 
 
 def _open(kb_path: str | None, create: bool = False):
-    from torchaxe.tune.kb import KnowledgeBase, default_path
+    from torchaxe.kb.store import KnowledgeBase, default_path
 
     path = Path(kb_path) if kb_path else default_path()
     if not create and not path.exists():
         raise TorchaxeError(f"knowledge base {path}: no such file (nothing tuned yet: `torchaxe tune -- python "
                             "train.py` creates it)")
     return KnowledgeBase.open(path, create=create)
-
-
-def _ms(value: Any) -> str:
-    return f"{value * 1000:.3f} ms" if isinstance(value, (int, float)) else "-"
 
 
 @kb.command("show", context_settings=CONTEXT)
@@ -52,7 +48,7 @@ def _ms(value: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the winners and records as JSON.")
 def show(kb_path, min_gain, as_json):
     """Show each tuned subgraph with its strategies and winner, and the settings."""
-    from torchaxe.tune.kb import choose
+    from torchaxe.kb.store import choose
 
     with _open(kb_path) as base:
         rows = []
@@ -81,7 +77,7 @@ def show(kb_path, min_gain, as_json):
             click.echo(f"  inputs {json.dumps(d.get('inputs'), separators=(',', ':'))[:120]}  "
                        f"device {d.get('device')}  torch {d.get('torch')}")
             for name, info in row["strategies"].items():
-                tail = _ms(info["median"]) if info["status"] == "ok" else (info["message"] or "")
+                tail = duration(info["median"], 3, missing="-") if info["status"] == "ok" else (info["message"] or "")
                 click.echo(f"  {name:<16} {info['status']:<7} {tail}")
         for (kind, workload), s in sorted(settings.items()):
             click.echo(f"\nsetting {kind} for workload {workload}: {json.dumps(s.setting, sort_keys=True)}  "
@@ -96,17 +92,7 @@ def export(kb_path, output):
     with _open(kb_path) as base:
         text = json.dumps(base.export_data(), indent=1, sort_keys=True) + "\n"
         count = len(base.export_data()["records"])
-    if output is None or output == "-":
-        sys.stdout.write(text)
-    else:
-        from torchaxe.atomic import write_text_atomic
-
-        path = Path(output)
-        if path.is_dir():
-            raise TorchaxeError(f"--output {output}: is a folder")
-        if not path.parent.exists():
-            raise TorchaxeError(f"--output {output}: folder {path.parent} does not exist")
-        write_text_atomic(path, text)
+    write_output(text, output)
     click.echo(f"exported {count} record(s)", err=True)
 
 
@@ -173,7 +159,7 @@ def prune(kb_path, older_than, superseded, other_torch):
 def doctor(kb_path, check):
     """Check the knowledge base; when it is damaged, recover every readable, valid
     record into a fresh file (the damaged one is kept beside it)."""
-    from torchaxe.tune.kb import doctor as run_doctor
+    from torchaxe.kb.store import doctor as run_doctor
 
     report = run_doctor(kb_path, repair=not check)
     if report.healthy:
