@@ -463,7 +463,7 @@ def test_changes_slower_together_than_the_best_alone_are_not_combined(script: Pa
 
 
 def test_rank_p_value_is_the_exact_one_sided_mann_whitney() -> None:
-    from torchaxe.advise.pipeline import rank_p_value
+    from torchaxe.advise.stats import rank_p_value
 
     assert rank_p_value([0.8, 0.8, 0.8], [1.0, 1.1, 0.9]) == pytest.approx(1 / 20)  # all below: 1 of C(6,3)
     assert rank_p_value([0.8, 0.8], [1.0, 1.0]) == pytest.approx(1 / 6)
@@ -599,7 +599,7 @@ def test_steps_per_run_stop_where_the_profiled_script_ended(script: Path) -> Non
 
 
 def test_a_gain_beyond_chance_against_the_aa_arm_counts_even_with_a_flat_round() -> None:
-    from torchaxe.advise.pipeline import clear_gain
+    from torchaxe.advise.stats import clear_gain
 
     # Seen on a noisy 2-core VM: the GELU fix saved 17% on the median, two of five
     # rounds were flat, and the original strayed 34% from itself once. Its rounds still

@@ -18,211 +18,35 @@ advice made of what was measured so far is returned, marked partial.
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from torchaxe.advise.baseline import (DEFAULT_STEPS, BaselineProfile, ProfileRunner, check_profile, plot_data,
+                                      profile_in_subprocess)
 from torchaxe.advise.candidates import (LOADER_ACCURACY, Candidate, code_candidates, fixed_sources,
                                         knob_candidates, script_speedups)
 from torchaxe.advise.environment import environment_checks
 from torchaxe.advise.measure import ArmResult, Measurer, OutOfTime
+from torchaxe.advise.options import AdviseOptions
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
+from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, MIN_GAIN, clear_gain, loss_delta, measured_figures,
+                                   paired_ratios, promising)
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
-from torchaxe.runtime.trials import Runner, TrialOptions, bootstrap_argv, run_in_subprocess
+from torchaxe.runtime.trials import Runner, run_in_subprocess
 
-#: A change must save at least this fraction of the step (median over rounds), and
-#: beat the run-to-run noise (see clear_gain), to be chosen for the combined run.
-MIN_GAIN = 0.03
-#: Rounds a promising change may get when the budget leaves time for more.
-MAX_ROUNDS = 5
-#: A change is judged on at least this many rounds when the budget allows.
-DECIDE_ROUNDS = 3
-#: The share of rounds a change must be faster in (every round, up to four rounds).
-FASTER_SHARE = 0.8
 #: Changes tried one by one on top of the chosen ones (besides all of them at once).
 MAX_NEAR_MISSES = 2
 #: How many chosen changes are also measured with each one left out (more would cost
 #: a run per change and round).
 MIN_LEAVE_ONE_OUT, MAX_LEAVE_ONE_OUT = 3, 4
-
-
-#: A change whose rounds rank below the A/A arm's with at most this chance under no
-#: effect (one-sided Mann-Whitney, exact) beats the noise even when a single A/A
-#: round strayed further than its gain.
-SIGNIFICANCE = 0.05
-
-
-def rank_p_value(changed: Sequence[float], same: Sequence[float]) -> float:
-    """One-sided exact Mann-Whitney p-value that ``changed`` (per-round ratios of a
-    change) tend lower than ``same`` (ratios of the original against itself): the
-    chance, if the change did nothing, of ranking at least this far below. Ties count
-    one half. 1.0 when either side is empty."""
-    n, m = len(changed), len(same)
-    if not n or not m:
-        return 1.0
-
-    def u_of(xs: Sequence[float], ys: Sequence[float]) -> float:
-        return sum(1.0 if x < y else 0.5 if x == y else 0.0 for x in xs for y in ys)
-
-    observed = u_of(changed, same)
-    pooled = list(changed) + list(same)
-    at_least = total = 0
-    for picked in itertools.combinations(range(n + m), n):
-        chosen = set(picked)
-        xs = [pooled[i] for i in picked]
-        ys = [pooled[i] for i in range(n + m) if i not in chosen]
-        total += 1
-        if u_of(xs, ys) >= observed - 1e-12:
-            at_least += 1
-    return at_least / total
-
-
-def clear_gain(ratios: Sequence[float], noise: float, same: Sequence[float] = ()) -> bool:
-    """Whether per-round ratios (change / original) show a gain to act on: at least
-    ``MIN_GAIN`` of the step by median, and beyond the run-to-run noise, one of two
-    ways: ranked below the A/A arm's ratios (``same``, the original against itself in
-    the same rounds) beyond chance (``SIGNIFICANCE``); or faster in every round (one
-    slow round in five is let through once the budget has paid for five) by more than
-    the furthest the original strayed from itself (``noise``)."""
-    if not ratios:
-        return False
-    # On fewer than DECIDE_ROUNDS rounds a median is one outlier away from anything:
-    # the gain is then the worst round's.
-    gain = 1.0 - (statistics.median(ratios) if len(ratios) >= DECIDE_ROUNDS else max(ratios))
-    if gain < MIN_GAIN:
-        return False
-    if len(ratios) >= DECIDE_ROUNDS and rank_p_value(ratios, same) <= SIGNIFICANCE:
-        # The A/A arm is the control: rounds in which the original ran slow pull its
-        # ratios down too, so a change that ranks below them gained on its own.
-        return True
-    faster = sum(r <= 1.0 - MIN_GAIN / 3 for r in ratios)
-    return faster >= FASTER_SHARE * len(ratios) and gain >= noise
-
-
-def _promising(ratios: Sequence[float]) -> bool:
-    """A median gain of at least ``MIN_GAIN``: worth more rounds when undecided."""
-    return bool(ratios) and 1.0 - statistics.median(ratios) >= MIN_GAIN
-
-
-#: Measured steps of the profiled run, and of each trial run when the steps are not given.
-DEFAULT_STEPS = 8
-#: With short steps, each trial run measures at least this many seconds of steps (at
-#: most ``MAX_AUTO_STEPS``): eight 5 ms steps are one scheduler hiccup away from noise.
-MEASURE_WINDOW = 0.5
-MAX_AUTO_STEPS = 64
-
-
-def auto_steps(step_seconds: float | None) -> int:
-    """Measured steps per trial run for a script whose steps take ``step_seconds``."""
-    if not step_seconds or step_seconds <= 0:
-        return DEFAULT_STEPS
-    return max(DEFAULT_STEPS, min(MAX_AUTO_STEPS, math.ceil(MEASURE_WINDOW / step_seconds)))
-
-
-@dataclass(frozen=True)
-class AdviseOptions:
-    target: str = "auto"
-    budget: float = 600.0
-    repeats: int = 2
-    #: Measured steps per trial run; ``None``: chosen from the profiled step time.
-    steps: int | None = None
-    warmup: int = 10
-    check_accuracy: bool = False
-    #: Also scan the installed packages the run imported.
-    scan_installed: bool = True
-    step_marker: str | None = None
-    #: Per-run limit; default from the budget.
-    timeout: float | None = None
-    #: Candidates whose key starts with one of these are not tried (``--skip knob:compile``).
-    skip: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.budget <= 0:
-            raise TorchaxeError(f"--budget {self.budget:g}: must be a positive duration")
-        if self.repeats < 1:
-            raise TorchaxeError(f"--repeats {self.repeats}: must be at least 1")
-        if self.steps is not None and self.steps < 1:
-            raise TorchaxeError(f"--steps {self.steps}: must be at least 1")
-
-
-@dataclass
-class BaselineProfile:
-    profile: dict[str, Any]
-    context: dict[str, Any]
-    seconds: float
-
-
-ProfileRunner = Callable[[Sequence[str], AdviseOptions, str], BaselineProfile]
-
-
-def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target: str) -> BaselineProfile:
-    """Run the unchanged script once under the harness with op and shape recording."""
-    from torchaxe.runtime import run_context
-
-    with tempfile.TemporaryDirectory(prefix="torchaxe-advise-") as tmp:
-        knobs = Path(tmp) / "knobs.json"
-        knobs.write_text('{"name": "original"}', encoding="utf-8")
-        out = Path(tmp) / "profile.json"
-        ctx = Path(tmp) / "context.json"
-        # The first run is bounded too: a script that never reaches its steps must not
-        # hold advise past its budget.
-        timeout = options.timeout if options.timeout is not None else options.budget
-        trial = TrialOptions(repeats=1, steps=options.steps or DEFAULT_STEPS, warmup=options.warmup,
-                             timeout=timeout, target=target, step_marker=options.step_marker)
-        argv = bootstrap_argv(str(knobs), str(out), command, trial)
-        cut = argv.index("--")
-        guard = Path(tmp) / "writes"
-        argv = [*argv[:cut], "--ops", "--shapes", "--context-out", str(ctx), "--protect-writes", str(guard),
-                *argv[cut:]]
-        started = time.perf_counter()
-        try:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, errors="replace", timeout=timeout + 30.0)
-        except subprocess.TimeoutExpired:
-            raise TorchaxeError(f"the script ran {timeout + 30:.0f} s without finishing its first {options.warmup} + "
-                                f"{options.steps or DEFAULT_STEPS} steps (--budget {options.budget:g} s): give a larger --budget, or "
-                                "--timeout") from None
-        finally:
-            from torchaxe.runtime.protect import restore
-
-            restore(guard)  # the script's own output files, as they were
-        seconds = time.perf_counter() - started
-        if not out.exists():
-            tail = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-            raise TorchaxeError(f"the script failed before its first step: {tail[-1] if tail else 'no output'}")
-        profile = json.loads(out.read_text(encoding="utf-8"))
-        context = run_context.load(ctx)
-    return BaselineProfile(profile, context, seconds)
-
-
-def _check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:
-    steps = (profile.get("summary") or {}).get("steps_measured") or 0
-    if profile.get("status") == "error":
-        error = profile.get("error") or {}
-        where = f" at {error.get('file')}:{error.get('line')}" if error.get("file") else ""
-        raise TorchaxeError(f"the script raised {error.get('type', 'an error')}{where}: "
-                            f"{error.get('message', profile.get('detail', ''))}")
-    if not steps:
-        seen = len(profile.get("steps") or [])
-        if seen:
-            raise TorchaxeError(
-                f"the script ended after {seen} training step(s); advise needs --warmup {options.warmup} + --steps "
-                f"{options.steps or DEFAULT_STEPS}: lower them, or make the script run longer")
-        raise TorchaxeError(
-            "no training step was detected (no optimizer.step() was seen): give the function that does one step "
-            "with --step-marker MODULE:FUNCTION (e.g. --step-marker __main__:train_step for a train_step function "
-            "in the script itself)")
 
 
 def scan_for_advice(folder: Path, installed: Sequence[str], target: str, progress: Callable[[str], None]):
@@ -250,22 +74,6 @@ def _merge_knobs(fragments: Sequence[dict[str, Any]]) -> dict[str, Any]:
             else:
                 out[key] = value
     return out
-
-
-def _loss_delta(arm: ArmResult, base: ArmResult) -> tuple[float | None, float | None]:
-    """Largest relative difference of the per-step loss from the original's (same
-    seed, first run of each), and the same between two runs of the original."""
-    def rel(a: list[float], b: list[float]) -> float | None:
-        n = min(len(a), len(b))
-        if not n:
-            return None
-        return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a[:n], b[:n]))
-
-    base_losses = base.losses
-    if not base_losses or not arm.losses:
-        return None, None
-    noise = rel(base_losses[1], base_losses[0]) if len(base_losses) > 1 else None
-    return rel(arm.losses[0], base_losses[0]), noise
 
 
 class Advisor:
@@ -322,21 +130,16 @@ class Advisor:
         advice = self.advice
         self.progress("profiling the original script")
         base = self.profiler(self.command, self.options, self.target)
-        _check_profile(base.profile, self.options)
+        check_profile(base.profile, self.options)
         summary = base.profile.get("summary") or {}
         step = summary.get("step_seconds_median")
-        if self.options.steps is None:
-            self.steps = auto_steps(step)
-            if base.profile.get("status") == "completed":
-                # The script ended within the profiled run: its runs hold no more steps than that.
-                total = len(base.profile.get("steps") or [])
-                self.steps = max(1, min(self.steps, total - self.options.warmup))
+        self.steps = base.steps_per_run(self.options)
         advice.baseline = {"step_seconds_median": step, "data_wait_fraction": summary.get("data_wait_fraction"),
                            "host_syncs_per_step": summary.get("host_syncs_per_step"),
                            "gc_fraction": summary.get("gc_fraction"), "profile_run_seconds": base.seconds,
                            "source": "profiled run (with op recording on some steps)",
                            "steps_per_run": self.steps, "warmup_per_run": self.options.warmup}
-        advice.profile = _plot_data(base.profile)
+        advice.profile = plot_data(base.profile)
 
         folder = self.script.folder
         own, extra = scan_for_advice(folder, base.context.get("modules") or [] if self.options.scan_installed
@@ -445,7 +248,7 @@ class Advisor:
             self.advice.achieved = {"status": "failed", "error": str(exc)}
             return
         before = self._knob_set("original-before-apply", {"sources": originals}, run_knobs=False)
-        measurer = Measurer(self.command, self._trial_options(base), deadline=self.deadline, runner=self.runner,
+        measurer = Measurer(self.command, base.trial_options(self.options, self.steps, self.target), deadline=self.deadline, runner=self.runner,
                             clock=self.clock, progress=self.progress)
         self.progress("measuring the gain achieved: the applied changes against the original files")
         base_arm, (arm,), complete = measurer.compare(before, [now], self.options.repeats, "achieved")
@@ -453,7 +256,7 @@ class Advisor:
         if base_arm.error or arm.error:
             entry.update(status="failed", error=base_arm.error or arm.error)
         elif arm.ratio:
-            entry.update(_measured(arm, base_arm))
+            entry.update(measured_figures(arm, base_arm))
         if not complete:
             self.advice.partial = True
         self.advice.achieved = entry
@@ -523,23 +326,6 @@ class Advisor:
                 c.rec.accuracy.max_error = max(c.rec.accuracy.max_error or 0.0, result.max_abs)
                 c.rec.accuracy.detail = "largest difference from the hand-written form, on the run's shapes"
 
-    def _expected_run_seconds(self, base: BaselineProfile) -> float:
-        """One trial run: start-up to the first step, then warmup + steps at the
-        profiled median (the profiled run itself is slower: it records operators)."""
-        steps = base.profile.get("steps") or []
-        startup = (steps[0].get("start_seconds") if steps else None) or 0.3 * base.seconds
-        median = (base.profile.get("summary") or {}).get("step_seconds_median") or 0.0
-        estimate = startup + 1.2 * (self.options.warmup + self.steps) * median + 1.0
-        return max(min(estimate, base.seconds), 1.0)
-
-    def _trial_options(self, base: BaselineProfile) -> TrialOptions:
-        timeout = self.options.timeout
-        if timeout is None:
-            # A run may take far longer than the profiled one (a first compile), not forever.
-            timeout = max(120.0, 10 * base.seconds)
-        return TrialOptions(repeats=1, steps=self.steps, warmup=self.options.warmup, timeout=timeout,
-                            target=self.target, step_marker=self.options.step_marker)
-
     def _knob_set(self, name: str, fragment: dict[str, Any], run_knobs: bool = True) -> KnobSet:
         """The knob set of one arm: ``fragment`` on top of the run table, if any
         (``run_knobs=False``: the fragment alone)."""
@@ -551,11 +337,11 @@ class Advisor:
     def _measure(self, candidates: list[Candidate], findings, base: BaselineProfile) -> None:
         advice = self.advice
         repeats = self.options.repeats
-        measurer = Measurer(self.command, self._trial_options(base), deadline=self.deadline, runner=self.runner,
+        measurer = Measurer(self.command, base.trial_options(self.options, self.steps, self.target), deadline=self.deadline, runner=self.runner,
                             clock=self.clock, progress=self.progress)
         # Fit the candidates into the budget: each run is about as long as the profiled
         # one; keep room for the combined run (2 arms x repeats).
-        per_run = self._expected_run_seconds(base)
+        per_run = base.expected_run_seconds(self.options.warmup, self.steps)
         left = self.deadline - self.clock()
         fit = int((left - per_run) / per_run / repeats) - 1 - 2  # one warm-up run first
         ordered = sorted(candidates, key=lambda c: -c.priority)
@@ -633,7 +419,7 @@ class Advisor:
         combined measurement. False when the deadline cut a round short."""
         extra = 0
         while True:
-            open_arms = [a for a in arms if a.ok and len(a.ratios) < MAX_ROUNDS and _promising(a.ratios)
+            open_arms = [a for a in arms if a.ok and len(a.ratios) < MAX_ROUNDS and promising(a.ratios)
                          and (len(a.ratios) < DECIDE_ROUNDS
                               or not clear_gain(a.ratios, self.noise, self.same_ratios))]
             if not open_arms:
@@ -669,7 +455,7 @@ class Advisor:
         if base.median is not None:
             rec.measured_seconds_saved_per_step = base.median * (1.0 - ratio)
         if self.options.check_accuracy:
-            delta, noise = _loss_delta(arm, base)
+            delta, noise = loss_delta(arm, base)
             if delta is not None:
                 acc = rec.accuracy
                 rec.accuracy = Accuracy(kind="loss" if acc.kind != "max_error" else "max_error",
@@ -732,7 +518,7 @@ class Advisor:
         if arm.error:
             entry.update(status="failed", error=arm.error)
         elif arm.ratio:
-            entry.update(_measured(arm, base_arm))
+            entry.update(measured_figures(arm, base_arm))
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
         if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN):
             self.advice.combined = entry
@@ -788,7 +574,7 @@ class Advisor:
         for index, arm in enumerate(without):
             if arm.error or len(arm.ratios) < len(together.ratios):
                 continue
-            paired = _paired(arm, together.ratios)
+            paired = paired_ratios(arm, together.ratios)
             share = statistics.median(paired)
             if clear_gain(paired, self.noise, self.same_ratios) and (best is None or share < best[0]):
                 best = (share, index, paired)
@@ -821,7 +607,7 @@ class Advisor:
             if group not in pool or statistics.median(c.rec.ratios) < statistics.median(pool[group].rec.ratios):
                 pool[group] = c
         small = sorted(pool.values(), key=lambda c: statistics.median(c.rec.ratios or [1.0]))
-        near = [c for c in small if _promising(c.rec.ratios or [])][:MAX_NEAR_MISSES]
+        near = [c for c in small if promising(c.rec.ratios or [])][:MAX_NEAR_MISSES]
         variants: list[list[Candidate]] = [small] if len(small) >= 2 else []
         if chosen:  # with nothing chosen, one alone again would only be another round of its own
             variants += [[c] for c in near if [c] not in variants]
@@ -886,7 +672,7 @@ class Advisor:
         for v, arm in zip(tried, variant_arms):
             if arm.error or len(arm.ratios) < min(repeats, 2):
                 continue  # a single round cut short by the budget decides nothing
-            paired = _paired(arm, against)
+            paired = paired_ratios(arm, against)
             share = statistics.median(paired)
             if v is small:
                 all_at_once = share
@@ -918,7 +704,7 @@ class Advisor:
         for c in added:
             c.rec.selected = True
         members = chosen + added
-        self.advice.combined = {"keys": [m.key for m in members], **_measured(arm, base_arm),
+        self.advice.combined = {"keys": [m.key for m in members], **measured_figures(arm, base_arm),
                                 "knobs": _merge_knobs([m.knobs for m in members if m.rec.applies == "knob"])}
         names = ", ".join(c.key for c in added)
         per_round = f"({', '.join(f'{r:.2f}' for r in paired)} per round)"
@@ -966,8 +752,8 @@ class Advisor:
         while True:
             against = set_arm.ratios if set_arm is not None else [1.0] * len(base.runs)
             live = [a for a in live if a.ok and len(a.ratios) == len(against) and len(a.ratios) < MAX_ROUNDS
-                    and _promising(_paired(a, against))
-                    and not clear_gain(_paired(a, against), self.noise, self.same_ratios)]
+                    and promising(paired_ratios(a, against))
+                    and not clear_gain(paired_ratios(a, against), self.noise, self.same_ratios)]
             if not live or (set_arm is not None and not set_arm.ok):
                 return True
             arms = ([set_arm] if set_arm is not None else []) + live
@@ -989,47 +775,12 @@ class Advisor:
                     and not self.options.check_accuracy)
 
 
-def _paired(arm: ArmResult, against: Sequence[float]) -> list[float]:
-    """An arm's per-round ratios over another's in the same rounds."""
-    return [a / b for a, b in zip(arm.ratios, against)]
-
-
-def _measured(arm: ArmResult, base: ArmResult) -> dict[str, Any]:
-    """The figures of an arm measured against the original in the same rounds (its
-    ratio is known): speed-up, per-round ratios, time saved, both step medians."""
-    ratio = arm.ratio or 1.0
-    return {"status": "measured", "speedup": 1.0 / ratio, "ratios": [round(r, 4) for r in arm.ratios],
-            "measured_seconds_saved_per_step": (base.median or 0.0) * (1.0 - ratio),
-            "step_seconds_median": arm.median, "original_step_seconds_median": base.median}
-
-
 def _alone(c: Candidate) -> dict[str, Any]:
     """The ``combined`` entry of one change on its own: its own measured figures."""
     r = c.rec
     return {"keys": [r.key], "speedup": r.speedup, "ratios": r.ratios,
             "measured_seconds_saved_per_step": r.measured_seconds_saved_per_step, "status": "measured",
             "knobs": c.knobs if r.applies == "knob" else {}}
-
-
-def _plot_data(profile: dict[str, Any]) -> dict[str, Any]:
-    """What the report plots: the step-time breakdown, data wait per step, top ops."""
-    steps = [s for s in profile.get("steps") or [] if s.get("phase") == "measured"]
-    summary = profile.get("summary") or {}
-    step = summary.get("step_seconds_median") or 0.0
-    wait = summary.get("data_wait_seconds_median") or 0.0
-    backward = summary.get("backward_seconds_median") or 0.0
-    gc_time = summary.get("gc_seconds_per_step") or 0.0
-    rest = max(step - wait - backward - gc_time, 0.0)
-    ops = sorted(profile.get("ops") or [], key=lambda o: -(o.get("self_seconds") or 0))[:10]
-    n_ops_steps = max(len(profile.get("ops_steps") or []), 1)
-    return {
-        "breakdown": {"data_wait": wait, "forward_and_rest": rest, "backward": backward, "gc": gc_time},
-        "data_wait_per_step": [s.get("data_wait_seconds") or 0.0 for s in steps],
-        "step_seconds": [s.get("seconds") or 0.0 for s in steps],
-        "top_ops": [{"name": o["name"], "seconds_per_step": (o.get("self_seconds") or 0.0) / n_ops_steps,
-                     "calls_per_step": (o.get("calls") or 0) / n_ops_steps} for o in ops],
-        "static_shapes": (profile.get("shapes") or {}).get("static"),
-    }
 
 
 def advise(command: Sequence[str], options: AdviseOptions | None = None, **kwargs: Any) -> Advice:
