@@ -221,10 +221,8 @@ def interleave(arms: Sequence[Arm] | Callable[[int], Sequence[Arm]], run: Callab
         for arm in planned:
             if not failed(arm):
                 run(arm, repeat)
-                if not failed(arm):
-                    continue
-            if id(arm) in needed:
-                return True
+            if id(arm) in needed and failed(arm):
+                return True  # nothing left to compare the others with
         repeat += 1
     return True
 
