@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from torchaxe.advise.candidates import fixed_sources  # noqa: E402
 from torchaxe.advise.measure import Measurer  # noqa: E402
-from torchaxe.advise.pipeline import _merge_knobs  # noqa: E402
+from torchaxe.advise.arms import merge_knobs  # noqa: E402
 from torchaxe.runtime.knobs import knob_set_from_dict  # noqa: E402
 from torchaxe.runtime.trials import TrialOptions  # noqa: E402
 from torchaxe.scan.engine import ScanOptions, scan_paths  # noqa: E402
@@ -156,7 +156,7 @@ def main() -> int:
     log(f"exhaustive: {len(combos)} of {possible} combinations of {len(candidates)} candidates")
     arms = []
     for n, combo in enumerate(combos):
-        fragment = _merge_knobs([r["knobs"] for r in combo if r["applies"] == "knob"])
+        fragment = merge_knobs([r["knobs"] for r in combo if r["applies"] == "knob"])
         codes = [code for r in combo if r["applies"] == "code" for code in r["rules"]]
         if codes:
             folder = work / f"combo-{n}"

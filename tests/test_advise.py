@@ -463,7 +463,7 @@ def test_changes_slower_together_than_the_best_alone_are_not_combined(script: Pa
 
 
 def test_rank_p_value_is_the_exact_one_sided_mann_whitney() -> None:
-    from torchaxe.advise.pipeline import rank_p_value
+    from torchaxe.advise.stats import rank_p_value
 
     assert rank_p_value([0.8, 0.8, 0.8], [1.0, 1.1, 0.9]) == pytest.approx(1 / 20)  # all below: 1 of C(6,3)
     assert rank_p_value([0.8, 0.8], [1.0, 1.0]) == pytest.approx(1 / 6)
@@ -599,7 +599,7 @@ def test_steps_per_run_stop_where_the_profiled_script_ended(script: Path) -> Non
 
 
 def test_a_gain_beyond_chance_against_the_aa_arm_counts_even_with_a_flat_round() -> None:
-    from torchaxe.advise.pipeline import clear_gain
+    from torchaxe.advise.stats import clear_gain
 
     # Seen on a noisy 2-core VM: the GELU fix saved 17% on the median, two of five
     # rounds were flat, and the original strayed 34% from itself once. Its rounds still
@@ -668,7 +668,7 @@ def test_small_changes_are_tried_again_without_one_that_hurts_on_top(script: Pat
     # compile is chosen; AX110 and AX201 are small (within the A/A noise alone). AX110 on
     # top of compile is slower (a fused kernel slow in the chosen setting), and so is all
     # at once; without it, AX201 on top is faster.
-    monkeypatch.setattr("torchaxe.advise.pipeline.MAX_NEAR_MISSES", 1)
+    monkeypatch.setattr("torchaxe.advise.search.MAX_NEAR_MISSES", 1)
     runs = FakeRuns(times={"original-again": [0.09, 0.11, 0.092, 0.108, 0.094], "code:AX110": 0.095,
                            "code:AX201": 0.096, "chosen": 0.05, "chosen+code-AX110+code-AX201": 0.07,
                            "chosen+code-AX110": 0.08, "chosen+code-AX201": 0.03})
@@ -697,7 +697,7 @@ def test_a_variant_faster_on_top_but_not_yet_clearly_gets_more_rounds(script: Pa
 def test_small_changes_slower_together_on_top_are_tried_again_in_smaller_sets(script: Path, monkeypatch) -> None:
     # compile is chosen; three small changes, none tried alone on top. All at once they
     # make compile slower; without bf16, which gained least alone, they make it faster.
-    monkeypatch.setattr("torchaxe.advise.pipeline.MAX_NEAR_MISSES", 0)
+    monkeypatch.setattr("torchaxe.advise.search.MAX_NEAR_MISSES", 0)
     runs = FakeRuns(times={"original-again": [0.09, 0.11, 0.092, 0.108, 0.094], "code:AX110": 0.095,
                            "code:AX201": 0.096, "knob:autocast-bf16": 0.099, "chosen": 0.05,
                            "chosen+code-AX110+code-AX201+knob-autocast-bf16": 0.07,
@@ -713,6 +713,8 @@ def test_small_changes_slower_together_on_top_are_tried_again_in_smaller_sets(sc
 def test_the_smaller_sets_drop_what_hurt_then_the_weakest_then_keep_the_better_half() -> None:
     from types import SimpleNamespace
 
+    from torchaxe.advise.search import ChangeSearch
+
     def change(key: str, ratio: float):
         return SimpleNamespace(key=key, rec=SimpleNamespace(ratios=[ratio, ratio]))
 
@@ -720,8 +722,8 @@ def test_the_smaller_sets_drop_what_hurt_then_the_weakest_then_keep_the_better_h
     small = [a, b, c, d, e]
     advisor = SimpleNamespace(noise=0.0)
     # All at once slower on top, nothing to blame: without the weakest, then the better half.
-    assert Advisor._smaller_sets(advisor, small, [], 1.2, [small]) == [[a, b, c, d], [a, b, c]]
+    assert ChangeSearch._smaller_sets(advisor, small, [], 1.2, [small]) == [[a, b, c, d], [a, b, c]]
     # One tried alone on top hurt: without it first.
-    assert Advisor._smaller_sets(advisor, small, [c], None, [small, [c]]) == [[a, b, d, e], [a, b, d], [a, b]]
+    assert ChangeSearch._smaller_sets(advisor, small, [c], None, [small, [c]]) == [[a, b, d, e], [a, b, d], [a, b]]
     # All at once no slower, and nothing hurt: nothing more to try.
-    assert Advisor._smaller_sets(advisor, small, [], 1.0, [small]) == []
+    assert ChangeSearch._smaller_sets(advisor, small, [], 1.0, [small]) == []

@@ -213,7 +213,7 @@ def test_advise_end_to_end_measures_a_real_fix(tmp_path: Path) -> None:
     assert gelu["speedup"] > 1.1
     # Chosen whenever its rounds beat the original's own spread; under a loaded machine
     # (the parallel suite) that spread can swallow even this gain, and then it is not.
-    from torchaxe.advise.pipeline import clear_gain
+    from torchaxe.advise.stats import clear_gain
 
     baseline = data["baseline"]
     assert gelu["selected"] or not clear_gain(gelu["ratios"], baseline["run_to_run_noise"],

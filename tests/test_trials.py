@@ -291,3 +291,40 @@ def test_cli_missing_script_and_missing_knobs(tmp_path, capsys):
     assert "script not found" in capsys.readouterr().err
     assert main(["trial", "--", "python", "x.py"]) == 2
     assert "--knobs" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ the one measuring loop
+
+
+def test_interleave_skips_a_failed_arm_and_ends_at_a_required_one():
+    from torchaxe.runtime.trials import interleave
+
+    calls, broken, failed = [], {("b", 1), ("a", 3)}, set()
+
+    def run(arm, repeat):
+        calls.append((arm, repeat))
+        if (arm, repeat) in broken:
+            failed.add(arm)
+
+    assert interleave(["a", "b", "c"], run, lambda arm: arm in failed, rounds=4, required=["a"]) is True
+    assert calls == [("a", 1), ("b", 1), ("c", 1), ("a", 2), ("c", 2), ("a", 3)]
+
+
+def test_interleave_asks_the_stop_hook_with_the_runs_of_a_round_and_the_reserve():
+    from torchaxe.runtime.trials import interleave
+
+    asked, calls = [], []
+
+    def stop(repeat, runs):
+        asked.append((repeat, runs))
+        return repeat == 3
+
+    done = interleave(["a", "b"], lambda arm, repeat: calls.append((arm, repeat)), lambda arm: False,
+                      rounds=5, first=1, reserve=4, stop=stop)
+    assert done is False and asked == [(1, 6), (2, 6), (3, 6)] and len(calls) == 4
+    # Arms chosen round by round, numbered on from ``first``, until none is named.
+    plans = iter([["a"], ["a", "b"], []])
+    calls.clear()
+    assert interleave(lambda repeat: next(plans), lambda arm, repeat: calls.append((arm, repeat)),
+                      lambda arm: False, first=3) is True
+    assert calls == [("a", 3), ("a", 4), ("b", 4)]

@@ -162,7 +162,7 @@ class ApplyResult:
 def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence[str] = (),
                  write: bool = True) -> ApplyResult:
     """Apply the chosen recommendations (or the ones named in ``keys``)."""
-    from torchaxe.advise.pipeline import _merge_knobs
+    from torchaxe.advise.arms import merge_knobs
     from torchaxe.runtime.command import parse_command
     from torchaxe.scan.engine import ScanOptions
     from torchaxe.scan.fix import fix_paths
@@ -211,7 +211,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
         result.changed_files = [ff.path for ff in changed]
     fragments = [r.get("knobs") or {} for r in chosen if r.get("applies") == "knob"]
     if fragments:
-        result.knobs = _merge_knobs(fragments)
+        result.knobs = merge_knobs(fragments)
         result.config = config_path_for(folder)
         if write:
             from torchaxe.runtime.knobs import knob_set_from_dict

@@ -14,9 +14,13 @@ import ast
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from torchaxe.errors import TorchaxeError
 from torchaxe.findings import Finding
+
+if TYPE_CHECKING:
+    from torchaxe.advise.candidates import Candidate
 
 
 @dataclass
@@ -138,3 +142,34 @@ def evidence_for(finding: Finding, profile: dict[str, Any], base: str = ".") -> 
                     ev.shapes.append(first_shape)
                 break
     return ev
+
+
+def micro_benchmarks(candidates: Sequence[Candidate], target: str, out_of_time: Callable[[], bool],
+                     progress: Callable[[str], None]) -> None:
+    """A formula fix's replacement against the hand-written form on the shapes the
+    run used (``torchaxe verify``), in this process: seconds, not a whole run."""
+    from torchaxe.scan.formulas.verify import formula_rules, verify
+
+    formula_codes = {rule.code for rule in formula_rules()}
+    for c in candidates:
+        code = c.rec.rules[0] if c.rec.rules else ""
+        if code not in formula_codes or not c.shapes or out_of_time():
+            continue
+        shape = tuple(max(d, 1) for d in c.shapes[0])
+        progress(f"micro-benchmark of {code} on {list(shape)}")
+        try:
+            (result,) = verify((code,), device=target, shape=shape, repeats=3)
+        except (TorchaxeError, RuntimeError, ValueError) as exc:
+            c.rec.evidence.append(f"micro-benchmark on {list(shape)} not run: {exc}")
+            continue
+        if result.error or result.speedup is None:
+            c.rec.evidence.append(f"micro-benchmark on {list(shape)}: {result.error or 'no fused form here'}")
+            continue
+        c.rec.evidence.append(
+            f"micro-benchmark on {list(shape)} {result.dtype}, forward: hand-written "
+            f"{result.hand.median * 1e3:.3f} ms, replacement {result.fused.median * 1e3:.3f} ms "
+            f"({result.speedup:.1f}x); max error {result.max_abs:.1e}")
+        if result.max_abs is not None and c.rec.accuracy.kind in ("max_error", "exact", "unknown"):
+            c.rec.accuracy.kind = "max_error"
+            c.rec.accuracy.max_error = max(c.rec.accuracy.max_error or 0.0, result.max_abs)
+            c.rec.accuracy.detail = "largest difference from the hand-written form, on the run's shapes"

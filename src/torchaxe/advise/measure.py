@@ -1,10 +1,11 @@
 """Interleaved measurement of several changes against the unchanged run, bounded by
 a deadline.
 
-Each round runs the baseline once, then every arm once (A B C A B C ...), each in a
-fresh subprocess through the trial bootstrap. The ratio of an arm is taken per round
-against that round's baseline, so slow drifts of a shared machine fall on both.
-When the deadline comes, no new run starts: what was measured so far is kept.
+Each round runs the baseline once, then every arm once (A B C A B C ...; the loop is
+``trials.interleave``), each in a fresh subprocess through the trial bootstrap. The
+ratio of an arm is taken per round against that round's baseline, so slow drifts of a
+shared machine fall on both. When the deadline comes, no new run starts: what was
+measured so far is kept.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Callable, Sequence
 
 from torchaxe.runtime.knobs import KnobSet
 from torchaxe.runtime.stats import Samples
-from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
+from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, interleave, run_in_subprocess
 
 
 @dataclass
@@ -105,29 +106,47 @@ class Measurer:
         try:
             if warm:
                 self._run(baseline, 0, f"{what}: warming the caches (not measured)")
-            for repeat in range(1, repeats + 1):
-                if repeat > 1 and not self.fits(1 + sum(a.error is None for a in results) + reserve):
-                    return base, results, False
-                if not self.round(base, results, f"{what}: round {repeat}/{repeats}"):
-                    break  # without a baseline nothing can be compared
+            # Without a baseline nothing can be compared: its failure ends the rounds.
+            record = self._recorder(base, lambda repeat: f"{what}: round {repeat}/{repeats}")
+            complete = interleave([base, *results], record, _failed, rounds=repeats, required=[base], reserve=reserve,
+                                  stop=lambda repeat, runs: repeat > 1 and not self.fits(runs))
         except OutOfTime:
             return base, results, False
-        return base, results, True
+        return base, results, complete
 
-    def round(self, base: ArmResult, arms: Sequence[ArmResult], label: str) -> bool:
-        """One more interleaved round: the baseline, then each arm that has not failed,
-        each ratio taken against this round's baseline. False when the baseline failed.
-        Raises OutOfTime when the deadline comes first (the runs so far are kept)."""
-        repeat = len(base.runs) + 1
-        run = self._run(base.knobs, repeat, f"{label}: original")
-        base.runs.append(run)
-        if not run.ok:
+    def more_rounds(self, base: ArmResult, plan: Callable[[], Sequence[ArmResult]], what: str) -> bool:
+        """Further interleaved rounds after a comparison, one at a time, while ``plan``
+        names the arms for the next (none: no more): the baseline, then each of them
+        that has not failed, each ratio taken against this round's baseline. Ends when
+        the baseline fails; False when the deadline cut a round short."""
+        extra = 0
+
+        def arms(repeat: int) -> list[ArmResult]:
+            nonlocal extra
+            chosen = list(plan())
+            if not chosen:
+                return []
+            extra += 1
+            return [base, *chosen]
+
+        try:
+            interleave(arms, self._recorder(base, lambda repeat: f"{what}: extra round {extra}"), _failed,
+                       first=len(base.runs) + 1, required=[base])
+        except OutOfTime:
             return False
-        for arm in arms:
-            if arm.error is not None:
-                continue
-            latest = self._run(arm.knobs, repeat, f"{label}: {arm.name}")
-            arm.runs.append(latest)
-            if latest.ok and latest.median and run.median:
-                arm.ratios.append(latest.median / run.median)
         return True
+
+    def _recorder(self, base: ArmResult, label: Callable[[int], str]) -> Callable[[ArmResult, int], None]:
+        """One run of an arm in a round, kept with the arm; an arm's ratio is taken
+        against the baseline's run of the same round, which comes first."""
+        def run(arm: ArmResult, repeat: int) -> None:
+            latest = self._run(arm.knobs, repeat, f"{label(repeat)}: {'original' if arm is base else arm.name}")
+            arm.runs.append(latest)
+            if arm is not base and latest.ok and latest.median and base.runs[-1].median:
+                arm.ratios.append(latest.median / base.runs[-1].median)
+
+        return run
+
+
+def _failed(arm: ArmResult) -> bool:
+    return arm.error is not None

@@ -292,23 +292,36 @@ class LoaderTuner:
         """Measure ``point`` interleaved with ``reference`` (one run of each, ``repeats``
         times: B A B A ...), and return it with its throughput gain over the reference:
         the median of the per-pair ratios, so that a machine that is slower for a while
-        slows both sides of a pair alike."""
-        ratios = []
-        candidate = None
-        for _ in range(self.options.repeats):
-            candidate = self.run_point(point, runs=1)
-            if not candidate.ok:
-                return candidate, -1.0
-            if not reference.ok:
-                break
-            reference = self.run_point(reference.point, runs=1)
-            mine, theirs = _mean(candidate.runs[-1].step_seconds), _mean(reference.runs[-1].step_seconds)
+        slows both sides of a pair alike. A failing ``point`` ends the comparison (no
+        gain); a failing reference ends it after the point's next run."""
+        from torchaxe.runtime.stats import Samples
+        from torchaxe.runtime.trials import interleave
+
+        point = point.canonical()
+        ratios: list[float] = []
+        broke = None if reference.ok else 0  # the round the reference failed in
+
+        def run(p: LoaderPoint, repeat: int) -> None:
+            nonlocal broke
+            result = self.run_point(p, runs=1)
+            if p is point:
+                return
+            if not result.ok and broke is None:
+                broke = repeat
+            mine, theirs = _mean(self._cache[point].runs[-1].step_seconds), _mean(result.runs[-1].step_seconds)
             if mine and theirs:
                 ratios.append(theirs / mine)
-        from torchaxe.runtime.stats import Samples
 
+        def failed(p: LoaderPoint) -> bool:
+            result = self._cache.get(p)
+            return result is not None and not result.ok
+
+        interleave([point, reference.point], run, failed, rounds=self.options.repeats, required=[point],
+                   stop=lambda repeat, runs: broke is not None and repeat > broke + 1)
+        candidate = self._cache[point]
+        if not candidate.ok:
+            return candidate, -1.0
         median = Samples.of(ratios).median
-        assert candidate is not None
         return candidate, (median - 1.0) if median is not None else -1.0
 
     # -- the search

@@ -5,6 +5,8 @@ rounds, every knob set once in the order given (A B C A B C ...), each in a fres
 subprocess through the bootstrap (``python -m torchaxe.runtime.bootstrap``), which
 applies the knobs and records warmup + ``steps`` steps with the harness. Interleaving
 spreads slow drifts of the machine (other work, thermal state) over all sets alike.
+``interleave`` is that loop, shared by every caller that compares runs (advise, data
+tuning, ``shapes --try``).
 
 Per knob set the result keeps every measured step time (raw samples, by repeat) and
 gives their median, p90 and spread; the **ratio** to the first knob set (the
@@ -29,7 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.knobs import KnobSet
@@ -188,6 +190,43 @@ def unique_names(knob_sets: Sequence[KnobSet]) -> list[KnobSet]:
     return out
 
 
+Arm = TypeVar("Arm")
+
+
+def interleave(arms: Sequence[Arm] | Callable[[int], Sequence[Arm]], run: Callable[[Arm, int], object],
+               failed: Callable[[Arm], bool], *, rounds: int | None = None, first: int = 1,
+               required: Sequence[Arm] = (), reserve: int = 0,
+               stop: Callable[[int, int], bool] | None = None) -> bool:
+    """The one measuring loop: interleaved rounds, A B C A B C ..., so that slow drifts
+    of the machine fall on every arm alike. In each round every arm runs once, in the
+    order given, through ``run(arm, repeat)``, which makes and records one run; an arm
+    that has ``failed`` is not run again.
+
+    ``arms``: the same every round, or a function of the round's repeat number giving
+    that round's arms (none: the measuring ends). ``rounds``: how many (None: until
+    ``arms`` gives none); ``first``: the repeat number of the first. ``required``: the
+    arms the others are compared with: when one fails, the measuring ends there.
+    ``stop(repeat, runs)``, the budget's hook: asked before each round with the runs it
+    would make plus ``reserve`` (runs that must still fit afterwards); True ends the
+    measuring. Returns False when ``stop`` ended it, else True; what ``run`` raises (a
+    deadline passed) ends it too, with the runs so far kept."""
+    needed = {id(a) for a in required}
+    repeat = first
+    while rounds is None or repeat < first + rounds:
+        planned = list(arms(repeat) if callable(arms) else arms)
+        if not planned:
+            return True
+        if stop is not None and stop(repeat, sum(not failed(a) for a in planned) + reserve):
+            return False
+        for arm in planned:
+            if not failed(arm):
+                run(arm, repeat)
+            if id(arm) in needed and failed(arm):
+                return True  # nothing left to compare the others with
+        repeat += 1
+    return True
+
+
 def run_trials(knob_sets: Sequence[KnobSet], command: Sequence[str], options: TrialOptions | None = None, *,
                runner: Runner | None = None, progress: Callable[[str], None] = lambda line: None) -> TrialReport:
     """Run every knob set ``options.repeats`` times, interleaved, and compare them."""
@@ -196,19 +235,20 @@ def run_trials(knob_sets: Sequence[KnobSet], command: Sequence[str], options: Tr
         raise TorchaxeError("no knob sets: give at least one --knobs FILE")
     runner = runner or run_in_subprocess
     results = [KnobResult(k) for k in unique_names(knob_sets)]
-    for repeat in range(1, options.repeats + 1):
-        for result in results:
-            if result.failed_run is not None:
-                continue  # broken once: not run again
-            progress(f"repeat {repeat}/{options.repeats}: {result.name} ...")
-            run = runner(result.knobs, command, options, repeat)
-            run.knobs = result.name
-            result.runs.append(run)
-            if run.ok:
-                progress(f"repeat {repeat}/{options.repeats}: {result.name}: median step "
-                         f"{_ms(run.median)} over {len(run.step_seconds)} steps")
-            else:
-                progress(f"repeat {repeat}/{options.repeats}: {result.name}: FAILED: {run.error}")
+
+    def measure(result: KnobResult, repeat: int) -> None:
+        progress(f"repeat {repeat}/{options.repeats}: {result.name} ...")
+        run = runner(result.knobs, command, options, repeat)
+        run.knobs = result.name
+        result.runs.append(run)
+        if run.ok:
+            progress(f"repeat {repeat}/{options.repeats}: {result.name}: median step "
+                     f"{_ms(run.median)} over {len(run.step_seconds)} steps")
+        else:
+            progress(f"repeat {repeat}/{options.repeats}: {result.name}: FAILED: {run.error}")
+
+    # A set broken once is not run again; the others go on, the baseline's failure included.
+    interleave(results, measure, lambda result: result.failed_run is not None, rounds=options.repeats)
     _ratios(results)
     return TrialReport(list(command), options, results)
 

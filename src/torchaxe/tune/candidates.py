@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, Recommendation
-from torchaxe.tune.kb import KnowledgeBase
+from torchaxe.kb import KnowledgeBase
 
 
 def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes: list[str]) -> list[Candidate]:

@@ -1,0 +1,153 @@
+"""The baseline: the unchanged script profiled once in a subprocess (op times, shapes,
+data wait, the files it imported, the settings it left on), the checks that it reached
+its steps, the steps each trial run measures, and what the report plots of it."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from torchaxe.advise.options import AdviseOptions
+from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.trials import TrialOptions, bootstrap_argv
+
+#: Measured steps of the profiled run, and of each trial run when the steps are not given.
+DEFAULT_STEPS = 8
+#: With short steps, each trial run measures at least this many seconds of steps (at
+#: most ``MAX_AUTO_STEPS``): eight 5 ms steps are one scheduler hiccup away from noise.
+MEASURE_WINDOW = 0.5
+MAX_AUTO_STEPS = 64
+
+
+def auto_steps(step_seconds: float | None) -> int:
+    """Measured steps per trial run for a script whose steps take ``step_seconds``."""
+    if not step_seconds or step_seconds <= 0:
+        return DEFAULT_STEPS
+    return max(DEFAULT_STEPS, min(MAX_AUTO_STEPS, math.ceil(MEASURE_WINDOW / step_seconds)))
+
+
+@dataclass
+class BaselineProfile:
+    profile: dict[str, Any]
+    context: dict[str, Any]
+    seconds: float
+
+    def steps_per_run(self, options: AdviseOptions) -> int:
+        """Measured steps per trial run: ``options.steps``, else chosen from the
+        profiled step time, and never more than a script that ended on its own ran."""
+        if options.steps is not None:
+            return options.steps
+        steps = auto_steps((self.profile.get("summary") or {}).get("step_seconds_median"))
+        if self.profile.get("status") == "completed":
+            # The script ended within the profiled run: its runs hold no more steps than that.
+            total = len(self.profile.get("steps") or [])
+            steps = max(1, min(steps, total - options.warmup))
+        return steps
+
+    def expected_run_seconds(self, warmup: int, steps: int) -> float:
+        """One trial run: start-up to the first step, then warmup + steps at the
+        profiled median (the profiled run itself is slower: it records operators)."""
+        recorded = self.profile.get("steps") or []
+        startup = (recorded[0].get("start_seconds") if recorded else None) or 0.3 * self.seconds
+        median = (self.profile.get("summary") or {}).get("step_seconds_median") or 0.0
+        estimate = startup + 1.2 * (warmup + steps) * median + 1.0
+        return max(min(estimate, self.seconds), 1.0)
+
+    def trial_options(self, options: AdviseOptions, steps: int, target: str) -> TrialOptions:
+        """The options of every trial run."""
+        timeout = options.timeout
+        if timeout is None:
+            # A run may take far longer than the profiled one (a first compile), not forever.
+            timeout = max(120.0, 10 * self.seconds)
+        return TrialOptions(repeats=1, steps=steps, warmup=options.warmup, timeout=timeout,
+                            target=target, step_marker=options.step_marker)
+
+
+ProfileRunner = Callable[[Sequence[str], AdviseOptions, str], BaselineProfile]
+
+
+def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target: str) -> BaselineProfile:
+    """Run the unchanged script once under the harness with op and shape recording."""
+    from torchaxe.runtime import run_context
+
+    with tempfile.TemporaryDirectory(prefix="torchaxe-advise-") as tmp:
+        knobs = Path(tmp) / "knobs.json"
+        knobs.write_text('{"name": "original"}', encoding="utf-8")
+        out = Path(tmp) / "profile.json"
+        ctx = Path(tmp) / "context.json"
+        # The first run is bounded too: a script that never reaches its steps must not
+        # hold advise past its budget.
+        timeout = options.timeout if options.timeout is not None else options.budget
+        trial = TrialOptions(repeats=1, steps=options.steps or DEFAULT_STEPS, warmup=options.warmup,
+                             timeout=timeout, target=target, step_marker=options.step_marker)
+        argv = bootstrap_argv(str(knobs), str(out), command, trial)
+        cut = argv.index("--")
+        guard = Path(tmp) / "writes"
+        argv = [*argv[:cut], "--ops", "--shapes", "--context-out", str(ctx), "--protect-writes", str(guard),
+                *argv[cut:]]
+        started = time.perf_counter()
+        try:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True, errors="replace", timeout=timeout + 30.0)
+        except subprocess.TimeoutExpired:
+            raise TorchaxeError(f"the script ran {timeout + 30:.0f} s without finishing its first {options.warmup} + "
+                                f"{options.steps or DEFAULT_STEPS} steps (--budget {options.budget:g} s): give a larger --budget, or "
+                                "--timeout") from None
+        finally:
+            from torchaxe.runtime.protect import restore
+
+            restore(guard)  # the script's own output files, as they were
+        seconds = time.perf_counter() - started
+        if not out.exists():
+            tail = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+            raise TorchaxeError(f"the script failed before its first step: {tail[-1] if tail else 'no output'}")
+        profile = json.loads(out.read_text(encoding="utf-8"))
+        context = run_context.load(ctx)
+    return BaselineProfile(profile, context, seconds)
+
+
+def check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:
+    """A clear error when the profiled run raised, ended early or showed no step."""
+    steps = (profile.get("summary") or {}).get("steps_measured") or 0
+    if profile.get("status") == "error":
+        error = profile.get("error") or {}
+        where = f" at {error.get('file')}:{error.get('line')}" if error.get("file") else ""
+        raise TorchaxeError(f"the script raised {error.get('type', 'an error')}{where}: "
+                            f"{error.get('message', profile.get('detail', ''))}")
+    if not steps:
+        seen = len(profile.get("steps") or [])
+        if seen:
+            raise TorchaxeError(
+                f"the script ended after {seen} training step(s); advise needs --warmup {options.warmup} + --steps "
+                f"{options.steps or DEFAULT_STEPS}: lower them, or make the script run longer")
+        raise TorchaxeError(
+            "no training step was detected (no optimizer.step() was seen): give the function that does one step "
+            "with --step-marker MODULE:FUNCTION (e.g. --step-marker __main__:train_step for a train_step function "
+            "in the script itself)")
+
+
+def plot_data(profile: dict[str, Any]) -> dict[str, Any]:
+    """What the report plots: the step-time breakdown, data wait per step, top ops."""
+    steps = [s for s in profile.get("steps") or [] if s.get("phase") == "measured"]
+    summary = profile.get("summary") or {}
+    step = summary.get("step_seconds_median") or 0.0
+    wait = summary.get("data_wait_seconds_median") or 0.0
+    backward = summary.get("backward_seconds_median") or 0.0
+    gc_time = summary.get("gc_seconds_per_step") or 0.0
+    rest = max(step - wait - backward - gc_time, 0.0)
+    ops = sorted(profile.get("ops") or [], key=lambda o: -(o.get("self_seconds") or 0))[:10]
+    n_ops_steps = max(len(profile.get("ops_steps") or []), 1)
+    return {
+        "breakdown": {"data_wait": wait, "forward_and_rest": rest, "backward": backward, "gc": gc_time},
+        "data_wait_per_step": [s.get("data_wait_seconds") or 0.0 for s in steps],
+        "step_seconds": [s.get("seconds") or 0.0 for s in steps],
+        "top_ops": [{"name": o["name"], "seconds_per_step": (o.get("self_seconds") or 0.0) / n_ops_steps,
+                     "calls_per_step": (o.get("calls") or 0) / n_ops_steps} for o in ops],
+        "static_shapes": (profile.get("shapes") or {}).get("static"),
+    }

@@ -1,0 +1,33 @@
+"""What one ``torchaxe advise`` is asked to do: target, budget, rounds, steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchaxe.errors import TorchaxeError
+
+
+@dataclass(frozen=True)
+class AdviseOptions:
+    target: str = "auto"
+    budget: float = 600.0
+    repeats: int = 2
+    #: Measured steps per trial run; ``None``: chosen from the profiled step time.
+    steps: int | None = None
+    warmup: int = 10
+    check_accuracy: bool = False
+    #: Also scan the installed packages the run imported.
+    scan_installed: bool = True
+    step_marker: str | None = None
+    #: Per-run limit; default from the budget.
+    timeout: float | None = None
+    #: Candidates whose key starts with one of these are not tried (``--skip knob:compile``).
+    skip: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.budget <= 0:
+            raise TorchaxeError(f"--budget {self.budget:g}: must be a positive duration")
+        if self.repeats < 1:
+            raise TorchaxeError(f"--repeats {self.repeats}: must be at least 1")
+        if self.steps is not None and self.steps < 1:
+            raise TorchaxeError(f"--steps {self.steps}: must be at least 1")

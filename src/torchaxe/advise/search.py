@@ -1,0 +1,363 @@
+"""The search over changes once each was measured alone: choose the ones that clearly
+paid off (one per group), measure them together and with each one left out, then try
+the near misses on top of the choice (all at once, one by one, smaller sets), with
+more rounds while the budget lasts. One step of a local search that stands in for
+trying every combination."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+from torchaxe.advise.arms import ArmKnobs, merge_knobs
+from torchaxe.advise.candidates import Candidate
+from torchaxe.advise.measure import ArmResult, Measurer
+from torchaxe.advise.stats import MAX_ROUNDS, MIN_GAIN, Noise, clear_gain, measured_figures, paired_ratios, promising
+from torchaxe.runtime.knobs import KnobSet
+
+#: Changes tried one by one on top of the chosen ones (besides all of them at once).
+MAX_NEAR_MISSES = 2
+#: How many chosen changes are also measured with each one left out (more would cost
+#: a run per change and round).
+MIN_LEAVE_ONE_OUT, MAX_LEAVE_ONE_OUT = 3, 4
+
+
+class ChangeSearch:
+    """Chooses among the changes measured alone and measures the choice, within what
+    ``measurer``'s deadline leaves. Notes for the user go to ``notes``; the choice
+    measured together ends in ``combined``, and ``partial`` says whether the budget
+    cut a comparison short. ``run_seconds``: each change's median run time."""
+
+    def __init__(self, measurer: Measurer, noise: Noise, notes: list[str], *, arms: ArmKnobs, findings,
+                 original: KnobSet, repeats: int, check_accuracy: bool = False,
+                 run_seconds: dict[str, float] | None = None,
+                 progress: Callable[[str], None] = lambda line: None) -> None:
+        self.measurer = measurer
+        #: How far the original strayed from itself, and the A/A arm's per-round ratios.
+        self.noise = noise.spread
+        self.same_ratios = list(noise.same)
+        self.notes = notes
+        self.arms = arms
+        self.findings = findings
+        self.original = original
+        self.repeats = repeats
+        self.check_accuracy = check_accuracy
+        self.run_seconds = run_seconds or {}
+        self.progress = progress
+        #: The combined entry of the advice (None: nothing chosen yet).
+        self.combined: dict[str, Any] | None = None
+        self.partial = False
+        #: Changes dropped by leave-one-out: measured on top of the others, they hurt.
+        self.left_out: set[str] = set()
+
+    def _clear(self, ratios: Sequence[float]) -> bool:
+        return clear_gain(ratios, self.noise, self.same_ratios)
+
+    def _changes(self, name: str, members: Sequence[Candidate]) -> KnobSet:
+        return self.arms.of_changes(name, members, self.findings)
+
+    def run(self, candidates: list[Candidate]) -> None:
+        """Choose the changes that clearly paid off (one per group) and measure them together."""
+        winners: dict[str, Candidate] = {}
+        for c in candidates:
+            r = c.rec
+            if r.status != "measured" or r.speedup is None or not self._clear(r.ratios or []):
+                continue  # too small, or within the run-to-run noise (clear_gain)
+            if not self._may_choose(c):
+                continue
+            group = c.group or c.key
+            if group not in winners or (winners[group].rec.speedup or 0) < r.speedup:
+                winners[group] = c
+        chosen = list(winners.values())
+        for c in chosen:
+            c.rec.selected = True
+        if not chosen:
+            noise = (f"beyond the run-to-run noise (below the original's own rounds beyond chance, or faster in "
+                     f"every round by more than the {self.noise:.0%} the original strayed)" if self.same_ratios else
+                     "beyond the run-to-run noise (not measured: the original's own runs did not fit the budget)")
+            self.notes.append(f"no change saved at least {MIN_GAIN:.0%} of the step on the median {noise}")
+            self._refine([], candidates)
+            return
+        fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
+        if len(chosen) == 1:
+            self.combined = alone(chosen[0])
+            self._refine(chosen, candidates)
+            return
+        combined = self._changes("combined", chosen)
+        without = self._leave_one_out(chosen)
+        self.progress(f"measuring the {len(chosen)} chosen changes together"
+                      + (", and with each one left out" if without else ""))
+        base_arm, arms, complete = self.measurer.compare(self.original, [combined, *without], self.repeats, "combined")
+        if not complete:
+            self.partial = True
+        arm = arms[0]
+        dropped = self._dropped(chosen, arm, arms[1:]) if without else None
+        if dropped is not None:
+            # One change made the others slower (bf16 autocast with a CPU attention
+            # kernel that is slow in bf16, say): the rest, measured in the same rounds, win.
+            index, paired = dropped
+            left_out = chosen[index]
+            left_out.rec.selected = False
+            self.left_out.add(left_out.key)
+            chosen = [c for c in chosen if c is not left_out]
+            arm, combined = arms[1 + index], without[index]
+            fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
+            self.notes.append(
+                f"{left_out.rec.key} was left out of the chosen changes: without it the others took "
+                f"{statistics.median(paired):.2f} of the step time of all of them together "
+                f"({', '.join(f'{r:.2f}' for r in paired)} per round), though on its own it saved time")
+        entry: dict[str, Any] = {"keys": [c.key for c in chosen], "status": "not_measured",
+                                 "knobs": merge_knobs(fragments)}
+        if arm.error:
+            entry.update(status="failed", error=arm.error)
+        elif arm.ratio:
+            entry.update(measured_figures(arm, base_arm))
+        best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
+        if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN):
+            self.combined = entry
+            # The refining runs measure the same set again: its fixed files are reused.
+            self._refine(chosen, candidates, replace(combined, name="chosen"))
+            return
+        # Not measured together (out of --budget), failed together, or slower together
+        # than the best of them alone (changes can interfere: two ways of compiling, a
+        # loader setting that starves a compiled step): keep that one alone, whose
+        # figure was measured.
+        for c in chosen:
+            c.rec.selected = c is best
+        if not arm.ratio and not arm.error:
+            self.notes.append(f"the chosen changes were not measured together (out of --budget): only "
+                              f"{best.rec.key} is kept")
+        else:
+            together = f"failed ({arm.error})" if arm.error else f"{1.0 / arm.ratio:.2f}x"
+            self.notes.append(f"the {len(chosen)} chosen changes together measured {together}, less than "
+                              f"{best.rec.key} alone ({best.rec.speedup:.2f}x): only that one is kept")
+        self.combined = {**alone(best), "together": {
+            "keys": entry["keys"], "status": entry["status"], "speedup": entry.get("speedup"),
+            "error": entry.get("error")}}
+
+    def _chosen_run_seconds(self, chosen: Sequence[Candidate]) -> float:
+        """How long one run making the chosen changes takes: as long as the slowest of
+        theirs (a compiled run far longer than the original's), the usual run at least."""
+        return max([self.measurer.expected_run_seconds()] + [self.run_seconds.get(c.key, 0.0) for c in chosen])
+
+    def _leave_one_out(self, chosen: list[Candidate]) -> list[KnobSet]:
+        """With three or more chosen changes, the sets that leave one of them out, to
+        be measured in the same rounds as all of them: changes that each save time
+        can still cost time together. None when the budget has no room for them."""
+        if not MIN_LEAVE_ONE_OUT <= len(chosen) <= MAX_LEAVE_ONE_OUT:
+            return []
+        if self.measurer.deadline is not None:
+            per_run = self._chosen_run_seconds(chosen)
+            runs = (2 + len(chosen)) * max(self.repeats, 1)
+            if (self.measurer.remaining() or 0.0) < runs * per_run:
+                self.notes.append("the chosen changes were not also measured with each one left out "
+                                  "(out of --budget)")
+                return []
+        return [self._changes("without-" + c.key.replace(":", "-"), [o for o in chosen if o is not c])
+                for c in chosen]
+
+    def _dropped(self, chosen: list[Candidate], together: ArmResult,
+                 without: Sequence[ArmResult]) -> tuple[int, list[float]] | None:
+        """The change whose leaving out made the rest clearly faster than all of them
+        together (per round, the test a change passes against the original), and the
+        per-round ratios; None when every one pulls its weight."""
+        if together.error or len(together.ratios) < 2:
+            return None
+        best: tuple[float, int, list[float]] | None = None
+        for index, arm in enumerate(without):
+            if arm.error or len(arm.ratios) < len(together.ratios):
+                continue
+            paired = paired_ratios(arm, together.ratios)
+            share = statistics.median(paired)
+            if self._clear(paired) and (best is None or share < best[0]):
+                best = (share, index, paired)
+        return None if best is None else (best[1], best[2])
+
+    def _refining_variants(self, chosen: list[Candidate],
+                           candidates: list[Candidate]) -> tuple[list[Candidate], list[list[Candidate]]]:
+        """The small changes (measured, not chosen, not slower alone than the noise
+        allows; the best of each group) and the variants to try: all of them at once,
+        and the most promising one by one on top of a choice."""
+        taken = {c.group or c.key for c in chosen}
+        pool: dict[str, Candidate] = {}
+        slack = 1.0 + max(MIN_GAIN, self.noise / 2)
+        for c in candidates:
+            group = c.group or c.key
+            if c in chosen or group in taken or c.key in self.left_out or c.rec.status != "measured" \
+                    or not c.rec.ratios or not self._may_choose(c) or statistics.median(c.rec.ratios) > slack:
+                continue
+            if group not in pool or statistics.median(c.rec.ratios) < statistics.median(pool[group].rec.ratios):
+                pool[group] = c
+        small = sorted(pool.values(), key=lambda c: statistics.median(c.rec.ratios or [1.0]))
+        near = [c for c in small if promising(c.rec.ratios or [])][:MAX_NEAR_MISSES]
+        variants: list[list[Candidate]] = [small] if len(small) >= 2 else []
+        if chosen:  # with nothing chosen, one alone again would only be another round of its own
+            variants += [[c] for c in near if [c] not in variants]
+        return small, variants
+
+    def _refine(self, chosen: list[Candidate], candidates: list[Candidate], chosen_set: KnobSet | None = None,
+                only: list[list[Candidate]] | None = None) -> None:
+        """Try the near misses on top of what was chosen, while the budget lasts.
+
+        A change that saved time on its own but not clearly enough to be chosen may
+        still belong in the best combination: its gain was within the noise of a few
+        rounds, or it saves a fixed time per step (a fused optimizer) that is a larger
+        share of the faster step the chosen changes make. Measured in the same rounds
+        as the chosen set: the small changes all at once (those not slower alone by
+        more than the noise allows), then each promising one on its own. The variant
+        clearly faster than the chosen set (per round, the test a change passes
+        against the original) joins the choice. One step of a local search that
+        stands in for trying every combination."""
+        if only is not None:
+            small, variants = only[0], only
+        else:
+            small, variants = self._refining_variants(chosen, candidates)
+        if not variants:
+            return
+        repeats = self.repeats
+        if self.measurer.deadline is not None:
+            per_run = self._chosen_run_seconds(chosen)
+            room = int((self.measurer.remaining() or 0.0) / max(per_run, 1e-9))
+            fit = room // max(repeats, 1) - 2
+        else:
+            fit = len(variants)
+        tried, left_out = variants[:max(fit, 0)], variants[max(fit, 0):]
+        if left_out:
+            names = sorted({c.key for v in left_out for c in v} - {c.key for v in tried for c in v})
+            if names:
+                self.notes.append("not tried on top of the chosen changes (out of --budget): "
+                                  + ", ".join(names))
+        if not tried:
+            return
+        sets = [self._changes("chosen+" + "+".join(c.key.replace(":", "-") for c in v), chosen + v)
+                for v in tried]
+        if chosen:
+            self.progress(f"trying {', '.join(c.key for c in small)} on top of the {len(chosen)} chosen change(s)")
+            sets.insert(0, chosen_set or self._changes("chosen", chosen))
+        else:
+            self.progress(f"trying {', '.join(c.key for c in small)} together")
+        base_arm, arms, complete = self.measurer.compare(self.original, sets, repeats, "refining")
+        if not complete:
+            self.partial = True
+        set_arm = arms[0] if chosen else None
+        variant_arms = arms[1:] if chosen else arms
+        if set_arm is not None and (set_arm.error or not set_arm.ratios):
+            return
+        if complete and not self._more_refining_rounds(base_arm, set_arm, variant_arms):
+            self.partial = True
+        # Against the chosen set in the same rounds, or the original itself.
+        against = set_arm.ratios if set_arm is not None else [1.0] * len(base_arm.runs)
+        best: tuple[float, list[Candidate], ArmResult, list[float]] | None = None
+        hurting: list[Candidate] = []
+        all_at_once: float | None = None  # the small changes together, on top: their share
+        for v, arm in zip(tried, variant_arms):
+            if arm.error or len(arm.ratios) < min(repeats, 2):
+                continue  # a single round cut short by the budget decides nothing
+            paired = paired_ratios(arm, against)
+            share = statistics.median(paired)
+            if v is small:
+                all_at_once = share
+            for c in v:
+                others = ", ".join(o.key for o in v if o is not c)
+                where = "on top of the chosen changes" + (f" with {others}" if others else "") if chosen \
+                    else f"together with {others}"
+                whose = "their" if chosen else "the original's"
+                c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + f"({where}: {share:.2f} of {whose} step time)"
+            if self._clear(paired) and (best is None or share < best[0]):
+                best = (share, v, arm, paired)
+            if len(v) == 1 and share > 1.0 + max(MIN_GAIN, self.noise / 2):
+                hurting.append(v[0])
+        if best is None:
+            retry = self._smaller_sets(small, hurting, all_at_once, tried) if only is None and chosen \
+                and small in tried else []
+            if retry:
+                # All at once was held back: by one that is slower on top of the chosen
+                # changes (a fused kernel slow in the chosen precision), or by one not
+                # tried alone. Smaller sets, in the same rounds, tell which.
+                why = (f"{', '.join(c.key for c in hurting)} made the chosen changes slower on top of them"
+                       if hurting else f"the small changes at once made the chosen changes slower "
+                       f"({all_at_once:.2f} of their step time)")
+                self.notes.append(f"{why}: smaller sets of them were tried on top: "
+                                  + "; ".join(" + ".join(c.key for c in v) for v in retry))
+                self._refine(chosen, candidates, sets[0], only=retry)
+            return
+        share, added, arm, paired = best
+        for c in added:
+            c.rec.selected = True
+        members = chosen + added
+        self.combined = {"keys": [m.key for m in members], **measured_figures(arm, base_arm),
+                         "knobs": merge_knobs([m.knobs for m in members if m.rec.applies == "knob"])}
+        names = ", ".join(c.key for c in added)
+        per_round = f"({', '.join(f'{r:.2f}' for r in paired)} per round)"
+        if chosen:
+            self.notes.append(
+                f"{names} {'was' if len(added) == 1 else 'were'} added to the chosen changes: on top of them "
+                f"{'it' if len(added) == 1 else 'together they'} took {share:.2f} of their step "
+                f"time {per_round}, though on its own no such gain was clear")
+        else:
+            self.notes.append(
+                f"{names} were chosen together: together they took {share:.2f} of the "
+                f"original's step time {per_round}, though on its own no such gain was clear")
+
+    def _smaller_sets(self, small: list[Candidate], hurting: list[Candidate], all_at_once: float | None,
+                      tried: list[list[Candidate]]) -> list[list[Candidate]]:
+        """When the small changes all at once did not make the chosen set clearly
+        faster, and one of them tried alone on top made it slower (or all at once
+        did): the sets to try next. Without the ones that hurt; without the one that
+        gained least alone; the better half by their gains alone. At most three."""
+        slower = all_at_once is not None and all_at_once > 1.0 + max(MIN_GAIN, self.noise / 2)
+        if not hurting and not slower:
+            return []
+        ranked = sorted((c for c in small if c not in hurting), key=lambda c: statistics.median(c.rec.ratios or [1.0]))
+        options = [ranked] if hurting else []
+        if len(ranked) >= 3:
+            options.append(ranked[:-1])
+        if len(ranked) >= 4:
+            options.append(ranked[:(len(ranked) + 1) // 2])
+        out: list[list[Candidate]] = []
+        for v in options:
+            if v and v != small and v not in out and v not in tried:
+                out.append(v)
+        return out[:3]
+
+    def _more_refining_rounds(self, base: ArmResult, set_arm: ArmResult | None,
+                              variants: Sequence[ArmResult]) -> bool:
+        """Further rounds, while the budget lasts, for the variants that look faster
+        than the chosen set (or the original) but not yet clearly: a variant of small
+        changes gains a few percent, which two rounds on a noisy machine seldom show.
+        A variant dropped from a round is not taken up again, so that its ratios stay
+        paired with the chosen set's round by round. False when the deadline cut a
+        round short."""
+        live = [a for a in variants if a.ok]
+
+        def plan() -> list[ArmResult]:
+            nonlocal live
+            against = set_arm.ratios if set_arm is not None else [1.0] * len(base.runs)
+            live = [a for a in live if a.ok and len(a.ratios) == len(against) and len(a.ratios) < MAX_ROUNDS
+                    and promising(paired_ratios(a, against))
+                    and not self._clear(paired_ratios(a, against))]
+            if not live or (set_arm is not None and not set_arm.ok):
+                return []
+            arms = ([set_arm] if set_arm is not None else []) + live
+            if not self.measurer.fits(1 + len(arms)):
+                return []
+            self.progress(f"refining: the budget allows more: round {len(base.runs) + 1} for "
+                          f"{', '.join(a.name for a in live)}")
+            return arms
+
+        return self.measurer.more_rounds(base, plan, "refining")
+
+    def _may_choose(self, c: Candidate) -> bool:
+        """Lower precision is chosen only with its accuracy measured."""
+        r = c.rec
+        return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision"
+                    and not self.check_accuracy)
+
+
+def alone(c: Candidate) -> dict[str, Any]:
+    """The ``combined`` entry of one change on its own: its own measured figures."""
+    r = c.rec
+    return {"keys": [r.key], "speedup": r.speedup, "ratios": r.ratios,
+            "measured_seconds_saved_per_step": r.measured_seconds_saved_per_step, "status": "measured",
+            "knobs": c.knobs if r.applies == "knob" else {}}

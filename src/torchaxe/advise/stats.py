@@ -1,0 +1,122 @@
+"""The statistics advise decides with: the rank test against the A/A arm, whether a
+gain is clear, whether an undecided change is worth more rounds, and the figures of
+an arm measured against the original. Pure functions of per-round ratios."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    from torchaxe.advise.measure import ArmResult
+
+#: A change must save at least this fraction of the step (median over rounds), and
+#: beat the run-to-run noise (see clear_gain), to be chosen for the combined run.
+MIN_GAIN = 0.03
+#: Rounds a promising change may get when the budget leaves time for more.
+MAX_ROUNDS = 5
+#: A change is judged on at least this many rounds when the budget allows.
+DECIDE_ROUNDS = 3
+#: The share of rounds a change must be faster in (every round, up to four rounds).
+FASTER_SHARE = 0.8
+#: A change whose rounds rank below the A/A arm's with at most this chance under no
+#: effect (one-sided Mann-Whitney, exact) beats the noise even when a single A/A
+#: round strayed further than its gain.
+SIGNIFICANCE = 0.05
+
+
+def rank_p_value(changed: Sequence[float], same: Sequence[float]) -> float:
+    """One-sided exact Mann-Whitney p-value that ``changed`` (per-round ratios of a
+    change) tend lower than ``same`` (ratios of the original against itself): the
+    chance, if the change did nothing, of ranking at least this far below. Ties count
+    one half. 1.0 when either side is empty."""
+    n, m = len(changed), len(same)
+    if not n or not m:
+        return 1.0
+
+    def u_of(xs: Sequence[float], ys: Sequence[float]) -> float:
+        return sum(1.0 if x < y else 0.5 if x == y else 0.0 for x in xs for y in ys)
+
+    observed = u_of(changed, same)
+    pooled = list(changed) + list(same)
+    at_least = total = 0
+    for picked in itertools.combinations(range(n + m), n):
+        chosen = set(picked)
+        xs = [pooled[i] for i in picked]
+        ys = [pooled[i] for i in range(n + m) if i not in chosen]
+        total += 1
+        if u_of(xs, ys) >= observed - 1e-12:
+            at_least += 1
+    return at_least / total
+
+
+def clear_gain(ratios: Sequence[float], noise: float, same: Sequence[float] = ()) -> bool:
+    """Whether per-round ratios (change / original) show a gain to act on: at least
+    ``MIN_GAIN`` of the step by median, and beyond the run-to-run noise, one of two
+    ways: ranked below the A/A arm's ratios (``same``, the original against itself in
+    the same rounds) beyond chance (``SIGNIFICANCE``); or faster in every round (one
+    slow round in five is let through once the budget has paid for five) by more than
+    the furthest the original strayed from itself (``noise``)."""
+    if not ratios:
+        return False
+    # On fewer than DECIDE_ROUNDS rounds a median is one outlier away from anything:
+    # the gain is then the worst round's.
+    gain = 1.0 - (statistics.median(ratios) if len(ratios) >= DECIDE_ROUNDS else max(ratios))
+    if gain < MIN_GAIN:
+        return False
+    if len(ratios) >= DECIDE_ROUNDS and rank_p_value(ratios, same) <= SIGNIFICANCE:
+        # The A/A arm is the control: rounds in which the original ran slow pull its
+        # ratios down too, so a change that ranks below them gained on its own.
+        return True
+    faster = sum(r <= 1.0 - MIN_GAIN / 3 for r in ratios)
+    return faster >= FASTER_SHARE * len(ratios) and gain >= noise
+
+
+def promising(ratios: Sequence[float]) -> bool:
+    """A median gain of at least ``MIN_GAIN``: worth more rounds when undecided."""
+    return bool(ratios) and 1.0 - statistics.median(ratios) >= MIN_GAIN
+
+
+@dataclass
+class Noise:
+    """How far runs of the unchanged script land from each other on this machine:
+    the A/A arm's per-round ratios, and the furthest of them from 1 (``spread``)."""
+
+    spread: float = 0.0
+    same: list[float] = field(default_factory=list)
+
+    def beaten_by(self, ratios: Sequence[float]) -> bool:
+        """Whether per-round ratios show a clear gain over this noise (clear_gain)."""
+        return clear_gain(ratios, self.spread, self.same)
+
+
+def paired_ratios(arm: ArmResult, against: Sequence[float]) -> list[float]:
+    """An arm's per-round ratios over another's in the same rounds."""
+    return [a / b for a, b in zip(arm.ratios, against)]
+
+
+def loss_delta(arm: ArmResult, base: ArmResult) -> tuple[float | None, float | None]:
+    """Largest relative difference of the per-step loss from the original's (same
+    seed, first run of each), and the same between two runs of the original."""
+    def rel(a: list[float], b: list[float]) -> float | None:
+        n = min(len(a), len(b))
+        if not n:
+            return None
+        return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a[:n], b[:n]))
+
+    base_losses = base.losses
+    if not base_losses or not arm.losses:
+        return None, None
+    noise = rel(base_losses[1], base_losses[0]) if len(base_losses) > 1 else None
+    return rel(arm.losses[0], base_losses[0]), noise
+
+
+def measured_figures(arm: ArmResult, base: ArmResult) -> dict[str, Any]:
+    """The figures of an arm measured against the original in the same rounds (its
+    ratio is known): speed-up, per-round ratios, time saved, both step medians."""
+    ratio = arm.ratio or 1.0
+    return {"status": "measured", "speedup": 1.0 / ratio, "ratios": [round(r, 4) for r in arm.ratios],
+            "measured_seconds_saved_per_step": (base.median or 0.0) * (1.0 - ratio),
+            "step_seconds_median": arm.median, "original_step_seconds_median": base.median}
