@@ -11,9 +11,9 @@ from pathlib import Path
 import click
 
 from torchaxe.backends import TARGET_CHOICES
+from torchaxe.console import CONTEXT, progress_printer
 from torchaxe.errors import TorchaxeError
 
-CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_ADVICE = "torchaxe-advice.json"
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$", re.IGNORECASE)
@@ -30,19 +30,6 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise TorchaxeError(f"--budget {text!r}: must be more than zero")
     return seconds
-
-
-def _progress_printer(quiet: bool):
-    if quiet:
-        return lambda line: None
-    from rich.console import Console
-
-    console = Console(file=sys.stderr, highlight=False)
-
-    def show(line: str) -> None:
-        console.print(f"[dim]torchaxe advise:[/dim] {line}")
-
-    return show
 
 
 @click.command("advise", context_settings=CONTEXT)
@@ -109,7 +96,7 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
     for option, path in (("--out", out), ("--html", html_out), ("--save", save)):
         if path and not Path(path).resolve().parent.is_dir():
             raise TorchaxeError(f"{option} {path}: folder does not exist")
-    result = run_advise(list(command), options, progress=_progress_printer(quiet))
+    result = run_advise(list(command), options, progress=progress_printer("advise", quiet))
     kept = not (result.partial and not result.recommendations and Path(save).exists())
     if kept:
         write_text_atomic(save, result.to_json())

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from torchaxe.errors import TorchaxeError
 from torchaxe.findings import Finding
+from torchaxe.units import duration
 
 if TYPE_CHECKING:
     from torchaxe.advise.candidates import Candidate
@@ -43,7 +44,7 @@ class RuntimeEvidence:
         share = f" ({self.share:.1%} of all operator time)" if self.share is not None else ""
         shape = f" on {', '.join(str(s) for s in self.shapes[:2])}" if self.shapes else ""
         return (f"{self.function}: {self.calls_per_step:g} forward operator calls per step ({top}), "
-                f"{self.seconds_per_step * 1e3:.2f} ms of operator host time per profiled step{share}{shape}")
+                f"{duration(self.seconds_per_step, 2)} of operator host time per profiled step{share}{shape}")
 
 
 @lru_cache(maxsize=256)
@@ -94,7 +95,7 @@ def optimizer_evidence(finding: Finding, profile: dict[str, Any]) -> str | None:
         return None
     seconds = sum(op.get("total_seconds") or 0.0 for op in ranges) / steps
     names = ", ".join(sorted({op["name"] for op in ranges}))
-    return f"{names}: {seconds * 1e3:.2f} ms host time per profiled step"
+    return f"{names}: {duration(seconds, 2)} host time per profiled step"
 
 
 def evidence_for(finding: Finding, profile: dict[str, Any], base: str = ".") -> RuntimeEvidence | None:
@@ -167,7 +168,7 @@ def micro_benchmarks(candidates: Sequence[Candidate], target: str, out_of_time: 
             continue
         c.rec.evidence.append(
             f"micro-benchmark on {list(shape)} {result.dtype}, forward: hand-written "
-            f"{result.hand.median * 1e3:.3f} ms, replacement {result.fused.median * 1e3:.3f} ms "
+            f"{duration(result.hand.median, 3)}, replacement {duration(result.fused.median, 3)} "
             f"({result.speedup:.1f}x); max error {result.max_abs:.1e}")
         if result.max_abs is not None and c.rec.accuracy.kind in ("max_error", "exact", "unknown"):
             c.rec.accuracy.kind = "max_error"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from torchaxe.runtime.candidate import Candidate, knob_candidate
+from torchaxe.units import duration
 
 
 @dataclass
@@ -139,8 +140,8 @@ def environment_checks(settings: dict[str, Any], profile: dict[str, Any], findin
     summary = profile.get("summary") or {}
     gc_fraction = summary.get("gc_fraction") or 0.0
     if gc_fraction >= 0.02:
-        per_step = (summary.get("gc_seconds_per_step") or 0.0) * 1e3
+        per_step = duration(summary.get("gc_seconds_per_step") or 0.0, 2)
         checks.append(EnvironmentCheck(
-            "gc_pauses", f"Python garbage collection took {gc_fraction:.1%} of the step ({per_step:.2f} ms per step, "
+            "gc_pauses", f"Python garbage collection took {gc_fraction:.1%} of the step ({per_step} per step, "
             "measured): call gc.freeze() after building the model and data, or raise gc.set_threshold()"))
     return checks, candidates

@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.knobs import KnobSet
 from torchaxe.runtime.stats import Samples
+from torchaxe.units import duration
 
 SCHEMA = "torchaxe.trial/1"
 #: Lines of a failed run's stderr kept in the report.
@@ -243,7 +244,7 @@ def run_trials(knob_sets: Sequence[KnobSet], command: Sequence[str], options: Tr
         result.runs.append(run)
         if run.ok:
             progress(f"repeat {repeat}/{options.repeats}: {result.name}: median step "
-                     f"{_ms(run.median)} over {len(run.step_seconds)} steps")
+                     f"{duration(run.median, 2)} over {len(run.step_seconds)} steps")
         else:
             progress(f"repeat {repeat}/{options.repeats}: {result.name}: FAILED: {run.error}")
 
@@ -262,10 +263,6 @@ def _ratios(results: list[KnobResult]) -> None:
         ratios = [run.median / by_repeat[run.repeat] for run in result.runs
                   if run.ok and run.median is not None and by_repeat.get(run.repeat)]
         result.ratio = Ratio(ratios) if ratios else None
-
-
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:.2f} ms"
 
 
 # ------------------------------------------------------------------ the subprocess
