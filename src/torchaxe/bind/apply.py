@@ -14,8 +14,9 @@ import os
 import sys
 from typing import Any, Callable, MutableMapping
 
-from torchaxe.cpulist import format_cpulist
 from torchaxe.bind.plan import BindingPlan, RankBinding
+from torchaxe.cpulist import format_cpulist
+from torchaxe.runtime.loader_patch import LoaderPatch
 
 #: Environment variables, most specific first, that carry the local rank / the
 #: number of local ranks under common launchers: torchrun and deepspeed, Open MPI,
@@ -103,28 +104,13 @@ def install_loader_affinity(cpus: tuple[int, ...]) -> Callable[[], None]:
     """Wrap ``DataLoader.__init__`` so that every loader's workers start on ``cpus``
     (whether the script passes ``worker_init_fn`` by name, by position or not at
     all). Returns a function that undoes it. Imports torch."""
-    from torch.utils.data import DataLoader
 
-    original = DataLoader.__init__
-    signature = inspect.signature(original)
-
-    def __init__(loader, *args, **kwargs):
-        try:
-            bound = signature.bind(loader, *args, **kwargs)
-        except TypeError:
-            return original(loader, *args, **kwargs)  # torch says what is wrong
-        inner = bound.arguments.get("worker_init_fn")
+    def edit(arguments: dict, signature: inspect.Signature) -> None:
+        inner = arguments.get("worker_init_fn")
         if not isinstance(inner, LoaderAffinity):
-            bound.arguments["worker_init_fn"] = LoaderAffinity(cpus, inner)
-        return original(*bound.args, **bound.kwargs)
+            arguments["worker_init_fn"] = LoaderAffinity(cpus, inner)
 
-    __init__.__wrapped__ = original  # type: ignore[attr-defined]
-    DataLoader.__init__ = __init__
-
-    def uninstall() -> None:
-        DataLoader.__init__ = original
-
-    return uninstall
+    return LoaderPatch(edit).install().uninstall
 
 
 def describe(plan: BindingPlan, rank: RankBinding, done: dict[str, Any]) -> str:

@@ -29,8 +29,8 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from torchaxe.cpulist import format_cpulist, parse_cpulist
 from torchaxe.bind.topology import Core, Topology
+from torchaxe.cpulist import format_cpulist, parse_cpulist
 from torchaxe.errors import TorchaxeError
 
 MODES = ("exclusive", "node", "socket", "core-complex", "none")

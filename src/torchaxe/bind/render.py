@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from torchaxe.cpulist import format_cpulist
 from torchaxe.bind.plan import BindingPlan
 from torchaxe.bind.topology import Topology
+from torchaxe.cpulist import format_cpulist
 
 
 def text_console(out: TextIO):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed, kind
+from torchaxe.runtime.loader_patch import LoaderPatch
 
 #: DataLoader worker start methods (``dataloader.multiprocessing_context``).
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -54,57 +55,37 @@ class DataLoaderOverride:
         self.overrides = overrides
         self.applied = applied
         self.loaders: list[dict[str, Any]] = []
-        self._original = None
+        self._patch = LoaderPatch(self._edit)
 
     def install(self) -> None:
-        if not self.overrides:
-            return
-        from torch.utils.data import DataLoader
-
-        original = DataLoader.__init__
-        self._original = original
-        signature = inspect.signature(original)
-        override = self
-
-        def __init__(loader, *args, **kwargs):
-            try:
-                bound = signature.bind(loader, *args, **kwargs)
-            except TypeError:
-                return original(loader, *args, **kwargs)  # let torch say what is wrong
-            arguments = bound.arguments
-            settings = dict(override.overrides)
-            dataset = arguments.get("dataset")
-            from torch.utils.data import IterableDataset
-
-            if isinstance(dataset, IterableDataset) and "num_workers" in settings \
-                    and settings["num_workers"] != arguments.get("num_workers", 0):
-                # Each worker of an iterable dataset iterates it whole unless the
-                # dataset splits itself by get_worker_info(): another worker count
-                # could repeat or drop samples. Left as the script wrote it.
-                settings.pop("num_workers")
-            workers = settings.get("num_workers", arguments.get("num_workers", 0))
-            if not workers:
-                settings.pop("prefetch_factor", None)
-                settings.pop("persistent_workers", None)
-                settings.pop("multiprocessing_context", None)
-            arguments.update(settings)
-            final = {k: arguments.get(k, signature.parameters[k].default) for k in KEYS if k in signature.parameters}
-            context = final.get("multiprocessing_context")
-            if context is not None and not isinstance(context, str):  # a context object: its method's name
-                final["multiprocessing_context"] = getattr(context, "get_start_method", lambda: str(context))()
-            override.loaders.append(final)
-            override.applied.note("dataloader", {"overrides": override.overrides, "loaders": override.loaders})
-            return original(*bound.args, **bound.kwargs)
-
-        __init__.__wrapped__ = original  # type: ignore[attr-defined]
-        DataLoader.__init__ = __init__
+        if self.overrides:
+            self._patch.install()
 
     def uninstall(self) -> None:
-        if self._original is not None:
-            from torch.utils.data import DataLoader
+        self._patch.uninstall()
 
-            DataLoader.__init__ = self._original
-            self._original = None
+    def _edit(self, arguments: dict[str, Any], signature: inspect.Signature) -> None:
+        from torch.utils.data import IterableDataset
+
+        settings = dict(self.overrides)
+        if isinstance(arguments.get("dataset"), IterableDataset) and "num_workers" in settings \
+                and settings["num_workers"] != arguments.get("num_workers", 0):
+            # Each worker of an iterable dataset iterates it whole unless the
+            # dataset splits itself by get_worker_info(): another worker count
+            # could repeat or drop samples. Left as the script wrote it.
+            settings.pop("num_workers")
+        workers = settings.get("num_workers", arguments.get("num_workers", 0))
+        if not workers:
+            settings.pop("prefetch_factor", None)
+            settings.pop("persistent_workers", None)
+            settings.pop("multiprocessing_context", None)
+        arguments.update(settings)
+        final = {k: arguments.get(k, signature.parameters[k].default) for k in KEYS if k in signature.parameters}
+        context = final.get("multiprocessing_context")
+        if context is not None and not isinstance(context, str):  # a context object: its method's name
+            final["multiprocessing_context"] = getattr(context, "get_start_method", lambda: str(context))()
+        self.loaders.append(final)
+        self.applied.note("dataloader", {"overrides": self.overrides, "loaders": self.loaders})
 
 
 class DataLoaderKnob(Knob):

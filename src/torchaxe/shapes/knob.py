@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed
+from torchaxe.runtime.loader_patch import LoaderPatch
 
 
 @dataclass(frozen=True)
@@ -75,45 +76,30 @@ class CollateBucketing:
         self.knobs = knobs
         self.note = note
         self.wrapped: list[str] = []
-        self._original = None
+        self._patch = LoaderPatch(self._edit)
 
     def install(self) -> None:
-        from torch.utils.data import DataLoader, default_collate
+        self._patch.install()
+
+    def uninstall(self) -> None:
+        self._patch.uninstall()
+
+    def _edit(self, arguments: dict[str, Any], signature: inspect.Signature) -> None:
+        from torch.utils.data import default_collate
 
         from torchaxe.shapes.bucketing import BucketingCollate
 
-        original = DataLoader.__init__
-        self._original = original
-        signature = inspect.signature(original)
-        patch = self
         knobs = self.knobs
+        batch_size = arguments.get("batch_size", signature.parameters["batch_size"].default)
+        if batch_size is None and arguments.get("batch_sampler") is None:
+            return
         dim = knobs.dim if isinstance(knobs.dim, int) else list(knobs.dim)
         boundaries = list(knobs.boundaries) if isinstance(knobs.dim, int) else [list(b) for b in knobs.boundaries]
-
-        def __init__(loader, *args, **kwargs):
-            try:
-                bound = signature.bind(loader, *args, **kwargs)
-            except TypeError:
-                return original(loader, *args, **kwargs)  # let torch say what is wrong
-            arguments = bound.arguments
-            batch_size = arguments.get("batch_size", signature.parameters["batch_size"].default)
-            if batch_size is not None or arguments.get("batch_sampler") is not None:
-                inner = arguments.get("collate_fn") or default_collate
-                arguments["collate_fn"] = BucketingCollate(boundaries, dim=dim, pad_value=knobs.pad_value,
-                                                           collate_fn=inner, return_mask=False, oversize="keep")
-                patch.wrapped.append(getattr(inner, "__qualname__", type(inner).__name__))
-                patch.note("bucketing", {**knobs.to_dict(), "collate_fns": list(patch.wrapped)})
-            return original(*bound.args, **bound.kwargs)
-
-        __init__.__wrapped__ = original  # type: ignore[attr-defined]
-        DataLoader.__init__ = __init__
-
-    def uninstall(self) -> None:
-        if self._original is not None:
-            from torch.utils.data import DataLoader
-
-            DataLoader.__init__ = self._original
-            self._original = None
+        inner = arguments.get("collate_fn") or default_collate
+        arguments["collate_fn"] = BucketingCollate(boundaries, dim=dim, pad_value=knobs.pad_value,
+                                                   collate_fn=inner, return_mask=False, oversize="keep")
+        self.wrapped.append(getattr(inner, "__qualname__", type(inner).__name__))
+        self.note("bucketing", {**knobs.to_dict(), "collate_fns": list(self.wrapped)})
 
 
 class BucketingKnob(Knob):
