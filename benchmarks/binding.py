@@ -35,6 +35,9 @@ import textwrap
 from datetime import datetime, timezone
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from saved_run import add_save_options, save_result  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 WORKLOAD = textwrap.dedent('''
@@ -110,6 +113,7 @@ def main(argv=None) -> int:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    add_save_options(parser)
     args = parser.parse_args(argv)
 
     plan = _plan(args.nproc, args.mode)
@@ -139,6 +143,7 @@ def main(argv=None) -> int:
                   "median": statistics.median(r["throughput"] for r in results["bound"])},
         "ratios": ratios, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
     }
+    save_result(args, "binding", summary, argv)
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0

@@ -40,6 +40,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from saved_run import add_save_options, save_result  # noqa: E402
 
 
 from torchaxe.runtime.stats import Samples  # noqa: E402
@@ -148,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
                         help="device of the examples (their --device) and of the verdict (default cpu)")
+    add_save_options(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.steps, args.warmup, args.shape_steps = 1, 6, 2, 8
@@ -166,8 +169,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         results.append(measure(name, script, args))
     elapsed = (datetime.now(timezone.utc) - started).total_seconds()
+    output = {"header": header, "seconds": elapsed, "results": results}
+    save_result(args, "compile_mode" if args.target == "cpu" else f"compile_mode_{args.target}", output, argv,
+                device=torch.cuda.get_device_name() if args.target == "cuda" else None)
     if args.json:
-        print(json.dumps({"header": header, "seconds": elapsed, "results": results}, indent=2))
+        print(json.dumps(output, indent=2))
     else:
         print(render(results, header))
         print(f"total {elapsed:.0f} s")

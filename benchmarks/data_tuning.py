@@ -46,6 +46,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "image_classifier" / "train.py"
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from saved_run import add_save_options, save_result  # noqa: E402
 
 from torchaxe.data.tuning import LoaderPoint, LoaderTuner, TuneOptions  # noqa: E402
 from torchaxe.runtime.stats import Samples  # noqa: E402
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="OMP_NUM_THREADS of every run (0: leave it): 1 leaves the loader a core of a small machine")
     parser.add_argument("--json", action="store_true")
+    add_save_options(parser)
     args = parser.parse_args(argv)
     if args.threads > 0:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # every run inherits it
@@ -198,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "targets": [{"name": n, "pass": ok, "value": v} for n, ok, v in targets],
     }
+    save_result(args, "data_tuning", result, argv)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

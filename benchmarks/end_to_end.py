@@ -44,6 +44,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from saved_run import add_save_options, save_result  # noqa: E402
 
 from torchaxe.advise.candidates import fixed_sources  # noqa: E402
 from torchaxe.advise.measure import Measurer  # noqa: E402
@@ -82,6 +84,7 @@ def main() -> int:
     parser.add_argument("--record", metavar="FILE", help="append the result table to FILE (RESULTS.md)")
     parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
                         help="device of the script (passed as --device) and advise's --target (default cpu)")
+    add_save_options(parser)
     args = parser.parse_args()
 
     started = time.perf_counter()
@@ -212,6 +215,26 @@ def main() -> int:
     ]
     text = "\n".join(line for line in lines if line)
     print(text)
+    # The saved run holds the figures printed above, and the printed text itself.
+    save_result(args, "end_to_end" if args.target == "cpu" else f"end_to_end_{args.target}", {
+        "target": args.target,
+        "budget": args.budget,
+        "advise_seconds": advise_seconds,
+        "chosen": chosen,
+        "measured": {r["key"]: r["speedup"] for r in advice["recommendations"] if r["status"] == "measured"},
+        "not_measured": [r["key"] for r in advice["recommendations"] if r["status"] == "not_measured"],
+        "original_median_s": base.median,
+        "tuned_median_s": tuned_arm.median,
+        "speedup": speedup,
+        "per_round_ratios": list(tuned_arm.ratios),
+        "exhaustive": {"measured": len(arms), "possible": possible, "best": best.name if best else None,
+                       "best_speedup": best_speedup},
+        "side_by_side": {"tuned_speedup": 1 / side[2].ratio, "best_speedup": 1 / side[3].ratio,
+                         "tuned_over_best": side[0], "per_round": side[1]} if side else None,
+        "targets": {"tuned_at_least_2x": bool(speedup and speedup >= 2), "within_10pct_of_best": within_best},
+        "seconds": time.perf_counter() - started,
+        "text": text,
+    }, device=device_name() if args.target == "cuda" else None)
     if args.record:
         with open(args.record, "a", encoding="utf-8") as handle:
             handle.write("\n```\n" + text + "\n```\n")

@@ -36,6 +36,8 @@ from typing import Any, TextIO
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CORPUS = ROOT / "tests" / "formula_corpus"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from saved_run import add_save_options, save_result  # noqa: E402
 TARGET_RECALL = 0.95
 TARGET_FALSE_POSITIVES = 0.02
 LABEL = re.compile(r"#\s*(formula|lookalike):\s*([a-z_]+)")
@@ -216,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", choices=("cpu", "cuda", "npu"), default="npu",
                         help="Target to scan for (default npu: every category has a fused operator there).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object instead of the table.")
+    add_save_options(parser)
     return parser
 
 
@@ -238,6 +241,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
         return 2
     command = shlex.join(["python", "benchmarks/formula_recall.py", *argv])
     data["command"] = command
+    save_result(args, "formula_recall", data, argv)
     if args.json:
         out.write(json.dumps(data, indent=2) + "\n")
     else:

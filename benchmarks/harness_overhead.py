@@ -61,6 +61,8 @@ from typing import Any, Callable, TextIO
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "gpt" / "train.py"
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from saved_run import add_save_options, save_result  # noqa: E402
 
 from torchaxe.runtime.stats import Samples  # noqa: E402  (after the path set-up above)
 from torchaxe.units import duration  # noqa: E402
@@ -419,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="pairs run alternately inside one subprocess (default 8; 0 skips them)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--record", metavar="FILE", help="append the result to FILE's 'Harness overhead' section")
+    add_save_options(parser)
     return parser
 
 
@@ -479,6 +482,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
     render_text(data, table)
     if args.record:
         record(Path(args.record), data, table.getvalue())
+    save_result(args, "harness_overhead", data, argv)
     out.write(json.dumps(data, indent=2) + "\n" if args.json else table.getvalue())
     return 0 if data["target"]["status"] == "PASS" else 1
 

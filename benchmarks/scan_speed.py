@@ -64,6 +64,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from saved_run import add_save_options, save_result  # noqa: E402
+
 #: Top-level keys of the ``--json`` object (the test checks them).
 JSON_KEYS = (
     "benchmark",
@@ -471,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work", action="store_true",
                    help="Count the formula work of one cold scan (no result cache) instead of timing: files analysed, "
                         "trees evaluated, node evaluations, processes that imported torch. Noise-free.")
+    add_save_options(p)
     return p
 
 
@@ -855,6 +859,7 @@ def main(
                 render_work(work, out)
             return 0
         data = run_benchmark(args, argv, log, clocks=clocks, capabilities=capabilities)
+        save_result(args, "scan_speed", data, argv)
     except BenchmarkError as exc:
         err.write(f"scan_speed: error: {exc}\n")
         return 2

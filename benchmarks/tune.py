@@ -43,6 +43,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from saved_run import add_save_options, save_result  # noqa: E402
 SCRIPT = ROOT / "examples" / "gpt" / "train.py"
 TARGET_SPEEDUP = 1.3
 
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                              "(from an earlier run of this benchmark)")
     parser.add_argument("--script-args", default="--steps 200",
                         help="arguments of examples/gpt/train.py (default: its own sizes, 200 steps)")
+    add_save_options(parser)
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(ROOT / "src"))
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                     "warm_tunes_nothing": None if args.reuse_kb else warm["measured"] == 0,
                     "warm_apply_under_1s_beyond_compile": bool(own) and max(own) < 1.0},
     }
+    save_result(args, "tune", result, argv)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
