@@ -36,9 +36,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n auto
 
+# The quick benchmarks save their JSON to benchmarks/results/; the table at the top of
+# benchmarks/RESULTS.md is then rebuilt from every saved run there.
 bench: $(STAMP)
-	-$(BIN)/python benchmarks/scan_speed.py
-	-$(BIN)/python benchmarks/harness_overhead.py
+	-$(BIN)/python benchmarks/scan_speed.py --save
+	-$(BIN)/python benchmarks/harness_overhead.py --save
+	-$(BIN)/python benchmarks/formula_recall.py --save
+	$(BIN)/python benchmarks/summary.py --write
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -1,0 +1,398 @@
+"""The table of current figures at the top of benchmarks/RESULTS.md, built from the
+benchmarks' saved JSON results (``benchmarks/results/*.json``, written by each
+script's ``--save``).
+
+Each row reads one saved run. A row whose run is not on disk quotes the figure from
+RESULTS.md's log, with its date, machine and commit, and says "no saved run". A figure
+is marked stale when the code it measures changed after the commit it was measured at.
+
+    python benchmarks/summary.py                 # print the table (Markdown)
+    python benchmarks/summary.py --write         # and put it between the markers of RESULTS.md
+
+Exit code: 0 done, 2 a saved run could not be read or the markers are missing (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
+START = "<!-- summary:start -->"
+END = "<!-- summary:end -->"
+COLUMNS = ("figure", "value", "target", "status", "date", "machine", "commit", "command")
+
+CPU_VM = "2-core x86-64 VM, Python 3.11.7, torch 2.13.0+cpu"
+H200 = "NVIDIA H200, 16 cores, Python 3.12, torch 2.11.0+cu130"
+
+
+class SummaryError(Exception):
+    """A saved run that cannot be read, or a RESULTS.md without the markers."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    value: str
+    status: str  # PASS, FAIL or n/a (no target, or not measured by that run)
+
+
+@dataclass(frozen=True)
+class Quoted:
+    """A figure from the log, for a row whose run has no saved JSON."""
+
+    value: str
+    status: str
+    date: str
+    machine: str
+    commit: str  # as the log gives it
+    command: str
+    base: str | None = None  # the commit to check staleness against, when the log names one
+
+
+@dataclass(frozen=True)
+class Row:
+    figure: str
+    source: str  # stem of the saved run in benchmarks/results/
+    target: str
+    measures: tuple[str, ...]  # the code the figure depends on (for staleness)
+    read: Callable[[dict[str, Any]], Reading | None]
+    quoted: Quoted | None = None
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _status(ok: bool | None) -> str:
+    return "n/a" if ok is None else "PASS" if ok else "FAIL"
+
+
+def _scan_target(result: dict[str, Any], prefix: str) -> dict[str, Any] | None:
+    return next((t for t in result.get("targets", []) if t["name"].startswith(prefix)), None)
+
+
+def _status_of(target: dict[str, Any] | None) -> str:
+    if target is None or target.get("status") in (None, "SKIP"):
+        return "n/a"
+    return target["status"]
+
+
+def read_full_tree(result: dict[str, Any]) -> Reading | None:
+    m = result.get("full_tree", {}).get("jobs=2")
+    if not m:
+        return None
+    noisy = " (noisy)" if m.get("noisy") else ""
+    return Reading(f"{m['files_per_s_median']:.1f} files/s{noisy}", _status_of(_scan_target(result, "full tree")))
+
+
+def read_sample_ratio(result: dict[str, Any]) -> Reading | None:
+    ratio = result.get("ratios", {}).get("sample_inprocess_jobs1_vs_torchfix")
+    if ratio is None:
+        return None
+    return Reading(f"{ratio}x", _status_of(_scan_target(result, "sample in-process")))
+
+
+def read_help(result: dict[str, Any]) -> Reading | None:
+    help_run = (result.get("startup") or {}).get("torchaxe_help")
+    if not help_run:
+        return None
+    tf = (result.get("startup") or {}).get("torchfix_help")
+    beside = f" (TorchFix {tf['median_seconds']:.2f} s)" if tf and tf.get("median_seconds") else ""
+    return Reading(f"{help_run['median_seconds']:.3f} s{beside}", _status_of(_scan_target(result, "torchaxe --help")))
+
+
+def read_warm_project(result: dict[str, Any]) -> Reading | None:
+    ratio = result.get("ratios", {}).get("warm_project_cli_jobs2_vs_torchfix")
+    if ratio is None:
+        return None
+    return Reading(f"{ratio}x", _status_of(_scan_target(result, "warm ")))
+
+
+def read_crashes(result: dict[str, Any]) -> Reading | None:
+    target = _scan_target(result, "zero crashes")
+    if target is None:
+        return None
+    return Reading(f"{target['value']} crashes", _status_of(target))
+
+
+def read_harness(result: dict[str, Any]) -> Reading | None:
+    ratio = result.get("ratio")
+    if ratio is None:
+        return None
+    return Reading(f"{ratio:.3f} ({100 * (ratio - 1):+.1f}%)", result.get("target", {}).get("status", "n/a"))
+
+
+def read_recall(result: dict[str, Any]) -> Reading | None:
+    overall, cats = result.get("overall"), result.get("categories")
+    if not overall or not cats or overall.get("recall") is None:
+        return None
+    cases = result.get("cases", {})
+    fp = overall.get("false_positive_rate") or 0.0
+    value = (f"recall {100 * overall['recall']:.1f}%, false positives {100 * fp:.1f}% "
+             f"({cases.get('positives', '?')} cases, {cases.get('lookalikes', '?')} look-alikes, "
+             f"target {result.get('target', '?')})")
+    ok = all(c.get("status") == "PASS" for c in cats.values()) and not result.get("diagnostics")
+    return Reading(value, _status(ok))
+
+
+def read_e2e_speedup(result: dict[str, Any]) -> Reading | None:
+    speedup = result.get("speedup")
+    if speedup is None:
+        return None
+    return Reading(f"{speedup:.2f}x", _status(speedup >= 2.0))
+
+
+def read_e2e_within(result: dict[str, Any]) -> Reading | None:
+    side = result.get("side_by_side")
+    if side:
+        return Reading(f"{side['tuned_over_best']:.2f} of the best (side by side)", _status(side["tuned_over_best"] >= 0.9))
+    ex = result.get("exhaustive") or {}
+    if result.get("speedup") and ex.get("best_speedup"):
+        share = result["speedup"] / ex["best_speedup"]
+        return Reading(f"{share:.2f} of the best (own rounds)", _status(share >= 0.9))
+    return None
+
+
+def read_compile(result: dict[str, Any]) -> Reading | None:
+    runs = result.get("results")
+    if not runs:
+        return None
+    value = "; ".join(f"{r['example']}: pick {r['pick']}, fastest {r['fastest']}" for r in runs)
+    return Reading(value, _status(all(r.get("pick_ok") for r in runs)))
+
+
+def read_tune(result: dict[str, Any]) -> Reading | None:
+    steps, tuning = result.get("steps"), result.get("tuning", {})
+    if not steps or steps.get("speedup") is None:
+        return None
+    cold = tuning.get("cold_seconds")
+    cold_text = f"; cold tune {cold:.1f} s, warm measures {tuning.get('warm_measured')}" if isinstance(cold, float) \
+        and cold == cold else ""
+    ok = all(v is not False for v in result.get("targets", {}).values())
+    return Reading(f"{steps['speedup']:.2f}x step{cold_text}", _status(ok))
+
+
+def read_data(result: dict[str, Any]) -> Reading | None:
+    targets = result.get("targets")
+    before = (result.get("before") or {}).get("data_wait_fraction")
+    after = (result.get("after") or {}).get("data_wait_fraction")
+    if not targets or before is None or after is None:
+        return None
+    within = result.get("search_vs_grid_throughput")
+    trials = (result.get("search") or {}).get("trials"), (result.get("grid") or {}).get("trials")
+    value = (f"data wait {100 * before:.1f}% -> {100 * after:.1f}%; search pick "
+             f"{within:.3f}x the grid's; {trials[0]} of {trials[1]} trials" if within is not None else
+             f"data wait {100 * before:.1f}% -> {100 * after:.1f}%")
+    return Reading(value, _status(all(t["pass"] for t in targets)))
+
+
+def read_binding(result: dict[str, Any]) -> Reading | None:
+    if result.get("ratio_median") is None:
+        return None
+    return Reading(f"bound/unbound {result['ratio_median']:.3f} ({result['ratio_min']:.3f}..{result['ratio_max']:.3f})",
+                   "n/a")
+
+
+# --------------------------------------------------------------------------- the rows
+
+ROWS: tuple[Row, ...] = (
+    Row("Scan speed, warm cache (torch's tree, 2285 files, `--jobs 2`)", "scan_speed", ">= 300 files/s",
+        ("src/torchaxe/scan",), read_full_tree,
+        Quoted("371.7 files/s (noisy)", "PASS", "2026-11-30 20:15 UTC", CPU_VM, "after `4794c06`",
+               "python benchmarks/scan_speed.py --no-torchfix --jobs 2 --repeats 5", "4794c06")),
+    Row("Scan speed, cold cache (`TORCHAXE_NO_CACHE=1`, `--jobs 2`)", "scan_speed_cold", ">= 300 files/s",
+        ("src/torchaxe/scan",), read_full_tree,
+        Quoted("260.5 files/s (noisy)", "FAIL", "2026-11-30 20:15 UTC", CPU_VM, "after `4794c06`",
+               "TORCHAXE_NO_CACHE=1 python benchmarks/scan_speed.py --no-torchfix --jobs 2 --repeats 5", "4794c06")),
+    Row("Scan vs TorchFix (same 150 files, in-process `--jobs 1`)", "scan_speed", ">= 100x",
+        ("src/torchaxe/scan",), read_sample_ratio,
+        Quoted("175.0x", "PASS", "2026-11-30 15:02 UTC", CPU_VM, "`5ad5f1c`",
+               "python benchmarks/scan_speed.py --repeats 3", "5ad5f1c")),
+    Row("Warm 81-file project scan vs TorchFix (CLI, `--jobs 2`)", "scan_speed", ">= 40x",
+        ("src/torchaxe/scan", "src/torchaxe/cli.py"), read_warm_project),
+    Row("CLI start-up (`torchaxe --help`)", "scan_speed", "<= 0.3 s",
+        ("src/torchaxe/cli.py", "src/torchaxe/__init__.py"), read_help),
+    Row("Rule crashes (AX906) on torch's tree", "scan_speed", "0",
+        ("src/torchaxe/scan",), read_crashes,
+        Quoted("0 crashes", "PASS", "2026-11-30 15:02 UTC", CPU_VM, "`5ad5f1c`",
+               "python benchmarks/scan_speed.py --repeats 3", "5ad5f1c")),
+    Row("Harness overhead (GPT example, step time with/without)", "harness_overhead", "<= 1.03",
+        ("src/torchaxe/runtime",), read_harness,
+        Quoted("1.012 (+1.2%)", "PASS", "2026-11-30 14:16 UTC", CPU_VM, "`b9995ba+dirty`",
+               "python benchmarks/harness_overhead.py --repeats 11 --json", "b9995ba")),
+    Row("Formula recall on the corpus (AX110-AX119)", "formula_recall", ">= 95% recall, <= 2% false positives",
+        ("src/torchaxe/scan/formulas", "src/torchaxe/scan/rules", "tests/formula_corpus"), read_recall,
+        Quoted("recall 100.0%, false positives 0.0% (108 cases, 67 look-alikes, target npu)", "PASS",
+               "2026-11-30 15:54 UTC", CPU_VM, "`75d28f5+dirty`",
+               "TORCHAXE_NO_CACHE=1 python benchmarks/formula_recall.py", "75d28f5")),
+    Row("advise end to end, CPU (GPT example, tuned vs original)", "end_to_end", ">= 2x",
+        ("src/torchaxe",), read_e2e_speedup,
+        Quoted("2.02x", "PASS", "2026-12-01 11:03 UTC", CPU_VM, "`fc5e802`",
+               "python benchmarks/end_to_end.py --budget 10m --repeats 3 --check-accuracy --pruned "
+               "--max-combinations 16", "fc5e802")),
+    Row("advise end to end, CPU: tuned vs the best combination", "end_to_end", ">= 0.9 of the best",
+        ("src/torchaxe",), read_e2e_within,
+        Quoted("1.09 of the best (side by side)", "PASS", "2026-12-01 11:03 UTC", CPU_VM, "`fc5e802`",
+               "python benchmarks/end_to_end.py --budget 10m --repeats 3 --check-accuracy --pruned "
+               "--max-combinations 16", "fc5e802")),
+    Row("advise end to end, H200 (larger GPT, tuned vs original)", "end_to_end_cuda", ">= 2x",
+        ("src/torchaxe",), read_e2e_speedup,
+        Quoted("2.07x", "PASS", "2026-11-30 23:45 UTC", H200, "not recorded (after `961074e`)",
+               "benchmarks/gpu_checks.sh e2e (end_to_end.py --target cuda --budget 180s --repeats 2 --pruned "
+               "--max-combinations 4 --check-accuracy)", "961074e")),
+    Row("advise end to end, H200: tuned vs the best combination", "end_to_end_cuda", ">= 0.9 of the best",
+        ("src/torchaxe",), read_e2e_within,
+        Quoted("0.42 of the best (own rounds)", "FAIL", "2026-11-30 23:45 UTC", H200, "not recorded (after `961074e`)",
+               "benchmarks/gpu_checks.sh e2e", "961074e")),
+    Row("Compile-mode choice, CPU (the pick is the fastest)", "compile_mode", "within 5% of the fastest",
+        ("src/torchaxe/shapes",), read_compile,
+        Quoted("gpt: pick compile-static, fastest compile-static; seq_varlen: pick eager, fastest eager", "PASS",
+               "2026-12-01 11:02 UTC", CPU_VM, "`fc5e802`",
+               "python benchmarks/compile_mode.py --only seq_varlen --repeats 11 --steps 30 --warmup 4 "
+               "--shape-steps 16; then --only gpt --repeats 5 --steps 15", "fc5e802")),
+    Row("Compile-mode choice, H200 (GPT)", "compile_mode_cuda", "within 5% of the fastest",
+        ("src/torchaxe/shapes",), read_compile,
+        Quoted("gpt: pick compile-static, fastest compile-static", "PASS", "2026-11-30 23:32 UTC", H200,
+               "not recorded (after `961074e`)",
+               "python benchmarks/compile_mode.py --target cuda --only gpt --repeats 2 --steps 20", "961074e")),
+    Row("Auto-tuning (`torchaxe tune`, GPT example, eager vs tuned step)", "tune", ">= 1.3x; warm run tunes nothing",
+        ("src/torchaxe/tune",), read_tune,
+        Quoted("1.47x step; cold tune 115.7 s, warm measures 0", "PASS", "2026-11-30 18:33 UTC", CPU_VM,
+               "after `4794c06`", "python benchmarks/tune.py", "4794c06")),
+    Row("Data-loader tuning (image example, 32-step epochs)", "data_tuning",
+        "wait < 5%; search within 10% of the grid; <= 1/3 of its trials", ("src/torchaxe/data",), read_data,
+        Quoted("data wait 22.6% -> 3.3%; search pick 0.972x the grid's; 7 of 26 trials", "PASS",
+               "2026-11-30 18:42 UTC", CPU_VM, "after `4794c06`",
+               "python benchmarks/data_tuning.py --images-per-class 128 --trial-steps 24", "4794c06")),
+    Row("Core binding (2-rank gloo MLP, bound vs unbound)", "binding", "a gain on a multi-NUMA machine (not run there)",
+        ("src/torchaxe/bind",), read_binding,
+        Quoted("bound/unbound 1.071 (0.562..1.290), machine loaded (1-minute load 8.6)", "n/a",
+               "2026-11-30 15:48 UTC", CPU_VM, "after `75d28f5`", "python benchmarks/binding.py --repeats 5 --steps 20",
+               "75d28f5")),
+)
+
+
+# --------------------------------------------------------------------------- building the table
+
+
+def load_runs(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every ``*.json`` of ``folder`` by stem. A saved run wraps the script's output under
+    ``result``; a bare ``--json`` output (scan_speed.py's carries its own date, machine and
+    command) is read as it is."""
+    runs: dict[str, dict[str, Any]] = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise SummaryError(f"{path}: not a saved run ({exc})") from None
+        if not isinstance(data, dict):
+            raise SummaryError(f"{path}: not a saved run (not a JSON object)")
+        runs[path.stem] = data
+    return runs
+
+
+def provenance(data: dict[str, Any]) -> tuple[str, str, str | None, str]:
+    """(date, machine, commit, command) of a saved run or a bare output."""
+    result = data.get("result", data) if isinstance(data.get("result"), dict) else data
+    date = str(data.get("date") or result.get("date") or "?")
+    machine = data.get("machine") or result.get("machine") or "?"
+    if isinstance(machine, dict):
+        machine = ", ".join(str(machine[k]) + suffix for k, suffix in
+                            (("nproc", " cores"), ("cpu_model", ""), ("torch", "")) if machine.get(k))
+    commit = data.get("commit")
+    if not commit and isinstance(result.get("machine"), dict):
+        commit = result["machine"].get("torchaxe_git")
+    command = str(data.get("command") or result.get("command") or "?")
+    return date.replace("T", " ").replace("+00:00", " UTC"), str(machine), commit, command
+
+
+def git_changed_since(commit: str, paths: tuple[str, ...], root: Path = ROOT) -> bool | None:
+    """Whether any of ``paths`` changed between ``commit`` and HEAD (None: git cannot tell)."""
+    try:
+        done = subprocess.run(["git", "diff", "--quiet", commit.split("+")[0], "HEAD", "--", *paths], cwd=root,
+                              capture_output=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {0: False, 1: True}.get(done.returncode)
+
+
+def table_rows(runs: dict[str, dict[str, Any]],
+               changed_since: Callable[[str, tuple[str, ...]], bool | None] = git_changed_since,
+               rows: tuple[Row, ...] = ROWS) -> list[dict[str, str]]:
+    out = []
+    for row in rows:
+        data = runs.get(row.source)
+        result = data.get("result", data) if data and isinstance(data.get("result"), dict) else data
+        reading = row.read(result) if result else None
+        if reading is not None:
+            date, machine, commit, command = provenance(data)
+            value, status, base = reading.value, reading.status, commit
+            commit_text = f"`{commit}`" if commit else "not recorded"
+        elif row.quoted is not None:
+            q = row.quoted
+            why = "no saved run" if data is None else "not in the saved run"
+            value, status, date, machine, commit_text, command, base = (
+                f"{q.value} ({why}; from the log)", q.status, q.date, q.machine, q.commit, q.command, q.base)
+        else:
+            out.append({"figure": row.figure, "value": "not measured yet", "target": row.target, "status": "n/a",
+                        "date": "-", "machine": "-", "commit": "-", "command": f"python benchmarks/{row.source}.py"})
+            continue
+        if base and status != "n/a" and changed_since(base, row.measures):
+            status += ", stale"
+        out.append({"figure": row.figure, "value": value, "target": row.target, "status": status, "date": date,
+                    "machine": machine, "commit": commit_text, "command": f"`{command}`"})
+    return out
+
+
+def render_markdown(rows: list[dict[str, str]]) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(r[c]) for c in COLUMNS) + " |" for r in rows]
+    lines += ["",
+              "Produced by `benchmarks/summary.py` from `benchmarks/results/*.json` (each script's `--save`). "
+              "\"no saved run\": the figure is quoted from the log below. \"stale\": the code it measures "
+              "changed after the commit it was measured at."]
+    return "\n".join(lines) + "\n"
+
+
+def replace_block(text: str, block: str) -> str:
+    start, end = text.find(START), text.find(END)
+    if start < 0 or end < start:
+        raise SummaryError(f"the markers {START} and {END} are missing")
+    return text[: start + len(START)] + "\n" + block + text[end:]
+
+
+def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: TextIO | None = None,
+         changed_since: Callable[[str, tuple[str, ...]], bool | None] = git_changed_since) -> int:
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", default=str(RESULTS_DIR), help="folder of saved runs (default benchmarks/results)")
+    parser.add_argument("--write", nargs="?", const=str(RESULTS_MD), metavar="FILE",
+                        help="also replace the block between the summary markers of FILE (default RESULTS.md)")
+    args = parser.parse_args(argv)
+    try:
+        block = render_markdown(table_rows(load_runs(Path(args.results)), changed_since))
+        if args.write:
+            path = Path(args.write)
+            text = replace_block(path.read_text(encoding="utf-8"), block)
+            sys.path.insert(0, str(ROOT / "src"))
+            from torchaxe.atomic import write_text_atomic
+
+            write_text_atomic(path, text)
+    except (SummaryError, OSError) as exc:
+        err.write(f"summary: error: {exc}\n")
+        return 2
+    out.write(block)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
