@@ -33,8 +33,9 @@ runs with its spread, and, as a cross-check, the ratio of the script's own
 ``done: ... ms/step`` figures. Target: the ratio of medians at most 1.03.
 
 Progress goes to stderr, results to stdout (a table, or with ``--json`` one object
-whose top-level keys are ``JSON_KEYS``); ``--record FILE`` appends the table, with
-date, command and machine, to the "Harness overhead" section of FILE (RESULTS.md).
+whose top-level keys are ``JSON_KEYS``); ``--record FILE`` adds the table, with
+date, command and machine, as the newest entry of FILE's "Log of runs" (RESULTS.md), or
+to its "Harness overhead" section when it has no log.
 Exit code: 0 the target passed, 1 it failed, 2 the benchmark could not run.
 
     .venv/bin/python benchmarks/harness_overhead.py
@@ -373,10 +374,36 @@ def render_text(data: dict[str, Any], out: TextIO) -> None:
     out.write(f"  target {data['target']['name']}: {data['target']['status']}\n")
 
 
+LOG_HEADING = "## Log of runs"
+
+
 def record(path: Path, data: dict[str, Any], text: str) -> None:
-    """Append this result to the "Harness overhead" section of ``path`` (created
-    when missing); the rest of the file is left exactly as it was."""
+    """Add this result to ``path``: as the newest entry of its "Log of runs" section when
+    it has one, else at the end of its "Harness overhead" section (created when
+    missing); the rest of the file is left exactly as it was."""
     m = data["machine"]
+    text_now = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
+    log = re.search(rf"^{LOG_HEADING}.*$", text_now, re.M)
+    if log:
+        log_at = max(log.start() - 1, 0)
+        ratio = data["ratio"]
+        change = f"{100 * (ratio - 1):+.1f}%" if ratio is not None else "not measured"
+        entry = (
+            f"### {data['date']} · {m['nproc']} cores, {m['cpu_model']} · `{m['torchaxe_git']}` · "
+            f"harness overhead: {change}, {data['target']['status']}\n\n"
+            f"`{data['command']}`, Python {m['python']}, torch {m['torch']}, "
+            f"1-minute load {m['loadavg_1min_at_start']} at the start:\n\n"
+            f"```text\n{text.rstrip()}\n```\n\n"
+        )
+        first = text_now.find("\n### ", log_at)
+        following = text_now.find("\n## ", log.end())
+        if first < 0 or 0 <= following < first:
+            first = len(text_now) if following < 0 else following
+            entry = "\n" + entry.rstrip("\n") + "\n"
+        from torchaxe.atomic import write_text_atomic
+
+        write_text_atomic(path, text_now[: first + 1] + entry + text_now[first + 1:])
+        return
     entry = (
         f"\n### {data['date']}\n\n"
         f"- command: `{data['command']}`\n"
@@ -387,7 +414,6 @@ def record(path: Path, data: dict[str, Any], text: str) -> None:
     heading = "## Harness overhead"
     intro = (f"{heading}\n\nWhat `torchaxe profile`'s default instrumentation adds to the median step time of the "
              "GPT example (`benchmarks/harness_overhead.py`; target: at most 3%). Newest last.\n")
-    text_now = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
     start = text_now.find(f"\n{heading}\n")
     if start < 0:
         updated = text_now.rstrip("\n") + "\n\n" + intro + entry

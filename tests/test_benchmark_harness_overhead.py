@@ -79,6 +79,19 @@ def test_a_new_record_goes_into_its_own_section(bench, tmp_path):
     assert text.endswith("\n## Later section\n\nalso theirs\n")
 
 
+def test_a_record_is_the_newest_entry_of_the_log(bench, tmp_path):
+    results = tmp_path / "RESULTS.md"
+    head = "# Benchmark results\n\n## Current figures\n\ntable\n\n## Log of runs, newest first\n\nintro\n"
+    results.write_text(head + "\n### 2026-11-30 14:16 · old\n\nold entry\n")
+    bench.main(["--repeats", "1", "--steps", "5", "--same-process-repeats", "0", "--record", str(results)], stdout=io.StringIO(),
+               stderr=io.StringIO(), runner=fake_runner(bench))
+    text = results.read_text()
+    assert text.startswith(head + "\n### ") and "harness overhead: " in text
+    assert "## Harness overhead" not in text and text.count("### ") == 2
+    assert text.index("```text") < text.index("### 2026-11-30 14:16 · old")
+    assert text.endswith("\n\n### 2026-11-30 14:16 · old\n\nold entry\n")
+
+
 def test_record_creates_the_file(bench, tmp_path):
     results = tmp_path / "RESULTS.md"
     bench.main(["--repeats", "1", "--steps", "5", "--same-process-repeats", "0", "--record", str(results)], stdout=io.StringIO(),
