@@ -2,7 +2,9 @@
 benchmarks' saved JSON results (``benchmarks/results/*.json``, written by each
 script's ``--save``).
 
-Each row reads one saved run. A row whose run is not on disk quotes the figure from
+Each row reads one saved run (the cold-cache scan row reads ``scan_speed_cold.json``:
+``TORCHAXE_NO_CACHE=1 python benchmarks/scan_speed.py --no-torchfix --jobs 2 --out
+benchmarks/results/scan_speed_cold.json``). A row whose run is not on disk quotes the figure from
 RESULTS.md's log, with its date, machine and commit, and says "no saved run". A figure
 is marked stale when the code it measures changed after the commit it was measured at.
 
