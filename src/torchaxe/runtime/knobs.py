@@ -128,6 +128,7 @@ def _load(reference: str) -> KnobSpec:
 
 
 _SPECS: list[KnobSpec] = []
+_BY_ATTRIBUTE: dict[str, KnobSpec] = {}
 
 
 def knob_specs() -> Sequence[KnobSpec]:
@@ -138,7 +139,9 @@ def knob_specs() -> Sequence[KnobSpec]:
 
 
 def _by_attribute() -> dict[str, KnobSpec]:
-    return {spec.attribute: spec for spec in knob_specs()}
+    if not _BY_ATTRIBUTE:
+        _BY_ATTRIBUTE.update((spec.attribute, spec) for spec in knob_specs())
+    return _BY_ATTRIBUTE
 
 
 def top_keys() -> tuple[str, ...]:
