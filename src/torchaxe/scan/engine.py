@@ -12,7 +12,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from torchaxe.findings import Diagnostic, Finding, ScanResult
 from torchaxe.scan.capabilities import torch_capabilities
@@ -250,18 +250,18 @@ def scan_file(path: Path, options: ScanOptions, rules: list[Rule]) -> FileReport
     return scan_source(source, shown, options, rules)
 
 
-def _torch_sources(files: list[str]) -> list[str]:
-    """The text of the files the scan will analyse (those that mention torch); a file
-    that cannot be read or decoded is left to the scan to report."""
-    sources = []
+def _torch_sources(files: list[str]) -> Iterator[str]:
+    """The text of the files the scan will analyse (those that mention torch), read one
+    at a time as asked for; a file that cannot be read or decoded is left to the scan
+    to report."""
     for p in files:
         try:
             data = Path(p).read_bytes()
-            if b"torch" in data:
-                sources.append(decode_source(data))
+            source = decode_source(data) if b"torch" in data else None
         except (OSError, UnicodeDecodeError, LookupError):
             continue
-    return sources
+        if source is not None:
+            yield source
 
 
 def _scan_chunk(paths: list[str], options: ScanOptions) -> list[FileReport]:

@@ -15,7 +15,7 @@ import itertools
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from torchaxe.scan.formulas import remote
 from torchaxe.scan.formulas import vocabulary as V
@@ -146,11 +146,11 @@ def formula_matches(ctx: FileContext) -> list[FormulaMatch]:
     return cached
 
 
-def all_stored(sources: list[str], target: str) -> bool:
+def all_stored(sources: Iterable[str], target: str) -> bool:
     """Whether every one of these files' formula results is already stored, so that
-    scanning them evaluates nothing (and needs no torch)."""
-    keys = {file_key(source, target) for source in sources}
-    return len(STORE.get_many(list(keys))) == len(keys)
+    scanning them evaluates nothing (and needs no torch). Stops at the first file that
+    is not, so a cold scan reads one file here, not all of them."""
+    return all(STORE.get_file(file_key(source, target)) is not None for source in sources)
 
 
 def covers(ctx: FileContext, definition: ast.AST) -> bool:
