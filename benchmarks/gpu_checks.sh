@@ -13,7 +13,8 @@
 #   prefetch  benchmarks/prefetch_overlap.py: the copy DevicePrefetcher hides
 #   e2e       benchmarks/end_to_end.py --target cuda: advise -> apply -> run on the GPT example
 #   compile   benchmarks/compile_mode.py --target cuda --only gpt
-# Each part's output goes to $OUT/<part>.log and its last lines to stdout.
+# Each part's output goes to $OUT/<part>.log and its last lines to stdout; the e2e and
+# compile parts also save their JSON results there (copy them to benchmarks/results/).
 #
 # Settings (environment): PYTHON (default python3), TOTAL (default 540 seconds),
 # TARGET (default cuda; cpu runs the same parts as a dry run), PARTS (which of the parts,
@@ -53,6 +54,7 @@ part env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clo
 part tests 75 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" tests/test_cuda.py tests/test_data_prefetch.py
 part prefetch 50 "$PY" benchmarks/prefetch_overlap.py --device "$TARGET" --mb 64 --rounds 3
 part e2e "$E2E_LIMIT" "$PY" benchmarks/end_to_end.py --target "$TARGET" --budget "$E2E_BUDGET" --repeats 2 --pruned \
-    --max-combinations 4 --check-accuracy --args "$GPT_ARGS"
-part compile 150 "$PY" benchmarks/compile_mode.py --target "$TARGET" --only gpt --repeats 2 --steps 20
+    --max-combinations 4 --check-accuracy --args "$GPT_ARGS" --out "$OUT/end_to_end_cuda.json"
+part compile 150 "$PY" benchmarks/compile_mode.py --target "$TARGET" --only gpt --repeats 2 --steps 20 \
+    --out "$OUT/compile_mode_cuda.json"
 echo "== total $(( $(date +%s) - START ))s"
