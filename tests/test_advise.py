@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from torchaxe.advise.environment import environment_checks
 from torchaxe.advise.evidence import evidence_for
 from torchaxe.advise.pipeline import AdviseOptions, Advisor, BaselineProfile, advise
+from torchaxe.environment.checks import environment_checks
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.trials import TrialRun
 

@@ -22,7 +22,6 @@ from typing import Any, Iterable, Sequence
 from torchaxe.advise.evidence import evidence_for, optimizer_evidence
 from torchaxe.advise.recommendation import Accuracy, Recommendation
 from torchaxe.bind.candidates import candidates as bind_candidates
-from torchaxe.data.candidates import LOADER_ACCURACY
 from torchaxe.data.candidates import candidates as data_candidates
 from torchaxe.data.candidates import stored_candidates as data_stored_candidates
 from torchaxe.errors import TorchaxeError
@@ -30,12 +29,11 @@ from torchaxe.findings import Applicability, Finding
 from torchaxe.precision.candidates import candidates as precision_candidates
 from torchaxe.precision.candidates import own_speedups as precision_own_speedups
 from torchaxe.runtime.candidate import Candidate
-from torchaxe.shapes.candidates import bucketing_knob
 from torchaxe.shapes.candidates import candidates as shapes_candidates
 from torchaxe.shapes.candidates import own_speedups as shapes_own_speedups
 from torchaxe.tune.candidates import stored_candidates as tune_stored_candidates
 
-__all__ = ["LOADER_ACCURACY", "Candidate", "bucketing_knob", "code_candidates", "fixed_sources", "knob_candidates",
+__all__ = ["Candidate", "code_candidates", "fixed_sources", "knob_candidates",
            "script_speedups", "stored_candidates"]
 
 _MAX_ERROR = re.compile(r"max error ([0-9.]+e[-+]?\d+|[0-9.]+)")

@@ -5,7 +5,7 @@
    settings it left on) (baseline.py).
 2. **Scan** the script's folder and the installed third-party files the run actually
    imported.
-3. **Check** the environment (environment.py).
+3. **Check** the environment (torchaxe/environment/checks.py).
 4. **Candidates**: a code candidate per rule with an automatic fix, knob candidates
    from what the profile showed (candidates.py), settings kept in the knowledge base
    (stored.py).
@@ -34,13 +34,13 @@ from torchaxe.advise.baseline import (DEFAULT_STEPS, BaselineProfile, ProfileRun
                                       profile_in_subprocess)
 from torchaxe.advise.candidates import (Candidate, code_candidates, knob_candidates, script_speedups,
                                         stored_candidates)
-from torchaxe.advise.environment import environment_checks
 from torchaxe.advise.evidence import micro_benchmarks
 from torchaxe.advise.measure import ArmResult, Measurer
 from torchaxe.advise.options import AdviseOptions
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import ChangeSearch
 from torchaxe.advise.stats import DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta, measured_figures, promising
+from torchaxe.environment.checks import environment_checks
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.knobs import knob_set_from_dict
 from torchaxe.runtime.trials import Runner, run_in_subprocess
