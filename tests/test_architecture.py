@@ -36,6 +36,7 @@ LAYERS = {
     "torchaxe.cpulist": 1,
     "torchaxe.console": 1,
     "torchaxe.units": 1,
+    "torchaxe.lazy": 1,
     # Renderers sit on the layer of the data they render: the advice with advise,
     # findings and rule documentation with scan, profiles and trials with runtime.
     "torchaxe.report.advice_html": 4,

@@ -16,21 +16,14 @@ package up).
 
 from __future__ import annotations
 
+from torchaxe.lazy import lazy_attributes
+
 __all__ = ["BindingPlan", "RankBinding", "Topology", "plan_binding", "read_topology"]
 
-_LAZY = {
+__getattr__ = lazy_attributes(__name__, {
     "BindingPlan": "torchaxe.bind.plan",
     "RankBinding": "torchaxe.bind.plan",
     "plan_binding": "torchaxe.bind.plan",
     "Topology": "torchaxe.bind.topology",
     "read_topology": "torchaxe.bind.topology",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'torchaxe.bind' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+})

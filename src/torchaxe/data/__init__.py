@@ -13,20 +13,13 @@ Importing this package does not import torch; the names below load on first use.
 
 from __future__ import annotations
 
+from torchaxe.lazy import lazy_attributes
+
 __all__ = ["DevicePrefetcher", "ImageDecodeError", "benchmark_decoders", "decode_image"]
 
-_LAZY = {
+__getattr__ = lazy_attributes(__name__, {
     "DevicePrefetcher": "torchaxe.data.prefetch",
     "decode_image": "torchaxe.data.decoders",
     "benchmark_decoders": "torchaxe.data.decoders",
     "ImageDecodeError": "torchaxe.data.decoders",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'torchaxe.data' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+})

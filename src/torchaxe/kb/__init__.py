@@ -7,15 +7,11 @@ nothing here imports torch or an axis package. The names below are loaded from
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from torchaxe.lazy import lazy_attributes
 
 __all__ = ["DEFAULT_FILE_NAME", "EXPORT_FORMAT", "SCHEMA_VERSION", "STATUSES", "DoctorReport", "KnowledgeBase",
            "KnowledgeBaseError", "SettingRecord", "TunedRecord", "choose", "default_path", "doctor", "parse_export",
            "record_from_dict", "workload_key"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module("torchaxe.kb.store"), name)
+__getattr__ = lazy_attributes(__name__, dict.fromkeys(__all__, "torchaxe.kb.store"))

@@ -13,14 +13,9 @@ The public API for training code is :class:`BucketingCollate` and
 
 from __future__ import annotations
 
-from typing import Any
+from torchaxe.lazy import lazy_attributes
 
 __all__ = ["BucketingCollate", "BucketingError", "pad_to_bucket"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from torchaxe.shapes import bucketing
-
-        return getattr(bucketing, name)
-    raise AttributeError(f"module 'torchaxe.shapes' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, dict.fromkeys(__all__, "torchaxe.shapes.bucketing"))

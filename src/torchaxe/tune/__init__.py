@@ -16,17 +16,11 @@ import sys
 import types
 from typing import Any
 
+from torchaxe.lazy import lazy_attributes
+
 __all__ = ["tune", "apply", "TuneOptions", "TuneReport"]
 
-_LAZY = {"tune": "torchaxe.tune.tuner", "apply": "torchaxe.tune.tuner", "TuneOptions": "torchaxe.tune.tuner",
-         "TuneReport": "torchaxe.tune.tuner"}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(__name__, dict.fromkeys(__all__, "torchaxe.tune.tuner"))
 
 
 class _CallablePackage(types.ModuleType):
