@@ -2,7 +2,7 @@
 user's unmodified script under the harness and write its Profile.
 
     python -m torchaxe.runtime.bootstrap KNOBS.json [--out PROFILE.json] [--steps N]
-        [--warmup K] [--timeout S] [--target T] -- python train.py ARGS
+        [--warmup K] [--timeout S] [--first-step-timeout S] [--target T] -- python train.py ARGS
 
 Each knob is a plugin (``runtime/knobs.py``): its patch is entered into one
 ``ExitStack`` in the registry's order and undone in reverse when the run ends. Two
@@ -66,6 +66,8 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--steps", type=_steps, default=10, help="measured steps, or `all` to run to the end")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--first-step-timeout", type=float, default=None,
+                        help="stop when no step has ended this many seconds after training started")
     parser.add_argument("--target", default="auto")
     parser.add_argument("--ops", action="store_true")
     parser.add_argument("--shapes", action="store_true")
@@ -97,7 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             WriteGuard(args.protect_writes, guard_roots(script.folder)).install().watch_torch_save()
         options = HarnessOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, target=args.target,
-                                 ops=args.ops, shapes=args.shapes, step_marker=args.step_marker)
+                                 ops=args.ops, shapes=args.shapes, step_marker=args.step_marker,
+                                 first_step_timeout=args.first_step_timeout)
         out = args.out or tempfile.mkstemp(prefix="torchaxe-trial-", suffix=".json")[1]
         if args.context_out:
             from torchaxe.runtime.run_context import ModelProbe

@@ -2,15 +2,17 @@
 
 ``Harness(options).run(command)`` runs the script in this interpreter (see
 ``command.py``) after installing the probes (``probes.py``), cuts the run into steps
-at every optimizer step (a global ``register_optimizer_step_post_hook``) or every
-return of a ``--step-marker`` function, and stops it by raising
+(``steps.py``: at every optimizer step, else at the backward pass that follows an
+update, or at every return of a ``--step-marker`` function), and stops it by raising
 :class:`StopProfiling` from the step boundary once warmup + op-profiling + measured
-steps are done. Whatever ends the script (the stop, its own end, ``sys.exit``, an
+steps are done, or once ``first_step_timeout`` seconds of training pass without a
+step. Whatever ends the script (the stop, its own end, ``sys.exit``, an
 exception, a timeout, Ctrl-C), the run yields a :class:`Profile` of what was
 measured, with a status that says how it ended.
 
 Step ``k`` lasts from the end of step ``k-1`` to the end of step ``k``; step 1 starts
-at the first sign of training (the first DataLoader fetch or module call). The device
+at the first sign of training (the first DataLoader fetch, module call or backward
+pass). The device
 is synchronised at step boundaries only, through the backend.
 """
 
@@ -25,16 +27,15 @@ import sys
 import threading
 import time
 import traceback
-import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from torchaxe import __version__
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.command import ScriptCommand, check_module, run_command
 from torchaxe.runtime.profile import ErrorInfo, Profile, RunInfo, ShapeReport, StepRecord
+from torchaxe.runtime.steps import BackwardStepProbe, OptimizerStepProbe, StepMarker
 
 #: Exit codes of ``torchaxe profile``, by status (see docs/profile.md).
 EXIT_OK = 0
@@ -47,6 +48,9 @@ EXIT_INTERRUPTED = 130
 
 #: Frames of the user's traceback shown when their script raises.
 TRACEBACK_FRAMES = 8
+#: Seconds of training (from its first sign) without a single step after which the
+#: commands that watch steps stop the script (``--first-step-timeout``).
+DEFAULT_FIRST_STEP_TIMEOUT = 120.0
 
 
 class StopProfiling(BaseException):
@@ -69,10 +73,13 @@ class HarnessOptions:
     timeout: float | None = None
     #: After a timeout, how long the script gets to unwind before the profile is
     #: written without it (a script stuck in C code never sees the interrupt);
-    #: default half the timeout, between 1 and 10 seconds.
+    #: default half the timeout (else the first-step timeout), between 1 and 10 seconds.
     grace: float | None = None
     step_marker: str | None = None
     target: str | None = "auto"
+    #: Stop the script when no step has ended this many seconds after the first sign
+    #: of training (None: wait for the end of the script).
+    first_step_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.steps is not None and self.steps < 1:
@@ -83,6 +90,8 @@ class HarnessOptions:
             raise TorchaxeError(f"--ops-steps {self.ops_steps}: must be at least 1")
         if self.timeout is not None and self.timeout <= 0:
             raise TorchaxeError(f"--timeout {self.timeout}: must be a positive number of seconds")
+        if self.first_step_timeout is not None and self.first_step_timeout <= 0:
+            raise TorchaxeError(f"--first-step-timeout {self.first_step_timeout}: must be a positive number of seconds")
         if self.step_marker is not None:
             StepMarker.parse(self.step_marker)
 
@@ -90,7 +99,7 @@ class HarnessOptions:
     def grace_seconds(self) -> float:
         if self.grace is not None:
             return self.grace
-        return min(10.0, max(1.0, 0.5 * (self.timeout or 0.0)))
+        return min(10.0, max(1.0, 0.5 * (self.timeout or self.first_step_timeout or 0.0)))
 
     @property
     def steps_before_measuring(self) -> int:
@@ -113,6 +122,7 @@ class HarnessOptions:
             "shapes": self.shapes,
             "timeout": self.timeout,
             "step_marker": self.step_marker,
+            "first_step_timeout": self.first_step_timeout,
         }
 
 
@@ -123,7 +133,8 @@ class StepRecorder:
     """Cuts the run into steps and accumulates what each step spent its time on.
 
     The probes report into it (data wait, syncs, gc); step boundaries come from the
-    optimizer hook or the step marker (``step_end``).
+    step sources of ``steps.py`` (``step_end``). ``training`` is set at the first sign
+    of training and ``stepped`` at the first step boundary (the watchdog waits on them).
     """
 
     def __init__(self, options: HarnessOptions, backend: Any, clock: Callable[[], float],
@@ -137,6 +148,10 @@ class StepRecorder:
         self.measured = 0
         self.stop_requested = False
         self.window: Any = None  # an OpWindow when --ops
+        #: The source of the last step boundary: optimizer, backward or marker.
+        self.source: str | None = None
+        self.training = threading.Event()
+        self.stepped = threading.Event()
         self.on_device_ready: Callable[[], None] = lambda: None
         self._device_ready = False
         self._start: float | None = None
@@ -189,6 +204,7 @@ class StepRecorder:
     def activity(self) -> None:
         """The first sign of training (a DataLoader fetch, a module call): step 1 starts."""
         if self._start is None and not self.stop_requested:
+            self.training.set()
             self._begin(self._synchronized_now(), 1)
 
     def _begin(self, now: float, index: int) -> None:
@@ -199,9 +215,14 @@ class StepRecorder:
         self._start = now
         self._reset()
 
-    def step_end(self) -> None:
-        """The end of a step: record it, and stop the script when enough are measured."""
+    def step_end(self, source: str) -> None:
+        """The end of a step, seen by ``source``: record it, and stop the script when
+        enough are measured."""
         self.check_stop()
+        self.source = source
+        if not self.stepped.is_set():
+            self.training.set()
+            self.stepped.set()
         now = self._synchronized_now()
         if self._start is None:
             self._begin(now, 1)
@@ -241,191 +262,30 @@ class StepRecorder:
         self._begin(now, index + 1)
 
 
-# ----------------------------------------------------------------- step sources
-
-
-class OptimizerStepProbe:
-    """A step ends whenever the run's optimizer finishes ``step()``. With several
-    optimizers (a GAN's two), the first one to step marks the boundaries."""
-
-    def __init__(self, recorder: StepRecorder) -> None:
-        self.recorder = recorder
-        self._handle = None
-        self._optimizer: Any = None
-        self.calls = 0
-
-    def install(self) -> None:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        def hook(optimizer, args, kwargs):
-            current = self._optimizer() if self._optimizer is not None else None
-            if current is None:
-                self._optimizer = weakref.ref(optimizer)
-            elif current is not optimizer:
-                return
-            self.calls += 1
-            self.recorder.step_end()
-
-        self._handle = register_optimizer_step_post_hook(hook)
-
-    def uninstall(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-
-
-@dataclass
-class StepMarker:
-    """``--step-marker module:function``: each return of the function ends a step.
-
-    ``function`` may be dotted (``Trainer.train_step``). The module is imported
-    before the script runs, with the script's folder on ``sys.path``. A function of
-    the script itself (``__main__:train_step``, or the script's own name) is found
-    when it is first called, through a trace function that is removed as soon as
-    that call returns (the start-up runs slower until then)."""
-
-    module: str
-    qualname: str
-    calls: int = 0
-    _restore: list[Callable[[], None]] = field(default_factory=list)
-    _imported: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> "StepMarker":
-        module, sep, qualname = text.partition(":")
-        parts = qualname.split(".")
-        if not sep or not module or not all(p.isidentifier() for p in parts) or \
-                not all(p.isidentifier() for p in module.split(".")):
-            raise TorchaxeError(f"--step-marker {text}: expected MODULE:FUNCTION, e.g. train:train_step or mylib.loop:Trainer.step")
-        return cls(module, qualname)
-
-    def _in_script(self, command: ScriptCommand) -> bool:
-        if self.module == "__main__":
-            return True
-        if command.kind == "path":
-            return self.module == Path(command.target).stem
-        return self.module == command.target
-
-    def install(self, recorder: StepRecorder, command: ScriptCommand) -> None:
-        if self._in_script(command):
-            self._install_traced(recorder, command)
-        else:
-            self._install_imported(recorder, command)
-
-    def _wrap(self, function: Callable, recorder: StepRecorder) -> Callable:
-        import functools
-
-        @functools.wraps(function)
-        def marked(*args, **kwargs):
-            recorder.activity()
-            result = function(*args, **kwargs)
-            self.calls += 1
-            recorder.step_end()
-            return result
-
-        return marked
-
-    def _install_imported(self, recorder: StepRecorder, command: ScriptCommand) -> None:
-        import importlib
-
-        folder = str(command.folder)
-        before = set(sys.modules)
-        sys.path.insert(0, folder)
-        try:
-            module = importlib.import_module(self.module)
-        except ImportError as exc:
-            raise TorchaxeError(f"--step-marker {self.module}:{self.qualname}: cannot import {self.module} ({exc})") from None
-        finally:
-            sys.path.remove(folder)
-        if self.module not in before:
-            self._imported = self.module
-        *owners, name = self.qualname.split(".")
-        owner: Any = module
-        for part in owners:
-            owner = getattr(owner, part, None)
-        function = getattr(owner, name, None) if owner is not None else None
-        if not callable(function):
-            raise TorchaxeError(f"--step-marker {self.module}:{self.qualname}: no function {self.qualname} in {self.module}")
-        original = owner.__dict__.get(name, function) if hasattr(owner, "__dict__") else function
-        if isinstance(original, (staticmethod, classmethod)):
-            wrapped: Any = type(original)(self._wrap(original.__func__, recorder))
-        else:
-            wrapped = self._wrap(function, recorder)
-        setattr(owner, name, wrapped)
-        self._restore.append(lambda: setattr(owner, name, original))
-
-    def _install_traced(self, recorder: StepRecorder, command: ScriptCommand) -> None:
-        import importlib.util
-
-        if command.kind == "path":
-            filename = os.path.realpath(command.target)
-        else:
-            spec = importlib.util.find_spec(command.target)
-            filename = os.path.realpath(spec.origin) if spec and spec.origin else ""
-        qualname = self.qualname
-        last = qualname.rsplit(".", 1)[-1]
-        marker = self
-
-        def on_return(frame, event, arg):
-            if event == "return":
-                sys.settrace(None)
-                marker.calls += 1
-                recorder.step_end()
-            return on_return
-
-        def on_call(frame, event, arg):
-            code = frame.f_code
-            if event != "call" or code.co_name != last or getattr(code, "co_qualname", qualname) != qualname:
-                return None
-            if os.path.realpath(code.co_filename) != filename:
-                return None
-            marker._replace_in(frame.f_globals, recorder)
-            recorder.activity()
-            return on_return
-
-        sys.settrace(on_call)
-        self._restore.append(lambda: sys.settrace(None))
-
-    def _replace_in(self, namespace: dict, recorder: StepRecorder) -> None:
-        *owners, name = self.qualname.split(".")
-        owner: Any = None
-        if owners:
-            owner = namespace.get(owners[0])
-            for part in owners[1:]:
-                owner = getattr(owner, part, None)
-            if owner is None:
-                return
-            original = owner.__dict__.get(name)
-            if original is None:
-                return
-            if isinstance(original, (staticmethod, classmethod)):
-                setattr(owner, name, type(original)(self._wrap(original.__func__, recorder)))
-            else:
-                setattr(owner, name, self._wrap(original, recorder))
-        elif callable(namespace.get(name)):
-            namespace[name] = self._wrap(namespace[name], recorder)
-
-    def uninstall(self) -> None:
-        while self._restore:
-            self._restore.pop()()
-        if self._imported:
-            sys.modules.pop(self._imported, None)
-            self._imported = None
-
-
 # --------------------------------------------------------------------- watchdog
 
 
 class Watchdog:
-    """``--timeout``: interrupts the script (SIGINT to the thread running it) when
-    the time is up; if it has not ended ``grace`` seconds later, calls ``abandon``
-    (the CLI writes the profile from there and exits)."""
+    """``--timeout`` and ``--first-step-timeout``: interrupts the script (a signal to
+    the thread running it) when ``timeout`` seconds have passed since the start, or
+    when ``first_step`` seconds have passed since ``recorder`` saw training start
+    without a single step ending. The timeout unwinds the script like Ctrl-C; the
+    first-step timeout raises :class:`StopProfiling`, which the script's ``except
+    KeyboardInterrupt`` does not catch. If the script has not ended ``grace`` seconds
+    later, calls ``abandon`` (the CLI writes the profile from there and exits).
+    ``fired`` says which ran out: ``timeout``, ``first-step`` or None."""
 
-    def __init__(self, timeout: float, grace: float, abandon: Callable[[], None] | None = None) -> None:
+    #: How often the first-step watch looks at the recorder, in seconds.
+    POLL = 0.05
+
+    def __init__(self, timeout: float | None, grace: float, abandon: Callable[[], None] | None = None, *,
+                 first_step: float | None = None, recorder: StepRecorder | None = None) -> None:
         self.timeout = timeout
         self.grace = grace
         self.abandon = abandon
-        self.fired = False
+        self.first_step = first_step if recorder is not None else None
+        self.recorder = recorder
+        self.fired: str | None = None
         self._done = threading.Event()
         self._delivered = threading.Event()
         self._lock = threading.Lock()
@@ -445,15 +305,39 @@ class Watchdog:
     def _on_sigint(self, signum, frame) -> None:
         self._delivered.set()
         if not self._done.is_set():
+            if self.fired == "first-step":
+                raise StopProfiling("torchaxe: no step was seen within --first-step-timeout")
             raise KeyboardInterrupt
 
+    def _expired(self) -> str | None:
+        """Wait until a limit runs out (its name) or the run ends (None)."""
+        start = time.monotonic()
+        began: float | None = None
+        recorder = self.recorder
+        while True:
+            now = time.monotonic()
+            if self.timeout is not None and now - start >= self.timeout:
+                return "timeout"
+            wait = None if self.timeout is None else start + self.timeout - now
+            if self.first_step is not None and recorder is not None and not recorder.stepped.is_set():
+                if began is None and recorder.training.is_set():
+                    began = now
+                if began is not None and now - began >= self.first_step:
+                    return "first-step"
+                wait = self.POLL if wait is None else min(wait, self.POLL)
+            if self._done.wait(wait):
+                return None
+
     def _watch(self) -> None:
-        if self._done.wait(self.timeout):
+        reason = self._expired()
+        if reason is None:
             return
         with self._lock:
             if self._done.is_set():
                 return
-            self.fired = True
+            self.fired = reason
+            if reason == "first-step" and self.recorder is not None:
+                self.recorder.stop_requested = True  # also raised at the next DataLoader fetch or backward pass
             if self._handling and hasattr(signal, "pthread_kill"):
                 signal.pthread_kill(self._target, signal.SIGINT)
             elif self._handling:  # pragma: no cover - no POSIX thread signals (Windows)
@@ -468,8 +352,8 @@ class Watchdog:
             self.abandon()
 
     def finish(self) -> None:
-        """The run is over: stop watching, and absorb a timeout interrupt that was
-        sent but has not been delivered yet."""
+        """The run is over: stop watching, and absorb an interrupt that was sent but
+        has not been delivered yet."""
         with self._lock:
             self._done.set()
         if self.fired and self._handling:
@@ -550,6 +434,18 @@ def _close_process_group() -> None:
         pass
 
 
+def no_step_hint(backwards: int) -> str:
+    """Why no step was seen, and what the user can do, in one line."""
+    if backwards:
+        seen = (f"no torch.optim optimizer stepped, and the gradients of the {backwards} backward "
+                f"pass{'es' if backwards != 1 else ''} were never cleared between them (zero_grad() or p.grad = None "
+                "after an update)")
+    else:
+        seen = "no torch.optim optimizer stepped and no backward pass ran"
+    return (f"no step was seen: {seen}; if one call of a function of yours is one training step, pass "
+            "--step-marker MODULE:FUNCTION naming it")
+
+
 def exit_code_for(profile: Profile) -> int:
     """What ``torchaxe profile`` exits with for a profile (docs/profile.md)."""
     status = profile.status
@@ -613,30 +509,35 @@ class Harness:
 
             recorder.window = OpWindow(backend.profiler_activities(), record_shapes=options.shapes)
         marker = StepMarker.parse(options.step_marker) if options.step_marker else None
+        # Step sources: the marker alone when given; else the optimizer, with the
+        # backward pass as the fallback (wrapped outside BackwardProbe's timing).
         optimizer_steps = None if marker else OptimizerStepProbe(recorder)
+        backward_steps = None if marker else BackwardStepProbe(recorder)
         probes: list[Any] = [DataWaitProbe(recorder, clock, batch_shapes), BackwardProbe(recorder, clock), syncs,
                              GcProbe(recorder, clock), FirstForwardProbe(recorder)]
         if module_shapes is not None:
             probes.append(module_shapes)
-        if optimizer_steps is not None:
-            probes.append(optimizer_steps)
+        if optimizer_steps is not None and backward_steps is not None:
+            probes += [optimizer_steps, backward_steps]
         probes.extend(make(recorder) for make in self.extra_probes)
 
         state: dict[str, Any] = {"status": "completed", "error": None, "exit_code": None, "message": None}
 
         def snapshot(final: bool) -> Profile:
             return self._profile(command, backend, recorder, codes, memory, syncs, module_shapes, batch_shapes,
-                                 marker, optimizer_steps, state, started_at, final)
+                                 marker, backward_steps, state, started_at, final)
 
         watchdog = None
-        if options.timeout is not None:
+        if options.timeout is not None or options.first_step_timeout is not None:
             abandon = None
             if self.abandon is not None:
                 def abandon() -> None:
-                    state["status"] = "timeout"
-                    state["message"] = f"did not stop within {options.grace_seconds:g} s of the timeout"
+                    limit = "timeout" if watchdog.fired == "timeout" else "first-step timeout"
+                    state["status"] = "timeout" if watchdog.fired == "timeout" else "stopped"
+                    state["message"] = f"did not stop within {options.grace_seconds:g} s of the {limit}"
                     self.abandon(snapshot(final=False))
-            watchdog = Watchdog(options.timeout, options.grace_seconds, abandon)
+            watchdog = Watchdog(options.timeout, options.grace_seconds, abandon,
+                                first_step=options.first_step_timeout, recorder=recorder)
 
         installed: list[Any] = []
         try:
@@ -666,7 +567,9 @@ class Harness:
         finally:
             for probe in reversed(installed):
                 probe.uninstall()
-        if watchdog is not None and watchdog.fired and state["status"] != "stopped":
+        if watchdog is not None and watchdog.fired == "first-step":
+            state["first_step_timeout"] = True
+        if watchdog is not None and watchdog.fired == "timeout" and state["status"] != "stopped":
             state["status"] = "timeout"
         elif recorder.stop_requested and state["status"] not in ("stopped", "interrupted"):
             # The script caught the stop and ended some other way.
@@ -685,7 +588,7 @@ class Harness:
         return profile
 
     def _profile(self, command, backend, recorder, codes, memory, syncs, module_shapes, batch_shapes, marker,
-                 optimizer_steps, state, started_at, final) -> Profile:
+                 backward_steps, state, started_at, final) -> Profile:
         options = self.options
         import torch
 
@@ -702,7 +605,7 @@ class Harness:
         rank, local_rank, world = distributed_identity()
         steps = list(recorder.steps)
         status = state["status"]
-        warnings = self._warnings(steps, status, marker, optimizer_steps, state)
+        warnings = self._warnings(steps, status, marker, backward_steps, recorder, state)
         profile = Profile(
             status=status,
             run=RunInfo(
@@ -730,6 +633,7 @@ class Harness:
             warnings=warnings,
             seconds=self.clock() - recorder.origin,
             host_rss_peak_bytes=memory.peak_rss_bytes(),
+            step_source=recorder.source if steps else None,
         )
         profile.detail = self._detail(profile, command, state)
         return profile
@@ -740,6 +644,10 @@ class Harness:
         status = profile.status
         if status == "completed":
             return f"the script ran to its end; {steps}"
+        if status == "stopped" and state.get("first_step_timeout") and not profile.steps:
+            extra = f" ({state['message']})" if state.get("message") else ""
+            return (f"stopped: no step within {self.options.first_step_timeout:g} s of the start of training "
+                    f"(--first-step-timeout){extra}")
         if status == "stopped":
             return f"stopped after {steps}" + (" (the script caught the stop and went on)" if state.get("caught_stop") else "")
         if status == "exited":
@@ -754,16 +662,18 @@ class Harness:
         return f"interrupted (Ctrl-C); {steps}"
 
     def _warnings(self, steps: list[StepRecord], status: str, marker: StepMarker | None,
-                  optimizer_steps: OptimizerStepProbe | None, state: dict) -> list[str]:
+                  backward_steps: BackwardStepProbe | None, recorder: StepRecorder, state: dict) -> list[str]:
         options = self.options
         out = []
         if not steps:
             if marker is not None:
                 out.append(f"no step was seen: --step-marker {marker.module}:{marker.qualname} "
                            f"{'was never called' if not marker.calls else 'returned only once'}")
-            elif optimizer_steps is not None and optimizer_steps.calls <= 1:
-                out.append("no step was seen: no torch.optim optimizer stepped more than once; "
-                           "for a loop without one, pass --step-marker MODULE:FUNCTION")
+            elif recorder.stepped.is_set():
+                out.append(f"no full step was seen: the script ended at its first step boundary "
+                           f"({recorder.source} step)")
+            elif backward_steps is not None:
+                out.append(no_step_hint(backward_steps.backwards))
         measured = sum(1 for s in steps if s.phase == "measured")
         wanted = options.steps
         if status == "completed" and wanted is not None and measured < wanted:

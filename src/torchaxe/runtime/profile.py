@@ -706,6 +706,10 @@ class Profile:
     host_rss_peak_bytes: int | None = None
     #: What an analysis found worth changing (trace import fills it), most important first.
     findings: list[ProfileFinding] = field(default_factory=list)
+    #: Where the step boundaries came from: ``optimizer`` (an optimizer's ``step()``),
+    #: ``backward`` (the backward pass after an update, for loops without an optimizer)
+    #: or ``marker`` (``--step-marker``); None without steps or for traces.
+    step_source: str | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -731,6 +735,7 @@ class Profile:
             "host_rss_peak_bytes": self.host_rss_peak_bytes,
             "summary": self.summary.to_dict(),
             "warnings": list(self.warnings),
+            "step_source": self.step_source,
             "findings": [f.to_dict() for f in self.findings],
             "steps": [s.to_dict() for s in self.steps],
             "host_syncs": [s.to_dict() for s in self.host_syncs],
@@ -766,6 +771,7 @@ class Profile:
             seconds=r.float("seconds", optional=True),
             host_rss_peak_bytes=r.int("host_rss_peak_bytes", optional=True),
             findings=r.list("findings", ProfileFinding.from_dict),
+            step_source=r.str("step_source", optional=True),
         )
 
 

@@ -28,7 +28,7 @@ Exit codes:
   3    the script raised an exception (its traceback is shown; the profile has status "error")
   4    the script called sys.exit with a non-zero code (status "exited")
   5    --timeout ran out (status "timeout")
-  6    the run ended without a single step (no optimizer step; try --step-marker)
+  6    the run ended without a single step, or none came within --first-step-timeout
   130  interrupted with Ctrl-C (status "interrupted")
 """
 
@@ -98,8 +98,13 @@ class ProfileGroup(click.Group):
                    "auto (default) picks what this machine has.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Stop the run after this many seconds (status timeout); the profile keeps what was measured.")
+@click.option("--first-step-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              metavar="SECONDS",
+              help="Stop the script when no step has ended this long after training started (the first module "
+                   "call, DataLoader batch or backward pass): exit code 6. 0 waits for the script's end.")
 @click.option("--step-marker", metavar="MODULE:FUNCTION",
-              help="End a step whenever this function returns, instead of at each optimizer step "
+              help="End a step whenever this function returns (its outermost call when it calls itself), "
+                   "instead of at each optimizer step or backward pass "
                    "(e.g. train:train_step, or __main__:train_step for a function of the script).")
 @click.option("--ops", is_flag=True,
               help="Also record an op-level breakdown with torch.profiler over --ops-steps steps after warmup "
@@ -113,7 +118,8 @@ class ProfileGroup(click.Group):
                    "output (a *_ascend_pt folder, its ASCEND_PROFILER_OUTPUT, trace_view.json, kernel_details.csv, "
                    "op_statistic.csv) into a Profile, with findings.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, cls=CommandArgument)
-def profile(steps, warmup, out, target, timeout, step_marker, ops, ops_steps, shapes, from_trace, command):
+def profile(steps, warmup, out, target, timeout, first_step_timeout, step_marker, ops, ops_steps, shapes, from_trace,
+            command):
     """Run a training script unmodified and measure its steps.
 
     The script runs in torchaxe's own interpreter, as `python SCRIPT ARGS` would run
@@ -150,6 +156,7 @@ def profile(steps, warmup, out, target, timeout, step_marker, ops, ops_steps, sh
         ops_steps=ops_steps,
         shapes=shapes,
         timeout=timeout,
+        first_step_timeout=first_step_timeout or None,
         step_marker=step_marker,
         target=target or find_config().get("target") or "auto",
     )

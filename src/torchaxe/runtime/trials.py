@@ -56,6 +56,8 @@ class TrialOptions:
     target: str = "auto"
     #: ``MODULE:FUNCTION`` that ends a step, for loops without a torch.optim optimizer.
     step_marker: str | None = None
+    #: Stop a run that shows no step this long after training started (None: never).
+    first_step_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -276,6 +278,8 @@ def bootstrap_argv(knobs_path: str, profile_path: str, command: Sequence[str], o
         argv += ["--timeout", repr(options.timeout)]
     if options.step_marker:
         argv += ["--step-marker", options.step_marker]
+    if options.first_step_timeout is not None:
+        argv += ["--first-step-timeout", repr(options.first_step_timeout)]
     return [*argv, "--", *command]
 
 
