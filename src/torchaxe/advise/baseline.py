@@ -85,7 +85,8 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
         # hold advise past its budget.
         timeout = options.timeout if options.timeout is not None else options.budget
         trial = TrialOptions(repeats=1, steps=options.steps or DEFAULT_STEPS, warmup=options.warmup,
-                             timeout=timeout, target=target, step_marker=options.step_marker)
+                             timeout=timeout, target=target, step_marker=options.step_marker,
+                             first_step_timeout=options.first_step_timeout)
         argv = bootstrap_argv(str(knobs), str(out), command, trial)
         cut = argv.index("--")
         guard = Path(tmp) / "writes"
@@ -126,10 +127,15 @@ def check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:
             raise TorchaxeError(
                 f"the script ended after {seen} training step(s); advise needs --warmup {options.warmup} + --steps "
                 f"{options.steps or DEFAULT_STEPS}: lower them, or make the script run longer")
-        raise TorchaxeError(
-            "no training step was detected (no optimizer.step() was seen): give the function that does one step "
-            "with --step-marker MODULE:FUNCTION (e.g. --step-marker __main__:train_step for a train_step function "
-            "in the script itself)")
+        # The harness says why (no optimizer, gradients never cleared, a marker never called).
+        seen = next((w for w in profile.get("warnings") or [] if w.startswith("no step was seen: ")), None)
+        reason = seen.partition(": ")[2] if seen else (
+            "no optimizer.step() and no backward pass after an update were seen; if one call of a function of "
+            "yours is one training step, pass --step-marker MODULE:FUNCTION naming it")
+        within = ""
+        if profile.get("status") == "stopped" and options.first_step_timeout:
+            within = f" within {options.first_step_timeout:g} s of the start of training (--first-step-timeout)"
+        raise TorchaxeError(f"no training step was detected{within}: {reason}")
 
 
 def plot_data(profile: dict[str, Any]) -> dict[str, Any]:

@@ -59,7 +59,10 @@ def parse_duration(text: str) -> float:
 @click.option("--no-installed", is_flag=True, help="Scan only the script's folder, not the installed packages "
               "the run imported.")
 @click.option("--step-marker", default=None, metavar="MODULE:FUNCTION",
-              help="End a step whenever this function returns (when the script has no optimizer.step()).")
+              help="End a step whenever this function returns, instead of at each optimizer step or backward pass.")
+@click.option("--first-step-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              metavar="SECONDS",
+              help="Give up when the first run shows no step this long after training started. 0: no limit.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
               help="Per-run limit (default: 10x the first run, at least 120 s).")
 @click.option("--skip", multiple=True, metavar="KEY",
@@ -68,7 +71,7 @@ def parse_duration(text: str) -> float:
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, check_accuracy, no_installed, step_marker,
-           timeout, skip, quiet, command):
+           first_step_timeout, timeout, skip, quiet, command):
     """Find, measure and rank everything that would make a training script faster.
 
     Profiles a few steps of the unchanged script, scans its folder and the installed
@@ -92,7 +95,8 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
 
     options = AdviseOptions(target=target, budget=parse_duration(budget), repeats=repeats, steps=steps,
                             warmup=warmup, check_accuracy=check_accuracy, scan_installed=not no_installed,
-                            step_marker=step_marker, timeout=timeout, skip=tuple(skip))
+                            step_marker=step_marker, first_step_timeout=first_step_timeout or None, timeout=timeout,
+                            skip=tuple(skip))
     for option, path in (("--out", out), ("--html", html_out), ("--save", save)):
         if path and not Path(path).resolve().parent.is_dir():
             raise TorchaxeError(f"{option} {path}: folder does not exist")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.harness import DEFAULT_FIRST_STEP_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class AdviseOptions:
     step_marker: str | None = None
     #: Per-run limit; default from the budget.
     timeout: float | None = None
+    #: The profiled run stops when no step has ended this long after training started
+    #: (None: it waits for the script's end, within the budget).
+    first_step_timeout: float | None = DEFAULT_FIRST_STEP_TIMEOUT
     #: Candidates whose key starts with one of these are not tried (``--skip knob:compile``).
     skip: tuple[str, ...] = ()
 

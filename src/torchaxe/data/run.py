@@ -95,13 +95,13 @@ def analyse(argv: list[str], options: DataOptions | None = None,
     from torchaxe.data.sampling import sample_loader
     from torchaxe.data.tuning import cores_for_this_rank
     from torchaxe.runtime.command import parse_command
-    from torchaxe.runtime.harness import Harness, HarnessOptions, exit_code_for
+    from torchaxe.runtime.harness import DEFAULT_FIRST_STEP_TIMEOUT, Harness, HarnessOptions, exit_code_for
     from torchaxe.runtime.probes import CodeMap
 
     options = options or DataOptions()
     script = parse_command(argv)
     harness_options = HarnessOptions(steps=options.steps, warmup=options.warmup, timeout=options.timeout,
-                                     target=options.target)
+                                     target=options.target, first_step_timeout=DEFAULT_FIRST_STEP_TIMEOUT)
     codes = CodeMap()
     loaders = LoaderProbe(codes=codes)
     copies = CopyProbe()

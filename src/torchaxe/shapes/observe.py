@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.harness import DEFAULT_FIRST_STEP_TIMEOUT
 from torchaxe.runtime.profile import Profile
 from torchaxe.shapes.recorder import DataDependentSite, LoaderInfo, OpTally
 
@@ -32,11 +33,12 @@ class Observation:
 
 
 def observe(command: list[str], steps: int = 20, timeout: float | None = None, step_marker: str | None = None,
-            target: str = "auto") -> Observation:
+            target: str = "auto", first_step_timeout: float | None = DEFAULT_FIRST_STEP_TIMEOUT) -> Observation:
     """Run ``command`` (``python train.py ARGS``) in this process for ``steps`` steps
     with every shape recorded. Raises :class:`NoStepsError` (with the
     ``--step-marker`` hint) when no step was seen, and TorchaxeError when the
-    script fails before its first step."""
+    script fails before its first step. A script that shows no step
+    ``first_step_timeout`` seconds after training started is stopped there."""
     from torchaxe.runtime.command import parse_command
     from torchaxe.runtime.harness import HarnessOptions
     from torchaxe.runtime.probes import CodeMap
@@ -44,7 +46,7 @@ def observe(command: list[str], steps: int = 20, timeout: float | None = None, s
 
     script = parse_command(command)
     options = HarnessOptions(steps=steps, warmup=0, shapes=True, timeout=timeout, step_marker=step_marker,
-                             target=target)
+                             target=target, first_step_timeout=first_step_timeout)
     codes = CodeMap()
     recorder = make_op_recorder(codes)
     loaders = LoaderProbe(codes, recorder)
@@ -67,8 +69,10 @@ def observe(command: list[str], steps: int = 20, timeout: float | None = None, s
         if profile.status == "exited" and profile.exit_code:
             raise TorchaxeError(f"the script called sys.exit({profile.exit_code}) before its first step")
         hint = profile.warnings[0] if profile.warnings else "no step was seen"
+        if profile.status == "stopped":  # the first-step timeout
+            hint = f"{profile.detail}; {hint}"
         if "--step-marker" not in hint:
-            hint += "; for a loop without a torch.optim optimizer, pass --step-marker MODULE:FUNCTION"
+            hint += "; if one call of a function of yours is one training step, pass --step-marker MODULE:FUNCTION"
         raise NoStepsError(f"{hint} (shapes are recorded per training step)")
     # Training's operators; an inference-only script has only the others.
     ops = recorder.ops or recorder.eval_ops

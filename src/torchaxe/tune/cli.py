@@ -90,7 +90,7 @@ def tune(budget, kb_path, depth, whole_model, strategies, steps, repeats, min_ga
 
 def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None, err: TextIO):
     """Watch the script's first steps, capture its model, tune it."""
-    from torchaxe.runtime.harness import Harness, HarnessOptions
+    from torchaxe.runtime.harness import DEFAULT_FIRST_STEP_TIMEOUT, Harness, HarnessOptions
     from torchaxe.tune.capture import CallRecorder
     from torchaxe.runtime.first_model import FirstModel
     from torchaxe.tune.tuner import tune_subgraphs
@@ -105,7 +105,8 @@ def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None,
     try:
         # The script's own prints are chatter: stdout is for the report.
         with contextlib.redirect_stdout(err):
-            profile = Harness(HarnessOptions(steps=steps, warmup=0, timeout=timeout, target=options.target)).run(script)
+            profile = Harness(HarnessOptions(steps=steps, warmup=0, timeout=timeout, target=options.target,
+                                             first_step_timeout=DEFAULT_FIRST_STEP_TIMEOUT)).run(script)
     finally:
         finder.uninstall()
         if "recorder" in holder:
