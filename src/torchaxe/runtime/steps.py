@@ -210,7 +210,8 @@ class BackwardStepProbe:
             if grad is None:
                 leaf.grad = None
             else:
-                leaf.grad = weakref.ref(grad)
+                if leaf.grad is None or leaf.grad() is not grad:
+                    leaf.grad = weakref.ref(grad)
                 leaf.version = grad._version
 
     def _walk(self, tensors: Any) -> None:
