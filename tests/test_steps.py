@@ -216,3 +216,10 @@ def test_advise_says_why_no_step_was_seen_and_the_first_step_timeout():
     message = caught.value.message
     assert message.startswith("no training step was detected within 120 s of the start of training")
     assert "no backward pass ran" in message and "--step-marker" in message and "train_step" not in message
+
+
+def test_a_single_boundary_is_no_step_and_says_so(tmp_path):
+    source = "import torch\nw = torch.zeros(2, requires_grad=True)\ntorch.optim.SGD([w], lr=0.1).step()\n"
+    profile = run_script(tmp_path, source, steps=2, warmup=0)
+    assert not profile.steps and exit_code_for(profile) == EXIT_NO_STEPS
+    assert profile.warnings[0].startswith("no step was seen: the script ended at its first step boundary (optimizer)")

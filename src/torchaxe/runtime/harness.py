@@ -670,8 +670,8 @@ class Harness:
                 out.append(f"no step was seen: --step-marker {marker.module}:{marker.qualname} "
                            f"{'was never called' if not marker.calls else 'returned only once'}")
             elif recorder.stepped.is_set():
-                out.append(f"no full step was seen: the script ended at its first step boundary "
-                           f"({recorder.source} step)")
+                out.append(f"no step was seen: the script ended at its first step boundary ({recorder.source}); "
+                           "a step lasts from one boundary to the next")
             elif backward_steps is not None:
                 out.append(no_step_hint(backward_steps.backwards))
         measured = sum(1 for s in steps if s.phase == "measured")
