@@ -117,6 +117,7 @@ def test_a_run_without_steps_is_stopped_after_the_first_step_timeout(capsys):
     assert exit_code_for(profile) == EXIT_NO_STEPS
     assert profile.detail == "stopped: no step within 1 s of the start of training (--first-step-timeout)"
     assert any("never cleared" in w for w in profile.warnings)
+    assert any("give a larger --first-step-timeout" in w for w in profile.warnings)
     # The stop is not a KeyboardInterrupt, which the script catches to go on.
     assert "exiting from training early" not in capsys.readouterr().out
 

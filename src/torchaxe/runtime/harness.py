@@ -674,6 +674,9 @@ class Harness:
                            "a step lasts from one boundary to the next")
             elif backward_steps is not None:
                 out.append(no_step_hint(backward_steps.backwards))
+            if state.get("first_step_timeout"):
+                out.append(f"if the first step takes longer than {options.first_step_timeout:g} s (a long compilation, "
+                           "many accumulated micro-batches), give a larger --first-step-timeout (0: no limit)")
         measured = sum(1 for s in steps if s.phase == "measured")
         wanted = options.steps
         if status == "completed" and wanted is not None and measured < wanted:
