@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 from torchaxe import __version__
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.command import ScriptCommand, check_module, run_command
-from torchaxe.runtime.profile import ErrorInfo, Profile, RunInfo, ShapeReport, StepRecord
+from torchaxe.runtime.profile import ErrorInfo, FlopCount, Profile, RunInfo, ShapeReport, StepRecord
 
 #: Exit codes of ``torchaxe profile``, by status (see docs/profile.md).
 EXIT_OK = 0
@@ -73,6 +73,9 @@ class HarnessOptions:
     grace: float | None = None
     step_marker: str | None = None
     target: str | None = "auto"
+    #: Count one step's FLOPs (on the last warm-up step) and measure the device's
+    #: peak, for model FLOPs utilisation (``runtime/flops.py``).
+    flops: bool = False
 
     def __post_init__(self) -> None:
         if self.steps is not None and self.steps < 1:
@@ -113,6 +116,7 @@ class HarnessOptions:
             "shapes": self.shapes,
             "timeout": self.timeout,
             "step_marker": self.step_marker,
+            "flops": self.flops,
         }
 
 
@@ -137,6 +141,7 @@ class StepRecorder:
         self.measured = 0
         self.stop_requested = False
         self.window: Any = None  # an OpWindow when --ops
+        self.flop_window: Any = None  # a FlopWindow when FLOPs are counted
         self.on_device_ready: Callable[[], None] = lambda: None
         self._device_ready = False
         self._start: float | None = None
@@ -196,6 +201,10 @@ class StepRecorder:
         if window is not None and not window.started and self.options.phase(index) == "ops":
             window.start()
             now = self.clock()  # the profiler's start-up is not the step's time
+        flops = self.flop_window
+        if flops is not None and index == flops.step:
+            flops.start()
+            now = self.clock()
         self._start = now
         self._reset()
 
@@ -208,6 +217,8 @@ class StepRecorder:
             return
         index = len(self.steps) + 1
         phase = self.options.phase(index)
+        if self.flop_window is not None and self.flop_window.active:
+            self.flop_window.stop()
         memory = None
         if self._device_ready:
             memory = self.backend.peak_memory_bytes()
@@ -550,6 +561,43 @@ def _close_process_group() -> None:
         pass
 
 
+def flop_count(window: Any, backend: Any, warmup: int) -> FlopCount:
+    """The counted FLOPs, the device's name and its two peaks for the run's dtype."""
+    from torchaxe.backends.peaks import table_peak
+    from torchaxe.runtime.flops import float32_uses_tf32, measure_peak
+
+    if window is None:
+        return FlopCount(note="FLOPs are counted on the last warm-up step, and this run has none (--warmup 0)")
+    if window.flops is None:
+        note = window.error or f"step {window.step} never ended, so its FLOPs were not counted"
+        return FlopCount(note=note)
+    dtype = window.dtype or "float32"
+    name = None
+    try:
+        name = backend.device_name() if backend.is_initialized() else None
+    except Exception:  # a runtime that cannot name its device: the table peak is unknown
+        name = None
+    tf32 = dtype == "float32" and float32_uses_tf32(backend.name)
+    peak = table_peak(name, dtype, tf32)
+    measured = measure_peak(backend.name, dtype, backend.synchronize) if window.flops else None
+    notes = []
+    if peak is None:
+        notes.append(f"no published peak for {name or 'this device'} in {dtype}: only the measured peak applies")
+    if not window.flops:
+        notes.append("the counted step ran no operation with a FLOP formula (matrix products, convolutions, "
+                     "attention)")
+    return FlopCount(
+        flops_per_step=window.flops,
+        counted_step=window.step,
+        dtype=dtype,
+        device_name=name,
+        peak_flops_per_second_table=peak.flops_per_second if peak else None,
+        peak_table_source=peak.source if peak else None,
+        peak_flops_per_second_measured=measured,
+        note="; ".join(notes) or None,
+    )
+
+
 def exit_code_for(profile: Profile) -> int:
     """What ``torchaxe profile`` exits with for a profile (docs/profile.md)."""
     status = profile.status
@@ -612,6 +660,10 @@ class Harness:
             from torchaxe.runtime.opstats import OpWindow
 
             recorder.window = OpWindow(backend.profiler_activities(), record_shapes=options.shapes)
+        if options.flops:
+            from torchaxe.runtime.flops import FlopWindow
+
+            recorder.flop_window = FlopWindow(options.warmup) if options.warmup >= 1 else None
         marker = StepMarker.parse(options.step_marker) if options.step_marker else None
         optimizer_steps = None if marker else OptimizerStepProbe(recorder)
         probes: list[Any] = [DataWaitProbe(recorder, clock, batch_shapes), BackwardProbe(recorder, clock), syncs,
@@ -664,8 +716,12 @@ class Harness:
                 if watchdog is not None:
                     watchdog.finish()
         finally:
+            if recorder.flop_window is not None:
+                recorder.flop_window.stop()  # the script ended inside the counted step
             for probe in reversed(installed):
                 probe.uninstall()
+        if options.flops:
+            state["flops"] = flop_count(recorder.flop_window, backend, options.warmup)
         if watchdog is not None and watchdog.fired and state["status"] != "stopped":
             state["status"] = "timeout"
         elif recorder.stop_requested and state["status"] not in ("stopped", "interrupted"):
@@ -730,6 +786,7 @@ class Harness:
             warnings=warnings,
             seconds=self.clock() - recorder.origin,
             host_rss_peak_bytes=memory.peak_rss_bytes(),
+            flops=state.get("flops"),
         )
         profile.detail = self._detail(profile, command, state)
         return profile
