@@ -138,6 +138,7 @@ def test_the_profile_counts_the_last_warmup_step_and_writes_the_figures(tmp_path
     summary = profile.summary
     assert summary.achieved_flops_per_second == pytest.approx(flops.flops_per_step / summary.step_seconds_median)
     assert 0 < summary.mfu_measured < 2 and summary.mfu_table is None
+    assert summary.activation_bytes_estimate == 4 * (16 * 32 + 16 * 64)  # x and the ReLU's output
     data = json.loads(profile.to_json())
     assert data["summary"]["flops_per_step"] == flops.flops_per_step
     assert set(data["summary"]) >= {"achieved_flops_per_second", "peak_flops_per_second_table",
@@ -169,3 +170,23 @@ def test_profile_cli_leads_with_mfu(tmp_path):
     first = next(i for i, line in enumerate(lines) if line.startswith("torchaxe profile:"))
     assert lines[first + 1].strip().startswith("MFU table peak unknown, ") and "% of measured peak" in lines[first + 1]
     assert json.loads(out.read_text())["summary"]["mfu_measured"] > 0
+
+
+def test_activations_saved_for_backward_are_estimated_without_the_parameters():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    x = torch.randn(32, 64)
+    window = FlopWindow(step=1)
+    window.start()
+    model(x).sum().backward()
+    window.stop()
+    # Saved: the input x (32x64), the first layer's output through the ReLU (32x128),
+    # float32. The weights the products also save are parameters, not activations.
+    assert window.activation_bytes == 4 * (32 * 64 + 32 * 128)
+    with torch.no_grad():
+        idle = FlopWindow(step=1)
+        idle.start()
+        model(x)
+        idle.stop()
+    assert idle.activation_bytes == 0

@@ -74,7 +74,10 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
     traced = run.source != "harness"
     device = bytes_text(s.peak_device_memory_bytes) if s.peak_device_memory_bytes is not None else f"n/a on {run.target}"
     if not traced:
-        out.write(f"  memory      host RSS peak {bytes_text(s.host_rss_peak_bytes)}; device peak {device}\n")
+        activations = ""
+        if s.activation_bytes_estimate is not None:
+            activations = f"; activations saved for backward {bytes_text(s.activation_bytes_estimate)} a step"
+        out.write(f"  memory      host RSS peak {bytes_text(s.host_rss_peak_bytes)}; device peak {device}{activations}\n")
     ops = [o for o in profile.ops if o.kind == "op"]
     if ops:
         window = profile.ops_steps

@@ -79,8 +79,41 @@ def _dtype_tally_mode(registry: dict[Any, Callable[..., int]]):
     return DtypeTally()
 
 
+class SavedActivations:
+    """The bytes of the tensors autograd saves for backward while it is entered
+    (``torch.autograd.graph.saved_tensors_hooks``): an estimate of activation memory.
+    Each storage counts once; parameters (and views of them) are not activations."""
+
+    def __init__(self) -> None:
+        self.storages: dict[int, int] = {}
+        self._hooks: Any = None
+
+    def _pack(self, tensor: Any) -> Any:
+        base = tensor._base if tensor._base is not None else tensor
+        if not (base.is_leaf and base.requires_grad):
+            try:
+                storage = tensor.untyped_storage()
+                self.storages[storage.data_ptr()] = storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
+                pass
+        return tensor
+
+    def start(self) -> None:
+        import torch
+
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+        self._hooks.__enter__()
+
+    def stop(self) -> int:
+        if self._hooks is not None:
+            self._hooks.__exit__(None, None, None)
+            self._hooks = None
+        return sum(self.storages.values())
+
+
 class FlopWindow:
-    """Counts the FLOPs of step ``step`` (1-based) of the run.
+    """Counts the FLOPs of step ``step`` (1-based) of the run, and the bytes of the
+    activations autograd saved in it.
 
     ``start`` and ``stop`` are called at that step's boundaries by the step recorder.
     A failure to count (a script running its own dispatch mode in a way the counter
@@ -91,9 +124,11 @@ class FlopWindow:
         self.step = step
         self.flops: int | None = None
         self.by_dtype: dict[str, int] = {}
+        self.activation_bytes: int | None = None
         self.error: str | None = None
         self._counter: Any = None
         self._tally: Any = None
+        self._saved: SavedActivations | None = None
 
     @property
     def active(self) -> bool:
@@ -117,12 +152,23 @@ class FlopWindow:
             self._tally = tally
         except Exception:  # the dtype split is a nicety; the total still counts
             self._tally = None
+        try:
+            saved = SavedActivations()
+            saved.start()
+            self._saved = saved
+        except Exception:  # no estimate of activations; the FLOPs still count
+            self._saved = None
 
     def stop(self) -> None:
-        counter, tally = self._counter, self._tally
+        counter, tally, saved = self._counter, self._tally, self._saved
         if counter is None:
             return
-        self._counter = self._tally = None
+        self._counter = self._tally = self._saved = None
+        if saved is not None:
+            try:
+                self.activation_bytes = saved.stop()
+            except Exception:
+                self.activation_bytes = None
         try:
             if tally is not None:
                 tally.__exit__(None, None, None)

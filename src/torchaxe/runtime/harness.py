@@ -594,6 +594,7 @@ def flop_count(window: Any, backend: Any, warmup: int) -> FlopCount:
         peak_flops_per_second_table=peak.flops_per_second if peak else None,
         peak_table_source=peak.source if peak else None,
         peak_flops_per_second_measured=measured,
+        activation_bytes=window.activation_bytes,
         note="; ".join(notes) or None,
     )
 

@@ -547,6 +547,9 @@ class FlopCount:
     peak_table_source: str | None = None
     #: The best FLOP/s of square matrix products in that dtype on this device.
     peak_flops_per_second_measured: float | None = None
+    #: Bytes of the tensors autograd saved for backward in the counted step (each
+    #: storage once, parameters left out): an estimate of activation memory.
+    activation_bytes: int | None = None
     #: Why a figure is missing, for the reader.
     note: str | None = None
 
@@ -564,6 +567,7 @@ class FlopCount:
             peak_flops_per_second_table=r.float("peak_flops_per_second_table", optional=True),
             peak_table_source=r.str("peak_table_source", optional=True),
             peak_flops_per_second_measured=r.float("peak_flops_per_second_measured", optional=True),
+            activation_bytes=r.int("activation_bytes", optional=True),
             note=r.str("note", optional=True),
         )
 
@@ -677,6 +681,8 @@ class Summary:
     #: Model FLOPs utilisation: achieved over each peak.
     mfu_table: float | None = None
     mfu_measured: float | None = None
+    #: Activation memory of one step, estimated from what autograd saved for backward.
+    activation_bytes_estimate: int | None = None
 
     @classmethod
     def of(cls, steps: list[StepRecord], host_rss_peak_bytes: int | None = None,
@@ -729,6 +735,7 @@ class Summary:
             peak_flops_per_second_measured=probe,
             mfu_table=achieved / table if achieved and table else None,
             mfu_measured=achieved / probe if achieved and probe else None,
+            activation_bytes_estimate=flops.activation_bytes if flops is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
