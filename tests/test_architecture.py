@@ -27,6 +27,7 @@ LAYERS = {
     "torchaxe.precision": 3,
     "torchaxe.environment": 3,
     "torchaxe.compare": 3,
+    "torchaxe.memory": 3,
     "torchaxe.runtime": 2,
     "torchaxe.kb": 2,
     "torchaxe.findings": 1,
