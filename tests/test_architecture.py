@@ -26,6 +26,8 @@ LAYERS = {
     "torchaxe.data": 3,
     "torchaxe.precision": 3,
     "torchaxe.environment": 3,
+    "torchaxe.compare": 3,
+    "torchaxe.memory": 3,
     "torchaxe.runtime": 2,
     "torchaxe.kb": 2,
     "torchaxe.findings": 1,

@@ -50,6 +50,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
                "Find, measure and rank everything that would make a training script faster."),
     "apply": ("torchaxe.advise.cli:apply", "Apply the changes `torchaxe advise` chose: code fixes and runtime knobs."),
     "run": ("torchaxe.advise.cli:run", "Run a training script to its end with the knobs from torchaxe.toml applied."),
+    "compare": ("torchaxe.compare.cli:compare", "Compare two runs: where each spent its step time, and what changed."),
 }
 
 

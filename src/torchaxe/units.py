@@ -24,3 +24,33 @@ def duration(seconds: float | None, digits: int | None = None, *, missing: str =
     if seconds >= 0.01:
         return f"{seconds * 1e3:.1f} ms"
     return f"{seconds * 1e3:.2f} ms"
+
+
+def flop_rate(flops_per_second: float | None, *, missing: str = "n/a") -> str:
+    """FLOP/s as text with a decimal prefix: ``85.3 GFLOP/s``, ``412 TFLOP/s``."""
+    return _decimal(flops_per_second, "FLOP/s", missing)
+
+
+def flop_count(flops: float | None, *, missing: str = "n/a") -> str:
+    """A number of floating-point operations: ``3.42 GFLOP``."""
+    return _decimal(flops, "FLOP", missing)
+
+
+def _decimal(value: float | None, unit: str, missing: str) -> str:
+    if value is None or math.isnan(value):
+        return missing
+    for prefix, size in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= size:
+            scaled = value / size
+            return f"{scaled:.3g} {prefix}{unit}" if scaled < 100 else f"{scaled:.0f} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def mfu_sentence(table: float | None, measured: float | None) -> str | None:
+    """``MFU 41.2% of table peak, 63.0% of measured peak`` (either part may be
+    missing: ``table peak unknown``); None when neither is known."""
+    if table is None and measured is None:
+        return None
+    first = f"{100 * table:.1f}% of table peak" if table is not None else "table peak unknown"
+    second = f"{100 * measured:.1f}% of measured peak" if measured is not None else "measured peak unknown"
+    return f"MFU {first}, {second}"

@@ -90,7 +90,7 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
         argv = bootstrap_argv(str(knobs), str(out), command, trial)
         cut = argv.index("--")
         guard = Path(tmp) / "writes"
-        argv = [*argv[:cut], "--ops", "--shapes", "--context-out", str(ctx), "--protect-writes", str(guard),
+        argv = [*argv[:cut], "--ops", "--shapes", "--flops", "--context-out", str(ctx), "--protect-writes", str(guard),
                 *argv[cut:]]
         started = time.perf_counter()
         try:

@@ -52,6 +52,12 @@ class Backend(ABC):
         undoes it; ``None`` where the runtime cannot do it."""
         return None
 
+    def device_name(self) -> str | None:
+        """The name of the device this process computes on, as its runtime reports
+        it (the peak FLOP/s table in :mod:`torchaxe.backends.peaks` is keyed by it);
+        ``None`` where it cannot be read. Only called once the device is in use."""
+        return None
+
     def device_module(self):
         """The torch namespace of this device's runtime (``torch.cuda``,
         ``torch.npu``), for streams and events (``Stream``, ``current_stream``,

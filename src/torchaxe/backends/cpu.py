@@ -14,3 +14,15 @@ class CpuBackend(Backend):
 
     def synchronize(self) -> None:
         return None
+
+    def device_name(self) -> str | None:
+        import platform
+
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as lines:
+                for line in lines:
+                    if line.startswith("model name"):
+                        return line.partition(":")[2].strip() or None
+        except OSError:
+            pass
+        return platform.processor() or None

@@ -44,6 +44,11 @@ class CudaBackend(Backend):
         torch.cuda.set_sync_debug_mode("warn")
         return lambda: torch.cuda.set_sync_debug_mode(previous)
 
+    def device_name(self) -> str | None:
+        import torch
+
+        return str(torch.cuda.get_device_name(torch.cuda.current_device()))
+
     def device_module(self):
         import torch
 

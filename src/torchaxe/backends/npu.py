@@ -59,6 +59,14 @@ class NpuBackend(Backend):
     # Device-side op times on the NPU come from torch_npu.profiler output, read by
     # trace import; torch.profiler here records the host side only.
 
+    def device_name(self) -> str | None:
+        # torch.npu.get_device_name(device=None), as torch.cuda's: e.g. "Ascend910B2".
+        # Unverified on Ascend hardware.
+        _torch_npu()
+        import torch
+
+        return str(torch.npu.get_device_name())
+
     def device_module(self):
         # torch_npu registers torch.npu, which mirrors torch.cuda's stream API
         # (Stream, current_stream, stream, Event). Unverified on Ascend hardware.

@@ -10,7 +10,7 @@ from typing import TextIO
 
 from torchaxe.runtime.merge import MergeReport
 from torchaxe.runtime.profile import Profile
-from torchaxe.units import duration
+from torchaxe.units import duration, flop_count, flop_rate, mfu_sentence
 
 #: Lines of host-sync sites and of ops shown in the summary.
 TOP_SYNCS = 3
@@ -50,6 +50,7 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
     run = profile.run
     who = f" [rank {run.rank}/{run.world_size}]" if run.rank is not None and (run.world_size or 0) > 1 else ""
     out.write(f"torchaxe profile{who}: {profile.status}: {profile.detail}\n")
+    _write_mfu(profile, out)
     counts = {}
     for step in profile.steps:
         counts[step.phase] = counts.get(step.phase, 0) + 1
@@ -73,7 +74,10 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
     traced = run.source != "harness"
     device = bytes_text(s.peak_device_memory_bytes) if s.peak_device_memory_bytes is not None else f"n/a on {run.target}"
     if not traced:
-        out.write(f"  memory      host RSS peak {bytes_text(s.host_rss_peak_bytes)}; device peak {device}\n")
+        activations = ""
+        if s.activation_bytes_estimate is not None:
+            activations = f"; activations saved for backward {bytes_text(s.activation_bytes_estimate)} a step"
+        out.write(f"  memory      host RSS peak {bytes_text(s.host_rss_peak_bytes)}; device peak {device}{activations}\n")
     ops = [o for o in profile.ops if o.kind == "op"]
     if ops:
         window = profile.ops_steps
@@ -118,6 +122,24 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
         out.write(f"  warning: {warning}\n")
     if path:
         out.write(f"  profile written to {path}\n")
+
+
+def _write_mfu(profile: Profile, out: TextIO) -> None:
+    """The MFU line first, then how it was reached: FLOPs per step, achieved, peaks."""
+    flops, s = profile.flops, profile.summary
+    if flops is None:
+        return
+    sentence = mfu_sentence(s.mfu_table, s.mfu_measured)
+    if sentence is not None:
+        out.write(f"  {sentence}\n")
+    if flops.flops_per_step:
+        device = f" on {flops.device_name}" if flops.device_name else ""
+        out.write(f"  flops       {flop_count(flops.flops_per_step)} per step ({flops.dtype}, counted on step "
+                  f"{flops.counted_step}); achieved {flop_rate(s.achieved_flops_per_second)}; peak{device}: "
+                  f"table {flop_rate(flops.peak_flops_per_second_table, missing='unknown')}, "
+                  f"measured {flop_rate(flops.peak_flops_per_second_measured)}\n")
+    if flops.note:
+        out.write(f"  flops note  {flops.note}\n")
 
 
 def _short(name: str, width: int) -> str:

@@ -72,6 +72,7 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--ops", action="store_true")
     parser.add_argument("--shapes", action="store_true")
     parser.add_argument("--step-marker", default=None)
+    parser.add_argument("--flops", action="store_true", help="count one step's FLOPs and measure the peak (MFU)")
     parser.add_argument("--protect-writes", default=None, metavar="DIR",
                         help="keep copies of the files the run writes in DIR, for runtime/protect.py's restore")
     parser.add_argument("--quiet", action="store_true",
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             WriteGuard(args.protect_writes, guard_roots(script.folder)).install().watch_torch_save()
         options = HarnessOptions(steps=args.steps, warmup=args.warmup, timeout=args.timeout, target=args.target,
                                  ops=args.ops, shapes=args.shapes, step_marker=args.step_marker,
-                                 first_step_timeout=args.first_step_timeout)
+                                 first_step_timeout=args.first_step_timeout, flops=args.flops)
         out = args.out or tempfile.mkstemp(prefix="torchaxe-trial-", suffix=".json")[1]
         if args.context_out:
             from torchaxe.runtime.run_context import ModelProbe

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 from torchaxe import __version__
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.command import ScriptCommand, check_module, run_command
-from torchaxe.runtime.profile import ErrorInfo, Profile, RunInfo, ShapeReport, StepRecord
+from torchaxe.runtime.profile import ErrorInfo, FlopCount, Profile, RunInfo, ShapeReport, StepRecord
 from torchaxe.runtime.steps import BackwardStepProbe, OptimizerStepProbe, StepMarker
 
 #: Exit codes of ``torchaxe profile``, by status (see docs/profile.md).
@@ -80,6 +80,9 @@ class HarnessOptions:
     #: Stop the script when no step has ended this many seconds after the first sign
     #: of training (None: wait for the end of the script).
     first_step_timeout: float | None = None
+    #: Count one step's FLOPs (on the last warm-up step) and measure the device's
+    #: peak, for model FLOPs utilisation (``runtime/flops.py``).
+    flops: bool = False
 
     def __post_init__(self) -> None:
         if self.steps is not None and self.steps < 1:
@@ -123,6 +126,7 @@ class HarnessOptions:
             "timeout": self.timeout,
             "step_marker": self.step_marker,
             "first_step_timeout": self.first_step_timeout,
+            "flops": self.flops,
         }
 
 
@@ -152,6 +156,7 @@ class StepRecorder:
         self.source: str | None = None
         self.training = threading.Event()
         self.stepped = threading.Event()
+        self.flop_window: Any = None  # a FlopWindow when FLOPs are counted
         self.on_device_ready: Callable[[], None] = lambda: None
         self._device_ready = False
         self._start: float | None = None
@@ -212,6 +217,10 @@ class StepRecorder:
         if window is not None and not window.started and self.options.phase(index) == "ops":
             window.start()
             now = self.clock()  # the profiler's start-up is not the step's time
+        flops = self.flop_window
+        if flops is not None and index == flops.step:
+            flops.start()
+            now = self.clock()
         self._start = now
         self._reset()
 
@@ -229,6 +238,8 @@ class StepRecorder:
             return
         index = len(self.steps) + 1
         phase = self.options.phase(index)
+        if self.flop_window is not None and self.flop_window.active:
+            self.flop_window.stop()
         memory = None
         if self._device_ready:
             memory = self.backend.peak_memory_bytes()
@@ -444,6 +455,42 @@ def no_step_hint(backwards: int) -> str:
         seen = "no torch.optim optimizer stepped and no backward pass ran"
     return (f"no step was seen: {seen}; if one call of a function of yours is one training step, pass "
             "--step-marker MODULE:FUNCTION naming it")
+def flop_count(window: Any, backend: Any, warmup: int) -> FlopCount:
+    """The counted FLOPs, the device's name and its two peaks for the run's dtype."""
+    from torchaxe.backends.peaks import table_peak
+    from torchaxe.runtime.flops import float32_uses_tf32, measure_peak
+
+    if window is None:
+        return FlopCount(note="FLOPs are counted on the last warm-up step, and this run has none (--warmup 0)")
+    if window.flops is None:
+        note = window.error or f"step {window.step} never ended, so its FLOPs were not counted"
+        return FlopCount(note=note)
+    dtype = window.dtype or "float32"
+    name = None
+    try:
+        name = backend.device_name() if backend.is_initialized() else None
+    except Exception:  # a runtime that cannot name its device: the table peak is unknown
+        name = None
+    tf32 = dtype == "float32" and float32_uses_tf32(backend.name)
+    peak = table_peak(name, dtype, tf32)
+    measured = measure_peak(backend.name, dtype, backend.synchronize) if window.flops else None
+    notes = []
+    if peak is None:
+        notes.append(f"no published peak for {name or 'this device'} in {dtype}: only the measured peak applies")
+    if not window.flops:
+        notes.append("the counted step ran no operation with a FLOP formula (matrix products, convolutions, "
+                     "attention)")
+    return FlopCount(
+        flops_per_step=window.flops,
+        counted_step=window.step,
+        dtype=dtype,
+        device_name=name,
+        peak_flops_per_second_table=peak.flops_per_second if peak else None,
+        peak_table_source=peak.source if peak else None,
+        peak_flops_per_second_measured=measured,
+        activation_bytes=window.activation_bytes,
+        note="; ".join(notes) or None,
+    )
 
 
 def exit_code_for(profile: Profile) -> int:
@@ -508,6 +555,10 @@ class Harness:
             from torchaxe.runtime.opstats import OpWindow
 
             recorder.window = OpWindow(backend.profiler_activities(), record_shapes=options.shapes)
+        if options.flops:
+            from torchaxe.runtime.flops import FlopWindow
+
+            recorder.flop_window = FlopWindow(options.warmup) if options.warmup >= 1 else None
         marker = StepMarker.parse(options.step_marker) if options.step_marker else None
         # Step sources: the marker alone when given; else the optimizer, with the
         # backward pass as the fallback (wrapped outside BackwardProbe's timing).
@@ -565,8 +616,12 @@ class Harness:
                 if watchdog is not None:
                     watchdog.finish()
         finally:
+            if recorder.flop_window is not None:
+                recorder.flop_window.stop()  # the script ended inside the counted step
             for probe in reversed(installed):
                 probe.uninstall()
+        if options.flops:
+            state["flops"] = flop_count(recorder.flop_window, backend, options.warmup)
         if watchdog is not None and watchdog.fired == "first-step":
             state["first_step_timeout"] = True
         if watchdog is not None and watchdog.fired == "timeout" and state["status"] != "stopped":
@@ -634,6 +689,7 @@ class Harness:
             seconds=self.clock() - recorder.origin,
             host_rss_peak_bytes=memory.peak_rss_bytes(),
             step_source=recorder.source if steps else None,
+            flops=state.get("flops"),
         )
         profile.detail = self._detail(profile, command, state)
         return profile

@@ -531,6 +531,48 @@ class ProfileFinding:
 
 
 @dataclass
+class FlopCount:
+    """The FLOPs of one step of the run and the peaks they are measured against
+    (``runtime/flops.py``): model FLOPs utilisation is achieved FLOP/s over a peak."""
+
+    #: FLOPs of one step (forward and backward), counted on step ``counted_step``.
+    flops_per_step: int | None = None
+    counted_step: int | None = None
+    #: The dtype that carried most of the FLOPs (``float32``, ``bfloat16``...).
+    dtype: str | None = None
+    #: The device as its runtime names it (a CPU's model name).
+    device_name: str | None = None
+    #: The published peak for the device and dtype (``backends/peaks.py``); null when unknown.
+    peak_flops_per_second_table: float | None = None
+    peak_table_source: str | None = None
+    #: The best FLOP/s of square matrix products in that dtype on this device.
+    peak_flops_per_second_measured: float | None = None
+    #: Bytes of the tensors autograd saved for backward in the counted step (each
+    #: storage once, parameters left out): an estimate of activation memory.
+    activation_bytes: int | None = None
+    #: Why a figure is missing, for the reader.
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "flops") -> "FlopCount":
+        r = _Reader(data, where)
+        return cls(
+            flops_per_step=r.int("flops_per_step", optional=True),
+            counted_step=r.int("counted_step", optional=True, minimum=1),
+            dtype=r.str("dtype", optional=True),
+            device_name=r.str("device_name", optional=True),
+            peak_flops_per_second_table=r.float("peak_flops_per_second_table", optional=True),
+            peak_table_source=r.str("peak_table_source", optional=True),
+            peak_flops_per_second_measured=r.float("peak_flops_per_second_measured", optional=True),
+            activation_bytes=r.int("activation_bytes", optional=True),
+            note=r.str("note", optional=True),
+        )
+
+
+@dataclass
 class RunInfo:
     """What was run, where, and with which settings."""
 
@@ -629,9 +671,22 @@ class Summary:
     gc_fraction: float | None
     peak_device_memory_bytes: int | None
     host_rss_peak_bytes: int | None
+    #: FLOPs of one step, and FLOPs per step over the median step time.
+    flops_per_step: int | None = None
+    achieved_flops_per_second: float | None = None
+    #: The device's published peak for the run's dtype (null when the table lacks it),
+    #: and the peak a matrix-product probe reached on it.
+    peak_flops_per_second_table: float | None = None
+    peak_flops_per_second_measured: float | None = None
+    #: Model FLOPs utilisation: achieved over each peak.
+    mfu_table: float | None = None
+    mfu_measured: float | None = None
+    #: Activation memory of one step, estimated from what autograd saved for backward.
+    activation_bytes_estimate: int | None = None
 
     @classmethod
-    def of(cls, steps: list[StepRecord], host_rss_peak_bytes: int | None = None) -> "Summary":
+    def of(cls, steps: list[StepRecord], host_rss_peak_bytes: int | None = None,
+           flops: "FlopCount | None" = None) -> "Summary":
         measured = [s for s in steps if s.phase == "measured"]
         seconds = Samples.of(s.seconds for s in measured)
         waits = Samples.of(s.data_wait_seconds for s in measured)
@@ -650,6 +705,10 @@ class Summary:
         rss = [s.host_rss_bytes for s in steps if s.host_rss_bytes is not None]
         if host_rss_peak_bytes is not None:
             rss.append(host_rss_peak_bytes)
+        count = flops.flops_per_step if flops is not None else None
+        achieved = count / seconds.median if count and seconds.median else None
+        table = flops.peak_flops_per_second_table if flops is not None else None
+        probe = flops.peak_flops_per_second_measured if flops is not None else None
         return cls(
             steps_total=len(steps),
             steps_measured=len(measured),
@@ -670,6 +729,13 @@ class Summary:
             gc_fraction=fraction(gcs),
             peak_device_memory_bytes=max(memories) if memories else None,
             host_rss_peak_bytes=max(rss) if rss else None,
+            flops_per_step=count,
+            achieved_flops_per_second=achieved,
+            peak_flops_per_second_table=table,
+            peak_flops_per_second_measured=probe,
+            mfu_table=achieved / table if achieved and table else None,
+            mfu_measured=achieved / probe if achieved and probe else None,
+            activation_bytes_estimate=flops.activation_bytes if flops is not None else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -710,6 +776,8 @@ class Profile:
     #: ``backward`` (the backward pass after an update, for loops without an optimizer)
     #: or ``marker`` (``--step-marker``); None without steps or for traces.
     step_source: str | None = None
+    #: FLOPs per step and the device's peaks (null when not counted).
+    flops: FlopCount | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -717,7 +785,7 @@ class Profile:
 
     @property
     def summary(self) -> Summary:
-        return Summary.of(self.steps, self.host_rss_peak_bytes)
+        return Summary.of(self.steps, self.host_rss_peak_bytes, self.flops)
 
     @property
     def measured_steps(self) -> list[StepRecord]:
@@ -742,6 +810,7 @@ class Profile:
             "ops_steps": list(self.ops_steps),
             "ops": [o.to_dict() for o in self.ops],
             "shapes": self.shapes.to_dict() if self.shapes else None,
+            "flops": self.flops.to_dict() if self.flops else None,
         }
 
     def to_json(self) -> str:
@@ -772,6 +841,7 @@ class Profile:
             host_rss_peak_bytes=r.int("host_rss_peak_bytes", optional=True),
             findings=r.list("findings", ProfileFinding.from_dict),
             step_source=r.str("step_source", optional=True),
+            flops=r.object("flops", FlopCount.from_dict),
         )
 
 

@@ -117,16 +117,19 @@ class ProfileGroup(click.Group):
               help="Do not run anything: read a torch.profiler Chrome trace (.json, .json.gz) or torch_npu.profiler "
                    "output (a *_ascend_pt folder, its ASCEND_PROFILER_OUTPUT, trace_view.json, kernel_details.csv, "
                    "op_statistic.csv) into a Profile, with findings.")
+@click.option("--flops/--no-flops", default=True, show_default=True,
+              help="Count one step's FLOPs (on the last warm-up step, which it slows) and measure the device's "
+                   "peak with a half-second matrix-product probe after the run, for model FLOPs utilisation.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, cls=CommandArgument)
-def profile(steps, warmup, out, target, timeout, first_step_timeout, step_marker, ops, ops_steps, shapes, from_trace,
-            command):
+def profile(steps, warmup, out, target, timeout, first_step_timeout, step_marker, ops, ops_steps, shapes, flops,
+            from_trace, command):
     """Run a training script unmodified and measure its steps.
 
     The script runs in torchaxe's own interpreter, as `python SCRIPT ARGS` would run
     it, with probes installed first: each step's wall time (the device synchronised
     at step boundaries only), time blocked waiting for the DataLoader, host-device
     syncs with the line that made them, garbage-collection time, peak device memory
-    and host RSS. After --warmup + --steps steps the script is stopped and a Profile
+    and host RSS, and the FLOPs of one step against the device's peak (MFU). After --warmup + --steps steps the script is stopped and a Profile
     (JSON, schema torchaxe.profile/1, see docs/profile.md) is written to --out; a
     summary goes to stderr.
 
@@ -159,6 +162,7 @@ def profile(steps, warmup, out, target, timeout, first_step_timeout, step_marker
         first_step_timeout=first_step_timeout or None,
         step_marker=step_marker,
         target=target or find_config().get("target") or "auto",
+        flops=flops,
     )
     rank, _, world = distributed_identity()
     path = writable_path(rank_path(out, rank, world), "--out", shown=str(out))

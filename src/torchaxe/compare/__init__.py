@@ -1,0 +1,1 @@
+"""``torchaxe compare``: two runs (profiles or traces) side by side."""
