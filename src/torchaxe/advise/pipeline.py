@@ -164,7 +164,7 @@ class Advisor:
                 applies="code", location=f"{f.path}:{f.line}", status="advice", detail=f.message, rules=[f.code],
                 files=[f.path]))
         candidates = codes + knob_candidates(self.target, base.profile, settings) + env_candidates
-        advice.notes.extend(script_speedups(settings))
+        advice.notes.extend(script_speedups(settings, self.target))
         static = bool((advice.profile or {}).get("static_shapes"))
         candidates += stored_candidates(self.command, static, advice.notes)
         candidates = self._against_run_knobs(candidates)
