@@ -53,7 +53,8 @@ def _fix_accuracy(findings: Sequence[Finding]) -> Accuracy:
                         detail="largest difference of the replacement from the hand-written form on random probes")
     if not unsafe:
         return Accuracy(kind="exact", detail="the fix keeps the numerics")
-    return Accuracy(kind="unknown", detail="numerics may change (unsafe fix); use --check-accuracy to measure the loss")
+    return Accuracy(kind="unknown", detail="numerics may change (unsafe fix); the training loss is compared with "
+                    "the original's")
 
 
 def code_candidates(findings: Iterable[Finding], profile: dict[str, Any], step_seconds: float | None,
