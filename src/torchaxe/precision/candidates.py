@@ -11,7 +11,7 @@ from typing import Any
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
 
 #: On a CPU without them bfloat16 runs emulated: on an AVX2 machine, small models'
-#: steps ran 7 to 14 times slower under bf16 autocast than in float32.
+#: steps ran 7 to 19 times slower under bf16 autocast than in float32.
 NO_BFLOAT16 = ("bfloat16 autocast was not tried: this CPU has no native bfloat16 instructions (no avx512_bf16 "
                "or amx_bf16 flag in /proc/cpuinfo), so bfloat16 matmuls run emulated, many times slower than "
                "float32; `torchaxe trial` with {\"autocast\": {\"dtype\": \"bfloat16\"}} measures it all the same")

@@ -25,8 +25,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     if base.get("loss_tolerance") is not None:
         noise = base.get("loss_noise")
         console.print(f"  loss noise         {'not recorded' if noise is None else f'{noise:.2%}'} (the "
-                      f"original's runs' mean training loss); a change that alters the numerics must stay within "
-                      f"it plus {base['loss_tolerance']:.1%} to be chosen")
+                      f"original's runs); changes to the numerics are chosen within it + {base['loss_tolerance']:.1%}")
     if advice.partial:
         console.print("  [yellow]partial advice:[/yellow] not everything planned was measured (see the notes below)")
     ranked = advice.ranked()
