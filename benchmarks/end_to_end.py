@@ -77,7 +77,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--args", default="", help="extra arguments for examples/gpt/train.py")
     parser.add_argument("--check-accuracy", action="store_true",
-                        help="pass --check-accuracy to advise (lets it choose mixed precision, its loss measured)")
+                        help="pass --check-accuracy to advise (its default now: each change's loss is compared)")
     parser.add_argument("--pruned", action="store_true",
                         help="exhaustive over the candidates whose own ratio was below 1 only")
     parser.add_argument("--max-combinations", type=int, default=64)

@@ -95,6 +95,8 @@ def test_only_names_a_recommendation(script: Path, tmp_path: Path) -> None:  # n
     advice = load_advice(advice_file(script, tmp_path))
     result = apply_advice(advice, keys=["knob:autocast-bf16"])
     assert result.knobs == {"autocast": {"dtype": "bfloat16"}}
+    # advise held it back for its loss (5.4% off): applied as asked, with a warning.
+    assert result.held_back == ["knob:autocast-bf16 (loss +5.40%)"]
     assert "torch.tanh" in script.read_text()
     with pytest.raises(TorchaxeError, match="no such recommendation"):
         apply_advice(advice, keys=["knob:nope"])

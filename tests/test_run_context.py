@@ -49,6 +49,10 @@ def test_a_plain_script_neither_compiles_nor_autocasts(tmp_path: Path) -> None:
     settings = run_context_of(tmp_path, compile=False, autocast=False)
     assert settings["compiled_graphs"] == 0
     assert settings["autocast"] is None
+    # Whether this CPU has bfloat16 instructions, for the precision candidates.
+    from torchaxe.backends.cpu import native_bfloat16
+
+    assert settings["cpu_bfloat16"] is native_bfloat16()
 
 
 def test_the_scripts_own_compile_and_autocast_are_seen(tmp_path: Path) -> None:
@@ -63,9 +67,9 @@ def test_what_the_script_does_itself_is_not_tried_again(target: str) -> None:
     assert "knob:compile" in plain and "knob:autocast-bf16" in plain
     own = {c.key for c in knob_candidates(target, {}, {"compiled_graphs": 3, "autocast": "bfloat16"})}
     assert not any(k.startswith(("knob:compile", "knob:autocast")) for k in own)
-    notes = script_speedups({"compiled_graphs": 3, "autocast": "bfloat16"})
+    notes = script_speedups({"compiled_graphs": 3, "autocast": "bfloat16"}, "cpu")
     assert "compiles its model itself (3 graph(s)" in notes[0] and "autocast (bfloat16)" in notes[1]
-    assert script_speedups({"compiled_graphs": 0}) == []
+    assert script_speedups({"compiled_graphs": 0}, "cpu") == []
 
 
 @pytest.mark.parametrize("steps", ["2", "all"])

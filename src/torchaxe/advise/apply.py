@@ -157,6 +157,13 @@ class ApplyResult:
     diffs: list[str] = field(default_factory=list)
     #: Named with --only although advise measured them slower than the original.
     slower: list[str] = field(default_factory=list)
+    #: Named with --only although advise held them back for their training loss.
+    held_back: list[str] = field(default_factory=list)
+
+
+def _loss_change(rec: dict[str, Any]) -> str:
+    delta = (rec.get("accuracy") or {}).get("loss_delta")
+    return f"{rec['key']} (loss {delta:+.2%})" if isinstance(delta, (int, float)) else str(rec["key"])
 
 
 def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence[str] = (),
@@ -181,6 +188,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     result = ApplyResult()
     result.slower = [f"{r['key']} ({r['speedup']:.2f}x)" for r in chosen
                      if r.get("status") == "measured" and isinstance(r.get("speedup"), (int, float)) and r["speedup"] < 1]
+    result.held_back = [_loss_change(r) for r in chosen if r.get("held_back")]
     codes: list[str] = []
     for r in chosen:
         if r.get("applies") != "code" or r.get("status") == "advice":

@@ -53,7 +53,8 @@ def _fix_accuracy(findings: Sequence[Finding]) -> Accuracy:
                         detail="largest difference of the replacement from the hand-written form on random probes")
     if not unsafe:
         return Accuracy(kind="exact", detail="the fix keeps the numerics")
-    return Accuracy(kind="unknown", detail="numerics may change (unsafe fix); use --check-accuracy to measure the loss")
+    return Accuracy(kind="unknown", detail="numerics may change (unsafe fix); the training loss is compared with "
+                    "the original's")
 
 
 def code_candidates(findings: Iterable[Finding], profile: dict[str, Any], step_seconds: float | None,
@@ -124,10 +125,11 @@ def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, An
     return [c for propose in RUN_CANDIDATES for c in propose(profile, target, settings)]
 
 
-def script_speedups(settings: dict[str, Any]) -> list[str]:
-    """Notes on the speed-ups the run showed the script making itself, whose knob
-    candidates are therefore left out."""
-    return shapes_own_speedups(settings) + precision_own_speedups(settings)
+def script_speedups(settings: dict[str, Any], target: str) -> list[str]:
+    """Notes on the speed-ups the run showed the script making itself, or that this
+    machine cannot make (bfloat16 on a CPU without it), whose knob candidates are
+    therefore left out."""
+    return shapes_own_speedups(settings) + precision_own_speedups(settings, target)
 
 
 def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes: list[str]) -> list[Candidate]:

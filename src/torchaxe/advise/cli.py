@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from torchaxe.advise.stats import LOSS_TOLERANCE
 from torchaxe.backends import TARGET_CHOICES
 from torchaxe.console import CONTEXT, progress_printer
 from torchaxe.errors import TorchaxeError
@@ -30,6 +31,21 @@ def parse_duration(text: str) -> float:
     if seconds <= 0:
         raise TorchaxeError(f"--budget {text!r}: must be more than zero")
     return seconds
+
+
+def parse_fraction(text: str, option: str) -> float:
+    """``2%`` or ``0.02`` -> 0.02: a fraction from 0 up to (not including) 1."""
+    raw = text.strip()
+    percent = raw.endswith("%")
+    try:
+        value = float(raw[:-1] if percent else raw)
+    except ValueError:
+        raise TorchaxeError(f"{option} {text!r}: expected a fraction such as 0.02 or a percentage such as 2%") \
+            from None
+    value = value / 100 if percent else value
+    if not 0.0 <= value < 1.0:
+        raise TorchaxeError(f"{option} {text!r}: must be from 0 up to 1 (0.02), or a percentage below 100% (2%)")
+    return value
 
 
 @click.command("advise", context_settings=CONTEXT)
@@ -53,9 +69,15 @@ def parse_duration(text: str) -> float:
 @click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True,
               help="Steps discarded at the start of every run: torch.compile compiles at the first step and "
                    "keeps compiling in the background for several more.")
-@click.option("--check-accuracy", is_flag=True,
-              help="Record the loss of every step and compare each change's losses with the original's "
-                   "(same seed), next to the run-to-run noise.")
+@click.option("--check-accuracy/--no-check-accuracy", default=True, show_default=True,
+              help="Record the training loss of every run (no extra run, no device sync per step) and compare "
+                   "the mean loss of each change that may alter the numerics (mixed precision, compile, unsafe "
+                   "fixes) with the original's. --no-check-accuracy records nothing: mixed precision and TF32 are "
+                   "then measured but never chosen.")
+@click.option("--loss-tolerance", default=f"{LOSS_TOLERANCE:.0%}", show_default=True, metavar="FRACTION",
+              help="A change whose mean training loss differs from the original's by more than the run-to-run "
+                   "loss noise plus this (2% or 0.02) is never chosen: it is listed with its speed and loss "
+                   "difference for you to decide (`torchaxe apply --only KEY`).")
 @click.option("--no-installed", is_flag=True, help="Scan only the script's folder, not the installed packages "
               "the run imported.")
 @click.option("--step-marker", default=None, metavar="MODULE:FUNCTION",
@@ -70,8 +92,8 @@ def parse_duration(text: str) -> float:
                    "Repeatable.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, check_accuracy, no_installed, step_marker,
-           first_step_timeout, timeout, skip, quiet, command):
+def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, check_accuracy, loss_tolerance,
+           no_installed, step_marker, first_step_timeout, timeout, skip, quiet, command):
     """Find, measure and rank everything that would make a training script faster.
 
     Profiles a few steps of the unchanged script, scans its folder and the installed
@@ -80,13 +102,15 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
     mixed precision, DataLoader settings, environment variables -- interleaved with
     the original, within --budget. Recommendations are ranked by measured time saved
     per step, each with its accuracy cost; the clearly faster ones are measured
-    together. Nothing of yours is changed: `torchaxe apply` does that.
+    together. A change that may alter the numerics is chosen only when its mean
+    training loss is within the run-to-run loss noise plus --loss-tolerance (2%) of
+    the original's. Nothing of yours is changed: `torchaxe apply` does that.
 
     \b
     Examples:
       torchaxe advise -- python train.py --lr 3e-4
       torchaxe advise --budget 3m --html report.html -- python train.py
-      torchaxe advise --check-accuracy -- python -m mypkg.train
+      torchaxe advise --loss-tolerance 0.5% -- python -m mypkg.train
     \b
     Exit codes: 0 advice made (partial advice too), 2 usage error or a script that fails.
     """
@@ -94,9 +118,10 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
     from torchaxe.atomic import write_text_atomic
 
     options = AdviseOptions(target=target, budget=parse_duration(budget), repeats=repeats, steps=steps,
-                            warmup=warmup, check_accuracy=check_accuracy, scan_installed=not no_installed,
-                            step_marker=step_marker, first_step_timeout=first_step_timeout or None, timeout=timeout,
-                            skip=tuple(skip))
+                            warmup=warmup, check_accuracy=check_accuracy,
+                            loss_tolerance=parse_fraction(loss_tolerance, "--loss-tolerance"),
+                            scan_installed=not no_installed, step_marker=step_marker,
+                            first_step_timeout=first_step_timeout or None, timeout=timeout, skip=tuple(skip))
     for option, path in (("--out", out), ("--html", html_out), ("--save", save)):
         if path and not Path(path).resolve().parent.is_dir():
             raise TorchaxeError(f"{option} {path}: folder does not exist")
@@ -176,6 +201,9 @@ def apply(advice_path, unsafe_fixes, keys, diff):
     if result.slower:
         click.echo(f"torchaxe apply: warning: advise measured these slower than the original: "
                    f"{', '.join(result.slower)}", err=True)
+    if result.held_back:
+        click.echo(f"torchaxe apply: warning: advise held these back, their training loss beyond the run-to-run "
+                   f"noise plus the tolerance: {', '.join(result.held_back)}", err=True)
     if result.skipped_unsafe:
         click.echo(f"torchaxe apply: left out (unsafe, add --unsafe-fixes): {', '.join(result.skipped_unsafe)}",
                    err=True)

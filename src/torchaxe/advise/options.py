@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchaxe.advise.stats import LOSS_TOLERANCE
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.harness import DEFAULT_FIRST_STEP_TIMEOUT
 
@@ -16,7 +17,10 @@ class AdviseOptions:
     #: Measured steps per trial run; ``None``: chosen from the profiled step time.
     steps: int | None = None
     warmup: int = 10
-    check_accuracy: bool = False
+    #: Record the training loss of every run; a change that may alter the numerics is
+    #: chosen only when its loss is within ``loss_tolerance`` beyond the noise.
+    check_accuracy: bool = True
+    loss_tolerance: float = LOSS_TOLERANCE
     #: Also scan the installed packages the run imported.
     scan_installed: bool = True
     step_marker: str | None = None
@@ -33,5 +37,8 @@ class AdviseOptions:
             raise TorchaxeError(f"--budget {self.budget:g}: must be a positive duration")
         if self.repeats < 1:
             raise TorchaxeError(f"--repeats {self.repeats}: must be at least 1")
+        if not 0.0 <= self.loss_tolerance < 1.0:
+            raise TorchaxeError(f"--loss-tolerance {self.loss_tolerance:g}: must be a fraction of the loss, "
+                                "from 0 up to 1 (0.02 is 2%)")
         if self.steps is not None and self.steps < 1:
             raise TorchaxeError(f"--steps {self.steps}: must be at least 1")

@@ -39,7 +39,8 @@ from torchaxe.advise.measure import ArmResult, Measurer
 from torchaxe.advise.options import AdviseOptions
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import ChangeSearch
-from torchaxe.advise.stats import DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta, measured_figures, promising
+from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta, loss_noise, measured_figures,
+                                   promising)
 from torchaxe.environment.checks import environment_checks
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.knobs import knob_set_from_dict
@@ -164,7 +165,7 @@ class Advisor:
                 applies="code", location=f"{f.path}:{f.line}", status="advice", detail=f.message, rules=[f.code],
                 files=[f.path]))
         candidates = codes + knob_candidates(self.target, base.profile, settings) + env_candidates
-        advice.notes.extend(script_speedups(settings))
+        advice.notes.extend(script_speedups(settings, self.target))
         static = bool((advice.profile or {}).get("static_shapes"))
         candidates += stored_candidates(self.command, static, advice.notes)
         candidates = self._against_run_knobs(candidates)
@@ -291,6 +292,7 @@ class Advisor:
             # Extra rounds keep room for the combined run (2 arms) and one refining
             # comparison on top of it (the original, the chosen set, the small changes).
             complete = self._more_rounds(measurer, base_arm, noise_arm, results, reserve=5 * repeats)
+        self._set_loss_noise(base_arm, noise_arm)
         if not complete:
             advice.partial = True
             advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer rounds")
@@ -308,9 +310,11 @@ class Advisor:
                 f"{min(short)} step(s) each after the warm-up; give it more steps (its own --steps, --epochs or "
                 f"--max-iters argument) for steadier figures")
         for (c, _), arm in zip(arms, results):
-            self._record(c.rec, arm, base_arm)
+            self._record(c.rec, arm, base_arm, noise_arm)
+        self._accuracy_notes([c.rec for c, _ in arms])
         search = ChangeSearch(measurer, self.noise, advice.notes, arms=self.arms, findings=findings, original=original,
                               repeats=repeats, check_accuracy=self.options.check_accuracy,
+                              loss_tolerance=self.options.loss_tolerance,
                               run_seconds=self.run_seconds, progress=self.progress)
         try:
             search.run([c for c, _ in arms])
@@ -325,6 +329,15 @@ class Advisor:
             self.noise = Noise(max(abs(1.0 - r) for r in noise_arm.ratios), list(noise_arm.ratios))
             self.advice.baseline["run_to_run_noise"] = self.noise.spread
             self.advice.baseline["aa_ratios"] = [round(r, 4) for r in noise_arm.ratios]
+
+    def _set_loss_noise(self, base_arm: ArmResult, noise_arm: ArmResult) -> None:
+        """How far apart the original's runs (its own and the A/A arm's) landed in
+        training loss, when it was recorded."""
+        if not self.options.check_accuracy:
+            return
+        self.noise.loss = loss_noise(base_arm, noise_arm)
+        self.advice.baseline["loss_noise"] = self.noise.loss
+        self.advice.baseline["loss_tolerance"] = self.options.loss_tolerance
 
     def _more_rounds(self, measurer: Measurer, base: ArmResult, noise_arm: ArmResult, arms: list[ArmResult],
                      reserve: int) -> bool:
@@ -348,7 +361,7 @@ class Advisor:
         finally:
             self._set_noise(noise_arm)
 
-    def _record(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:
+    def _record(self, rec: Recommendation, arm: ArmResult, base: ArmResult, same: ArmResult) -> None:
         seconds = [r.seconds for r in arm.runs if r.seconds is not None]
         if seconds:
             self.run_seconds[rec.key] = statistics.median(seconds)
@@ -365,13 +378,44 @@ class Advisor:
         rec.speedup = 1.0 / ratio if ratio > 0 else None
         if base.median is not None:
             rec.measured_seconds_saved_per_step = base.median * (1.0 - ratio)
-        if self.options.check_accuracy:
-            delta, noise = loss_delta(arm, base)
-            if delta is not None:
-                acc = rec.accuracy
-                rec.accuracy = Accuracy(kind="loss" if acc.kind != "max_error" else "max_error",
-                                        max_error=acc.max_error, loss_delta=delta, loss_noise=noise,
-                                        detail="training loss over the measured steps, same seed")
+        if self.options.check_accuracy and rec.accuracy.changes_numerics:
+            self._compare_loss(rec, loss_delta(arm, base, same))
+
+    def _compare_loss(self, rec: Recommendation, delta: float | None) -> None:
+        """A change that may alter the numerics, its mean training loss against the
+        original's: within the noise plus the tolerance, or held back."""
+        acc = rec.accuracy
+        if delta is None:
+            return
+        rec.accuracy = Accuracy(kind="max_error" if acc.kind == "max_error" else "loss", max_error=acc.max_error,
+                                loss_delta=delta, loss_noise=self.noise.loss,
+                                loss_tolerance=self.options.loss_tolerance,
+                                detail="mean training loss over each run's steps, same seed, against the original's")
+        if rec.accuracy.beyond_tolerance:
+            noise = self.noise.loss or 0.0
+            rec.held_back = (f"its training loss differs from the original's by {delta:+.2%}, beyond the run-to-run "
+                             f"loss noise ({noise:.2%}) by more than the {self.options.loss_tolerance:.1%} tolerance "
+                             f"(--loss-tolerance): not chosen; `torchaxe apply --only {rec.key}` applies it")
+
+    def _accuracy_notes(self, recs: Sequence[Recommendation]) -> None:
+        """Say which changes were held back for their loss, with their cost, and which
+        ones that alter the numerics could not be judged (no loss recorded)."""
+        for rec in recs:
+            if rec.held_back and rec.status == "measured":
+                speed = f"{rec.speedup:.2f}x" if rec.speedup else "no faster"
+                self.advice.notes.append(f"{rec.key} ({speed}) is held back: {rec.held_back}")
+        if not self.options.check_accuracy:
+            precision = [r.key for r in recs if r.status == "measured" and r.axis == "precision"]
+            if precision:
+                self.advice.notes.append(f"the training loss was not compared (--no-check-accuracy): "
+                                         f"{', '.join(precision)} measured but not chosen")
+            return
+        unjudged = [r.key for r in recs if r.status == "measured" and r.accuracy.changes_numerics
+                    and r.accuracy.loss_delta is None]
+        if unjudged:
+            self.advice.notes.append(
+                "no training loss was recorded (no scalar tensor had backward() called on it), so the accuracy of "
+                f"{', '.join(unjudged)} is unknown: mixed precision and TF32 are not chosen without it")
 
 
 def advise(command: Sequence[str], options: AdviseOptions | None = None, **kwargs: Any) -> Advice:

@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 from torchaxe.advise.arms import ArmKnobs, merge_knobs
 from torchaxe.advise.candidates import Candidate
 from torchaxe.advise.measure import ArmResult, Measurer
-from torchaxe.advise.stats import MAX_ROUNDS, MIN_GAIN, Noise, clear_gain, measured_figures, paired_ratios, promising
+from torchaxe.advise.stats import (LOSS_TOLERANCE, MAX_ROUNDS, MIN_GAIN, Noise, clear_gain, loss_delta,
+                                   measured_figures, paired_ratios, promising)
 from torchaxe.runtime.knobs import KnobSet
 
 #: Changes tried one by one on top of the chosen ones (besides all of them at once).
@@ -31,6 +32,7 @@ class ChangeSearch:
 
     def __init__(self, measurer: Measurer, noise: Noise, notes: list[str], *, arms: ArmKnobs, findings,
                  original: KnobSet, repeats: int, check_accuracy: bool = False,
+                 loss_tolerance: float = LOSS_TOLERANCE,
                  run_seconds: dict[str, float] | None = None,
                  progress: Callable[[str], None] = lambda line: None) -> None:
         self.measurer = measurer
@@ -43,6 +45,9 @@ class ChangeSearch:
         self.original = original
         self.repeats = repeats
         self.check_accuracy = check_accuracy
+        #: How far apart the original's runs landed in training loss (None: not recorded).
+        self.loss_noise = noise.loss
+        self.loss_tolerance = loss_tolerance
         self.run_seconds = run_seconds or {}
         self.progress = progress
         #: The combined entry of the advice (None: nothing chosen yet).
@@ -114,7 +119,8 @@ class ChangeSearch:
         elif arm.ratio:
             entry.update(measured_figures(arm, base_arm))
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
-        if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN):
+        loss = self._loss_beyond(arm, base_arm)
+        if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN) and loss is None:
             self.combined = entry
             # The refining runs measure the same set again: its fixed files are reused.
             self._refine(chosen, candidates, replace(combined, name="chosen"))
@@ -128,6 +134,10 @@ class ChangeSearch:
         if not arm.ratio and not arm.error:
             self.notes.append(f"the chosen changes were not measured together (out of --budget): only "
                               f"{best.rec.key} is kept")
+        elif loss is not None:
+            self.notes.append(f"the {len(chosen)} chosen changes together changed the training loss by {loss:+.2%}, "
+                              f"beyond the run-to-run loss noise by more than the {self.loss_tolerance:.1%} "
+                              f"tolerance: only {best.rec.key} is kept")
         else:
             together = f"failed ({arm.error})" if arm.error else f"{1.0 / arm.ratio:.2f}x"
             self.notes.append(f"the {len(chosen)} chosen changes together measured {together}, less than "
@@ -135,6 +145,17 @@ class ChangeSearch:
         self.combined = {**alone(best), "together": {
             "keys": entry["keys"], "status": entry["status"], "speedup": entry.get("speedup"),
             "error": entry.get("error")}}
+
+    def _loss_beyond(self, arm: ArmResult, base: ArmResult) -> float | None:
+        """The difference of a set's training loss from the original's (same rounds)
+        when it lands beyond the run-to-run loss noise by more than the tolerance:
+        changes each within it can add up beyond it. None otherwise."""
+        if not self.check_accuracy:
+            return None
+        delta = loss_delta(arm, base)
+        if delta is None or abs(delta) <= (self.loss_noise or 0.0) + self.loss_tolerance:
+            return None
+        return delta
 
     def _chosen_run_seconds(self, chosen: Sequence[Candidate]) -> float:
         """How long one run making the chosen changes takes: as long as the slowest of
@@ -264,7 +285,7 @@ class ChangeSearch:
                     else f"together with {others}"
                 whose = "their" if chosen else "the original's"
                 c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + f"({where}: {share:.2f} of {whose} step time)"
-            if self._clear(paired) and (best is None or share < best[0]):
+            if self._clear(paired) and (best is None or share < best[0]) and self._loss_beyond(arm, base_arm) is None:
                 best = (share, v, arm, paired)
             if len(v) == 1 and share > 1.0 + max(MIN_GAIN, self.noise / 2):
                 hurting.append(v[0])
@@ -349,10 +370,12 @@ class ChangeSearch:
         return self.measurer.more_rounds(base, plan, "refining")
 
     def _may_choose(self, c: Candidate) -> bool:
-        """Lower precision is chosen only with its accuracy measured."""
+        """Lower precision is chosen only with its accuracy measured, and no change
+        whose training loss landed beyond the noise by more than the tolerance."""
         r = c.rec
-        return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision"
-                    and not self.check_accuracy)
+        if r.accuracy.beyond_tolerance:
+            return False
+        return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision")
 
 
 def alone(c: Candidate) -> dict[str, Any]:

@@ -25,6 +25,12 @@ FASTER_SHARE = 0.8
 #: effect (one-sided Mann-Whitney, exact) beats the noise even when a single A/A
 #: round strayed further than its gain.
 SIGNIFICANCE = 0.05
+#: A change that may alter the numerics is not chosen when its mean training loss
+#: differs from the original's by more than the run-to-run loss noise plus this
+#: fraction of the loss (``advise --loss-tolerance``). Mixed precision with the loss
+#: in float32 lands well within it; a loss computed in bfloat16 (5% off on a
+#: word-level language model) does not.
+LOSS_TOLERANCE = 0.02
 
 
 def rank_p_value(changed: Sequence[float], same: Sequence[float]) -> float:
@@ -82,10 +88,13 @@ def promising(ratios: Sequence[float]) -> bool:
 @dataclass
 class Noise:
     """How far runs of the unchanged script land from each other on this machine:
-    the A/A arm's per-round ratios, and the furthest of them from 1 (``spread``)."""
+    the A/A arm's per-round ratios, the furthest of them from 1 (``spread``), and how
+    far apart their training losses landed (``loss``, see :func:`loss_noise`; None
+    when not recorded)."""
 
     spread: float = 0.0
     same: list[float] = field(default_factory=list)
+    loss: float | None = None
 
     def beaten_by(self, ratios: Sequence[float]) -> bool:
         """Whether per-round ratios show a clear gain over this noise (clear_gain)."""
@@ -97,26 +106,50 @@ def paired_ratios(arm: ArmResult, against: Sequence[float]) -> list[float]:
     return [a / b for a, b in zip(arm.ratios, against)]
 
 
-def loss_delta(arm: ArmResult, base: ArmResult) -> tuple[float | None, float | None]:
-    """Largest relative difference of the per-step loss from the original's (same
-    seed, first run of each), and the same between two runs of the original."""
-    def rel(a: list[float], b: list[float]) -> float | None:
-        n = min(len(a), len(b))
-        if not n:
-            return None
-        return max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a[:n], b[:n]))
+def _common_steps(runs: Sequence[Sequence[float]]) -> int:
+    return min((len(r) for r in runs), default=0)
 
-    base_losses = base.losses
-    if not base_losses or not arm.losses:
-        return None, None
-    noise = rel(base_losses[1], base_losses[0]) if len(base_losses) > 1 else None
-    return rel(arm.losses[0], base_losses[0]), noise
+
+def _mean_losses(runs: Sequence[Sequence[float]], n: int) -> list[float]:
+    return [statistics.fmean(r[:n]) for r in runs]
+
+
+def loss_noise(*originals: ArmResult) -> float | None:
+    """How far apart the runs of the unchanged script landed in training loss: the
+    largest difference between two runs' mean loss (over the steps every run
+    recorded, same seed), relative to the mean of them all. 0.0 for a deterministic
+    run; None with fewer than two runs that recorded a loss."""
+    runs = [losses for arm in originals for losses in arm.losses if losses]
+    n = _common_steps(runs)
+    if len(runs) < 2 or not n:
+        return None
+    means = _mean_losses(runs, n)
+    return (max(means) - min(means)) / max(abs(statistics.fmean(means)), 1e-12)
+
+
+def loss_delta(arm: ArmResult, *originals: ArmResult) -> float | None:
+    """The relative difference of a change's mean training loss from the original's,
+    signed (above 0: higher loss): the loss of every run averaged over the steps that
+    all of them recorded (same seed, so the same batches), then over the runs of each
+    side. None when either side recorded no loss."""
+    changed = [losses for losses in arm.losses if losses]
+    same = [losses for o in originals for losses in o.losses if losses]
+    n = _common_steps(changed + same)
+    if not changed or not same or not n:
+        return None
+    reference = statistics.fmean(_mean_losses(same, n))
+    return (statistics.fmean(_mean_losses(changed, n)) - reference) / max(abs(reference), 1e-12)
 
 
 def measured_figures(arm: ArmResult, base: ArmResult) -> dict[str, Any]:
     """The figures of an arm measured against the original in the same rounds (its
-    ratio is known): speed-up, per-round ratios, time saved, both step medians."""
+    ratio is known): speed-up, per-round ratios, time saved, both step medians, and
+    the difference of its training loss when it was recorded."""
     ratio = arm.ratio or 1.0
-    return {"status": "measured", "speedup": 1.0 / ratio, "ratios": [round(r, 4) for r in arm.ratios],
-            "measured_seconds_saved_per_step": (base.median or 0.0) * (1.0 - ratio),
-            "step_seconds_median": arm.median, "original_step_seconds_median": base.median}
+    out = {"status": "measured", "speedup": 1.0 / ratio, "ratios": [round(r, 4) for r in arm.ratios],
+           "measured_seconds_saved_per_step": (base.median or 0.0) * (1.0 - ratio),
+           "step_seconds_median": arm.median, "original_step_seconds_median": base.median}
+    delta = loss_delta(arm, base)
+    if delta is not None:
+        out["loss_delta"] = delta
+    return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from torchaxe.backends.base import Backend
 
 
@@ -26,3 +28,26 @@ class CpuBackend(Backend):
         except OSError:
             pass
         return platform.processor() or None
+
+
+#: CPU flags (``/proc/cpuinfo``) of instructions that compute in bfloat16: x86's
+#: AVX512-BF16 and AMX-BF16, Arm's BF16 extension.
+BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def native_bfloat16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU computes in bfloat16 natively (True), or only by converting
+    to float32 and back, many times slower than float32 itself (False); None where
+    its flags cannot be read (no ``/proc/cpuinfo``)."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    flags: set[str] = set()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    if not flags:
+        return None
+    return bool(flags & BFLOAT16_FLAGS)

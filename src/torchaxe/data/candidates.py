@@ -19,7 +19,7 @@ from torchaxe.runtime.candidate import Accuracy, Candidate, Recommendation, knob
 #: their own random state (augmentation), and persistent workers stop drawing a base
 #: seed from the global generator each epoch (the shuffle order after the first).
 LOADER_ACCURACY = Accuracy(kind="data_order", detail="same computation per batch; with worker processes the "
-                           "shuffle order and random augmentation may differ; use --check-accuracy for the loss")
+                           "shuffle order and random augmentation may differ")
 #: Below this fraction of the step spent waiting for data, loader settings are not tried.
 MIN_WAIT_FRACTION = 0.05
 

@@ -22,6 +22,10 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     if base.get("run_to_run_noise") is not None:
         console.print(f"  run-to-run noise   {base['run_to_run_noise']:.1%} (the original against itself, "
                       "interleaved: a change must save more to be chosen)")
+    if base.get("loss_tolerance") is not None:
+        noise = base.get("loss_noise")
+        console.print(f"  loss noise         {'not recorded' if noise is None else f'{noise:.2%}'} (the "
+                      f"original's runs); changes to the numerics are chosen within it + {base['loss_tolerance']:.1%}")
     if advice.partial:
         console.print("  [yellow]partial advice:[/yellow] not everything planned was measured (see the notes below)")
     ranked = advice.ranked()
@@ -38,6 +42,8 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             saved = duration(rec.measured_seconds_saved_per_step, 2) if rec.status == "measured" else "-"
             speedup = f"{rec.speedup:.2f}x" if rec.speedup else "-"
             status = ("* " if rec.selected else "") + rec.status
+            if rec.held_back:
+                status += ", held back"
             if rec.status == "failed" and rec.error:
                 status += f": {rec.error[:80]}"
             kind = f"[{rec.applies}{', unsafe' if rec.unsafe else ''}] "
@@ -49,6 +55,9 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             console.print(f"  ... {len(ranked) - top} more in --format json or html")
         if any(r.selected for r in ranked):
             console.print("  * chosen: faster beyond the run-to-run noise; together below")
+        if any(r.held_back for r in ranked[:top]):
+            console.print("  held back: its training loss is beyond the noise plus the tolerance; not chosen, "
+                          "yours to decide (see the notes)")
     combined = advice.combined
     if combined:
         if combined.get("status") == "measured":

@@ -13,6 +13,10 @@ from typing import Any
 from torchaxe.findings import Finding
 
 
+#: The kinds of accuracy of a change that keeps the computation: its loss is not compared.
+SAME_COMPUTATION = ("exact", "data_order")
+
+
 @dataclass
 class Accuracy:
     """The accuracy cost of a change, as far as it was measured.
@@ -20,19 +24,37 @@ class Accuracy:
     ``kind``: ``exact`` (same numerics by construction), ``data_order`` (the same
     computation on each batch, but the batches' order or random augmentation may
     differ: worker processes seed their own random state), ``max_error`` (a replacement
-    checked on probes: its largest absolute difference), ``loss`` (the training loss
-    over the first steps from the same seed, before and after, with the run-to-run
-    noise of the unchanged script beside it), ``unknown`` (not measured)."""
+    checked on probes: its largest absolute difference), ``loss`` (the mean training
+    loss of the change's runs against the original's, same seed, with the run-to-run
+    noise of the unchanged script beside it), ``unknown`` (not measured).
+
+    ``loss_tolerance``: how far beyond that noise the loss may land for the change to
+    be chosen (``beyond_tolerance``)."""
 
     kind: str = "unknown"
     max_error: float | None = None
     loss_delta: float | None = None
     loss_noise: float | None = None
     detail: str = ""
+    loss_tolerance: float | None = None
+
+    @property
+    def changes_numerics(self) -> bool:
+        """Whether the change may compute other numbers (its loss is compared)."""
+        return self.kind not in SAME_COMPUTATION
+
+    @property
+    def beyond_tolerance(self) -> bool:
+        """The loss differs from the original's by more than the run-to-run noise
+        plus the tolerance: never chosen, shown with its cost for the user to decide."""
+        if self.loss_delta is None or self.loss_tolerance is None:
+            return False
+        return abs(self.loss_delta) > (self.loss_noise or 0.0) + self.loss_tolerance
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "max_error": self.max_error, "loss_delta": self.loss_delta,
-                "loss_noise": self.loss_noise, "detail": self.detail}
+                "loss_noise": self.loss_noise, "loss_tolerance": self.loss_tolerance,
+                "beyond_tolerance": self.beyond_tolerance, "detail": self.detail}
 
     @property
     def text(self) -> str:
@@ -46,9 +68,11 @@ class Accuracy:
         if self.loss_delta is not None:
             noise = f" (noise {self.loss_noise:.2%})" if self.loss_noise is not None else ""
             parts.append(f"loss {self.loss_delta:+.2%}{noise}")
+            if self.beyond_tolerance:
+                parts.append("beyond tolerance")
         if parts:
             return ", ".join(parts)
-        return "not measured (--check-accuracy)"
+        return "not measured"
 
 
 def exact() -> Accuracy:
@@ -88,6 +112,9 @@ class Recommendation:
     error: str | None = None
     #: Chosen for the combined run (and for ``torchaxe apply``).
     selected: bool = False
+    #: Why a change is not chosen for all that it may be faster (its loss beyond the
+    #: tolerance): the user decides, ``torchaxe apply --only KEY`` applies it.
+    held_back: str | None = None
 
     @property
     def distinguishable(self) -> bool:
@@ -102,6 +129,7 @@ class Recommendation:
             "speedup": self.speedup, "ratios": self.ratios, "accuracy": self.accuracy.to_dict(),
             "evidence": self.evidence, "detail": self.detail, "knobs": self.knobs, "rules": self.rules,
             "files": self.files, "unsafe": self.unsafe, "error": self.error, "selected": self.selected,
+            "held_back": self.held_back,
         }
 
 

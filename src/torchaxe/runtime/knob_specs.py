@@ -211,26 +211,30 @@ class TorchKnob(Knob):
 
 class LossRecorder:
     """Records the value of every scalar tensor ``backward()`` is called on (the
-    loss), by patching ``torch.Tensor.backward``. Reading it synchronises the device
-    once per step, so it is only installed when asked for (``observe.loss``)."""
+    loss), by patching ``torch.Tensor.backward``. A loss on a device is copied on the
+    device (no wait for it) and all of them are read back once, when the run's record
+    is taken after its last step, so recording adds no host-device sync to the steps
+    it measures. At most ``LIMIT`` values."""
 
     LIMIT = 10_000
 
     def __init__(self, applied: AppliedKnobs) -> None:
-        self.values: list[float] = []
+        #: Floats (host losses) or detached device copies, in the order of the calls.
+        self.kept: list[Any] = []
         self._original = None
-        applied.note("loss", self.values)
+        applied.note_later("loss", self.values)
 
     def install(self) -> None:
         import torch
 
         original = torch.Tensor.backward
         self._original = original
-        values = self.values
+        kept = self.kept
 
         def backward(tensor, *args, **kwargs):
-            if tensor.numel() == 1 and len(values) < self.LIMIT:
-                values.append(float(tensor.detach().float().cpu()))
+            if tensor.numel() == 1 and len(kept) < self.LIMIT:
+                value = tensor.detach().reshape(())
+                kept.append(float(value) if value.device.type == "cpu" else value.clone())
             return original(tensor, *args, **kwargs)
 
         torch.Tensor.backward = backward
@@ -242,10 +246,30 @@ class LossRecorder:
             torch.Tensor.backward = self._original
             self._original = None
 
+    def values(self) -> list[float]:
+        """Every loss recorded so far, as floats (one read of the device for all of
+        them); what is on a device that can no longer be read is left out."""
+        if all(isinstance(v, float) for v in self.kept):
+            return list(self.kept)
+        import torch
+
+        out: list[float] = []
+        try:
+            on_device = [v for v in self.kept if not isinstance(v, float)]
+            if len({v.device for v in on_device}) == 1:
+                read = iter(torch.stack([v.float() for v in on_device]).cpu().tolist())
+                return [v if isinstance(v, float) else next(read) for v in self.kept]
+            for v in self.kept:
+                out.append(v if isinstance(v, float) else float(v))
+        except (RuntimeError, NotImplementedError):  # the device failed with the run: what was read is kept
+            pass
+        return out
+
 
 class ObserveKnob(Knob):
     """``observe``: ``{"loss": true}`` records the training loss of every step (the
-    scalar ``backward()`` is called on): how ``advise --check-accuracy`` compares runs."""
+    scalar ``backward()`` is called on): how ``advise`` compares a change's loss with
+    the original's."""
 
     key = "observe"
     example = {"loss": True}
@@ -278,11 +302,44 @@ class AutocastKnobs:
         return {"dtype": self.dtype}
 
 
+def outputs_in_float32(value: Any, low: Any) -> Any:
+    """``value`` (a model's output: a tensor, or tuples, lists and dicts of them) with
+    every floating-point tensor of dtype ``low`` cast to float32. Tuples and lists
+    are rebuilt (a named tuple as its own type); a dict is updated in place, so that
+    an output class built on one (a ``ModelOutput``) keeps its type and attributes."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype == low else value
+    if isinstance(value, tuple):
+        items = [outputs_in_float32(v, low) for v in value]
+        if all(a is b for a, b in zip(items, value)):
+            return value
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, list):
+        return [outputs_in_float32(v, low) for v in value]
+    if isinstance(value, dict):
+        for key, item in list(value.items()):
+            cast = outputs_in_float32(item, low)
+            if cast is not item:
+                value[key] = cast
+        return value
+    return value
+
+
 class ModelAutocast(FirstModel):
     """Runs the model's forward under ``torch.autocast`` (mixed precision) without
     touching the script: "the model" is found as :class:`ModelCompiler` finds it, and
     its ``forward`` is wrapped on the instance at its first call. The autocast device
-    is the one its parameters live on."""
+    is the one its parameters live on.
+
+    The script computes its loss from the model's outputs after the forward, outside
+    the autocast region, where autocast's rule that losses and softmaxes run in
+    float32 no longer holds: a ``log_softmax`` and ``nll_loss`` on bfloat16 logits
+    would run in bfloat16. So the outputs autocast made in the lower precision leave
+    the region cast to float32 (:func:`outputs_in_float32`), and what the script
+    computes from them -- the loss -- runs in float32, as it would inside autocast.
+    The matmuls and convolutions of the forward keep the lower precision."""
 
     def __init__(self, dtype: str, applied: AppliedKnobs) -> None:
         super().__init__(self.wrap)
@@ -301,15 +358,17 @@ class ModelAutocast(FirstModel):
         @functools.wraps(forward)
         def autocast_forward(*args, **kwargs):
             with torch.autocast(device_type=device_type, dtype=dtype):
-                return forward(*args, **kwargs)
+                out = forward(*args, **kwargs)
+            return outputs_in_float32(out, dtype)
 
         module.forward = autocast_forward
         self.applied.note("autocast", {"module": type(module).__qualname__, "device_type": device_type,
-                                       "dtype": self.dtype})
+                                       "dtype": self.dtype, "outputs": "float32"})
 
 
 class AutocastKnob(Knob):
-    """``autocast``: ``{"dtype": "bfloat16"}`` runs the model's forward in mixed precision."""
+    """``autocast``: ``{"dtype": "bfloat16"}`` runs the model's forward in mixed
+    precision; its outputs are handed back in float32 (see :class:`ModelAutocast`)."""
 
     key = "autocast"
     example = {"dtype": "bfloat16"}

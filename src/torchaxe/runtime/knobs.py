@@ -32,7 +32,7 @@ import json
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 from torchaxe.errors import TorchaxeError
 
@@ -65,10 +65,22 @@ class AppliedKnobs:
     """What the bootstrap actually did, for the profile (tests and users check it)."""
 
     def __init__(self, knobs: "KnobSet") -> None:
-        self.record: dict[str, Any] = {"name": knobs.name, "requested": knobs.to_dict()}
+        self._record: dict[str, Any] = {"name": knobs.name, "requested": knobs.to_dict()}
+        self._later: dict[str, Callable[[], Any]] = {}
 
     def note(self, key: str, value: Any) -> None:
-        self.record[key] = value
+        self._record[key] = value
+
+    def note_later(self, key: str, read: Callable[[], Any]) -> None:
+        """``key`` is noted as ``read()`` when the record is taken, once the run has
+        stopped: for a value whose reading would stall the device while it runs."""
+        self._later[key] = read
+
+    @property
+    def record(self) -> dict[str, Any]:
+        for key, read in self._later.items():
+            self._record[key] = read()
+        return self._record
 
 
 class KnobSpec(Protocol):

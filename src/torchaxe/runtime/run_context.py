@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from torchaxe.atomic import write_text_atomic
+from torchaxe.backends.cpu import native_bfloat16
 
 SCHEMA = "torchaxe.run-context/1"
 
@@ -125,6 +126,8 @@ def settings() -> dict[str, Any]:
         "gc_enabled": gc.isenabled(),
         "gc_threshold": list(gc.get_threshold()),
         "cpu_count": os.cpu_count(),
+        # Whether bfloat16 autocast can pay off on this CPU (backends/cpu.py).
+        "cpu_bfloat16": native_bfloat16(),
     }
     if hasattr(os, "sched_getaffinity"):
         out["allowed_cpus"] = len(os.sched_getaffinity(0))

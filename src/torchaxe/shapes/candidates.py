@@ -16,8 +16,8 @@ from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
 from torchaxe.shapes.buckets import optimal_boundaries
 
 #: Compiled kernels can sum in another order than eager ones.
-COMPILE_ACCURACY_DETAIL = ("compiled kernels may reorder floating-point sums; use --check-accuracy to measure "
-                           "the loss")
+COMPILE_ACCURACY_DETAIL = ("compiled kernels may reorder floating-point sums; the training loss is compared "
+                           "with the original's")
 
 
 def compile_knob(*, mode: str | None = None, dynamic: bool | None = None, backend: str | None = None) -> dict[str, Any]:
@@ -108,7 +108,7 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
                 f"(torchaxe.shapes.BucketingCollate, dim {bucketing['dim']}: {bucketing['boundaries']})",
                 {**compile_knob(mode="default"), "bucketing": bucketing}, group="compile", accuracy=Accuracy(
                     kind="unknown", detail="padding changes results unless the script masks it; "
-                    "use --check-accuracy"), priority=1.9,
+                    "the training loss is compared with the original's"), priority=1.9,
                 detail="few distinct shapes: each compiles once, then every batch reuses one of them"))
         out.append(knob_candidate(
             "knob:compile", "compile", "torch.compile(model)" + (" (shapes are static)" if not dynamic else ""),

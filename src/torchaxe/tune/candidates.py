@@ -25,5 +25,5 @@ def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes:
         "signatures; those matching this model are swapped in)", applies="knob", knobs={"tune": {}},
         detail="the winners `torchaxe tune` measured and checked against eager (docs/tune.md)",
         accuracy=Accuracy(kind="unknown", detail="each winner matched eager within its dtype's tolerance "
-                          "when tuned; use --check-accuracy for the loss"))
+                          "when tuned; the training loss is compared with the original's"))
     return [Candidate(rec=rec, knobs={"tune": {}}, group="compile", priority=1.8)]

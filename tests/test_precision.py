@@ -1,0 +1,141 @@
+"""Mixed precision as advise measures it: the autocast knob hands the model's outputs
+back in float32 (the loss the script computes from them runs in float32), the loss
+record reads a device's losses only after the run, bf16 is not offered on a CPU
+without native bfloat16."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import pytest
+
+from torchaxe.backends.cpu import native_bfloat16
+from torchaxe.precision.candidates import candidates, own_speedups
+from torchaxe.runtime import bootstrap, knob_specs
+from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+
+class TinyLM(nn.Module):
+    """Logits from an embedding and a linear layer; the loss is the script's."""
+
+    def __init__(self, vocab: int = 50, width: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.hidden = nn.Linear(width, width)
+        self.out = nn.Linear(width, vocab)
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.hidden(self.embed(tokens))))
+
+
+def train_losses(autocast: str | None, steps: int = 4) -> tuple[list[torch.Tensor], dict]:
+    """A loop that computes its loss outside the model's forward (log_softmax +
+    NLLLoss, as word-level language models do), under the autocast knob or not."""
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    criterion = nn.NLLLoss()
+    tokens = torch.randint(0, 50, (steps, 16))
+    targets = torch.randint(0, 50, (steps, 16))
+    knobs = knob_set_from_dict({"name": "k", **({"autocast": {"dtype": autocast}} if autocast else {})}, "test")
+    applied = bootstrap.AppliedKnobs(knobs)
+    losses = []
+    with knob_specs.AUTOCAST.patch(knobs.autocast, applied):
+        for step in range(steps):
+            logits = model(tokens[step])
+            loss = criterion(F.log_softmax(logits, dim=-1), targets[step])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+    return losses, applied.record
+
+
+def test_the_loss_computed_after_an_autocast_forward_is_float32_and_close_to_float32_training() -> None:
+    reference, _ = train_losses(None)
+    mixed, record = train_losses("bfloat16")
+    assert record["autocast"]["dtype"] == "bfloat16" and record["autocast"]["outputs"] == "float32"
+    assert all(loss.dtype == torch.float32 for loss in mixed)
+    for a, b in zip(mixed, reference):
+        assert abs(float(a) - float(b)) / float(b) < 0.01
+
+
+def test_only_the_lower_precision_outputs_are_cast_and_containers_keep_their_type() -> None:
+    Out = namedtuple("Out", "logits hidden")
+    low = torch.ones(2, dtype=torch.bfloat16)
+    index = torch.arange(2)
+    cast = knob_specs.outputs_in_float32(
+        (Out(low, [low, index]), {"aux": low, "n": 3}, torch.ones(2, dtype=torch.float64)), torch.bfloat16)
+    named, mapping, wide = cast
+    assert type(named) is Out and named.logits.dtype == torch.float32
+    assert named.hidden[0].dtype == torch.float32 and named.hidden[1] is index
+    assert mapping["aux"].dtype == torch.float32 and mapping["n"] == 3
+    assert wide.dtype == torch.float64  # not what autocast made: left alone
+    same = (index, "text")
+    assert knob_specs.outputs_in_float32(same, torch.bfloat16) is same
+
+
+def test_gradients_flow_back_through_the_cast_outputs() -> None:
+    model = TinyLM()
+    knobs = knob_set_from_dict({"name": "k", "autocast": {"dtype": "bfloat16"}}, "test")
+    with knob_specs.AUTOCAST.patch(knobs.autocast, bootstrap.AppliedKnobs(knobs)):
+        logits = model(torch.randint(0, 50, (8,)))
+        F.cross_entropy(logits, torch.randint(0, 50, (8,))).backward()
+    assert logits.dtype == torch.float32
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+
+
+def test_the_loss_record_holds_every_scalar_backward_and_is_read_when_the_record_is_taken() -> None:
+    knobs = KnobSet(name="x")
+    applied = bootstrap.AppliedKnobs(knobs)
+    w = torch.ones(3, requires_grad=True)
+    original = torch.Tensor.backward
+    with knob_specs.OBSERVE.patch(True, applied) as recorder:
+        for scale in (1.0, 2.0):
+            (w.sum() * scale).backward()
+        (w * 2).backward(torch.ones(3))  # not a scalar: not a loss
+        assert recorder.kept == [3.0, 6.0]
+    assert torch.Tensor.backward is original
+    assert applied.record["loss"] == [3.0, 6.0]
+
+
+def test_losses_kept_as_tensors_are_read_in_their_order() -> None:
+    recorder = knob_specs.LossRecorder(bootstrap.AppliedKnobs(KnobSet(name="x")))
+    recorder.kept.extend([1.5, torch.tensor(2.5)])  # a host float and a tensor not yet read
+    assert recorder.values() == [1.5, 2.5]
+
+
+# ------------------------------------------------------------------ bf16 on a cpu
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile\n", True),
+    ("processor\t: 0\nflags\t\t: fpu sse2 avx2 amx_bf16\n", True),
+    ("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n", False),
+    ("processor\t: 0\nFeatures\t: fp asimd bf16 sve\n", True),
+    ("processor\t: 0\nFeatures\t: fp asimd crc32\n", False),
+    ("", None),
+])
+def test_native_bfloat16_is_read_from_the_cpu_flags(tmp_path, text, expected) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(text)
+    assert native_bfloat16(cpuinfo) is expected
+    assert native_bfloat16(tmp_path / "missing") is None
+
+
+def test_bf16_is_not_offered_on_a_cpu_without_native_bfloat16() -> None:
+    keys = {c.key for c in candidates({}, "cpu", {"cpu_bfloat16": False})}
+    assert "knob:autocast-bf16" not in keys
+    note, = own_speedups({"cpu_bfloat16": False}, "cpu")
+    assert "no native bfloat16" in note and "avx512_bf16" in note
+    # Native, or not known (no /proc/cpuinfo): offered, and measured like any change.
+    for known in (True, None):
+        assert "knob:autocast-bf16" in {c.key for c in candidates({}, "cpu", {"cpu_bfloat16": known})}
+        assert own_speedups({"cpu_bfloat16": known}, "cpu") == []
+    # A GPU's bfloat16 does not depend on the host's flags.
+    assert "knob:autocast-bf16" in {c.key for c in candidates({}, "cuda", {"cpu_bfloat16": False})}
+    assert own_speedups({"cpu_bfloat16": False}, "cuda") == []
