@@ -17,6 +17,7 @@ from torchaxe.advise.evidence import evidence_for
 from torchaxe.advise.pipeline import AdviseOptions, Advisor, BaselineProfile, advise
 from torchaxe.environment.checks import environment_checks
 from torchaxe.errors import TorchaxeError
+from torchaxe.report.advice_text import render_advice_text
 from torchaxe.runtime.trials import TrialRun
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -855,3 +856,35 @@ def test_the_smaller_sets_drop_what_hurt_then_the_weakest_then_keep_the_better_h
     assert ChangeSearch._smaller_sets(advisor, small, [c], None, [small, [c]]) == [[a, b, d, e], [a, b, d], [a, b]]
     # All at once no slower, and nothing hurt: nothing more to try.
     assert ChangeSearch._smaller_sets(advisor, small, [], 1.0, [small]) == []
+
+
+def test_mfu_before_and_after_the_chosen_changes(script: Path) -> None:
+    from torchaxe.advise.recommendation import mfu_figures
+
+    runs = FakeRuns()
+    profile = fake_profile(script, step=0.1)
+    profile["flops"] = {"flops_per_step": 10 ** 9, "dtype": "float32", "device_name": "NVIDIA H200",
+                        "peak_flops_per_second_table": 67e12, "peak_flops_per_second_measured": 2e10,
+                        "peak_table_source": "datasheet", "counted_step": 2}
+    context = {"modules": [], "settings": {"num_threads": 2, "allowed_cpus": 2}}
+    advice = Advisor(["python", str(script)], AdviseOptions(target="cpu", budget=600.0), runner=runs,
+                     profiler=lambda command, o, target: BaselineProfile(profile, context, 2.0), clock=Clock()).run()
+    data = json.loads(advice.to_json())
+    mfu = data["mfu"]
+    before = mfu["before"]
+    assert before["achieved_flops_per_second"] == pytest.approx(1e9 / before["step_seconds"])
+    assert before["mfu_measured"] == pytest.approx(before["achieved_flops_per_second"] / 2e10)
+    assert before["mfu_table"] == pytest.approx(before["achieved_flops_per_second"] / 67e12)
+    combined = data["combined"]
+    assert combined["status"] == "measured"
+    # The chosen changes are faster, so the same FLOPs take less time: higher MFU.
+    assert mfu["after"]["step_seconds"] == combined["step_seconds_median"]
+    assert mfu["after"]["mfu_measured"] > before["mfu_measured"]
+    text = io.StringIO()
+    render_advice_text(advice, text)
+    assert "MFU 0.0% of table peak" in text.getvalue() and "with the chosen changes" in text.getvalue()
+    # A chosen bf16 autocast is judged against the bf16 peak of the table, not the float32 one.
+    after = mfu_figures(profile["flops"], 0.1, 0.05, [{"autocast": {"dtype": "bfloat16"}}])["after"]
+    assert after["dtype"] == "bfloat16" and after["mfu_measured"] is None
+    assert after["mfu_table"] == pytest.approx(2e10 / 989.5e12)
+    assert mfu_figures(None, 0.1, 0.05) is None

@@ -125,6 +125,7 @@ class Advisor:
                            "source": "profiled run (with op recording on some steps)",
                            "steps_per_run": self.steps, "warmup_per_run": self.options.warmup}
         advice.profile = plot_data(base.profile)
+        advice.flops = base.profile.get("flops")
 
         folder = self.script.folder
         own, extra = scan_for_advice(folder, base.context.get("modules") or [] if self.options.scan_installed

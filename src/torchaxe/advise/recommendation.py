@@ -31,6 +31,42 @@ AXIS_TITLES = {
 }
 
 
+def _utilisation(flops: int, seconds: float | None, table: float | None, measured: float | None) -> dict[str, Any]:
+    achieved = flops / seconds if seconds else None
+    return {"step_seconds": seconds, "achieved_flops_per_second": achieved,
+            "mfu_table": achieved / table if achieved and table else None,
+            "mfu_measured": achieved / measured if achieved and measured else None}
+
+
+def mfu_figures(flops: dict[str, Any] | None, before: float | None, after: float | None,
+                chosen_knobs: list[dict[str, Any]] = ()) -> dict[str, Any] | None:
+    """MFU of the original and of the chosen changes together. A chosen mixed
+    precision changes the dtype the peak is for: the table's peak for that dtype
+    applies after, and the measured peak (probed in the original's dtype) does not."""
+    from torchaxe.backends.peaks import table_peak
+
+    if not flops or not flops.get("flops_per_step"):
+        return None
+    count = flops["flops_per_step"]
+    table, measured = flops.get("peak_flops_per_second_table"), flops.get("peak_flops_per_second_measured")
+    out = {key: flops.get(key) for key in ("flops_per_step", "dtype", "device_name", "peak_flops_per_second_table",
+                                            "peak_table_source", "peak_flops_per_second_measured")}
+    out["before"] = _utilisation(count, before, table, measured)
+    out["after"] = None
+    out["note"] = None
+    if after is not None:
+        dtype = next((k["autocast"].get("dtype") for k in chosen_knobs if isinstance(k.get("autocast"), dict)), None)
+        if dtype and dtype != flops.get("dtype"):
+            peak = table_peak(flops.get("device_name"), dtype)
+            out["after"] = _utilisation(count, after, peak.flops_per_second if peak else None, None)
+            out["after"]["dtype"] = dtype
+            out["note"] = (f"after: the chosen mixed precision computes in {dtype}, so the {dtype} peak applies; "
+                           f"the measured peak was probed in {flops.get('dtype')}")
+        else:
+            out["after"] = _utilisation(count, after, table, measured)
+    return out
+
+
 @dataclass
 class Advice:
     """The whole result of one ``torchaxe advise``."""
@@ -55,6 +91,17 @@ class Advice:
     repeats: int = 0
     #: The working folder advise ran in: the command's relative paths are relative to it.
     cwd: str = field(default_factory=os.getcwd)
+    #: The profiled run's FLOP count and peaks (``flops`` of its profile), for MFU.
+    flops: dict[str, Any] | None = None
+
+    @property
+    def mfu(self) -> dict[str, Any] | None:
+        """Model FLOPs utilisation before (the original's step time) and after (the
+        chosen changes together), against the profiled run's peaks."""
+        return mfu_figures(self.flops, self.baseline.get("step_seconds_median"),
+                           (self.combined or {}).get("step_seconds_median") if (self.combined or {}).get(
+                               "status") == "measured" else None,
+                           [r.knobs for r in self.recommendations if r.selected])
 
     def ranked(self) -> list[Recommendation]:
         order = {"measured": 0, "advice": 1, "not_measured": 2, "failed": 3}
@@ -70,6 +117,7 @@ class Advice:
             "combined": self.combined, "achieved": self.achieved,
             "environment": [c.to_dict() for c in self.environment],
             "findings": self.findings, "scanned": self.scanned, "profile": self.profile, "notes": self.notes,
+            "mfu": self.mfu,
         }
 
     def to_json(self) -> str:

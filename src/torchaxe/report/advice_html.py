@@ -74,7 +74,7 @@ def render_advice_html(advice: Advice, now: datetime | None = None) -> str:
     top_ops = [(o["name"], o["seconds_per_step"], "#0969da") for o in plots.get("top_ops") or []]
     context: dict[str, Any] = {
         "advice": advice, "ranked": ranked, "axis_titles": AXIS_TITLES, "ms": partial(duration, digits=2),
-        "version": __version__,
+        "version": __version__, "pct": lambda v: "n/a" if v is None else f"{100 * v:.1f}%",
         "now": (now or datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC"),
         "breakdown": stacked(plots.get("breakdown") or {}),
         "waits": columns(plots.get("step_seconds") or [], plots.get("data_wait_per_step") or []),

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchaxe.advise.recommendation import AXIS_TITLES, Advice
-from torchaxe.units import duration
+from torchaxe.units import duration, mfu_sentence
 
 
 def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | None = None) -> None:
@@ -19,6 +19,15 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     console.print(f"  original step time  median {duration(base.get('step_seconds_median'), 2)}"
                   + (f", data wait {base['data_wait_fraction']:.1%}" if base.get("data_wait_fraction") is not None
                      else ""))
+    mfu = advice.mfu
+    if mfu is not None:
+        before = mfu_sentence(mfu["before"]["mfu_table"], mfu["before"]["mfu_measured"])
+        after = mfu["after"]
+        after_text = ""
+        if after is not None:
+            after_text = "; with the chosen changes " + (mfu_sentence(after["mfu_table"], after["mfu_measured"])
+                                                          or "n/a").removeprefix("MFU ")
+        console.print(f"  {before}{after_text}")
     if base.get("run_to_run_noise") is not None:
         console.print(f"  run-to-run noise   {base['run_to_run_noise']:.1%} (the original against itself, "
                       "interleaved: a change must save more to be chosen)")
