@@ -49,6 +49,7 @@ KNOB_SPECS: tuple[str, ...] = (
     "torchaxe.data.knob:SPEC",
     "torchaxe.runtime.knob_specs:OBSERVE",
     "torchaxe.shapes.knob:SPEC",
+    "torchaxe.tune.replace:SPEC",
     "torchaxe.runtime.knob_specs:AUTOCAST",
     "torchaxe.runtime.knob_specs:COMPILE",
     "torchaxe.tune.knob:SPEC",
