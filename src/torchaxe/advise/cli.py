@@ -56,8 +56,8 @@ def parse_duration(text: str) -> float:
 @click.option("--check-accuracy", is_flag=True,
               help="Record the loss of every step and compare each change's losses with the original's "
                    "(same seed), next to the run-to-run noise.")
-@click.option("--no-installed", is_flag=True, help="Scan only the script's folder, not the installed packages "
-              "the run imported.")
+@click.option("--no-installed", is_flag=True, help="Scan only your code (the script's folder and the project files "
+              "the run imported), not the installed packages it imported.")
 @click.option("--step-marker", default=None, metavar="MODULE:FUNCTION",
               help="End a step whenever this function returns (when the script has no optimizer.step()).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
@@ -71,9 +71,10 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
            timeout, skip, quiet, command):
     """Find, measure and rank everything that would make a training script faster.
 
-    Profiles a few steps of the unchanged script, scans its folder and the installed
-    packages it imported, checks the environment, then measures each candidate change
-    on this machine -- code fixes (without touching your files), torch.compile,
+    Profiles a few steps of the unchanged script, scans its folder, the files of its
+    project and the installed packages it imported, checks the environment, then
+    measures each candidate change on this machine -- code fixes (without touching
+    your files), formulas of installed packages swapped at run time, torch.compile,
     mixed precision, DataLoader settings, environment variables -- interleaved with
     the original, within --budget. Recommendations are ranked by measured time saved
     per step, each with its accuracy cost; the clearly faster ones are measured
@@ -176,7 +177,7 @@ def apply(advice_path, unsafe_fixes, keys, diff):
         click.echo(f"torchaxe apply: left out (unsafe, add --unsafe-fixes): {', '.join(result.skipped_unsafe)}",
                    err=True)
     if result.skipped_outside:
-        click.echo("torchaxe apply: left out (installed packages, not your project): "
+        click.echo("torchaxe apply: left out (outside your project: installed packages are not edited): "
                    + ", ".join(sorted(set(result.skipped_outside))), err=True)
     if result.knobs:
         import json
