@@ -3,7 +3,9 @@ what the profile and the environment show.
 
 Each axis package proposes its own runtime settings (``<axis>/candidates.py``); this
 module only collects them, in a fixed order. Code candidates are made here from the
-scan's findings and the profile's evidence.
+scan's findings in the user's code and the profile's evidence; findings in installed
+packages, which are never edited, become the tune axis's ``replace`` knob where a
+fused operator can replace the function at run time, advice otherwise.
 
 A code candidate is measured without touching the user's files: the fixed text of
 each file is written to a temporary folder and the trial run reads it in place of the
