@@ -233,3 +233,15 @@ def test_apply_fixes_a_formula_in_the_projects_src_folder_beside_the_script(tmp_
     assert result.changed_files == [str(model)] and not result.skipped_outside
     fixed = model.read_text()
     assert "gelu(x, approximate=\"tanh\")" in fixed and "torch.tanh" not in fixed
+
+
+def test_a_class_the_profile_never_saw_run_is_not_measured(tmp_path: Path) -> None:
+    from torchaxe.scan.engine import ScanOptions, scan_paths
+    from torchaxe.tune.candidates import replace_candidates
+
+    package = fake_package(tmp_path / "site")
+    findings = scan_paths([package], ScanOptions(target="cpu")).findings
+    seen, _ = replace_candidates(findings, {"TanhGELU", "Linear"})
+    assert [c.knobs for c in seen] == [{"replace": {"fakeact.act:TanhGELU.forward": "gelu_tanh"}}]
+    unseen, why = replace_candidates(findings, {"Linear"})
+    assert unseen == [] and list(why.values()) == ["no TanhGELU module ran in the profiled steps"]

@@ -123,7 +123,8 @@ def installed_candidates(findings: Sequence[Finding],
     """Findings in installed packages, which are never edited: the recognised formulas
     a fused operator can replace at run time become ``replace`` knob candidates (the
     tune axis), measured like any knob; the others are advice, with the reason."""
-    replace, why_not = replace_candidates(findings)
+    modules = (profile.get("shapes") or {}).get("modules") or []
+    replace, why_not = replace_candidates(findings, {m.get("type") for m in modules} if modules else None)
     for c in replace:
         evidence, seconds, c.shapes = _runtime_evidence(c.findings, profile, ".")
         c.rec.evidence.extend(evidence)

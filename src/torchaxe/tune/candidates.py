@@ -5,7 +5,7 @@ of installed packages, swapped for fused operators at run time (the ``replace`` 
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Collection, Sequence
 
 from torchaxe.findings import Finding
 from torchaxe.kb import KnowledgeBase
@@ -33,11 +33,13 @@ def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes:
     return [Candidate(rec=rec, knobs={"tune": {}}, group="compile", priority=1.8)]
 
 
-def replace_candidates(findings: Sequence[Finding]) -> tuple[list[Candidate], dict[str, str]]:
+def replace_candidates(findings: Sequence[Finding],
+                       classes_run: Collection[str] | None = None) -> tuple[list[Candidate], dict[str, str]]:
     """The ``replace`` knob for the recognised formulas of installed packages (code
     the user does not edit): one candidate per formula, covering every function in
-    those files that returns it whole. Also returns, for findings no replacement
-    covers, why (finding path:line -> reason)."""
+    those files that returns it whole -- with ``classes_run`` (the module classes the
+    profile saw called), only the methods of those classes. Also returns, for findings
+    no replacement covers, why (finding path:line -> reason)."""
     by_formula: dict[str, list[tuple[Finding, FunctionSwap, str]]] = {}
     why_not: dict[str, str] = {}
     for path in sorted({f.path for f in findings}):
@@ -50,6 +52,8 @@ def replace_candidates(findings: Sequence[Finding]) -> tuple[list[Candidate], di
                 why_not[f"{f.path}:{f.line}"] = next(
                     (reason.split(": ", 1)[1] for reason in found.skipped if f":{f.line})" in reason),
                     "no runtime replacement for this finding")
+            elif classes_run is not None and swap.owner is not None and swap.owner not in classes_run:
+                why_not[f"{f.path}:{f.line}"] = f"no {swap.owner} module ran in the profiled steps"
             elif module is None:
                 why_not[f"{f.path}:{f.line}"] = "its module's import name is not known from its folder"
             else:
