@@ -79,14 +79,14 @@ def fake_package(root: Path) -> Path:
     return path
 
 
-def profile_of(step: float = 0.1) -> dict:
+def profile_of(step: float = 0.1, modules: list | None = None) -> dict:
     return {
         "status": "stopped", "detail": "stopped after 4 measured steps",
         "summary": {"steps_measured": 4, "step_seconds_median": step, "data_wait_fraction": 0.0,
                     "data_wait_seconds_median": 0.0, "backward_seconds_median": step / 3,
                     "gc_seconds_per_step": 0.0, "gc_fraction": 0.0, "host_syncs_per_step": 0.0},
         "steps": [{"phase": "measured", "seconds": step, "data_wait_seconds": 0.0} for _ in range(4)],
-        "ops_steps": [3, 4], "ops": [], "shapes": {"static": True, "modules": []},
+        "ops_steps": [3, 4], "ops": [], "shapes": {"static": True, "modules": modules or []},
     }
 
 
@@ -95,11 +95,12 @@ def runs_where(**times: float) -> FakeRuns:
     return FakeRuns({"knob:compile": 0.1, "knob:autocast-bf16": 0.1, **times})
 
 
-def advise_with(script: Path, modules: list[Path], runs: FakeRuns):
+def advise_with(script: Path, modules: list[Path], runs: FakeRuns, profile: dict | None = None):
     context = {"modules": [str(p) for p in modules], "settings": {"num_threads": 2, "allowed_cpus": 2}}
     options = AdviseOptions(target="cpu", budget=600.0, skip=("env:",))
+    profile = profile or profile_of()
     return Advisor(["python", str(script)], options, runner=runs, clock=Clock(),
-                   profiler=lambda command, o, target: BaselineProfile(profile_of(), context, 2.0)).run()
+                   profiler=lambda command, o, target: BaselineProfile(profile, context, 2.0)).run()
 
 
 def test_the_project_root_is_the_nearest_marker_and_environments_are_not_project_code(tmp_path: Path) -> None:
@@ -183,12 +184,16 @@ def test_an_installed_formula_is_measured_applied_as_a_knob_and_run_replaces_it(
     script.write_text(TRAIN)
 
     runs = runs_where(**{"knob:replace-gelu_tanh": 0.07})
-    advice = advise_with(script, [package], runs)
+    seen = [{"name": "1", "type": "TanhGELU", "calls": 4, "signatures": [
+        {"shapes": [[8, 32]], "dtypes": ["float32"], "count": 4}]}]
+    advice = advise_with(script, [package], runs, profile_of(modules=seen))
     rec = next(r for r in advice.recommendations if r.key == "knob:replace-gelu_tanh")
     assert rec.status == "measured" and rec.speedup == pytest.approx(0.1 / 0.07)
     assert rec.selected and rec.applies == "knob"
     assert rec.knobs == {"replace": {"fakeact.act:TanhGELU.forward": "gelu_tanh"}}
     assert rec.accuracy.kind == "max_error" and rec.accuracy.max_error < 1e-5
+    assert f"{package}:9 TanhGELU.forward: its module ran on [8, 32] in the profiled steps" in rec.evidence
+    assert any(e.startswith("micro-benchmark on [8, 32] float32") for e in rec.evidence), rec.evidence
     # The arm ran under the knob; the package is listed, not offered as an edit.
     assert runs.knobs["knob:replace-gelu_tanh"].to_dict()["replace"] == rec.knobs["replace"]
     assert not any(r.key.startswith("installed:") for r in advice.recommendations)

@@ -126,9 +126,19 @@ def installed_candidates(findings: Sequence[Finding],
     modules = (profile.get("shapes") or {}).get("modules") or []
     replace, why_not = replace_candidates(findings, {m.get("type") for m in modules} if modules else None)
     for c in replace:
-        evidence, seconds, c.shapes = _runtime_evidence(c.findings, profile, ".")
-        c.rec.evidence.extend(evidence)
-        c.priority += min(seconds, 1.0)
+        # The profile counts a package's operators at the line of the user's code that
+        # calls it: what it saw of the function itself is the shapes its module ran on.
+        for f in c.findings:
+            ev = evidence_for(f, profile)
+            if ev is None:
+                continue
+            c.shapes.extend(s for s in ev.shapes if s and s not in c.shapes)
+            if ev.ops:
+                c.rec.evidence.append(f"{f.path}:{f.line} {ev.describe()}")
+                c.priority += min(ev.share or 0.0, 1.0)
+            elif ev.shapes:
+                c.rec.evidence.append(f"{f.path}:{f.line} {ev.function}: its module ran on "
+                                      f"{', '.join(str(s) for s in ev.shapes[:2])} in the profiled steps")
     covered = {id(f) for c in replace for f in c.findings}
     advice = []
     for f in findings:
