@@ -1,7 +1,9 @@
 """``torchaxe apply``: carry out what ``advise`` chose, and ``torchaxe run``'s knobs.
 
 Code changes are the scanner's fixes of the chosen rules, written atomically (safe
-fixes by default, unsafe ones with ``unsafe=True``). Before the first change to a
+fixes by default, unsafe ones with ``unsafe=True``), in the files of the script's
+project (``scan.discover.project_root``) only; installed packages are never edited
+(their formulas are swapped at run time by the ``replace`` knob, written like any knob). Before the first change to a
 workload its original files are kept under ``originals/`` of torchaxe's home folder (:func:`torchaxe.config.home`) so that a
 later ``advise`` can measure the gain achieved against them. Runtime knobs go to the
 ``run`` table of the project's ``torchaxe.toml`` (or ``[tool.torchaxe.run]`` of a
@@ -171,6 +173,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     """Apply the chosen recommendations (or the ones named in ``keys``)."""
     from torchaxe.advise.arms import merge_knobs
     from torchaxe.runtime.command import parse_command
+    from torchaxe.scan.discover import in_project, project_root
     from torchaxe.scan.engine import ScanOptions
     from torchaxe.scan.fix import fix_paths
 
@@ -198,11 +201,12 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
             continue
         codes.extend(r.get("rules") or [])
     files: list[str] = []
+    project = project_root(folder)
     for r in chosen:
         if r.get("applies") == "code" and r.get("status") != "advice":
             for f in r.get("files") or []:
                 real = os.path.realpath(os.path.join(cwd, f) if cwd else f)
-                if not real.startswith(str(folder).rstrip(os.sep) + os.sep):
+                if not in_project(real, project):
                     result.skipped_outside.append(f)
                 elif real not in files:
                     files.append(real)

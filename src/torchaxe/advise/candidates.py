@@ -3,7 +3,9 @@ what the profile and the environment show.
 
 Each axis package proposes its own runtime settings (``<axis>/candidates.py``); this
 module only collects them, in a fixed order. Code candidates are made here from the
-scan's findings and the profile's evidence.
+scan's findings in the user's code and the profile's evidence; findings in installed
+packages, which are never edited, become the tune axis's ``replace`` knob where a
+fused operator can replace the function at run time, advice otherwise.
 
 A code candidate is measured without touching the user's files: the fixed text of
 each file is written to a temporary folder and the trial run reads it in place of the
@@ -31,9 +33,10 @@ from torchaxe.precision.candidates import own_speedups as precision_own_speedups
 from torchaxe.runtime.candidate import Candidate
 from torchaxe.shapes.candidates import candidates as shapes_candidates
 from torchaxe.shapes.candidates import own_speedups as shapes_own_speedups
+from torchaxe.tune.candidates import replace_candidates
 from torchaxe.tune.candidates import stored_candidates as tune_stored_candidates
 
-__all__ = ["Candidate", "code_candidates", "fixed_sources", "knob_candidates",
+__all__ = ["Candidate", "code_candidates", "fixed_sources", "installed_candidates", "knob_candidates",
            "script_speedups", "stored_candidates"]
 
 _MAX_ERROR = re.compile(r"max error ([0-9.]+e[-+]?\d+|[0-9.]+)")
@@ -70,19 +73,7 @@ def code_candidates(findings: Iterable[Finding], profile: dict[str, Any], step_s
             advice[f.code].append(f)
     out = []
     for code, group in sorted(by_code.items()):
-        evidence = []
-        seconds = 0.0
-        shapes: list[list[int]] = []
-        for f in group:
-            ev = evidence_for(f, profile, base)
-            if ev is not None:
-                evidence.append(f"{f.path}:{f.line} {ev.describe()}")
-                seconds += ev.share or 0.0
-                shapes.extend(s for s in ev.shapes if s and s not in shapes)
-            elif f.code.startswith("AX2"):
-                line = optimizer_evidence(f, profile)
-                if line:
-                    evidence.append(f"{f.path}:{f.line} {line}")
+        evidence, seconds, shapes = _runtime_evidence(group, profile, base)
         unsafe = any(f.fix.applicability == Applicability.UNSAFE for f in group)  # type: ignore[union-attr]
         first = group[0]
         title = f"{code} {first.category.replace('_', ' ')}: {first.fix.title if first.fix else first.replacement}"  # type: ignore[union-attr]
@@ -106,6 +97,61 @@ def code_candidates(findings: Iterable[Finding], profile: dict[str, Any], step_s
             f"{first.replacement or 'change by hand'}", applies="code", location=_location(group), status="advice",
             evidence=evidence, detail=first.message, rules=[code], files=sorted({f.path for f in group})))
     return out, recs
+
+
+def _runtime_evidence(group: Sequence[Finding], profile: dict[str, Any],
+                      base: str) -> tuple[list[str], float, list[list[int]]]:
+    """What the profile saw of the findings' code: one line each, their share of the
+    operator time, the input shapes they ran on."""
+    evidence = []
+    seconds = 0.0
+    shapes: list[list[int]] = []
+    for f in group:
+        ev = evidence_for(f, profile, base)
+        if ev is not None:
+            evidence.append(f"{f.path}:{f.line} {ev.describe()}")
+            seconds += ev.share or 0.0
+            shapes.extend(s for s in ev.shapes if s and s not in shapes)
+        elif f.code.startswith("AX2"):
+            line = optimizer_evidence(f, profile)
+            if line:
+                evidence.append(f"{f.path}:{f.line} {line}")
+    return evidence, seconds, shapes
+
+
+def installed_candidates(findings: Sequence[Finding],
+                         profile: dict[str, Any]) -> tuple[list[Candidate], list[Recommendation]]:
+    """Findings in installed packages, which are never edited: the recognised formulas
+    a fused operator can replace at run time become ``replace`` knob candidates (the
+    tune axis), measured like any knob; the others are advice, with the reason."""
+    modules = (profile.get("shapes") or {}).get("modules") or []
+    replace, why_not = replace_candidates(findings, {m.get("type") for m in modules} if modules else None)
+    for c in replace:
+        # The profile counts a package's operators at the line of the user's code that
+        # calls it: what it saw of the function itself is the shapes its module ran on.
+        for f in c.findings:
+            ev = evidence_for(f, profile)
+            if ev is None:
+                continue
+            c.shapes.extend(s for s in ev.shapes if s and s not in c.shapes)
+            if ev.ops:
+                c.rec.evidence.append(f"{f.path}:{f.line} {ev.describe()}")
+                c.priority += min(ev.share or 0.0, 1.0)
+            elif ev.shapes:
+                c.rec.evidence.append(f"{f.path}:{f.line} {ev.function}: its module ran on "
+                                      f"{', '.join(str(s) for s in ev.shapes[:2])} in the profiled steps")
+    covered = {id(f) for c in replace for f in c.findings}
+    advice = []
+    for f in findings:
+        if id(f) in covered:
+            continue
+        why = why_not.get(f"{f.path}:{f.line}")
+        advice.append(Recommendation(
+            key=f"installed:{f.code}:{f.path}:{f.line}", axis="fused_ops",
+            title=f"{f.code} {f.category.replace('_', ' ')} in an installed package: {f.replacement or ''}".rstrip(": "),
+            applies="code", location=f"{f.path}:{f.line}", status="advice",
+            detail=f.message + (f" (not replaced at run time: {why})" if why else ""), rules=[f.code], files=[f.path]))
+    return replace, advice
 
 
 def _axis_of_code(code: str) -> str:

@@ -78,8 +78,8 @@ def parse_fraction(text: str, option: str) -> float:
               help="A change whose mean training loss differs from the original's by more than the run-to-run "
                    "loss noise plus this (2% or 0.02) is never chosen: it is listed with its speed and loss "
                    "difference for you to decide (`torchaxe apply --only KEY`).")
-@click.option("--no-installed", is_flag=True, help="Scan only the script's folder, not the installed packages "
-              "the run imported.")
+@click.option("--no-installed", is_flag=True, help="Scan only your code (the script's folder and the project files "
+              "the run imported), not the installed packages it imported.")
 @click.option("--step-marker", default=None, metavar="MODULE:FUNCTION",
               help="End a step whenever this function returns, instead of at each optimizer step or backward pass.")
 @click.option("--first-step-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
@@ -96,9 +96,10 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
            no_installed, step_marker, first_step_timeout, timeout, skip, quiet, command):
     """Find, measure and rank everything that would make a training script faster.
 
-    Profiles a few steps of the unchanged script, scans its folder and the installed
-    packages it imported, checks the environment, then measures each candidate change
-    on this machine -- code fixes (without touching your files), torch.compile,
+    Profiles a few steps of the unchanged script, scans its folder, the files of its
+    project and the installed packages it imported, checks the environment, then
+    measures each candidate change on this machine -- code fixes (without touching
+    your files), formulas of installed packages swapped at run time, torch.compile,
     mixed precision, DataLoader settings, environment variables -- interleaved with
     the original, within --budget. Recommendations are ranked by measured time saved
     per step, each with its accuracy cost; the clearly faster ones are measured
@@ -208,7 +209,7 @@ def apply(advice_path, unsafe_fixes, keys, diff):
         click.echo(f"torchaxe apply: left out (unsafe, add --unsafe-fixes): {', '.join(result.skipped_unsafe)}",
                    err=True)
     if result.skipped_outside:
-        click.echo("torchaxe apply: left out (installed packages, not your project): "
+        click.echo("torchaxe apply: left out (outside your project: installed packages are not edited): "
                    + ", ".join(sorted(set(result.skipped_outside))), err=True)
     if result.knobs:
         import json

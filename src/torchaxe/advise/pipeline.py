@@ -3,12 +3,14 @@
 1. **Profile** the unchanged script for a few steps in a subprocess (op times with
    the user lines they came from, shapes, data wait; the files it imported and the
    settings it left on) (baseline.py).
-2. **Scan** the script's folder and the installed third-party files the run actually
-   imported.
+2. **Scan** the user's code: the script's folder and the files of its project
+   (``scan.discover.project_root``) the run imported outside it; apart, the installed
+   third-party files the run imported.
 3. **Check** the environment (torchaxe/environment/checks.py).
-4. **Candidates**: a code candidate per rule with an automatic fix, knob candidates
-   from what the profile showed (candidates.py), settings kept in the knowledge base
-   (stored.py).
+4. **Candidates**: a code candidate per rule with an automatic fix in the user's
+   code, a ``replace`` knob candidate per formula an installed package computes by hand
+   (never edited: swapped at run time), knob candidates from what the profile showed
+   (candidates.py), settings kept in the knowledge base.
 5. **Measure** every candidate alone against the original, interleaved, within the
    budget (measure.py, judged by stats.py); then **search** among them: the chosen
    ones together, each left out, the near misses on top (search.py).
@@ -32,8 +34,8 @@ from typing import Any, Callable, Sequence
 from torchaxe.advise.arms import ArmKnobs
 from torchaxe.advise.baseline import (DEFAULT_STEPS, BaselineProfile, ProfileRunner, check_profile, plot_data,
                                       profile_in_subprocess)
-from torchaxe.advise.candidates import (Candidate, code_candidates, knob_candidates, script_speedups,
-                                        stored_candidates)
+from torchaxe.advise.candidates import (Candidate, code_candidates, installed_candidates, knob_candidates,
+                                        script_speedups, stored_candidates)
 from torchaxe.advise.evidence import micro_benchmarks
 from torchaxe.advise.measure import ArmResult, Measurer
 from torchaxe.advise.options import AdviseOptions
@@ -47,20 +49,26 @@ from torchaxe.runtime.knobs import knob_set_from_dict
 from torchaxe.runtime.trials import Runner, run_in_subprocess
 
 
-def scan_for_advice(folder: Path, installed: Sequence[str], target: str, progress: Callable[[str], None]):
-    """Findings in the script's folder and in the imported files outside it."""
+def scan_for_advice(folder: Path, project: Path, imported: Sequence[str], scan_installed: bool, target: str,
+                    progress: Callable[[str], None]):
+    """Findings in the user's code (the script's folder and the project files the run
+    imported outside it) and, apart, in the installed files the run imported (None
+    when not scanned); and how many project files outside the folder were scanned."""
+    from torchaxe.scan.discover import in_project
     from torchaxe.scan.engine import ScanOptions, scan_paths
 
     options = ScanOptions(target=target)
-    progress(f"scanning {folder}")
-    own = scan_paths([folder], options)
     prefix = str(folder).rstrip(os.sep) + os.sep
-    outside = [p for p in installed if not p.startswith(prefix) and os.path.isfile(p)]
+    outside = [p for p in imported if not p.startswith(prefix) and os.path.isfile(p)]
+    mine = [p for p in outside if in_project(p, project)]
+    progress(f"scanning {folder}" + (f" and {len(mine)} imported files of the project {project}" if mine else ""))
+    own = scan_paths([folder, *mine], options)
+    installed = [p for p in outside if p not in mine] if scan_installed else []
     extra = None
-    if outside:
-        progress(f"scanning {len(outside)} imported files outside the script's folder")
-        extra = scan_paths(list(outside), options)
-    return own, extra
+    if installed:
+        progress(f"scanning {len(installed)} imported files of installed packages")
+        extra = scan_paths(installed, options)
+    return own, extra, len(mine)
 
 
 class Advisor:
@@ -127,15 +135,18 @@ class Advisor:
         advice.profile = plot_data(base.profile)
         advice.flops = base.profile.get("flops")
 
+        from torchaxe.scan.discover import project_root
+
         folder = self.script.folder
-        own, extra = scan_for_advice(folder, base.context.get("modules") or [] if self.options.scan_installed
-                                     else [], self.target, self.progress)
+        project = project_root(folder)
+        own, extra, project_files = scan_for_advice(folder, project, base.context.get("modules") or [],
+                                                    self.options.scan_installed, self.target, self.progress)
         findings = list(own.findings)
         advice.findings = [f.to_dict() for f in findings]
-        advice.scanned = {"folder": str(folder), "files": own.stats.files_scanned, "installed_files": 0,
-                          "installed_findings": []}
+        advice.scanned = {"folder": str(folder), "project": str(project), "project_files": project_files,
+                          "files": own.stats.files_scanned, "installed_files": 0, "installed_findings": []}
         if extra is not None:
-            advice.scanned["installed_files"] = len(base.context.get("modules") or [])
+            advice.scanned["installed_files"] = extra.stats.files_scanned
             advice.scanned["installed_findings"] = [f.to_dict() for f in extra.findings]
 
         settings = base.context.get("settings") or {}
@@ -158,14 +169,10 @@ class Advisor:
                 advice.notes.append(f"{len(findings) - len(measured_findings)} finding(s) in {len(idle)} file(s) the "
                                     f"run did not import (e.g. {idle[0]}) are listed but not measured")
         codes, advice_recs = code_candidates(measured_findings, base.profile, step)
-        micro_benchmarks(codes, self.target, lambda: self.clock() > self.deadline, self.progress)
-        for f in (extra.findings if extra is not None else []):
-            advice_recs.append(Recommendation(
-                key=f"installed:{f.code}:{f.path}:{f.line}", axis="fused_ops",
-                title=f"{f.code} {f.category.replace('_', ' ')} in an installed package: {f.replacement or ''}".rstrip(": "),
-                applies="code", location=f"{f.path}:{f.line}", status="advice", detail=f.message, rules=[f.code],
-                files=[f.path]))
-        candidates = codes + knob_candidates(self.target, base.profile, settings) + env_candidates
+        replaced, installed_advice = installed_candidates(extra.findings if extra is not None else [], base.profile)
+        advice_recs += installed_advice
+        micro_benchmarks(codes + replaced, self.target, lambda: self.clock() > self.deadline, self.progress)
+        candidates = codes + replaced + knob_candidates(self.target, base.profile, settings) + env_candidates
         advice.notes.extend(script_speedups(settings, self.target))
         static = bool((advice.profile or {}).get("static_shapes"))
         candidates += stored_candidates(self.command, static, advice.notes)

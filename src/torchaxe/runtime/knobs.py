@@ -50,6 +50,7 @@ KNOB_SPECS: tuple[str, ...] = (
     "torchaxe.runtime.knob_specs:OBSERVE",
     "torchaxe.shapes.knob:SPEC",
     "torchaxe.memory.knob:SPEC",
+    "torchaxe.tune.replace:SPEC",
     "torchaxe.runtime.knob_specs:AUTOCAST",
     "torchaxe.runtime.knob_specs:COMPILE",
     "torchaxe.tune.knob:SPEC",

@@ -170,3 +170,39 @@ def package_paths(name: str) -> list[Path]:
             if spec.origin and spec.origin.endswith(".py"):
                 return [Path(spec.origin)]
     raise TorchaxeError(f"--package {name}: no installed distribution or module of that name in this Python")
+
+
+#: What marks a project's root folder, looked for from the script's folder upwards.
+PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+#: Folders whose files are never the project's own, wherever they sit.
+ENVIRONMENT_PARTS = frozenset(DEFAULT_EXCLUDES) | {"dist-packages"}
+
+
+def project_root(start: str | Path) -> Path:
+    """The root of the project a script belongs to: the nearest folder at or above
+    ``start`` holding ``.git``, ``pyproject.toml``, ``setup.py`` or ``setup.cfg``
+    (the home folder and the file-system root do not count); ``start`` itself when
+    there is none."""
+    here = Path(os.path.realpath(start))
+    stop = {Path(os.path.realpath(Path.home())), Path(here.anchor)}
+    for folder in (here, *here.parents):
+        if folder in stop:
+            break
+        if any((folder / marker).exists() for marker in PROJECT_MARKERS):
+            return folder
+    return here
+
+
+def in_project(path: str | Path, root: str | Path) -> bool:
+    """Whether the file at ``path`` is the project's own code: under ``root``, and not
+    inside a virtual environment, an installed-packages folder or a build output."""
+    real = Path(os.path.realpath(path))
+    base = Path(os.path.realpath(root))
+    try:
+        parts = real.relative_to(base).parts
+    except ValueError:
+        return False
+    folders = parts[:-1]
+    if any(part in ENVIRONMENT_PARTS for part in folders):
+        return False
+    return not any((base.joinpath(*folders[:i]) / "pyvenv.cfg").is_file() for i in range(1, len(folders) + 1))

@@ -1,10 +1,10 @@
 """The scanner's replacements, swapped in at run time.
 
 The formula rules (AX110-AX119) recognise hand-written GELUs, norms and attention in
-the source of a module's class by their values. Where a rule found that a *whole*
-function computes the formula (its body is one ``return`` of the matched
-expression, every input a parameter, an attribute of one, or a constant), that
-function can be replaced by the fused operator without touching the file:
+the source of a module's class by their values; ``swaps.py`` says which of them a
+fused operator can replace at run time (a *whole* function that computes the
+formula). For the tuner's subgraphs the function is replaced without touching the
+file (the ``replace`` knob, ``replace.py``, does it for every instance of a class):
 
 * a method (``RMSNorm.forward``) is replaced on the module instance;
 * a module-level function (``gelu_tanh``) is replaced, for the modules of the
@@ -24,8 +24,6 @@ against eager like any other strategy.
 
 from __future__ import annotations
 
-import ast
-import functools
 import inspect
 import operator
 import sys
@@ -38,31 +36,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchaxe.tune.signature import class_file
+from torchaxe.tune.swaps import SUPPORTED, FunctionSwap, file_swaps, reference
 
-#: Categories with a fused operator this module can call, and how.
-SUPPORTED = ("gelu_tanh", "gelu_erf", "silu", "rms_norm", "layer_norm")
-
-
-@dataclass(frozen=True)
-class FunctionSwap:
-    """Replace function ``name`` (a method of ``owner`` when ``owner`` is set)."""
-
-    category: str
-    file: str
-    scope: str
-    inputs: tuple[tuple[str, str], ...]
-    params: tuple[tuple[str, Any], ...]
-
-    @property
-    def owner(self) -> str | None:
-        return self.scope.split(".")[0] if "." in self.scope else None
-
-    @property
-    def name(self) -> str:
-        return self.scope.split(".")[-1]
-
-    def label(self) -> str:
-        return f"{self.category} in {self.scope}"
+__all__ = ["SUPPORTED", "AttentionRewrite", "FunctionSwap", "ReplacementPlan", "apply_plan", "fused_function",
+           "plan_for", "rewrite_attention"]
 
 
 @dataclass
@@ -82,75 +59,6 @@ class ReplacementPlan:
 # ------------------------------------------------------------------ finding
 
 
-@functools.lru_cache(maxsize=64)
-def _file_matches(path: str, target: str) -> tuple[tuple[Any, ...], str]:
-    from torchaxe.scan.context import FileContext
-    from torchaxe.scan.formulas.analysis import formula_matches
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            source = fh.read()
-        tree = ast.parse(source, filename=path)
-    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
-        return (), ""
-    ctx = FileContext(path=path, source=source, tree=tree, target=target)
-    return tuple(formula_matches(ctx)), source
-
-
-def _scope_function(tree: ast.Module, scope: str) -> ast.FunctionDef | None:
-    parts = scope.split(".")
-    body = tree.body
-    node: Any = None
-    for i, part in enumerate(parts):
-        wanted = ast.ClassDef if i < len(parts) - 1 else (ast.FunctionDef, ast.AsyncFunctionDef)
-        node = next((n for n in body if isinstance(n, wanted) and n.name == part), None)
-        if node is None:
-            return None
-        body = node.body
-    return node if isinstance(node, ast.FunctionDef) else None
-
-
-def _whole_function(tree: ast.Module, match: Any) -> str | None:
-    """None when the match is the function's whole body; else why not."""
-    fn = _scope_function(tree, match.scope_name)
-    if fn is None:
-        return f"{match.scope_name} is not a plain function or method"
-    body = fn.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-        body = body[1:]
-    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
-        return f"{match.scope_name} does more than return the formula"
-    value = body[0].value
-    span = (value.lineno, value.col_offset, value.end_lineno, value.end_col_offset)
-    n = match.node
-    if span != (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset):
-        return f"{match.scope_name} does more than return the formula"
-    params = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
-    for role, text in match.inputs.items():
-        if text is not None and _reference(text, params) is None:
-            return f"input {role} ({text}) is not a parameter, an attribute of one or a constant"
-    return None
-
-
-def _reference(text: str, params: set[str]) -> tuple[str, tuple[str, ...]] | float | None:
-    """``x`` -> ("x", ()), ``self.weight`` -> ("self", ("weight",)), ``1e-6`` -> 1e-6."""
-    try:
-        node = ast.parse(text, mode="eval").body
-    except SyntaxError:
-        return None
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
-        node = ast.Constant(-node.operand.value)
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return float(node.value)
-    chain: list[str] = []
-    while isinstance(node, ast.Attribute):
-        chain.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name) and node.id in params:
-        return node.id, tuple(reversed(chain))
-    return None
-
-
 def plan_for(module: nn.Module, target: str = "cpu") -> ReplacementPlan:
     """The runtime replacements for every class used in ``module`` (and the functions
     their methods call), from the formula rules' matches in their source files."""
@@ -161,67 +69,21 @@ def plan_for(module: nn.Module, target: str = "cpu") -> ReplacementPlan:
         if path and not path.startswith(sys.prefix):
             files.setdefault(path, set()).add(type(sub).__qualname__)
     for path, classes in sorted(files.items()):
-        matches, source = _file_matches(path, target)
-        if not matches:
-            continue
-        tree = ast.parse(source, filename=path)
-        for m in matches:
-            owner = m.scope_name.split(".")[0] if "." in m.scope_name else None
-            if owner is not None and owner not in classes:
-                continue
-            where = f"{m.category} in {m.scope_name} ({path}:{m.line})"
-            if m.category == "attention" and owner is not None:
-                why = _attention_unsupported(m.params)
-                if why is None:
-                    plan.rewrites.append(f"attention in {m.scope_name}")
-                else:
-                    plan.skipped.append(f"{where}: {why}")
-                continue
-            if m.category not in SUPPORTED:
-                plan.skipped.append(f"{where}: no runtime replacement for {m.category}; apply it with `torchaxe fix`")
-                continue
-            if m.spread or not m.fixable:
-                plan.skipped.append(f"{where}: spread over several statements; apply it with `torchaxe fix` "
-                                    "or by hand")
-                continue
-            reason = _whole_function(tree, m) or _unsupported_params(m)
-            if reason:
-                plan.skipped.append(f"{where}: {reason}")
-                continue
-            plan.swaps.append(FunctionSwap(m.category, path, m.scope_name, tuple(sorted(m.inputs.items())),
-                                           tuple(sorted((k, v) for k, v in m.params.items()
-                                                        if isinstance(v, (int, float, str, bool))))))
+        found = file_swaps(path, target, owners=classes)
+        plan.swaps.extend(found.swaps)
+        plan.rewrites.extend(found.rewrites)
+        plan.skipped.extend(found.skipped)
     return plan
-
-
-def _attention_unsupported(params: dict[str, Any]) -> str | None:
-    if params.get("dropout"):
-        return "attention with dropout (the rewrite keeps no dropout state); apply it with `torchaxe fix`"
-    if params.get("layout") not in (None, "BNSD"):
-        return f"attention in layout {params.get('layout')} (the rewrite expects heads before the sequence)"
-    return None
-
-
-def _unsupported_params(match: Any) -> str | None:
-    p = match.params
-    if match.category == "rms_norm":
-        if p.get("casts"):
-            return "normalises in another dtype and casts back (the fused norm keeps the input dtype)"
-        if p.get("eps_placement") == "outside":
-            return "adds eps outside the square root (F.rms_norm adds it inside)"
-    if match.category == "layer_norm" and p.get("casts"):
-        return "normalises in another dtype and casts back"
-    return None
 
 
 # ------------------------------------------------------------------ applying
 
 
-def _fused(swap: FunctionSwap, fn: Callable) -> Callable:
+def fused_function(swap: FunctionSwap, fn: Callable) -> Callable:
     """A function with ``fn``'s signature that calls the fused operator."""
     signature = inspect.signature(fn)
     params = set(signature.parameters)
-    refs = {role: _reference(text, params) for role, text in swap.inputs if text is not None}
+    refs = {role: reference(text, params) for role, text in swap.inputs if text is not None}
     constants = dict(swap.params)
 
     def value(role: str, bound: dict[str, Any], default: Any = None) -> Any:
@@ -308,7 +170,7 @@ def apply_plan(module: nn.Module, plan: ReplacementPlan) -> list[str]:
             original = getattr(cls, swap.name, None) if cls is not None else None
             if not isinstance(original, types.FunctionType):
                 continue
-            fused = _fused(swap, original)
+            fused = fused_function(swap, original)
             for sub in subs:
                 if type(sub) is cls:
                     object.__setattr__(sub, swap.name, types.MethodType(fused, sub))
@@ -319,7 +181,7 @@ def apply_plan(module: nn.Module, plan: ReplacementPlan) -> list[str]:
         if not isinstance(original, types.FunctionType):
             continue
         key = id(namespace)
-        function_swaps.setdefault(key, (namespace, {}))[1][swap.name] = _fused(swap, original)
+        function_swaps.setdefault(key, (namespace, {}))[1][swap.name] = fused_function(swap, original)
         done.append(swap.label())
     for namespace, replaced in function_swaps.values():
         globals_copy = _swapped_namespace(namespace, replaced)
