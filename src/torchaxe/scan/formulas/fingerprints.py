@@ -28,6 +28,7 @@ from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
 from torchaxe.scan.formulas.probes import (
     CONFIRMATIONS, INT, PRIMARY, SCALAR, Probe, data_vars, fresh_full, half_width_roles, make_env, scalar_value,
+    widened_roles,
 )
 from torchaxe.scan.formulas.store import Match
 
@@ -517,6 +518,42 @@ class NormMatcher(Matcher):
         return None
 
 
+def _applied(apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], a: torch.Tensor,
+             b: torch.Tensor) -> torch.Tensor | None:
+    try:
+        return apply(a, b)
+    except (RuntimeError, IndexError):
+        return None  # the operands do not have the layout's shapes
+
+
+def _rank(t: torch.Tensor, ndim: int) -> torch.Tensor:
+    if t.ndim != ndim:
+        raise IndexError("another rank")
+    return t
+
+
+#: The attention layouts read from einsum operands, each as the scores q @ k^T (from q
+#: and k) and the output weights @ v (from the weights and v) would be in that layout:
+#: BNSD (batch, heads, sequence, head_dim); BSND (sequence before heads); BNSD-shared,
+#: one key/value head shared by every query head (multi-query attention, k and v of
+#: shape (batch, sequence, head_dim)); BDS, channels before positions (batch [* heads],
+#: head_dim, sequence), as diffusion U-Nets write it.
+_SCORE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "BNSD": lambda q, k: _rank(q, k.ndim) @ k.transpose(-2, -1),
+    "BSND": lambda q, k: _rank(q, 4).transpose(1, 2) @ _rank(k, 4).transpose(1, 2).transpose(-2, -1),
+    "BNSD-shared": lambda q, k: _rank(q, 4) @ _rank(k, 3).unsqueeze(1).transpose(-2, -1),
+    "BDS": lambda q, k: _rank(q, k.ndim).transpose(-2, -1) @ k,
+}
+_VALUE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "BNSD": lambda p, v: _rank(p, v.ndim) @ v,
+    "BSND": lambda p, v: (_rank(p, 4) @ _rank(v, 4).transpose(1, 2)).transpose(1, 2),
+    "BNSD-shared": lambda p, v: _rank(p, 4) @ _rank(v, 3).unsqueeze(1),
+    "BDS": lambda p, v: (_rank(p, v.ndim) @ v.transpose(-2, -1)).transpose(-2, -1),
+    # values channels-first, output positions-first ('b h i j, b h d j -> b h i d')
+    "BDS-v": lambda p, v: _rank(p, v.ndim) @ v.transpose(-2, -1),
+}
+
+
 class AttentionMatcher(Matcher):
     """softmax(q @ k^T * scale [+ mask]) [dropout] @ v, matmul or einsum forms."""
 
@@ -555,10 +592,9 @@ class AttentionMatcher(Matcher):
         layout = None
         if node.op != "einsum":
             layout = "BNSD"
-        elif p.shape[-1] == v.shape[-2] and probing.compare(y, p @ v)[0]:
-            layout = "BNSD"
-        elif p.ndim == 4 and v.ndim == 4 and probing.compare(y, (p @ v.transpose(1, 2)).transpose(1, 2))[0]:
-            layout = "BSND"
+        else:
+            layout = next((name for name, apply in _VALUE_LAYOUTS.items()
+                           if (ref := _applied(apply, p, v)) is not None and probing.compare(y, ref)[0]), None)
         if layout is None:
             return None
         p_node_outer, p_node = p_node, weights_node
@@ -613,8 +649,7 @@ class AttentionMatcher(Matcher):
             if extra_factor:
                 ok, err, rel = probing.compare(p, ref_p)  # the weights; the head mask is the user's
             else:
-                v64 = v.to(torch.float64)
-                ref = ref_p @ v64 if layout == "BNSD" else (ref_p @ v64.transpose(1, 2)).transpose(1, 2)
+                ref = _applied(_VALUE_LAYOUTS[layout], ref_p, v.to(torch.float64))
                 ok, err, rel = probing.compare(y, ref)
             if not ok:
                 continue
@@ -629,10 +664,10 @@ class AttentionMatcher(Matcher):
             a, b = probing.tensor(a_node), probing.tensor(b_node)
             if a is None or b is None:
                 return None
-            if a.shape[-1] == b.shape[-1] and probing.compare(s, a @ b.transpose(-2, -1))[0]:
-                return a_node, b_node, "BNSD"
-            if a.ndim == 4 and b.ndim == 4 and probing.compare(s, a.transpose(1, 2) @ b.transpose(1, 2).transpose(-2, -1))[0]:
-                return a_node, b_node, "BSND"
+            for name, apply in _SCORE_LAYOUTS.items():
+                ref = _applied(apply, a, b)
+                if ref is not None and probing.compare(s, ref)[0]:
+                    return a_node, b_node, name
             return None
         if len(s_node.args) != 2:
             return None
@@ -859,10 +894,12 @@ def compute(root: Node, roles: dict[str, str], categories: frozenset[str]) -> li
         order = list(walk(root))
         primary = Probing(roles, PRIMARY)
         matches = _match(root, primary, categories, order)
-        if not matches:
-            second = half_width_roles(root, roles)
-            if second is not None and not is_tensor(primary.value(root)):
-                matches = _match(root, Probing(second, PRIMARY), categories, order)
+        if not matches and not is_tensor(primary.value(root)):
+            for second in (half_width_roles(root, roles), widened_roles(root, roles)):
+                if second is not None:
+                    matches = _match(root, Probing(second, PRIMARY), categories, order)
+                    if matches:
+                        break
         return matches
     finally:
         torch.set_num_threads(threads)
