@@ -333,18 +333,25 @@ def widened_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
     dim=-1)``) is k times as wide as the tensors its pieces meet."""
     changed: dict[str, str] = {}
     for node in walk(root):
-        if node.op != "chunk" or len(node.args) < 2 or node.args[0].op != VAR:
+        if node.op != "chunk" or len(node.args) < 2:
+            continue
+        source = node.args[0]
+        while source.op in _WIDTH_KEEPING and source.args:
+            source = source.args[0]  # freqs.unsqueeze(-2).chunk(2, dim=-1)
+        if source.op != VAR:
             continue
         count = node.args[1]
         dim = node.args[2] if len(node.args) > 2 else node.kwarg("dim")
         if count.op != CONST or count.value not in (2, 3) or dim is None or dim.op != CONST or dim.value != -1:
             continue
-        name = node.args[0].value
+        name = source.value
         if roles.get(name) in (FULL, CUBE):
             changed[name] = f"{roles[name]}{WIDE}{count.value}"
     return {**roles, **changed} if changed else None
 
 
+#: Operations that keep the last dimension of their input.
+_WIDTH_KEEPING = frozenset({"unsqueeze", "cast", "contiguous", "detach", "clone"})
 #: Marks a widened role: ``"full*2"`` is a full tensor twice as wide in its last dimension.
 WIDE = "*"
 
