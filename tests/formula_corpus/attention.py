@@ -570,3 +570,27 @@ def baddbmm_bias_then_scale(bias, q, k, v):  # lookalike: attention
     and the weights are normalised over the queries."""
     scores = torch.baddbmm(bias, q, k.transpose(1, 2), beta=1.0, alpha=0.125)
     return torch.bmm(scores.softmax(dim=-2), v)
+
+
+# ----------------------------------------------------------------------- chunked (memory-efficient) attention
+def summarise_block(q, k, v, bias):  # formula: attention
+    """One key block of a memory-efficient attention: the numerator, its row sums and
+    the row maxima, merged across blocks by the caller."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) + bias
+    top = scores.amax(dim=-1, keepdim=True).detach()
+    numer = torch.exp(scores - top)
+    return torch.matmul(numer, v), numer.sum(dim=-1), top
+
+
+def merge_blocks(values, sums, maxima):  # lookalike: attention
+    """The merge of the blocks: rescaled by exp(max - global max), no scores."""
+    overall = maxima.amax(dim=0, keepdim=True)
+    factor = torch.exp(maxima - overall)
+    values = values * factor.unsqueeze(-1)
+    sums = sums * factor
+    return values.sum(dim=0) / sums.sum(dim=0).unsqueeze(-1)
+
+
+def exp_kernel_features(q, k, v):  # lookalike: attention
+    """exp of each feature (a positive random-feature map), not of the scores."""
+    return torch.exp(q) @ (torch.exp(k).transpose(-1, -2) @ v)

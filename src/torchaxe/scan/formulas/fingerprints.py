@@ -579,22 +579,29 @@ class AttentionMatcher(Matcher):
         def stochastic(t: torch.Tensor) -> bool:
             return float(t.min()) >= -tol and bool(((t.sum(-1) - 1).abs() <= tol * t.shape[-1]).all())
 
-        weights_node, extra_factor = p_node, False
+        weights_node, extra_factor, unnormalised = p_node, False, False
+        p_raw = p
         if not stochastic(p):
             # Weights scaled after the softmax (a head mask): find the softmax itself.
             inner = [n for n in walk(p_node) if n is not p_node and n.ops & {"softmax", "exp"}
                      and n.op not in (VAR, CONST)]
             weights_node = next((n for n in sorted(inner, key=lambda n: -n.size)
                                  if (t := probing.tensor(n)) is not None and t.shape == p.shape and stochastic(t)), None)
-            if weights_node is None:
+            if weights_node is not None:
+                p, extra_factor = probing.tensor(weights_node), True
+            elif "exp" in p_node.ops and float(p.min()) >= 0 and bool((p.sum(-1) > 0).all()) \
+                    and stochastic(p / p.sum(-1, keepdim=True)):
+                # exp(s - max(s)) @ v with the sum kept apart: one chunk of a
+                # memory-efficient attention, normalised once the chunks are merged.
+                weights_node, p, extra_factor, unnormalised = p_node, p / p.sum(-1, keepdim=True), True, True
+            else:
                 return None
-            p, extra_factor = probing.tensor(weights_node), True
         layout = None
         if node.op != "einsum":
             layout = "BNSD"
         else:
             layout = next((name for name, apply in _VALUE_LAYOUTS.items()
-                           if (ref := _applied(apply, p, v)) is not None and probing.compare(y, ref)[0]), None)
+                           if (ref := _applied(apply, p_raw, v)) is not None and probing.compare(y, ref)[0]), None)
         if layout is None:
             return None
         p_node_outer, p_node = p_node, weights_node
@@ -625,6 +632,8 @@ class AttentionMatcher(Matcher):
                 "layout": layout if qk_layout in (layout, "BNSD-kt", "BNSD-kt-as-written") else "mixed",
                 "k_transposed": qk_layout in ("BNSD-kt", "BNSD-kt-as-written"),
             }
+            if unnormalised:
+                params["chunked"] = True
             if qk_layout == "BNSD-kt-as-written":
                 params["key_as_written"] = True
             if additive is not None:
@@ -642,6 +651,8 @@ class AttentionMatcher(Matcher):
                 params["scale_from_shape"] = bool(scale_node[0].vars) and scale_node[0].vars <= (
                     data_vars(q_node) | data_vars(k_node))
             text = "softmax(q @ k^T * scale" + (" + mask" if params["masked"] else "") + ") @ v"
+            if unnormalised:
+                text = "exp(q @ k^T * scale - max) @ v, the chunk of a softmax(q @ k^T * scale) @ v"
             logits = scale * s.to(torch.float64)
             if additive is not None:
                 logits = logits + weight * probing.tensor(additive).to(torch.float64).expand_as(logits)
