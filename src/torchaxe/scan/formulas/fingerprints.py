@@ -28,7 +28,7 @@ from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
 from torchaxe.scan.formulas.probes import (
     CONFIRMATIONS, INT, PRIMARY, SCALAR, Probe, data_vars, fresh_full, half_width_roles, make_env, scalar_value,
-    widened_roles,
+    single_count_roles, widened_roles,
 )
 from torchaxe.scan.formulas.store import Match
 
@@ -906,7 +906,7 @@ def compute(root: Node, roles: dict[str, str], categories: frozenset[str]) -> li
         primary = Probing(roles, PRIMARY)
         matches = _match(root, primary, categories, order)
         if not matches and not is_tensor(primary.value(root)):
-            for second in (half_width_roles(root, roles), widened_roles(root, roles)):
+            for second in (half_width_roles(root, roles), widened_roles(root, roles), single_count_roles(roles)):
                 if second is not None:
                     matches = _match(root, Probing(second, PRIMARY), categories, order)
                     if matches:

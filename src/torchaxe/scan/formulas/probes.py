@@ -350,6 +350,16 @@ def widened_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
     return {**roles, **changed} if changed else None
 
 
+def single_count_roles(roles: dict[str, str]) -> dict[str, str] | None:
+    """A last guess when the tree does not evaluate: counts (a number of heads) of
+    one, so that sizes computed from them (``width // (3 * self.n_heads)``) are not
+    zero on the probes' small sides."""
+    changed = {name: ONE for name, role in roles.items() if role == COUNT}
+    return {**roles, **changed} if changed else None
+
+
+#: A count of one (see ``single_count_roles``).
+ONE = "one"
 #: Operations that keep the last dimension of their input.
 _WIDTH_KEEPING = frozenset({"unsqueeze", "cast", "contiguous", "detach", "clone"})
 #: Marks a widened role: ``"full*2"`` is a full tensor twice as wide in its last dimension.
@@ -393,6 +403,8 @@ def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
             env[name] = shape
         elif role == COUNT:
             env[name] = 2
+        elif role == ONE:
+            env[name] = 1
         elif role == BOUND:
             env[name] = n // 2  # a slice bound: half the width, like a half-width tensor
         elif role == SIZE:
