@@ -905,8 +905,12 @@ def compute(root: Node, roles: dict[str, str], categories: frozenset[str]) -> li
         order = list(walk(root))
         primary = Probing(roles, PRIMARY)
         matches = _match(root, primary, categories, order)
-        if not matches and not is_tensor(primary.value(root)):
-            for second in (half_width_roles(root, roles), widened_roles(root, roles), single_count_roles(roles)):
+        if not matches:
+            # Other guesses at shapes: a tree that does not evaluate may take half- or
+            # k-times-wide inputs; sizes computed from a head count may need a count of one.
+            failed = not is_tensor(primary.value(root))
+            guesses = [half_width_roles(root, roles), widened_roles(root, roles)] if failed else []
+            for second in (*guesses, single_count_roles(roles)):
                 if second is not None:
                     matches = _match(root, Probing(second, PRIMARY), categories, order)
                     if matches:
