@@ -296,11 +296,23 @@ class FileContext:
         is a ``training_step`` method that steps by hand (Lightning's manual
         optimisation: ``self.manual_backward(loss)``, ``opt.step()``)."""
         if not self.runs_training_step(function):
-            return False
+            # A helper every step runs: called outside any branch of a step function
+            # (``self._log_grad_norm()`` at the top of ``optimize``).
+            return function.name in self._called_from_step_functions(unconditionally=True)
         return function.name == "training_step" or function.name in self.called_in_loops() \
             or function.name in self._called_from_step_functions()
 
-    def _called_from_step_functions(self) -> frozenset[str]:
+    def _called_from_step_functions(self, unconditionally: bool = False) -> frozenset[str]:
+        if unconditionally:
+            key = "called_unconditionally_from_step_functions"
+            if key not in self.cache:
+                names: set[str] = set()
+                for name in self._called_from_step_functions() | self.called_in_loops() | {"training_step"}:
+                    for function in self.functions().get(name, ()):
+                        if self.runs_training_step(function):
+                            names |= _unconditional_calls(function) & set(self.functions())
+                self.cache[key] = frozenset(names)
+            return self.cache[key]
         key = "called_from_step_functions"
         if key not in self.cache:
             self.cache[key] = frozenset()  # a cycle of calls reads the names found so far
@@ -449,6 +461,22 @@ def _last_name(node: ast.AST) -> str | None:
 def _names_loss(node: ast.AST) -> bool:
     name = _last_name(node)
     return name is not None and "loss" in name.lower()
+
+
+def _unconditional_calls(function: ast.AST) -> set[str]:
+    """Names a function calls in statements that run whenever it runs: its body's own
+    statements, ``with`` and ``try`` bodies included, not branches or loops."""
+    stack: list[ast.AST] = list(function.body)  # type: ignore[attr-defined]
+    calls: list[ast.AST] = []
+    while stack:
+        stmt = stack.pop()
+        if isinstance(stmt, (ast.With, ast.AsyncWith, ast.Try)):
+            stack.extend(stmt.body)
+            continue
+        if isinstance(stmt, (ast.If, *LOOP_TYPES, *BOUNDARY_TYPES, ast.Match)) or type(stmt).__name__ == "TryStar":
+            continue
+        calls.extend(n for n in ast.walk(stmt) if isinstance(n, ast.Call))
+    return called_names(calls)
 
 
 def _own_body(scope: ast.AST) -> list[ast.AST]:
