@@ -539,13 +539,13 @@ def _rank(t: torch.Tensor, ndim: int) -> torch.Tensor:
 #: shape (batch, sequence, head_dim)); BDS, channels before positions (batch [* heads],
 #: head_dim, sequence), as diffusion U-Nets write it.
 _SCORE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "BNSD": lambda q, k: _rank(q, k.ndim) @ k.transpose(-2, -1),
+    "BNSD": lambda q, k: q @ k.transpose(-2, -1),
     "BSND": lambda q, k: _rank(q, 4).transpose(1, 2) @ _rank(k, 4).transpose(1, 2).transpose(-2, -1),
     "BNSD-shared": lambda q, k: _rank(q, 4) @ _rank(k, 3).unsqueeze(1).transpose(-2, -1),
     "BDS": lambda q, k: _rank(q, k.ndim).transpose(-2, -1) @ k,
 }
 _VALUE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "BNSD": lambda p, v: _rank(p, v.ndim) @ v,
+    "BNSD": lambda p, v: p @ v,
     "BSND": lambda p, v: (_rank(p, 4) @ _rank(v, 4).transpose(1, 2)).transpose(1, 2),
     "BNSD-shared": lambda p, v: _rank(p, 4) @ _rank(v, 3).unsqueeze(1),
     "BDS": lambda p, v: (_rank(p, v.ndim) @ v.transpose(-2, -1)).transpose(-2, -1),
