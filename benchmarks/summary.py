@@ -143,6 +143,17 @@ def read_recall(result: dict[str, Any]) -> Reading | None:
     return Reading(value, _status(ok))
 
 
+def read_real_recall(result: dict[str, Any]) -> Reading | None:
+    overall, corpus = result.get("overall"), result.get("corpus")
+    if not overall or not corpus or overall.get("recall") is None:
+        return None
+    value = (f"recall {100 * overall['recall']:.1f}%, {overall.get('false_positives', '?')} false positives "
+             f"({corpus.get('positives', '?')} instances, {corpus.get('lookalikes', '?')} look-alikes, "
+             f"{corpus.get('files', '?')} files of {corpus.get('repositories', '?')} repositories)")
+    ok = result.get("status") == "PASS" and not result.get("diagnostics")
+    return Reading(value, _status(ok))
+
+
 def read_e2e_speedup(result: dict[str, Any]) -> Reading | None:
     speedup = result.get("speedup")
     if speedup is None:
@@ -233,6 +244,8 @@ ROWS: tuple[Row, ...] = (
         Quoted("recall 100.0%, false positives 0.0% (108 cases, 67 look-alikes, target npu)", "PASS",
                "2026-11-30 15:54 UTC", CPU_VM, "`75d28f5+dirty`",
                "TORCHAXE_NO_CACHE=1 python benchmarks/formula_recall.py", "75d28f5")),
+    Row("Scanner recall on public code (benchmarks/real_corpus.toml)", "real_recall", ">= 90% recall, 0 false positives",
+        ("src/torchaxe/scan", "benchmarks/real_corpus.toml"), read_real_recall),
     Row("advise end to end, CPU (GPT example, tuned vs original)", "end_to_end", ">= 2x",
         ("src/torchaxe",), read_e2e_speedup,
         Quoted("2.02x", "PASS", "2026-12-01 11:03 UTC", CPU_VM, "`fc5e802`",

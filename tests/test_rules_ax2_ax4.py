@@ -387,3 +387,68 @@ def test_a_momentum_buffer_loop_is_an_update_and_its_momentum_is_kept():
     # A buffer that only accumulates gradients, with the parameters left alone, is not an update.
     accumulate = "import torch\nfor p, acc in zip(model.parameters(), accs):\n    acc.add_(p.grad)\n"
     assert _scan(accumulate, "cuda", ("AX203",)) == []
+
+
+# An optimizer factory in the style many training repositories use: the keywords are
+# collected in a dict, adjusted per optimizer, and spread into the constructor.
+OPTIMIZER_FACTORY = '''\
+import torch.optim as optim
+
+
+def build(name, params, lr=None, weight_decay=0.0, momentum=0.9, **kwargs):
+    opt_args = dict(weight_decay=weight_decay, **kwargs)
+    if lr is not None:
+        opt_args.setdefault("lr", lr)
+    if name == "sgd":
+        opt_args.pop("eps", None)
+        return optim.SGD(params, momentum=momentum, **opt_args)
+    if name == "adamw":
+        return optim.AdamW(params, **opt_args)
+    if name == "nadam":
+        return optim.NAdam(params, **opt_args)
+    raise ValueError(name)
+
+
+def from_config(cfg, params):
+    return optim.AdamW(params, **cfg.optimizer_params)
+
+
+def maybe_fused(params, lr, use_fused):
+    extra = {"fused": True} if use_fused else {}
+    return optim.AdamW(params, lr=lr, **extra)
+
+
+def explicit(params, lr, on_gpu):
+    settings = {"lr": lr, "betas": (0.9, 0.95)}
+    if on_gpu:
+        settings["fused"] = True
+    return optim.AdamW(params, **settings)
+
+
+def plain(params, lr):
+    settings = {"lr": lr, "betas": (0.9, 0.95)}
+    return optim.Adam(params, **settings)
+'''
+
+
+def test_optimizer_keywords_from_a_dict_built_in_the_function_are_read():
+    lines = sorted(f.line for f in _scan(OPTIMIZER_FACTORY, "cpu", ("AX201",)))
+    # SGD and AdamW of build(), Adam of plain(); NAdam has no fused kernel; the config,
+    # the conditional dict and the dict given fused=True may choose an implementation.
+    assert lines == [10, 12, 36]
+
+
+def test_optimizer_keywords_from_a_dict_fix_adds_fused_on_cpu():
+    fixed = _fix(OPTIMIZER_FACTORY, "cpu", ("AX201",))
+    assert "optim.SGD(params, momentum=momentum, **opt_args, fused=True)" in fixed
+    assert "optim.Adam(params, **settings, fused=True)" in fixed
+    assert "optim.AdamW(params, **cfg.optimizer_params)" in fixed
+
+
+def test_optimizer_keywords_from_a_dict_on_npu():
+    findings = {f.line: f for f in _scan(OPTIMIZER_FACTORY, "npu", ("AX201",))}
+    assert sorted(findings) == [10, 12, 36]
+    # build() merges its own **kwargs: the NPU optimizer may not take them.
+    assert findings[12].fix.applicability == Applicability.DISPLAY_ONLY
+    assert findings[36].fix.applicability == Applicability.UNSAFE
+    assert "NpuFusedAdam(params, **settings)" in _fix(OPTIMIZER_FACTORY, "npu", ("AX201",))

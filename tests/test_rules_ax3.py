@@ -432,3 +432,157 @@ def test_ax305_comprehensions_count_as_loops(scan):
     source = "import torch\nxs = [torch.from_numpy(a).cuda() for a in arrays]\nys = [torch.tensor(a).cuda() for a in arrays]\n"
     found = scan(source, target="cuda", select=("AX305",)).findings
     assert len(found) == 2 and all("every iteration" in f.message for f in found)
+
+
+# ------------------------------------------------------------------ steps taken by helpers
+# Training loops whose optimizer step is not written in the loop: a loss-scaler object
+# called with the loss and the optimizer, a GradScaler stepping the optimizer, a step
+# method the loop calls, Lightning's manual optimisation. Their syncs run every step.
+SCALER_LOOP = """\
+import math
+import torch
+
+
+def train_one_epoch(model, loader, optimizer, loss_scaler, device):
+    for images, labels in loader:
+        images = images.to(device, non_blocking=True)
+        with torch.autocast("cuda"):
+            loss = model(images, labels)
+        loss_value = loss.item()
+        if not math.isfinite(loss_value):
+            raise SystemExit(1)
+        loss_scaler(loss, optimizer, parameters=model.parameters())
+        optimizer.zero_grad()
+        torch.cuda.synchronize()
+
+
+def evaluate(model, loader):
+    for images, labels in loader:
+        loss = model(images, labels)
+        print(loss.item())
+
+
+def fit(model, loader, optimizer, scaler, epochs):
+    for epoch in range(epochs):
+        for x, y in loader:
+            with torch.autocast("cuda"):
+                loss = model(x, y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            print(f"loss {loss.item():.3f}")
+        save(model, optimizer, epoch, loss)
+        print(f"last loss {loss.item():.3f}")
+"""
+
+
+def test_a_loss_scaler_or_grad_scaler_steps_the_loop(scan):
+    found = sorted((f.line, f.code) for f in scan(SCALER_LOOP, target="cuda", select=("AX3",)).findings)
+    # loss.item() and synchronize() of the scaler loop, loss.item() of the GradScaler
+    # loop; not the evaluation loop, not the epoch loop that saves a checkpoint.
+    assert found == [(10, "AX301"), (15, "AX304"), (32, "AX301")]
+
+
+STEP_METHOD_LOOP = """\
+import torch
+
+
+class Trainer:
+    def run_loop(self):
+        while self.step < self.steps:
+            batch = next(self.data).to("cuda")
+            self.run_step(batch)
+            if self.log_loss:
+                print(self.last_loss.item())
+            self.step += 1
+
+    def run_step(self, batch):
+        self.forward_backward(batch)
+        if self.use_fp16:
+            self.optimize_fp16()
+        else:
+            self.opt.step()
+
+    def forward_backward(self, batch):
+        loss = self.model(batch)
+        self.last_loss = loss.detach()
+        loss.backward()
+
+    def optimize_fp16(self):
+        if any(not torch.isfinite(p.grad).all() for p in self.params):
+            self.scale /= 2
+            return
+        self.log_grad_norm()
+        self.opt.step()
+
+    def log_grad_norm(self):
+        total = 0.0
+        for p in self.params:
+            total += (p.grad ** 2).sum().item()
+        self.logger.log(total)
+        if self.verbose:
+            self.report_memory()
+
+    def report_memory(self):
+        print(torch.cuda.memory_allocated())
+        print(self.buffer.cpu())
+
+    def evaluate(self):
+        for batch in self.val:
+            print(self.model(batch).item())
+"""
+
+
+def test_a_step_method_called_from_the_loop_makes_it_a_training_loop(scan):
+    found = sorted((f.line, f.code) for f in scan(STEP_METHOD_LOOP, target="cuda", select=("AX3",)).findings)
+    # The loop's own read (line 10), the check inside the fp16 step (line 26, a step
+    # method called from a step method) and the read in the helper every fp16 step
+    # calls (line 35); not the helper it calls only when verbose, nothing in evaluate().
+    assert found == [(10, "AX301"), (26, "AX303"), (35, "AX301")]
+
+
+LIGHTNING_MANUAL = """\
+import torch
+import lightning as L
+
+
+class GAN(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch):
+        opt_g, opt_d = self.optimizers()
+        imgs = batch.to(self.device)
+        g_loss = self.generator_loss(imgs)
+        self.manual_backward(g_loss)
+        opt_g.step()
+        opt_g.zero_grad()
+        d_loss = self.discriminator_loss(imgs)
+        self.manual_backward(d_loss)
+        opt_d.step()
+        opt_d.zero_grad()
+        self.history.append(d_loss.item())
+
+    def validation_step(self, batch):
+        self.history.append(self.generator_loss(batch).item())
+"""
+
+
+def test_lightning_manual_optimisation_training_step_is_a_step(scan):
+    found = [(f.line, f.code) for f in scan(LIGHTNING_MANUAL, target="cuda", select=("AX3",)).findings]
+    assert found == [(21, "AX301")]
+
+
+def test_a_function_calling_itself_is_no_training_step(scan):
+    source = (
+        "import torch\n"
+        "def repackage(h):\n"
+        "    if isinstance(h, torch.Tensor):\n"
+        "        return h.detach()\n"
+        "    return tuple(repackage(v) for v in h)\n"
+        "for x in loader:\n"
+        "    h = repackage(h)\n"
+        "    print(h[0].sum().item())\n"
+    )
+    assert codes(scan(source, target="cuda", select=("AX3",))) == []

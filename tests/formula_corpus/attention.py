@@ -510,3 +510,87 @@ class ImportedFusedOrManual(nn.Module):  # lookalike: attention
         w = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.size(-1)), dim=-1)
         return w @ v
 
+
+
+# ----------------------------------------------------------------------- other layouts
+class SharedKeyValueAttention(nn.Module):  # formula: attention
+    """Multi-query attention: every query head reads the same single key/value head."""
+
+    def forward(self, x):
+        q = self.split_heads(self.to_q(x))
+        k, v = self.to_kv(x).chunk(2, dim=-1)
+        logits = torch.einsum("b h i d, b j d -> b h i j", q * self.scale, k)
+        weights = logits.softmax(dim=-1)
+        return torch.einsum("b h i j, b j d -> b h i d", weights, v)
+
+
+def channels_first_attention(qkv, heads):  # formula: attention
+    """Heads folded into the batch, channels before positions: (B * H, C, T)."""
+    bs, width, length = qkv.shape
+    ch = width // (3 * heads)
+    q, k, v = qkv.reshape(bs * heads, ch * 3, length).split(ch, dim=1)
+    factor = 1 / math.sqrt(math.sqrt(ch))
+    w = torch.einsum("bct,bcs->bts", q * factor, k * factor)
+    w = torch.softmax(w.float(), dim=-1).type(w.dtype)
+    return torch.einsum("bts,bcs->bct", w, v).reshape(bs, -1, length)
+
+
+class ChannelsFirstHeadsAttention(nn.Module):  # formula: attention
+    def forward(self, q, k, v):
+        sim = torch.einsum("b h d i, b h d j -> b h i j", q, k) * self.scale
+        attn = sim.softmax(dim=-1)
+        return torch.einsum("b h i j, b h d j -> b h i d", attn, v)
+
+
+class ScaledBaddbmmAttention(nn.Module):  # formula: attention
+    """Scores made by baddbmm into an empty buffer (beta=0), the scale as alpha."""
+
+    def forward(self, query, key, value):
+        buffer = torch.empty(query.shape[0], query.shape[1], key.shape[1], dtype=query.dtype)
+        scores = torch.baddbmm(buffer, query, key.transpose(-1, -2), beta=0, alpha=self.scale)
+        probs = scores.softmax(dim=-1)
+        return torch.bmm(probs, value)
+
+
+def linear_attention_channels_first(q, k, v):  # lookalike: attention
+    """Softmax over the features of q and the positions of k, no score matrix."""
+    q = q.softmax(dim=-2)
+    k = k.softmax(dim=-1)
+    context = torch.einsum("b h d n, b h e n -> b h d e", k, v)
+    return torch.einsum("b h d e, b h d n -> b h e n", context, q)
+
+
+def pooled_context(x, logits):  # lookalike: attention
+    """Softmax-weighted pooling of the positions: one context vector per head."""
+    return torch.einsum("b i n, b c n -> b c i", logits.softmax(dim=-1), x)
+
+
+def baddbmm_bias_then_scale(bias, q, k, v):  # lookalike: attention
+    """alpha scales the product and beta keeps a bias: the scores are not q @ k^T times a scale plus nothing,
+    and the weights are normalised over the queries."""
+    scores = torch.baddbmm(bias, q, k.transpose(1, 2), beta=1.0, alpha=0.125)
+    return torch.bmm(scores.softmax(dim=-2), v)
+
+
+# ----------------------------------------------------------------------- chunked (memory-efficient) attention
+def summarise_block(q, k, v, bias):  # formula: attention
+    """One key block of a memory-efficient attention: the numerator, its row sums and
+    the row maxima, merged across blocks by the caller."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) + bias
+    top = scores.amax(dim=-1, keepdim=True).detach()
+    numer = torch.exp(scores - top)
+    return torch.matmul(numer, v), numer.sum(dim=-1), top
+
+
+def merge_blocks(values, sums, maxima):  # lookalike: attention
+    """The merge of the blocks: rescaled by exp(max - global max), no scores."""
+    overall = maxima.amax(dim=0, keepdim=True)
+    factor = torch.exp(maxima - overall)
+    values = values * factor.unsqueeze(-1)
+    sums = sums * factor
+    return values.sum(dim=0) / sums.sum(dim=0).unsqueeze(-1)
+
+
+def exp_kernel_features(q, k, v):  # lookalike: attention
+    """exp of each feature (a positive random-feature map), not of the scores."""
+    return torch.exp(q) @ (torch.exp(k).transpose(-1, -2) @ v)

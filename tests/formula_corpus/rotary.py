@@ -87,3 +87,37 @@ def apply_partial_rotary(q, cos, sin, rotary_ndims):  # formula: rotary
     q_pass = q[..., rotary_ndims:]
     q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
     return torch.cat((q_embed, q_pass), dim=-1)
+
+
+# ----------------------------------------------------------------------- applied through a comprehension or a split cache
+def _swap_halves(x):
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def rotary_for_each(tensors, cos, sin):  # formula: rotary
+    """One rotation applied to a list of tensors (queries and keys) in a comprehension."""
+    return [t * cos + _swap_halves(t) * sin for t in tensors]
+
+
+def rotary_over_pair(q, k, cos, sin):  # formula: rotary
+    return tuple(u * cos + _swap_halves(u) * sin for u in (q, k))
+
+
+def rotary_from_stacked_cache(x, cache):  # formula: rotary
+    """cos and sin kept side by side in one cache and split on the way in."""
+    cos, sin = cache.unsqueeze(1).chunk(2, dim=-1)
+    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+    turned = torch.stack((-odd, even), dim=-1).flatten(-2)
+    return x * cos + turned * sin
+
+
+def scaled_each(tensors, gain, shift):  # lookalike: rotary
+    """Another linear map per element of a comprehension: no rotation."""
+    return [t * gain + _swap_halves(shift) for t in tensors]
+
+
+def gated_from_stacked(x, cache):  # lookalike: rotary
+    """A cache split in two, used as a gate and a bias: no rotation of x."""
+    gate, bias = cache.chunk(2, dim=-1)
+    return x * torch.sigmoid(gate) + bias

@@ -7,6 +7,7 @@ Nothing here imports or runs the scanned code.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -253,17 +254,15 @@ class FileContext:
         loop nested in an epoch loop is not a training loop even though the epoch loop
         holds the training loop too: the epoch loop's own body must train.
 
-        A step written as a function (``def train_step(...)`` whose own body calls
-        ``backward()`` or ``step()``) that the file calls inside a loop counts as a
-        training loop's body: the function is returned in place of the loop.
+        A step written as a function counts as a training loop's body: the function
+        is returned in place of the loop (see :meth:`is_step_function`).
         """
         path = [*self.parents, *nodes]
         for i in range(len(path) - 2, -1, -1):
             parent, child = path[i], path[i + 1]
             if isinstance(parent, BOUNDARY_TYPES):
                 if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)) \
-                        and any(child is s for s in parent.body) and parent.name in self.called_in_loops() \
-                        and self.runs_training_step(parent):
+                        and any(child is s for s in parent.body) and self.is_step_function(parent):
                     return parent
                 return None
             if isinstance(parent, LOOP_TYPES) and _repeats(parent, child) and self.runs_training_step(parent):
@@ -290,32 +289,104 @@ class FileContext:
             self.cache[key] = frozenset(names)
         return self.cache[key]
 
+    def is_step_function(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        """Whether a function's body runs once per training step: it runs a training
+        step itself (see :meth:`runs_training_step`) and the file calls it inside a
+        loop or from another step function (``run_step`` calling ``optimize``), or it
+        is a ``training_step`` method that steps by hand (Lightning's manual
+        optimisation: ``self.manual_backward(loss)``, ``opt.step()``)."""
+        if not self.runs_training_step(function):
+            # A helper every step runs: called outside any branch of a step function
+            # (``self._log_grad_norm()`` at the top of ``optimize``).
+            return function.name in self._called_from_step_functions(unconditionally=True)
+        return function.name == "training_step" or function.name in self.called_in_loops() \
+            or function.name in self._called_from_step_functions()
+
+    def _called_from_step_functions(self, unconditionally: bool = False) -> frozenset[str]:
+        if unconditionally:
+            key = "called_unconditionally_from_step_functions"
+            if key not in self.cache:
+                names: set[str] = set()
+                for name in self._called_from_step_functions() | self.called_in_loops() | {"training_step"}:
+                    for function in self.functions().get(name, ()):
+                        if self.runs_training_step(function):
+                            names |= _unconditional_calls(function) & set(self.functions())
+                self.cache[key] = frozenset(names)
+            return self.cache[key]
+        key = "called_from_step_functions"
+        if key not in self.cache:
+            self.cache[key] = frozenset()  # a cycle of calls reads the names found so far
+            names: set[str] = set()
+            for name in self.called_in_loops() | {"training_step"}:
+                for function in self.functions().get(name, ()):
+                    if self.runs_training_step(function):
+                        names |= self._own_callees(function)
+            grown = True
+            while grown:
+                grown = False
+                for name in sorted(names):
+                    for function in self.functions().get(name, ()):
+                        if self.runs_training_step(function):
+                            more = self._own_callees(function) - names
+                            if more:
+                                names |= more
+                                grown = True
+            self.cache[key] = frozenset(names)
+        return self.cache[key]
+
+    def functions(self) -> dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]]:
+        """Every function and method the file defines, by name."""
+        key = "functions"
+        if key not in self.cache:
+            found: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+            for node in ast.walk(self.tree):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found.setdefault(node.name, []).append(node)
+            self.cache[key] = found
+        return self.cache[key]
+
+    def _own_callees(self, scope: ast.AST) -> set[str]:
+        """Names the scope's own body calls (not nested loops or functions) that the
+        file defines."""
+        calls = [n for n in _own_body(scope) if isinstance(n, ast.Call)]
+        return called_names(calls) & set(self.functions())
+
     def runs_training_step(self, loop: ast.AST) -> bool:
         """Whether the loop's (or function's) own body, not nested loops or
-        functions, calls ``backward()`` or an optimizer's ``step()``."""
-        key = ("runs_training_step", id(loop))
+        functions, runs a training step: calls ``backward()`` or an optimizer's
+        ``step()`` (see :meth:`is_training_call`), or a function of this file whose
+        own body does (``self.run_step(batch)``, at most three calls deep)."""
+        return self._trains(loop, 3)
+
+    def _trains(self, scope: ast.AST, depth: int) -> bool:
+        key = ("runs_training_step", id(scope), depth)
         if key not in self.cache:
-            stack: list[ast.AST] = list(loop.body)  # type: ignore[attr-defined]
-            if isinstance(loop, ast.While):
-                stack.append(loop.test)
-            found = False
-            while stack and not found:
-                node = stack.pop()
-                found = self.is_training_call(node)
-                if not isinstance(node, (*LOOP_TYPES, *BOUNDARY_TYPES)):
-                    stack.extend(ast.iter_child_nodes(node))
+            self.cache[key] = False  # a function that calls itself does not train through that call
+            body = _own_body(scope)
+            found = any(self.is_training_call(node) for node in body)
+            if not found and depth > 0:
+                found = any(self._trains(function, depth - 1) for name in self._own_callees(scope)
+                            for function in self.functions()[name])
             self.cache[key] = found
         return self.cache[key]
 
     def is_training_call(self, node: ast.AST) -> bool:
-        """A ``backward()`` call, ``torch.autograd.backward``, or the ``step()`` of an
-        optimizer (a name assigned from an optimizer class, or containing "opt");
-        an LR scheduler's ``step()`` is not one."""
+        """A ``backward()`` call (``accelerator.backward(loss)``, Lightning's
+        ``manual_backward``), ``torch.autograd.backward``, the ``step()`` of an
+        optimizer (a name assigned from an optimizer class, or containing "opt") or a
+        ``step(optimizer)`` that steps one (``scaler.step(opt)``), or a helper given a
+        loss first and an optimizer (``loss_scaler(loss, optimizer)``); an LR
+        scheduler's ``step()`` is not one, nor ``save(model, optimizer, loss)``."""
         if not isinstance(node, ast.Call):
             return False
         func = node.func
+        arguments = [*node.args, *(k.value for k in node.keywords)]
+        if any(self._names_optimizer(a) for a in arguments) and (
+                (isinstance(func, ast.Attribute) and func.attr == "step")
+                or (node.args and _names_loss(node.args[0]))):
+            return True
         if isinstance(func, ast.Attribute):
-            if func.attr == "backward":
+            if func.attr in ("backward", "manual_backward"):
                 return True
             if func.attr == "step":
                 receiver = func.value
@@ -329,6 +400,12 @@ class FileContext:
                     return False
                 return "opt" in name.lower() or name in self.optimizer_names()
         return self.qualified_name(func) == "torch.autograd.backward"
+
+    def _names_optimizer(self, node: ast.AST) -> bool:
+        """An argument that holds an optimizer: a name assigned from an optimizer
+        class, or named like one (``optimizer``, ``opt``, ``self.opt_g``)."""
+        name = _last_name(node)
+        return name is not None and (name in self.optimizer_names() or bool(_OPTIMIZER_NAME.search(name)))
 
     def optimizer_names(self) -> frozenset[str]:
         """Names assigned from a ``torch.optim`` (or torch_npu/apex) optimizer."""
@@ -368,6 +445,53 @@ class FileContext:
                                 names.add(t.attr)
             self.cache[key] = frozenset(names)
         return self.cache[key]
+
+
+_OPTIMIZER_NAME = re.compile(r"(^|_)(opt|optim|optimi[sz]er)s?($|_)", re.IGNORECASE)
+
+
+def _last_name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _names_loss(node: ast.AST) -> bool:
+    name = _last_name(node)
+    return name is not None and "loss" in name.lower()
+
+
+def _unconditional_calls(function: ast.AST) -> set[str]:
+    """Names a function calls in statements that run whenever it runs: its body's own
+    statements, ``with`` and ``try`` bodies included, not branches or loops."""
+    stack: list[ast.AST] = list(function.body)  # type: ignore[attr-defined]
+    calls: list[ast.AST] = []
+    while stack:
+        stmt = stack.pop()
+        if isinstance(stmt, (ast.With, ast.AsyncWith, ast.Try)):
+            stack.extend(stmt.body)
+            continue
+        if isinstance(stmt, (ast.If, *LOOP_TYPES, *BOUNDARY_TYPES, ast.Match)) or type(stmt).__name__ == "TryStar":
+            continue
+        calls.extend(n for n in ast.walk(stmt) if isinstance(n, ast.Call))
+    return called_names(calls)
+
+
+def _own_body(scope: ast.AST) -> list[ast.AST]:
+    """The nodes a loop's or function's own body runs: not those of nested loops or
+    definitions (a ``while`` loop's test included)."""
+    stack: list[ast.AST] = list(scope.body)  # type: ignore[attr-defined]
+    if isinstance(scope, ast.While):
+        stack.append(scope.test)
+    found: list[ast.AST] = []
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        if not isinstance(node, (*LOOP_TYPES, *BOUNDARY_TYPES)):
+            stack.extend(ast.iter_child_nodes(node))
+    return found
 
 
 def called_names(nodes: Iterable[ast.AST]) -> set[str]:

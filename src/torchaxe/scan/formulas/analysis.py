@@ -326,7 +326,7 @@ def _analyse(ctx: FileContext) -> list[FormulaMatch]:
             key = (id(root.scope), id(match.node))
             if key in reported:
                 continue
-            if _has_fused_call(ctx, root.scope, match.category, fused_seen):
+            if _has_fused_call(ctx, root.scope, match.category, fused_seen) and not _other_layout(match):
                 continue
             located = _locate(ctx, root, match, scope_name)
             if located is not None and not _key_named(located):
@@ -393,6 +393,13 @@ def _has_fused_call(ctx: FileContext, scope: ast.AST, category: str, seen: dict[
         seen[key] = any(call in text for call in calls) or any(
             _calls_bare(text, name) for name in _imported_fused_names(ctx, calls))
     return seen[key]
+
+
+def _other_layout(match: Match) -> bool:
+    """A norm over another dimension than the last (ConvNeXt's ``channels_first``
+    branch beside ``F.layer_norm`` for ``channels_last``): the fused call in the scope
+    serves the other layout, so the hand-written one is no fallback of it."""
+    return match.category in ("layer_norm", "rms_norm") and match.params.get("dim", -1) != -1
 
 
 #: Packages whose fused operators ``FUSED_CALLS`` names.

@@ -28,6 +28,7 @@ from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
 from torchaxe.scan.formulas.probes import (
     CONFIRMATIONS, INT, PRIMARY, SCALAR, Probe, data_vars, fresh_full, half_width_roles, make_env, scalar_value,
+    single_count_roles, widened_roles,
 )
 from torchaxe.scan.formulas.store import Match
 
@@ -517,6 +518,42 @@ class NormMatcher(Matcher):
         return None
 
 
+def _applied(apply: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], a: torch.Tensor,
+             b: torch.Tensor) -> torch.Tensor | None:
+    try:
+        return apply(a, b)
+    except (RuntimeError, IndexError):
+        return None  # the operands do not have the layout's shapes
+
+
+def _rank(t: torch.Tensor, ndim: int) -> torch.Tensor:
+    if t.ndim != ndim:
+        raise IndexError("another rank")
+    return t
+
+
+#: The attention layouts read from einsum operands, each as the scores q @ k^T (from q
+#: and k) and the output weights @ v (from the weights and v) would be in that layout:
+#: BNSD (batch, heads, sequence, head_dim); BSND (sequence before heads); BNSD-shared,
+#: one key/value head shared by every query head (multi-query attention, k and v of
+#: shape (batch, sequence, head_dim)); BDS, channels before positions (batch [* heads],
+#: head_dim, sequence), as diffusion U-Nets write it.
+_SCORE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "BNSD": lambda q, k: q @ k.transpose(-2, -1),
+    "BSND": lambda q, k: _rank(q, 4).transpose(1, 2) @ _rank(k, 4).transpose(1, 2).transpose(-2, -1),
+    "BNSD-shared": lambda q, k: _rank(q, 4) @ _rank(k, 3).unsqueeze(1).transpose(-2, -1),
+    "BDS": lambda q, k: _rank(q, k.ndim).transpose(-2, -1) @ k,
+}
+_VALUE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "BNSD": lambda p, v: p @ v,
+    "BSND": lambda p, v: (_rank(p, 4) @ _rank(v, 4).transpose(1, 2)).transpose(1, 2),
+    "BNSD-shared": lambda p, v: _rank(p, 4) @ _rank(v, 3).unsqueeze(1),
+    "BDS": lambda p, v: (_rank(p, v.ndim) @ v.transpose(-2, -1)).transpose(-2, -1),
+    # values channels-first, output positions-first ('b h i j, b h d j -> b h i d')
+    "BDS-v": lambda p, v: _rank(p, v.ndim) @ v.transpose(-2, -1),
+}
+
+
 class AttentionMatcher(Matcher):
     """softmax(q @ k^T * scale [+ mask]) [dropout] @ v, matmul or einsum forms."""
 
@@ -542,23 +579,29 @@ class AttentionMatcher(Matcher):
         def stochastic(t: torch.Tensor) -> bool:
             return float(t.min()) >= -tol and bool(((t.sum(-1) - 1).abs() <= tol * t.shape[-1]).all())
 
-        weights_node, extra_factor = p_node, False
+        weights_node, extra_factor, unnormalised = p_node, False, False
+        p_raw = p
         if not stochastic(p):
             # Weights scaled after the softmax (a head mask): find the softmax itself.
             inner = [n for n in walk(p_node) if n is not p_node and n.ops & {"softmax", "exp"}
                      and n.op not in (VAR, CONST)]
             weights_node = next((n for n in sorted(inner, key=lambda n: -n.size)
                                  if (t := probing.tensor(n)) is not None and t.shape == p.shape and stochastic(t)), None)
-            if weights_node is None:
+            if weights_node is not None:
+                p, extra_factor = probing.tensor(weights_node), True
+            elif "exp" in p_node.ops and float(p.min()) >= 0 and bool((p.sum(-1) > 0).all()) \
+                    and stochastic(p / p.sum(-1, keepdim=True)):
+                # exp(s - max(s)) @ v with the sum kept apart: one chunk of a
+                # memory-efficient attention, normalised once the chunks are merged.
+                weights_node, p, extra_factor, unnormalised = p_node, p / p.sum(-1, keepdim=True), True, True
+            else:
                 return None
-            p, extra_factor = probing.tensor(weights_node), True
         layout = None
         if node.op != "einsum":
             layout = "BNSD"
-        elif p.shape[-1] == v.shape[-2] and probing.compare(y, p @ v)[0]:
-            layout = "BNSD"
-        elif p.ndim == 4 and v.ndim == 4 and probing.compare(y, (p @ v.transpose(1, 2)).transpose(1, 2))[0]:
-            layout = "BSND"
+        else:
+            layout = next((name for name, apply in _VALUE_LAYOUTS.items()
+                           if (ref := _applied(apply, p_raw, v)) is not None and probing.compare(y, ref)[0]), None)
         if layout is None:
             return None
         p_node_outer, p_node = p_node, weights_node
@@ -589,6 +632,8 @@ class AttentionMatcher(Matcher):
                 "layout": layout if qk_layout in (layout, "BNSD-kt", "BNSD-kt-as-written") else "mixed",
                 "k_transposed": qk_layout in ("BNSD-kt", "BNSD-kt-as-written"),
             }
+            if unnormalised:
+                params["chunked"] = True
             if qk_layout == "BNSD-kt-as-written":
                 params["key_as_written"] = True
             if additive is not None:
@@ -606,6 +651,8 @@ class AttentionMatcher(Matcher):
                 params["scale_from_shape"] = bool(scale_node[0].vars) and scale_node[0].vars <= (
                     data_vars(q_node) | data_vars(k_node))
             text = "softmax(q @ k^T * scale" + (" + mask" if params["masked"] else "") + ") @ v"
+            if unnormalised:
+                text = "exp(q @ k^T * scale - max) @ v, the chunk of a softmax(q @ k^T * scale) @ v"
             logits = scale * s.to(torch.float64)
             if additive is not None:
                 logits = logits + weight * probing.tensor(additive).to(torch.float64).expand_as(logits)
@@ -613,8 +660,7 @@ class AttentionMatcher(Matcher):
             if extra_factor:
                 ok, err, rel = probing.compare(p, ref_p)  # the weights; the head mask is the user's
             else:
-                v64 = v.to(torch.float64)
-                ref = ref_p @ v64 if layout == "BNSD" else (ref_p @ v64.transpose(1, 2)).transpose(1, 2)
+                ref = _applied(_VALUE_LAYOUTS[layout], ref_p, v.to(torch.float64))
                 ok, err, rel = probing.compare(y, ref)
             if not ok:
                 continue
@@ -629,10 +675,10 @@ class AttentionMatcher(Matcher):
             a, b = probing.tensor(a_node), probing.tensor(b_node)
             if a is None or b is None:
                 return None
-            if a.shape[-1] == b.shape[-1] and probing.compare(s, a @ b.transpose(-2, -1))[0]:
-                return a_node, b_node, "BNSD"
-            if a.ndim == 4 and b.ndim == 4 and probing.compare(s, a.transpose(1, 2) @ b.transpose(1, 2).transpose(-2, -1))[0]:
-                return a_node, b_node, "BSND"
+            for name, apply in _SCORE_LAYOUTS.items():
+                ref = _applied(apply, a, b)
+                if ref is not None and probing.compare(s, ref)[0]:
+                    return a_node, b_node, name
             return None
         if len(s_node.args) != 2:
             return None
@@ -860,9 +906,15 @@ def compute(root: Node, roles: dict[str, str], categories: frozenset[str]) -> li
         primary = Probing(roles, PRIMARY)
         matches = _match(root, primary, categories, order)
         if not matches:
-            second = half_width_roles(root, roles)
-            if second is not None and not is_tensor(primary.value(root)):
-                matches = _match(root, Probing(second, PRIMARY), categories, order)
+            # Other guesses at shapes: a tree that does not evaluate may take half- or
+            # k-times-wide inputs; sizes computed from a head count may need a count of one.
+            failed = not is_tensor(primary.value(root))
+            guesses = [half_width_roles(root, roles), widened_roles(root, roles)] if failed else []
+            for second in (*guesses, single_count_roles(roles)):
+                if second is not None:
+                    matches = _match(root, Probing(second, PRIMARY), categories, order)
+                    if matches:
+                        break
         return matches
     finally:
         torch.set_num_threads(threads)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import bisect
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -393,6 +394,17 @@ class Scope:
 
     def is_self(self, node: ast.AST) -> bool:
         return isinstance(node, ast.Name) and self.self_name is not None and node.id == self.self_name
+
+    @contextmanager
+    def hidden(self, names: set[str]) -> Iterator[None]:
+        """Reads inside it see ``names`` unbound (a comprehension's loop variables)."""
+        saved = {name: self.env.pop(name) for name in names if name in self.env}
+        try:
+            yield
+        finally:
+            for name in names:
+                self.env.pop(name, None)
+            self.env.update(saved)
 
     def is_self_chain(self, node: ast.AST) -> bool:
         while isinstance(node, ast.Attribute):

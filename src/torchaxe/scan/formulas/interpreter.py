@@ -288,6 +288,9 @@ for _name in V.SCALAR_FUNCTIONS:
 _PASS_THROUGH = frozenset(V.LAYOUT) - {"tuple", "slice", "size", "shape", "dim", "ndim", "numel", "dtype", "device"}
 
 
+_SPLITS = frozenset({"split", "chunk"})
+
+
 def _const_value(node: Node) -> Any:
     value = node.value
     if isinstance(value, tuple) and len(value) == 2 and value[0] == "dtype":
@@ -362,7 +365,9 @@ class Evaluator:
         if node.op in _PASS_THROUGH and node.args:
             value = self.memo.get(id(node.args[0]), FAIL)
             if isinstance(value, torch.Tensor):
-                return value
+                # A split into sizes the probe does not have (split(self.fused_dims)):
+                # pieces of the input's shape, as for a piece the split did not produce.
+                return (value,) if node.op in _SPLITS else value
             if (node.op == "getitem" and isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor)
                     and self.fill is not None):
                 # A piece the probe's split did not produce (q, k, v = qkv.split(width)

@@ -172,6 +172,17 @@ class ExpressionLowering:
         self.subroot(node.orelse)
         return self.opaque(node, lower_children=False)
 
+    def _ListComp(self, node: ast.ListComp | ast.GeneratorExp | ast.SetComp) -> Node:
+        """``[t * cos + rotate_half(t) * sin for t in (q, k)]``: the element is read as
+        a root of its own, its loop variables free (the iterables may hold anything)."""
+        if all(isinstance(g.target, ast.Name) and not g.ifs for g in node.generators):
+            targets = {g.target.id for g in node.generators}  # type: ignore[union-attr]
+            with self.scope.hidden(targets):
+                self.subroot(node.elt)
+        return self.opaque(node, lower_children=False)
+
+    _GeneratorExp = _ListComp
+
     def _Lambda(self, node: ast.Lambda) -> Node:
         self.scope.unit.add_lambda(node, self.scope)
         return self.opaque(node, lower_children=False)

@@ -327,6 +327,45 @@ def half_width_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None
     return {**roles, **changed} if changed else None
 
 
+def widened_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
+    """Another guess when the tree does not evaluate: a full tensor (or cube) split
+    into k equal pieces along its last dimension (``k, v = self.to_kv(x).chunk(2,
+    dim=-1)``) is k times as wide as the tensors its pieces meet."""
+    changed: dict[str, str] = {}
+    for node in walk(root):
+        if node.op != "chunk" or len(node.args) < 2:
+            continue
+        source = node.args[0]
+        while source.op in _WIDTH_KEEPING and source.args:
+            source = source.args[0]  # freqs.unsqueeze(-2).chunk(2, dim=-1)
+        if source.op != VAR:
+            continue
+        count = node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwarg("dim")
+        if count.op != CONST or count.value not in (2, 3) or dim is None or dim.op != CONST or dim.value != -1:
+            continue
+        name = source.value
+        if roles.get(name) in (FULL, CUBE):
+            changed[name] = f"{roles[name]}{WIDE}{count.value}"
+    return {**roles, **changed} if changed else None
+
+
+def single_count_roles(roles: dict[str, str]) -> dict[str, str] | None:
+    """A last guess when the tree does not evaluate: counts (a number of heads) of
+    one, so that sizes computed from them (``width // (3 * self.n_heads)``) are not
+    zero on the probes' small sides."""
+    changed = {name: ONE for name, role in roles.items() if role == COUNT}
+    return {**roles, **changed} if changed else None
+
+
+#: A count of one (see ``single_count_roles``).
+ONE = "one"
+#: Operations that keep the last dimension of their input.
+_WIDTH_KEEPING = frozenset({"unsqueeze", "cast", "contiguous", "detach", "clone"})
+#: Marks a widened role: ``"full*2"`` is a full tensor twice as wide in its last dimension.
+WIDE = "*"
+
+
 def _generator(torch: Any, probe: Probe, name: str) -> Any:
     return torch.Generator().manual_seed((probe.seed * 1_000_003) ^ zlib.crc32(name.encode()))
 
@@ -348,7 +387,11 @@ def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
     env: dict[str, Any] = {}
     for name, role in roles.items():
         g = _generator(torch, probe, name)
-        if role == FULL:
+        if WIDE in role:
+            base, factor = role.split(WIDE)
+            size = (n, n, n, n * int(factor)) if base == FULL else (n, n, n * int(factor))
+            env[name] = torch.randn(size, generator=g, dtype=dtype) * probe.sigma
+        elif role == FULL:
             env[name] = torch.randn(shape, generator=g, dtype=dtype) * probe.sigma
         elif role == VECTOR:
             env[name] = torch.rand((n,), generator=g, dtype=dtype) + 0.5
@@ -360,6 +403,8 @@ def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
             env[name] = shape
         elif role == COUNT:
             env[name] = 2
+        elif role == ONE:
+            env[name] = 1
         elif role == BOUND:
             env[name] = n // 2  # a slice bound: half the width, like a half-width tensor
         elif role == SIZE:

@@ -143,7 +143,11 @@ class HandWrittenAttention(FormulaRule):
     """
     ## What it does
     Flags attention computed by hand: `softmax(q @ k^T * scale [+ mask]) [dropout] @ v`,
-    with `matmul`, `@`, `bmm` or `einsum` (BNSD or BSND layouts), a scale written as a
+    with `matmul`, `@`, `bmm` or `einsum` (BNSD or BSND layouts; in einsum also one
+    key/value head shared by every query head, `'b h i d, b j d -> b h i j'`, and
+    channels before positions, `'bct,bcs->bts'`, as diffusion U-Nets write it; these
+    are advice only), and one chunk of a memory-efficient attention
+    (`exp(scores - max) @ v` with its sum kept apart for the merge, advice only), a scale written as a
     division by `sqrt(d)` or a multiplication, an additive or `masked_fill` mask and
     dropout on the weights. Scores made with `torch.baddbmm(bias, q, k^T, beta=,
     alpha=)` count (`alpha` is the scale, `beta * bias` the mask), and so do einsum
@@ -270,6 +274,16 @@ class HandWrittenAttention(FormulaRule):
     def propose(self, ctx, match):
         q, k, v = match.inputs["q"], match.inputs["k"], match.inputs["v"]
         params = match.params
+        if params.get("chunked"):
+            fused = ("torch_npu.npu_fusion_attention" if ctx.target == "npu"
+                     else "F.scaled_dot_product_attention")
+            return Proposal(
+                f"{fused}(q, k, v) over the whole sequence",
+                f"these are the pieces of a chunked (memory-efficient) attention: exp(scores - max) @ v and its sum, "
+                f"merged over the chunks elsewhere; {fused} computes the whole attention in one fused call without "
+                "materialising the scores, so the chunking and the merge can go",
+                f"use {fused}", Applicability.DISPLAY_ONLY, edit=False,
+            )
         if params.get("k_transposed"):
             k = f"{atom(k)}.transpose(-2, -1)"  # the source keeps the key already transposed
         scale = _scale_argument(match)

@@ -6,7 +6,7 @@ import ast
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import FileContext
+from torchaxe.scan.context import FileContext, walk_scope
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: torch.optim class -> (torch_npu.optim replacement, keywords the replacement accepts).
@@ -54,8 +54,12 @@ class UnfusedOptimizer(Rule):
     Unsafe. The fused kernels round differently in the last bits, `fused=True` raises
     at the first step when a parameter is not a floating-point tensor on a supported
     device, and the NPU optimizers accept fp16/fp32 parameters only, refuse
-    `zero_grad(set_to_none=True)` and must keep the same parameter objects. Calls with
-    `**kwargs` are not flagged: they may already choose an implementation. NPU
+    `zero_grad(set_to_none=True)` and must keep the same parameter objects. A call with
+    `**opt_args` is flagged only when `opt_args` is a dict built earlier in the same
+    function (a literal or `dict(...)`, then item assignments, `setdefault`, `pop`) and
+    nothing in that function gives it `fused` or `foreach`; the function's own
+    `**kwargs` may be merged into it. Keywords from anywhere else (a config object, a
+    parameter) may already choose an implementation and are not flagged. NPU
     replacements are unverified on Ascend hardware.
 
     ## References
@@ -99,7 +103,17 @@ class UnfusedOptimizer(Rule):
         ),
         Invalid("import torch\nopt = torch.optim.RMSprop(params, lr=1e-2, foreach=False)\n", target="npu"),
         Valid("import torch\nopt = torch.optim.AdamW(params, fused=True)\n"),
+        Invalid(
+            "import torch\ndef make(params, lr):\n    args = dict(lr=lr)\n    args['weight_decay'] = 0.1\n"
+            "    return torch.optim.AdamW(params, **args)\n",
+            fixed="import torch\ndef make(params, lr):\n    args = dict(lr=lr)\n    args['weight_decay'] = 0.1\n"
+            "    return torch.optim.AdamW(params, **args, fused=True)\n",
+        ),
         Valid("import torch\nopt = torch.optim.AdamW(params, **cfg)\n"),
+        Valid("import torch\ndef make(params, cuda):\n    args = dict(fused=True) if cuda else dict()\n"
+              "    return torch.optim.AdamW(params, **args)\n"),
+        Valid("import torch\ndef make(params):\n    args = {'lr': 1e-3}\n    args['fused'] = True\n"
+              "    return torch.optim.AdamW(params, **args)\n"),
         Valid("import torch\nopt = torch.optim.AdamW(params, differentiable=True)\n"),
         Valid("import torch\nopt = torch.optim.RMSprop(params)\n", target="cuda"),
         Valid("import torch\nopt = torch.optim.AdamW(params)  # noqa: AX201\n"),
@@ -113,12 +127,19 @@ class UnfusedOptimizer(Rule):
             return
         cls = name.rsplit(".", 1)[1]
         keywords = {k.arg: k for k in node.keywords}
-        if None in keywords or "fused" in keywords:
-            return  # **kwargs may choose an implementation; fused= is the user's choice
+        spread: set[str] = set()
+        for keyword in node.keywords:
+            if keyword.arg is None:
+                known = _dict_keys(keyword.value, ctx)
+                if known is None:
+                    return  # keywords from elsewhere may choose an implementation
+                spread |= known
+        if "fused" in keywords or spread & {"fused", "foreach", "differentiable"}:
+            return  # fused= is the user's choice
         if _is_true(keywords.get("differentiable")):
             return  # fused kernels do not support differentiable=True
         if ctx.target == "npu":
-            yield from self._npu(node, ctx, cls, keywords)
+            yield from self._npu(node, ctx, cls, {**keywords, **dict.fromkeys(spread)})
             return
         if cls not in ctx.capabilities.get("fused_optimizers", ()):
             return
@@ -139,17 +160,102 @@ class UnfusedOptimizer(Rule):
         if cls not in NPU_FUSED:
             return
         fused, accepted = NPU_FUSED[cls]
+        keywords = {k: v for k, v in keywords.items() if k is not None}
         replacement = f"torch_npu.optim.{fused}"
         message = (
             f"torch.optim.{cls} issues many small operators per step on the NPU; "
             f"{replacement} fuses the update ({NPU_CONSTRAINTS}; unverified on Ascend hardware)"
         )
-        extra = sorted(set(keywords) - accepted)
-        if extra:
+        extra = sorted(set(keywords) - accepted - {UNKNOWN_KEYS})
+        if UNKNOWN_KEYS in keywords:
+            fix = ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY,
+                          title=f"use {replacement} if the keywords passed on hold only {', '.join(sorted(accepted))}")
+        elif extra:
             fix = ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY, title=f"use {replacement} (drop {', '.join(extra)})")
         else:
             fix = ctx.fix(self, [ctx.replace(node.func, replacement)], imports=("import torch_npu",), title=f"use {replacement}")
         yield ctx.finding(self, node, message, replacement=f"{replacement}(...)", fix=fix)
+
+
+#: Stands for the keys of a ``**kwargs`` parameter merged into an optimizer's dict.
+UNKNOWN_KEYS = "**"
+
+
+def _dict_keys(value: ast.expr, ctx: FileContext) -> set[str] | None:
+    """The keys of ``**value`` when ``value`` names a dict built in the enclosing
+    function: assigned once from a literal or ``dict(...)`` (whose own ``**`` may only
+    be the function's ``**kwargs`` parameter, then counted as ``UNKNOWN_KEYS``), and
+    afterwards only given string keys (``d["k"] = v``, ``d.setdefault("k", v)``,
+    ``d.update(k=v)``) or emptied of them (``pop``). None when anything else touches
+    it, or when any key in it cannot be read."""
+    if not isinstance(value, ast.Name):
+        return None
+    function = next((p for p in reversed(ctx.parents)
+                     if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if function is None:
+        return None
+    spread_ok = function.args.kwarg.arg if function.args.kwarg else None
+    name = value.id
+    keys: set[str] = set()
+    built = False
+    for node in walk_scope(function):
+        if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id == name:
+                    if built or not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+                        return None
+                    found = _literal_keys(node.value, spread_ok)
+                    if found is None:
+                        return None
+                    keys |= found
+                    built = True
+                elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
+                        and target.value.id == name:
+                    key = target.slice
+                    if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+                        return None
+                    keys.add(key.value)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == name:
+            method = node.func.attr
+            if method in ("setdefault", "pop", "get") and node.args and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str):
+                if method == "setdefault":
+                    keys.add(node.args[0].value)
+            elif method == "update" and not node.args and all(k.arg for k in node.keywords):
+                keys.update(k.arg for k in node.keywords if k.arg)
+            else:
+                return None
+        elif isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
+            return None
+    return keys if built else None
+
+
+def _literal_keys(value: ast.expr, spread_ok: str | None) -> set[str] | None:
+    """The keys of a dict literal or ``dict(k=v, ...)`` call."""
+    keys: set[str] = set()
+    if isinstance(value, ast.Dict):
+        for key, item in zip(value.keys, value.values):
+            if key is None:
+                if not (isinstance(item, ast.Name) and item.id == spread_ok):
+                    return None
+                keys.add(UNKNOWN_KEYS)
+            elif isinstance(key, ast.Constant) and isinstance(key.value, str):
+                keys.add(key.value)
+            else:
+                return None
+        return keys
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "dict" and not value.args:
+        for keyword in value.keywords:
+            if keyword.arg is None:
+                if not (isinstance(keyword.value, ast.Name) and keyword.value.id == spread_ok):
+                    return None
+                keys.add(UNKNOWN_KEYS)
+            else:
+                keys.add(keyword.arg)
+        return keys
+    return None
 
 
 def _is_true(keyword: ast.keyword | None) -> bool:

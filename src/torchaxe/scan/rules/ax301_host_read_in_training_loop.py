@@ -35,7 +35,9 @@ class HostReadInTrainingLoop(Rule):
     Flags `.item()`, `.cpu()`, `.numpy()`, `.tolist()` and a blocking `.to("cpu")`
     inside a training loop (a loop whose own body calls `backward()` or an optimizer's
     `step()`, or the body of a step function that does, such as `def train_step(batch)`,
-    that the file calls in a loop), on the GPU and NPU targets.
+    that the file calls in a loop or from another step function; a loss scaler called with the
+    loss and the optimizer, `scaler.step(opt)`, `accelerator.backward(loss)` and a
+    Lightning `training_step` that steps by hand count as steps), on the GPU and NPU targets.
 
     ## Why is this bad?
     The device runs kernels asynchronously: the host queues the next step's work while

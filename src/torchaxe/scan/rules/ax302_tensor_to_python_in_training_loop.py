@@ -24,7 +24,9 @@ class TensorToPythonInTrainingLoop(Rule):
     ## What it does
     Flags, inside a training loop (a loop whose own body calls `backward()` or an
     optimizer's `step()`, or the body of a step function that does, such as
-    `def train_step(batch)`, that the file calls in a loop), code that turns a tensor
+    `def train_step(batch)`, that the file calls in a loop or from another step function; a loss scaler called with the
+    loss and the optimizer, `scaler.step(opt)`, `accelerator.backward(loss)` and a
+    Lightning `training_step` that steps by hand count as steps), code that turns a tensor
     into a Python value: `float(t)`, `int(t)`, `bool(t)`, `str(t)`, `print(t)`,
     `f"{t}"`, `"%f" % t`, `"{}".format(t)`, `math.exp(t)`, `writer.add_scalar(tag, t)`
     and tqdm's `set_postfix(loss=t)`. Only expressions that plausibly hold a tensor

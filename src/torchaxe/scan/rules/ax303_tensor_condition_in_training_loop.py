@@ -21,7 +21,10 @@ class TensorConditionInTrainingLoop(Rule):
     tensor (`if torch.isnan(loss):`, `if loss > best:`, `assert mask.any()`) inside a
     training loop (a loop whose own body calls `backward()` or an optimizer's `step()`,
     or the body of a step function that does, such as `def train_step(batch)`, that the
-    file calls in a loop). Identity tests (`if loss is None`) are not tensor conditions.
+    file calls in a loop or from another step function; a loss scaler called with the
+    loss and the optimizer, `scaler.step(opt)`, `accelerator.backward(loss)` and a
+    Lightning `training_step` that steps by hand count as steps). Each element of `any(...)` or `all(...)` over a generator is
+    one condition. Identity tests (`if loss is None`) are not tensor conditions.
 
     ## Why is this bad?
     Python must know the condition's truth to choose a branch, so it calls
@@ -188,5 +191,9 @@ def _atoms(test: ast.AST) -> Iterator[ast.AST]:
                 return
     elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         yield from _atoms(test.operand)
+    elif isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id in ("any", "all") \
+            and len(test.args) == 1 and isinstance(test.args[0], (ast.GeneratorExp, ast.ListComp)):
+        # ``any(not torch.isfinite(p.grad).all() for p in params)``: one read per element
+        yield from _atoms(test.args[0].elt)
     else:
         yield test

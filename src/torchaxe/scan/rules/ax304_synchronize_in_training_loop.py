@@ -72,8 +72,9 @@ class SynchronizeInTrainingLoop(Rule):
     `torch.accelerator.synchronize()`, `torch.cuda.current_stream().synchronize()` and
     `.synchronize()` on a stream or event made in the file, inside a training loop (a
     loop whose own body calls `backward()` or an optimizer's `step()`, or the body of a
-    step function that does, such as `def train_step(batch)`, that the file calls in a
-    loop).
+    step function that does, such as `def train_step(batch)`, that the file calls in a loop or from another step function; a loss scaler called with the
+    loss and the optimizer, `scaler.step(opt)`, `accelerator.backward(loss)` and a
+    Lightning `training_step` that steps by hand count as steps).
 
     ## Why is this bad?
     The host normally runs ahead of the device, queuing the next kernels while the

@@ -177,7 +177,9 @@ class BlockingBatchCopy(Rule):
     Flags `.to(device)`, `.cuda()` and `.npu()` of a batch without `non_blocking=True`
     inside a training loop (a loop whose own body calls `backward()` or an optimizer's
     `step()`, or the body of a step function that does, such as `def train_step(batch)`,
-    that the file calls in a loop), when the file builds a DataLoader with
+    that the file calls in a loop or from another step function; a loss scaler called with the
+    loss and the optimizer, `scaler.step(opt)`, `accelerator.backward(loss)` and a
+    Lightning `training_step` that steps by hand count as steps), when the file builds a DataLoader with
     `pin_memory=True`. A batch is the for-loop variable over a loader (through
     `enumerate`, `tqdm`, ...), a `next()` of an iterator over one, or a tensor unpacked
     or indexed from it (`x, y = batch`, `batch["ids"]`,

@@ -1,0 +1,138 @@
+"""benchmarks/real_recall.py: reads its manifest, finds the files, scores recall and
+false positives per class, and says in one line why it cannot run."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "real_recall.py"
+
+TRAIN = """\
+import torch
+
+
+def fit(model, loader, optimizer, scaler):
+    for x, y in loader:
+        x = x.to("cuda", non_blocking=True)
+        with torch.autocast("cuda"):
+            loss = model(x, y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        print(loss.item())
+
+
+def evaluate(model, loader):
+    for x, y in loader:
+        print(model(x, y).item())
+
+
+def make(params, lr):
+    settings = {"lr": lr}
+    return torch.optim.AdamW(params, **settings)
+"""
+
+MANIFEST = """\
+[[file]]
+repo = "someone/trainer"
+commit = "0123456789abcdef0123456789abcdef01234567"
+path = "src/train.py"
+cases = [
+  { lines = [12, 12], class = "loop_sync_helper", kind = "positive" },
+  { lines = [17, 17], class = "loop_sync_helper", kind = "lookalike" },
+  { lines = [%s, %s], class = "optimizer_kwargs", kind = "positive" },
+]
+
+[[file]]
+repo = "someone/trainer"
+commit = "fedcba9876543210fedcba9876543210fedcba98"
+path = "src/train.py"
+cases = [
+  { lines = [17, 17], class = "loop_sync_helper", kind = "positive", note = "an evaluation loop, labelled wrong" },
+]
+"""
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("real_recall_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("real_recall_bench", None)
+
+
+def _corpus(tmp_path: Path, optimizer_line: int = 22) -> tuple[Path, Path]:
+    manifest = tmp_path / "corpus.toml"
+    manifest.write_text(MANIFEST % (optimizer_line, optimizer_line))
+    sources = tmp_path / "sources"
+    for folder in ("someone+trainer", "someone+trainer@fedcba987654"):
+        target = sources / folder / "src" / "train.py"
+        target.parent.mkdir(parents=True)
+        target.write_text(TRAIN)
+    return manifest, sources
+
+
+def _run(bench, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = bench.main(list(argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_scores_each_class_and_fails_on_a_miss(bench, tmp_path):
+    manifest, sources = _corpus(tmp_path)
+    code, out, _ = _run(bench, "--manifest", str(manifest), "--sources", str(sources), "--json")
+    data = json.loads(out)
+    loops, optimizers = data["classes"]["loop_sync_helper"], data["classes"]["optimizer_kwargs"]
+    # The training loop's read is found; the evaluation loop's is not, so the case
+    # labelled positive there is a miss and the look-alike is no false positive.
+    assert (loops["positives"], loops["found"], loops["lookalikes"], loops["false_positives"]) == (2, 1, 1, 0)
+    assert (optimizers["positives"], optimizers["found"]) == (1, 1)
+    assert data["overall"]["recall"] == pytest.approx(2 / 3)
+    assert data["corpus"] == {"files": 2, "repositories": 1, "positives": 3, "lookalikes": 1}
+    assert data["status"] == "FAIL" and code == 1
+    assert loops["misses"] == ["someone/trainer/src/train.py:17-17 (an evaluation loop, labelled wrong)"]
+
+
+def test_a_false_positive_fails_even_at_full_recall(bench, tmp_path):
+    manifest, sources = _corpus(tmp_path)
+    text = manifest.read_text().replace('kind = "lookalike"', 'kind = "positive"')
+    text = text.replace('{ lines = [17, 17], class = "loop_sync_helper", kind = "positive", note',
+                        '{ lines = [12, 12], class = "loop_sync_helper", kind = "lookalike", note')
+    manifest.write_text(text)
+    code, out, _ = _run(bench, "--manifest", str(manifest), "--sources", str(sources))
+    assert code == 1
+    assert "false positive (loop_sync_helper): someone/trainer/src/train.py:12-12 AX301:12" in out
+
+
+def test_print_fetch_names_every_file_at_its_commit(bench, tmp_path):
+    manifest, _ = _corpus(tmp_path)
+    code, out, _ = _run(bench, "--manifest", str(manifest), "--sources", "/data/real", "--print-fetch")
+    assert code == 0
+    assert out.count("git clone") == 1
+    assert "show 0123456789abcdef0123456789abcdef01234567:src/train.py > /data/real/someone+trainer/src/train.py" in out
+    assert "> /data/real/someone+trainer@fedcba987654/src/train.py" in out
+
+
+@pytest.mark.parametrize("problem", ["no sources", "missing file", "bad manifest", "unknown class"])
+def test_cannot_run_is_one_line_and_exit_2(bench, tmp_path, problem):
+    manifest, sources = _corpus(tmp_path)
+    if problem == "no sources":
+        sources = tmp_path / "nowhere"
+    elif problem == "missing file":
+        (sources / "someone+trainer" / "src" / "train.py").unlink()
+    elif problem == "bad manifest":
+        manifest.write_text("[[file]\n")
+    else:
+        manifest.write_text(manifest.read_text().replace("optimizer_kwargs", "optimiser"))
+    code, out, err = _run(bench, "--manifest", str(manifest), "--sources", str(sources))
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("real_recall: error: ") and len(lines) <= 2
