@@ -345,6 +345,9 @@ def test_host_tensor_tracking_stays_out_of_compiled_graphs():
         assert len(graphs) == 1 and probe.counts(compiled(x))
     finally:
         probe.uninstall()
+    # After the run (the tuner compiles in the same process), torch's own functions again.
+    after = torch.compile(lambda x: x + torch.arange(4), backend=backend, fullgraph=True)
+    assert after(torch.zeros(4)).tolist() == [0.0, 1.0, 2.0, 3.0] and len(graphs) == 2
 
 
 def test_a_read_in_a_framework_names_the_users_line_and_the_frameworks(tmp_path):

@@ -308,42 +308,66 @@ def _gives_device(args: tuple, kwargs: dict) -> bool:
         and not isinstance(args[0], bool)
 
 
+def _forget_compiler_lookups() -> None:
+    """torch.compile looks torch's functions up by name once and keeps what it found:
+    while the factories are wrapped, the wrappers. Once they are put back, that table
+    is dropped (when the compiler is loaded), so a later compile in this process (the
+    tuner's) finds torch's own functions again."""
+    rules = sys.modules.get("torch._dynamo.trace_rules")
+    clear = getattr(rules, "clear_lru_cache", None)
+    if clear is not None:
+        try:
+            clear()
+        except Exception:  # noqa: BLE001 - a compiler without the table has nothing to drop
+            pass
+
+
+def _held(ids: dict[int, Any], tensor: Any) -> bool:
+    """Whether ``ids`` holds ``tensor`` or the tensor it is a view of (a hot path:
+    one dict lookup, and a second for views)."""
+    ref = ids.get(id(tensor))
+    if ref is not None and ref() is tensor:
+        return True
+    base = tensor._base
+    if base is None:
+        return False
+    ref = ids.get(id(base))
+    return ref is not None and ref() is base
+
+
 class HostTensors:
     """On a cpu run, the tensors that a run on a device would keep on the host: made
     by a :data:`HOST_FACTORIES` call without a ``device`` (nanoGPT's
     ``ix = torch.randint(n, (batch_size,))``), their views (``ix[0]``, ``for i in
     ix``), their dtype conversions (``t.to(torch.float32)``) and
     :data:`HOST_ARITHMETIC` of them with numbers or each other (``i + block_size``),
-    until they are moved (``t.to(device)``, which on the cpu
-    returns the same tensor). Results of any other operation are not tracked: they
-    count as the device's. Tensors are held weakly, by identity."""
+    until they are moved (``t.to(device)``, which on the cpu returns the same tensor).
+    Results of any other operation are not tracked: they count as the device's.
+    Tensors are held weakly, by identity. The wrappers cost about a microsecond per
+    call on the tensors of the model, and nothing under torch.compile (they trace as
+    the originals, or are taken for torch's own when the run's first compile looks
+    torch's functions up; the compiler's table of them is dropped after the run, so
+    that later compiles in the process find the originals)."""
 
     def __init__(self) -> None:
         import weakref
 
-        self._ref = weakref.ref
+        self._ref = weakref.KeyedRef
         self._ids: dict[int, Any] = {}
+        ids = self._ids
+        self._forget = lambda dead: ids.pop(dead.key, None)
         self._saved: list[tuple[Any, str, Any, bool]] = []
 
     def mark(self, tensor: Any) -> None:
-        key, ids = id(tensor), self._ids
-        ids[key] = self._ref(tensor, lambda _dead, key=key: ids.pop(key, None))
+        key = id(tensor)
+        self._ids[key] = self._ref(tensor, self._forget, key)
 
     def unmark(self, tensor: Any) -> None:
         self._ids.pop(id(tensor), None)
 
-    def _has(self, tensor: Any) -> bool:
-        ref = self._ids.get(id(tensor))
-        return ref is not None and ref() is tensor
-
     def holds(self, tensor: Any) -> bool:
         """Whether ``tensor`` (or the tensor it is a view of) stays on the host."""
-        if not self._ids:
-            return False
-        if self._has(tensor):
-            return True
-        base = getattr(tensor, "_base", None)
-        return base is not None and self._has(base)
+        return bool(self._ids) and _held(self._ids, tensor)
 
     # -- install
 
@@ -355,12 +379,15 @@ class HostTensors:
             if hasattr(torch, name):
                 patch_attribute(self._saved, torch, name, self._factory(getattr(torch, name), compiling))
         for name in HOST_ARITHMETIC:
-            patch_attribute(self._saved, torch.Tensor, name, self._arithmetic(getattr(torch.Tensor, name), compiling))
+            original = getattr(torch.Tensor, name)
+            wrap = self._unary if name == "__neg__" else self._binary
+            patch_attribute(self._saved, torch.Tensor, name, wrap(original, compiling))
         patch_attribute(self._saved, torch.Tensor, "to", self._moved(torch.Tensor.to, compiling))
 
     def uninstall(self) -> None:
         restore_patches(self._saved)
         self._ids.clear()
+        _forget_compiler_lookups()
 
     def _factory(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
         mark = self.mark
@@ -375,31 +402,46 @@ class HostTensors:
 
         return factory
 
-    def _arithmetic(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
+    def _binary(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
         import torch
 
-        ids, has, mark, tensor_type = self._ids, self.holds, self.mark, torch.Tensor
+        ids, mark, tensor_type = self._ids, self.mark, torch.Tensor
 
-        def arithmetic(tensor, *other):
-            if compiling() or not ids:
-                return original(tensor, *other)
-            out = original(tensor, *other)
-            if isinstance(out, tensor_type) and has(tensor) \
-                    and all(has(o) for o in other if isinstance(o, tensor_type)):
+        def arithmetic(tensor, other):
+            if compiling():
+                return original(tensor, other)
+            out = original(tensor, other)
+            if ids and _held(ids, tensor) and isinstance(out, tensor_type) \
+                    and (not isinstance(other, tensor_type) or _held(ids, other)):
+                mark(out)
+            return out
+
+        return arithmetic
+
+    def _unary(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
+        ids, mark = self._ids, self.mark
+
+        def arithmetic(tensor):
+            if compiling():
+                return original(tensor)
+            out = original(tensor)
+            if ids and _held(ids, tensor):
                 mark(out)
             return out
 
         return arithmetic
 
     def _moved(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
-        ids, holds, mark, unmark = self._ids, self.holds, self.mark, self.unmark
+        ids, mark = self._ids, self.mark
 
         def to(tensor, *args, **kwargs):
+            if compiling():
+                return original(tensor, *args, **kwargs)
             out = original(tensor, *args, **kwargs)
-            if ids and not compiling():
+            if ids:
                 if _gives_device(args, kwargs):
-                    unmark(out)
-                elif out is not tensor and holds(tensor):
+                    ids.pop(id(out), None)
+                elif out is not tensor and _held(ids, tensor):
                     mark(out)  # a dtype conversion stays where it was
             return out
 

@@ -167,11 +167,12 @@ class NoStochasticLayers(TorchFunctionMode):
 
 @contextlib.contextmanager
 def same_randomness() -> Any:
-    """Runs inside compare what the compiler does, not which random numbers it drew:
-    stochastic layers off (:class:`NoStochasticLayers`) and, where inductor is in use,
-    its random operators drawn from eager's generator (``fallback_random``), so a run
-    that starts from the same seed draws the same numbers compiled or not. A compiled
-    module must have run once before (inductor loaded), as the tuner's first run does."""
+    """Runs made inside compare what the compiler computes, not which random numbers
+    it drew: stochastic layers off (:class:`NoStochasticLayers`) and, where inductor is
+    in use, its random operators drawn from eager's generator (``fallback_random``),
+    so a run that starts from the same seed draws the same numbers compiled or not.
+    A compiled module must have run once before (inductor loaded), as the tuner's
+    first, compiling run does."""
     with contextlib.ExitStack() as stack:
         inductor = sys.modules.get("torch._inductor.config")
         if inductor is not None:
