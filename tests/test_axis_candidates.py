@@ -33,6 +33,21 @@ def test_the_loader_candidate_uses_the_data_axis_worker_estimate(cores: int) -> 
     assert loader.knobs["dataloader"]["num_workers"] == estimate_workers(None, None, cores)
 
 
+def test_the_loader_candidate_never_asks_for_more_workers_than_usable_cpus(monkeypatch) -> None:
+    import os
+
+    # Loading a batch takes 40x the compute: the estimate alone would ask for 40 workers.
+    slow = {"summary": {"data_wait_fraction": 0.9, "data_wait_seconds_median": 0.41, "step_seconds_median": 0.42}}
+    (loader,) = data.candidates(slow, "cuda", {"allowed_cpus": 2})
+    assert loader.knobs["dataloader"]["num_workers"] == 2
+    # Without the run's figure: this process's affinity, not the machine's count.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    (loader,) = data.candidates(slow, "cuda", {})
+    assert loader.knobs["dataloader"]["num_workers"] == 2 and "num_workers=2" in loader.rec.title
+
+
 def test_shapes_try_and_advise_share_the_npu_compile_mode() -> None:
     static = {c.key: c.knobs for c in shapes.candidates({"shapes": {"static": True}}, "npu", {})}
     tried = {s["name"]: s for s in shapes.trial_settings("npu")}

@@ -127,6 +127,17 @@ def test_verdict_data_bound_without_workers():
     assert any(r.startswith("per sample: read 1.00 ms, decode 6.00 ms") for r in verdict.reasons)
 
 
+def test_verdict_for_a_tensor_dataset_says_what_is_true():
+    report = _report(_record(dataset_type="TensorDataset"), wait=0.05, compute=0.05, cores=2,
+                     stages=_stages(read=0.0, decode=0.0))
+    verdict = judge(report)
+    assert any(r.startswith("the dataset is a TensorDataset: its batches are tensors already in memory")
+               for r in verdict.reasons)
+    assert not any("decod" in s for s in verdict.suggestions)
+    assert all(int(s.split()[0].split("=")[1]) <= 2 for s in verdict.suggestions if s.startswith("num_workers="))
+    assert not any("TensorDataset" in r for r in judge(_report(_record(), stages=_stages())).reasons)
+
+
 def test_verdict_busy_workers_restarts_and_decoders():
     record = _record(num_workers=2, worker_cpu_seconds=9.0, worker_alive_seconds=10.0,
                      iterator_seconds=[0.2, 0.2, 0.2])

@@ -250,6 +250,149 @@ for _ in range(4):
     assert site.via is not None and "logging" in site.via
 
 
+def test_index_tensors_that_stay_on_the_host_are_not_syncs_on_the_cpu(tmp_path):
+    """nanoGPT's ``get_batch``: an index tensor made without a device slices a numpy
+    array; a device run keeps it on the host, so its reads are not syncs."""
+    source = PRELUDE + """
+import numpy as np
+data = np.arange(1000, dtype=np.uint16)
+block_size = 8
+def get_batch():
+    ix = torch.randint(len(data) - block_size, (4,))
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix])   # SLICE
+    first = int(ix[0])                                                                          # ELEMENT
+    moved = torch.randint(10, (2,)).to("cpu")
+    return x, moved.tolist()                                                                    # MOVED
+for _ in range(5):
+    get_batch()
+    loss = step()
+    loss.item()                                                                                 # ITEM
+"""
+    path = write_script(tmp_path, source)
+    profile = run_command(["python", str(path)], steps=3, warmup=1)
+    sites = {(s.line, s.call): s.count for s in profile.host_syncs}
+    assert sites == {(line_of(path, "ITEM"), "item"): 3, (line_of(path, "MOVED"), "tolist"): 3}
+    assert profile.summary.host_syncs_per_step == 2
+
+
+def _sink():
+    return types.SimpleNamespace(started=True, syncs=0, add_sync=lambda: None)
+
+
+def test_the_sync_decision_with_a_pretend_accelerator_and_on_the_cpu():
+    import numpy as np
+    import torch
+
+    from torchaxe.runtime.probes import CodeMap, HostSyncProbe
+
+    # A run on an accelerator: tensors on the host are never device syncs, whatever made them.
+    device_run = HostSyncProbe(_sink(), CodeMap(), count_host_tensors=False)
+    assert not device_run.counts(torch.randint(10, (4,)))
+    assert not device_run.counts(torch.ones(2, requires_grad=True).sum())
+    assert device_run.counts(torch.empty(3, device="meta"))  # the pretend device's tensor
+    # A cpu run: every tensor is on the host; those a device run would keep there are left out.
+    cpu_run = HostSyncProbe(_sink(), CodeMap(), count_host_tensors=True)
+    cpu_run.install()
+    try:
+        ix = torch.randint(100, (4,))
+        stays = [ix, ix[0], *ix, ix[1] + 8, 1 + ix[2] * 2 - 1, -ix, torch.arange(3) // 2,
+                 torch.from_numpy(np.zeros(2)), torch.tensor([1, 2])]
+        assert not any(cpu_run.counts(t) for t in stays)
+        model = torch.nn.Linear(2, 1)
+        device = torch.device("cpu")
+        moved = torch.zeros(3, 2).to(device)
+        placed = torch.zeros(3, 2, device=device)
+        loss = model(moved).sum()
+        goes = [moved, placed, loss, loss.detach(), ix.float().mean(), ix[:3] + placed[:, 0].long(),
+                torch.zeros(2).to(device="cpu", dtype=torch.float64)]
+        assert all(cpu_run.counts(t) for t in goes)
+        assert not cpu_run.counts(torch.zeros(2).to(torch.float64))  # a dtype, not a device
+        assert cpu_run.counts(torch.zeros(2).to(torch.float64).to(device))
+    finally:
+        cpu_run.uninstall()
+    assert torch.randint.__module__ != __name__ and not hasattr(torch.randint, "__wrapped__")
+    assert "__add__" not in vars(torch.Tensor)
+
+
+def test_host_tensor_tracking_stays_out_of_compiled_graphs():
+    """The wrapped factories and arithmetic trace as torch's own: one graph, no break."""
+    import torch
+
+    from torchaxe.runtime.probes import CodeMap, HostSyncProbe
+
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            pos = torch.arange(x.shape[1])
+            return (self.fc(x) + pos * 2 + torch.zeros(4)).to(torch.float32) - 1
+
+    probe = HostSyncProbe(_sink(), CodeMap(), count_host_tensors=True)
+    probe.install()
+    try:
+        model = Model()
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        x = torch.randn(2, 4, device="cpu")
+        assert torch.allclose(compiled(x), model(x))
+        assert len(graphs) == 1 and probe.counts(compiled(x))
+    finally:
+        probe.uninstall()
+    # After the run (the tuner compiles in the same process), torch's own functions again.
+    after = torch.compile(lambda x: x + torch.arange(4), backend=backend, fullgraph=True)
+    assert after(torch.zeros(4)).tolist() == [0.0, 1.0, 2.0, 3.0] and len(graphs) == 2
+
+
+def test_a_read_in_a_framework_names_the_users_line_and_the_frameworks(tmp_path):
+    """Inside a framework every read is under the user's ``trainer.train()`` line;
+    each names the framework line that read it, the innermost installed package's
+    frame before the standard library's, and they are separate sites."""
+    import importlib.util
+
+    import torch
+
+    from torchaxe.runtime.probes import CodeMap, HostSyncProbe
+
+    site, stdlib = tmp_path / "site", tmp_path / "lib"
+    write_script(stdlib, "def fmt(t):\n    return '%.3f' % t.item()\n", name="fmtlib.py")
+    write_script(site, """
+        import fmtlib
+        def train(t):
+            for _ in range(2):
+                t.item()                  # TRAINER-ITEM
+                fmtlib.fmt(t)             # TRAINER-LOG
+        """, name="framework/trainer.py")
+    sys.path.insert(0, str(stdlib))
+    try:
+        spec = importlib.util.spec_from_file_location("framework_trainer_for_test", site / "framework" / "trainer.py")
+        trainer = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(trainer)
+        torch_dir = os.path.dirname(torch.__file__)
+        codes = CodeMap(internal=(torch_dir,), library=(str(stdlib), str(site)), installed=(str(site),),
+                        cwd=str(tmp_path))
+        probe = HostSyncProbe(_sink(), codes, count_host_tensors=True)
+        probe.install()
+        try:
+            trainer.train(torch.ones(1, device="cpu", requires_grad=True) * 2)
+            train_line = sys._getframe().f_lineno - 1
+        finally:
+            probe.uninstall()
+    finally:
+        sys.path.remove(str(stdlib))
+    path = site / "framework" / "trainer.py"
+    sites = {s.via: (s.line, s.call, s.count) for s in probe.sites()}
+    assert sites == {f"framework/trainer.py:{line_of(path, 'TRAINER-ITEM')}": (train_line, "item", 2),
+                     f"framework/trainer.py:{line_of(path, 'TRAINER-LOG')}": (train_line, "item", 2)}
+    assert codes.show_library(str(stdlib / "fmtlib.py"), 2) == "fmtlib.py:2"
+
+
 def test_torchs_own_warnings_keep_the_users_line(tmp_path, monkeypatch):
     """A warning torch raises inside ``item()`` (from C++, so located at the Python
     frame that called it: the harness's wrapper) still points at the user's line."""
@@ -428,7 +571,8 @@ def test_code_map_classifies_files(tmp_path):
     from torchaxe.runtime.probes import CodeMap
 
     torch_dir, lib, work = tmp_path / "site" / "torch", tmp_path / "lib", tmp_path / "work"
-    codes = CodeMap(internal=(str(torch_dir),), library=(str(lib), str(tmp_path / "site")), cwd=str(work))
+    codes = CodeMap(internal=(str(torch_dir),), library=(str(lib), str(tmp_path / "site")), cwd=str(work),
+                    installed=(str(tmp_path / "site"),))
     assert codes.kind(str(torch_dir / "optim" / "adam.py")) == "internal"
     assert codes.kind(str(torch_dir / "_tensor.py")) == "tensor"
     assert codes.kind(str(tmp_path / "site" / "transformers" / "x.py")) == "library"
@@ -437,6 +581,10 @@ def test_code_map_classifies_files(tmp_path):
     assert codes.kind(str(work / "train.py")) == "user"
     assert codes.show(str(work / "sub" / "train.py")) == "sub/train.py"
     assert codes.show("/elsewhere/train.py") == "/elsewhere/train.py"
+    assert codes.is_installed(str(tmp_path / "site" / "transformers" / "x.py"))
+    assert not codes.is_installed(str(lib / "logging" / "__init__.py"))
+    assert codes.show_library(str(tmp_path / "site" / "transformers" / "trainer.py"), 7) == "transformers/trainer.py:7"
+    assert codes.show_library(str(lib / "logging" / "__init__.py"), 3) == "logging/__init__.py:3"
 
 
 def test_input_signature():

@@ -20,7 +20,9 @@ CASES = [
 
 
 def _options(rule, target):
-    return ScanOptions(target=target, select=(rule.code,), capabilities=torch_capabilities(target))
+    # The examples are written for a machine with CPUs to spare (AX401's worker count).
+    capabilities = {**torch_capabilities(target), "cpus": 16}
+    return ScanOptions(target=target, select=(rule.code,), capabilities=capabilities)
 
 
 @pytest.mark.parametrize("rule,index,example", CASES)

@@ -18,12 +18,12 @@ from torchaxe.scan.rules.base import DOC_SECTIONS
 OURS = ("AX202", "AX203", "AX204", "AX401", "AX402", "AX403", "AX404")
 
 
-def _options(target: str, select: tuple[str, ...] = OURS) -> ScanOptions:
-    return ScanOptions(target=target, select=select, capabilities=torch_capabilities(target))
+def _options(target: str, select: tuple[str, ...] = OURS, cpus: int = 16) -> ScanOptions:
+    return ScanOptions(target=target, select=select, capabilities={**torch_capabilities(target), "cpus": cpus})
 
 
-def _scan(source: str, target: str = "cpu", select: tuple[str, ...] = OURS):
-    report = scan_source(source, "t.py", _options(target, select))
+def _scan(source: str, target: str = "cpu", select: tuple[str, ...] = OURS, cpus: int = 16):
+    report = scan_source(source, "t.py", _options(target, select, cpus))
     assert not report.diagnostics, report.diagnostics
     return report.findings
 
@@ -241,6 +241,52 @@ def test_workers_fix_applies_to_explicit_zero_in_place():
     assert _fix(source, "cpu", ("AX401",)) == (
         "from torch.utils.data import DataLoader\nl = DataLoader(ds, num_workers=4, shuffle=True)\n"
     )
+
+
+@pytest.mark.parametrize("cpus,target,workers", [(2, "cpu", 1), (2, "cuda", 2), (1, "cpu", 1), (1, "npu", 1),
+                                                 (3, "cpu", 2), (64, "cuda", 4)])
+def test_the_worker_count_stays_within_the_cpus_the_process_may_use(cpus, target, workers):
+    source = "from torch.utils.data import DataLoader\nl = DataLoader(ds, shuffle=True)\n"
+    [finding] = _scan(source, target, ("AX401",), cpus=cpus)
+    assert f"num_workers={workers} is a start" in finding.message
+    assert f"within the {cpus} CPUs this process may use" in finding.message
+    assert finding.replacement == f"DataLoader(..., num_workers={workers})"
+    fixed = fix_source(source, "t.py", _options(target, ("AX401",), cpus), unsafe=True).fixed
+    assert f"num_workers={workers})" in fixed
+
+
+def test_the_cpus_are_the_processs_affinity(monkeypatch):
+    import os
+
+    from torchaxe.cpulist import usable_cpus
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert usable_cpus() == 2 and torch_capabilities("cpu")["cpus"] == 2
+
+
+def test_workers_advice_does_not_claim_decoding_and_knows_in_memory_tensors():
+    # The loader's dataset comes from outside: nothing says what __getitem__ does.
+    source = ("from torch.utils.data import DataLoader\n\n\ndef loader(ds):\n    return DataLoader(ds, batch_size=8)\n")
+    [finding] = _scan(source, "cuda", ("AX401",))
+    assert "decoded" not in finding.message and "__getitem__ and the collate function" in finding.message
+    assert "TensorDataset" in finding.message and "This file builds" not in finding.message
+    # A TensorDataset is built here but does not reach the loader in a way the rule follows.
+    source = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef loader(ds):\n"
+              "    return DataLoader(ds, batch_size=8)\n\n\nl = loader(TensorDataset(torch.zeros(8, 2)))\n")
+    [finding] = _scan(source, "cuda", ("AX401",))
+    assert "This file builds a TensorDataset: if this loader reads it, its batches are tensors in memory " \
+           "already and workers usually do not help" in finding.message
+    # Followed through every binding of the name, or a function of the file that returns it: not flagged.
+    for source in ("from torch.utils.data import DataLoader, TensorDataset\nds = TensorDataset(a)\n"
+                   "ds = TensorDataset(b)\nl = DataLoader(ds)\n",
+                   "import torch.utils.data as tud\n\n\ndef build():\n    return tud.TensorDataset(a)\n\n\n"
+                   "l = tud.DataLoader(build())\n"):
+        assert _scan(source, "cpu", ("AX401",)) == []
+    # A name also bound to something else is not known to be in memory.
+    source = ("from torch.utils.data import DataLoader, TensorDataset\nds = TensorDataset(a)\nds = Images(root)\n"
+              "l = DataLoader(ds)\n")
+    assert [f.code for f in _scan(source, "cpu", ("AX401",))] == ["AX401"]
 
 
 def test_noqa_on_the_closing_line_of_a_multiline_loader():

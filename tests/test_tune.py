@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import torchaxe
@@ -22,7 +23,8 @@ from torchaxe.errors import TorchaxeError
 from torchaxe.tune import strategies as S
 from torchaxe.tune.capture import capture
 from torchaxe.kb import KnowledgeBase
-from torchaxe.tune.measure import Example, RunResult, Timer, compare, interleaved, run_once
+from torchaxe.tune.measure import (Example, RunResult, Timer, compare, draws_random_numbers, interleaved, run_once,
+                                   same_randomness)
 from torchaxe.tune.replacements import plan_for, apply_plan
 from torchaxe.tune.signature import signature_of, signature_parts
 from torchaxe.tune.tuner import TuneOptions, apply, parse_budget, tune
@@ -162,6 +164,98 @@ def test_interleaved_rotates_the_order_and_uses_the_injected_clock():
     samples = interleaved(Timer(clock=FakeClock(0.5)), cands, Example((torch.ones(2),)), repeats=3)
     assert order == list("abcbcacab")
     assert all(v == [0.5, 0.5, 0.5] for v in samples.values())
+
+
+class Stochastic(nn.Module):
+    """Dropout as modules and functions, RReLU and attention dropout, all in training mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.3)
+        self.act = nn.RReLU()
+
+    def forward(self, x):
+        h = self.act(self.drop(self.fc(x)))
+        h = F.dropout(h, 0.3, training=True)
+        q = h.reshape(2, 1, -1, 8)
+        return F.scaled_dot_product_attention(q, q, q, dropout_p=0.5).reshape(h.shape)
+
+
+def test_same_randomness_turns_every_stochastic_layer_off_for_the_check_only():
+    torch.manual_seed(0)
+    model = Stochastic()
+    example = Example((torch.randn(2, 4, 8, requires_grad=True),))
+    assert draws_random_numbers(model, example)
+    with same_randomness():
+        first, second = run_once(model, example, seed=0), run_once(model, example, seed=1)
+    assert torch.equal(first.outputs[0], second.outputs[0])
+    assert torch.equal(first.grads["fc.weight"], second.grads["fc.weight"])
+    # What evaluation mode computes (RReLU's mean slope, no dropout anywhere).
+    h = F.leaky_relu(model.fc(example.args[0]), (1 / 8 + 1 / 3) / 2)
+    q = h.reshape(2, 1, -1, 8)
+    assert torch.allclose(first.outputs[0], F.scaled_dot_product_attention(q, q, q).reshape(h.shape), atol=1e-6)
+    # Outside the check the model trains as written.
+    assert model.drop.training and draws_random_numbers(model, example)
+    assert not draws_random_numbers(nn.Linear(8, 8), example)
+
+
+class DropoutBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(16, 32)
+        self.drop = nn.Dropout(0.1)
+        self.fc2 = nn.Linear(32, 16)
+
+    def forward(self, x):
+        h = self.drop(F.gelu(self.fc1(x)))
+        return self.fc2(F.dropout(h, 0.1, training=True))
+
+
+def _own_random_stream(module, args):
+    """What a compiler does with its own random generator: the masks differ from eager's."""
+    torch.rand(5)
+
+
+@pytest.mark.parametrize("wrong", [False, True])
+def test_dropout_does_not_make_a_correct_strategy_wrong(tmp_path, monkeypatch, wrong):
+    real_apply = S.apply
+    seen_random = []
+
+    def own_stream(name, module, ctx):
+        notes = real_apply(name, module, ctx)
+        if name == "compile":
+            module.register_forward_pre_hook(_own_random_stream)
+            if wrong:
+                module.register_forward_hook(lambda m, a, out: out * 1.01)
+        return notes
+
+    real_time = Timer.time
+
+    def timed(self, module, example, iterations=1):
+        seen_random.append((type(module).__name__, draws_random_numbers(module, example)))
+        return real_time(self, module, example, iterations)
+
+    monkeypatch.setattr(S, "apply", own_stream)
+    monkeypatch.setattr(Timer, "time", timed)
+    torch.manual_seed(0)
+    model = nn.Sequential(DropoutBlock(), nn.Linear(16, 4))
+    report = tune(model, torch.randn(8, 16), **fast_options(tmp_path, strategies=("eager", "compile")))
+    block = next(s for s in report.subgraphs if s.module == "DropoutBlock")
+    status = {r.strategy: r for r in block.records}
+    assert status["eager"].errors["random"] is True
+    linear = next(s for s in report.subgraphs if s.module == "Linear")
+    assert {r.strategy: r.errors["random"] for r in linear.records} == {"eager": False, "compile": False}
+    if wrong:
+        assert status["compile"].status == "wrong"
+        assert status["compile"].errors["output_max_rel"] == pytest.approx(0.01, rel=0.05)
+        assert "dropout off" in status["compile"].message
+    else:
+        assert status["compile"].status == "ok"
+        assert status["compile"].errors["output_max_abs"] < 1e-5
+    # Timed as it trains: the block drew random numbers in every timed run.
+    timed_block = [random for kind, random in seen_random if kind == "DropoutBlock"]
+    assert len(timed_block) >= 1 + 3 and all(timed_block)
 
 
 # ------------------------------------------------------------------ replacements

@@ -1,7 +1,9 @@
-"""CPU list strings as the kernel writes them (``0-3,8,10-11``), read and written."""
+"""CPU list strings as the kernel writes them (``0-3,8,10-11``), read and written;
+the number of CPUs this process may use."""
 
 from __future__ import annotations
 
+import os
 from typing import Iterable
 
 from torchaxe.errors import TorchaxeError
@@ -56,3 +58,14 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     if start is not None:
         parts.append(str(start) if start == prev else f"{start}-{prev}")
     return ",".join(parts)
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may run on: its affinity mask (a container's or
+    ``taskset``'s limit), else the machine's count; at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except OSError:
+            pass
+    return os.cpu_count() or 1

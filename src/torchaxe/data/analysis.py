@@ -348,6 +348,11 @@ def judge(report: DataReport) -> Verdict:
             suggestions.append(f"num_workers={needed} (load / compute, bounded by the {cores} cores of this rank)")
     elif workers == 0 and data_bound:
         reasons.append("batches are loaded in the training process (num_workers=0)")
+    if data_bound and main.dataset_type == "TensorDataset":
+        # Nothing is read or decoded: a batch is rows of tensors in memory, indexed and stacked.
+        reasons.append("the dataset is a TensorDataset: its batches are tensors already in memory, indexed and "
+                       "stacked one sample at a time; worker processes help only when that takes time, and "
+                       "indexing the tensors a whole batch at a time (a BatchSampler) usually helps more")
     util = main.worker_utilisation
     if util is not None:
         if util >= BUSY_WORKERS and data_bound:

@@ -8,11 +8,10 @@ data wait and step time.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any, Sequence
 
-from torchaxe.data.tuning import estimate_workers, stored_loader_knobs
+from torchaxe.data.tuning import cores_for_this_rank, estimate_workers, stored_loader_knobs
 from torchaxe.runtime.candidate import Accuracy, Candidate, Recommendation, knob_candidate
 
 #: Loader settings compute the same thing on each batch, but worker processes seed
@@ -30,7 +29,9 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
     wait = (profile.get("summary") or {}).get("data_wait_fraction") or 0.0
     if wait <= MIN_WAIT_FRACTION:
         return []
-    cores = settings.get("allowed_cpus") or os.cpu_count() or 1
+    # The CPUs the run's process was allowed (its affinity), else this process's,
+    # shared among the ranks of a node: no worker count above them.
+    cores = settings.get("allowed_cpus") or cores_for_this_rank()
     # Loading in the script's own process, a batch takes about the step's data wait;
     # the rest of the step is what a worker's batch has to arrive within.
     summary = profile.get("summary") or {}

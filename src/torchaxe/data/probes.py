@@ -384,12 +384,9 @@ class CopyProbe:
         pin_module.pin_memory = self._wrap_pin(original_pin)
 
     def uninstall(self) -> None:
-        while self._saved:
-            owner, name, original, own = self._saved.pop()
-            if own:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)  # inherited from torch._C.TensorBase: uncover it again
+        from torchaxe.runtime.probes import restore_patches
+
+        restore_patches(self._saved)  # an inherited method (torch._C.TensorBase) is uncovered again
 
     def _step_index(self) -> int:
         recorder = self.recorder

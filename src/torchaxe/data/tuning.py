@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from torchaxe.cpulist import usable_cpus
 from torchaxe.errors import TorchaxeError
 from torchaxe.units import duration
 
@@ -40,7 +41,7 @@ KB_KIND = "dataloader"
 def cores_for_this_rank(environ: Any = None) -> int:
     """CPUs this process may use, shared among the ranks on this node (``LOCAL_WORLD_SIZE``)."""
     environ = os.environ if environ is None else environ
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     try:
         ranks = max(1, int(environ.get("LOCAL_WORLD_SIZE", "1")))
     except ValueError:

@@ -64,11 +64,13 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
             out.write(f"  data wait   {percent(s.data_wait_fraction)} of step time "
                       f"(median {duration(s.data_wait_seconds_median)} per step)\n")
         syncs = f"{s.host_syncs_per_step:.1f}" if s.host_syncs_per_step is not None else "n/a"
-        note = " (on cpu: reads that would synchronise a device)" if run.target == "cpu" else ""
+        note = " (on cpu: reads that would synchronise a device; host-only tensors left out)" \
+            if run.target == "cpu" else ""
         out.write(f"  host syncs  {syncs} per step{note}\n")
     for site in profile.host_syncs[:TOP_SYNCS]:
         code = f"  {site.code}" if site.code else ""
-        out.write(f"                {site.location} {CALLS.get(site.call, site.call)} x{site.count}{code}\n")
+        via = f"  (read in {site.via})" if site.via else ""
+        out.write(f"                {site.location} {CALLS.get(site.call, site.call)} x{site.count}{code}{via}\n")
     if s.steps_measured and run.source == "harness":
         out.write(f"  gc          {duration(s.gc_seconds_per_step)} per step ({percent(s.gc_fraction)})\n")
     traced = run.source != "harness"

@@ -39,6 +39,29 @@ def patch_method(saved: list, owner: type, name: str, make: Callable[[Any], Call
     wrapper.__wrapped__ = original
     setattr(owner, name, wrapper)
 
+def patch_attribute(saved: list, owner: Any, name: str, wrapper: Callable) -> None:
+    """Set ``owner.name`` to ``wrapper`` (which takes the original's name and doc),
+    remembering ``(owner, name, original, own)`` in ``saved``; ``own`` is False where
+    the original is inherited (a ``torch.Tensor`` method of ``torch._C.TensorBase``)."""
+    original = getattr(owner, name)
+    saved.append((owner, name, original, name in vars(owner)))
+    wrapper.__name__ = name
+    wrapper.__doc__ = original.__doc__
+    wrapper.__wrapped__ = original
+    setattr(owner, name, wrapper)
+
+
+def restore_patches(saved: list) -> None:
+    """Undo the ``(owner, name, original, own)`` patches of ``saved``, last first; an
+    inherited original is uncovered again rather than copied onto the owner."""
+    while saved:
+        owner, name, original, own = saved.pop()
+        if own:
+            setattr(owner, name, original)
+        else:
+            delattr(owner, name)
+
+
 class StepSink(Protocol):
     """What the probes report to (implemented by the harness's StepRecorder)."""
 
@@ -74,14 +97,20 @@ class CodeMap:
     per file name, so a lookup on a hot path is one dict access."""
 
     def __init__(self, internal: tuple[str, ...] | None = None, library: tuple[str, ...] | None = None,
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, installed: tuple[str, ...] | None = None) -> None:
+        paths = sysconfig.get_paths()
         if internal is None:
             internal = tuple(d for d in (_package_dir("torch"), _package_dir("torch_npu"), _package_dir("torchaxe")) if d)
+        if installed is None:
+            installed = tuple({os.path.realpath(paths[k]) for k in ("purelib", "platlib") if k in paths}) \
+                if library is None else ()
         if library is None:
-            paths = sysconfig.get_paths()
             library = tuple({os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths})
         self._internal = tuple(p.rstrip(os.sep) + os.sep for p in internal)
-        self._library = tuple(p.rstrip(os.sep) + os.sep for p in library)
+        # Longest first: site-packages may sit inside the standard library's folder.
+        self._library = tuple(sorted((p.rstrip(os.sep) + os.sep for p in library), key=len, reverse=True))
+        #: Where installed packages live (site-packages), apart from the standard library.
+        self._installed = tuple(p.rstrip(os.sep) + os.sep for p in installed)
         self._cwd = (cwd or os.getcwd()).rstrip(os.sep) + os.sep
         self._kinds: dict[str, str] = {}
         self._shown: dict[str, str] = {}
@@ -111,6 +140,18 @@ class CodeMap:
         if real.startswith(self._library):
             return "library"
         return "user"
+
+    def is_installed(self, filename: str) -> bool:
+        """Whether a library file belongs to an installed package (site-packages), not
+        to the standard library."""
+        return os.path.realpath(filename).startswith(self._installed)
+
+    def show_library(self, filename: str, line: int) -> str:
+        """A library's line as ``package/module.py:line``: relative to its library
+        folder (``transformers/trainer.py:2345``, ``logging/__init__.py:1534``)."""
+        real = os.path.realpath(filename)
+        root = next((p for p in self._library if real.startswith(p)), None)
+        return f"{real[len(root):] if root else self.show(filename)}:{line}"
 
     def show(self, filename: str) -> str:
         """The file name as the user would type it: relative to the working folder
@@ -248,6 +289,165 @@ def _filters_changed() -> None:
             return
 
 
+#: torch functions that create a tensor on the host unless given a ``device``.
+HOST_FACTORIES = ("arange", "randint", "randperm", "rand", "randn", "zeros", "ones", "full", "empty", "tensor",
+                  "as_tensor", "linspace", "from_numpy")
+#: Python arithmetic on tensors (index arithmetic such as ``i + block_size``): the
+#: result of host tensors and numbers stays on the host too.
+HOST_ARITHMETIC = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__",
+                   "__rfloordiv__", "__mod__", "__neg__")
+
+
+def _gives_device(args: tuple, kwargs: dict) -> bool:
+    """Whether a ``Tensor.to`` call names a device (or a tensor to follow), not only a dtype."""
+    if kwargs.get("device") is not None:
+        return True
+    import torch
+
+    return bool(args) and isinstance(args[0], (str, int, torch.device, torch.Tensor)) \
+        and not isinstance(args[0], bool)
+
+
+def _forget_compiler_lookups() -> None:
+    """torch.compile looks torch's functions up by name once and keeps what it found:
+    while the factories are wrapped, the wrappers. Once they are put back, that table
+    is dropped (when the compiler is loaded), so a later compile in this process (the
+    tuner's) finds torch's own functions again."""
+    rules = sys.modules.get("torch._dynamo.trace_rules")
+    clear = getattr(rules, "clear_lru_cache", None)
+    if clear is not None:
+        try:
+            clear()
+        except Exception:  # noqa: BLE001 - a compiler without the table has nothing to drop
+            pass
+
+
+def _held(ids: dict[int, Any], tensor: Any) -> bool:
+    """Whether ``ids`` holds ``tensor`` or the tensor it is a view of (a hot path:
+    one dict lookup, and a second for views)."""
+    ref = ids.get(id(tensor))
+    if ref is not None and ref() is tensor:
+        return True
+    base = tensor._base
+    if base is None:
+        return False
+    ref = ids.get(id(base))
+    return ref is not None and ref() is base
+
+
+class HostTensors:
+    """On a cpu run, the tensors that a run on a device would keep on the host: made
+    by a :data:`HOST_FACTORIES` call without a ``device`` (nanoGPT's
+    ``ix = torch.randint(n, (batch_size,))``), their views (``ix[0]``, ``for i in
+    ix``), their dtype conversions (``t.to(torch.float32)``) and
+    :data:`HOST_ARITHMETIC` of them with numbers or each other (``i + block_size``),
+    until they are moved (``t.to(device)``, which on the cpu returns the same tensor).
+    Results of any other operation are not tracked: they count as the device's.
+    Tensors are held weakly, by identity. The wrappers cost about a microsecond per
+    call on the tensors of the model, and nothing under torch.compile (they trace as
+    the originals, or are taken for torch's own when the run's first compile looks
+    torch's functions up; the compiler's table of them is dropped after the run, so
+    that later compiles in the process find the originals)."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        self._ref = weakref.KeyedRef
+        self._ids: dict[int, Any] = {}
+        ids = self._ids
+        self._forget = lambda dead: ids.pop(dead.key, None)
+        self._saved: list[tuple[Any, str, Any, bool]] = []
+
+    def mark(self, tensor: Any) -> None:
+        key = id(tensor)
+        self._ids[key] = self._ref(tensor, self._forget, key)
+
+    def unmark(self, tensor: Any) -> None:
+        self._ids.pop(id(tensor), None)
+
+    def holds(self, tensor: Any) -> bool:
+        """Whether ``tensor`` (or the tensor it is a view of) stays on the host."""
+        return bool(self._ids) and _held(self._ids, tensor)
+
+    # -- install
+
+    def install(self) -> None:
+        import torch
+
+        compiling = compiling_check()
+        for name in HOST_FACTORIES:
+            if hasattr(torch, name):
+                patch_attribute(self._saved, torch, name, self._factory(getattr(torch, name), compiling))
+        for name in HOST_ARITHMETIC:
+            original = getattr(torch.Tensor, name)
+            wrap = self._unary if name == "__neg__" else self._binary
+            patch_attribute(self._saved, torch.Tensor, name, wrap(original, compiling))
+        patch_attribute(self._saved, torch.Tensor, "to", self._moved(torch.Tensor.to, compiling))
+
+    def uninstall(self) -> None:
+        restore_patches(self._saved)
+        self._ids.clear()
+        _forget_compiler_lookups()
+
+    def _factory(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
+        mark = self.mark
+
+        def factory(*args, **kwargs):
+            if compiling():
+                return original(*args, **kwargs)
+            out = original(*args, **kwargs)
+            if kwargs.get("device") is None:
+                mark(out)
+            return out
+
+        return factory
+
+    def _binary(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
+        import torch
+
+        ids, mark, tensor_type = self._ids, self.mark, torch.Tensor
+
+        def arithmetic(tensor, other):
+            if compiling():
+                return original(tensor, other)
+            out = original(tensor, other)
+            if ids and _held(ids, tensor) and isinstance(out, tensor_type) \
+                    and (not isinstance(other, tensor_type) or _held(ids, other)):
+                mark(out)
+            return out
+
+        return arithmetic
+
+    def _unary(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
+        ids, mark = self._ids, self.mark
+
+        def arithmetic(tensor):
+            if compiling():
+                return original(tensor)
+            out = original(tensor)
+            if ids and _held(ids, tensor):
+                mark(out)
+            return out
+
+        return arithmetic
+
+    def _moved(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
+        ids, mark = self._ids, self.mark
+
+        def to(tensor, *args, **kwargs):
+            if compiling():
+                return original(tensor, *args, **kwargs)
+            out = original(tensor, *args, **kwargs)
+            if ids:
+                if _gives_device(args, kwargs):
+                    ids.pop(id(out), None)
+                elif out is not tensor and _held(ids, tensor):
+                    mark(out)  # a dtype conversion stays where it was
+            return out
+
+        return to
+
+
 class HostSyncProbe:
     """Counts host reads of tensor values made by the user's code, with the line
     that made them.
@@ -256,16 +456,22 @@ class HostSyncProbe:
     first frame outside torch's Tensor methods is not torch's own code (the CPU
     optimizer reading its step counter is not the user's sync); a read nested in a
     counted one (``print(t)`` reads every element) is not counted again. A read from
-    a library (a logger formatting the loss) is attributed to the user's line that
-    called the library, with the library's line kept as ``via``. On an accelerator
-    only tensors on the device count; on the cpu every read counts, being where a
-    device would synchronise.
+    a library (a logger formatting the loss, a framework's trainer reading the loss)
+    is attributed to the user's line that called the library, with the library's
+    line that read it kept as ``via``: the innermost frame of an installed package,
+    else of the standard library; each (line, call, via) is one site.
+
+    Only reads a device would wait for count (:meth:`counts`): on an accelerator,
+    reads of tensors on the device; on the cpu, where there is no device, reads of
+    every tensor but those a device run would keep on the host (:class:`HostTensors`).
     """
 
     def __init__(self, sink: StepSink, codes: CodeMap, count_host_tensors: bool) -> None:
         self.sink = sink
         self.codes = codes
+        #: The run's device is the cpu: host tensors count unless known to stay there.
         self.count_host_tensors = count_host_tensors
+        self.host = HostTensors() if count_host_tensors else None
         self._local = threading.local()
         self._saved: list[tuple[str, Any, bool]] = []
         #: (file, line, call) -> [count, function, via]
@@ -286,6 +492,8 @@ class HostSyncProbe:
             original = getattr(torch.Tensor, name)
             self._saved.append((name, original, name in torch.Tensor.__dict__))
             setattr(torch.Tensor, name, self._wrap(name, original, compiling))
+        if self.host is not None:
+            self.host.install()
         self._saved_show = warnings.showwarning
         warnings.showwarning = self._show_warning
 
@@ -294,6 +502,8 @@ class HostSyncProbe:
 
         import torch
 
+        if self.host is not None:
+            self.host.uninstall()
         while self._saved:
             name, original, own = self._saved.pop()
             if own:
@@ -307,12 +517,20 @@ class HostSyncProbe:
             self._restore_warnings()
             self._restore_warnings = None
 
+    def counts(self, tensor: Any) -> bool:
+        """Whether reading ``tensor`` is a read a device would wait for: on an
+        accelerator, a tensor on the device (not one that stays on the host); on the
+        cpu, any tensor but those known to stay on the host."""
+        if self.host is None:
+            return not tensor.is_cpu
+        return not self.host.holds(tensor)
+
     def _wrap(self, name: str, original: Callable, compiling: Callable[[], bool]) -> Callable:
-        local, hit, count_host, sink = self._local, self._hit, self.count_host_tensors, self.sink
+        local, hit, counts, sink = self._local, self._hit, self.counts, self.sink
 
         def wrapper(tensor, *args, **kwargs):
             depth = getattr(local, "depth", 0)
-            if depth == 0 and sink.started and not compiling() and (count_host or not tensor.is_cpu):
+            if depth == 0 and sink.started and not compiling() and counts(tensor):
                 hit(name, sys._getframe(1))
             local.depth = depth + 1
             try:
@@ -376,9 +594,11 @@ class HostSyncProbe:
         if device_runtime:
             # The warning is raised wherever torch synchronised; the user's line is
             # the first of theirs above it.
-            frame = self._user_frame(frame)
-            if frame is None:
+            user = self._user_frame(frame)
+            if user is None:
                 return  # torch's own work with no user code above it (a hook, a thread)
+            via = self._via(frame, user)
+            frame = user
         else:
             kind = codes.kind
             while frame is not None and kind(frame.f_code.co_filename) == "tensor":
@@ -391,15 +611,31 @@ class HostSyncProbe:
             if where == "library":
                 user = self._user_frame(frame.f_back)
                 if user is not None:
-                    via = f"{codes.show(frame.f_code.co_filename)}:{frame.f_lineno}"
+                    via = self._via(frame, user)
                     frame = user
         self.sink.add_sync()
-        key = (frame.f_code.co_filename, frame.f_lineno, call)
+        key = (frame.f_code.co_filename, frame.f_lineno, call, via)
         entry = self._sites.get(key)
         if entry is None:
-            self._sites[key] = [1, frame.f_code.co_name, via]
+            self._sites[key] = [1, frame.f_code.co_name]
         else:
             entry[0] += 1
+
+    def _via(self, frame, user) -> str | None:
+        """The library line that made a read: of the frames below the user's, the
+        innermost in an installed package (``transformers/trainer.py:2345``), else the
+        innermost in the standard library."""
+        codes = self.codes
+        first = None
+        while frame is not None and frame is not user:
+            filename = frame.f_code.co_filename
+            if codes.kind(filename) == "library":
+                if codes.is_installed(filename):
+                    return codes.show_library(filename, frame.f_lineno)
+                if first is None:
+                    first = frame
+            frame = frame.f_back
+        return codes.show_library(first.f_code.co_filename, first.f_lineno) if first is not None else None
 
     def _user_frame(self, frame, limit: int = 64):
         kind = self.codes.kind
@@ -412,11 +648,11 @@ class HostSyncProbe:
     def sites(self) -> list[HostSyncSite]:
         """Every line that read tensors back, most frequent first."""
         out = []
-        for (filename, line, call), (count, function, via) in self._sites.items():
+        for (filename, line, call, via), (count, function) in self._sites.items():
             code = linecache.getline(filename, line).strip() or None
             out.append(HostSyncSite(file=self.codes.show(filename), line=line, call=call, count=count,
                                     function=function, code=code, via=via))
-        out.sort(key=lambda s: (-s.count, s.file, s.line, s.call))
+        out.sort(key=lambda s: (-s.count, s.file, s.line, s.call, s.via or ""))
         return out
 
 

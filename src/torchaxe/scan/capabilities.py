@@ -14,6 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from torchaxe.cpulist import usable_cpus
+
 #: The torch.optim device name per target (torch_npu registers as privateuseone).
 _OPTIM_DEVICE = {"cpu": "cpu", "cuda": "cuda", "npu": "privateuseone"}
 
@@ -102,8 +104,9 @@ def _introspect() -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
 
 
 def torch_capabilities(target: str) -> dict[str, Any]:
-    """``{"torch_version", "fused_optimizers"}`` for the given target: the
-    optimizers whose fused implementation the installed torch offers there."""
+    """``{"torch_version", "fused_optimizers", "cpus"}`` for the given target: the
+    optimizers whose fused implementation the installed torch offers there, and the
+    CPUs this process may use (what a worker count must stay within)."""
     fused, devices, version = _introspect()
     supported = _OPTIM_DEVICE.get(target, target) in devices
-    return {"torch_version": version, "fused_optimizers": list(fused) if supported else []}
+    return {"torch_version": version, "fused_optimizers": list(fused) if supported else [], "cpus": usable_cpus()}

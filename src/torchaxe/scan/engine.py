@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import multiprocessing
-import os
 import re
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from torchaxe.findings import Diagnostic, Finding, ScanResult
+from torchaxe.cpulist import usable_cpus
 from torchaxe.scan.capabilities import torch_capabilities
 from torchaxe.scan.context import FileContext
 from torchaxe.scan.discover import discover
@@ -272,8 +272,7 @@ def _scan_chunk(paths: list[str], options: ScanOptions) -> list[FileReport]:
 def _job_count(requested: int, files: int) -> int:
     if requested > 0:
         return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, files // (_CHUNK * 2)))
+    return max(1, min(usable_cpus(), files // (_CHUNK * 2)))
 
 
 def scan_paths(

@@ -7,6 +7,14 @@ parameter gradients; a candidate's result is compared with eager's tensor by ten
 normwise: ``max|a - b| <= atol + rtol * max|b|``, with the tolerance of the
 tensor's dtype (:data:`TOLERANCES`).
 
+A subgraph that draws random numbers (dropout, RReLU, attention dropout, noise) gives
+other outputs on every run, and a compiler draws them from its own stream: comparing
+such runs says nothing about the compiler. When two eager runs with different seeds
+differ (:func:`draws_random_numbers`), the check runs under :func:`same_randomness`:
+dropout and the other stochastic layers, functional or modules, run as in evaluation
+(for the check only), every run starts from the same seed, and inductor draws what
+random numbers are left from eager's stream. Timing stays in training mode.
+
 Timing uses the backend's ``synchronize`` around each sample and an injectable clock
 (``time.perf_counter`` by default); samples of all candidates are taken interleaved,
 round after round, in a rotating order, so slow drifts of the machine touch every
@@ -15,12 +23,15 @@ candidate alike.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 #: (rtol, atol) by dtype, normwise (see the module docstring).
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -81,12 +92,13 @@ class RunResult:
     grads: dict[str, torch.Tensor]
 
 
-def run_once(module: nn.Module, example: Example, *, keep: bool = True) -> RunResult | None:
-    """One forward and backward; with ``keep`` the outputs and gradients are returned."""
+def run_once(module: nn.Module, example: Example, *, keep: bool = True, seed: int | None = None) -> RunResult | None:
+    """One forward and backward, from the random seed ``seed`` (the example's by
+    default); with ``keep`` the outputs and gradients are returned."""
     args, kwargs = example.fresh()
     for p in module.parameters():
         p.grad = None
-    torch.manual_seed(example.seed)
+    torch.manual_seed(example.seed if seed is None else seed)
     out = module(*args, **kwargs)
     outputs = tensors_in(out)
     differentiable = [t for t in outputs if t.requires_grad and t.is_floating_point()]
@@ -106,6 +118,91 @@ def run_once(module: nn.Module, example: Example, *, keep: bool = True) -> RunRe
         if p.grad is not None:
             grads[name] = p.grad.detach().clone()
     return RunResult([t.detach() for t in outputs], grads)
+
+
+def _stochastic_arguments() -> dict[Any, tuple[str, int, Any]]:
+    """The functions whose randomness an argument turns off: function -> (parameter
+    name, its position, the value that makes the call deterministic)."""
+    import torch.nn.functional as F
+
+    table: dict[Any, tuple[str, int, Any]] = {}
+    for fn in (F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout):
+        table[fn] = ("training", 2, False)
+    for name in ("dropout", "alpha_dropout", "feature_dropout", "feature_alpha_dropout",
+                 "dropout_", "alpha_dropout_", "feature_dropout_", "feature_alpha_dropout_"):
+        fn = getattr(torch, name, None)
+        if fn is not None:
+            table[fn] = ("train", 2, False)
+    table[F.rrelu] = ("training", 3, False)
+    for name in ("rrelu", "rrelu_"):
+        fn = getattr(torch, name, None)
+        if fn is not None:
+            table[fn] = ("training", 3, False)
+    table[F.scaled_dot_product_attention] = ("dropout_p", 4, 0.0)
+    table[F.multi_head_attention_forward] = ("training", 13, False)
+    return table
+
+
+class NoStochasticLayers(TorchFunctionMode):
+    """Dropout (every variant, module or functional), RReLU and attention dropout run
+    as in evaluation: the argument that makes them random is set to its
+    deterministic value. Under torch.compile the mode is part of what a compiled
+    graph is guarded on, so a graph traced under it is separate from the training one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = _stochastic_arguments()
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        entry = self.table.get(func)
+        if entry is not None:
+            name, position, value = entry
+            if len(args) > position:
+                args = (*args[:position], value, *args[position + 1:])
+            else:
+                kwargs[name] = value
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def same_randomness() -> Any:
+    """Runs made inside compare what the compiler computes, not which random numbers
+    it drew: stochastic layers off (:class:`NoStochasticLayers`) and, where inductor is
+    in use, its random operators drawn from eager's generator (``fallback_random``),
+    so a run that starts from the same seed draws the same numbers compiled or not.
+    A compiled module must have run once before (inductor loaded), as the tuner's
+    first, compiling run does."""
+    with contextlib.ExitStack() as stack:
+        inductor = sys.modules.get("torch._inductor.config")
+        if inductor is not None:
+            stack.enter_context(inductor.patch(fallback_random=True))
+        stack.enter_context(NoStochasticLayers())
+        yield
+
+
+def _same(a: RunResult, b: RunResult) -> bool:
+    if len(a.outputs) != len(b.outputs) or set(a.grads) != set(b.grads):
+        return False
+    pairs = list(zip(a.outputs, b.outputs)) + [(a.grads[k], b.grads[k]) for k in a.grads]
+    return all(x.shape == y.shape and torch.equal(x, y) for x, y in pairs)
+
+
+def draws_random_numbers(module: nn.Module, example: Example, first: RunResult | None = None) -> bool:
+    """Whether two runs from different seeds differ (``first``: the run from the
+    example's seed, when it was made already)."""
+    first = first if first is not None else run_once(module, example)
+    second = run_once(module, example, seed=example.seed + 1)
+    assert first is not None and second is not None
+    return not _same(first, second)
+
+
+def checked_run(module: nn.Module, example: Example, random: bool) -> RunResult:
+    """The run a check compares: under :func:`same_randomness` when ``random``."""
+    with same_randomness() if random else contextlib.nullcontext():
+        result = run_once(module, example)
+    assert result is not None
+    return result
 
 
 @dataclass

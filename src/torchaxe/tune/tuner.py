@@ -10,7 +10,8 @@ in the knowledge base, swap the winners in.
    ranks;
 3. for each signature, measures what the knowledge base does not have yet: every
    applicable strategy (``strategies.py``) on a copy of the module, checked against
-   eager (outputs and gradients), timed forward + backward, interleaved
+   eager (outputs and gradients; with dropout off and the same random numbers when
+   the subgraph draws any), timed forward + backward in training mode, interleaved
    (``measure.py``); a wrong or failing candidate is recorded as such;
 4. stores the records, exchanges them between ranks, picks the winners (the fastest
    correct strategy, when it beats eager by ``min_gain``) and applies them to the
@@ -42,7 +43,8 @@ from torchaxe.runtime.stats import Samples
 from torchaxe.tune import strategies as S
 from torchaxe.tune.capture import CallRecorder, Subgraph, capture
 from torchaxe.kb import KnowledgeBase, TunedRecord, choose
-from torchaxe.tune.measure import Example, Timer, compare, interleaved, run_once, tolerance
+from torchaxe.tune.measure import (Example, Timer, checked_run, compare, draws_random_numbers, interleaved, run_once,
+                                   tolerance)
 from torchaxe.tune.signature import describe, signature_of, signature_parts
 from torchaxe.units import duration
 
@@ -220,13 +222,19 @@ def measure_signature(signature: str, parts: dict[str, Any], module: nn.Module, 
     eager = copy.deepcopy(module)
     reference = run_once(eager, example)
     assert reference is not None
+    # A subgraph that draws random numbers (dropout) is checked with them made
+    # deterministic, and timed as it trains.
+    stochastic = draws_random_numbers(eager, example, reference)
+    if stochastic:
+        reference = checked_run(eager, example, stochastic)
     reference_dtypes = {t.dtype for t in reference.outputs if t.is_floating_point()}
     tol = [tolerance(d) for d in reference_dtypes] or [tolerance(torch.float32)]
     base = {"rtol": max(t[0] for t in tol), "atol": max(t[1] for t in tol)}
     records: list[TunedRecord] = []
     candidates: list[tuple[str, nn.Module]] = [("eager", eager)]
     extra: dict[str, dict[str, Any]] = {"eager": {"compile_seconds": 0.0}}
-    errors: dict[str, dict[str, Any]] = {"eager": {"output_max_abs": 0.0, "grad_max_abs": 0.0, "tolerance": base}}
+    errors: dict[str, dict[str, Any]] = {"eager": {"output_max_abs": 0.0, "grad_max_abs": 0.0, "tolerance": base,
+                                                   "random": stochastic}}
     warm = timer.time(eager, example)
     ctx.run_example = lambda m: run_once(m, example, keep=False)
     for name in todo:
@@ -243,16 +251,18 @@ def measure_signature(signature: str, parts: dict[str, Any], module: nn.Module, 
                 start = timer.clock()
                 run_once(candidate, example, keep=False)  # compiles, for the compiling strategies
                 compile_seconds = timer.clock() - start
-                result = run_once(candidate, example)
-            assert result is not None
+                result = checked_run(candidate, example, stochastic)
         except Exception as exc:  # noqa: BLE001 - any failure of a candidate is recorded, never raised
             records.append(TunedRecord(signature, name, "failed", env=env, describe=info, message=_one_line(exc)))
             continue
         check = compare(reference, result)
-        figures = {**check.to_dict(), "tolerance": base}
+        figures = {**check.to_dict(), "tolerance": base, "random": stochastic}
         if not check.ok:
+            message = check.message or "differs from eager"
+            if stochastic:
+                message += " (checked with dropout off and the same random numbers)"
             records.append(TunedRecord(signature, name, "wrong", errors=figures, env=env, describe=info,
-                                       message=check.message or "differs from eager"))
+                                       message=message))
             continue
         candidates.append((name, candidate))
         extra[name] = {"compile_seconds": compile_seconds, "notes": notes}

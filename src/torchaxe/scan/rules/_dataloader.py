@@ -137,11 +137,52 @@ def dataset_expression(ctx: FileContext, loader: LoaderCall) -> ast.expr | None:
     return node
 
 
+def _tensor_dataset_call(ctx: FileContext, node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Call) and ctx.call_name(node) in TENSOR_DATASET_NAMES
+
+
+def _values_bound_to(tree: ast.AST, name: str) -> list[ast.expr]:
+    """Every value a plain ``name = value`` binds ``name`` to in ``tree``."""
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+
+
+def _only_tensor_datasets(ctx: FileContext, values: list[ast.expr], scope: ast.AST) -> bool:
+    """Whether every value is a ``TensorDataset(...)`` call, or a name that ``scope``
+    binds only to such calls."""
+    if not values:
+        return False
+    for value in values:
+        if isinstance(value, ast.Name):
+            bound = _values_bound_to(scope, value.id)
+            if not bound or not all(_tensor_dataset_call(ctx, v) for v in bound):
+                return False
+        elif not _tensor_dataset_call(ctx, value):
+            return False
+    return True
+
+
 def is_tensor_dataset(ctx: FileContext, loader: LoaderCall) -> bool:
     """Whether the dataset is a ``TensorDataset`` built in this file: its samples
-    are already tensors in memory, so there is nothing to load in parallel."""
-    node = dataset_expression(ctx, loader)
-    return isinstance(node, ast.Call) and ctx.call_name(node) in TENSOR_DATASET_NAMES
+    are already tensors in memory, so there is nothing to load in parallel. Found
+    through the name passed (every binding of it in the file a ``TensorDataset``
+    call) or a function of this file called there (every ``return`` one)."""
+    node = loader.argument("dataset")
+    if isinstance(node, ast.Name):
+        return _only_tensor_datasets(ctx, [node], ctx.tree)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        functions = [f for f in ast.walk(ctx.tree)
+                     if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == node.func.id]
+        if len(functions) == 1:
+            returns = [r.value for r in ast.walk(functions[0]) if isinstance(r, ast.Return)]
+            if returns and all(r is not None for r in returns):
+                return _only_tensor_datasets(ctx, returns, functions[0])  # type: ignore[arg-type]
+    return _tensor_dataset_call(ctx, node)
+
+
+def builds_tensor_dataset(ctx: FileContext) -> bool:
+    """Whether this file builds a ``TensorDataset`` anywhere."""
+    return any(_tensor_dataset_call(ctx, n) for n in ast.walk(ctx.tree) if isinstance(n, ast.Call))
 
 
 ITERABLE_DATASET_NAMES = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"})

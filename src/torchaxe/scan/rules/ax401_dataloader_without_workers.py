@@ -7,13 +7,22 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext
-from torchaxe.scan.rules._dataloader import (MISSING, is_tensor_dataset, loader_call, set_argument,
-                                             unsharded_iterable_dataset)
+from torchaxe.scan.rules._dataloader import (MISSING, builds_tensor_dataset, is_tensor_dataset, loader_call,
+                                             set_argument, unsharded_iterable_dataset)
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
-#: Workers the fix asks for: enough to hide decoding and augmentation behind a step
-#: on most models, few enough not to crowd a shared machine. Tune it by measuring.
+#: Workers the fix asks for at most: enough to hide decoding and augmentation behind
+#: a step on most models, few enough not to crowd a shared machine. Tune it by measuring.
 SUGGESTED_WORKERS = 4
+
+
+def suggested_workers(cpus: int | None, target: str) -> int:
+    """The fix's worker count: :data:`SUGGESTED_WORKERS`, never more than the CPUs
+    the process may use, and on a cpu target one fewer (training computes there too)."""
+    if not cpus:
+        return SUGGESTED_WORKERS
+    room = cpus - 1 if target == "cpu" else cpus
+    return max(1, min(SUGGESTED_WORKERS, room))
 
 _UNSAFE_BECAUSE = (
     "unsafe: the dataset must pickle to reach the workers, each worker seeds its own "
@@ -29,9 +38,12 @@ class DataLoaderWithoutWorkers(Rule):
     (`num_workers` missing or the literal `0`), through any import alias.
 
     ## Why is this bad?
-    With no workers the training process itself reads, decodes, augments and
-    collates every batch between two steps, and the device idles meanwhile. Worker
-    processes prepare the next batches in parallel while the current step runs.
+    With no workers the training process itself runs the dataset's `__getitem__`
+    and the collate function for every batch between two steps, and the device
+    idles meanwhile. Worker processes prepare the next batches in parallel while the
+    current step runs. That pays off when a batch costs time to make (files read,
+    images decoded, augmentation); over tensors already in memory (a `TensorDataset`)
+    a batch is indexing and stacking, and workers usually do not help.
 
     ## Example
     ```python
@@ -44,13 +56,17 @@ class DataLoaderWithoutWorkers(Rule):
     ```
 
     ## Fix safety
-    Unsafe. The fix asks for 4 workers, a conservative start to tune by measuring.
+    Unsafe. The fix asks for 4 workers, a conservative start to tune by measuring,
+    and never more than the CPUs the scanning process may use (its affinity mask;
+    one fewer on a CPU target, where training computes on the same cores).
     The dataset must be picklable, each worker has its own random state (seed numpy
     and `random` in a `worker_init_fn`), an `IterableDataset` yields its data once per
     worker unless it shards with `get_worker_info()`, and platforms that start workers
     with `spawn` need the training code under `if __name__ == "__main__":`. On a CPU
     target the workers share cores with the training threads. Loaders over a
-    `TensorDataset` built in the same file (data already in memory) and calls with
+    `TensorDataset` built in the same file (data already in memory: the name passed
+    is bound only to `TensorDataset(...)` calls, or a function of the file that
+    returns one builds it) and calls with
     `*args`/`**kwargs` or a non-literal `num_workers` are not flagged. A loader over an
     `IterableDataset` defined in the same file that never calls `get_worker_info()`
     gets advice only: with workers, each would yield the whole data set.
@@ -64,7 +80,7 @@ class DataLoaderWithoutWorkers(Rule):
     name = "dataloader-without-workers"
     category = "dataloader_config"
     message = "DataLoader loads every batch in the training process (no worker processes)"
-    fix_title = f"load batches in {SUGGESTED_WORKERS} worker processes"
+    fix_title = "load batches in worker processes"
     fix_safety = Applicability.UNSAFE
     requires_text = ("DataLoader",)
     node_types = (ast.Call,)
@@ -120,6 +136,14 @@ class DataLoaderWithoutWorkers(Rule):
             "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
             "train_set = TensorDataset(x, y)\nloader = DataLoader(train_set, batch_size=64)\n"
         ),
+        Valid(
+            "from torch.utils.data import DataLoader, TensorDataset\nif small:\n    ds = TensorDataset(x[:8], y[:8])\n"
+            "else:\n    ds = TensorDataset(x, y)\nloader = DataLoader(ds, batch_size=64)\n"
+        ),
+        Valid(
+            "import torch\n\n\ndef make_data(n):\n    x = torch.randn(n, 4)\n    data = torch.utils.data.TensorDataset(x, x)\n"
+            "    return data\n\n\nloader = torch.utils.data.DataLoader(make_data(64), batch_size=8)\n"
+        ),
     )
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
@@ -132,6 +156,9 @@ class DataLoaderWithoutWorkers(Rule):
         if is_tensor_dataset(ctx, loader):
             return  # in-memory tensors: workers would only add copies between processes
         why = "num_workers=0" if workers == 0 else "num_workers defaults to 0"
+        cpus = ctx.capabilities.get("cpus")
+        count = suggested_workers(cpus, ctx.target)
+        bound = f", within the {cpus} CPUs this process may use" if cpus else ""
         cpu_note = (
             "; on a CPU target the workers share cores with the training threads, so set "
             "torch.set_num_threads() to the cores left over"
@@ -139,13 +166,19 @@ class DataLoaderWithoutWorkers(Rule):
             else ""
         )
         waiting = "the step waits" if ctx.target == "cpu" else f"the {ctx.target} device waits"
-        message = (
-            f"DataLoader loads every batch in the training process ({why}): {waiting} while each batch "
-            f"is read, decoded, augmented and collated; "
-            f"num_workers={SUGGESTED_WORKERS} prepares batches in background processes while steps run "
-            f"(tune the count by measuring{cpu_note}). Fix is {_UNSAFE_BECAUSE}"
+        in_memory = (
+            " This file builds a TensorDataset: if this loader reads it, its batches are tensors in memory "
+            "already and workers usually do not help; measure before changing it."
+            if builds_tensor_dataset(ctx) else ""
         )
-        edits = set_argument(ctx, loader, "num_workers", str(SUGGESTED_WORKERS))
+        message = (
+            f"DataLoader loads every batch in the training process ({why}): {waiting} while the dataset's "
+            f"__getitem__ and the collate function make each batch; worker processes make batches in the "
+            f"background while steps run, which pays off when that costs time (reading files, decoding, "
+            f"augmenting), and usually not over tensors already in memory (a TensorDataset). num_workers={count} is a start (tune the count by measuring{bound}{cpu_note}).{in_memory}"
+            f" Fix is {_UNSAFE_BECAUSE}"
+        )
+        edits = set_argument(ctx, loader, "num_workers", str(count))
         applicability = None
         unsharded = unsharded_iterable_dataset(ctx, loader)
         if unsharded is not None:
@@ -158,6 +191,6 @@ class DataLoaderWithoutWorkers(Rule):
             self,
             node,
             message,
-            replacement=f"DataLoader(..., num_workers={SUGGESTED_WORKERS})",
+            replacement=f"DataLoader(..., num_workers={count})",
             fix=ctx.fix(self, edits, applicability=applicability),
         )
