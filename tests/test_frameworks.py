@@ -99,16 +99,22 @@ def test_profile_sees_the_scripts_own_steps(name: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", list(SCRIPT_NEEDS))
 def test_short_advise_measures_the_changes_it_proposes(name: str, tmp_path: Path) -> None:
-    """A short advise (one round, three steps a run, compile and environment changes left
-    out to keep it cheap) ends with advice in which at least one change was measured
-    against the original and none failed; either some are chosen or the advice says
-    that nothing was faster."""
+    """A short advise ends with advice in which at least one change was measured against
+    the original and none failed; either some are chosen or the advice says that
+    nothing was faster.
+
+    Kept cheap: one round, two steps a run, and only the runtime settings that need
+    no compiling (code fixes and environment variables left out: a promising change
+    earns extra rounds until the budget is spent). Every run starts the framework
+    afresh, so a run takes seconds; on a heavily loaded machine the budget can end
+    before the first change is measured, and then this test fails saying so."""
     needs(name)
     script = copy_script(name, tmp_path)
     saved = tmp_path / "advice.json"
-    result = torchaxe("advise", "--budget", "3m", "--repeats", "1", "--steps", "3", "--warmup", "1",
-                      "--target", "cpu", "--skip", "knob:compile", "--skip", "env:", "--format", "json",
-                      "--save", str(saved), "--", "python", str(script), "--steps", "100", cwd=tmp_path)
+    result = torchaxe("advise", "--budget", "4m", "--repeats", "1", "--steps", "2", "--warmup", "1",
+                      "--target", "cpu", "--skip", "knob:compile", "--skip", "env:", "--skip", "code:",
+                      "--format", "json", "--save", str(saved), "--", "python", str(script), "--steps", "100",
+                      cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     advice = json.loads(result.stdout)
     assert advice["schema"] == "torchaxe.advice/1"
@@ -116,7 +122,8 @@ def test_short_advise_measures_the_changes_it_proposes(name: str, tmp_path: Path
     failed = [(r["key"], r.get("error")) for r in recs if r["status"] == "failed"]
     assert not failed, failed
     measured = [r for r in recs if r["status"] == "measured"]
-    assert measured, (advice["notes"], [(r["key"], r["status"]) for r in recs])
+    assert measured, ("nothing measured" + (" (the budget ran out)" if advice["partial"] else ""),
+                      advice["notes"], [(r["key"], r["status"]) for r in recs if r["status"] != "advice"])
     assert all(r["speedup"] and r["ratios"] for r in measured), measured
     if not any(r["selected"] for r in recs):
         assert any(n.startswith("no change saved") for n in advice["notes"]), advice["notes"]
