@@ -211,6 +211,8 @@ class Outcome:
     wall_original: float | None = None
     wall_tuned: float | None = None
     error: str | None = None
+    #: advise's notes about its budget (why changes went unmeasured)
+    budget_notes: list[str] = field(default_factory=list)
 
     @property
     def advised(self) -> bool:
@@ -227,14 +229,16 @@ class Outcome:
                 "speedup": self.speedup, "per_round_ratios": self.ratios, "original_step_s": self.original_step,
                 "tuned_step_s": self.tuned_step, "loss_original": self.loss_original, "loss_tuned": self.loss_tuned,
                 "loss_difference": self.loss_difference, "wall_original_s": self.wall_original,
-                "wall_tuned_s": self.wall_tuned, "advised": self.advised, "error": self.error}
+                "wall_tuned_s": self.wall_tuned, "advised": self.advised, "error": self.error,
+                "budget_notes": self.budget_notes}
 
     def line(self) -> str:
         head = f"  {self.name}: "
         if self.error:
             return head + f"error: {self.error}"
         chosen = ", ".join(self.chosen) or "nothing"
-        measured = ", ".join(f"{k} {v:.2f}x" for k, v in self.measured.items()) or "nothing measured"
+        measured = ", ".join(f"{k} {v:.2f}x" for k, v in self.measured.items()) or \
+            "nothing measured" + (f": {self.budget_notes[0]}" if self.budget_notes else "")
         if self.speedup is None:
             return head + f"chosen {chosen} (measured: {measured}); delivered: not measured"
         if self.original_step is None:
@@ -333,6 +337,7 @@ def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float)
     outcome.chosen = [r["key"] for r in advice["recommendations"] if r["selected"]]
     outcome.measured = {r["key"]: round(r["speedup"], 3) for r in advice["recommendations"]
                         if r["status"] == "measured" and r.get("speedup")}
+    outcome.budget_notes = [n for n in advice.get("notes", []) if "--budget" in n]
     log(f"{spec.name}: chosen {', '.join(outcome.chosen) or 'nothing'}")
     if not outcome.chosen:
         # Nothing to apply: the tuned run would be the original; its speedup is 1 by definition.
