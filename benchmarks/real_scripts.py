@@ -372,6 +372,9 @@ def main() -> int:
     parser.add_argument("--only", action="append", default=[], metavar="NAME", help="measure this script only "
                         "(repeatable)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="set OMP_NUM_THREADS=N for every run (advise's included); on a machine shared with "
+                             "other work, N=1 keeps OpenMP threads from waiting on each other")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_save_options(parser)
     args = parser.parse_args()
@@ -393,6 +396,11 @@ def main() -> int:
                   f"(known: {', '.join(s.name for s in specs)})", file=sys.stderr)
             return 2
         specs = [s for s in specs if s.name in args.only]
+    if args.threads is not None:
+        if args.threads < 1:
+            print("real_scripts: error: --threads must be at least 1", file=sys.stderr)
+            return 2
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     work = Path(tempfile.mkdtemp(prefix="torchaxe-real-scripts-"))
     os.environ["TORCHAXE_HOME"] = str(work / "home")
     outcomes, skipped = [], []
@@ -414,7 +422,9 @@ def main() -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     lines = [
         f"real scripts: advise -> apply -> run ({platform.machine()}, {os.cpu_count()} cores, "
-        f"budget {args.budget}, {args.repeats} rounds, {time.strftime('%Y-%m-%d')}"
+        f"budget {args.budget}, {args.repeats} rounds"
+        + (f", OMP_NUM_THREADS={args.threads}" if args.threads is not None else "")
+        + f", {time.strftime('%Y-%m-%d')}"
         + (f", 1-minute load {load:.1f} at the end" if load is not None else "") + ")",
         *(o.line() for o in outcomes),
         *(f"  {s}: skipped" for s in skipped),
@@ -426,7 +436,7 @@ def main() -> int:
         f"  total {time.perf_counter() - started:.0f} s",
     ]
     text = "\n".join(lines)
-    result = {"budget": args.budget, "repeats": args.repeats, "scripts": [o.to_dict() for o in outcomes],
+    result = {"budget": args.budget, "repeats": args.repeats, "threads": args.threads, "scripts": [o.to_dict() for o in outcomes],
               "skipped": skipped, "median_speedup": median, "every_script_advised": every_advised,
               "targets": {"every_script_advised": every_advised,
                           "median_at_least_1_3x": bool(median and median >= 1.3)},
