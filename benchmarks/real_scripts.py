@@ -319,7 +319,8 @@ def compare_profiled(spec: Script, tuned: Path, outcome: Outcome, repeats: int, 
     outcome.original_step, outcome.tuned_step = base.median, arm.median
 
 
-def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float) -> Outcome:
+def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
+            skip: tuple[str, ...] = ()) -> Outcome:
     outcome = Outcome(spec.name)
     original, tuned = work / spec.name / "original", work / spec.name / "tuned"
     for copy in (original, tuned):
@@ -328,8 +329,9 @@ def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float)
             spec.prepare(copy)
     advice_file = tuned / "torchaxe-advice.json"
     log(f"{spec.name}: advise --budget {budget}")
+    skips = [arg for key in skip for arg in ("--skip", key)]
     advised = torchaxe("advise", "--budget", budget, "--target", "cpu", "--format", "json", "--save",
-                       str(advice_file), "--", *spec.command(tuned), cwd=tuned)
+                       str(advice_file), *skips, "--", *spec.command(tuned), cwd=tuned)
     if advised.returncode != 0:
         outcome.error = "advise: " + (advised.stderr.strip().splitlines() or ["failed"])[-1]
         return outcome
@@ -411,7 +413,9 @@ def main() -> int:
                 skipped.append(f"{spec.name} (needs {', '.join(missing)})")
                 log(f"{spec.name}: skipped, {', '.join(missing)} not installed")
                 continue
-            outcomes.append(measure(spec, work, args.budget, args.repeats, args.timeout))
+            # The thread count set by --threads is the benchmark's condition, not a change to try.
+            skip = ("env:OMP_NUM_THREADS",) if args.threads is not None else ()
+            outcomes.append(measure(spec, work, args.budget, args.repeats, args.timeout, skip))
             log(outcomes[-1].line().strip())
     finally:
         shutil.rmtree(work, ignore_errors=True)
