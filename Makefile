@@ -2,8 +2,12 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# The optional-dependency groups `make test` installs: `make test EXTRAS=test,frameworks`
+# adds transformers, accelerate and lightning for the framework tests (.ci/run does).
+EXTRAS ?= test
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.torchaxe-installed
+comma := ,
+STAMP := $(VENV)/.torchaxe-installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: demo test bench clean setup
 
@@ -13,7 +17,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -172,6 +172,17 @@ def read_e2e_within(result: dict[str, Any]) -> Reading | None:
     return None
 
 
+def read_real_scripts(result: dict[str, Any]) -> Reading | None:
+    scripts, median = result.get("scripts"), result.get("median_speedup")
+    if not scripts or median is None:
+        return None
+    advised = sum(1 for s in scripts if s.get("advised"))
+    speedups = [s["speedup"] for s in scripts if s.get("speedup") is not None]
+    value = (f"median {median:.2f}x over {len(speedups)} scripts ({min(speedups):.2f}..{max(speedups):.2f}); "
+             f"{advised} of {len(scripts)} advised")
+    return Reading(value, _status(median >= 1.3 and advised == len(scripts)))
+
+
 def read_compile(result: dict[str, Any]) -> Reading | None:
     runs = result.get("results")
     if not runs:
@@ -256,6 +267,8 @@ ROWS: tuple[Row, ...] = (
         Quoted("1.09 of the best (side by side)", "PASS", "2026-12-01 11:03 UTC", CPU_VM, "`fc5e802`",
                "python benchmarks/end_to_end.py --budget 10m --repeats 3 --check-accuracy --pruned "
                "--max-combinations 16", "fc5e802")),
+    Row("advise on real and framework scripts, CPU (advise, apply, run; each script's own step log)",
+        "real_scripts", ">= 1.3x median; every script advised", ("src/torchaxe",), read_real_scripts),
     Row("advise end to end, H200 (larger GPT, tuned vs original)", "end_to_end_cuda", ">= 2x",
         ("src/torchaxe",), read_e2e_speedup,
         Quoted("2.07x", "PASS", "2026-11-30 23:45 UTC", H200, "not recorded (after `961074e`)",

@@ -109,6 +109,18 @@ def test_pass_and_fail_follow_the_targets(summary, tmp_path):
     assert _row(rows, "advise end to end, CPU (")["commit"] == "`abc1234`"
 
 
+def test_the_real_scripts_row_needs_every_script_advised_and_the_median(summary, tmp_path):
+    scripts = [{"name": "a", "speedup": 1.5, "advised": True}, {"name": "b", "speedup": 1.2, "advised": True},
+               {"name": "c", "speedup": 1.4, "advised": True}]
+    _saved(tmp_path, "real_scripts", {"scripts": scripts, "median_speedup": 1.4})
+    row = _row(_rows(summary, tmp_path), "advise on real and framework scripts")
+    assert row["value"] == "median 1.40x over 3 scripts (1.20..1.50); 3 of 3 advised" and row["status"] == "PASS"
+    scripts.append({"name": "d", "speedup": None, "advised": False, "error": "advise: no step detected"})
+    _saved(tmp_path, "real_scripts", {"scripts": scripts, "median_speedup": 1.4})
+    row = _row(_rows(summary, tmp_path), "advise on real and framework scripts")
+    assert row["value"].endswith("3 of 4 advised") and row["status"] == "FAIL"
+
+
 def test_a_missing_run_quotes_the_log_or_says_not_measured(summary, tmp_path):
     rows = _rows(summary, tmp_path / "none")
     e2e = _row(rows, "advise end to end, H200 (")
