@@ -888,3 +888,12 @@ def test_mfu_before_and_after_the_chosen_changes(script: Path) -> None:
     assert after["dtype"] == "bfloat16" and after["mfu_measured"] is None
     assert after["mfu_table"] == pytest.approx(2e10 / 989.5e12)
     assert mfu_figures(None, 0.1, 0.05) is None
+
+
+def test_a_first_run_cut_by_the_budget_says_so_not_no_step(script: Path) -> None:
+    profile = fake_profile(script)
+    profile["summary"]["steps_measured"] = 0
+    profile["status"] = "timeout"  # e.g. a long evaluation before the first training step
+    with pytest.raises(TorchaxeError, match=r"no measured step within its 60 s \(--budget"):
+        Advisor(["python", str(script)], AdviseOptions(target="cpu", budget=60.0), runner=FakeRuns(),
+                profiler=lambda c, o, t: BaselineProfile(profile, {}, 1.0)).run()

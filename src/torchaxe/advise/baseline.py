@@ -122,6 +122,11 @@ def check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:
         raise TorchaxeError(f"the script raised {error.get('type', 'an error')}{where}: "
                             f"{error.get('message', profile.get('detail', ''))}")
     if not steps:
+        if profile.get("status") == "timeout":
+            limit = options.timeout if options.timeout is not None else options.budget
+            option = "--timeout" if options.timeout is not None else "--budget"
+            raise TorchaxeError(f"the profiled run of the unchanged script reached no measured step within its "
+                                f"{limit:g} s ({option}, which bounds the first run too): give a larger {option}")
         seen = len(profile.get("steps") or [])
         if seen:
             raise TorchaxeError(
