@@ -272,3 +272,12 @@ def test_real_advise_measures_checkpointing_with_its_memory(tmp_path: Path) -> N
     assert memory["kind"] == "host_rss" and memory["peak_bytes"] > 0 and memory["original_peak_bytes"] > 0
     assert data["baseline"]["peak_memory_bytes"] == memory["original_peak_bytes"]
     assert data["memory_limit_bytes"] == 64 * GIB and not data["baseline"]["over_memory_limit"]
+
+
+def test_apply_warns_that_a_larger_batch_changes_the_optimisation(script: Path, tmp_path: Path) -> None:  # noqa: F811
+    from torchaxe.advise.apply import apply_advice
+
+    advice = run_advice(script, FakeRuns(times={"knob:batch-x2": 0.16}), allow_batch_change=True, batches=1)
+    result = apply_advice(json.loads(advice.to_json()), keys=["knob:batch-x2"], write=False)
+    assert result.changes_optimisation == ["knob:batch-x2"]
+    assert result.knobs == {"dataloader": {"batch_scale": 2}}
