@@ -50,6 +50,7 @@ def test_every_measured_change_reports_its_peak_memory_against_the_original(scri
     assert compile_rec["memory"]["change"] == pytest.approx(-0.35, abs=1e-6)
     assert data["baseline"]["peak_memory_bytes"] == GIB and data["baseline"]["memory_kind"] == "host_rss"
     assert data["memory_limit_bytes"] is None
+    assert data["combined"]["peak_memory_bytes"] == GIB and data["combined"]["memory_kind"] == "host_rss"
     text = text_of(advice)
     assert "memory" in text and "-35%" in text and "+10%" in text
     assert "original peak memory 1.0 GiB" in text

@@ -146,8 +146,6 @@ class ChangeSearch:
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
         loss = self._loss_beyond(arm, base_arm)
         over = None if arm.error else self._over_limit(arm)
-        if over is not None:
-            entry["peak_memory_bytes"] = over
         if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN) and loss is None \
                 and over is None:
             self.combined = entry
