@@ -50,10 +50,15 @@ def fake_profile(script: Path, step: float = 0.1, static: bool = True, wait: flo
 class FakeRuns:
     """Step times by what a knob set changes; records the order of the runs. The loss
     of every step is the original's times a factor by knob set (``loss``): bf16's is
-    5.4% off by default (a loss computed in bfloat16), beyond any tolerance."""
+    5.4% off by default (a loss computed in bfloat16), beyond any tolerance. Every run
+    reports a peak memory by knob set (``memory``, bytes; the original's by default),
+    of kind ``memory_kind``; a set that scales the loader's batch notes its scale."""
 
     def __init__(self, times: dict[str, float] | None = None, fail: tuple[str, ...] = (), interrupt_after=None,
-                 loss: dict[str, float] | None = None):
+                 loss: dict[str, float] | None = None, memory: dict[str, int] | None = None,
+                 memory_kind: str = "host_rss"):
+        self.memory = {"original": 1 << 30, **(memory or {})}
+        self.memory_kind = memory_kind
         self.times = {"original": 0.100, "code:AX110": 0.080, "knob:compile": 0.050,
                       "knob:autocast-bf16": 0.098, "combined": 0.045, **(times or {})}
         self.loss = {"knob:autocast-bf16": 1.054, **(loss or {})}
@@ -74,8 +79,12 @@ class FakeRuns:
             step = step[(self.order.count(knobs.name) - 1) % len(step)]
         factor = self.loss.get(knobs.name, self.loss["knob:autocast-bf16"] if "autocast" in knobs.name else 1.0)
         losses = [(2.0 - 0.1 * i) * factor for i in range(6)]
+        applied = {"loss": losses} if knobs.observe_loss else {}
+        if knobs.dataloader.batch_scale:
+            applied["samples_scale"] = knobs.dataloader.batch_scale
         return TrialRun(knobs=knobs.name, repeat=repeat, ok=True, step_seconds=[step] * 4, seconds=1.0,
-                        applied={"loss": losses} if knobs.observe_loss else {})
+                        applied=applied, peak_memory_bytes=self.memory.get(knobs.name, self.memory["original"]),
+                        memory_kind=self.memory_kind)
 
 
 class Clock:
@@ -107,6 +116,10 @@ class TimedRuns(FakeRuns):
 
 def run_advice(script: Path, runs: FakeRuns, **options):
     profile = fake_profile(script, step=options.pop("step", 0.1))
+    batches = options.pop("batches", 0)  # batches each step took from a DataLoader
+    for step in profile["steps"]:
+        step["batches"] = batches
+    profile["summary"]["host_rss_peak_bytes"] = options.pop("profile_peak", None)
     context = {"modules": [], "settings": options.pop("settings", {"num_threads": 2, "allowed_cpus": 2})}
     clock = options.pop("clock", None) or Clock()
     opts = AdviseOptions(target="cpu", budget=options.pop("budget", 600.0), **options)
@@ -307,18 +320,26 @@ def test_without_a_recorded_loss_precision_is_not_chosen_and_the_advice_says_why
     assert any("no training loss was recorded" in n and "knob:autocast-bf16" in n for n in advice.notes)
 
 
-def test_the_accuracy_options_on_the_command_line(script: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+def advise_options_seen(monkeypatch) -> list[AdviseOptions]:
+    """``torchaxe advise`` on the command line made to hand back an empty advice: the
+    options each call was given, in order."""
     from torchaxe.advise import pipeline
     from torchaxe.advise.recommendation import Advice
-    from torchaxe.cli import main
 
-    seen = []
+    seen: list[AdviseOptions] = []
 
     def record(command, options=None, **kwargs):
         seen.append(options)
         return Advice(command=list(command), target="cpu", budget_seconds=60.0, repeats=2)
 
     monkeypatch.setattr(pipeline, "advise", record)
+    return seen
+
+
+def test_the_accuracy_options_on_the_command_line(script: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    from torchaxe.cli import main
+
+    seen = advise_options_seen(monkeypatch)
     save = ["--save", str(tmp_path / "a.json"), "-q"]
     for flags, check, tolerance in (([], True, 0.02), (["--check-accuracy"], True, 0.02),
                                     (["--no-check-accuracy"], False, 0.02), (["--loss-tolerance", "0.5%"], True, 0.005),
@@ -395,7 +416,9 @@ def test_environment_checks_measure_what_a_variable_costs() -> None:
     knobs = {c.key: c.knobs for c in candidates}
     assert knobs["env:CUDA_LAUNCH_BLOCKING"] == {"env": {"CUDA_LAUNCH_BLOCKING": None}}
     assert knobs["env:OMP_NUM_THREADS"] == {"env": {"OMP_NUM_THREADS": "2"}}
-    assert "expandable_segments:True" in knobs["env:PYTORCH_CUDA_ALLOC_CONF"]["env"]["PYTORCH_CUDA_ALLOC_CONF"]
+    # The allocator check points at the memory axis's candidate, which measures it.
+    (alloc,) = [c for c in checks if c.name == "PYTORCH_CUDA_ALLOC_CONF"]
+    assert alloc.recommendation == "knob:expandable-segments" and "env:PYTORCH_CUDA_ALLOC_CONF" not in knobs
 
 
 def test_environment_check_points_at_the_line(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Durations written for people, the same way in every report and command."""
+"""Durations, rates and sizes written for people, the same way in every report and command."""
 
 from __future__ import annotations
 
@@ -44,6 +44,16 @@ def _decimal(value: float | None, unit: str, missing: str) -> str:
             scaled = value / size
             return f"{scaled:.3g} {prefix}{unit}" if scaled < 100 else f"{scaled:.0f} {prefix}{unit}"
     return f"{value:.3g} {unit}"
+
+
+def bytes_text(count: int | None) -> str:
+    """A number of bytes with a binary prefix: ``1.5 GiB``, ``512.0 MiB``, ``12 B``."""
+    if count is None:
+        return "n/a"
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
 
 
 def mfu_sentence(table: float | None, measured: float | None) -> str | None:

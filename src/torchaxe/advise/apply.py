@@ -159,8 +159,10 @@ class ApplyResult:
     diffs: list[str] = field(default_factory=list)
     #: Named with --only although advise measured them slower than the original.
     slower: list[str] = field(default_factory=list)
-    #: Named with --only although advise held them back for their training loss.
+    #: Named with --only although advise held them back (training loss, memory limit).
     held_back: list[str] = field(default_factory=list)
+    #: Applied changes that change the optimisation (a larger micro-batch).
+    changes_optimisation: list[str] = field(default_factory=list)
 
 
 def _loss_change(rec: dict[str, Any]) -> str:
@@ -192,6 +194,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     result.slower = [f"{r['key']} ({r['speedup']:.2f}x)" for r in chosen
                      if r.get("status") == "measured" and isinstance(r.get("speedup"), (int, float)) and r["speedup"] < 1]
     result.held_back = [_loss_change(r) for r in chosen if r.get("held_back")]
+    result.changes_optimisation = [r["key"] for r in chosen if r.get("changes_optimisation")]
     codes: list[str] = []
     for r in chosen:
         if r.get("applies") != "code" or r.get("status") == "advice":

@@ -28,6 +28,7 @@ from torchaxe.data.candidates import candidates as data_candidates
 from torchaxe.data.candidates import stored_candidates as data_stored_candidates
 from torchaxe.errors import TorchaxeError
 from torchaxe.findings import Applicability, Finding
+from torchaxe.memory.candidates import candidates as memory_candidates
 from torchaxe.precision.candidates import candidates as precision_candidates
 from torchaxe.precision.candidates import own_speedups as precision_own_speedups
 from torchaxe.runtime.candidate import Candidate
@@ -164,11 +165,16 @@ def _axis_of_code(code: str) -> str:
 RUN_CANDIDATES = (shapes_candidates, precision_candidates, bind_candidates, data_candidates)
 
 
-def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, Any]) -> list[Candidate]:
+def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, Any], *,
+                    memory_limit: int | None = None, allow_batch_change: bool = False,
+                    notes: list[str] | None = None) -> list[Candidate]:
     """Runtime settings worth measuring on this target, given what the run showed:
     what each axis proposes (compile modes and bucketing, precision, binding, loader
-    settings)."""
-    return [c for propose in RUN_CANDIDATES for c in propose(profile, target, settings)]
+    settings), then the memory axis's, which also depend on the memory limit and on
+    whether a larger micro-batch is allowed."""
+    out = [c for propose in RUN_CANDIDATES for c in propose(profile, target, settings)]
+    return out + memory_candidates(profile, target, settings, memory_limit=memory_limit,
+                                   allow_batch_change=allow_batch_change, notes=notes)
 
 
 def script_speedups(settings: dict[str, Any], target: str) -> list[str]:

@@ -33,6 +33,24 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+               "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
+
+
+def parse_size(text: str, option: str = "--memory-limit") -> int:
+    """``20GiB``, ``512MiB``, ``16GB``, ``2e9``, ``1073741824`` -> bytes."""
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _SIZE_UNITS:
+        raise TorchaxeError(f"{option} {text!r}: expected a size such as 20GiB, 512MiB, 16GB, 2e9 or a number "
+                            "of bytes")
+    size = int(float(match.group(1)) * _SIZE_UNITS[unit])
+    if size <= 0:
+        raise TorchaxeError(f"{option} {text!r}: must be more than zero bytes")
+    return size
+
+
 def parse_fraction(text: str, option: str) -> float:
     """``2%`` or ``0.02`` -> 0.02: a fraction from 0 up to (not including) 1."""
     raw = text.strip()
@@ -78,6 +96,15 @@ def parse_fraction(text: str, option: str) -> float:
               help="A change whose mean training loss differs from the original's by more than the run-to-run "
                    "loss noise plus this (2% or 0.02) is never chosen: it is listed with its speed and loss "
                    "difference for you to decide (`torchaxe apply --only KEY`).")
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="Peak memory no chosen change may exceed (20GiB, 512MiB, 2e9 bytes): the device allocator's "
+                   "peak where the run has a device, else the process's peak resident memory. A change that "
+                   "exceeds it is held back, a combination that exceeds it is not chosen, and activation "
+                   "checkpointing of the repeated blocks is tried too.")
+@click.option("--allow-batch-change", is_flag=True,
+              help="Also try a larger micro-batch (the DataLoader's batch size doubled), ranked by samples per "
+                   "second, when memory allows. It changes the optimisation (fewer steps per epoch): marked so "
+                   "wherever it is shown.")
 @click.option("--no-installed", is_flag=True, help="Scan only your code (the script's folder and the project files "
               "the run imported), not the installed packages it imported.")
 @click.option("--step-marker", default=None, metavar="MODULE:FUNCTION",
@@ -93,7 +120,7 @@ def parse_fraction(text: str, option: str) -> float:
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, check_accuracy, loss_tolerance,
-           no_installed, step_marker, first_step_timeout, timeout, skip, quiet, command):
+           memory_limit, allow_batch_change, no_installed, step_marker, first_step_timeout, timeout, skip, quiet, command):
     """Find, measure and rank everything that would make a training script faster.
 
     Profiles a few steps of the unchanged script, scans its folder, the files of its
@@ -112,6 +139,7 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
       torchaxe advise -- python train.py --lr 3e-4
       torchaxe advise --budget 3m --html report.html -- python train.py
       torchaxe advise --loss-tolerance 0.5% -- python -m mypkg.train
+      torchaxe advise --memory-limit 20GiB --allow-batch-change -- python train.py
     \b
     Exit codes: 0 advice made (partial advice too), 2 usage error or a script that fails.
     """
@@ -122,7 +150,9 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
                             warmup=warmup, check_accuracy=check_accuracy,
                             loss_tolerance=parse_fraction(loss_tolerance, "--loss-tolerance"),
                             scan_installed=not no_installed, step_marker=step_marker,
-                            first_step_timeout=first_step_timeout or None, timeout=timeout, skip=tuple(skip))
+                            first_step_timeout=first_step_timeout or None, timeout=timeout, skip=tuple(skip),
+                            memory_limit=parse_size(memory_limit) if memory_limit is not None else None,
+                            allow_batch_change=allow_batch_change)
     for option, path in (("--out", out), ("--html", html_out), ("--save", save)):
         if path and not Path(path).resolve().parent.is_dir():
             raise TorchaxeError(f"{option} {path}: folder does not exist")
@@ -203,8 +233,12 @@ def apply(advice_path, unsafe_fixes, keys, diff):
         click.echo(f"torchaxe apply: warning: advise measured these slower than the original: "
                    f"{', '.join(result.slower)}", err=True)
     if result.held_back:
-        click.echo(f"torchaxe apply: warning: advise held these back, their training loss beyond the run-to-run "
-                   f"noise plus the tolerance: {', '.join(result.held_back)}", err=True)
+        click.echo(f"torchaxe apply: warning: advise held these back (training loss beyond the run-to-run noise "
+                   f"plus the tolerance, or peak memory above --memory-limit): {', '.join(result.held_back)}", err=True)
+    if result.changes_optimisation:
+        click.echo(f"torchaxe apply: warning: these change the optimisation (a larger micro-batch: fewer steps per "
+                   f"epoch; check convergence and the learning rate): {', '.join(result.changes_optimisation)}",
+                   err=True)
     if result.skipped_unsafe:
         click.echo(f"torchaxe apply: left out (unsafe, add --unsafe-fixes): {', '.join(result.skipped_unsafe)}",
                    err=True)

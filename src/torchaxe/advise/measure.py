@@ -47,6 +47,14 @@ class ArmResult:
         return [list((r.applied or {}).get("loss") or []) for r in self.runs if r.ok]
 
     @property
+    def peak_memory(self) -> tuple[int, str] | None:
+        """The highest peak memory of its runs that went through, and its kind
+        (``device`` or ``host_rss``); None when no run recorded one."""
+        peaks = [(r.peak_memory_bytes, r.memory_kind or "") for r in self.runs
+                 if r.ok and r.peak_memory_bytes is not None]
+        return max(peaks) if peaks else None
+
+    @property
     def data_wait_fraction(self) -> float | None:
         waits = [w for r in self.runs if r.ok for w in r.data_wait_seconds]
         steps = [s for r in self.runs if r.ok for s in r.step_seconds]
@@ -138,12 +146,16 @@ class Measurer:
 
     def _recorder(self, base: ArmResult, label: Callable[[int], str]) -> Callable[[ArmResult, int], None]:
         """One run of an arm in a round, kept with the arm; an arm's ratio is taken
-        against the baseline's run of the same round, which comes first."""
+        against the baseline's run of the same round, which comes first. Runs that
+        process more samples a step (a larger batch) are compared per sample: the
+        ratio is of the step times per original batch."""
         def run(arm: ArmResult, repeat: int) -> None:
             latest = self._run(arm.knobs, repeat, f"{label(repeat)}: {'original' if arm is base else arm.name}")
             arm.runs.append(latest)
-            if arm is not base and latest.ok and latest.median and base.runs[-1].median:
-                arm.ratios.append(latest.median / base.runs[-1].median)
+            against = base.runs[-1].median_per_sample_unit
+            mine = latest.median_per_sample_unit
+            if arm is not base and latest.ok and mine and against:
+                arm.ratios.append(mine / against)
 
         return run
 

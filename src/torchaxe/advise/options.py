@@ -31,6 +31,10 @@ class AdviseOptions:
     first_step_timeout: float | None = DEFAULT_FIRST_STEP_TIMEOUT
     #: Candidates whose key starts with one of these are not tried (``--skip knob:compile``).
     skip: tuple[str, ...] = ()
+    #: Bytes of peak memory (device, else host RSS) no chosen change may exceed; None: no limit.
+    memory_limit: int | None = None
+    #: Also try a larger micro-batch (it changes the optimisation: opt-in).
+    allow_batch_change: bool = False
 
     def __post_init__(self) -> None:
         if self.budget <= 0:
@@ -40,5 +44,7 @@ class AdviseOptions:
         if not 0.0 <= self.loss_tolerance < 1.0:
             raise TorchaxeError(f"--loss-tolerance {self.loss_tolerance:g}: must be a fraction of the loss, "
                                 "from 0 up to 1 (0.02 is 2%)")
+        if self.memory_limit is not None and self.memory_limit <= 0:
+            raise TorchaxeError(f"--memory-limit {self.memory_limit}: must be a positive number of bytes")
         if self.steps is not None and self.steps < 1:
             raise TorchaxeError(f"--steps {self.steps}: must be at least 1")

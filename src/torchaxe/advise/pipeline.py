@@ -45,8 +45,11 @@ from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta,
                                    promising)
 from torchaxe.environment.checks import environment_checks
 from torchaxe.errors import TorchaxeError
+from torchaxe.memory.candidates import profile_peak
+from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
 from torchaxe.runtime.knobs import knob_set_from_dict
 from torchaxe.runtime.trials import Runner, run_in_subprocess
+from torchaxe.units import bytes_text
 
 
 def scan_for_advice(folder: Path, project: Path, imported: Sequence[str], scan_installed: bool, target: str,
@@ -104,7 +107,7 @@ class Advisor:
         #: The knob set of every arm, on top of the run table (see _against_run_knobs).
         self.arms = ArmKnobs(self.workdir, self.target, options.check_accuracy)
         self.advice = Advice(command=self.command, target=self.target, budget_seconds=options.budget,
-                             repeats=options.repeats)
+                             repeats=options.repeats, memory_limit=options.memory_limit)
 
     # ------------------------------------------------------------------ phases
 
@@ -172,7 +175,9 @@ class Advisor:
         replaced, installed_advice = installed_candidates(extra.findings if extra is not None else [], base.profile)
         advice_recs += installed_advice
         micro_benchmarks(codes + replaced, self.target, lambda: self.clock() > self.deadline, self.progress)
-        candidates = codes + replaced + knob_candidates(self.target, base.profile, settings) + env_candidates
+        candidates = codes + replaced + knob_candidates(
+            self.target, base.profile, settings, memory_limit=self.options.memory_limit,
+            allow_batch_change=self.options.allow_batch_change, notes=advice.notes) + env_candidates
         advice.notes.extend(script_speedups(settings, self.target))
         static = bool((advice.profile or {}).get("static_shapes"))
         candidates += stored_candidates(self.command, static, advice.notes)
@@ -317,20 +322,46 @@ class Advisor:
                 f"the script ended before {self.options.warmup} + {self.steps} steps: its runs measured only "
                 f"{min(short)} step(s) each after the warm-up; give it more steps (its own --steps, --epochs or "
                 f"--max-iters argument) for steadier figures")
+        self._set_memory(base_arm, base)
         for (c, _), arm in zip(arms, results):
             self._record(c.rec, arm, base_arm, noise_arm)
         self._accuracy_notes([c.rec for c, _ in arms])
         search = ChangeSearch(measurer, self.noise, advice.notes, arms=self.arms, findings=findings, original=original,
                               repeats=repeats, check_accuracy=self.options.check_accuracy,
                               loss_tolerance=self.options.loss_tolerance,
-                              run_seconds=self.run_seconds, progress=self.progress)
+                              run_seconds=self.run_seconds, progress=self.progress,
+                              memory_limit=self.options.memory_limit,
+                              original_over_limit=bool(advice.baseline.get("over_memory_limit")))
         try:
             search.run([c for c, _ in arms])
+            for c, _ in arms:
+                if c.rec.selected and c.rec.changes_optimisation:
+                    advice.notes.append(f"{c.key} is chosen and changes the optimisation (more samples per step: "
+                                        "fewer optimizer steps per epoch, less gradient noise; the learning rate "
+                                        "may need scaling): check convergence before keeping it")
         finally:  # what was chosen until an interrupt stays in the advice
             if search.combined is not None:
                 advice.combined = search.combined
             if search.partial:
                 advice.partial = True
+
+    def _set_memory(self, base_arm: ArmResult, base: BaselineProfile) -> None:
+        """The original's peak memory (its trial runs', else the profiled run's) and,
+        with ``--memory-limit``, whether the original itself exceeds it: said first."""
+        peak = base_arm.peak_memory or profile_peak(base.profile)
+        limit = self.options.memory_limit
+        baseline = self.advice.baseline
+        baseline["peak_memory_bytes"], baseline["memory_kind"] = peak if peak else (None, None)
+        baseline["memory_limit_bytes"] = limit
+        if limit is None or peak is None:
+            if limit is not None:
+                self.advice.notes.append("no peak memory was recorded: --memory-limit could not be checked")
+            return
+        baseline["over_memory_limit"] = peak[0] > limit
+        if peak[0] > limit:
+            self.advice.notes.insert(0, f"the original itself exceeds --memory-limit: its peak memory "
+                                        f"({MEMORY_KINDS.get(peak[1], peak[1])}) is {bytes_text(peak[0])}, above "
+                                        f"{bytes_text(limit)}; only changes whose measured peak fits are chosen")
 
     def _set_noise(self, noise_arm: ArmResult) -> None:
         if noise_arm.ratios:
@@ -388,6 +419,22 @@ class Advisor:
             rec.measured_seconds_saved_per_step = base.median * (1.0 - ratio)
         if self.options.check_accuracy and rec.accuracy.changes_numerics:
             self._compare_loss(rec, loss_delta(arm, base, same))
+        self._compare_memory(rec, arm, base)
+
+    def _compare_memory(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:
+        """A measured change's peak memory against the original's; above
+        ``--memory-limit``, held back."""
+        peak = arm.peak_memory
+        if peak is None:
+            return
+        original = base.peak_memory
+        rec.memory = Memory(kind=peak[1], peak_bytes=peak[0],
+                            original_peak_bytes=original[0] if original and original[1] == peak[1] else None)
+        limit = self.options.memory_limit
+        if limit is not None and peak[0] > limit:
+            why = (f"its peak memory ({MEMORY_KINDS.get(peak[1], peak[1])}) {bytes_text(peak[0])} is above "
+                   f"--memory-limit ({bytes_text(limit)}): not chosen; `torchaxe apply --only {rec.key}` applies it")
+            rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 
     def _compare_loss(self, rec: Recommendation, delta: float | None) -> None:
         """A change that may alter the numerics, its mean training loss against the

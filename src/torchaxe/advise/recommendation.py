@@ -19,7 +19,7 @@ __all__ = ["AXES", "AXIS_TITLES", "SCHEMA", "Accuracy", "Advice", "EnvironmentCh
 SCHEMA = "torchaxe.advice/1"
 
 #: The axes, in the order of the seed document, plus the environment checks.
-AXES = ("fused_ops", "compile", "tune", "binding", "data", "precision", "environment")
+AXES = ("fused_ops", "compile", "tune", "binding", "data", "precision", "memory", "environment")
 AXIS_TITLES = {
     "fused_ops": "fused operators and optimizers",
     "compile": "compile mode and shapes",
@@ -27,6 +27,7 @@ AXIS_TITLES = {
     "binding": "core binding",
     "data": "data pipeline",
     "precision": "mixed precision",
+    "memory": "memory",
     "environment": "environment",
 }
 
@@ -93,6 +94,8 @@ class Advice:
     cwd: str = field(default_factory=os.getcwd)
     #: The profiled run's FLOP count and peaks (``flops`` of its profile), for MFU.
     flops: dict[str, Any] | None = None
+    #: ``--memory-limit`` in bytes (None: none given).
+    memory_limit: int | None = None
 
     @property
     def mfu(self) -> dict[str, Any] | None:
@@ -103,10 +106,17 @@ class Advice:
                                "status") == "measured" else None,
                            [r.knobs for r in self.recommendations if r.selected])
 
+    def over_memory_limit(self, rec: Recommendation) -> bool:
+        """Whether a change's measured peak memory exceeds ``--memory-limit``."""
+        return self.memory_limit is not None and rec.memory is not None and rec.memory.peak_bytes > self.memory_limit
+
     def ranked(self) -> list[Recommendation]:
+        """Measured changes first, those that fit the memory limit before those that do
+        not, each by time saved per step; then advice, unmeasured and failed ones."""
         order = {"measured": 0, "advice": 1, "not_measured": 2, "failed": 3}
         return sorted(self.recommendations,
-                      key=lambda r: (order.get(r.status, 9), -(r.measured_seconds_saved_per_step or 0.0), r.key))
+                      key=lambda r: (order.get(r.status, 9), self.over_memory_limit(r),
+                                     -(r.measured_seconds_saved_per_step or 0.0), r.key))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -117,7 +127,7 @@ class Advice:
             "combined": self.combined, "achieved": self.achieved,
             "environment": [c.to_dict() for c in self.environment],
             "findings": self.findings, "scanned": self.scanned, "profile": self.profile, "notes": self.notes,
-            "mfu": self.mfu,
+            "mfu": self.mfu, "memory_limit_bytes": self.memory_limit,
         }
 
     def to_json(self) -> str:

@@ -16,6 +16,7 @@ from torchaxe.advise.measure import ArmResult, Measurer
 from torchaxe.advise.stats import (LOSS_TOLERANCE, MAX_ROUNDS, MIN_GAIN, Noise, clear_gain, loss_delta,
                                    measured_figures, paired_ratios, promising)
 from torchaxe.runtime.knobs import KnobSet
+from torchaxe.units import bytes_text
 
 #: Changes tried one by one on top of the chosen ones (besides all of them at once).
 MAX_NEAR_MISSES = 2
@@ -34,7 +35,8 @@ class ChangeSearch:
                  original: KnobSet, repeats: int, check_accuracy: bool = False,
                  loss_tolerance: float = LOSS_TOLERANCE,
                  run_seconds: dict[str, float] | None = None,
-                 progress: Callable[[str], None] = lambda line: None) -> None:
+                 progress: Callable[[str], None] = lambda line: None, memory_limit: int | None = None,
+                 original_over_limit: bool = False) -> None:
         self.measurer = measurer
         #: How far the original strayed from itself, and the A/A arm's per-round ratios.
         self.noise = noise.spread
@@ -55,6 +57,17 @@ class ChangeSearch:
         self.partial = False
         #: Changes dropped by leave-one-out: measured on top of the others, they hurt.
         self.left_out: set[str] = set()
+        #: Peak memory no chosen set may exceed (None: no limit), and whether the
+        #: original itself exceeds it (then the fastest change that fits is chosen).
+        self.memory_limit = memory_limit
+        self.original_over_limit = original_over_limit
+
+    def _over_limit(self, arm: ArmResult) -> int | None:
+        """The peak memory of a measured set when it exceeds the limit; None otherwise."""
+        peak = arm.peak_memory
+        if self.memory_limit is None or peak is None or peak[0] <= self.memory_limit:
+            return None
+        return peak[0]
 
     def _clear(self, ratios: Sequence[float]) -> bool:
         return clear_gain(ratios, self.noise, self.same_ratios)
@@ -77,6 +90,18 @@ class ChangeSearch:
         chosen = list(winners.values())
         for c in chosen:
             c.rec.selected = True
+        if not chosen and self.original_over_limit:
+            fits = [c for c in candidates if c.rec.status == "measured" and c.rec.speedup and c.rec.memory is not None
+                    and self._may_choose(c) and not c.rec.changes_optimisation]
+            if fits:
+                # The original does not fit: the fastest change that does is chosen, slower or not.
+                best = max(fits, key=lambda c: c.rec.speedup or 0.0)
+                best.rec.selected = True
+                self.combined = alone(best)
+                self.notes.append(f"{best.key} is chosen because the original exceeds --memory-limit and it fits "
+                                  f"({best.rec.memory.text}, {best.rec.speedup:.2f}x the original's speed)")
+                return
+            self.notes.append("no measured change brought the peak memory under --memory-limit")
         if not chosen:
             noise = (f"beyond the run-to-run noise (below the original's own rounds beyond chance, or faster in "
                      f"every round by more than the {self.noise:.0%} the original strayed)" if self.same_ratios else
@@ -120,7 +145,9 @@ class ChangeSearch:
             entry.update(measured_figures(arm, base_arm))
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
         loss = self._loss_beyond(arm, base_arm)
-        if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN) and loss is None:
+        over = None if arm.error else self._over_limit(arm)
+        if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN) and loss is None \
+                and over is None:
             self.combined = entry
             # The refining runs measure the same set again: its fixed files are reused.
             self._refine(chosen, candidates, replace(combined, name="chosen"))
@@ -134,6 +161,9 @@ class ChangeSearch:
         if not arm.ratio and not arm.error:
             self.notes.append(f"the chosen changes were not measured together (out of --budget): only "
                               f"{best.rec.key} is kept")
+        elif over is not None:
+            self.notes.append(f"the {len(chosen)} chosen changes together peaked at {bytes_text(over)}, above "
+                              f"--memory-limit ({bytes_text(self.memory_limit)}): only {best.rec.key} is kept")
         elif loss is not None:
             self.notes.append(f"the {len(chosen)} chosen changes together changed the training loss by {loss:+.2%}, "
                               f"beyond the run-to-run loss noise by more than the {self.loss_tolerance:.1%} "
@@ -187,7 +217,7 @@ class ChangeSearch:
             return None
         best: tuple[float, int, list[float]] | None = None
         for index, arm in enumerate(without):
-            if arm.error or len(arm.ratios) < len(together.ratios):
+            if arm.error or len(arm.ratios) < len(together.ratios) or self._over_limit(arm) is not None:
                 continue
             paired = paired_ratios(arm, together.ratios)
             share = statistics.median(paired)
@@ -285,7 +315,8 @@ class ChangeSearch:
                     else f"together with {others}"
                 whose = "their" if chosen else "the original's"
                 c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + f"({where}: {share:.2f} of {whose} step time)"
-            if self._clear(paired) and (best is None or share < best[0]) and self._loss_beyond(arm, base_arm) is None:
+            if self._clear(paired) and (best is None or share < best[0]) and self._loss_beyond(arm, base_arm) is None \
+                    and self._over_limit(arm) is None:
                 best = (share, v, arm, paired)
             if len(v) == 1 and share > 1.0 + max(MIN_GAIN, self.noise / 2):
                 hurting.append(v[0])
@@ -370,11 +401,14 @@ class ChangeSearch:
         return self.measurer.more_rounds(base, plan, "refining")
 
     def _may_choose(self, c: Candidate) -> bool:
-        """Lower precision is chosen only with its accuracy measured, and no change
-        whose training loss landed beyond the noise by more than the tolerance."""
+        """Lower precision and a larger batch are chosen only with their accuracy
+        measured, and no change held back (its training loss beyond the noise by more
+        than the tolerance, its peak memory above the limit)."""
         r = c.rec
-        if r.accuracy.beyond_tolerance:
+        if r.accuracy.beyond_tolerance or r.held_back:
             return False
+        if r.changes_optimisation and r.accuracy.kind == "unknown":
+            return False  # a larger batch without its loss compared
         return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision")
 
 

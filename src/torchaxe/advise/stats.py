@@ -144,11 +144,14 @@ def loss_delta(arm: ArmResult, *originals: ArmResult) -> float | None:
 def measured_figures(arm: ArmResult, base: ArmResult) -> dict[str, Any]:
     """The figures of an arm measured against the original in the same rounds (its
     ratio is known): speed-up, per-round ratios, time saved, both step medians, and
-    the difference of its training loss when it was recorded."""
+    the difference of its training loss when it was recorded, both peak memories."""
     ratio = arm.ratio or 1.0
+    peak, original = arm.peak_memory, base.peak_memory
     out = {"status": "measured", "speedup": 1.0 / ratio, "ratios": [round(r, 4) for r in arm.ratios],
            "measured_seconds_saved_per_step": (base.median or 0.0) * (1.0 - ratio),
-           "step_seconds_median": arm.median, "original_step_seconds_median": base.median}
+           "step_seconds_median": arm.median, "original_step_seconds_median": base.median,
+           "peak_memory_bytes": peak[0] if peak else None, "memory_kind": peak[1] if peak else None,
+           "original_peak_memory_bytes": original[0] if original else None}
     delta = loss_delta(arm, base)
     if delta is not None:
         out["loss_delta"] = delta

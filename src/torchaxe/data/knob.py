@@ -3,6 +3,13 @@ without editing the script::
 
     {"dataloader": {"num_workers": 2, "pin_memory": true, "persistent_workers": true,
                     "prefetch_factor": 4, "multiprocessing_context": "fork", "timeout": 60}}
+    {"dataloader": {"batch_scale": 2}}
+
+``batch_scale`` multiplies the batch size of every loader that batches by a
+``batch_size`` (not a ``batch_sampler`` of its own): a larger micro-batch, which
+changes the optimisation (fewer steps per epoch). The run then notes
+``samples_scale`` among what it applied, so that its step times are compared per
+original batch.
 
 The bootstrap patches ``DataLoader.__init__`` while the script runs
 (:class:`DataLoaderOverride`). Parsing imports nothing heavy; torch is imported when
@@ -22,6 +29,8 @@ from torchaxe.runtime.loader_patch import LoaderPatch
 #: DataLoader worker start methods (``dataloader.multiprocessing_context``).
 START_METHODS = ("fork", "spawn", "forkserver")
 KEYS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor", "multiprocessing_context", "timeout")
+#: What a loader's record shows besides KEYS.
+RECORDED = (*KEYS, "batch_size")
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,8 @@ class DataLoaderKnobs:
     multiprocessing_context: str | None = None
     #: Seconds a worker batch may take before the loader raises (a hung loader).
     timeout: float | None = None
+    #: Multiplies the batch size of every loader batched by ``batch_size``.
+    batch_scale: int | None = None
 
     def overrides(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -68,6 +79,12 @@ class DataLoaderOverride:
         from torch.utils.data import IterableDataset
 
         settings = dict(self.overrides)
+        scale = settings.pop("batch_scale", None)
+        if scale and scale != 1 and arguments.get("batch_sampler") is None:
+            size = arguments.get("batch_size", signature.parameters["batch_size"].default)
+            if size is not None:  # None: the loader hands out single samples
+                arguments["batch_size"] = size * scale
+                self.applied.note("samples_scale", scale)
         if isinstance(arguments.get("dataset"), IterableDataset) and "num_workers" in settings \
                 and settings["num_workers"] != arguments.get("num_workers", 0):
             # Each worker of an iterable dataset iterates it whole unless the
@@ -80,7 +97,7 @@ class DataLoaderOverride:
             settings.pop("persistent_workers", None)
             settings.pop("multiprocessing_context", None)
         arguments.update(settings)
-        final = {k: arguments.get(k, signature.parameters[k].default) for k in KEYS if k in signature.parameters}
+        final = {k: arguments.get(k, signature.parameters[k].default) for k in RECORDED if k in signature.parameters}
         context = final.get("multiprocessing_context")
         if context is not None and not isinstance(context, str):  # a context object: its method's name
             final["multiprocessing_context"] = getattr(context, "get_start_method", lambda: str(context))()
@@ -89,8 +106,8 @@ class DataLoaderOverride:
 
 
 class DataLoaderKnob(Knob):
-    """``dataloader``: worker count, pinning, persistence, prefetch depth, start method
-    and timeout of every DataLoader the script builds."""
+    """``dataloader``: worker count, pinning, persistence, prefetch depth, start method,
+    timeout and batch-size multiple of every DataLoader the script builds."""
 
     key = "dataloader"
     example = {"num_workers": 2, "pin_memory": True, "multiprocessing_context": "spawn"}
@@ -99,7 +116,7 @@ class DataLoaderKnob(Knob):
         return DataLoaderKnobs()
 
     def parse(self, raw: Any, check: KnobCheck) -> DataLoaderKnobs:
-        dl = check.obj(raw, "dataloader", KEYS)
+        dl = check.obj(raw, "dataloader", (*KEYS, "batch_scale"))
         timeout = dl.get("timeout")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout > 0 or timeout == float("inf")):
@@ -112,6 +129,7 @@ class DataLoaderKnob(Knob):
             multiprocessing_context=check.choice(dl.get("multiprocessing_context"), "dataloader.multiprocessing_context",
                                                  START_METHODS),
             timeout=float(timeout) if timeout is not None else None,
+            batch_scale=check.int(dl.get("batch_scale"), "dataloader.batch_scale", 1),
         )
 
     def patch(self, value: DataLoaderKnobs, applied: AppliedKnobs):

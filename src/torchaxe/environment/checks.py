@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from torchaxe.memory.candidates import allocator_setting
 from torchaxe.runtime.candidate import Candidate, knob_candidate
 from torchaxe.units import duration
 
@@ -87,18 +88,12 @@ def environment_checks(settings: dict[str, Any], profile: dict[str, Any], findin
             candidates.append(c)
             checks.append(EnvironmentCheck(var, c.rec.detail, recommendation=c.key))
 
-    for var, device in (("PYTORCH_CUDA_ALLOC_CONF", "cuda"), ("PYTORCH_NPU_ALLOC_CONF", "npu")):
-        if target != device:
-            continue
-        current = env.get(var, "")
-        if "expandable_segments:True" not in current:
-            value = ",".join(p for p in (current, "expandable_segments:True") if p)
-            c = _env_candidate(f"env:{var}", f"{var}={value}: fewer allocator splits and retries",
-                               {var: value}, "expandable segments let the caching allocator grow blocks instead "
-                               "of fragmenting (less memory, fewer cudaMalloc/aclrtMalloc calls)")
-            candidates.append(c)
-            checks.append(EnvironmentCheck(var, f"{var} is {current or 'unset'}: expandable segments are off",
-                                           recommendation=c.key))
+    allocator = allocator_setting(settings, target)
+    if allocator is not None:
+        # The candidate that measures it belongs to the memory axis (memory/candidates.py).
+        var, current, _ = allocator
+        checks.append(EnvironmentCheck(var, f"{var} is {current or 'unset'}: expandable segments are off",
+                                       recommendation="knob:expandable-segments"))
 
     for var in ("PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONTRACEMALLOC"):
         if env.get(var) and not (var == "PYTHONMALLOC" and env[var] in ("pymalloc", "malloc")):

@@ -13,7 +13,8 @@ from typing import Any
 
 from torchaxe import __version__
 from torchaxe.advise.recommendation import AXIS_TITLES, Advice
-from torchaxe.units import duration
+from torchaxe.runtime.candidate import MEMORY_KINDS
+from torchaxe.units import bytes_text, duration
 
 TEMPLATE = "advice.html.j2"
 COLORS = {"data_wait": "#cf222e", "forward_and_rest": "#0969da", "backward": "#8250df", "gc": "#9a6700"}
@@ -80,5 +81,6 @@ def render_advice_html(advice: Advice, now: datetime | None = None) -> str:
         "waits": columns(plots.get("step_seconds") or [], plots.get("data_wait_per_step") or []),
         "ops": hbars(top_ops), "gains": hbars(gains[:12]),
         "installed": advice.scanned.get("installed_findings") or [],
+        "bytes": bytes_text, "memory_kinds": MEMORY_KINDS,
     }
     return env.get_template(TEMPLATE).render(**context)

@@ -9,16 +9,24 @@ from rich.console import Console
 from rich.table import Table
 
 from torchaxe.advise.recommendation import AXIS_TITLES, Advice
-from torchaxe.units import duration, mfu_sentence
+from torchaxe.runtime.candidate import MEMORY_KINDS
+from torchaxe.units import bytes_text, duration, mfu_sentence
 
 
 def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | None = None) -> None:
     console = Console(file=out, width=width or 110, highlight=False, soft_wrap=False)
     base = advice.baseline
     console.print(f"[bold]torchaxe advise[/bold] {' '.join(advice.command)}  (target {advice.target})")
+    peak, limit = base.get("peak_memory_bytes"), advice.memory_limit
+    if base.get("over_memory_limit"):
+        console.print(f"  [red]the original exceeds --memory-limit:[/red] peak {bytes_text(peak)} above "
+                      f"{bytes_text(limit)}; only changes that fit are chosen")
     console.print(f"  original step time  median {duration(base.get('step_seconds_median'), 2)}"
                   + (f", data wait {base['data_wait_fraction']:.1%}" if base.get("data_wait_fraction") is not None
                      else ""))
+    if peak is not None:
+        console.print(f"  original peak memory {bytes_text(peak)} ({MEMORY_KINDS.get(base.get('memory_kind'), 'n/a')})"
+                      + (f", --memory-limit {bytes_text(limit)}" if limit is not None else ""))
     mfu = advice.mfu
     if mfu is not None:
         before = mfu_sentence(mfu["before"]["mfu_table"], mfu["before"]["mfu_measured"])
@@ -45,6 +53,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         table.add_column("change", overflow="fold", ratio=1)
         table.add_column("saved/step", justify="right", no_wrap=True)
         table.add_column("speedup", justify="right", no_wrap=True)
+        table.add_column("memory", justify="right", no_wrap=True)
         table.add_column("accuracy", overflow="fold", max_width=24)
         table.add_column("status", overflow="fold", max_width=22)
         for n, rec in enumerate(ranked[:top], 1):
@@ -55,18 +64,27 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                 status += ", held back"
             if rec.status == "failed" and rec.error:
                 status += f": {rec.error[:80]}"
-            kind = f"[{rec.applies}{', unsafe' if rec.unsafe else ''}] "
+            kind = (f"[{rec.applies}{', unsafe' if rec.unsafe else ''}"
+                    f"{', changes the optimisation' if rec.changes_optimisation else ''}] ")
+            memory = rec.memory.text.removesuffix(" memory") if rec.memory and rec.status == "measured" else "-"
             where = f"\n  [dim]{rec.location}[/dim]" if rec.location else ""
             accuracy = rec.accuracy.text if rec.accuracy.kind != "unknown" or rec.status == "measured" else "-"
-            table.add_row(str(n), kind + rec.title.replace("[", "\\[") + where, saved, speedup, accuracy, status)
+            table.add_row(str(n), kind.replace("[", "\\[") + rec.title.replace("[", "\\[") + where, saved, speedup,
+                          memory, accuracy, status)
         console.print(table)
         if len(ranked) > top:
             console.print(f"  ... {len(ranked) - top} more in --format json or html")
         if any(r.selected for r in ranked):
             console.print("  * chosen: faster beyond the run-to-run noise; together below")
+        if any(r.memory for r in ranked[:top]):
+            console.print("  memory: the change of the peak memory against the original's, measured in the same "
+                          "rounds (-35%: 35% less)")
         if any(r.held_back for r in ranked[:top]):
-            console.print("  held back: its training loss is beyond the noise plus the tolerance; not chosen, "
-                          "yours to decide (see the notes)")
+            console.print("  held back: its training loss is beyond the noise plus the tolerance, or its peak memory "
+                          "above --memory-limit; not chosen, yours to decide (see the notes)")
+        if any(r.changes_optimisation for r in ranked[:top]):
+            console.print("  changes the optimisation: a larger micro-batch, ranked by samples per second; fewer "
+                          "optimizer steps per epoch, so check convergence before keeping it")
     combined = advice.combined
     if combined:
         if combined.get("status") == "measured":

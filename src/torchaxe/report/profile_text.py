@@ -10,7 +10,7 @@ from typing import TextIO
 
 from torchaxe.runtime.merge import MergeReport
 from torchaxe.runtime.profile import Profile
-from torchaxe.units import duration, flop_count, flop_rate, mfu_sentence
+from torchaxe.units import bytes_text, duration, flop_count, flop_rate, mfu_sentence
 
 #: Lines of host-sync sites and of ops shown in the summary.
 TOP_SYNCS = 3
@@ -29,15 +29,6 @@ CALLS = {
     "__repr__": "print/repr(tensor)",
     "device-sync": "device sync",
 }
-
-
-def bytes_text(count: int | None) -> str:
-    if count is None:
-        return "n/a"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if count >= size:
-            return f"{count / size:.1f} {unit}"
-    return f"{count} B"
 
 
 def percent(value: float | None) -> str:

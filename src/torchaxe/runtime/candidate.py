@@ -75,6 +75,38 @@ class Accuracy:
         return "not measured"
 
 
+#: What each kind of peak memory measures, for reports.
+MEMORY_KINDS = {"device": "device allocator", "host_rss": "host resident set"}
+
+
+@dataclass
+class Memory:
+    """The peak memory of a change's runs against the original's, measured in the same
+    rounds: ``kind`` ``device`` (the allocator's peak, cuda/npu) or ``host_rss`` (the
+    process's peak resident set, where the run had no device)."""
+
+    kind: str
+    peak_bytes: int
+    original_peak_bytes: int | None = None
+
+    @property
+    def change(self) -> float | None:
+        """The change of the peak as a fraction of the original's (-0.35: 35% less)."""
+        if not self.original_peak_bytes:
+            return None
+        return self.peak_bytes / self.original_peak_bytes - 1.0
+
+    @property
+    def text(self) -> str:
+        """``-35% memory``, ``+4% memory``."""
+        change = self.change
+        return "memory n/a" if change is None else f"{100 * change:+.0f}% memory"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "peak_bytes": self.peak_bytes, "original_peak_bytes": self.original_peak_bytes,
+                "change": self.change}
+
+
 def exact() -> Accuracy:
     """A fresh ``exact`` accuracy (each recommendation gets its own, it is filled in later)."""
     return Accuracy(kind="exact", detail="same computation")
@@ -113,8 +145,14 @@ class Recommendation:
     #: Chosen for the combined run (and for ``torchaxe apply``).
     selected: bool = False
     #: Why a change is not chosen for all that it may be faster (its loss beyond the
-    #: tolerance): the user decides, ``torchaxe apply --only KEY`` applies it.
+    #: tolerance, or its peak memory above ``--memory-limit``): the user decides,
+    #: ``torchaxe apply --only KEY`` applies it.
     held_back: str | None = None
+    #: Its peak memory against the original's (measured changes).
+    memory: Memory | None = None
+    #: It changes what training computes beyond numerics (a larger micro-batch: fewer
+    #: optimizer steps per epoch, another gradient noise): never applied unmarked.
+    changes_optimisation: bool = False
 
     @property
     def distinguishable(self) -> bool:
@@ -129,7 +167,8 @@ class Recommendation:
             "speedup": self.speedup, "ratios": self.ratios, "accuracy": self.accuracy.to_dict(),
             "evidence": self.evidence, "detail": self.detail, "knobs": self.knobs, "rules": self.rules,
             "files": self.files, "unsafe": self.unsafe, "error": self.error, "selected": self.selected,
-            "held_back": self.held_back,
+            "held_back": self.held_back, "memory": self.memory.to_dict() if self.memory else None,
+            "changes_optimisation": self.changes_optimisation,
         }
 
 
@@ -155,9 +194,10 @@ class Candidate:
 
 
 def knob_candidate(key: str, axis: str, title: str, knobs: dict[str, Any], *, group: str | None = None,
-                   accuracy: Accuracy | None = None, detail: str = "", priority: float = 0.5) -> Candidate:
+                   accuracy: Accuracy | None = None, detail: str = "", priority: float = 0.5,
+                   changes_optimisation: bool = False) -> Candidate:
     """A runtime-setting candidate: the knob-set fragment, and its recommendation
     (same computation unless ``accuracy`` says otherwise)."""
     rec = Recommendation(key=key, axis=axis, title=title, applies="knob", knobs=knobs, detail=detail,
-                         accuracy=accuracy or exact())
+                         accuracy=accuracy or exact(), changes_optimisation=changes_optimisation)
     return Candidate(rec=rec, knobs=knobs, group=group, priority=priority)

@@ -90,15 +90,34 @@ class TrialRun:
     applied: dict[str, Any] | None = None  # run.options.knobs of the profile
     #: Per measured step, time blocked on the DataLoader (same order as step_seconds).
     data_wait_seconds: list[float] = field(default_factory=list)
+    #: The run's peak memory: the device allocator's peak where the run had a device
+    #: (``memory_kind`` ``device``), else the process's peak resident set (``host_rss``).
+    peak_memory_bytes: int | None = None
+    memory_kind: str | None = None
 
     @property
     def median(self) -> float | None:
         return Samples.of(self.step_seconds).median
 
+    @property
+    def samples_scale(self) -> float:
+        """How many times the original's samples one step of this run processed: a
+        knob that enlarged the batch notes it (``samples_scale`` among what it applied)."""
+        scale = (self.applied or {}).get("samples_scale")
+        return float(scale) if isinstance(scale, (int, float)) and scale > 0 else 1.0
+
+    @property
+    def median_per_sample_unit(self) -> float | None:
+        """The median step time per original batch of samples (the median when the
+        batch was not changed): what runs with different batch sizes compare by."""
+        median = self.median
+        return None if median is None else median / self.samples_scale
+
     def to_dict(self) -> dict[str, Any]:
         return {"repeat": self.repeat, "ok": self.ok, "status": self.status, "returncode": self.returncode,
                 "seconds": self.seconds, "median_step_seconds": self.median, "step_seconds": list(self.step_seconds),
-                "error": self.error, "stderr_tail": self.stderr_tail or None, "applied": self.applied}
+                "error": self.error, "stderr_tail": self.stderr_tail or None, "applied": self.applied,
+                "peak_memory_bytes": self.peak_memory_bytes, "memory_kind": self.memory_kind}
 
 
 @dataclass
@@ -342,6 +361,7 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
         run.applied = profile.run.options.get("knobs")
         run.step_seconds = [s.seconds for s in profile.measured_steps]
         run.data_wait_seconds = [s.data_wait_seconds or 0.0 for s in profile.measured_steps]
+        run.peak_memory_bytes, run.memory_kind = peak_memory(profile)
     if killed:
         run.error = f"timeout: killed {KILL_GRACE_SECONDS:g} s after --timeout {options.timeout:g} s"
     elif profile is None:
@@ -357,6 +377,18 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
     if not run.ok:
         run.stderr_tail = tail
     return run
+
+
+def peak_memory(profile: Any) -> tuple[int | None, str | None]:
+    """A profile's peak memory and its kind: the device allocator's peak where the run
+    had a device, else the peak resident set of the process; (None, None) when neither
+    was recorded."""
+    summary = profile.summary
+    if summary.peak_device_memory_bytes is not None:
+        return summary.peak_device_memory_bytes, "device"
+    if summary.host_rss_peak_bytes is not None:
+        return summary.host_rss_peak_bytes, "host_rss"
+    return None, None
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
