@@ -49,6 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from end_to_end import device_name, torchaxe  # noqa: E402
 from saved_run import add_save_options, save_result  # noqa: E402
 
+from torchaxe.advise.where import MIN_SHARE  # noqa: E402
+
 #: Each example with the arguments that keep it running until the harness stops it.
 EXAMPLES: dict[str, list[str]] = {
     "gpt": ["--steps", "100000", "--log-every", "100000"],
@@ -135,7 +137,9 @@ def with_mfu(examples: list[dict[str, Any]]) -> dict[str, float]:
 
 def difference(comparison: dict[str, Any], top: int = TOP_OPERATORS, only: int = TOP_ONLY) -> dict[str, Any]:
     """From a ``torchaxe.compare/1`` object: the step ratio, the shared operators whose
-    time per step changed most, and the operators of one run only (most time first)."""
+    time per step changed most, and the operators of one run only (most time first),
+    each at least ``MIN_SHARE`` of the original's step time, as advise lists them."""
+    floor = MIN_SHARE * ((comparison.get("a") or {}).get("step_seconds_median") or 0.0)
     def row(r: dict[str, Any]) -> dict[str, Any]:
         return {"name": r["name"], "original_seconds_per_step": r["a_seconds_per_step"],
                 "tuned_seconds_per_step": r["b_seconds_per_step"],
@@ -143,11 +147,14 @@ def difference(comparison: dict[str, Any], top: int = TOP_OPERATORS, only: int =
                 "original_calls_per_step": r["a_calls_per_step"], "tuned_calls_per_step": r["b_calls_per_step"]}
 
     shared = [r for r in comparison.get("operators") or []
-              if r["a_seconds_per_step"] is not None and r["b_seconds_per_step"] is not None]
+              if r["a_seconds_per_step"] is not None and r["b_seconds_per_step"] is not None
+              and abs(r["change_seconds_per_step"]) >= floor]
+    only_a = [r for r in comparison.get("only_in_a") or [] if (r["a_seconds_per_step"] or 0.0) >= floor]
+    only_b = [r for r in comparison.get("only_in_b") or [] if (r["b_seconds_per_step"] or 0.0) >= floor]
     return {"step_ratio": comparison.get("step_ratio"),
             "operators": [row(r) for r in shared[:top]],
-            "only_in_original": [row(r) for r in (comparison.get("only_in_a") or [])[:only]],
-            "only_in_tuned": [row(r) for r in (comparison.get("only_in_b") or [])[:only]]}
+            "only_in_original": [row(r) for r in only_a[:only]],
+            "only_in_tuned": [row(r) for r in only_b[:only]]}
 
 
 def _pct(value: float | None) -> str:

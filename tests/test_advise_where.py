@@ -39,8 +39,8 @@ def profile_dict(step: float, backward: float, ops: dict[str, tuple[float, int]]
 #: Before apply: a hand-written tanh GELU (tanh, many muls); now: one fused gelu.
 ORIGINAL = profile_dict(0.100, 0.040, {"aten::mm": (0.060, 40), "aten::mul": (0.040, 400), "aten::tanh": (0.016, 8),
                                        "aten::add": (0.004, 20)})
-NOW = profile_dict(0.070, 0.030, {"aten::mm": (0.058, 40), "aten::mul": (0.010, 100), "aten::gelu": (0.006, 8),
-                                  "aten::add": (0.004, 20)})
+NOW = profile_dict(0.070, 0.030, {"aten::mm": (0.056, 40), "aten::mul": (0.010, 100), "aten::gelu": (0.006, 8),
+                                  "aten::add": (0.0041, 20), "SoftmaxBackward0": (0.0001, 2)})
 
 
 class FakeProfiler:
@@ -88,7 +88,8 @@ def test_the_list_names_the_phases_and_operators_that_moved_and_what_one_run_onl
     assert phases[1]["original_seconds_per_step"] == pytest.approx(0.040)
     assert phases[1]["change_seconds_per_step"] == pytest.approx(-0.010)
     assert "step" not in {p["name"] for p in phases} and "data_wait" not in {p["name"] for p in phases}
-    # Shared operators by change per step (the op table covers two steps); add did not move.
+    # Shared operators by change per step (the op table covers two steps); add moved by
+    # less than 1% of the step, the profiler's bookkeeping row is smaller still: left out.
     ops = by_kind["operator"]
     assert [o["name"] for o in ops] == ["aten::mul", "aten::mm"]
     assert ops[0]["change_seconds_per_step"] == pytest.approx(-0.015)

@@ -27,6 +27,10 @@ MAX_OPERATORS = 5
 MAX_ONLY = 3
 #: The two profiled runs may take at most this share of the budget left.
 BUDGET_SHARE = 0.5
+#: A line is listed only when it moved (or, in one run only, took) at least this share
+#: of the original's step time: the profiler's bookkeeping rows and the run-to-run
+#: jitter of small operators stay out.
+MIN_SHARE = 0.01
 
 
 def _item(kind: str, name: str, title: str, before: float | None, now: float | None,
@@ -45,20 +49,26 @@ def where_changed(comparison: Comparison) -> list[dict[str, Any]]:
     """The few lines that say where the step time moved, A being the original and B
     the run now: the phases that changed most (the step itself left out: the measured
     gain says it), the operators of both runs whose time per step changed most, and
-    the operators of one run only, most time first. Each line has the same keys:
-    ``kind`` (phase, operator, only_original, only_now), ``name``, ``title``, the
-    seconds and calls per step of each run and the change (now minus original)."""
+    the operators of one run only, most time first; each at least ``MIN_SHARE`` of
+    the original's step time. Each line has the same keys: ``kind`` (phase,
+    operator, only_original, only_now), ``name``, ``title``, the seconds and calls
+    per step of each run and the change (now minus original)."""
+    floor = MIN_SHARE * (comparison.a.step_seconds_median or 0.0)
     phases = []
     for key, title in PHASES:
         before, now = comparison.a.phases.get(key), comparison.b.phases.get(key)
-        if key != "step" and before is not None and now is not None and now != before:
+        if key != "step" and before is not None and now is not None and abs(now - before) >= floor:
             phases.append(_item("phase", key, title, before, now))
     phases.sort(key=lambda item: -abs(item["change_seconds_per_step"]))
     shared = [row for row in comparison.operators
-              if row.a_seconds_per_step is not None and row.b_seconds_per_step is not None and row.change]
-    return (phases[:MAX_PHASES] + [_operator("operator", row) for row in shared[:MAX_OPERATORS]]
-            + [_operator("only_original", row) for row in comparison.only_in_a[:MAX_ONLY]]
-            + [_operator("only_now", row) for row in comparison.only_in_b[:MAX_ONLY]])
+              if row.a_seconds_per_step is not None and row.b_seconds_per_step is not None
+              and abs(row.change) >= floor]
+    only_a = [row for row in comparison.only_in_a if (row.a_seconds_per_step or 0.0) >= floor]
+    only_b = [row for row in comparison.only_in_b if (row.b_seconds_per_step or 0.0) >= floor]
+    items = (phases[:MAX_PHASES] + [_operator("operator", row) for row in shared[:MAX_OPERATORS]]
+             + [_operator("only_original", row) for row in only_a[:MAX_ONLY]]
+             + [_operator("only_now", row) for row in only_b[:MAX_ONLY]])
+    return [item for item in items if item["change_seconds_per_step"]]
 
 
 def _profiled(profiler: ProfileRunner, command: Sequence[str], options: AdviseOptions, target: str,
