@@ -107,7 +107,7 @@ def explain_gain(command: Sequence[str], options: AdviseOptions, target: str, or
 
 
 def _calls(value: float | None) -> str:
-    return "" if value is None else f", {value:.3g} calls"
+    return "" if value is None else f", {value:.3g} call{'' if value == 1 else 's'}"
 
 
 def describe(item: dict[str, Any]) -> str:
