@@ -13,12 +13,20 @@
 #   prefetch  benchmarks/prefetch_overlap.py: the copy DevicePrefetcher hides
 #   e2e       benchmarks/end_to_end.py --target cuda: advise -> apply -> run on the GPT example
 #   compile   benchmarks/compile_mode.py --target cuda --only gpt
-# Each part's output goes to $OUT/<part>.log and its last lines to stdout; the e2e and
-# compile parts also save their JSON results there (copy them to benchmarks/results/).
+#   mfu       benchmarks/mfu.py --target cuda --only gpt: MFU before and after advise
+#             (table and measured peak), and the operators that made the difference
+# Each part's output goes to $OUT/<part>.log and its last lines to stdout; the e2e,
+# compile and mfu parts also save their JSON results there (copy them to
+# benchmarks/results/).
+#
+# The parts run in the order above; their limits add up to more than TOTAL, so the
+# last ones get what the others left (a part with under 20 s left is skipped). mfu
+# comes last: it needs about MFU_LIMIT seconds (two profiled runs and an advise of
+# MFU_BUDGET); when the others leave too little, run it alone with PARTS="env mfu".
 #
 # Settings (environment): PYTHON (default python3), TOTAL (default 540 seconds),
 # TARGET (default cuda; cpu runs the same parts as a dry run), PARTS (which of the parts,
-# default all), GPT_ARGS, E2E_BUDGET, E2E_LIMIT.
+# default all), GPT_ARGS, E2E_BUDGET, E2E_LIMIT, MFU_BUDGET, MFU_LIMIT.
 set -u
 OUT=${OUT:-/tmp/torchaxe-gpu}
 PY=${PYTHON:-python3}
@@ -26,7 +34,9 @@ TOTAL=${TOTAL:-540}
 TARGET=${TARGET:-cuda}
 E2E_BUDGET=${E2E_BUDGET:-150s}
 E2E_LIMIT=${E2E_LIMIT:-320}
-PARTS=${PARTS:-env tests prefetch e2e compile}
+MFU_BUDGET=${MFU_BUDGET:-45s}
+MFU_LIMIT=${MFU_LIMIT:-150}
+PARTS=${PARTS:-env tests prefetch e2e compile mfu}
 GPT_ARGS=${GPT_ARGS:---batch-size 32 --seq-len 256 --d-model 512 --n-layers 6 --n-heads 8 --vocab-size 8192 --steps 100000 --log-every 100000}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -57,4 +67,6 @@ part e2e "$E2E_LIMIT" "$PY" benchmarks/end_to_end.py --target "$TARGET" --budget
     --max-combinations 4 --check-accuracy --args "$GPT_ARGS" --out "$OUT/end_to_end_cuda.json"
 part compile 150 "$PY" benchmarks/compile_mode.py --target "$TARGET" --only gpt --repeats 2 --steps 20 \
     --out "$OUT/compile_mode_cuda.json"
+part mfu "$MFU_LIMIT" "$PY" benchmarks/mfu.py --target "$TARGET" --only gpt --budget "$MFU_BUDGET" --steps 10 \
+    --gpt-args "$GPT_ARGS" --out "$OUT/mfu_$TARGET.json"
 echo "== total $(( $(date +%s) - START ))s"

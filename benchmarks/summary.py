@@ -66,6 +66,8 @@ class Row:
     measures: tuple[str, ...]  # the code the figure depends on (for staleness)
     read: Callable[[dict[str, Any]], Reading | None]
     quoted: Quoted | None = None
+    #: What makes the saved run, when not ``python benchmarks/<source>.py``.
+    command: str | None = None
 
 
 # --------------------------------------------------------------------------- readers
@@ -223,6 +225,28 @@ def read_binding(result: dict[str, Any]) -> Reading | None:
                    "n/a")
 
 
+def read_mfu(result: dict[str, Any]) -> Reading | None:
+    """MFU before -> after advise of each example (measured peak; the table peak beside
+    it where the device has one). Reported, no target: n/a."""
+    examples = [e for e in result.get("examples") or [] if (e.get("before") or {}).get("mfu_measured") is not None]
+    if not examples:
+        return None
+
+    def pct(run: dict[str, Any] | None, key: str) -> str:
+        value = (run or {}).get(key)
+        return "n/a" if value is None else f"{100 * value:.1f}%"
+
+    parts = []
+    for e in examples:
+        text = f"{e['example']} {pct(e['before'], 'mfu_measured')} -> {pct(e.get('after'), 'mfu_measured')}"
+        if (e["before"] or {}).get("mfu_table") is not None:
+            text += f" (table peak {pct(e['before'], 'mfu_table')} -> {pct(e.get('after'), 'mfu_table')})"
+        if e.get("speedup"):
+            text += f", step {e['speedup']:.2f}x"
+        parts.append(text)
+    return Reading("; ".join(parts), "n/a")
+
+
 # --------------------------------------------------------------------------- the rows
 
 ROWS: tuple[Row, ...] = (
@@ -298,6 +322,12 @@ ROWS: tuple[Row, ...] = (
         Quoted("data wait 22.6% -> 3.3%; search pick 0.972x the grid's; 7 of 26 trials", "PASS",
                "2026-11-30 18:42 UTC", CPU_VM, "after `4794c06`",
                "python benchmarks/data_tuning.py --images-per-class 128 --trial-steps 24", "4794c06")),
+    Row("MFU of the examples, CPU (measured peak, before -> after advise)", "mfu",
+        "reported, no target (a faster run may show a lower MFU against a higher bf16 peak)",
+        ("src/torchaxe",), read_mfu),
+    Row("MFU of the GPT example, GPU (measured and table peak, before -> after advise)", "mfu_cuda",
+        "reported, no target (a faster run may show a lower MFU against a higher bf16 peak)",
+        ("src/torchaxe",), read_mfu, command="benchmarks/gpu_checks.sh (part mfu: benchmarks/mfu.py --target cuda)"),
     Row("Core binding (2-rank gloo MLP, bound vs unbound)", "binding", "a gain on a multi-NUMA machine (not run there)",
         ("src/torchaxe/bind",), read_binding,
         Quoted("bound/unbound 1.071 (0.562..1.290), machine loaded (1-minute load 8.6)", "n/a",
@@ -369,7 +399,7 @@ def table_rows(runs: dict[str, dict[str, Any]],
                 f"{q.value} ({why}; from the log)", q.status, q.date, q.machine, q.commit, q.command, q.base)
         else:
             out.append({"figure": row.figure, "value": "not measured yet", "target": row.target, "status": "n/a",
-                        "date": "-", "machine": "-", "commit": "-", "command": f"python benchmarks/{row.source}.py"})
+                        "date": "-", "machine": "-", "commit": "-", "command": row.command or f"python benchmarks/{row.source}.py"})
             continue
         if base and status != "n/a" and changed_since(base, row.measures):
             status += ", stale"

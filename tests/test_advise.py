@@ -124,7 +124,8 @@ def run_advice(script: Path, runs: FakeRuns, **options):
     clock = options.pop("clock", None) or Clock()
     opts = AdviseOptions(target="cpu", budget=options.pop("budget", 600.0), **options)
     return Advisor(["python", str(script)], opts, runner=runs,
-                   profiler=lambda command, o, target: BaselineProfile(profile, context, 2.0), clock=clock).run()
+                   profiler=lambda command, o, target, knobs=None: BaselineProfile(profile, context, 2.0),
+                   clock=clock).run()
 
 
 def test_ranked_by_measured_saving_with_the_json_contract(script: Path) -> None:

@@ -15,7 +15,8 @@ from typing import Any, Callable, Sequence
 
 from torchaxe.advise.options import AdviseOptions
 from torchaxe.errors import TorchaxeError
-from torchaxe.runtime.trials import TrialOptions, bootstrap_argv
+from torchaxe.runtime.knobs import KnobSet
+from torchaxe.runtime.trials import TrialOptions, bootstrap_argv, child_environment
 
 #: Measured steps of the profiled run, and of each trial run when the steps are not given.
 DEFAULT_STEPS = 8
@@ -69,16 +70,21 @@ class BaselineProfile:
                             target=target, step_marker=options.step_marker)
 
 
-ProfileRunner = Callable[[Sequence[str], AdviseOptions, str], BaselineProfile]
+#: ``(command, options, target)``: the unchanged script profiled; with ``knobs=`` (the
+#: gain achieved since ``apply`` explained), the script under that knob set.
+ProfileRunner = Callable[..., BaselineProfile]
 
 
-def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target: str) -> BaselineProfile:
-    """Run the unchanged script once under the harness with op and shape recording."""
+def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target: str,
+                          knobs: KnobSet | None = None) -> BaselineProfile:
+    """Run the script once under the harness with op and shape recording: unchanged,
+    or under ``knobs`` (a knob set with its environment, as a trial run applies it)."""
     from torchaxe.runtime import run_context
 
     with tempfile.TemporaryDirectory(prefix="torchaxe-advise-") as tmp:
-        knobs = Path(tmp) / "knobs.json"
-        knobs.write_text('{"name": "original"}', encoding="utf-8")
+        knobs_path = Path(tmp) / "knobs.json"
+        knobs_path.write_text(json.dumps(knobs.to_dict()) if knobs is not None else '{"name": "original"}',
+                              encoding="utf-8")
         out = Path(tmp) / "profile.json"
         ctx = Path(tmp) / "context.json"
         # The first run is bounded too: a script that never reaches its steps must not
@@ -87,7 +93,7 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
         trial = TrialOptions(repeats=1, steps=options.steps or DEFAULT_STEPS, warmup=options.warmup,
                              timeout=timeout, target=target, step_marker=options.step_marker,
                              first_step_timeout=options.first_step_timeout)
-        argv = bootstrap_argv(str(knobs), str(out), command, trial)
+        argv = bootstrap_argv(str(knobs_path), str(out), command, trial)
         cut = argv.index("--")
         guard = Path(tmp) / "writes"
         argv = [*argv[:cut], "--ops", "--shapes", "--flops", "--context-out", str(ctx), "--protect-writes", str(guard),
@@ -95,7 +101,8 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
         started = time.perf_counter()
         try:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, errors="replace", timeout=timeout + 30.0)
+                                  text=True, errors="replace", timeout=timeout + 30.0,
+                                  env=child_environment(knobs) if knobs is not None else None)
         except subprocess.TimeoutExpired:
             raise TorchaxeError(f"the script ran {timeout + 30:.0f} s without finishing its first {options.warmup} + "
                                 f"{options.steps or DEFAULT_STEPS} steps (--budget {options.budget:g} s): give a larger --budget, or "

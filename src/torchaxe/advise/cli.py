@@ -205,7 +205,8 @@ def apply(advice_path, unsafe_fixes, keys, diff):
 
     Code fixes are written to your files atomically (safe ones by default); the
     files as they were are kept under $TORCHAXE_HOME/originals so that the next
-    `torchaxe advise` measures the gain achieved against them. Runtime knobs
+    `torchaxe advise` measures the gain achieved against them, and says where it
+    came from (the phases and operators that changed most). Runtime knobs
     (torch.compile, mixed precision, DataLoader settings, environment variables) go
     to the `run` table of torchaxe.toml, which `torchaxe run` applies with no code
     change.

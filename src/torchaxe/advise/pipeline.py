@@ -233,7 +233,8 @@ class Advisor:
 
     def _achieved(self, base: BaselineProfile) -> None:
         """After ``torchaxe apply``: the script as it is now, with its run knobs,
-        against the original files kept by apply, interleaved."""
+        against the original files kept by apply, interleaved; then, when the budget
+        allows, both profiled once to say where the gain came from (where.py)."""
         from torchaxe.advise.apply import kept_originals, read_run_knobs
 
         key = self.script.target if self.script.kind == "path" else self.script.folder
@@ -259,6 +260,15 @@ class Advisor:
         if not complete:
             self.advice.partial = True
         self.advice.achieved = entry
+        if entry["status"] == "measured":
+            from torchaxe.advise.where import explain_gain
+
+            where, note = explain_gain(self.command, self.options, self.target, before, now, self.profiler,
+                                       self.deadline - self.clock(), base.seconds, self.progress)
+            if where is not None:
+                entry["where"] = where
+            if note:
+                entry["where_note"] = note
 
     def _measure(self, candidates: list[Candidate], findings, base: BaselineProfile) -> None:
         advice = self.advice

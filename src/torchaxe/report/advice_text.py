@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchaxe.advise.recommendation import AXIS_TITLES, Advice
+from torchaxe.advise.where import describe
 from torchaxe.runtime.candidate import MEMORY_KINDS
 from torchaxe.units import bytes_text, duration, mfu_sentence
 
@@ -103,6 +104,12 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                           f"original {duration(a.get('original_step_seconds_median'), 2)}")
         elif a.get("error"):
             console.print(f"Gain achieved since `torchaxe apply`: not measured ({a['error']})")
+        if a.get("where"):
+            console.print("  where it came from (the original files and the script now, each profiled once):")
+            for item in a["where"]:
+                console.print(f"    {describe(item)}")
+        if a.get("where_note"):
+            console.print(f"  {a['where_note']}")
     if advice.environment:
         console.print("[bold]Environment checks[/bold]")
         for check in advice.environment:
