@@ -12,6 +12,7 @@ from torchaxe.advise.candidates import knob_candidates
 from torchaxe.bind import candidates as bind
 from torchaxe.data import candidates as data
 from torchaxe.data.tuning import estimate_workers
+from torchaxe.memory import candidates as memory
 from torchaxe.precision import candidates as precision
 from torchaxe.shapes import candidates as shapes
 
@@ -22,9 +23,14 @@ WAITING = {"shapes": {"static": True}, "summary": {"data_wait_fraction": 0.3}}
 @pytest.mark.parametrize("target", ["cpu", "cuda", "npu"])
 def test_advise_lists_what_each_axis_proposes_in_a_fixed_order(target: str) -> None:
     settings = {"allowed_cpus": 8, "num_threads": 2}
-    expected = [c.key for axis in (shapes, precision, bind, data) for c in axis.candidates(WAITING, target, settings)]
+    expected = [c.key for axis in (shapes, precision, bind, data, memory)
+                for c in axis.candidates(WAITING, target, settings)]
     assert [c.key for c in knob_candidates(target, WAITING, settings)] == expected
-    assert expected[-1] == "knob:dataloader" and expected[-2] == "knob:bind"
+    # The memory axis comes last: allocator settings on a device, nothing on the cpu
+    # without a memory limit.
+    axes = expected[:-1] if target in ("cuda", "npu") else expected
+    assert axes[-1] == "knob:dataloader" and axes[-2] == "knob:bind"
+    assert (expected[-1] == "knob:expandable-segments") == (target in ("cuda", "npu"))
 
 
 @pytest.mark.parametrize("cores", [1, 2, 6, 16])
