@@ -921,3 +921,15 @@ def test_a_first_run_cut_by_the_budget_says_so_not_no_step(script: Path) -> None
     with pytest.raises(TorchaxeError, match=r"no measured step within its 60 s \(--budget"):
         Advisor(["python", str(script)], AdviseOptions(target="cpu", budget=60.0), runner=FakeRuns(),
                 profiler=lambda c, o, t: BaselineProfile(profile, {}, 1.0)).run()
+
+
+def test_mfu_after_a_single_chosen_change_follows_its_speedup(script: Path) -> None:
+    from torchaxe.advise.recommendation import Advice
+
+    advice = Advice(command=["python", "train.py"], target="cpu", budget_seconds=60.0,
+                    baseline={"step_seconds_median": 0.1},
+                    combined={"status": "measured", "speedup": 2.0, "measured_seconds_saved_per_step": 0.05},
+                    flops={"flops_per_step": 10 ** 9, "dtype": "float32", "peak_flops_per_second_measured": 1e11})
+    mfu = advice.mfu
+    assert mfu["after"]["step_seconds"] == pytest.approx(0.05)
+    assert mfu["after"]["mfu_measured"] == pytest.approx(2 * mfu["before"]["mfu_measured"])

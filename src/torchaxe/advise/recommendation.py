@@ -101,10 +101,14 @@ class Advice:
     def mfu(self) -> dict[str, Any] | None:
         """Model FLOPs utilisation before (the original's step time) and after (the
         chosen changes together), against the profiled run's peaks."""
-        return mfu_figures(self.flops, self.baseline.get("step_seconds_median"),
-                           (self.combined or {}).get("step_seconds_median") if (self.combined or {}).get(
-                               "status") == "measured" else None,
-                           [r.knobs for r in self.recommendations if r.selected])
+        before = self.baseline.get("step_seconds_median")
+        combined = self.combined or {}
+        after = None
+        if combined.get("status") == "measured":
+            # A single chosen change carries its speed-up only: the original's step over it.
+            after = combined.get("step_seconds_median") or (
+                before / combined["speedup"] if before and combined.get("speedup") else None)
+        return mfu_figures(self.flops, before, after, [r.knobs for r in self.recommendations if r.selected])
 
     def over_memory_limit(self, rec: Recommendation) -> bool:
         """Whether a change's measured peak memory exceeds ``--memory-limit``."""
