@@ -99,23 +99,20 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     while step < args.steps:
         sampler.set_epoch(epoch)
-        micro = 0
-        for x, y in loader:
+        for i, (x, y) in enumerate(loader):
             x, y = x.to(device), y.to(device)
             loss = loss_fn(model(x), y) / args.accum
             loss.backward()
-            micro += 1
-            if micro % args.accum:
-                continue
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            reported = loss.detach() * args.accum
-            dist.all_reduce(reported)
-            if rank == 0 and step % args.log_every == 0:
-                print(f"step {step:4d}  loss {reported.item() / world:.4f}", flush=True)
-            if step >= args.steps:
-                break
+            if (i + 1) % args.accum == 0:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                reported = loss.detach() * args.accum
+                dist.all_reduce(reported)
+                if rank == 0 and step % args.log_every == 0:
+                    print(f"step {step:4d}  loss {reported.item() / world:.4f}", flush=True)
+                if step >= args.steps:
+                    break
         epoch += 1
     if rank == 0:
         seconds = time.perf_counter() - started
