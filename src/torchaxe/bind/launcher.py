@@ -20,99 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime import torchrun
+from torchaxe.runtime.torchrun import LaunchArgs, torchrun_parser
 
 #: torchaxe's options in ``torchaxe launch``: name -> takes a value.
 OWN_OPTIONS = {"--bind": True, "--cpus": True, "--loader-cores": True, "--target": True, "--sysfs-root": True,
                "--dry-run": False, "--json": False}
-#: torchrun options that say how to run the script; torchaxe's bootstrap takes over.
-_HOW_FLAGS = {"-m": "module", "--module": "module", "--no-python": "exec", "--no_python": "exec",
-              "--run-path": "script", "--run_path": "script"}
-
-
-@dataclass
-class LaunchArgs:
-    own: dict[str, Any] = field(default_factory=lambda: {"cpus": []})
-    torchrun: list[str] = field(default_factory=list)
-    script: str = ""
-    script_args: list[str] = field(default_factory=list)
-    how: str = "script"
-
-
-def torchrun_parser():
-    """torchrun's own argument parser, so that ``launch`` accepts exactly its options."""
-    from torch.distributed.run import get_args_parser
-
-    parser = get_args_parser()
-
-    def error(message: str):
-        raise TorchaxeError(f"torchrun option: {message}")
-
-    parser.error = error  # type: ignore[method-assign]
-    return parser
 
 
 def split_args(tokens: Sequence[str], parser=None) -> LaunchArgs:
-    """Separate torchaxe's options, torchrun's options, the script and its arguments.
-    torchrun's parser says which of its options take a value, so the script is the
-    first token that is neither an option nor an option's value."""
-    parser = parser or torchrun_parser()
-    takes_value = {opt: action.nargs != 0 for action in parser._actions for opt in action.option_strings}
-    out = LaunchArgs()
-    tokens = list(tokens)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        name, eq, inline = token.partition("=")
-        if name in OWN_OPTIONS:
-            if OWN_OPTIONS[name]:
-                if eq:
-                    value = inline
-                    i += 1
-                elif i + 1 < len(tokens):
-                    value = tokens[i + 1]
-                    i += 2
-                else:
-                    raise TorchaxeError(f"{name} needs a value")
-                key = name[2:].replace("-", "_")
-                if key == "cpus":
-                    out.own["cpus"].append(value)
-                elif key in out.own:
-                    raise TorchaxeError(f"{name} given twice")
-                else:
-                    out.own[key] = value
-            else:
-                out.own[name[2:].replace("-", "_")] = True
-                i += 1
-            continue
-        if token == "--":
-            i += 1
-            break
-        if token.startswith("-") and token != "-":
-            if name in ("--numa-binding", "--numa_binding"):
-                raise TorchaxeError("--numa-binding is torchrun's binding (CUDA only, needs numactl): "
-                                    "use torchaxe's --bind MODE instead")
-            if name in _HOW_FLAGS:
-                out.how = _HOW_FLAGS[name]
-                i += 1
-                continue
-            if name not in takes_value:
-                raise TorchaxeError(f"unknown option {name} (not a torchaxe or torchrun option; "
-                                    "options for the script go after it)")
-            out.torchrun.append(token)
-            if takes_value[name] and not eq:
-                if i + 1 >= len(tokens):
-                    raise TorchaxeError(f"torchrun option {name} needs a value")
-                out.torchrun.append(tokens[i + 1])
-                i += 2
-            else:
-                i += 1
-            continue
-        break
-    if i >= len(tokens):
-        raise TorchaxeError("no training script: `torchaxe launch [options] train.py ARGS`")
-    out.script = tokens[i]
-    out.script_args = tokens[i + 1:]
-    return out
+    """Separate torchaxe's options, torchrun's options, the script and its arguments."""
+    return torchrun.split_args(tokens, parser, OWN_OPTIONS)
 
 
 def local_world_size(args: LaunchArgs, parser=None) -> tuple[int, Any]:

@@ -103,6 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  ops=args.ops, shapes=args.shapes, step_marker=args.step_marker,
                                  first_step_timeout=args.first_step_timeout, flops=args.flops)
         out = args.out or tempfile.mkstemp(prefix="torchaxe-trial-", suffix=".json")[1]
+        # Under torchrun every rank writes its own file: OUT.rankN.json (and its context).
+        from torchaxe.runtime.harness import distributed_identity
+        from torchaxe.runtime.profile import rank_path
+
+        rank, _, world = distributed_identity()
+        out = str(rank_path(out, rank, world))
+        if args.context_out:
+            args.context_out = str(rank_path(args.context_out, rank, world))
         if args.context_out:
             from torchaxe.runtime.run_context import ModelProbe
 

@@ -169,6 +169,7 @@ class StepRecorder:
         self._syncs = 0
         self._gc = 0.0
         self._gc_count = 0
+        self._comm: float | None = None
 
     # -- what the probes report
 
@@ -185,6 +186,13 @@ class StepRecorder:
     def add_gc(self, seconds: float) -> None:
         self._gc += seconds
         self._gc_count += 1
+
+    def add_comm(self, seconds: float) -> None:
+        self._comm = (self._comm or 0.0) + seconds
+
+    def measuring(self) -> bool:
+        """Whether the step under way is a measured one."""
+        return self._start is not None and self.options.phase(len(self.steps) + 1) == "measured"
 
     def check_stop(self) -> None:
         if self.stop_requested:
@@ -257,6 +265,7 @@ class StepRecorder:
             peak_device_memory_bytes=memory,
             host_rss_bytes=self.rss(),
             start_seconds=self._start - self.origin,
+            comm_seconds=self._comm,
         ))
         window = self.window
         if phase == "ops" and window is not None:
@@ -564,8 +573,11 @@ class Harness:
         # backward pass as the fallback (wrapped outside BackwardProbe's timing).
         optimizer_steps = None if marker else OptimizerStepProbe(recorder)
         backward_steps = None if marker else BackwardStepProbe(recorder)
+        from torchaxe.runtime.comm import CommProbe
+
+        comm = CommProbe(recorder, clock, recorder.measuring)
         probes: list[Any] = [DataWaitProbe(recorder, clock, batch_shapes), BackwardProbe(recorder, clock), syncs,
-                             GcProbe(recorder, clock), FirstForwardProbe(recorder)]
+                             GcProbe(recorder, clock), FirstForwardProbe(recorder), comm]
         if module_shapes is not None:
             probes.append(module_shapes)
         if optimizer_steps is not None and backward_steps is not None:
@@ -576,7 +588,7 @@ class Harness:
 
         def snapshot(final: bool) -> Profile:
             return self._profile(command, backend, recorder, codes, memory, syncs, module_shapes, batch_shapes,
-                                 marker, backward_steps, state, started_at, final)
+                                 marker, backward_steps, state, started_at, final, comm)
 
         watchdog = None
         if options.timeout is not None or options.first_step_timeout is not None:
@@ -643,7 +655,7 @@ class Harness:
         return profile
 
     def _profile(self, command, backend, recorder, codes, memory, syncs, module_shapes, batch_shapes, marker,
-                 backward_steps, state, started_at, final) -> Profile:
+                 backward_steps, state, started_at, final, comm) -> Profile:
         options = self.options
         import torch
 
@@ -690,6 +702,7 @@ class Harness:
             host_rss_peak_bytes=memory.peak_rss_bytes(),
             step_source=recorder.source if steps else None,
             flops=state.get("flops"),
+            distributed=comm.info(sum(1 for s in steps if s.phase == "measured")),
         )
         profile.detail = self._detail(profile, command, state)
         return profile

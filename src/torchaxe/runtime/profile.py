@@ -192,6 +192,8 @@ class StepRecord:
     host_rss_bytes: int | None = None
     #: When the step started, in seconds since the run started.
     start_seconds: float | None = None
+    #: Host time in the script's own torch.distributed collectives (distributed runs).
+    comm_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -207,6 +209,7 @@ class StepRecord:
             "peak_device_memory_bytes": self.peak_device_memory_bytes,
             "host_rss_bytes": self.host_rss_bytes,
             "start_seconds": self.start_seconds,
+            "comm_seconds": self.comm_seconds,
         }
 
     @classmethod
@@ -225,6 +228,7 @@ class StepRecord:
             peak_device_memory_bytes=r.int("peak_device_memory_bytes", optional=True),
             host_rss_bytes=r.int("host_rss_bytes", optional=True),
             start_seconds=r.float("start_seconds", optional=True, minimum=None),
+            comm_seconds=r.float("comm_seconds", optional=True),
         )
 
 
@@ -573,6 +577,68 @@ class FlopCount:
 
 
 @dataclass
+class DistributedInfo:
+    """One rank of a distributed run: who it is, and where its step went on
+    communication (``runtime/comm.py``). Times are seconds per optimizer step."""
+
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    #: Nodes of the job (WORLD_SIZE over LOCAL_WORLD_SIZE where every node runs as many ranks).
+    nnodes: int | None = None
+    host: str | None = None
+    #: The process group's backend (gloo, nccl, hccl).
+    backend: str | None = None
+    #: The first DistributedDataParallel module the script built: its settings and
+    #: DDP's own timing (forward and backward compute, backward communication and
+    #: the part of it overlapped with compute); null without DDP.
+    ddp: dict[str, Any] | None = None
+    #: The script's own torch.distributed calls, by name: calls and host seconds per step.
+    collectives: dict[str, Any] = field(default_factory=dict)
+    #: Communication per step: DDP's gradient exchange plus the script's collectives.
+    comm_seconds_per_step: float | None = None
+    #: The part of it not hidden behind compute (the step waits for it).
+    comm_exposed_seconds_per_step: float | None = None
+    #: DDP's forward and backward compute per step.
+    compute_seconds_per_step: float | None = None
+    #: Backward passes per optimizer step (gradient accumulation), and how many of
+    #: them exchanged gradients.
+    backwards_per_step: float | None = None
+    synced_backwards_per_step: float | None = None
+    #: CPUs this rank may run on.
+    cpus: int | None = None
+    #: Distinct input shapes the model was called with.
+    input_signatures: int | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "distributed") -> "DistributedInfo":
+        r = _Reader(data, where)
+        ddp = data.get("ddp") if isinstance(data, dict) else None
+        if ddp is not None and not isinstance(ddp, dict):
+            _bad(f"{where}.ddp", "an object or null", ddp)
+        return cls(
+            rank=r.int("rank", optional=True), local_rank=r.int("local_rank", optional=True),
+            world_size=r.int("world_size", optional=True, minimum=1),
+            local_world_size=r.int("local_world_size", optional=True, minimum=1),
+            nnodes=r.int("nnodes", optional=True, minimum=1), host=r.str("host", optional=True),
+            backend=r.str("backend", optional=True), ddp=ddp,
+            collectives=r.dict("collectives"),
+            comm_seconds_per_step=r.float("comm_seconds_per_step", optional=True),
+            comm_exposed_seconds_per_step=r.float("comm_exposed_seconds_per_step", optional=True),
+            compute_seconds_per_step=r.float("compute_seconds_per_step", optional=True),
+            backwards_per_step=r.float("backwards_per_step", optional=True),
+            synced_backwards_per_step=r.float("synced_backwards_per_step", optional=True),
+            cpus=r.int("cpus", optional=True), input_signatures=r.int("input_signatures", optional=True),
+            note=r.str("note", optional=True),
+        )
+
+
+@dataclass
 class RunInfo:
     """What was run, where, and with which settings."""
 
@@ -778,6 +844,8 @@ class Profile:
     step_source: str | None = None
     #: FLOPs per step and the device's peaks (null when not counted).
     flops: FlopCount | None = None
+    #: This rank's part in a distributed run (null for one process).
+    distributed: DistributedInfo | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -811,6 +879,7 @@ class Profile:
             "ops": [o.to_dict() for o in self.ops],
             "shapes": self.shapes.to_dict() if self.shapes else None,
             "flops": self.flops.to_dict() if self.flops else None,
+            "distributed": self.distributed.to_dict() if self.distributed else None,
         }
 
     def to_json(self) -> str:
@@ -842,6 +911,7 @@ class Profile:
             findings=r.list("findings", ProfileFinding.from_dict),
             step_source=r.str("step_source", optional=True),
             flops=r.object("flops", FlopCount.from_dict),
+            distributed=r.object("distributed", DistributedInfo.from_dict),
         )
 
 

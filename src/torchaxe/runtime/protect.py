@@ -120,7 +120,8 @@ class WriteGuard:
         self.seen.add(real)
         if os.path.isfile(real):
             self._count += 1
-            backup = os.path.join(self.files, str(self._count))
+            # The ranks of a torchrun job share one folder: the first record of a path wins.
+            backup = os.path.join(self.files, f"{os.getpid()}-{self._count}")
             shutil.copy2(real, backup)
             record["backup"] = backup
         elif not os.path.exists(real):

@@ -50,13 +50,18 @@ def trial(knob_files, repeats, steps, warmup, timeout, target, as_json, command)
     Examples:
       torchaxe trial --knobs base.json --knobs threads2.json -- python train.py
       torchaxe trial --knobs a.json --knobs b.json --repeats 5 --steps 20 --json -- python -m pkg.train
+      torchaxe trial --knobs a.json --knobs b.json -- torchrun --nproc-per-node 2 train.py
+
+    Under torchrun every rank runs the knob set and is measured; a step's time is
+    the slowest rank's, and a rank that fails or hangs fails the run.
     """
-    from torchaxe.runtime.command import check_module, parse_command
+    from torchaxe.runtime.command import check_module
     from torchaxe.runtime.knobs import load_knob_set
+    from torchaxe.runtime.torchrun import parse_script
     from torchaxe.runtime.trials import TrialOptions, run_trials
 
     knob_sets = [load_knob_set(path) for path in knob_files]
-    check_module(parse_command(command))  # one-line errors before any run
+    check_module(parse_script(command)[1])  # one-line errors before any run
     options = TrialOptions(repeats=repeats, steps=steps, warmup=warmup, timeout=timeout, target=target.lower())
 
     report = run_trials(knob_sets, list(command), options, progress=progress_printer("trial"))

@@ -34,7 +34,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime import ranks
 from torchaxe.runtime.knobs import KnobSet
+from torchaxe.runtime.process import run_tree
+from torchaxe.runtime.ranks import rank_files
 from torchaxe.runtime.stats import Samples
 from torchaxe.units import duration
 
@@ -94,6 +97,9 @@ class TrialRun:
     #: (``memory_kind`` ``device``), else the process's peak resident set (``host_rss``).
     peak_memory_bytes: int | None = None
     memory_kind: str | None = None
+    #: A run under torchrun: each rank's own figures (runtime/ranks.py ``rank_row``),
+    #: where the job's step is the slowest rank's.
+    ranks: list[dict[str, Any]] | None = None
 
     @property
     def median(self) -> float | None:
@@ -117,7 +123,8 @@ class TrialRun:
         return {"repeat": self.repeat, "ok": self.ok, "status": self.status, "returncode": self.returncode,
                 "seconds": self.seconds, "median_step_seconds": self.median, "step_seconds": list(self.step_seconds),
                 "error": self.error, "stderr_tail": self.stderr_tail or None, "applied": self.applied,
-                "peak_memory_bytes": self.peak_memory_bytes, "memory_kind": self.memory_kind}
+                "peak_memory_bytes": self.peak_memory_bytes, "memory_kind": self.memory_kind,
+                "ranks": self.ranks}
 
 
 @dataclass
@@ -290,16 +297,20 @@ def _ratios(results: list[KnobResult]) -> None:
 
 
 def bootstrap_argv(knobs_path: str, profile_path: str, command: Sequence[str], options: TrialOptions) -> list[str]:
-    """The command line of one run: the documented bootstrap, then the user's command."""
-    argv = [sys.executable, "-m", "torchaxe.runtime.bootstrap", knobs_path, "--out", profile_path,
-            "--steps", str(options.steps), "--warmup", str(options.warmup), "--target", options.target]
+    """The command line of one run: the documented bootstrap, then the user's command;
+    for a torchrun job, torchrun with the bootstrap in front of every rank's script
+    (each rank then writes ``PROFILE.rankN.json``)."""
+    from torchaxe.runtime.torchrun import parse_job
+
+    args = [knobs_path, "--out", profile_path, "--steps", str(options.steps), "--warmup", str(options.warmup),
+            "--target", options.target]
     if options.timeout is not None:
-        argv += ["--timeout", repr(options.timeout)]
+        args += ["--timeout", repr(options.timeout)]
     if options.step_marker:
-        argv += ["--step-marker", options.step_marker]
+        args += ["--step-marker", options.step_marker]
     if options.first_step_timeout is not None:
-        argv += ["--first-step-timeout", repr(options.first_step_timeout)]
-    return [*argv, "--", *command]
+        args += ["--first-step-timeout", repr(options.first_step_timeout)]
+    return parse_job(command).launch(["torchaxe.runtime.bootstrap", *args])
 
 
 def child_environment(knobs: KnobSet, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -331,43 +342,47 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
         argv = [*argv[:cut], "--protect-writes", str(guard), *argv[cut:]]
         limit = None if options.timeout is None else options.timeout + KILL_GRACE_SECONDS
         started = time.perf_counter()
-        killed = False
         with open(stderr_path, "wb") as err:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                    env=child_environment(knobs), start_new_session=True)
-            try:
-                returncode = proc.wait(timeout=limit)
-            except subprocess.TimeoutExpired:
-                killed = True
-                _kill_group(proc)
-                returncode = proc.wait()
-            finally:
-                if proc.poll() is None:  # interrupted while waiting: take the run down with us
-                    _kill_group(proc)
-                    proc.wait()
+            returncode, killed = run_tree(argv, env=child_environment(knobs), stdout=subprocess.DEVNULL, stderr=err,
+                                          limit=limit)
         seconds = time.perf_counter() - started
         restore(guard)  # the files the script wrote, as they were before this run
         stderr_text = stderr_path.read_text(encoding="utf-8", errors="replace")
         tail = "\n".join(stderr_text.rstrip().splitlines()[-STDERR_TAIL_LINES:])
         run = TrialRun(knobs=knobs.name, repeat=repeat, ok=False, returncode=returncode, seconds=seconds)
-        profile = None
-        if profile_path.exists() and profile_path.stat().st_size:
+        profiles = {}
+        for rank, path in rank_files(profile_path).items():
             try:
-                profile = load_profile(profile_path)
+                profiles[rank] = load_profile(path)
             except (ProfileFormatError, TorchaxeError):
-                profile = None
+                continue
+    distributed = len(profiles) > 1 or any(p.run.world_size and p.run.world_size > 1 for p in profiles.values())
+    profile = ranks.first_rank(profiles)
+    failed = ranks.failed_rank(profiles)
+    if failed is not None:
+        profile = failed[1]
     if profile is not None:
+        job = ranks.job_steps(profiles)
         run.status = profile.status
-        run.applied = profile.run.options.get("knobs")
-        run.step_seconds = [s.seconds for s in profile.measured_steps]
-        run.data_wait_seconds = [s.data_wait_seconds or 0.0 for s in profile.measured_steps]
-        run.peak_memory_bytes, run.memory_kind = peak_memory(profile)
+        run.applied = ranks.first_rank(profiles).run.options.get("knobs")
+        run.step_seconds = job.seconds
+        run.data_wait_seconds = job.data_wait_seconds
+        peaks = [peak_memory(p) for p in profiles.values()]
+        peaks = [p for p in peaks if p[0] is not None]
+        run.peak_memory_bytes, run.memory_kind = max(peaks) if peaks else (None, None)
+        if distributed:
+            run.ranks = ranks.rank_rows(profiles)
+    who = f"rank {failed[0]}: " if failed is not None and distributed else ""
+    missing = ranks.missing_ranks(profiles, ranks.world_of(list(profiles.values()))) if distributed else []
     if killed:
         run.error = f"timeout: killed {KILL_GRACE_SECONDS:g} s after --timeout {options.timeout:g} s"
     elif profile is None:
         run.error = _last_error_line(tail) or f"the run exited with code {returncode} without writing a profile"
-    elif profile.status in ("error", "timeout", "interrupted") or (profile.status == "exited" and profile.exit_code):
-        run.error = f"{profile.status}: {profile.detail}"
+    elif failed is not None or (profile.status == "exited" and profile.exit_code):
+        run.error = f"{who}{profile.status}: {profile.detail}"
+    elif missing:
+        run.error = (f"rank {missing[0]} wrote no profile (it died or was killed): "
+                     f"{_last_error_line(tail) or f'torchrun exited with code {returncode}'}")
     elif not run.step_seconds:
         run.error = f"no measured steps: {profile.detail}" + (f" ({profile.warnings[0]})" if profile.warnings else "")
     elif returncode != 0:
@@ -389,13 +404,6 @@ def peak_memory(profile: Any) -> tuple[int | None, str | None]:
     if summary.host_rss_peak_bytes is not None:
         return summary.host_rss_peak_bytes, "host_rss"
     return None, None
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
 
 
 def _last_error_line(tail: str) -> str | None:

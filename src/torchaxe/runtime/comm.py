@@ -1,0 +1,258 @@
+"""Where a distributed step goes on communication, from what PyTorch measures itself.
+
+Two sources, both on every rank:
+
+* **DistributedDataParallel's own timing.** DDP's reducer times, on its sampled
+  iterations (the first ten and every hundredth), the forward and backward compute,
+  the backward's gradient exchange, and the part of that exchange that overlapped
+  with backward compute (``_get_ddp_logging_data()``: ``avg_forward_compute_time``,
+  ``avg_backward_compute_time``, ``avg_backward_comm_time``,
+  ``avg_backward_compute_comm_overlap_time``, in nanoseconds). The exchange not
+  overlapped is what the step waits for: its *exposed* communication. These are per
+  iteration (one forward and backward); :class:`CommProbe` counts how many
+  iterations a step has (gradient accumulation) and how many of them exchanged
+  gradients (the others ran under ``no_sync()``), so per-step figures follow. DDP's
+  settings (bucket size, ``find_unused_parameters``, ...) come from the same data.
+* **The script's own collectives** (``dist.all_reduce`` of a loss to print it,
+  ``barrier()``...): each call is timed on the host. On the CPU (gloo) a collective
+  blocks until every rank has reached it, so its time is exposed, waiting for the
+  slowest rank included; on a device the host time is the launch, and the device
+  time shows in the step.
+
+Whether a DDP module's buffers change during the run (BatchNorm's running
+statistics) is checked by comparing them at its first forward and at the end: a
+module whose buffers never change gains nothing from ``broadcast_buffers``.
+
+Nothing here is used unless ``torch.distributed`` is initialised by the script.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from typing import Any, Callable
+
+from torchaxe.runtime.probes import StepSink, patch_attribute, restore_patches
+from torchaxe.runtime.profile import DistributedInfo
+
+#: The torch.distributed calls timed as the script's collectives.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "reduce", "barrier", "all_to_all",
+               "all_to_all_single", "gather", "scatter", "gather_object", "monitored_barrier")
+#: Buffers larger than this (bytes, all of a module's together) are not copied to
+#: find out whether they change.
+BUFFER_CHECK_LIMIT = 64 << 20
+
+
+class CommProbe:
+    """Times the script's collectives, counts DDP's iterations per step, and at the
+    end reads DDP's own timing into a :class:`DistributedInfo`."""
+
+    def __init__(self, sink: StepSink, clock: Callable[[], float], measuring: Callable[[], bool]) -> None:
+        self.sink = sink
+        self.clock = clock
+        self.measuring = measuring
+        self._saved: list = []
+        self._local = threading.local()
+        #: name -> [calls, seconds] over the measured steps.
+        self.tally: dict[str, list[float]] = {}
+        self.measured_forwards = 0
+        self.measured_synced = 0
+        self._ddp: Any = None
+        self._buffers_before: list[Any] | None = None
+        #: (rank, world size, backend) as first seen while the process group was up.
+        self._group: tuple[int, int, str] | None = None
+
+    def _note_group(self) -> None:
+        if self._group is None:
+            import torch.distributed as dist
+
+            try:
+                if dist.is_initialized():
+                    self._group = (dist.get_rank(), dist.get_world_size(), str(dist.get_backend()))
+            except Exception:
+                pass
+
+    # -------------------------------------------------------------- install
+
+    def install(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        for name in COLLECTIVES:
+            original = getattr(dist, name, None)
+            if callable(original):
+                patch_attribute(self._saved, dist, name, self._timed(name, original))
+        from torch.nn.parallel import DistributedDataParallel
+
+        patch_attribute(self._saved, DistributedDataParallel, "forward",
+                        self._counted(DistributedDataParallel.forward))
+
+    def uninstall(self) -> None:
+        restore_patches(self._saved)
+
+    def _timed(self, name: str, original: Callable) -> Callable:
+        import functools
+
+        local, clock, sink, measuring, tally = self._local, self.clock, self.sink, self.measuring, self.tally
+        probe = self
+
+        @functools.wraps(original)
+        def collective(*args, **kwargs):
+            if getattr(local, "inside", False):
+                return original(*args, **kwargs)
+            local.inside = True
+            probe._note_group()
+            start = clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                local.inside = False
+                seconds = clock() - start
+                sink.add_comm(seconds)
+                if measuring():
+                    entry = tally.setdefault(name, [0, 0.0])
+                    entry[0] += 1
+                    entry[1] += seconds
+
+        return collective
+
+    def _counted(self, original: Callable) -> Callable:
+        import functools
+
+        import torch
+
+        probe = self
+
+        @functools.wraps(original)
+        def forward(module, *args, **kwargs):
+            if probe._ddp is None:
+                probe._note_group()
+                probe._ddp = module  # kept: the script's own reference is gone when the profile is made
+                probe._buffers_before = _buffer_copy(module)
+            if torch.is_grad_enabled() and module.training and probe.measuring():
+                probe.measured_forwards += 1
+                if getattr(module, "require_backward_grad_sync", True):
+                    probe.measured_synced += 1
+            return original(module, *args, **kwargs)
+
+        return forward
+
+    # -------------------------------------------------------------- results
+
+    def info(self, measured_steps: int) -> DistributedInfo | None:
+        """This rank's part, or None when the script set up no process group."""
+        self._note_group()
+        if self._group is None:
+            return None
+        rank, world, backend = self._group
+        local_world = _env_int("LOCAL_WORLD_SIZE")
+        info = DistributedInfo(
+            rank=rank, local_rank=_env_int("LOCAL_RANK"), world_size=world, local_world_size=local_world,
+            nnodes=world // local_world if world and local_world and world % local_world == 0 else None,
+            host=socket.gethostname(), backend=backend, cpus=_cpus())
+        steps = max(measured_steps, 0)
+        per_step = (lambda v: v / steps) if steps else (lambda v: None)
+        info.collectives = {name: {"calls_per_step": per_step(calls), "seconds_per_step": per_step(seconds)}
+                            for name, (calls, seconds) in sorted(self.tally.items())}
+        explicit = per_step(sum(seconds for _, seconds in self.tally.values())) if steps else None
+        info.backwards_per_step = per_step(self.measured_forwards) if self.measured_forwards else None
+        info.synced_backwards_per_step = per_step(self.measured_synced) if self.measured_forwards else None
+        ddp = self._ddp
+        comm = exposed = None
+        if ddp is not None:
+            info.ddp = ddp_facts(ddp, self._buffers_before)
+            comm, exposed, compute = _ddp_per_step(info.ddp, info.backwards_per_step, info.synced_backwards_per_step)
+            info.compute_seconds_per_step = compute
+        if comm is not None or explicit is not None:
+            info.comm_seconds_per_step = (comm or 0.0) + (explicit or 0.0)
+            info.comm_exposed_seconds_per_step = (exposed or 0.0) + (explicit or 0.0)
+        if ddp is not None and comm is None:
+            info.note = "DDP recorded no timing for the measured iterations"
+        return info
+
+
+def _env_int(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
+
+
+def _cpus() -> int | None:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
+
+
+def _buffer_copy(module: Any) -> list[Any] | None:
+    buffers = list(module.buffers())
+    if sum(b.numel() * b.element_size() for b in buffers) > BUFFER_CHECK_LIMIT:
+        return None
+    return [b.detach().clone() for b in buffers]
+
+
+def _buffers_changed(module: Any, before: list[Any] | None) -> bool | None:
+    if before is None:
+        return None
+    import torch
+
+    now = list(module.buffers())
+    if len(now) != len(before):
+        return True
+    return any(a.shape != b.shape or not torch.equal(a.to(b.device), b) for a, b in zip(now, before))
+
+
+_NS = 1e-9
+
+
+def ddp_facts(ddp: Any, buffers_before: list[Any] | None) -> dict[str, Any]:
+    """A DDP module's settings and its own timing, per iteration, in seconds."""
+    try:
+        data = ddp._get_ddp_logging_data()
+    except Exception:  # an older DDP without logging data: the settings from the module
+        data = {}
+
+    def seconds(key: str) -> float | None:
+        value = data.get(key)
+        return value * _NS if isinstance(value, (int, float)) and value > 0 else None
+
+    buffers = list(ddp.module.buffers()) if hasattr(ddp, "module") else []
+    cap = data.get("bucket_cap_bytes")
+    return {
+        "bucket_cap_mb": cap / (1 << 20) if isinstance(cap, (int, float)) else None,
+        "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", data.get("gradient_as_bucket_view"))),
+        "static_graph": bool(getattr(ddp, "static_graph", False)),
+        "find_unused_parameters": bool(getattr(ddp, "find_unused_parameters", data.get("find_unused_parameters"))),
+        "broadcast_buffers": bool(getattr(ddp, "broadcast_buffers", data.get("broadcast_buffers"))),
+        "unused_parameter_bytes": data.get("unused_parameter_size"),
+        "parameter_bytes": data.get("total_parameter_size_bytes"),
+        "buckets": len(str(data.get("bucket_sizes") or "").split(",")) if data.get("bucket_sizes") else None,
+        "buffers": len(buffers),
+        "buffers_changed": _buffers_changed(ddp.module, buffers_before) if hasattr(ddp, "module") else None,
+        "comm_hook": data.get("comm_hook") or None,
+        "forward_compute_seconds": seconds("avg_forward_compute_time"),
+        "backward_compute_seconds": seconds("avg_backward_compute_time"),
+        "backward_comm_seconds": seconds("avg_backward_comm_time"),
+        "backward_overlap_seconds": seconds("avg_backward_compute_comm_overlap_time"),
+    }
+
+
+def _ddp_per_step(ddp: dict[str, Any], backwards: float | None,
+                  synced: float | None) -> tuple[float | None, float | None, float | None]:
+    """(communication, its exposed part, compute) per optimizer step, from DDP's
+    per-iteration averages and the iterations a step had."""
+    comm = ddp.get("backward_comm_seconds")
+    overlap = ddp.get("backward_overlap_seconds") or 0.0
+    if synced is None:
+        synced = backwards = 1.0
+    compute = None
+    forward, backward = ddp.get("forward_compute_seconds"), ddp.get("backward_compute_seconds")
+    if forward is not None and backward is not None and backwards is not None:
+        compute = (forward + backward) * backwards
+    if comm is None:
+        return None, None, compute
+    return comm * synced, max(comm - overlap, 0.0) * synced, compute
