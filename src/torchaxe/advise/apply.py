@@ -174,7 +174,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
                  write: bool = True) -> ApplyResult:
     """Apply the chosen recommendations (or the ones named in ``keys``)."""
     from torchaxe.advise.arms import merge_knobs
-    from torchaxe.runtime.command import parse_command
+    from torchaxe.runtime.torchrun import parse_script
     from torchaxe.scan.discover import in_project, project_root
     from torchaxe.scan.engine import ScanOptions
     from torchaxe.scan.fix import fix_paths
@@ -182,7 +182,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     cwd = advice.get("cwd") if isinstance(advice.get("cwd"), str) else None
     if cwd is not None and not os.path.isdir(cwd):
         raise TorchaxeError(f"the folder advise ran in is gone: {cwd}")
-    script = parse_command(advice["command"], cwd=cwd)
+    _, script = parse_script(advice["command"], cwd=cwd)
     folder = script.folder
     recs = [r for r in advice["recommendations"] if isinstance(r, dict)]
     known = {r.get("key") for r in recs}

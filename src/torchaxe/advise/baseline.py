@@ -15,7 +15,11 @@ from typing import Any, Callable, Sequence
 
 from torchaxe.advise.options import AdviseOptions
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime import ranks
 from torchaxe.runtime.knobs import KnobSet
+from torchaxe.runtime.process import run_tree
+from torchaxe.runtime.profile import rank_path
+from torchaxe.runtime.ranks import rank_files
 from torchaxe.runtime.trials import TrialOptions, bootstrap_argv, child_environment
 
 #: Measured steps of the profiled run, and of each trial run when the steps are not given.
@@ -38,6 +42,9 @@ class BaselineProfile:
     profile: dict[str, Any]
     context: dict[str, Any]
     seconds: float
+    #: Under torchrun: the job across its ranks (runtime/ranks.py ``distributed_view``);
+    #: ``profile`` and ``context`` are then the first rank's.
+    distributed: dict[str, Any] | None = None
 
     def steps_per_run(self, options: AdviseOptions) -> int:
         """Measured steps per trial run: ``options.steps``, else chosen from the
@@ -99,25 +106,50 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
         argv = [*argv[:cut], "--ops", "--shapes", "--flops", "--context-out", str(ctx), "--protect-writes", str(guard),
                 *argv[cut:]]
         started = time.perf_counter()
+        stderr_path = Path(tmp) / "stderr.txt"
         try:
-            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, errors="replace", timeout=timeout + 30.0,
-                                  env=child_environment(knobs) if knobs is not None else None)
-        except subprocess.TimeoutExpired:
-            raise TorchaxeError(f"the script ran {timeout + 30:.0f} s without finishing its first {options.warmup} + "
-                                f"{options.steps or DEFAULT_STEPS} steps (--budget {options.budget:g} s): give a larger --budget, or "
-                                "--timeout") from None
+            with open(stderr_path, "wb") as err:
+                _, killed = run_tree(argv, env=child_environment(knobs) if knobs is not None else None,
+                                     stdout=subprocess.DEVNULL, stderr=err, limit=timeout + 30.0)
         finally:
             from torchaxe.runtime.protect import restore
 
             restore(guard)  # the script's own output files, as they were
+        if killed:
+            raise TorchaxeError(f"the script ran {timeout + 30:.0f} s without finishing its first {options.warmup} + "
+                                f"{options.steps or DEFAULT_STEPS} steps (--budget {options.budget:g} s): give a larger --budget, or "
+                                "--timeout")
         seconds = time.perf_counter() - started
-        if not out.exists():
-            tail = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        files = rank_files(out)
+        if not files:
+            text = stderr_path.read_text(encoding="utf-8", errors="replace")
+            tail = [line for line in text.strip().splitlines() if line.strip()]
             raise TorchaxeError(f"the script failed before its first step: {tail[-1] if tail else 'no output'}")
-        profile = json.loads(out.read_text(encoding="utf-8"))
-        context = run_context.load(ctx)
-    return BaselineProfile(profile, context, seconds)
+        first = min(files)
+        profile = json.loads(files[first].read_text(encoding="utf-8"))
+        context = run_context.load(rank_path(ctx, profile.get("run", {}).get("rank"),
+                                             profile.get("run", {}).get("world_size")))
+        distributed = None
+        if len(files) > 1 or (profile.get("run", {}).get("world_size") or 1) > 1:
+            distributed = _job_view(files)
+    return BaselineProfile(profile, context, seconds, distributed)
+
+
+def _job_view(files: dict[int, Path]) -> dict[str, Any] | None:
+    """The ranks side by side; a rank whose run failed names the failure."""
+    from torchaxe.runtime.profile import ProfileFormatError, load_profile
+
+    profiles = {}
+    for rank, path in files.items():
+        try:
+            profiles[rank] = load_profile(path)
+        except (ProfileFormatError, TorchaxeError):
+            continue
+    failed = ranks.failed_rank(profiles)
+    if failed is not None:
+        raise TorchaxeError(f"rank {failed[0]} of the profiled run: {failed[1].status}: {failed[1].detail}")
+    return ranks.distributed_view(profiles)
+
 
 
 def check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:

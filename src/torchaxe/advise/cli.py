@@ -284,11 +284,12 @@ def run(target, show, command):
     import json
 
     from torchaxe.advise.apply import read_run_knobs
-    from torchaxe.runtime.command import check_module, parse_command
+    from torchaxe.runtime.command import check_module
     from torchaxe.runtime.knobs import knob_set_from_dict
     from torchaxe.runtime.trials import child_environment
+    from torchaxe.runtime.torchrun import parse_script
 
-    script = parse_command(command)
+    job, script = parse_script(command)
     check_module(script)
     raw, source = read_run_knobs(script.folder)
     loader_note = None
@@ -317,8 +318,8 @@ def run(target, show, command):
     with tempfile.TemporaryDirectory(prefix="torchaxe-run-") as tmp:
         path = Path(tmp) / "knobs.json"
         path.write_text(json.dumps(knobs.to_dict()), encoding="utf-8")
-        argv = [sys.executable, "-m", "torchaxe.runtime.bootstrap", str(path), "--out", str(Path(tmp) / "p.json"),
-                "--steps", "all", "--warmup", "0", "--target", target, "--quiet", "--", *command]
+        argv = job.launch(["torchaxe.runtime.bootstrap", str(path), "--out", str(Path(tmp) / "p.json"),
+                           "--steps", "all", "--warmup", "0", "--target", target, "--quiet"])
         code = subprocess.call(argv, env=child_environment(knobs))
         code = _script_exit_code(Path(tmp) / "p.json", code)
     sys.exit(code)
@@ -329,10 +330,19 @@ def _script_exit_code(profile_path: Path, bootstrap_code: int) -> int:
     bootstrap's codes describe the harness (docs/trial.md), not the script."""
     import json
 
-    try:
-        profile = json.loads(profile_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    from torchaxe.runtime.ranks import rank_files
+
+    profiles = []
+    for path in rank_files(profile_path).values():
+        try:
+            profiles.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    if not profiles:
         return bootstrap_code
+    # Under torchrun: the first rank that did not end well speaks for the job.
+    profile = next((p for p in profiles if p.get("exit_code") or p.get("status") in ("error", "interrupted")),
+                   profiles[0])
     if profile.get("exit_code") is not None:
         return int(profile["exit_code"])
     if profile.get("status") == "error":

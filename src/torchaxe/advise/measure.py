@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from torchaxe.runtime.knobs import KnobSet
 from torchaxe.runtime.stats import Samples
@@ -53,6 +53,13 @@ class ArmResult:
         peaks = [(r.peak_memory_bytes, r.memory_kind or "") for r in self.runs
                  if r.ok and r.peak_memory_bytes is not None]
         return max(peaks) if peaks else None
+
+    @property
+    def rank_figures(self) -> list[dict[str, Any]] | None:
+        """Under torchrun: each rank's figures, medians over the arm's runs that went through."""
+        from torchaxe.runtime.ranks import median_rows
+
+        return median_rows([r.ranks for r in self.runs if r.ok and r.ranks])
 
     @property
     def data_wait_fraction(self) -> float | None:

@@ -84,10 +84,11 @@ class Advisor:
                  progress: Callable[[str], None] = lambda line: None, runner: Runner | None = None,
                  profiler: ProfileRunner | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         from torchaxe.backends import resolve_target
-        from torchaxe.runtime.command import check_module, parse_command
+        from torchaxe.runtime.command import check_module
+        from torchaxe.runtime.torchrun import parse_script
 
         self.command = list(command)
-        self.script = parse_command(command)
+        self.job, self.script = parse_script(command)
         check_module(self.script)
         self.options = options
         self.target = resolve_target(options.target)
@@ -137,6 +138,7 @@ class Advisor:
                            "steps_per_run": self.steps, "warmup_per_run": self.options.warmup}
         advice.profile = plot_data(base.profile)
         advice.flops = base.profile.get("flops")
+        advice.distributed = base.distributed
 
         from torchaxe.scan.discover import project_root
 
@@ -430,6 +432,7 @@ class Advisor:
         if self.options.check_accuracy and rec.accuracy.changes_numerics:
             self._compare_loss(rec, loss_delta(arm, base, same))
         self._compare_memory(rec, arm, base)
+        rec.ranks = arm.rank_figures
 
     def _compare_memory(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:
         """A measured change's peak memory against the original's; above

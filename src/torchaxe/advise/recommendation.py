@@ -19,7 +19,7 @@ __all__ = ["AXES", "AXIS_TITLES", "SCHEMA", "Accuracy", "Advice", "EnvironmentCh
 SCHEMA = "torchaxe.advice/1"
 
 #: The axes, in the order of the seed document, plus the environment checks.
-AXES = ("fused_ops", "compile", "tune", "binding", "data", "precision", "memory", "environment")
+AXES = ("fused_ops", "compile", "tune", "binding", "data", "precision", "memory", "distributed", "environment")
 AXIS_TITLES = {
     "fused_ops": "fused operators and optimizers",
     "compile": "compile mode and shapes",
@@ -28,6 +28,7 @@ AXIS_TITLES = {
     "data": "data pipeline",
     "precision": "mixed precision",
     "memory": "memory",
+    "distributed": "distributed training",
     "environment": "environment",
 }
 
@@ -96,6 +97,9 @@ class Advice:
     flops: dict[str, Any] | None = None
     #: ``--memory-limit`` in bytes (None: none given).
     memory_limit: int | None = None
+    #: Under torchrun: the job across its ranks, as profiled (runtime/ranks.py
+    #: ``distributed_view``); None for a one-process run.
+    distributed: dict[str, Any] | None = None
 
     @property
     def mfu(self) -> dict[str, Any] | None:
@@ -131,7 +135,7 @@ class Advice:
             "combined": self.combined, "achieved": self.achieved,
             "environment": [c.to_dict() for c in self.environment],
             "findings": self.findings, "scanned": self.scanned, "profile": self.profile, "notes": self.notes,
-            "mfu": self.mfu, "memory_limit_bytes": self.memory_limit,
+            "mfu": self.mfu, "memory_limit_bytes": self.memory_limit, "distributed": self.distributed,
         }
 
     def to_json(self) -> str:

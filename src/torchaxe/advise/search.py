@@ -417,4 +417,4 @@ def alone(c: Candidate) -> dict[str, Any]:
     r = c.rec
     return {"keys": [r.key], "speedup": r.speedup, "ratios": r.ratios,
             "measured_seconds_saved_per_step": r.measured_seconds_saved_per_step, "status": "measured",
-            "knobs": c.knobs if r.applies == "knob" else {}}
+            "knobs": c.knobs if r.applies == "knob" else {}, **({"ranks": r.ranks} if r.ranks else {})}

@@ -155,4 +155,7 @@ def measured_figures(arm: ArmResult, base: ArmResult) -> dict[str, Any]:
     delta = loss_delta(arm, base)
     if delta is not None:
         out["loss_delta"] = delta
+    if arm.rank_figures:
+        out["ranks"] = arm.rank_figures
+        out["original_ranks"] = base.rank_figures
     return out

@@ -103,6 +103,13 @@ def environment_checks(settings: dict[str, Any], profile: dict[str, Any], findin
             checks.append(EnvironmentCheck(var, c.rec.detail, recommendation=c.key))
 
     allowed = settings.get("allowed_cpus") or settings.get("cpu_count") or 0
+    try:
+        local_ranks = max(1, int(env.get("LOCAL_WORLD_SIZE") or 1))
+    except ValueError:
+        local_ranks = 1
+    if local_ranks > 1 and allowed:
+        # The local ranks of a torchrun job share the node's cores: each gets its part.
+        allowed = max(1, allowed // local_ranks)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if var not in env:
             continue
@@ -112,13 +119,15 @@ def environment_checks(settings: dict[str, Any], profile: dict[str, Any], findin
             checks.append(EnvironmentCheck(var, f"{var}={env[var]!r} is not a number"))
             continue
         if allowed and value > allowed:
-            c = _env_candidate(f"env:{var}", f"{var}={allowed}: {value} threads oversubscribe {allowed} cores",
+            cores = f"{allowed} cores" + (f" per rank ({local_ranks} ranks on this node)" if local_ranks > 1 else "")
+            c = _env_candidate(f"env:{var}", f"{var}={allowed}: {value} threads oversubscribe {cores}",
                                {var: str(allowed)}, "more compute threads than cores: they preempt each other")
             candidates.append(c)
             checks.append(EnvironmentCheck(var, c.rec.detail, recommendation=c.key))
         elif allowed and value < allowed and target == "cpu":
-            c = _env_candidate(f"env:{var}", f"{var}={allowed}: use all {allowed} cores this process may use "
-                               f"(now {value})", {var: str(allowed)},
+            share = f"all {allowed} cores this process may use" if local_ranks == 1 else \
+                f"its {allowed} cores (the node's, shared by {local_ranks} ranks)"
+            c = _env_candidate(f"env:{var}", f"{var}={allowed}: use {share} (now {value})", {var: str(allowed)},
                                "on the CPU the compute threads are the device")
             candidates.append(c)
             checks.append(EnvironmentCheck(var, f"{var}={value} leaves {allowed - value} of {allowed} cores idle",

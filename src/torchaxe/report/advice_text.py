@@ -37,6 +37,8 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             after_text = "; with the chosen changes " + (mfu_sentence(after["mfu_table"], after["mfu_measured"])
                                                           or "n/a").removeprefix("MFU ")
         console.print(f"  {before}{after_text}")
+    if advice.distributed:
+        _render_ranks(console, advice)
     if base.get("run_to_run_noise") is not None:
         console.print(f"  run-to-run noise   {base['run_to_run_noise']:.1%} (the original against itself, "
                       "interleaved: a change must save more to be chosen)")
@@ -139,3 +141,33 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     console.print(f"  ({advice.elapsed_seconds:.0f} s of a {advice.budget_seconds:.0f} s budget; "
                   f"{len(measured)} of {len(tried)} changes measured"
                   + (f", in up to {rounds} interleaved round{'s' if rounds != 1 else ''} each)" if measured else ")"))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{1000 * value:.1f} ms"
+
+
+def _render_ranks(console: Console, advice: Advice) -> None:
+    """Where each rank's step went (the profiled run), the rank the others wait for
+    and why, and, when changes were chosen, each rank under them."""
+    view = advice.distributed or {}
+    nodes = f", {view['nnodes']} node(s)" if view.get("nnodes") else ""
+    console.print(f"  distributed        {view.get('world_size')} ranks{nodes}, backend {view.get('backend') or '?'}; "
+                  f"a step takes the slowest rank's time")
+    after = {r["rank"]: r for r in (advice.combined or {}).get("ranks") or []}
+    table = Table(box=None, pad_edge=False, title_justify="left")
+    for name in ("rank", "host", "step", "data wait", "comm", "comm exposed", "waits for slowest"):
+        table.add_column(name, justify="left" if name == "host" else "right", no_wrap=True)
+    if after:
+        table.add_column("comm exposed, chosen", justify="right", no_wrap=True)
+    for row in view.get("ranks") or []:
+        wait = row.get("data_wait_fraction")
+        cells = [str(row["rank"]), str(row.get("host") or "-"), _ms(row.get("step_seconds_median")),
+                 "-" if wait is None else f"{wait:.1%}", _ms(row.get("comm_seconds_per_step")),
+                 _ms(row.get("comm_exposed_seconds_per_step")), _ms(row.get("wait_for_slowest_seconds_per_step"))]
+        if after:
+            cells.append(_ms((after.get(row["rank"]) or {}).get("comm_exposed_seconds_per_step")))
+        table.add_row(*cells)
+    console.print(table)
+    if view.get("slowest_rank") is not None:
+        console.print(f"  slowest rank {view['slowest_rank']}: {view.get('slowest_reason')}")

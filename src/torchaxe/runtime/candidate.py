@@ -153,6 +153,8 @@ class Recommendation:
     #: It changes what training computes beyond numerics (a larger micro-batch: fewer
     #: optimizer steps per epoch, another gradient noise): never applied unmarked.
     changes_optimisation: bool = False
+    #: Under torchrun: each rank's figures under this change (medians over its runs).
+    ranks: list[dict[str, Any]] | None = None
 
     @property
     def distinguishable(self) -> bool:
@@ -168,7 +170,7 @@ class Recommendation:
             "evidence": self.evidence, "detail": self.detail, "knobs": self.knobs, "rules": self.rules,
             "files": self.files, "unsafe": self.unsafe, "error": self.error, "selected": self.selected,
             "held_back": self.held_back, "memory": self.memory.to_dict() if self.memory else None,
-            "changes_optimisation": self.changes_optimisation,
+            "changes_optimisation": self.changes_optimisation, "ranks": self.ranks,
         }
 
 

@@ -115,3 +115,105 @@ def missing_ranks(profiles: dict[int, Profile], world: int | None) -> list[int]:
 def world_of(profiles: Sequence[Profile]) -> int | None:
     sizes = [p.run.world_size for p in profiles if p.run.world_size]
     return max(sizes) if sizes else None
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    return Samples.of(v for v in values if v is not None).median
+
+
+def _input_signatures(profile: Profile) -> int | None:
+    shapes = profile.shapes
+    if shapes is None or not shapes.modules:
+        return None
+    return max(len(m.signatures) for m in shapes.modules)
+
+
+def slowest_reason(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """Why one rank is behind the others, from what the ranks measured: data wait,
+    fewer CPUs, more input shapes (recompiles, cold caches), or slower compute."""
+    others = [r for r in rows if r["rank"] != row["rank"]]
+    if not others:
+        return "the only rank"
+    reasons = []
+    step = row.get("step_seconds_median") or 0.0
+    wait = (row.get("data_wait_fraction") or 0.0) * step
+    other_wait = _median([(r.get("data_wait_fraction") or 0.0) * (r.get("step_seconds_median") or 0.0)
+                          for r in others]) or 0.0
+    if wait - other_wait > 0.02 * step and wait > 1.5 * other_wait:
+        reasons.append(f"it waits for data ({1000 * wait:.1f} ms a step against {1000 * other_wait:.1f} ms on "
+                       "the others)")
+    cpus, other_cpus = row.get("cpus"), _median([r.get("cpus") for r in others])
+    if cpus and other_cpus and cpus < other_cpus:
+        reasons.append(f"it may run on fewer CPUs ({cpus} against {other_cpus:g}): check its core binding")
+    sigs, other_sigs = row.get("input_signatures"), _median([r.get("input_signatures") for r in others])
+    if sigs and other_sigs and sigs > other_sigs:
+        reasons.append(f"its model saw more input shapes ({sigs} against {other_sigs:g}): dynamic shapes cost it "
+                       "compiles and cold caches")
+    compute, other_compute = row.get("compute_seconds_per_step"), _median(
+        [r.get("compute_seconds_per_step") for r in others])
+    if compute and other_compute and compute > 1.1 * other_compute:
+        reasons.append(f"its forward and backward compute is slower ({1000 * compute:.1f} ms against "
+                       f"{1000 * other_compute:.1f} ms): a slower or busier device")
+    outside, other_outside = row.get("outside_backward_seconds_median"), _median(
+        [r.get("outside_backward_seconds_median") for r in others])
+    if not reasons and outside and other_outside and outside > 1.1 * other_outside:
+        reasons.append(f"it spends longer outside backward ({1000 * outside:.1f} ms against "
+                       f"{1000 * other_outside:.1f} ms): its host work (Python, data, optimizer) is slower")
+    return "; ".join(reasons) or "no rank stands out: the ranks' step times are within their noise"
+
+
+def distributed_view(profiles: dict[int, Profile]) -> dict[str, Any] | None:
+    """The job across its ranks: who they are, where each rank's step went, the rank
+    the others wait for and why. None for a one-process run."""
+    infos = {r: p.distributed for r, p in profiles.items() if p.distributed is not None}
+    world = world_of(list(profiles.values()))
+    if not infos and not (world and world > 1):
+        return None
+    rows = rank_rows(profiles)
+    for row in rows:
+        row["input_signatures"] = row.get("input_signatures") or _input_signatures(profiles[row["rank"]])
+    # The others wait, in their gradient exchange, for the rank that spends longest outside it.
+    outside = {row["rank"]: row.get("outside_backward_seconds_median") for row in rows}
+    by = outside if all(v is not None for v in outside.values()) else \
+        {row["rank"]: row.get("step_seconds_median") for row in rows}
+    known = {r: v for r, v in by.items() if v is not None}
+    slowest = max(known, key=lambda r: (known[r], -r)) if known else None
+    for row in rows:
+        mine = known.get(row["rank"])
+        row["wait_for_slowest_seconds_per_step"] = (known[slowest] - mine) if slowest is not None and mine is not None \
+            else None
+    first = next(iter(infos.values()), None)
+    return {
+        "world_size": world or len(profiles),
+        "nnodes": first.nnodes if first is not None else None,
+        "backend": first.backend if first is not None else None,
+        "ranks_measured": len(profiles),
+        "ranks": rows,
+        "slowest_rank": slowest,
+        "slowest_reason": slowest_reason(next(r for r in rows if r["rank"] == slowest), rows)
+        if slowest is not None else None,
+        "ddp": first.ddp if first is not None else None,
+    }
+
+
+#: The per-rank figures a measured change is compared by.
+ROW_FIGURES = ("step_seconds_median", "data_wait_fraction", "comm_seconds_per_step", "comm_exposed_seconds_per_step",
+               "outside_backward_seconds_median", "compute_seconds_per_step")
+
+
+def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]] | None:
+    """Several runs' rank rows as one row per rank: the median of each figure."""
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for rows in runs:
+        for row in rows:
+            by_rank.setdefault(row["rank"], []).append(row)
+    if not by_rank:
+        return None
+    out = []
+    for rank, rows in sorted(by_rank.items()):
+        merged: dict[str, Any] = {"rank": rank, "local_rank": rows[0].get("local_rank"), "host": rows[0].get("host"),
+                                  "runs": len(rows)}
+        for key in ROW_FIGURES:
+            merged[key] = _median([r.get(key) for r in rows])
+        out.append(merged)
+    return out
