@@ -17,7 +17,7 @@ import click
 
 from torchaxe import __version__
 from torchaxe.backends import TARGET_CHOICES
-from torchaxe.console import CONTEXT, write_output
+from torchaxe.console import CONTEXT, RAW_ARGS, write_output
 from torchaxe.errors import TorchaxeError
 from torchaxe.report import FORMATS
 
@@ -71,6 +71,12 @@ class LazyGroup(click.Group):
             except ImportError:
                 continue
         return sorted(names)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # The verb's arguments as typed: a verb given a torchrun command runs itself
+        # in every rank with them (runtime/torchrun.py ``run_verb_in_ranks``).
+        ctx.meta[RAW_ARGS] = list(args)
+        return super().parse_args(ctx, args)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         command = super().get_command(ctx, name)

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from torchaxe.backends import TARGET_CHOICES
-from torchaxe.console import CONTEXT, progress_printer, writable_path
+from torchaxe.console import CONTEXT, in_ranks, progress_printer, writable_path
 from torchaxe.errors import TorchaxeError
 
 EPILOG = """\b
@@ -106,6 +106,7 @@ def data(steps, warmup, timeout, target, samples, sample_timeout, images, decode
         trial_timeout=trial_timeout, kb_path=kb_path, store=not no_store,
     )
     threads_before = set(threading.enumerate())
+    in_ranks(command)
     report, code = analyse(list(command), options, progress=progress_printer("data"))
     if out:
         from torchaxe.atomic import write_text_atomic

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from torchaxe.backends import TARGET_CHOICES
-from torchaxe.console import CONTEXT, writable_path
+from torchaxe.console import CONTEXT, in_ranks, writable_path
 from torchaxe.errors import TorchaxeError
 
 _SUBCOMMAND = "torchaxe.profile.subcommand"
@@ -137,7 +137,7 @@ def profile(steps, warmup, out, target, timeout, first_step_timeout, step_marker
     Examples:
       torchaxe profile -- python train.py --lr 3e-4
       torchaxe profile --steps 20 --ops --shapes -- python -m mypkg.train
-      torchrun --nproc_per_node 4 --no-python torchaxe profile -- python train.py
+      torchaxe profile -- torchrun --nproc-per-node 4 train.py   (every rank, FILE.rankN.json)
       torchaxe profile merge torchaxe-profile.rank*.json
       torchaxe profile --from-trace run_ascend_pt/ --out npu-profile.json
     """
@@ -151,6 +151,7 @@ def profile(steps, warmup, out, target, timeout, first_step_timeout, step_marker
     from torchaxe.runtime.harness import Harness, HarnessOptions, distributed_identity, exit_code_for
     from torchaxe.runtime.profile import rank_path
 
+    in_ranks(command)
     script = parse_command(command)
     options = HarnessOptions(
         steps=steps,

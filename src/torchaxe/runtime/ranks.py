@@ -217,3 +217,9 @@ def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]
             merged[key] = _median([r.get(key) for r in rows])
         out.append(merged)
     return out
+
+
+def root_cause_rank(failure: str | None) -> int | None:
+    """The rank a torchrun failure line (``runtime/torchrun.py`` ``torchrun_failure``) names."""
+    match = re.match(r"rank (\d+)", failure or "")
+    return int(match.group(1)) if match else None

@@ -229,3 +229,68 @@ def parse_script(argv: Sequence[str], cwd: str | None = None):
 
     job = parse_job(argv)
     return job, parse_command(job.script_argv, cwd=cwd)
+
+
+def verb_in_ranks(raw_args: Sequence[str], command: Sequence[str]) -> list[str] | None:
+    """For ``torchaxe VERB [options] -- torchrun [options] SCRIPT ARGS``: torchrun
+    running ``torchaxe VERB [options] -- python SCRIPT ARGS`` in every rank (the form
+    the verb works in under torchrun); None when ``command`` is no torchrun job.
+    ``raw_args``: the verb and everything after it, as typed."""
+    job = parse_job(command)
+    if job.torchrun is None:
+        return None
+    raw = list(raw_args)
+    cut = len(raw) - len(command)
+    if cut < 1 or raw[cut:] != list(command):
+        raise TorchaxeError("cannot tell the training command from torchaxe's options: put it after `--`")
+    own = raw[:cut]
+    if own[-1:] == ["--"]:
+        own = own[:-1]
+    return [sys.executable, "-m", TORCHRUN_MODULE, *job.torchrun, "--module", "torchaxe", *own, "--",
+            *job.script_argv]
+
+
+def run_verb_in_ranks(raw_args: Sequence[str] | None, command: Sequence[str]) -> int | None:
+    """Run the verb in every rank of a torchrun job (see :func:`verb_in_ranks`) and
+    return torchrun's exit code; None when ``command`` is no torchrun job. Ctrl-C
+    reaches torchrun, which stops its ranks."""
+    import subprocess
+
+    if raw_args is None:
+        if parse_job(command).torchrun is None:
+            return None
+        raise TorchaxeError("run torchaxe from its command line to give it a torchrun command")
+    argv = verb_in_ranks(raw_args, command)
+    if argv is None:
+        return None
+    sys.stderr.write(f"torchaxe: running in every rank: {' '.join(argv[2:])}\n")
+    sys.stderr.flush()
+    process = subprocess.Popen(argv)
+    while True:
+        try:
+            return process.wait()
+        except KeyboardInterrupt:
+            continue
+
+
+def torchrun_failure(stderr: str) -> str | None:
+    """The first failed rank as torchrun's failure summary names it ("Root Cause"):
+    ``rank 1 (local_rank 1) ended with exit code -9: Signal 9 (SIGKILL) received by
+    PID 123``; None when the text holds no such summary."""
+    import re
+
+    root = stderr.rfind("Root Cause")
+    if root < 0:
+        return None
+    text = stderr[root:]
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)(?:\s*\(local_rank:\s*(\d+)\))?", text, re.MULTILINE)
+    code = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", text, re.MULTILINE)
+    cause = re.search(r"^\s*traceback\s*:\s*(.+)$", text, re.MULTILINE)
+    if rank is None:
+        return None
+    who = f"rank {rank.group(1)}" + (f" (local rank {rank.group(2)})" if rank.group(2) else "")
+    what = f" ended with exit code {code.group(1)}" if code else " failed"
+    why = cause.group(1).strip() if cause else ""
+    if why.startswith("To enable traceback"):
+        why = ""
+    return f"{who}{what}" + (f": {why}" if why else "")

@@ -38,6 +38,7 @@ from torchaxe.runtime import ranks
 from torchaxe.runtime.knobs import KnobSet
 from torchaxe.runtime.process import run_tree
 from torchaxe.runtime.ranks import rank_files
+from torchaxe.runtime.torchrun import torchrun_failure
 from torchaxe.runtime.stats import Samples
 from torchaxe.units import duration
 
@@ -359,6 +360,12 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
     distributed = len(profiles) > 1 or any(p.run.world_size and p.run.world_size > 1 for p in profiles.values())
     profile = ranks.first_rank(profiles)
     failed = ranks.failed_rank(profiles)
+    root = torchrun_failure(stderr_text) if distributed or not profiles else None
+    culprit = ranks.root_cause_rank(root)
+    if culprit is not None and culprit not in profiles:
+        failed = None  # the rank torchrun saw fail first wrote nothing: its failure, not a peer's, is the error
+    elif culprit is not None and ranks.failed_rank({culprit: profiles[culprit]}) is not None:
+        failed = (culprit, profiles[culprit])
     if failed is not None:
         profile = failed[1]
     if profile is not None:
@@ -377,9 +384,11 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
     if killed:
         run.error = f"timeout: killed {KILL_GRACE_SECONDS:g} s after --timeout {options.timeout:g} s"
     elif profile is None:
-        run.error = _last_error_line(tail) or f"the run exited with code {returncode} without writing a profile"
+        run.error = root or _last_error_line(tail) or f"the run exited with code {returncode} without writing a profile"
     elif failed is not None or (profile.status == "exited" and profile.exit_code):
         run.error = f"{who}{profile.status}: {profile.detail}"
+    elif root is not None and returncode != 0:
+        run.error = root
     elif missing:
         run.error = (f"rank {missing[0]} wrote no profile (it died or was killed): "
                      f"{_last_error_line(tail) or f'torchrun exited with code {returncode}'}")

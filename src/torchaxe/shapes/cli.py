@@ -9,7 +9,7 @@ import sys
 import click
 
 from torchaxe.backends import TARGET_CHOICES
-from torchaxe.console import CONTEXT, progress_printer, write_output
+from torchaxe.console import CONTEXT, in_ranks, progress_printer, write_output
 from torchaxe.errors import TorchaxeError
 
 EPILOG = """\b
@@ -99,6 +99,7 @@ def shapes(steps, max_shapes, target, timeout, step_marker, try_, try_steps, try
         if not command:
             raise TorchaxeError("nothing to run: give the training command, e.g. `torchaxe shapes -- python train.py` "
                                 "(or --from-trace PATH)")
+        in_ranks(command)
         report, code = _run(list(command), steps, max_shapes, resolved, timeout, step_marker, try_, try_steps,
                             try_warmup, repeats, compile_backend)
     text = to_json(report) if fmt == "json" else _text(report, render_text)

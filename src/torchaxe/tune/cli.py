@@ -10,7 +10,7 @@ from typing import Any, TextIO
 import click
 
 from torchaxe.backends import TARGET_CHOICES
-from torchaxe.console import CONTEXT
+from torchaxe.console import CONTEXT, in_ranks
 from torchaxe.errors import TorchaxeError
 from torchaxe.tune.strategies import ALL as STRATEGIES
 from torchaxe.units import duration
@@ -75,6 +75,7 @@ def tune(budget, kb_path, depth, whole_model, strategies, steps, repeats, min_ga
     options = TuneOptions(kb=kb_path, budget=parse_budget(budget) if budget else None, depth=depth,
                           whole_model=whole_model, strategies=chosen, repeats=repeats, min_gain=min_gain, target=target,
                           compile_backend=compile_backend, retune=retune)
+    in_ranks(command)
     script = parse_command(command)
     check_module(script)
     if kb_path is not None:

@@ -1,0 +1,208 @@
+"""Measured runs of torchrun jobs: the command form, every rank measured and merged,
+knobs applied in every rank, a rank that dies or hangs failing the run cleanly (no
+process left behind), and the per-rank view of where a distributed step goes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.profile import DistributedInfo, Profile, RunInfo, StepRecord
+from torchaxe.runtime.ranks import distributed_view, job_steps, median_rows, rank_files
+from torchaxe.runtime.torchrun import parse_job, verb_in_ranks
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTS = ROOT / "tests" / "scripts" / "dist_faults.py"
+DDP_EXAMPLE = ROOT / "examples" / "ddp" / "train.py"
+
+
+# ------------------------------------------------------------------ the command form
+
+
+def test_torchrun_command_is_taken_apart():
+    job = parse_job(["torchrun", "--nproc-per-node", "2", "--standalone", "train.py", "--lr", "1"])
+    assert job.distributed and job.torchrun == ("--nproc-per-node", "2", "--standalone")
+    assert job.script_argv == ("python", "train.py", "--lr", "1")
+    launched = job.launch(["torchaxe.runtime.bootstrap", "k.json", "--out", "p.json"])
+    assert launched[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert launched[3:] == ["--nproc-per-node", "2", "--standalone", "--module", "torchaxe.runtime.bootstrap",
+                            "k.json", "--out", "p.json", "--", "python", "train.py", "--lr", "1"]
+
+
+def test_python_m_torch_distributed_run_and_modules():
+    job = parse_job(["python", "-m", "torch.distributed.run", "--nnodes=2", "--rdzv-backend", "c10d",
+                     "--rdzv-endpoint", "host:29400", "-m", "pkg.train", "-v"])
+    assert job.script_argv == ("python", "-m", "pkg.train", "-v")
+    assert job.nnodes == 2 and job.option("--rdzv-endpoint") == "host:29400"
+    assert parse_job(["torchrun", "--no-python", "python3", "t.py"]).script_argv == ("python3", "t.py")
+    plain = parse_job(["python", "train.py"])
+    assert not plain.distributed and plain.launch(["m", "a"])[-3:] == ["--", "python", "train.py"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["torchrun", "--nproc-per-node", "2"], "no training script"),
+    (["torchrun", "--frobnicate", "t.py"], "unknown option --frobnicate"),
+    (["torchrun", "--no-python", "./run.sh"], "measures Python training scripts"),
+    (["python", "-m", "torch.distributed.launch", "t.py"], "deprecated"),
+])
+def test_bad_torchrun_commands_are_one_line_errors(argv, message):
+    with pytest.raises(TorchaxeError, match=message):
+        parse_job(argv)
+
+
+def test_a_verb_runs_itself_in_every_rank():
+    command = ["torchrun", "--nproc-per-node", "2", "t.py", "--x"]
+    argv = verb_in_ranks(["profile", "--steps", "3", "--", *command], command)
+    assert argv[3:] == ["--nproc-per-node", "2", "--module", "torchaxe", "profile", "--steps", "3", "--",
+                        "python", "t.py", "--x"]
+    assert verb_in_ranks(["profile", "--", "python", "t.py"], ["python", "t.py"]) is None
+
+
+# ------------------------------------------------------------------ ranks side by side
+
+
+def _profile(rank: int, seconds: list[float], wait: float = 0.0, backward: float = 0.05, cpus: int = 4,
+             exposed: float = 0.01) -> Profile:
+    steps = [StepRecord(index=i + 1, seconds=s, data_wait_seconds=wait, backward_seconds=backward)
+             for i, s in enumerate(seconds)]
+    info = DistributedInfo(rank=rank, local_rank=rank, world_size=2, local_world_size=2, nnodes=1, host="h",
+                           backend="gloo", cpus=cpus, comm_seconds_per_step=2 * exposed,
+                           comm_exposed_seconds_per_step=exposed)
+    return Profile(status="stopped", run=RunInfo(command=["t.py"], target="cpu", rank=rank, local_rank=rank,
+                                                 world_size=2), steps=steps, distributed=info)
+
+
+def test_a_job_step_is_the_slowest_ranks():
+    job = job_steps({0: _profile(0, [0.10, 0.30, 0.10]), 1: _profile(1, [0.20, 0.10, 0.10], wait=0.05)})
+    assert job.seconds == [0.20, 0.30, 0.10]
+    assert job.slowest == [1, 0, 0]
+    assert job.data_wait_seconds == [0.05, 0.0, 0.0]
+
+
+def test_the_slowest_rank_is_named_with_its_reason():
+    fast = _profile(0, [0.10] * 5)
+    slow = _profile(1, [0.10] * 5, wait=0.04, backward=0.01, cpus=2)
+    view = distributed_view({0: fast, 1: slow})
+    assert view["world_size"] == 2 and view["backend"] == "gloo" and view["slowest_rank"] == 1
+    assert "waits for data" in view["slowest_reason"] and "fewer CPUs" in view["slowest_reason"]
+    rows = {r["rank"]: r for r in view["ranks"]}
+    assert rows[0]["wait_for_slowest_seconds_per_step"] == pytest.approx(0.04)
+    assert rows[1]["comm_exposed_seconds_per_step"] == pytest.approx(0.01)
+    merged = median_rows([[{"rank": 0, "comm_exposed_seconds_per_step": 1.0}],
+                          [{"rank": 0, "comm_exposed_seconds_per_step": 3.0}]])
+    assert merged[0]["comm_exposed_seconds_per_step"] == 2.0 and merged[0]["runs"] == 2
+
+
+def test_one_process_has_no_distributed_view(tmp_path):
+    p = _profile(0, [0.1])
+    p.distributed = None
+    p.run.world_size = None
+    assert distributed_view({0: p}) is None
+    (tmp_path / "p.rank1.json").write_text("{}")
+    (tmp_path / "p.rank0.json").write_text("{}")
+    assert list(rank_files(tmp_path / "p.json")) == [0, 1]
+
+
+def test_the_distributed_section_round_trips():
+    p = _profile(1, [0.1, 0.2])
+    p.distributed.ddp = {"bucket_cap_mb": 25.0, "find_unused_parameters": True}
+    again = Profile.from_dict(json.loads(p.to_json()))
+    assert again.distributed == p.distributed
+
+
+# ------------------------------------------------------------------ real torchrun jobs (gloo, 2 ranks)
+
+
+def _leftovers(marker: str) -> list[str]:
+    out = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            line = " ".join(proc.info["cmdline"] or [])
+        except psutil.Error:
+            continue
+        if marker in line:
+            out.append(line)
+    return out
+
+
+def _trial(tmp_path, args, knobs=None, timeout=60.0, steps=3):
+    from torchaxe.runtime.knobs import knob_set_from_dict
+    from torchaxe.runtime.trials import TrialOptions, run_in_subprocess
+
+    knob_set = knob_set_from_dict(knobs or {"name": "original"}, "test")
+    command = ["torchrun", "--nproc-per-node", "2", "--standalone", str(FAULTS), *args]
+    options = TrialOptions(repeats=1, steps=steps, warmup=1, timeout=timeout, target="cpu")
+    return run_in_subprocess(knob_set, command, options, 1)
+
+
+@pytest.mark.slow
+def test_every_rank_is_measured_with_the_knobs_applied(tmp_path):
+    note = tmp_path / "seen"
+    note.mkdir()
+    run = _trial(tmp_path, ["--note", str(note)], {"name": "k", "env": {"TORCHAXE_TEST_KNOB": "on"}})
+    assert run.ok, run.error
+    assert len(run.step_seconds) == 3
+    assert sorted(p.name for p in note.iterdir()) == ["rank0.txt", "rank1.txt"]
+    assert {p.read_text() for p in note.iterdir()} == {"on"}
+    assert [r["rank"] for r in run.ranks] == [0, 1]
+    assert all(r["comm_seconds_per_step"] is not None for r in run.ranks)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_fails_the_run_and_leaves_nothing(tmp_path):
+    started = time.monotonic()
+    run = _trial(tmp_path, ["--fault", "kill", "--fault-step", "3"])
+    assert not run.ok
+    assert "rank 1" in run.error or "exit" in run.error
+    assert time.monotonic() - started < 90
+    assert not _leftovers(str(FAULTS))
+
+
+@pytest.mark.slow
+def test_a_raising_rank_names_itself(tmp_path):
+    run = _trial(tmp_path, ["--fault", "raise", "--fault-step", "2"])
+    assert not run.ok
+    assert run.error.startswith("rank 1: error:") and "broke at step 2" in run.error
+
+
+@pytest.mark.slow
+def test_a_hung_rank_ends_the_run_at_the_timeout(tmp_path):
+    started = time.monotonic()
+    run = _trial(tmp_path, ["--fault", "hang", "--fault-step", "2"], timeout=8.0)
+    elapsed = time.monotonic() - started
+    assert not run.ok
+    assert "timeout" in run.error
+    assert elapsed < 8.0 + 20.0 + 30.0
+    assert not _leftovers(str(FAULTS))
+
+
+@pytest.mark.slow
+def test_advise_under_torchrun_finds_the_exposed_communication(tmp_path):
+    """The DDP example end to end: the baseline profiled on both ranks, the per-rank
+    breakdown in the advice, and the changes measured as torchrun jobs."""
+    from torchaxe.advise.options import AdviseOptions
+    from torchaxe.advise.pipeline import advise
+
+    command = ["torchrun", "--nproc-per-node", "2", "--standalone", str(DDP_EXAMPLE), "--steps", "200",
+               "--width", "128"]
+    options = AdviseOptions(budget=150, repeats=1, steps=3, warmup=1, skip=("knob:compile", "code:AX2", "code:AX4",
+                                                                           "env:"))
+    advice = advise(command, options)
+    view = advice.distributed
+    assert view is not None and view["world_size"] == 2 and view["backend"] == "gloo"
+    assert [r["rank"] for r in view["ranks"]] == [0, 1]
+    for row in view["ranks"]:
+        assert row["comm_exposed_seconds_per_step"] > 0
+    assert view["ddp"]["find_unused_parameters"] is True
+    assert view["slowest_rank"] in (0, 1) and view["slowest_reason"]
+    data = json.loads(advice.to_json())
+    assert data["distributed"]["ranks"][0]["host"]
+    measured = [r for r in advice.recommendations if r.status == "measured"]
+    assert measured, [(r.key, r.status, r.error) for r in advice.recommendations]
+    assert all(r.ranks and len(r.ranks) == 2 for r in measured)
