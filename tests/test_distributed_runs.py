@@ -205,3 +205,37 @@ def test_advise_under_torchrun_finds_the_exposed_communication(tmp_path):
     measured = [r for r in advice.recommendations if r.status == "measured"]
     assert measured, [(r.key, r.status, r.error) for r in advice.recommendations]
     assert all(r.ranks and len(r.ranks) == 2 for r in measured)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_nodes_rendezvous_through_torchruns_own_c10d(tmp_path):
+    """Two torchrun agents on one machine (``--nnodes 2``, one process each, c10d on
+    localhost), each started by its own `torchaxe trial` as it would be on its node:
+    the same knob sets in the same order meet in the same rendezvous."""
+    import subprocess
+
+    port = _free_port()
+    knobs = tmp_path / "original.json"
+    knobs.write_text('{"name": "original"}')
+    command = ["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "torchaxe-test", str(FAULTS), "--steps", "30"]
+    argv = [sys.executable, "-m", "torchaxe", "trial", "--knobs", str(knobs), "--repeats", "1", "--steps", "3",
+            "--warmup", "1", "--timeout", "90", "--json", "--", *command]
+    nodes = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+             for _ in range(2)]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    for node, (out, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err[-2000:]
+        report = json.loads(out)
+        run = report["knob_sets"][0]["runs"][0]
+        assert run["ok"], run["error"]
+        assert len(run["ranks"]) == 1  # each node measured its own rank
+    assert sorted(json.loads(out)["knob_sets"][0]["runs"][0]["ranks"][0]["rank"] for out, _ in outputs) == [0, 1]

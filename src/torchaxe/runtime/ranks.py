@@ -105,11 +105,14 @@ def first_rank(profiles: dict[int, Profile]) -> Profile | None:
     return profiles[min(profiles)] if profiles else None
 
 
-def missing_ranks(profiles: dict[int, Profile], world: int | None) -> list[int]:
-    """The local ranks expected (``0..world-1`` where all ranks are local) that wrote nothing."""
-    if not world or world <= 1:
+def missing_local_ranks(profiles: dict[int, Profile]) -> list[int]:
+    """The local ranks of this node (``0..LOCAL_WORLD_SIZE-1``) that wrote no profile."""
+    sizes = [p.distributed.local_world_size for p in profiles.values()
+             if p.distributed is not None and p.distributed.local_world_size]
+    if not sizes:
         return []
-    return [r for r in range(world) if r not in profiles]
+    seen = {p.run.local_rank for p in profiles.values()}
+    return [r for r in range(max(sizes)) if r not in seen]
 
 
 def world_of(profiles: Sequence[Profile]) -> int | None:

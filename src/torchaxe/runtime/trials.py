@@ -380,7 +380,7 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
         if distributed:
             run.ranks = ranks.rank_rows(profiles)
     who = f"rank {failed[0]}: " if failed is not None and distributed else ""
-    missing = ranks.missing_ranks(profiles, ranks.world_of(list(profiles.values()))) if distributed else []
+    missing = ranks.missing_local_ranks(profiles) if distributed else []
     if killed:
         run.error = f"timeout: killed {KILL_GRACE_SECONDS:g} s after --timeout {options.timeout:g} s"
     elif profile is None:
@@ -390,7 +390,7 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
     elif root is not None and returncode != 0:
         run.error = root
     elif missing:
-        run.error = (f"rank {missing[0]} wrote no profile (it died or was killed): "
+        run.error = (f"local rank {missing[0]} wrote no profile (it died or was killed): "
                      f"{_last_error_line(tail) or f'torchrun exited with code {returncode}'}")
     elif not run.step_seconds:
         run.error = f"no measured steps: {profile.detail}" + (f" ({profile.warnings[0]})" if profile.warnings else "")
