@@ -239,3 +239,30 @@ def test_two_nodes_rendezvous_through_torchruns_own_c10d(tmp_path):
         assert run["ok"], run["error"]
         assert len(run["ranks"]) == 1  # each node measured its own rank
     assert sorted(json.loads(out)["knob_sets"][0]["runs"][0]["ranks"][0]["rank"] for out, _ in outputs) == [0, 1]
+
+
+@pytest.mark.slow
+def test_advise_leads_a_follower_node(tmp_path):
+    """Two nodes on one machine: `torchaxe advise` leads, `torchaxe follow` makes every
+    run on the second node, and the advice sees both nodes' ranks."""
+    import subprocess
+
+    port = _free_port()
+    command = ["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{port}", str(FAULTS), "--steps", "200"]
+    control = f"127.0.0.1:{_free_port()}"
+    leader = subprocess.Popen([sys.executable, "-m", "torchaxe", "advise", "--budget", "70", "--repeats", "1",
+                               "--steps", "3", "--warmup", "1", "--skip", "knob:compile", "--skip", "env:",
+                               "--control", control, "--format", "json", "--", *command],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    follower = subprocess.Popen([sys.executable, "-m", "torchaxe", "follow", "--control", control, "--wait", "120",
+                                 "--", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=tmp_path)
+    out, err = leader.communicate(timeout=400)
+    f_out, f_err = follower.communicate(timeout=120)
+    assert leader.returncode == 0, err[-3000:]
+    assert follower.returncode == 0, f_err[-3000:]
+    advice = json.loads(out)
+    view = advice["distributed"]
+    assert view["world_size"] == 2 and view["ranks_measured"] == 2 and view["nnodes"] == 2
+    assert "the leader is done" in f_err

@@ -50,6 +50,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
                "Find, measure and rank everything that would make a training script faster."),
     "apply": ("torchaxe.advise.cli:apply", "Apply the changes `torchaxe advise` chose: code fixes and runtime knobs."),
     "run": ("torchaxe.advise.cli:run", "Run a training script to its end with the knobs from torchaxe.toml applied."),
+    "follow": ("torchaxe.runtime.follow_cli:follow",
+               "On the other nodes of a multi-node job: make the runs `torchaxe advise` asks for."),
     "compare": ("torchaxe.compare.cli:compare", "Compare two runs: where each spent its step time, and what changed."),
 }
 

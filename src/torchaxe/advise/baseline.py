@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -17,10 +15,11 @@ from torchaxe.advise.options import AdviseOptions
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime import ranks
 from torchaxe.runtime.knobs import KnobSet
-from torchaxe.runtime.process import run_tree
 from torchaxe.runtime.profile import rank_path
 from torchaxe.runtime.ranks import rank_files
-from torchaxe.runtime.trials import TrialOptions, bootstrap_argv, child_environment
+from torchaxe.runtime.knobs import knob_set_from_dict
+from torchaxe.runtime.torchrun import torchrun_failure
+from torchaxe.runtime.trials import TrialOptions, launch_bootstrap
 
 #: Measured steps of the profiled run, and of each trial run when the steps are not given.
 DEFAULT_STEPS = 8
@@ -89,50 +88,34 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
     from torchaxe.runtime import run_context
 
     with tempfile.TemporaryDirectory(prefix="torchaxe-advise-") as tmp:
-        knobs_path = Path(tmp) / "knobs.json"
-        knobs_path.write_text(json.dumps(knobs.to_dict()) if knobs is not None else '{"name": "original"}',
-                              encoding="utf-8")
-        out = Path(tmp) / "profile.json"
-        ctx = Path(tmp) / "context.json"
         # The first run is bounded too: a script that never reaches its steps must not
         # hold advise past its budget.
         timeout = options.timeout if options.timeout is not None else options.budget
         trial = TrialOptions(repeats=1, steps=options.steps or DEFAULT_STEPS, warmup=options.warmup,
                              timeout=timeout, target=target, step_marker=options.step_marker,
                              first_step_timeout=options.first_step_timeout)
-        argv = bootstrap_argv(str(knobs_path), str(out), command, trial)
-        cut = argv.index("--")
-        guard = Path(tmp) / "writes"
-        argv = [*argv[:cut], "--ops", "--shapes", "--flops", "--context-out", str(ctx), "--protect-writes", str(guard),
-                *argv[cut:]]
-        started = time.perf_counter()
-        stderr_path = Path(tmp) / "stderr.txt"
-        try:
-            with open(stderr_path, "wb") as err:
-                _, killed = run_tree(argv, env=child_environment(knobs) if knobs is not None else None,
-                                     stdout=subprocess.DEVNULL, stderr=err, limit=timeout + 30.0)
-        finally:
-            from torchaxe.runtime.protect import restore
-
-            restore(guard)  # the script's own output files, as they were
-        if killed:
+        done = launch_bootstrap(knobs or knob_set_from_dict({"name": "original"}, "advise"), command, trial,
+                                Path(tmp), extra=("--ops", "--shapes", "--flops"), context=True,
+                                limit=timeout + 30.0)
+        if done.killed:
             raise TorchaxeError(f"the script ran {timeout + 30:.0f} s without finishing its first {options.warmup} + "
                                 f"{options.steps or DEFAULT_STEPS} steps (--budget {options.budget:g} s): give a larger --budget, or "
                                 "--timeout")
-        seconds = time.perf_counter() - started
-        files = rank_files(out)
+        files = rank_files(done.profile_path)
         if not files:
-            text = stderr_path.read_text(encoding="utf-8", errors="replace")
-            tail = [line for line in text.strip().splitlines() if line.strip()]
-            raise TorchaxeError(f"the script failed before its first step: {tail[-1] if tail else 'no output'}")
-        first = min(files)
+            tail = [line for line in done.stderr.strip().splitlines() if line.strip()]
+            problem = torchrun_failure(done.stderr) or (tail[-1] if tail else "no output")
+            raise TorchaxeError(f"the script failed before its first step: {problem}")
+        # The first rank that ran on this node: its context (imported files, settings) was written here.
+        local = [r for r in files if rank_path(done.context_path, r, 2 if len(files) > 1 else 1).exists()]
+        first = min(local or files)
         profile = json.loads(files[first].read_text(encoding="utf-8"))
-        context = run_context.load(rank_path(ctx, profile.get("run", {}).get("rank"),
-                                             profile.get("run", {}).get("world_size")))
+        run = profile.get("run") or {}
+        context = run_context.load(rank_path(done.context_path, run.get("rank"), run.get("world_size")))
         distributed = None
-        if len(files) > 1 or (profile.get("run", {}).get("world_size") or 1) > 1:
+        if len(files) > 1 or (run.get("world_size") or 1) > 1:
             distributed = _job_view(files)
-    return BaselineProfile(profile, context, seconds, distributed)
+    return BaselineProfile(profile, context, done.seconds, distributed)
 
 
 def _job_view(files: dict[int, Path]) -> dict[str, Any] | None:

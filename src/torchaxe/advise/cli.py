@@ -117,10 +117,14 @@ def parse_fraction(text: str, option: str) -> float:
 @click.option("--skip", multiple=True, metavar="KEY",
               help="Do not try changes whose key starts with this (knob:compile, knob:autocast, code:AX201, env:). "
                    "Repeatable.")
+@click.option("--control", metavar="HOST:PORT", default=None,
+              help="A torchrun job across nodes: where this node listens for `torchaxe follow` on the others "
+                   "(default: torchrun's --rdzv-endpoint host, its port + 1).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, check_accuracy, loss_tolerance,
-           memory_limit, allow_batch_change, no_installed, step_marker, first_step_timeout, timeout, skip, quiet, command):
+           memory_limit, allow_batch_change, no_installed, step_marker, first_step_timeout, timeout, skip, control,
+           quiet, command):
     """Find, measure and rank everything that would make a training script faster.
 
     Profiles a few steps of the unchanged script, scans its folder, the files of its
@@ -140,6 +144,14 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
       torchaxe advise --budget 3m --html report.html -- python train.py
       torchaxe advise --loss-tolerance 0.5% -- python -m mypkg.train
       torchaxe advise --memory-limit 20GiB --allow-batch-change -- python train.py
+      torchaxe advise -- torchrun --nproc-per-node 8 train.py
+
+    \b
+    Under torchrun every run is a torchrun job: the changes are applied in every
+    rank, a step takes the slowest rank's time, and the advice shows where each
+    rank's step goes (compute, communication and its exposed part, data wait) and
+    which rank the others wait for. Across nodes, run `torchaxe follow` with the
+    same command on the other nodes (docs/distributed.md).
     \b
     Exit codes: 0 advice made (partial advice too), 2 usage error or a script that fails.
     """
@@ -156,7 +168,12 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
     for option, path in (("--out", out), ("--html", html_out), ("--save", save)):
         if path and not Path(path).resolve().parent.is_dir():
             raise TorchaxeError(f"{option} {path}: folder does not exist")
-    result = run_advise(list(command), options, progress=progress_printer("advise", quiet))
+    from torchaxe.runtime.nodes import leading
+    from torchaxe.runtime.torchrun import parse_job
+
+    progress = progress_printer("advise", quiet)
+    with leading(parse_job(command), progress, control):
+        result = run_advise(list(command), options, progress=progress)
     kept = not (result.partial and not result.recommendations and Path(save).exists())
     if kept:
         write_text_atomic(save, result.to_json())

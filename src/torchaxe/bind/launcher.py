@@ -16,7 +16,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from torchaxe.errors import TorchaxeError

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -326,33 +324,88 @@ def child_environment(knobs: KnobSet, base: dict[str, str] | None = None) -> dic
     return env
 
 
+@dataclass
+class Launched:
+    """What one run through the bootstrap left: its exit code, whether it was killed
+    for its limit, its stderr, the profile path it was given (ranks write
+    ``PROFILE.rankN.json``), and what follower nodes reported failing."""
+
+    returncode: int
+    killed: bool
+    seconds: float
+    stderr: str
+    profile_path: Path
+    context_path: Path | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def launch_bootstrap(knobs: KnobSet, command: Sequence[str], options: TrialOptions, folder: Path, *,
+                     extra: Sequence[str] = (), context: bool = False, limit: float | None = None) -> Launched:
+    """Run the command once under ``knobs`` through the bootstrap, with its files in
+    ``folder``; the files the script writes are put back afterwards. A torchrun job's
+    ranks each write their profile; when the job spans nodes (``runtime/nodes.py``),
+    the followers run it too and their ranks' profiles are gathered into ``folder``."""
+    from dataclasses import asdict
+
+    from torchaxe.runtime import nodes
+    from torchaxe.runtime.protect import restore
+
+    knobs_path = folder / "knobs.json"
+    knobs_path.write_text(json.dumps(knobs.to_dict()), encoding="utf-8")
+    profile_path = folder / "profile.json"
+    stderr_path = folder / "stderr.txt"
+    context_path = folder / "context.json" if context else None
+    guard = folder / "writes"
+    argv = bootstrap_argv(str(knobs_path), str(profile_path), command, options)
+    cut = argv.index("--")
+    added = [*extra, "--protect-writes", str(guard)] + (["--context-out", str(context_path)] if context else [])
+    argv = [*argv[:cut], *added, *argv[cut:]]
+    if limit is None and options.timeout is not None:
+        limit = options.timeout + KILL_GRACE_SECONDS
+    leader = nodes.active()
+    number = leader.announce({"knobs": knobs.to_dict(), "options": asdict(options), "extra": list(extra),
+                              "context": context, "limit": limit}) if leader is not None else None
+    started = time.perf_counter()
+    with open(stderr_path, "wb") as err:
+        returncode, killed = run_tree(argv, env=child_environment(knobs), stdout=subprocess.DEVNULL, stderr=err,
+                                      limit=limit)
+    seconds = time.perf_counter() - started
+    restore(guard)  # the files the script wrote, as they were before this run
+    problems: list[str] = []
+    if leader is not None and number is not None:
+        problems = leader.collect(number, profile_path, (limit or 600.0) + nodes.RESULT_GRACE_SECONDS)
+    stderr = stderr_path.read_text(encoding="utf-8", errors="replace")
+    return Launched(returncode, killed, seconds, stderr, profile_path, context_path, problems)
+
+
+def follower_run(message: dict[str, Any], command: Sequence[str]) -> dict[str, Any]:
+    """A follower node's part of one run the leader posted: the same bootstrap, its
+    local ranks' profiles returned as text (runtime/nodes.py)."""
+    from torchaxe.runtime.knobs import knob_set_from_dict
+
+    knobs = knob_set_from_dict(message["knobs"], "the leader's knob set")
+    options = TrialOptions(**message["options"])
+    with tempfile.TemporaryDirectory(prefix="torchaxe-follow-") as tmp:
+        done = launch_bootstrap(knobs, command, options, Path(tmp), extra=message.get("extra") or (),
+                                context=bool(message.get("context")), limit=message.get("limit"))
+        profiles = {str(rank): path.read_text(encoding="utf-8") for rank, path in rank_files(done.profile_path).items()}
+    tail = "\n".join(done.stderr.rstrip().splitlines()[-STDERR_TAIL_LINES:])
+    return {"profiles": profiles, "returncode": done.returncode, "killed": done.killed,
+            "error": torchrun_failure(done.stderr) or _last_error_line(tail)}
+
+
 def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOptions, repeat: int) -> TrialRun:
     """Run the command once under ``knobs`` through the bootstrap; the script's
     stdout is discarded, its stderr kept for the error report."""
     from torchaxe.runtime.profile import ProfileFormatError, load_profile
-    from torchaxe.runtime.protect import restore
 
     with tempfile.TemporaryDirectory(prefix="torchaxe-trial-") as tmp:
-        knobs_path = Path(tmp) / "knobs.json"
-        knobs_path.write_text(json.dumps(knobs.to_dict()), encoding="utf-8")
-        profile_path = Path(tmp) / "profile.json"
-        stderr_path = Path(tmp) / "stderr.txt"
-        argv = bootstrap_argv(str(knobs_path), str(profile_path), command, options)
-        guard = Path(tmp) / "writes"
-        cut = argv.index("--")
-        argv = [*argv[:cut], "--protect-writes", str(guard), *argv[cut:]]
-        limit = None if options.timeout is None else options.timeout + KILL_GRACE_SECONDS
-        started = time.perf_counter()
-        with open(stderr_path, "wb") as err:
-            returncode, killed = run_tree(argv, env=child_environment(knobs), stdout=subprocess.DEVNULL, stderr=err,
-                                          limit=limit)
-        seconds = time.perf_counter() - started
-        restore(guard)  # the files the script wrote, as they were before this run
-        stderr_text = stderr_path.read_text(encoding="utf-8", errors="replace")
+        done = launch_bootstrap(knobs, command, options, Path(tmp))
+        returncode, killed, stderr_text = done.returncode, done.killed, done.stderr
         tail = "\n".join(stderr_text.rstrip().splitlines()[-STDERR_TAIL_LINES:])
-        run = TrialRun(knobs=knobs.name, repeat=repeat, ok=False, returncode=returncode, seconds=seconds)
+        run = TrialRun(knobs=knobs.name, repeat=repeat, ok=False, returncode=returncode, seconds=done.seconds)
         profiles = {}
-        for rank, path in rank_files(profile_path).items():
+        for rank, path in rank_files(done.profile_path).items():
             try:
                 profiles[rank] = load_profile(path)
             except (ProfileFormatError, TorchaxeError):
@@ -400,6 +453,8 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
         run.ok = True
     if not run.ok:
         run.stderr_tail = tail
+        if done.problems:
+            run.error = f"{run.error}; {'; '.join(done.problems)}"
     return run
 
 
