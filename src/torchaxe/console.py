@@ -75,12 +75,3 @@ def raw_args() -> list[str] | None:
     ctx = click.get_current_context(silent=True)
     return ctx.meta.get(RAW_ARGS) if ctx is not None else None
 
-
-def in_ranks(command) -> None:
-    """A verb given a torchrun command (``torchaxe VERB -- torchrun ... train.py``)
-    runs itself in every rank and exits with torchrun's code; otherwise returns."""
-    from torchaxe.runtime.torchrun import run_verb_in_ranks
-
-    code = run_verb_in_ranks(raw_args(), list(command))
-    if code is not None:
-        sys.exit(code)

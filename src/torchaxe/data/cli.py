@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from torchaxe.backends import TARGET_CHOICES
-from torchaxe.console import CONTEXT, in_ranks, progress_printer, writable_path
+from torchaxe.console import CONTEXT, progress_printer, writable_path
+from torchaxe.runtime.torchrun import in_ranks
 from torchaxe.errors import TorchaxeError
 
 EPILOG = """\b

@@ -16,7 +16,8 @@ from pathlib import Path
 import click
 
 from torchaxe.backends import TARGET_CHOICES
-from torchaxe.console import CONTEXT, in_ranks, writable_path
+from torchaxe.console import CONTEXT, writable_path
+from torchaxe.runtime.torchrun import in_ranks
 from torchaxe.errors import TorchaxeError
 
 _SUBCOMMAND = "torchaxe.profile.subcommand"

@@ -294,3 +294,13 @@ def torchrun_failure(stderr: str) -> str | None:
     if why.startswith("To enable traceback"):
         why = ""
     return f"{who}{what}" + (f": {why}" if why else "")
+
+
+def in_ranks(command: Sequence[str]) -> None:
+    """A verb given a torchrun command (``torchaxe VERB -- torchrun ... train.py``)
+    runs itself in every rank and exits with torchrun's code; otherwise returns."""
+    from torchaxe.console import raw_args
+
+    code = run_verb_in_ranks(raw_args(), list(command))
+    if code is not None:
+        sys.exit(code)

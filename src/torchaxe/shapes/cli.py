@@ -9,7 +9,8 @@ import sys
 import click
 
 from torchaxe.backends import TARGET_CHOICES
-from torchaxe.console import CONTEXT, in_ranks, progress_printer, write_output
+from torchaxe.console import CONTEXT, progress_printer, write_output
+from torchaxe.runtime.torchrun import in_ranks
 from torchaxe.errors import TorchaxeError
 
 EPILOG = """\b

@@ -10,7 +10,8 @@ from typing import Any, TextIO
 import click
 
 from torchaxe.backends import TARGET_CHOICES
-from torchaxe.console import CONTEXT, in_ranks
+from torchaxe.console import CONTEXT
+from torchaxe.runtime.torchrun import in_ranks
 from torchaxe.errors import TorchaxeError
 from torchaxe.tune.strategies import ALL as STRATEGIES
 from torchaxe.units import duration
