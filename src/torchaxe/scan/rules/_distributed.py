@@ -161,3 +161,35 @@ def dotted_name(node: ast.AST) -> str | None:
         return None
     parts.append(node.id)
     return ".".join(reversed(parts))
+
+
+def binding_targets(statement: ast.stmt) -> list[ast.AST]:
+    """The targets a statement binds (assignments, ``for``, ``with ... as``)."""
+    if isinstance(statement, ast.Assign):
+        return list(statement.targets)
+    if isinstance(statement, (ast.AugAssign, ast.AnnAssign)):
+        return [statement.target]
+    if isinstance(statement, (ast.For, ast.AsyncFor)):
+        return [statement.target]
+    if isinstance(statement, (ast.With, ast.AsyncWith)):
+        return [item.optional_vars for item in statement.items if item.optional_vars is not None]
+    return []
+
+
+def wrapper_bound_at(ctx: FileContext, scope: ast.AST, name: str, line: int) -> Wrap | None:
+    """The DDP/FSDP construction ``name`` (``model``, ``self.model``) is bound to on
+    ``line`` of ``scope``: the last statement of the scope before that line that binds
+    it is ``name = DDP(...)``. None when it is anything else, or unknown."""
+    last: ast.stmt | None = None
+    for _, statement in statements(scope):
+        if statement.lineno < line and name in stored_texts(binding_targets(statement)):
+            if last is None or statement.lineno > last.lineno:
+                last = statement
+    if last is None:
+        return None
+    return next((w for w in wraps(ctx) if w.statement is last and w.target == name), None)
+
+
+def function_of(parents: list[ast.AST], tree: ast.Module) -> ast.AST:
+    """The innermost function among ``parents`` (the module when none)."""
+    return enclosing(parents, (ast.FunctionDef, ast.AsyncFunctionDef)) or tree

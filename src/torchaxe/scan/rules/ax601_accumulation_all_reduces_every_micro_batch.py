@@ -10,6 +10,7 @@ from torchaxe.findings import Applicability, Edit, Finding, Position
 from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, walk_scope
 from torchaxe.scan.rules._distributed import (
     dotted_name,
+    binding_targets,
     enclosing_class,
     header_nodes,
     statements,
@@ -503,22 +504,12 @@ def _ddp_names(ctx: FileContext, scope: ast.AST) -> set[str]:
         if wrap.scope is not scope:
             continue
         rebinds = [s for _, s in statements(scope) if s.lineno > wrap.statement.lineno
-                   and wrap.target in stored_texts([t for t in _targets(s)])]
+                   and wrap.target in stored_texts([t for t in binding_targets(s)])]
         if not rebinds:
             names.add(wrap.target)
     return names
 
 
-def _targets(statement: ast.stmt) -> list[ast.AST]:
-    if isinstance(statement, ast.Assign):
-        return list(statement.targets)
-    if isinstance(statement, (ast.AugAssign, ast.AnnAssign)):
-        return [statement.target]
-    if isinstance(statement, (ast.For, ast.AsyncFor)):
-        return [statement.target]
-    if isinstance(statement, (ast.With, ast.AsyncWith)):
-        return [item.optional_vars for item in statement.items if item.optional_vars is not None]
-    return []
 
 
 def _early_shifts(ctx: FileContext, test: ast.expr, between: list[ast.stmt], scope: ast.AST) -> dict[str, int] | None:
@@ -597,7 +588,7 @@ def _always_int(scope: ast.AST, name: str) -> bool:
     for _, statement in statements(scope):
         if isinstance(statement, (ast.Global, ast.Nonlocal)) and name in statement.names:
             return False
-        if name not in stored_texts(_targets(statement)) and not (
+        if name not in stored_texts(binding_targets(statement)) and not (
                 isinstance(statement, ast.Assign) and any(name in stored_texts([t]) for t in statement.targets)):
             if not any(isinstance(n, ast.NamedExpr) and n.target.id == name for n in header_nodes(statement)):
                 continue
