@@ -193,3 +193,12 @@ def wrapper_bound_at(ctx: FileContext, scope: ast.AST, name: str, line: int) -> 
 def function_of(parents: list[ast.AST], tree: ast.Module) -> ast.AST:
     """The innermost function among ``parents`` (the module when none)."""
     return enclosing(parents, (ast.FunctionDef, ast.AsyncFunctionDef)) or tree
+
+
+def parent_map(scope: ast.AST) -> dict[int, ast.AST]:
+    """Each node's parent under ``scope``, by the node's id."""
+    parents: dict[int, ast.AST] = {}
+    for node in ast.walk(scope):
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    return parents

@@ -13,6 +13,7 @@ from torchaxe.scan.rules._distributed import (
     binding_targets,
     enclosing_class,
     header_nodes,
+    parent_map,
     statements,
     stored_texts,
     uses_lightning,
@@ -255,7 +256,7 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             return
         if accelerate and _turns_sync_off(ctx, ("accumulate",)):
             return
-        parents = _parent_map(ctx.tree)
+        parents = parent_map(ctx.tree)
         for scope, statement in statements(ctx.tree):
             backward = _backward_call(statement)
             if backward is None:
@@ -319,14 +320,6 @@ def _turns_sync_off(ctx: FileContext, attributes: tuple[str, ...]) -> bool:
         if isinstance(node, ast.Constant) and node.value in attributes:
             return True
     return False
-
-
-def _parent_map(tree: ast.AST) -> dict[int, ast.AST]:
-    parents: dict[int, ast.AST] = {}
-    for node in ast.walk(tree):
-        for child in ast.iter_child_nodes(node):
-            parents[id(child)] = node
-    return parents
 
 
 def _block_of(statement: ast.stmt, parents: dict) -> tuple[list[ast.stmt] | None, int]:

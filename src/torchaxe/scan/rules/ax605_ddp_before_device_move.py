@@ -7,7 +7,14 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext
-from torchaxe.scan.rules._distributed import binding_targets, dotted_name, statements, stored_texts, wraps
+from torchaxe.scan.rules._distributed import (
+    binding_targets,
+    dotted_name,
+    parent_map,
+    statements,
+    stored_texts,
+    wraps,
+)
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: Module methods that move or convert every parameter.
@@ -101,10 +108,7 @@ class DdpBeforeDeviceMove(Rule):
 def _after(statement: ast.stmt, scope: ast.AST) -> list[ast.stmt]:
     """The statements of ``scope`` that certainly run after ``statement``: later
     siblings in its block and in each enclosing block (and everything inside them)."""
-    parents: dict[int, ast.AST] = {}
-    for node in ast.walk(scope):
-        for child in ast.iter_child_nodes(node):
-            parents[id(child)] = node
+    parents = parent_map(scope)
     found: list[ast.stmt] = []
     current: ast.AST = statement
     while current is not scope:
