@@ -39,8 +39,9 @@ _HEAD = (
 class _Accumulation:
     """How a backward's micro-batch is told apart from the last one."""
 
-    #: The statement that decides (the ``if`` that steps, or skips the step).
-    decider: ast.stmt
+    #: The statement that decides (the ``if`` that steps, or skips the step; the step
+    #: after a micro-batch loop); None when the step is taken in another function.
+    decider: ast.stmt | None
     #: True when gradients are synchronised on the micro-batches where ``test`` holds
     #: (the ``if`` that steps); False when they are where it does not (``continue``).
     sync_when_true: bool
@@ -247,19 +248,17 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
     )
 
     def check_module(self, ctx: FileContext) -> Iterable[Finding]:
-        if uses_lightning(ctx) or _turns_sync_off(ctx, ("no_sync", "require_backward_grad_sync")):
+        if uses_lightning(ctx):
             return
         ddp = [w for w in wraps(ctx) if w.kind == "ddp"]
         accelerate = not ddp and any(
             isinstance(n, ast.Call) and ctx.call_name(n) == "accelerate.Accelerator" for n in ast.walk(ctx.tree))
         if not ddp and not accelerate:
             return
-        if accelerate and _turns_sync_off(ctx, ("accumulate",)):
-            return
         parents = parent_map(ctx.tree)
         for scope, statement in statements(ctx.tree):
             backward = _backward_call(statement)
-            if backward is None:
+            if backward is None or _sync_handled(ctx, scope, parents):
                 continue
             block, index = _block_of(statement, parents)
             if block is None:
@@ -272,8 +271,12 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
     # ---------------------------------------------------------------- finding
     def _finding(self, ctx: FileContext, backward: ast.Call, statement: ast.stmt, block: list[ast.stmt], index: int,
                  found: _Accumulation, scope: ast.AST, accelerate: bool, parents: dict) -> Finding:
-        if found.micro_loop is not None:
-            how = f"an inner loop over micro-batches (`{ctx.snippet(found.micro_loop).strip()}`) with the step after it"
+        if found.micro_loop is not None and found.decider is None:
+            how = (f"a loop over micro-batches (`{ctx.snippet(found.micro_loop).splitlines()[0].strip()}`) whose "
+                   "backward passes all come before an optimizer step taken elsewhere")
+        elif found.micro_loop is not None:
+            how = (f"an inner loop over micro-batches (`{ctx.snippet(found.micro_loop).splitlines()[0].strip()}`) "
+                   "with the step after it")
         else:
             assert found.test is not None
             how = f"a step taken only when `{ctx.text(found.test)}`" if found.sync_when_true else \
@@ -310,15 +313,48 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
 
 
 # -------------------------------------------------------------------- structure
-def _turns_sync_off(ctx: FileContext, attributes: tuple[str, ...]) -> bool:
-    """Whether the code (not its comments or docstrings) names one of ``attributes``
-    (``model.no_sync``, ``ddp.require_backward_grad_sync``), or a string does
-    (``getattr(model, "no_sync")``)."""
-    for node in ast.walk(ctx.tree):
-        if isinstance(node, ast.Attribute) and node.attr in attributes:
+_SYNC_OFF = ("no_sync", "require_backward_grad_sync", "accumulate")
+
+
+def _turns_sync_off(scope: ast.AST) -> bool:
+    """Whether the code of ``scope`` (not its comments or docstrings) names what turns
+    gradient synchronisation off: ``model.no_sync``, ``ddp.require_backward_grad_sync``,
+    accelerate's ``accumulate``/``no_sync``, or a string does (``getattr(m, "no_sync")``)."""
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Attribute) and node.attr in _SYNC_OFF:
             return True
-        if isinstance(node, ast.Constant) and node.value in attributes:
+        if isinstance(node, ast.Constant) and node.value in _SYNC_OFF:
             return True
+    return False
+
+
+def _sync_handled(ctx: FileContext, scope: ast.AST, parents: dict) -> bool:
+    """Whether the backward of ``scope`` (a function, or the module) may run with
+    synchronisation turned off: the function itself turns it off, or the file does
+    somewhere and the function is not called, in this file, outside a ``with`` that
+    turns it off (a helper that every caller wraps; validation-only wrapping of a
+    helper that training also calls does not count)."""
+    key = ("ax601.sync_handled", id(scope))
+    if key in ctx.cache:
+        return ctx.cache[key]
+    handled = _turns_sync_off(scope)
+    if not handled and _turns_sync_off(ctx.tree):
+        handled = True
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            calls = [n for n in ast.walk(ctx.tree) if isinstance(n, ast.Call)
+                     and ((isinstance(n.func, ast.Name) and n.func.id == scope.name)
+                          or (isinstance(n.func, ast.Attribute) and n.func.attr == scope.name))]
+            handled = not calls or all(_inside_sync_off(call, parents) for call in calls)
+    ctx.cache[key] = handled
+    return handled
+
+
+def _inside_sync_off(node: ast.AST, parents: dict) -> bool:
+    parent = parents.get(id(node))
+    while parent is not None:
+        if isinstance(parent, (ast.With, ast.AsyncWith)) and any(_turns_sync_off(i.context_expr) for i in parent.items):
+            return True
+        parent = parents.get(id(parent))
     return False
 
 
@@ -388,9 +424,14 @@ def _accumulation(ctx: FileContext, block: list[ast.stmt], index: int, parents: 
                     and not any(_steps(ctx, s) for s in later.orelse):
                 return _Accumulation(later, True, later.test)
             return None
-    # An inner loop over micro-batches, with the step after it.
-    loop = parents.get(id(block[index]))
-    if not isinstance(loop, ast.For) or block is not loop.body or _steps(ctx, loop):
+    # A loop over micro-batches: the backward sits in its body (directly, or under
+    # ``if``/``with``), the loop itself never steps, and the step comes after it, or
+    # (for a loop over chunks or a range) in another function.
+    child: ast.AST = block[index]
+    loop = parents.get(id(child))
+    while isinstance(loop, (ast.If, ast.With, ast.AsyncWith, ast.Try)):
+        child, loop = loop, parents.get(id(loop))
+    if not isinstance(loop, ast.For) or not any(s is child for s in loop.body) or _steps(ctx, loop):
         return None
     outer, position = _block_of(loop, parents)
     if outer is None:
@@ -400,7 +441,24 @@ def _accumulation(ctx: FileContext, block: list[ast.stmt], index: int, parents: 
             return None
         if _steps(ctx, later):
             return _Accumulation(later, True, None, micro_loop=loop)
-    return None
+    function = loop
+    while function is not None and not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+        function = parents.get(id(function))
+    if function is None or _steps(ctx, function) or not _over_chunks(ctx, loop):
+        return None
+    return _Accumulation(None, True, None, micro_loop=loop)
+
+
+def _over_chunks(ctx: FileContext, loop: ast.For) -> bool:
+    """Whether a loop goes over micro-batches: ``range(...)``, or an iterable whose
+    name says so (``split_microbatches(...)``, ``chunks``, ``batch.split(n)``)."""
+    it = loop.iter
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("range", "enumerate", "zip"):
+        if it.func.id == "range":
+            return True
+        return any(_over_chunks(ctx, ast.For(target=loop.target, iter=a, body=[], orelse=[])) for a in it.args)
+    text = ctx.text(it).lower()
+    return any(word in text for word in ("split", "chunk", "micro", "accum"))
 
 
 # -------------------------------------------------------------------------- fix
@@ -413,13 +471,17 @@ def _wrap_edit(ctx: FileContext, statement: ast.stmt, block: list[ast.stmt], ind
         return None, "", "the forward pass through the DDP model is not in the same block as the backward"
     wrapped = block[first:index + 1]
     if found.micro_loop is not None:
+        if found.decider is None:
+            return None, "", "the optimizer step is taken in another function"
+        if block is not found.micro_loop.body:
+            return None, "", "the backward is nested inside the micro-batch loop's body"
         condition = _micro_loop_condition(ctx, found.micro_loop)
         if condition is None:
             return None, "", "the micro-batch loop is not `for <name> in range(<count>)` with both left unchanged"
     else:
         assert found.test is not None
         between = block[first:block.index(found.decider)]
-        shifts = _early_shifts(ctx, found.test, between, scope)
+        shifts = _early_shifts(ctx, found.test, between, scope, model)
         if shifts is None:
             return None, "", (f"`{ctx.text(found.test)}` may read something the forward, the backward or the "
                               "statements before the test change")
@@ -505,10 +567,12 @@ def _ddp_names(ctx: FileContext, scope: ast.AST) -> set[str]:
 
 
 
-def _early_shifts(ctx: FileContext, test: ast.expr, between: list[ast.stmt], scope: ast.AST) -> dict[str, int] | None:
+def _early_shifts(ctx: FileContext, test: ast.expr, between: list[ast.stmt], scope: ast.AST,
+                  model: str) -> dict[str, int] | None:
     """How much each counter the test reads changes in ``between`` (``{"step": 1}``
     for a ``step += 1`` there), so the test can be evaluated before it; None when that
-    cannot be had with certainty."""
+    cannot be had with certainty. A call that may change what the test reads (one
+    given it, or made on it) makes it uncertain; calling the DDP ``model`` does not."""
     for node in ast.walk(test):
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _PURE_CALLS):
             return None
@@ -521,7 +585,8 @@ def _early_shifts(ctx: FileContext, test: ast.expr, between: list[ast.stmt], sco
         for node in [statement, *walk_scope(statement)]:
             if isinstance(node, ast.Call):
                 involved = [dotted_name(a) for a in [*node.args, *(k.value for k in node.keywords)]]
-                if isinstance(node.func, ast.Attribute):
+                called = dotted_name(node.func)
+                if isinstance(node.func, ast.Attribute) and called != model and called != f"{model}.forward":
                     involved.append(dotted_name(node.func.value))
                 if any(d and d.split(".", 1)[0] in roots for d in involved):
                     return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
@@ -28,6 +29,8 @@ _RECORDERS = ("meter", "loss", "metric", "avg", "stat", "log", "record", "hist",
 _GUARDS = ("distributed", "world", "is_initialized", "ddp", "multi", "gpu", "dist")
 
 _HEAD = "import torch\nimport torch.distributed as dist\n"
+#: Names of helpers, from another module, that reduce a value across ranks and return it.
+_HELPER_NAME = re.compile(r"^(all_)?reduce_(tensor|mean|dict|loss|losses|value|scalar|metric)s?$|^all_reduce_\w+$")
 
 
 class CollectiveOnlyForLogging(Rule):
@@ -83,7 +86,7 @@ class CollectiveOnlyForLogging(Rule):
     name = "collective-only-for-logging"
     category = "collective_for_logging"
     message = "a collective runs every step only to produce a number that is logged"
-    requires_text = ("torch.distributed",)
+    requires_text = ("torch.distributed", "reduce_")
     node_types = (ast.Call,)
     references = ("https://pytorch.org/docs/stable/distributed.html#collective-functions",)
     examples = (
@@ -130,7 +133,7 @@ class CollectiveOnlyForLogging(Rule):
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
         name = collective_name(ctx, node)
-        helper = name is None and _called_name(node) in _reducing_helpers(ctx)
+        helper = name is None and _reduces(ctx, node)
         if name is None and not helper:
             return
         loop = ctx.training_loop()
@@ -151,7 +154,7 @@ class CollectiveOnlyForLogging(Rule):
         function = function_of(ctx.parents, ctx.tree)
         parents = parent_map(function)
         after = (node.end_lineno or node.lineno, node.end_col_offset or 0)
-        if not _only_reported(result, function, parents, after, depth=2):
+        if not _only_reported(result, function, parents, after, 2, ctx.tree):
             return
         what = f"`{ctx.text(node.func)}`" if helper else f"dist.{name}"
         message = (
@@ -165,20 +168,33 @@ class CollectiveOnlyForLogging(Rule):
                           fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
 
 
-def _called_name(call: ast.Call) -> str | None:
+def _reduces(ctx: FileContext, call: ast.Call) -> bool:
+    """A call of a helper that all-reduces its argument and returns the result: one
+    this file defines so, or one of another module named for it
+    (``utils.reduce_tensor``, ``misc.all_reduce_mean``, ``reduce_dict``)."""
     func = call.func
-    return func.id if isinstance(func, ast.Name) else None
+    if isinstance(func, ast.Name) and func.id in _reducing_helpers(ctx):
+        return True
+    if not call.args or (isinstance(func, ast.Name) and func.id in ctx.functions()):
+        return False
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
+        return False
+    leaf = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if (ctx.qualified_name(func) or "").startswith("torch."):
+        return False
+    return bool(_HELPER_NAME.match(leaf))
 
 
 def _reducing_helpers(ctx: FileContext) -> frozenset[str]:
     """Module-level functions that run a collective on a name and return it
-    (``def reduce_tensor(t): rt = t.clone(); dist.all_reduce(rt); return rt / n``)."""
+    (``def reduce_tensor(t): rt = t.clone(); dist.all_reduce(rt); return rt / n``),
+    other than step functions."""
     key = "ax603.helpers"
     if key not in ctx.cache:
         names = set()
         for function in ctx.tree.body:
-            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.runs_training_step(function):
+                continue  # a step function's own collective is reported where it is
             reduced = set()
             for node in walk_scope(function):
                 if isinstance(node, ast.Call) and (name := collective_name(ctx, node)) in _RESULT_ARGUMENT:
@@ -232,7 +248,30 @@ def _every_step(ctx: FileContext, loop: ast.AST) -> bool:
     return True
 
 
-def _only_reported(name: str, scope: ast.AST, parents: dict, after: tuple[int, int], depth: int) -> bool:
+def _returned_only_reported(function: ast.FunctionDef, root: ast.Module, depth: int) -> bool:
+    """Whether every call of ``function`` in the file assigns the result to a name
+    that is only reported (a step function that returns its reduced loss)."""
+    calls = [n for n in ast.walk(root) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == function.name]
+    if not calls:
+        return False
+    parents = parent_map(root)
+    for call in calls:
+        statement = parents.get(id(call))
+        if not (isinstance(statement, ast.Assign) and statement.value is call and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            return False
+        caller: ast.AST = statement
+        while caller is not None and not isinstance(caller, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
+            caller = parents.get(id(caller))
+        if caller is None or not _only_reported(statement.targets[0].id, caller, parent_map(caller),
+                                                (statement.lineno, statement.col_offset), depth, root):
+            return False
+    return True
+
+
+def _only_reported(name: str, scope: ast.AST, parents: dict, after: tuple[int, int], depth: int,
+                   root: ast.Module) -> bool:
     """Whether every read of ``name`` in ``scope`` after ``after`` only feeds a
     report, directly or through a variable it is assigned to (``depth`` levels)."""
     uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
@@ -252,9 +291,12 @@ def _only_reported(name: str, scope: ast.AST, parents: dict, after: tuple[int, i
             node = parent
         if reported:
             continue
+        if isinstance(node, ast.Return) and depth > 0 and node.value is use and isinstance(scope, ast.FunctionDef) \
+                and _returned_only_reported(scope, root, depth - 1):
+            continue
         if isinstance(node, ast.Assign) and depth > 0 and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id != name:
-            if _only_reported(node.targets[0].id, scope, parents, (node.lineno, node.col_offset), depth - 1):
+            if _only_reported(node.targets[0].id, scope, parents, (node.lineno, node.col_offset), depth - 1, root):
                 continue
         return False
     return True
