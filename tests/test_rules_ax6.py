@@ -180,6 +180,8 @@ def test_ax601_gives_advice_only_when_the_rewrite_is_not_certain(body):
     "        if (i + 1) % ACCUM == 0:\n            opt.step()\n",
     # a loop over a data loader whose step is in a helper the scan does not see as one
     "    for x in loader:\n        model(x).sum().backward()\n        self.finish()\n",
+    # the main loop over iterations, likewise
+    "    for it in range(iters):\n        model(next(data)).sum().backward()\n        self.finish()\n",
 ])
 def test_ax601_leaves_alone(body):
     source = HEAD + "def train(net, loader):\n    model = DDP(net)\n" + body

@@ -450,14 +450,10 @@ def _accumulation(ctx: FileContext, block: list[ast.stmt], index: int, parents: 
 
 
 def _over_chunks(ctx: FileContext, loop: ast.For) -> bool:
-    """Whether a loop goes over micro-batches: ``range(...)``, or an iterable whose
-    name says so (``split_microbatches(...)``, ``chunks``, ``batch.split(n)``)."""
-    it = loop.iter
-    if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("range", "enumerate", "zip"):
-        if it.func.id == "range":
-            return True
-        return any(_over_chunks(ctx, ast.For(target=loop.target, iter=a, body=[], orelse=[])) for a in it.args)
-    text = ctx.text(it).lower()
+    """Whether a loop says it goes over micro-batches: its iterable or its variable
+    names them (``range(grad_accum_every)``, ``split_microbatches(...)``,
+    ``batch.split(n)``, ``for chunk in chunks``, ``for micro_step in ...``)."""
+    text = f"{ctx.text(loop.target)} {ctx.text(loop.iter)}".lower()
     return any(word in text for word in ("split", "chunk", "micro", "accum"))
 
 
