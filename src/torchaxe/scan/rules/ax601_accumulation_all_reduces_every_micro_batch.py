@@ -117,7 +117,7 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
 
     code = "AX601"
     name = "ddp-accumulation-without-no-sync"
-    category = "ddp_gradient_accumulation"
+    category = "ddp_accumulation_sync"
     message = "every accumulated micro-batch all-reduces its gradients; only the last one needs to"
     fix_title = "skip the gradient all-reduce on the micro-batches before the step with model.no_sync()"
     fix_safety = Applicability.UNSAFE

@@ -59,8 +59,8 @@ class DistributedSamplerWithoutSetEpoch(Rule):
     """
 
     code = "AX602"
-    name = "distributed-sampler-without-set-epoch"
-    category = "distributed_sampler_epoch"
+    name = "sampler-without-set-epoch"
+    category = "sampler_epoch"
     message = "DistributedSampler.set_epoch is never called: every epoch sees the same order"
     requires_text = ("DistributedSampler",)
     node_types = (ast.Call,)

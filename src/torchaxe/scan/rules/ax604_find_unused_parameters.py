@@ -49,7 +49,7 @@ class FindUnusedParameters(Rule):
 
     code = "AX604"
     name = "ddp-find-unused-parameters"
-    category = "ddp_find_unused_parameters"
+    category = "ddp_find_unused"
     message = "find_unused_parameters=True walks the autograd graph after every forward pass"
     requires_text = ("find_unused_parameters",)
     node_types = (ast.Call,)

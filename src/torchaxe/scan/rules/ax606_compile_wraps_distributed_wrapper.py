@@ -59,7 +59,7 @@ class CompileWrapsDistributedWrapper(Rule):
 
     code = "AX606"
     name = "compile-wraps-distributed-wrapper"
-    category = "compile_distributed_order"
+    category = "compile_wrapper_order"
     message = "torch.compile is applied to the DDP/FSDP wrapper instead of the module inside it"
     requires_text = ("DistributedDataParallel", "FullyShardedDataParallel")
     also_requires_text = ("compile",)
