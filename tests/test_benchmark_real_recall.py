@@ -136,3 +136,18 @@ def test_cannot_run_is_one_line_and_exit_2(bench, tmp_path, problem):
     assert code == 2 and out == ""
     lines = err.strip().splitlines()
     assert lines[-1].startswith("real_recall: error: ") and len(lines) <= 2
+
+
+def test_each_corpus_is_saved_under_its_own_name(bench):
+    root = Path(bench.__file__).resolve().parent
+    assert bench.benchmark_name(root / "real_corpus.toml") == "real_recall"
+    assert bench.benchmark_name(root / "real_corpus_distributed.toml") == "real_recall_distributed"
+    assert bench.benchmark_name(Path("/elsewhere/mine.toml")) == "real_recall"
+
+
+def test_the_distributed_manifest_reads_and_labels_only_its_classes(bench):
+    cases = bench.load_manifest(Path(bench.__file__).resolve().parent / "real_corpus_distributed.toml")
+    classes = {c.cls for c in cases}
+    assert classes <= {cls for cls, rules in bench.CLASSES.items() if rules[0].startswith("AX6")}
+    assert {c.kind for c in cases} == {"positive", "lookalike"}
+    assert all(len(c.commit) == 40 for c in cases)
