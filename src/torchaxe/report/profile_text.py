@@ -71,6 +71,23 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
         if s.activation_bytes_estimate is not None:
             activations = f"; activations saved for backward {bytes_text(s.activation_bytes_estimate)} a step"
         out.write(f"  memory      host RSS peak {bytes_text(s.host_rss_peak_bytes)}; device peak {device}{activations}\n")
+    dist = profile.distributed
+    if dist is not None:
+        out.write(f"  rank        {dist.rank} of {dist.world_size} ({dist.backend or '?'}, {dist.host or '?'})\n")
+        if dist.comm_seconds_per_step is not None:
+            exposed = dist.comm_exposed_seconds_per_step
+            syncs = ""
+            if dist.backwards_per_step:
+                syncs = (f"; {dist.synced_backwards_per_step:g} of {dist.backwards_per_step:g} backward passes a step "
+                         "exchange gradients")
+            out.write(f"  comm        {duration(dist.comm_seconds_per_step)} per step, "
+                      f"{duration(exposed) if exposed is not None else 'n/a'} of it not hidden behind compute{syncs}\n")
+        if dist.ddp:
+            d = dist.ddp
+            out.write(f"  DDP         bucket {d.get('bucket_cap_mb')} MB, find_unused_parameters "
+                      f"{d.get('find_unused_parameters')}, static_graph {d.get('static_graph')}, "
+                      f"gradient_as_bucket_view {d.get('gradient_as_bucket_view')}, broadcast_buffers "
+                      f"{d.get('broadcast_buffers')}\n")
     ops = [o for o in profile.ops if o.kind == "op"]
     if ops:
         window = profile.ops_steps
