@@ -90,7 +90,7 @@ def test_profile_is_listed_by_torchaxe_help(capsys):
     (["profile", "--", "python", "definitely_missing_script.py"], "script not found: definitely_missing_script.py"),
     (["profile", "--", "python", "-m", "definitely_missing_module_xyz"], "no module of that name"),
     (["profile", "--", "python", "-c", "print(1)"], "python -c is not supported"),
-    (["profile", "--", "torchrun", "train.py"], "run torchrun outside torchaxe"),
+    (["profile", "--", "torchrun", "--nproc-per-node", "2", "no_such_train.py"], "script not found"),
     (["profile", "--step-marker", "nocolon", "--", "python", "x.py"], "expected MODULE:FUNCTION"),
     (["profile", "-o", "/no/such/folder/p.json", "--", "python", "x.py"], "does not exist"),
     (["profile", "merge"], "Missing argument"),

@@ -109,8 +109,8 @@ def parse_command(argv: Sequence[str], cwd: str | None = None) -> ScriptCommand:
     head = os.path.basename(tokens[0])
     if head in ("torchrun", "torch.distributed.run") or head.startswith("torchrun"):
         raise TorchaxeError(
-            "run torchrun outside torchaxe, so that every rank is profiled: "
-            "`torchrun --nproc_per_node N --no-python torchaxe profile -- python train.py`"
+            "a torchrun command runs torchaxe in every rank: give it to `torchaxe profile`, `trial`, `advise`, "
+            "`shapes`, `data` or `tune`, or run `torchrun [options] --module torchaxe VERB -- python train.py`"
         )
     if is_python(tokens[0]):
         options, tokens = split_python(tokens)

@@ -263,6 +263,9 @@ def run_verb_in_ranks(raw_args: Sequence[str] | None, command: Sequence[str]) ->
     argv = verb_in_ranks(raw_args, command)
     if argv is None:
         return None
+    from torchaxe.runtime.command import check_module
+
+    check_module(parse_script(command)[1])  # one-line errors before torchrun starts anything
     sys.stderr.write(f"torchaxe: running in every rank: {' '.join(argv[2:])}\n")
     sys.stderr.flush()
     process = subprocess.Popen(argv)
