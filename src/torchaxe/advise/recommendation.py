@@ -19,7 +19,7 @@ __all__ = ["AXES", "AXIS_TITLES", "SCHEMA", "Accuracy", "Advice", "EnvironmentCh
 SCHEMA = "torchaxe.advice/1"
 
 #: The axes, in the order of the seed document, plus the environment checks.
-AXES = ("fused_ops", "compile", "tune", "binding", "data", "precision", "memory", "environment")
+AXES = ("fused_ops", "compile", "tune", "binding", "data", "precision", "memory", "distributed", "environment")
 AXIS_TITLES = {
     "fused_ops": "fused operators and optimizers",
     "compile": "compile mode and shapes",
@@ -28,6 +28,7 @@ AXIS_TITLES = {
     "data": "data pipeline",
     "precision": "mixed precision",
     "memory": "memory",
+    "distributed": "distributed training",
     "environment": "environment",
 }
 
