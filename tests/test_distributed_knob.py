@@ -134,7 +134,9 @@ def test_a_keyword_this_torch_lacks_is_left_out_in_one_line(group, monkeypatch, 
 
     real = DDP.__init__
     signature = inspect.signature(real)
-    older = signature.replace(parameters=[p for n, p in signature.parameters.items() if n != "static_graph"])
+    # An older torch: no static_graph, and broadcast_buffers not yet replaced by forward_sync_buffers.
+    older = signature.replace(parameters=[p for n, p in signature.parameters.items()
+                                          if n not in ("static_graph", "forward_sync_buffers")])
 
     def __init__(self, *args, **kwargs):
         return real(self, *args, **kwargs)
@@ -142,11 +144,13 @@ def test_a_keyword_this_torch_lacks_is_left_out_in_one_line(group, monkeypatch, 
     __init__.__signature__ = older
     monkeypatch.setattr(DDP, "__init__", __init__)
     monkeypatch.setenv("RANK", "0")
-    _, applied, patch = _apply({"static_graph": True, "bucket_cap_mb": 50})
-    with patch:
+    _, applied, patch = _apply({"static_graph": True, "bucket_cap_mb": 50, "broadcast_buffers": False})
+    with patch, pytest.warns(FutureWarning, match="broadcast_buffers"):
         ddp = DDP(_model())
     assert ddp.static_graph is False and ddp.bucket_bytes_cap == 50 * 1024 * 1024
+    assert ddp.broadcast_buffers is False
     assert applied.record["ddp"]["unsupported"] == ["static_graph"]
+    assert applied.record["ddp"]["modules"][0]["changed"]["broadcast_buffers"] == {"from": True, "to": False}
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no DistributedDataParallel keyword static_graph: left out" in err[0]
 

@@ -50,6 +50,8 @@ HOOK_FUNCTIONS = {"bf16": "bf16_compress_hook", "fp16": "fp16_compress_hook"}
 RECORDED_MODULES = 8
 #: DDP's keyword that replaced ``broadcast_buffers`` in newer torch.
 FORWARD_SYNC = "forward_sync_buffers"
+#: What DDP does with a keyword given as None (the default of newer torch).
+NONE_MEANS = {"bucket_cap_mb": 25, "broadcast_buffers": True}
 
 
 @dataclass(frozen=True)
@@ -182,8 +184,8 @@ class DdpOverride:
                     changed["broadcast_buffers"] = {"from": old, "to": value}
                 continue
             old = before(name)
-            if name == "bucket_cap_mb" and old is None:
-                old = 25  # DDP's default bucket size
+            if old is None:
+                old = NONE_MEANS.get(name)
             arguments[name] = value
             if old != value:
                 changed[name] = {"from": old, "to": value}
