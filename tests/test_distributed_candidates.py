@@ -30,7 +30,7 @@ def _profile(**ddp_changes):
                         "host": "h", "backend": "gloo", "ddp": ddp,
                         "collectives": {"all_reduce": {"calls_per_step": 1.0, "seconds_per_step": 0.0001}},
                         "comm_seconds_per_step": 0.0101, "comm_exposed_seconds_per_step": 0.006,
-                        "backwards_per_step": 4.0},
+                        "backwards_per_step": 4.0, "synced_backwards_per_step": 4.0},
     }
 
 
@@ -208,3 +208,18 @@ def test_advise_collects_them_after_the_other_run_axes_and_before_memory(target)
     notes: list[str] = []
     assert [c.key for c in knob_candidates(target, profile, settings, notes=notes)] == expected
     assert "knob:ddp-static-graph" in expected
+
+
+def test_gradients_exchanged_on_every_micro_batch_are_a_note():
+    notes: list[str] = []
+    candidates(_profile(), "cpu", {}, notes=notes)
+    assert any("accumulates gradients over 4 backward passes" in n and "exchanged them on 4" in n
+               and "7.5 ms a step to save" in n and "no_sync()" in n for n in notes), notes
+    # Exchanged once a step (the script uses no_sync): no note, and the all-reduce
+    # counts once in its share of the step (2.5 ms of 100 ms: too small to try compression).
+    once = _profile()
+    once["distributed"]["synced_backwards_per_step"] = 1.0
+    quiet: list[str] = []
+    keys = _keys(once, notes=quiet)
+    assert not any("no_sync" in n for n in quiet)
+    assert "knob:ddp-comm-fp16" not in keys and any("(2.5%)" in n for n in quiet)

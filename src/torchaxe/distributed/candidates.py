@@ -58,12 +58,13 @@ def _ms(seconds: float) -> str:
 
 def comm_share(profile: dict[str, Any], dist: dict[str, Any]) -> tuple[float, str] | None:
     """The share of the step DDP's backward all-reduce takes (every backward pass of
-    the step), and how it reads; None when the profile has no timing of it."""
+    the step that exchanged gradients), and how it reads; None when the profile has
+    no timing of it."""
     ddp = dist.get("ddp") or {}
     comm = ddp.get("backward_comm_seconds")
     if comm is None:
         return None
-    passes = dist.get("backwards_per_step") or 1.0
+    passes = _exchanges(dist)
     per_step = comm * passes
     step = (profile.get("summary") or {}).get("step_seconds_median")
     times = f" x {passes:g} backward passes" if passes != 1 else ""
@@ -73,6 +74,12 @@ def comm_share(profile: dict[str, Any], dist: dict[str, Any]) -> tuple[float, st
     if compute + comm <= 0:
         return None
     return comm / (compute + comm), f"DDP's all-reduce took {_ms(comm)} against {_ms(compute)} of forward and backward"
+
+
+def _exchanges(dist: dict[str, Any]) -> float:
+    """Backward passes per step that exchanged gradients (the others ran under ``no_sync()``)."""
+    synced = dist.get("synced_backwards_per_step")
+    return synced if synced is not None else (dist.get("backwards_per_step") or 1.0)
 
 
 def _bucket_accuracy(world: int | None) -> Accuracy:
@@ -221,8 +228,23 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any], *
     if target == "npu":
         out += _npu_candidates(ddp, settings)
     if notes is not None:
+        notes.extend(_accumulation_notes(dist, ddp))
         notes.extend(_collective_notes(profile, dist))
     return out
+
+
+def _accumulation_notes(dist: dict[str, Any], ddp: dict[str, Any] | None) -> list[str]:
+    """Gradient accumulation that exchanges gradients on every micro-batch: a code
+    change (``no_sync()``) saves all but one exchange; no setting does."""
+    passes, synced = dist.get("backwards_per_step"), dist.get("synced_backwards_per_step")
+    if not ddp or not passes or passes <= 1 or synced is None or synced <= 1:
+        return []
+    comm = ddp.get("backward_comm_seconds")
+    cost = f" (DDP's all-reduce took {_ms(comm)} each: {_ms(comm * (synced - 1))} a step to save)" if comm else ""
+    return [f"the script accumulates gradients over {passes:g} backward passes a step and DDP exchanged them on "
+            f"{synced:g} of them{cost}: running the micro-batches before the last under model.no_sync() exchanges "
+            "them once a step, with the same gradients up to the order of additions (a code change; no setting "
+            "does it)"]
 
 
 def _collective_notes(profile: dict[str, Any], dist: dict[str, Any]) -> list[str]:
