@@ -120,6 +120,8 @@ def run_advice(script: Path, runs: FakeRuns, **options):
     for step in profile["steps"]:
         step["batches"] = batches
     profile["summary"]["host_rss_peak_bytes"] = options.pop("profile_peak", None)
+    if "distributed" in options:  # the profile of one rank of a distributed run
+        profile["distributed"] = options.pop("distributed")
     context = {"modules": [], "settings": options.pop("settings", {"num_threads": 2, "allowed_cpus": 2})}
     clock = options.pop("clock", None) or Clock()
     opts = AdviseOptions(target="cpu", budget=options.pop("budget", 600.0), **options)
@@ -306,6 +308,26 @@ def test_no_check_accuracy_records_no_loss_and_chooses_no_precision(script: Path
     assert "loss_noise" not in advice.baseline
     assert any("not compared (--no-check-accuracy): knob:autocast-bf16 measured but not chosen" in n
                for n in advice.notes)
+
+
+def test_compressed_ddp_gradients_are_not_chosen_without_their_loss_compared(script: Path) -> None:
+    ddp = {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": True, "static_graph": False,
+           "find_unused_parameters": False, "broadcast_buffers": False, "unused_parameter_bytes": 0,
+           "parameter_bytes": 4096, "buckets": 1, "buffers": 0, "buffers_changed": False, "comm_hook": None,
+           "forward_compute_seconds": 0.02, "backward_compute_seconds": 0.04, "backward_comm_seconds": 0.02,
+           "backward_overlap_seconds": 0.0}
+    distributed = {"rank": 0, "world_size": 2, "backend": "gloo", "ddp": ddp, "collectives": {},
+                   "backwards_per_step": 1.0}
+    runs = FakeRuns(times={"knob:ddp-comm-fp16": 0.06, "knob:ddp-static-graph": 0.08})
+    advice = run_advice(script, runs, check_accuracy=False, distributed=distributed)
+    recs = {r.key: r for r in advice.recommendations}
+    assert recs["knob:ddp-comm-fp16"].status == "measured" and not recs["knob:ddp-comm-fp16"].selected
+    assert recs["knob:ddp-static-graph"].selected and recs["knob:ddp-static-graph"].axis == "distributed"
+    assert any("not compared (--no-check-accuracy)" in n and "knob:ddp-comm-fp16" in n
+               and "knob:ddp-static-graph" not in n for n in advice.notes), advice.notes
+    # With the loss compared and within the tolerance, the compression is chosen.
+    advice = run_advice(script, FakeRuns(times={"knob:ddp-comm-fp16": 0.06}), distributed=distributed)
+    assert next(r for r in advice.recommendations if r.key == "knob:ddp-comm-fp16").selected
 
 
 def test_without_a_recorded_loss_precision_is_not_chosen_and_the_advice_says_why(script: Path) -> None:

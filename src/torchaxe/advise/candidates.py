@@ -26,6 +26,7 @@ from torchaxe.advise.recommendation import Accuracy, Recommendation
 from torchaxe.bind.candidates import candidates as bind_candidates
 from torchaxe.data.candidates import candidates as data_candidates
 from torchaxe.data.candidates import stored_candidates as data_stored_candidates
+from torchaxe.distributed.candidates import candidates as distributed_candidates
 from torchaxe.errors import TorchaxeError
 from torchaxe.findings import Applicability, Finding
 from torchaxe.memory.candidates import candidates as memory_candidates
@@ -170,9 +171,11 @@ def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, An
                     notes: list[str] | None = None) -> list[Candidate]:
     """Runtime settings worth measuring on this target, given what the run showed:
     what each axis proposes (compile modes and bucketing, precision, binding, loader
-    settings), then the memory axis's, which also depend on the memory limit and on
-    whether a larger micro-batch is allowed."""
+    settings), then the distributed axis's (DDP's settings, the npu communication
+    settings; none unless the run was distributed), then the memory axis's, which
+    also depend on the memory limit and on whether a larger micro-batch is allowed."""
     out = [c for propose in RUN_CANDIDATES for c in propose(profile, target, settings)]
+    out += distributed_candidates(profile, target, settings, notes=notes)
     return out + memory_candidates(profile, target, settings, memory_limit=memory_limit,
                                    allow_batch_change=allow_batch_change, notes=notes)
 

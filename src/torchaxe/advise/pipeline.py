@@ -40,7 +40,7 @@ from torchaxe.advise.evidence import micro_benchmarks
 from torchaxe.advise.measure import ArmResult, Measurer
 from torchaxe.advise.options import AdviseOptions
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
-from torchaxe.advise.search import ChangeSearch
+from torchaxe.advise.search import LOSS_JUDGED_AXES, ChangeSearch
 from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta, loss_noise, measured_figures,
                                    promising)
 from torchaxe.environment.checks import environment_checks
@@ -473,7 +473,8 @@ class Advisor:
                 speed = f"{rec.speedup:.2f}x" if rec.speedup else "no faster"
                 self.advice.notes.append(f"{rec.key} ({speed}) is held back: {rec.held_back}")
         if not self.options.check_accuracy:
-            precision = [r.key for r in recs if r.status == "measured" and r.axis == "precision"]
+            precision = [r.key for r in recs if r.status == "measured" and r.axis in LOSS_JUDGED_AXES
+                         and r.applies == "knob" and r.accuracy.kind == "unknown"]
             if precision:
                 self.advice.notes.append(f"the training loss was not compared (--no-check-accuracy): "
                                          f"{', '.join(precision)} measured but not chosen")
@@ -483,7 +484,8 @@ class Advisor:
         if unjudged:
             self.advice.notes.append(
                 "no training loss was recorded (no scalar tensor had backward() called on it), so the accuracy of "
-                f"{', '.join(unjudged)} is unknown: mixed precision and TF32 are not chosen without it")
+                f"{', '.join(unjudged)} is unknown: mixed precision, TF32 and compressed gradients are not chosen "
+                "without it")
 
 
 def advise(command: Sequence[str], options: AdviseOptions | None = None, **kwargs: Any) -> Advice:

@@ -23,6 +23,9 @@ MAX_NEAR_MISSES = 2
 #: How many chosen changes are also measured with each one left out (more would cost
 #: a run per change and round).
 MIN_LEAVE_ONE_OUT, MAX_LEAVE_ONE_OUT = 3, 4
+#: The axes whose knobs of unknown accuracy compute or sum in lower precision (mixed
+#: precision, TF32, compressed gradients): chosen only with their training loss compared.
+LOSS_JUDGED_AXES = ("precision", "distributed")
 
 
 class ChangeSearch:
@@ -401,15 +404,16 @@ class ChangeSearch:
         return self.measurer.more_rounds(base, plan, "refining")
 
     def _may_choose(self, c: Candidate) -> bool:
-        """Lower precision and a larger batch are chosen only with their accuracy
-        measured, and no change held back (its training loss beyond the noise by more
-        than the tolerance, its peak memory above the limit)."""
+        """Lower precision (autocast, TF32, compressed gradients) and a larger batch
+        are chosen only with their accuracy measured, and no change held back (its
+        training loss beyond the noise by more than the tolerance, its peak memory
+        above the limit)."""
         r = c.rec
         if r.accuracy.beyond_tolerance or r.held_back:
             return False
         if r.changes_optimisation and r.accuracy.kind == "unknown":
             return False  # a larger batch without its loss compared
-        return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis == "precision")
+        return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis in LOSS_JUDGED_AXES)
 
 
 def alone(c: Candidate) -> dict[str, Any]:

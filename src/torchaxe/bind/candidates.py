@@ -23,9 +23,11 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
                 "knob:threads", "binding", f"torch.set_num_threads({allowed}): use every core this process may use",
                 {"torch": {"num_threads": allowed}}, priority=0.6))
     if allowed >= MIN_CORES_TO_BIND:
+        # One group with torch_npu's own core binding (CPU_AFFINITY_CONF, proposed on
+        # distributed npu runs): it binds after start-up, over this one.
         out.append(knob_candidate(
             "knob:bind", "binding", "bind the process to the cores near its device (torchaxe bind, exclusive mode)",
-            {"bind": {"mode": "exclusive"}}, priority=0.4,
+            {"bind": {"mode": "exclusive"}}, group="binding", priority=0.4,
             detail="pins the main and compute threads, and the DataLoader workers apart from them, to the "
                    "device's NUMA node, so the scheduler does not migrate them (docs/bind.md)"))
     return out

@@ -47,6 +47,7 @@ KNOB_SPECS: tuple[str, ...] = (
     "torchaxe.runtime.knob_specs:NPU",
     "torchaxe.runtime.knob_specs:TORCH",
     "torchaxe.data.knob:SPEC",
+    "torchaxe.distributed.knob:SPEC",
     "torchaxe.runtime.knob_specs:OBSERVE",
     "torchaxe.shapes.knob:SPEC",
     "torchaxe.memory.knob:SPEC",
