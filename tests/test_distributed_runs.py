@@ -271,3 +271,26 @@ def test_advise_leads_a_follower_node(tmp_path):
     view = advice["distributed"]
     assert view["world_size"] == 2 and view["ranks_measured"] == 2 and view["nnodes"] == 2
     assert "the leader is done" in f_err
+
+
+@pytest.mark.slow
+def test_run_applies_the_knobs_in_every_rank_and_keeps_the_exit_code(tmp_path):
+    """`torchaxe run -- torchrun ...`: the run table of torchaxe.toml in every rank, to
+    the script's end, with the job's exit code (a rank that raises: 1)."""
+    import shutil
+    import subprocess
+
+    script = tmp_path / "train.py"
+    shutil.copy(FAULTS, script)
+    (tmp_path / "torchaxe.toml").write_text('[run.env]\nTORCHAXE_TEST_KNOB = "from-toml"\n')
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    base = [sys.executable, "-m", "torchaxe", "run", "--", "torchrun", "--nproc-per-node", "2", "--standalone",
+            str(script), "--steps", "3", "--note", str(seen)]
+    ok = subprocess.run(base, capture_output=True, text=True, cwd=tmp_path, timeout=180)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert {p.read_text() for p in seen.iterdir()} == {"from-toml"} and len(list(seen.iterdir())) == 2
+    bad = subprocess.run([*base, "--fault", "raise", "--fault-step", "2"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=180)
+    assert bad.returncode == 1
+    assert not _leftovers(str(script))
