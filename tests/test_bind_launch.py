@@ -393,6 +393,37 @@ def test_trial_bootstrap_applies_the_bind_knob(tmp_path):
         assert result["main"] == [0] and loader == [1.0, 1.0]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not TWO_CPUS, reason="needs 2 CPUs")
+def test_bind_knob_under_torchrun_takes_its_local_ranks_part(tmp_path):
+    """Each rank of a torchrun job (LOCAL_RANK of LOCAL_WORLD_SIZE) is bound as the
+    node's plan gives that rank, not to the whole node."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_WITH_LOADER)
+    knobs = tmp_path / "bound.json"
+    knobs.write_text(json.dumps({"name": "bound", "bind": {"mode": "exclusive"}}))
+    seen, profile = tmp_path / "seen.json", tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, "-m", "torchaxe.runtime.bootstrap", str(knobs), "--out", str(profile),
+                           "--steps", "2", "--warmup", "0", "--target", "cpu", "--", "python", str(script), str(seen)],
+                          capture_output=True, text=True, env=env(LOCAL_RANK="1", LOCAL_WORLD_SIZE="2"),
+                          timeout=180)
+    assert done.returncode == 0, done.stderr
+    rank = expected_rank(2, 1)
+    assert json.loads(seen.read_text())["main"] == list(rank.compute_cpus)
+    assert json.loads(profile.read_text())["run"]["options"]["knobs"]["bind"]["cpus"] == list(rank.cpus)
+
+
+def test_bind_candidates_share_the_node_between_local_ranks():
+    from torchaxe.bind.candidates import candidates
+
+    one = candidates({}, "cpu", {"allowed_cpus": 8, "num_threads": 4})
+    assert [c.key for c in one] == ["knob:threads", "knob:bind"] and one[0].knobs["torch"]["num_threads"] == 8
+    ranks = candidates({}, "cpu", {"allowed_cpus": 8, "num_threads": 2, "env": {"LOCAL_WORLD_SIZE": "4"}})
+    assert [c.key for c in ranks] == ["knob:bind"] and "4 local ranks" in ranks[0].rec.title
+    crowded = candidates({}, "cpu", {"allowed_cpus": 4, "num_threads": 1, "env": {"LOCAL_WORLD_SIZE": "8"}})
+    assert "knob:bind" not in [c.key for c in crowded]
+
+
 def test_rank_from_env_plans_over_the_cgroup_not_the_launchers_mask(tmp_path):
     import shutil
 

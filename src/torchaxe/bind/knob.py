@@ -1,6 +1,6 @@
-"""The ``bind`` knob of trial knob sets: run the (single-process) training run bound as
-a one-rank plan says, so that ``torchaxe trial`` can measure binding against no
-binding on the user's own run::
+"""The ``bind`` knob of trial knob sets: run the training run bound as a plan says, so
+that ``torchaxe trial`` can measure binding against no binding on the user's own run
+(under torchrun, each local rank takes its part of the node's plan)::
 
     {"name": "bound", "bind": {"mode": "exclusive", "loader_cores": 1}}
     {"name": "pinned", "bind": {"cpus": "0-3", "loader_cores": 1}}
@@ -65,6 +65,15 @@ def bind_from_dict(raw: Any, fail: Callable[[str, str], Any]) -> BindSettings:
     return BindSettings(mode=mode, cpus=cpus, loader_cores=loader)
 
 
+def _local(name: str, default: int) -> int:
+    import os
+
+    try:
+        return max(0, int(os.environ[name]))
+    except (KeyError, ValueError):
+        return default
+
+
 class BoundRun:
     """What the bootstrap does with the knob: plan one rank on this machine, bind the
     process now (before torch is imported), and pin DataLoader workers while the
@@ -75,8 +84,13 @@ class BoundRun:
         from torchaxe.bind.plan import plan_binding
         from torchaxe.bind.topology import read_topology
 
-        plan = plan_binding(read_topology("/"), 1, knob.mode, [knob.cpus] if knob.cpus else None, knob.loader_cores)
-        self.rank = plan.ranks[0]
+        # Under torchrun every local rank plans the node's ranks alike and takes its own.
+        local_ranks, local_rank = _local("LOCAL_WORLD_SIZE", 1), _local("LOCAL_RANK", 0)
+        if local_rank >= local_ranks:
+            local_ranks, local_rank = 1, 0
+        plan = plan_binding(read_topology("/"), local_ranks, knob.mode, [knob.cpus] if knob.cpus else None,
+                            knob.loader_cores)
+        self.rank = plan.ranks[local_rank]
         warnings: list[str] = list(plan.warnings)
         done = apply_binding(plan, self.rank, warn=warnings.append)
         note("bind", {"mode": plan.mode, "cpus": list(self.rank.cpus), "compute_cpus": list(self.rank.compute_cpus),
