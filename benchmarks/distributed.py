@@ -26,13 +26,10 @@ best (side by side).
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,10 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from advised_runs import advise_then_apply, combination_arms, combinations  # noqa: E402
 from saved_run import add_save_options, save_result  # noqa: E402
 
-from torchaxe.advise.arms import merge_knobs  # noqa: E402
-from torchaxe.advise.candidates import fixed_sources  # noqa: E402
 from torchaxe.advise.measure import Measurer  # noqa: E402
 from torchaxe.runtime.knobs import knob_set_from_dict  # noqa: E402
 from torchaxe.runtime.trials import TrialOptions  # noqa: E402
@@ -54,10 +50,6 @@ from torchaxe.scan.engine import ScanOptions, scan_paths  # noqa: E402
 
 def log(line: str) -> None:
     print(f"[distributed] {line}", file=sys.stderr, flush=True)
-
-
-def torchaxe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchaxe", *args], cwd=cwd, text=True, capture_output=True)
 
 
 def exposed(rows: list[dict] | None) -> float | None:
@@ -81,27 +73,9 @@ def breakdown(title: str, rows: list[dict] | None) -> list[str]:
     return out
 
 
-def combinations(candidates: list[dict], limit: int) -> tuple[list[tuple], int]:
-    """Every combination with at most one member of a group (one bucket size, one
-    gradient compression), best predicted first (the product of the members' own
-    measured ratios), at most ``limit``; and how many there are."""
-    groups: dict[str, list[dict]] = {}
-    for r in candidates:
-        key = r["key"]
-        group = next((g for g in ("knob:ddp-bucket-cap", "knob:ddp-comm") if key.startswith(g)), key)
-        groups.setdefault(group, []).append(r)
-    combos = [tuple(r for r in combo if r is not None)
-              for combo in itertools.product(*[[None, *members] for members in groups.values()])]
-    combos = [c for c in combos if c]
-    possible = len(combos)
-
-    def predicted(combo: tuple) -> float:
-        value = 1.0
-        for r in combo:
-            value *= statistics.median(r["ratios"]) if r.get("ratios") else 1.0
-        return value
-
-    return sorted(combos, key=predicted)[:limit], possible
+def group_of(key: str) -> str:
+    """At most one bucket size and one gradient compression in a combination."""
+    return next((g for g in ("knob:ddp-bucket-cap", "knob:ddp-comm") if key.startswith(g)), key)
 
 
 def main() -> int:
@@ -130,25 +104,11 @@ def main() -> int:
     command = ["torchrun", "--nproc-per-node", str(args.nproc), "--standalone", str(script), *extra]
 
     log(f"advise --budget {args.budget} on a copy of examples/ddp, {args.nproc} ranks")
-    t0 = time.perf_counter()
-    result = torchaxe("advise", "--budget", args.budget, "--format", "json", "--save", str(work / "advice.json"),
-                      "--target", args.target, "--", *command, cwd=copy)
-    advise_seconds = time.perf_counter() - t0
-    for line in result.stderr.splitlines()[-30:]:
-        log(f"advise: {line}")
-    if result.returncode != 0:
-        print(result.stderr, file=sys.stderr)
+    done = advise_then_apply(copy, work, command, args.budget, args.target, log)
+    if done is None:
         return 2
-    advice = json.loads(result.stdout)
+    advice, run_knobs, advise_seconds = done
     chosen = [r["key"] for r in advice["recommendations"] if r["selected"]]
-    log(f"advise took {advise_seconds:.0f} s; chosen: {', '.join(chosen) or 'nothing'}")
-    applied = torchaxe("apply", "--unsafe-fixes", "--advice", str(work / "advice.json"), cwd=copy)
-    if applied.returncode != 0:
-        print(applied.stderr, file=sys.stderr)
-        return 2
-    from torchaxe.advise.apply import read_run_knobs
-
-    run_knobs, _ = read_run_knobs(copy)
     tuned_file = work / "tuned-train.py"
     tuned_file.write_text(script.read_text())
     script.write_text(original_text)
@@ -164,17 +124,9 @@ def main() -> int:
     findings = scan_paths([script], ScanOptions(target=args.target)).findings
     candidates = [r for r in advice["recommendations"] if r["axis"] == "distributed"
                   and r["status"] in ("measured", "failed", "not_measured")]
-    combos, possible = combinations(candidates, args.max_combinations)
+    combos, possible = combinations(candidates, group_of, args.max_combinations)
     log(f"exhaustive: {len(combos)} of {possible} combinations of {len(candidates)} distributed changes")
-    arms = []
-    for n, combo in enumerate(combos):
-        fragment = merge_knobs([r["knobs"] for r in combo if r["applies"] == "knob"])
-        codes = [code for r in combo if r["applies"] == "code" for code in r["rules"]]
-        if codes:
-            folder = work / f"combo-{n}"
-            folder.mkdir()
-            fragment["sources"] = fixed_sources(findings, codes, folder)
-        arms.append(knob_set_from_dict({"name": "+".join(r["key"] for r in combo), **fragment}, "distributed"))
+    arms = combination_arms(combos, findings, work, "distributed")
     _, ex_arms, _ = measurer.compare(plain, arms, max(1, args.repeats - 1), "exhaustive") if arms else (None, [], True)
     ok = [a for a in ex_arms if a.ok and a.ratio]
     best = min(ok, key=lambda a: a.ratio) if ok else None

@@ -29,13 +29,10 @@ tuned >= 2x the original; tuned within 10% of the exhaustive best.
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
 import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,18 +42,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from advised_runs import advise_then_apply, combination_arms, combinations  # noqa: E402
 from saved_run import add_save_options, save_result  # noqa: E402
 
-from torchaxe.advise.candidates import fixed_sources  # noqa: E402
 from torchaxe.advise.measure import Measurer  # noqa: E402
-from torchaxe.advise.arms import merge_knobs  # noqa: E402
 from torchaxe.runtime.knobs import knob_set_from_dict  # noqa: E402
 from torchaxe.runtime.trials import TrialOptions  # noqa: E402
 from torchaxe.scan.engine import ScanOptions, scan_paths  # noqa: E402
-
-
-def torchaxe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchaxe", *args], cwd=cwd, text=True, capture_output=True)
 
 
 def device_name() -> str:
@@ -101,26 +93,12 @@ def main() -> int:
     command = ["python", str(script), *extra]
 
     log(f"advise --budget {args.budget} on a copy of examples/gpt")
-    t0 = time.perf_counter()
     accuracy = ["--check-accuracy"] if args.check_accuracy else []
-    result = torchaxe("advise", "--budget", args.budget, "--format", "json", "--save", str(work / "advice.json"),
-                      "--target", args.target, *accuracy, "--", *command, cwd=copy)
-    advise_seconds = time.perf_counter() - t0
-    for line in result.stderr.splitlines()[-40:]:
-        log(f"advise: {line}")
-    if result.returncode != 0:
-        print(result.stderr, file=sys.stderr)
+    done = advise_then_apply(copy, work, command, args.budget, args.target, log, accuracy)
+    if done is None:
         return 2
-    advice = json.loads(result.stdout)
+    advice, run_knobs, advise_seconds = done
     chosen = [r["key"] for r in advice["recommendations"] if r["selected"]]
-    log(f"advise took {advise_seconds:.0f} s; chosen: {', '.join(chosen) or 'nothing'}")
-    applied = torchaxe("apply", "--unsafe-fixes", "--advice", str(work / "advice.json"), cwd=copy)
-    if applied.returncode != 0:
-        print(applied.stderr, file=sys.stderr)
-        return 2
-    from torchaxe.advise.apply import read_run_knobs
-
-    run_knobs, _ = read_run_knobs(copy)
     options = TrialOptions(repeats=1, steps=args.steps, warmup=args.warmup, timeout=600.0, target=args.target)
     measurer = Measurer(command, options, progress=log)
     original = knob_set_from_dict({"name": "original", "sources": {str(script): str(original_file)}}, "e2e")
@@ -137,35 +115,11 @@ def main() -> int:
     if args.pruned:
         candidates = [r for r in candidates if r["status"] == "measured" and r["ratios"]
                       and statistics.median(r["ratios"]) < 1.0]
-    groups: dict[str, list[dict]] = {}
-    for r in candidates:
-        group = "compile" if r["key"].startswith("knob:compile") else \
-            "precision" if r["key"].startswith("knob:autocast") else r["key"]
-        groups.setdefault(group, []).append(r)
-    options_per_group = [[None, *members] for members in groups.values()]
-    combos = [tuple(r for r in combo if r is not None) for combo in itertools.product(*options_per_group)]
-    combos = [c for c in combos if c]
-    possible = len(combos)
-    if possible > args.max_combinations:
-        # Best first: the combinations whose members' own measured ratios multiply to
-        # the lowest predicted ratio (an unmeasured or failed member counts as 1.0).
-        def predicted(combo: tuple) -> float:
-            value = 1.0
-            for r in combo:
-                value *= statistics.median(r["ratios"]) if r.get("ratios") else 1.0
-            return value
-
-        combos = sorted(combos, key=predicted)[: args.max_combinations]
+    combos, possible = combinations(
+        candidates, lambda key: "compile" if key.startswith("knob:compile") else
+        "precision" if key.startswith("knob:autocast") else key, args.max_combinations)
     log(f"exhaustive: {len(combos)} of {possible} combinations of {len(candidates)} candidates")
-    arms = []
-    for n, combo in enumerate(combos):
-        fragment = merge_knobs([r["knobs"] for r in combo if r["applies"] == "knob"])
-        codes = [code for r in combo if r["applies"] == "code" for code in r["rules"]]
-        if codes:
-            folder = work / f"combo-{n}"
-            folder.mkdir()
-            fragment["sources"] = fixed_sources(findings, codes, folder)
-        arms.append(knob_set_from_dict({"name": "+".join(r["key"] for r in combo), **fragment}, "e2e"))
+    arms = combination_arms(combos, findings, work, "e2e")
     plain = knob_set_from_dict({"name": "original"}, "e2e")
     ex_base, ex_arms, _ = measurer.compare(plain, arms, max(1, args.repeats - 1), "exhaustive") if arms else \
         (None, [], True)
