@@ -294,3 +294,19 @@ def test_run_applies_the_knobs_in_every_rank_and_keeps_the_exit_code(tmp_path):
                          cwd=tmp_path, timeout=180)
     assert bad.returncode == 1
     assert not _leftovers(str(script))
+
+
+def test_thread_advice_counts_the_cores_each_local_rank_has():
+    """Under torchrun the ranks of a node share its cores: OMP_NUM_THREADS=1 for each
+    of 2 ranks on 2 cores is right, not "1 of 2 cores idle"."""
+    from torchaxe.environment.checks import environment_checks
+    from torchaxe.runtime.run_context import SPEED_VARIABLES
+
+    assert "LOCAL_WORLD_SIZE" in SPEED_VARIABLES
+    shared = {"allowed_cpus": 2, "env": {"OMP_NUM_THREADS": "1", "LOCAL_WORLD_SIZE": "2"}}
+    assert environment_checks(shared, {}, [], "cpu")[1] == []
+    alone = {"allowed_cpus": 2, "env": {"OMP_NUM_THREADS": "1"}}
+    assert [c.key for c in environment_checks(alone, {}, [], "cpu")[1]] == ["env:OMP_NUM_THREADS"]
+    crowded = {"allowed_cpus": 8, "env": {"OMP_NUM_THREADS": "8", "LOCAL_WORLD_SIZE": "4"}}
+    (c,) = environment_checks(crowded, {}, [], "cpu")[1]
+    assert c.knobs == {"env": {"OMP_NUM_THREADS": "2"}} and "per rank" in c.rec.title
