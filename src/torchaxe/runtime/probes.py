@@ -356,7 +356,7 @@ class HostTensors:
     process find the originals. The wrappers stay installed for the whole run:
     swapping class attributes of ``torch.Tensor`` as tracked tensors come and go
     would invalidate the interpreter's attribute caches for every tensor each time
-    (and Python 3.12 gives a class only so many cache versions)."""
+    (and from Python 3.13 a class changed a thousand times is never cached again)."""
 
     def __init__(self) -> None:
         import weakref
