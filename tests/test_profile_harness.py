@@ -381,6 +381,12 @@ def test_host_tensor_tracking_stays_out_of_compiled_graphs():
         x = torch.randn(2, 4, device="cpu")
         assert torch.allclose(compiled(x), model(x))
         assert len(graphs) == 1 and probe.counts(compiled(x))
+        # The wrappers look at what is tracked without being traced: tracking more
+        # (or less) never makes the compiled graph recompile.
+        kept = [torch.arange(3), torch.zeros(2)]
+        assert probe.counts(compiled(x)) and len(graphs) == 1
+        kept.clear()
+        assert probe.counts(compiled(x)) and len(graphs) == 1
     finally:
         probe.uninstall()
     # After the run (the tuner compiles in the same process), torch's own functions again.
