@@ -314,6 +314,44 @@ def test_the_sync_decision_with_a_pretend_accelerator_and_on_the_cpu():
     assert "__add__" not in vars(torch.Tensor)
 
 
+def test_the_model_s_arithmetic_pays_no_tracking_work(monkeypatch):
+    """The arithmetic and ``Tensor.to`` wrappers run on every tensor of the model. On
+    tensors that are not tracked, with nothing tracked or with a data set kept on the
+    host for the whole run, they never ask whether torch.compile is tracing nor make
+    the exact (weak reference) lookup: only a tracked operand or a result to track
+    does."""
+    import torch
+
+    from torchaxe.runtime import probes
+
+    checks, lookups = [], []
+    monkeypatch.setattr(probes, "compiling_check", lambda: lambda: checks.append(1) or False)
+    held = probes._held
+    monkeypatch.setattr(probes, "_held", lambda ids, t: lookups.append(1) or held(ids, t))
+    probe = probes.HostSyncProbe(_sink(), probes.CodeMap(), count_host_tensors=True)
+    probe.install()
+    try:
+        device = torch.device("cpu")
+        x = torch.ones(4, device=device)
+        w = torch.ones(4, device=device)
+
+        def model_step():
+            y = (x + w) * 2.0 - x
+            return (-y[1:] + 1).to(device).to(torch.float64) / 3
+
+        checks.clear()  # the factories (called rarely) ask first
+        model_step()
+        assert lookups == [] and checks == []  # nothing tracked
+        data = torch.arange(16)  # kept for the whole run, as a data set on the host is
+        checks.clear()
+        model_step()
+        assert lookups == [] and checks == []  # something tracked, not these tensors
+        i = data[3] + 2
+        assert checks and lookups and not probe.counts(i)  # the index arithmetic is still followed
+    finally:
+        probe.uninstall()
+
+
 def test_host_tensor_tracking_stays_out_of_compiled_graphs():
     """The wrapped factories and arithmetic trace as torch's own: one graph, no break."""
     import torch
@@ -343,6 +381,12 @@ def test_host_tensor_tracking_stays_out_of_compiled_graphs():
         x = torch.randn(2, 4, device="cpu")
         assert torch.allclose(compiled(x), model(x))
         assert len(graphs) == 1 and probe.counts(compiled(x))
+        # The wrappers look at what is tracked without being traced: tracking more
+        # (or less) never makes the compiled graph recompile.
+        kept = [torch.arange(3), torch.zeros(2)]
+        assert probe.counts(compiled(x)) and len(graphs) == 1
+        kept.clear()
+        assert probe.counts(compiled(x)) and len(graphs) == 1
     finally:
         probe.uninstall()
     # After the run (the tuner compiles in the same process), torch's own functions again.

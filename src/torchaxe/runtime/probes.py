@@ -299,14 +299,12 @@ HOST_ARITHMETIC = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__r
                    "__rfloordiv__", "__mod__", "__neg__")
 
 
-def _gives_device(args: tuple, kwargs: dict) -> bool:
-    """Whether a ``Tensor.to`` call names a device (or a tensor to follow), not only a dtype."""
-    if kwargs.get("device") is not None:
+def _gives_device(args: tuple, kwargs: dict, places: tuple[type, ...]) -> bool:
+    """Whether a ``Tensor.to`` call names a device (or a tensor to follow), not only a
+    dtype; ``places`` are the types that name one (str, int, device, tensor)."""
+    if kwargs and kwargs.get("device") is not None:
         return True
-    import torch
-
-    return bool(args) and isinstance(args[0], (str, int, torch.device, torch.Tensor)) \
-        and not isinstance(args[0], bool)
+    return bool(args) and isinstance(args[0], places) and not isinstance(args[0], bool)
 
 
 def _forget_compiler_lookups() -> None:
@@ -344,31 +342,43 @@ class HostTensors:
     :data:`HOST_ARITHMETIC` of them with numbers or each other (``i + block_size``),
     until they are moved (``t.to(device)``, which on the cpu returns the same tensor).
     Results of any other operation are not tracked: they count as the device's.
-    Tensors are held weakly, by identity. The wrappers cost about a microsecond per
-    call on the tensors of the model, and nothing under torch.compile (they trace as
-    the originals, or are taken for torch's own when the run's first compile looks
-    torch's functions up; the compiler's table of them is dropped after the run, so
-    that later compiles in the process find the originals)."""
+    Tensors are held weakly, by identity.
+
+    The arithmetic and ``Tensor.to`` wrappers run on every tensor of the model, so
+    they do the least first: call torch's own operator, then return while nothing
+    is tracked; else look the operand and the tensor it views up in the dict of
+    tracked ones, inline (``id(None)`` is never a key), and return when neither is
+    there. Only a tracked operand costs a function call, and only a result to track
+    asks whether torch.compile is tracing (dynamo handles tensor operators and
+    methods itself and does not trace the wrappers). The factories, called rarely,
+    ask first: under torch.compile they trace as the originals, or are taken for
+    torch's own when the run's first compile looks torch's functions up; the
+    compiler's table of them is dropped after the run, so that later compiles in the
+    process find the originals. The wrappers stay installed for the whole run:
+    swapping class attributes of ``torch.Tensor`` as tracked tensors come and go
+    would invalidate the interpreter's attribute caches for every tensor each time
+    (and from Python 3.13 a class changed a thousand times is never cached again)."""
 
     def __init__(self) -> None:
         import weakref
 
         self._ref = weakref.KeyedRef
-        self._ids: dict[int, Any] = {}
-        ids = self._ids
+        #: id(tensor) -> a weak reference to it, dropped when the tensor dies.
+        self.ids: dict[int, Any] = {}
+        ids = self.ids
         self._forget = lambda dead: ids.pop(dead.key, None)
         self._saved: list[tuple[Any, str, Any, bool]] = []
 
     def mark(self, tensor: Any) -> None:
         key = id(tensor)
-        self._ids[key] = self._ref(tensor, self._forget, key)
+        self.ids[key] = self._ref(tensor, self._forget, key)
 
     def unmark(self, tensor: Any) -> None:
-        self._ids.pop(id(tensor), None)
+        self.ids.pop(id(tensor), None)
 
     def holds(self, tensor: Any) -> bool:
         """Whether ``tensor`` (or the tensor it is a view of) stays on the host."""
-        return bool(self._ids) and _held(self._ids, tensor)
+        return bool(self.ids) and _held(self.ids, tensor)
 
     # -- install
 
@@ -387,7 +397,7 @@ class HostTensors:
 
     def uninstall(self) -> None:
         restore_patches(self._saved)
-        self._ids.clear()
+        self.ids.clear()
         _forget_compiler_lookups()
 
     def _factory(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
@@ -406,43 +416,43 @@ class HostTensors:
     def _binary(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
         import torch
 
-        ids, mark, tensor_type = self._ids, self.mark, torch.Tensor
+        ids, mark, tensor_type = self.ids, self.mark, torch.Tensor
 
         def arithmetic(tensor, other):
-            if compiling():
-                return original(tensor, other)
             out = original(tensor, other)
-            if ids and _held(ids, tensor) and isinstance(out, tensor_type) \
-                    and (not isinstance(other, tensor_type) or _held(ids, other)):
+            if ids and (id(tensor) in ids or id(tensor._base) in ids) and _held(ids, tensor) \
+                    and (not isinstance(other, tensor_type) or _held(ids, other)) \
+                    and isinstance(out, tensor_type) and not compiling():
                 mark(out)
             return out
 
         return arithmetic
 
     def _unary(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
-        ids, mark = self._ids, self.mark
+        ids, mark = self.ids, self.mark
 
         def arithmetic(tensor):
-            if compiling():
-                return original(tensor)
             out = original(tensor)
-            if ids and _held(ids, tensor):
+            if ids and (id(tensor) in ids or id(tensor._base) in ids) and _held(ids, tensor) and not compiling():
                 mark(out)
             return out
 
         return arithmetic
 
     def _moved(self, original: Callable, compiling: Callable[[], bool]) -> Callable:
-        ids, mark = self._ids, self.mark
+        import torch
+
+        ids, mark = self.ids, self.mark
+        places = (str, int, torch.device, torch.Tensor)
 
         def to(tensor, *args, **kwargs):
-            if compiling():
-                return original(tensor, *args, **kwargs)
             out = original(tensor, *args, **kwargs)
             if ids:
-                if _gives_device(args, kwargs):
-                    ids.pop(id(out), None)
-                elif out is not tensor and _held(ids, tensor):
+                if out is tensor:  # already there: every device is the cpu
+                    if id(out) in ids and _gives_device(args, kwargs, places) and not compiling():
+                        ids.pop(id(out), None)
+                elif (id(tensor) in ids or id(tensor._base) in ids) and _held(ids, tensor) \
+                        and not _gives_device(args, kwargs, places) and not compiling():
                     mark(out)  # a dtype conversion stays where it was
             return out
 
@@ -522,9 +532,10 @@ class HostSyncProbe:
         """Whether reading ``tensor`` is a read a device would wait for: on an
         accelerator, a tensor on the device (not one that stays on the host); on the
         cpu, any tensor but those known to stay on the host."""
-        if self.host is None:
+        host = self.host
+        if host is None:
             return not tensor.is_cpu
-        return not self.host.holds(tensor)
+        return not (host.ids and _held(host.ids, tensor))
 
     def _wrap(self, name: str, original: Callable, compiling: Callable[[], bool]) -> Callable:
         local, hit, counts, sink = self._local, self._hit, self.counts, self.sink
