@@ -46,7 +46,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from end_to_end import device_name, torchaxe  # noqa: E402
+from advised_runs import torchaxe  # noqa: E402
+from end_to_end import device_name  # noqa: E402
 from saved_run import add_save_options, save_result  # noqa: E402
 
 from torchaxe.advise.where import MIN_SHARE  # noqa: E402

@@ -25,6 +25,11 @@ CATEGORIES = {
     "gelu_tanh",
     "rms_norm",
     "attention",
+    # examples/ddp: accumulation that all-reduces every micro-batch (AX601), the loss
+    # all-reduced every step only to print it (AX603), find_unused_parameters=True (AX604).
+    "ddp_accumulation_sync",
+    "collective_for_logging",
+    "ddp_find_unused",
 }
 
 
