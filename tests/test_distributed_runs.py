@@ -192,7 +192,7 @@ def test_advise_under_torchrun_measures_no_sync_on_every_rank(tmp_path):
 
     command = ["torchrun", "--nproc-per-node", "2", "--standalone", str(DDP_EXAMPLE), "--steps", "200",
                "--width", "256"]
-    options = AdviseOptions(budget=100, repeats=1, steps=3, warmup=1,
+    options = AdviseOptions(budget=75, repeats=1, steps=3, warmup=1,
                             skip=("knob:", "env:", "code:AX2", "code:AX3", "code:AX4"))
     advice = advise(command, options)
     view = advice.distributed
@@ -256,8 +256,11 @@ def test_advise_leads_a_follower_node(tmp_path):
     command = ["torchrun", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{port}", str(FAULTS), "--steps", "200"]
     control = f"127.0.0.1:{_free_port()}"
+    # Nothing to measure but the profile (every change skipped): the runs across nodes
+    # are what is tested, and each costs a rendezvous of two torchrun agents.
     leader = subprocess.Popen([sys.executable, "-m", "torchaxe", "advise", "--budget", "70", "--repeats", "1",
-                               "--steps", "3", "--warmup", "1", "--skip", "knob:compile", "--skip", "env:",
+                               "--steps", "3", "--warmup", "1", "--skip", "knob:", "--skip", "env:",
+                               "--skip", "code:",
                                "--control", control, "--format", "json", "--", *command],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     follower = subprocess.Popen([sys.executable, "-m", "torchaxe", "follow", "--control", control, "--wait", "120",
@@ -276,7 +279,7 @@ def test_advise_leads_a_follower_node(tmp_path):
 @pytest.mark.slow
 def test_run_applies_the_knobs_in_every_rank_and_keeps_the_exit_code(tmp_path):
     """`torchaxe run -- torchrun ...`: the run table of torchaxe.toml in every rank, to
-    the script's end, with the job's exit code (a rank that raises: 1)."""
+    the script's end, with the job's exit code."""
     import shutil
     import subprocess
 
@@ -290,9 +293,6 @@ def test_run_applies_the_knobs_in_every_rank_and_keeps_the_exit_code(tmp_path):
     ok = subprocess.run(base, capture_output=True, text=True, cwd=tmp_path, timeout=180)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert {p.read_text() for p in seen.iterdir()} == {"from-toml"} and len(list(seen.iterdir())) == 2
-    bad = subprocess.run([*base, "--fault", "raise", "--fault-step", "2"], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=180)
-    assert bad.returncode == 1
     assert not _leftovers(str(script))
 
 
@@ -310,3 +310,17 @@ def test_thread_advice_counts_the_cores_each_local_rank_has():
     crowded = {"allowed_cpus": 8, "env": {"OMP_NUM_THREADS": "8", "LOCAL_WORLD_SIZE": "4"}}
     (c,) = environment_checks(crowded, {}, [], "cpu")[1]
     assert c.knobs == {"env": {"OMP_NUM_THREADS": "2"}} and "per rank" in c.rec.title
+
+
+def test_run_exits_with_the_code_of_the_rank_that_failed(tmp_path):
+    from torchaxe.advise.cli import _script_exit_code
+
+    out = tmp_path / "p.json"
+    (tmp_path / "p.rank0.json").write_text(json.dumps({"status": "stopped", "exit_code": None}))
+    (tmp_path / "p.rank1.json").write_text(json.dumps({"status": "error", "exit_code": None}))
+    assert _script_exit_code(out, 3) == 1
+    (tmp_path / "p.rank1.json").write_text(json.dumps({"status": "exited", "exit_code": 7}))
+    assert _script_exit_code(out, 4) == 7
+    (tmp_path / "p.rank1.json").write_text(json.dumps({"status": "completed", "exit_code": None}))
+    (tmp_path / "p.rank0.json").write_text(json.dumps({"status": "completed", "exit_code": None}))
+    assert _script_exit_code(out, 0) == 0
