@@ -13,6 +13,7 @@ import psutil
 import pytest
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.merge import merge_profiles
 from torchaxe.runtime.profile import DistributedInfo, Profile, RunInfo, StepRecord
 from torchaxe.runtime.ranks import distributed_view, job_steps, median_rows, rank_files
 from torchaxe.runtime.torchrun import parse_job, verb_in_ranks
@@ -97,6 +98,26 @@ def test_the_slowest_rank_is_named_with_its_reason():
     merged = median_rows([[{"rank": 0, "comm_exposed_seconds_per_step": 1.0}],
                           [{"rank": 0, "comm_exposed_seconds_per_step": 3.0}]])
     assert merged[0]["comm_exposed_seconds_per_step"] == 2.0 and merged[0]["runs"] == 2
+
+
+def test_waiting_in_the_scripts_collectives_does_not_make_a_rank_the_slowest():
+    # A per-step barrier (Lightning's logging, a loss all_reduce): rank 0 has less work
+    # and waits 30 ms in it for rank 1; outside backward rank 0 looks the longer.
+    waiter = _profile(0, [0.10] * 5, backward=0.05)
+    worker = _profile(1, [0.10] * 5, backward=0.07)
+    for step in waiter.steps:
+        step.comm_seconds = 0.03
+    for step in worker.steps:
+        step.comm_seconds = 0.001
+    view = distributed_view({0: waiter, 1: worker})
+    assert view["slowest_rank"] == 1
+    rows = {r["rank"]: r for r in view["ranks"]}
+    assert rows[1]["own_work_seconds_median"] == pytest.approx(0.029)
+    assert rows[0]["wait_for_slowest_seconds_per_step"] == pytest.approx(0.009)
+    report = merge_profiles([("p.rank0.json", waiter), ("p.rank1.json", worker)])
+    assert report.slowest.rank == 1 and report.slowest_by == "outside_backward_seconds"
+    assert report.to_dict()["steps"][0]["outside_backward_seconds"] == {"0": pytest.approx(0.02),
+                                                                        "1": pytest.approx(0.029)}
 
 
 def test_one_process_has_no_distributed_view(tmp_path):

@@ -71,6 +71,7 @@ def rank_row(rank: int, profile: Profile) -> dict[str, Any]:
     dist = profile.distributed
     steps = profile.measured_steps
     comm = Samples.of(s.comm_seconds for s in steps if s.comm_seconds is not None).median
+    own = [s.own_work_seconds() for s in steps]
     return {
         "rank": rank,
         "local_rank": profile.run.local_rank,
@@ -81,6 +82,7 @@ def rank_row(rank: int, profile: Profile) -> dict[str, Any]:
         "data_wait_fraction": summary.data_wait_fraction,
         "host_syncs_per_step": summary.host_syncs_per_step,
         "outside_backward_seconds_median": summary.outside_backward_seconds_median,
+        "own_work_seconds_median": Samples.of(own).median if own and None not in own else None,
         "comm_seconds_per_step": dist.comm_seconds_per_step if dist is not None else comm,
         "comm_exposed_seconds_per_step": dist.comm_exposed_seconds_per_step if dist is not None else None,
         "cpus": dist.cpus if dist is not None else None,
@@ -131,6 +133,13 @@ def _input_signatures(profile: Profile) -> int | None:
     return max(len(m.signatures) for m in shapes.modules)
 
 
+def _own_work(row: dict[str, Any]) -> float | None:
+    """A row's time outside backward and the script's collectives (a row from before
+    that figure: its time outside backward)."""
+    own = row.get("own_work_seconds_median")
+    return own if own is not None else row.get("outside_backward_seconds_median")
+
+
 def slowest_reason(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """Why one rank is behind the others, from what the ranks measured: data wait,
     fewer CPUs, more input shapes (recompiles, cold caches), or slower compute."""
@@ -157,10 +166,9 @@ def slowest_reason(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if compute and other_compute and compute > 1.1 * other_compute:
         reasons.append(f"its forward and backward compute is slower ({1000 * compute:.1f} ms against "
                        f"{1000 * other_compute:.1f} ms): a slower or busier device")
-    outside, other_outside = row.get("outside_backward_seconds_median"), _median(
-        [r.get("outside_backward_seconds_median") for r in others])
+    outside, other_outside = _own_work(row), _median([_own_work(r) for r in others])
     if not reasons and outside and other_outside and outside > 1.1 * other_outside:
-        reasons.append(f"it spends longer outside backward ({1000 * outside:.1f} ms against "
+        reasons.append(f"it spends longer outside backward and collectives ({1000 * outside:.1f} ms against "
                        f"{1000 * other_outside:.1f} ms): its host work (Python, data, optimizer) is slower")
     return "; ".join(reasons) or "no rank stands out: the ranks' step times are within their noise"
 
@@ -175,8 +183,9 @@ def distributed_view(profiles: dict[int, Profile]) -> dict[str, Any] | None:
     rows = rank_rows(profiles)
     for row in rows:
         row["input_signatures"] = row.get("input_signatures") or _input_signatures(profiles[row["rank"]])
-    # The others wait, in their gradient exchange, for the rank that spends longest outside it.
-    outside = {row["rank"]: row.get("outside_backward_seconds_median") for row in rows}
+    # The others wait, in their gradient exchange or a collective of the script, for the
+    # rank that spends longest outside both (waiting in a collective is not work).
+    outside = {row["rank"]: _own_work(row) for row in rows}
     by = outside if all(v is not None for v in outside.values()) else \
         {row["rank"]: row.get("step_seconds_median") for row in rows}
     known = {r: v for r, v in by.items() if v is not None}
@@ -201,7 +210,7 @@ def distributed_view(profiles: dict[int, Profile]) -> dict[str, Any] | None:
 
 #: The per-rank figures a measured change is compared by.
 ROW_FIGURES = ("step_seconds_median", "data_wait_fraction", "comm_seconds_per_step", "comm_exposed_seconds_per_step",
-               "outside_backward_seconds_median", "compute_seconds_per_step")
+               "outside_backward_seconds_median", "own_work_seconds_median", "compute_seconds_per_step")
 
 
 def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]] | None:
