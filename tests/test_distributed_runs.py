@@ -16,7 +16,7 @@ from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.merge import merge_profiles
 from torchaxe.runtime.profile import DistributedInfo, Profile, RunInfo, StepRecord
 from torchaxe.runtime.ranks import distributed_view, job_steps, median_rows, rank_files
-from torchaxe.runtime.torchrun import parse_job, verb_in_ranks
+from torchaxe.runtime.torchrun import failure_line, parse_job, verb_in_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ROOT / "tests" / "scripts" / "dist_faults.py"
@@ -63,6 +63,48 @@ def test_a_verb_runs_itself_in_every_rank():
     assert argv[3:] == ["--nproc-per-node", "2", "--module", "torchaxe", "profile", "--steps", "3", "--",
                         "python", "t.py", "--x"]
     assert verb_in_ranks(["profile", "--", "python", "t.py"], ["python", "t.py"]) is None
+
+
+TORCHRUN_FAILURE = """Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 10737)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_23:00:03
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 4 (pid: 10738)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_failed_job_ends_with_one_line_naming_the_rank():
+    line = failure_line("profile", 1, TORCHRUN_FAILURE)
+    assert line == ("torchaxe profile: error: rank 1 (local rank 1) ended with exit code 4 "
+                    "(the script exited with a non-zero code)")
+    assert failure_line("shapes", 1, "no summary here") == "torchaxe shapes: error: torchrun exited with code 1"
+
+
+@pytest.mark.slow
+def test_profile_under_torchrun_ends_a_failed_job_with_one_line(tmp_path):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "torchaxe", "profile", "--steps", "2", "--out",
+                           str(tmp_path / "p.json"), "--", "torchrun", "--nproc-per-node", "2", "--standalone",
+                           str(FAULTS), "--fault", "raise", "--fault-rank", "1", "--fault-step", "1"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("torchaxe profile: error: rank 1 (local rank 1) ended with exit code 3"), last
+    assert "(the script raised)" in last
+    assert "broke at step 1" in proc.stderr  # the rank's own error is passed on as it came
 
 
 # ------------------------------------------------------------------ ranks side by side
