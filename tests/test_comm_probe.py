@@ -78,3 +78,17 @@ def test_without_measured_samples_a_note_says_the_timing_is_the_warm_up(one_rank
         probe.uninstall()
     assert info.ddp["timed_iterations"] == 0
     assert "warm-up" in info.note
+
+
+def test_the_scripts_collectives_count_by_their_median_step(one_rank_group):
+    measuring = {"on": True}
+    probe = CommProbe(_Sink(), time.perf_counter, lambda: measuring["on"])
+    probe.install()
+    try:
+        dist.all_reduce(torch.ones(4))
+        info = probe.info(measured_steps=3, step_comm=[0.001, 0.002, 0.5])
+    finally:
+        probe.uninstall()
+    # one step that waited half a second for a peer does not make every step's wait long
+    assert info.comm_exposed_seconds_per_step == pytest.approx(0.002)
+    assert info.collectives["all_reduce"]["calls_per_step"] == pytest.approx(1 / 3)

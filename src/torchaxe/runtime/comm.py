@@ -11,7 +11,7 @@ Two sources, both on every rank:
   iteration; ``avg_*`` over all of them). The first iterations are warm-up, so DDP's
   own averages describe the warm-up: :class:`CommProbe` reads each sample taken in
   the measured steps (a sample is logged at the next iteration's forward) and
-  averages those; a module on the CPU is sampled every iteration (timing it costs
+  takes their median; a module on the CPU is sampled every iteration (timing it costs
   nothing there), one on a device keeps DDP's sampling, and when none of its samples
   fell in the measured steps DDP's averages are used with a note saying so. The
   exchange not overlapped is what the step waits for: its *exposed* communication.
@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from torchaxe.runtime.probes import StepSink, patch_attribute, restore_patches
 from torchaxe.runtime.profile import DistributedInfo
+from torchaxe.runtime.stats import Samples
 
 #: The torch.distributed calls timed as the script's collectives.
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
@@ -172,8 +173,11 @@ class CommProbe:
 
     # -------------------------------------------------------------- results
 
-    def info(self, measured_steps: int) -> DistributedInfo | None:
-        """This rank's part, or None when the script set up no process group."""
+    def info(self, measured_steps: int, step_comm: list[float | None] | None = None) -> DistributedInfo | None:
+        """This rank's part, or None when the script set up no process group.
+        ``step_comm``: each measured step's time in the script's collectives; their
+        median is the exposed time per step (as step times are medians, so that one
+        slow step does not make the communication look longer than a step)."""
         self._note_group()
         if self._group is None:
             return None
@@ -188,6 +192,8 @@ class CommProbe:
         info.collectives = {name: {"calls_per_step": per_step(calls), "seconds_per_step": per_step(seconds)}
                             for name, (calls, seconds) in sorted(self.tally.items())}
         explicit = per_step(sum(seconds for _, seconds in self.tally.values())) if steps else None
+        if explicit is not None and step_comm:
+            explicit = Samples.of(c or 0.0 for c in step_comm).median
         info.backwards_per_step = per_step(self.measured_forwards) if self.measured_forwards else None
         info.synced_backwards_per_step = per_step(self.measured_synced) if self.measured_forwards else None
         ddp = self._ddp
@@ -260,7 +266,7 @@ _NS = 1e-9
 def ddp_facts(ddp: Any, buffers_before: list[Any] | None,
               samples: dict[int, dict[str, float]] | None = None) -> dict[str, Any]:
     """A DDP module's settings and its own timing, per iteration, in seconds: the mean
-    of ``samples`` (iteration -> DDP's timing of it) when given, else DDP's averages."""
+    median of ``samples`` (iteration -> DDP's timing of it) when given, else DDP's averages."""
     try:
         data = ddp._get_ddp_logging_data()
     except Exception:  # an older DDP without logging data: the settings from the module
@@ -268,8 +274,9 @@ def ddp_facts(ddp: Any, buffers_before: list[Any] | None,
 
     def seconds(key: str) -> float | None:
         if samples:
-            values = [sample[key[len("avg_"):]] for sample in samples.values() if key[len("avg_"):] in sample]
-            return sum(values) / len(values) * _NS if values else None
+            name = key[len("avg_"):]
+            values = Samples.of(sample[name] for sample in samples.values() if name in sample)
+            return values.median * _NS if values else None
         value = data.get(key)
         return value * _NS if isinstance(value, (int, float)) and value > 0 else None
 
@@ -291,7 +298,7 @@ def ddp_facts(ddp: Any, buffers_before: list[Any] | None,
         "backward_compute_seconds": seconds("avg_backward_compute_time"),
         "backward_comm_seconds": seconds("avg_backward_comm_time"),
         "backward_overlap_seconds": seconds("avg_backward_compute_comm_overlap_time"),
-        #: How many measured iterations the timing is the mean of (0: DDP's own averages).
+        #: How many measured iterations the timing is the median of (0: DDP's own averages).
         "timed_iterations": len(samples or ()),
     }
 
