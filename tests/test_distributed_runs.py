@@ -156,6 +156,10 @@ def test_waiting_in_the_scripts_collectives_does_not_make_a_rank_the_slowest():
     rows = {r["rank"]: r for r in view["ranks"]}
     assert rows[1]["own_work_seconds_median"] == pytest.approx(0.029)
     assert rows[0]["wait_for_slowest_seconds_per_step"] == pytest.approx(0.009)
+    assert "outside backward and collectives (29.0 ms against 20.0 ms)" in view["slowest_reason"]
+    close = _profile(1, [0.10] * 5, backward=0.0795)
+    assert distributed_view({0: waiter, 1: close})["slowest_reason"].startswith(
+        "only just: 0.5 ms a step longer outside backward and collectives than the others")
     report = merge_profiles([("p.rank0.json", waiter), ("p.rank1.json", worker)])
     assert report.slowest.rank == 1 and report.slowest_by == "outside_backward_seconds"
     assert report.to_dict()["steps"][0]["outside_backward_seconds"] == {"0": pytest.approx(0.02),

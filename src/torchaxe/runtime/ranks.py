@@ -170,7 +170,12 @@ def slowest_reason(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if not reasons and outside and other_outside and outside > 1.1 * other_outside:
         reasons.append(f"it spends longer outside backward and collectives ({1000 * outside:.1f} ms against "
                        f"{1000 * other_outside:.1f} ms): its host work (Python, data, optimizer) is slower")
-    return "; ".join(reasons) or "no rank stands out: the ranks' step times are within their noise"
+    if reasons:
+        return "; ".join(reasons)
+    if outside is not None and other_outside is not None:
+        return (f"only just: {1000 * (outside - other_outside):.1f} ms a step longer outside backward and "
+                "collectives than the others, too little to name a cause; no rank stands out")
+    return "only just: no rank stands out, the ranks' step times are close"
 
 
 def distributed_view(profiles: dict[int, Profile]) -> dict[str, Any] | None:
