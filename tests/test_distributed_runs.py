@@ -15,7 +15,7 @@ import pytest
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.merge import merge_profiles
 from torchaxe.runtime.profile import DistributedInfo, Profile, RunInfo, StepRecord
-from torchaxe.runtime.ranks import distributed_view, job_steps, median_rows, rank_files
+from torchaxe.runtime.ranks import distributed_view, job_steps, median_rows, rank_files, with_measured_rows
 from torchaxe.runtime.torchrun import failure_line, parse_job, verb_in_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,6 +164,23 @@ def test_waiting_in_the_scripts_collectives_does_not_make_a_rank_the_slowest():
     assert report.slowest.rank == 1 and report.slowest_by == "outside_backward_seconds"
     assert report.to_dict()["steps"][0]["outside_backward_seconds"] == {"0": pytest.approx(0.02),
                                                                         "1": pytest.approx(0.029)}
+
+
+def test_the_advices_rank_figures_come_from_the_originals_measured_runs():
+    view = distributed_view({0: _profile(0, [0.10] * 5, backward=0.05), 1: _profile(1, [0.10] * 5, backward=0.06)})
+    assert view["slowest_rank"] == 0
+    # in the measured runs rank 1 did more of its own work: it is the one the others wait for
+    runs = [[{"rank": 0, "step_seconds_median": 0.2, "own_work_seconds_median": 0.02},
+             {"rank": 1, "step_seconds_median": 0.2, "own_work_seconds_median": 0.08}],
+            [{"rank": 0, "step_seconds_median": 0.4, "own_work_seconds_median": 0.04},
+             {"rank": 1, "step_seconds_median": 0.4, "own_work_seconds_median": 0.10}]]
+    measured = with_measured_rows(view, runs)
+    rows = {r["rank"]: r for r in measured["ranks"]}
+    assert rows[0]["step_seconds_median"] == pytest.approx(0.3) and rows[0]["runs"] == 2
+    assert rows[0]["host"] == "h" and rows[0]["cpus"] == 4  # what the runs do not measure is kept
+    assert measured["slowest_rank"] == 1 and measured["ranks_source"] == "measured runs of the original"
+    assert rows[0]["wait_for_slowest_seconds_per_step"] == pytest.approx(0.06)
+    assert with_measured_rows(view, []) is view
 
 
 def test_one_process_has_no_distributed_view(tmp_path):

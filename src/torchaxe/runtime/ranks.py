@@ -188,6 +188,21 @@ def distributed_view(profiles: dict[int, Profile]) -> dict[str, Any] | None:
     rows = rank_rows(profiles)
     for row in rows:
         row["input_signatures"] = row.get("input_signatures") or _input_signatures(profiles[row["rank"]])
+    first = next(iter(infos.values()), None)
+    return with_slowest({
+        "world_size": world or len(profiles),
+        "nnodes": first.nnodes if first is not None else None,
+        "backend": first.backend if first is not None else None,
+        "ranks_measured": len(profiles),
+        "ranks": rows,
+        "ddp": first.ddp if first is not None else None,
+    })
+
+
+def with_slowest(view: dict[str, Any]) -> dict[str, Any]:
+    """``view`` with the rank the others wait for (``slowest_rank``, ``slowest_reason``)
+    and each rank's wait for it, from its rows."""
+    rows = view["ranks"]
     # The others wait, in their gradient exchange or a collective of the script, for the
     # rank that spends longest outside both (waiting in a collective is not work).
     outside = {row["rank"]: _own_work(row) for row in rows}
@@ -199,18 +214,23 @@ def distributed_view(profiles: dict[int, Profile]) -> dict[str, Any] | None:
         mine = known.get(row["rank"])
         row["wait_for_slowest_seconds_per_step"] = (known[slowest] - mine) if slowest is not None and mine is not None \
             else None
-    first = next(iter(infos.values()), None)
-    return {
-        "world_size": world or len(profiles),
-        "nnodes": first.nnodes if first is not None else None,
-        "backend": first.backend if first is not None else None,
-        "ranks_measured": len(profiles),
-        "ranks": rows,
-        "slowest_rank": slowest,
-        "slowest_reason": slowest_reason(next(r for r in rows if r["rank"] == slowest), rows)
-        if slowest is not None else None,
-        "ddp": first.ddp if first is not None else None,
-    }
+    view["slowest_rank"] = slowest
+    view["slowest_reason"] = slowest_reason(next(r for r in rows if r["rank"] == slowest), rows) \
+        if slowest is not None else None
+    return view
+
+
+def with_measured_rows(view: dict[str, Any], runs: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """``view`` (made from the profiling run) with each rank's figures replaced by their
+    medians over ``runs`` (the rank rows of the original's measured runs), so that they
+    agree with the step time measured in those runs; ``ranks_source`` says so."""
+    merged = median_rows(runs)
+    if not merged:
+        return view
+    before = {row["rank"]: row for row in view.get("ranks") or []}
+    rows = [{**before.get(row["rank"], {"rank": row["rank"]}), **{key: row[key] for key in (*ROW_FIGURES, "runs")}}
+            for row in merged]
+    return with_slowest({**view, "ranks": rows, "ranks_source": "measured runs of the original"})
 
 
 #: The per-rank figures a measured change is compared by.
