@@ -15,7 +15,7 @@ import pytest
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.merge import merge_profiles
 from torchaxe.runtime.profile import DistributedInfo, Profile, RunInfo, StepRecord
-from torchaxe.runtime.ranks import distributed_view, job_steps, median_rows, rank_files, with_measured_rows
+from torchaxe.runtime.ranks import distributed_view, job_steps, median_rows, rank_files, slowest_reason, with_measured_rows
 from torchaxe.runtime.torchrun import failure_line, parse_job, verb_in_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,7 +159,7 @@ def test_waiting_in_the_scripts_collectives_does_not_make_a_rank_the_slowest():
     assert "outside backward and collectives (29.0 ms against 20.0 ms)" in view["slowest_reason"]
     close = _profile(1, [0.10] * 5, backward=0.0795)
     assert distributed_view({0: waiter, 1: close})["slowest_reason"].startswith(
-        "only just: 0.5 ms a step longer outside backward and collectives than the others")
+        "only just: 0.50 ms a step longer outside backward and collectives than the others")
     report = merge_profiles([("p.rank0.json", waiter), ("p.rank1.json", worker)])
     assert report.slowest.rank == 1 and report.slowest_by == "outside_backward_seconds"
     assert report.to_dict()["steps"][0]["outside_backward_seconds"] == {"0": pytest.approx(0.02),
@@ -181,6 +181,11 @@ def test_the_advices_rank_figures_come_from_the_originals_measured_runs():
     assert measured["slowest_rank"] == 1 and measured["ranks_source"] == "measured runs of the original"
     assert rows[0]["wait_for_slowest_seconds_per_step"] == pytest.approx(0.06)
     assert with_measured_rows(view, []) is view
+
+
+def test_a_reason_tells_sub_millisecond_figures_apart():
+    rows = [{"rank": 0, "compute_seconds_per_step": 0.00074}, {"rank": 1, "compute_seconds_per_step": 0.00066}]
+    assert "(0.74 ms against 0.66 ms)" in slowest_reason(rows[0], rows)
 
 
 def test_one_process_has_no_distributed_view(tmp_path):

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from torchaxe.runtime.profile import Profile
 from torchaxe.runtime.stats import Samples
+from torchaxe.units import duration
 
 _RANK = re.compile(r"\.rank(\d+)$")
 
@@ -152,7 +153,7 @@ def slowest_reason(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     other_wait = _median([(r.get("data_wait_fraction") or 0.0) * (r.get("step_seconds_median") or 0.0)
                           for r in others]) or 0.0
     if wait - other_wait > 0.02 * step and wait > 1.5 * other_wait:
-        reasons.append(f"it waits for data ({1000 * wait:.1f} ms a step against {1000 * other_wait:.1f} ms on "
+        reasons.append(f"it waits for data ({duration(wait)} a step against {duration(other_wait)} on "
                        "the others)")
     cpus, other_cpus = row.get("cpus"), _median([r.get("cpus") for r in others])
     if cpus and other_cpus and cpus < other_cpus:
@@ -164,16 +165,16 @@ def slowest_reason(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     compute, other_compute = row.get("compute_seconds_per_step"), _median(
         [r.get("compute_seconds_per_step") for r in others])
     if compute and other_compute and compute > 1.1 * other_compute:
-        reasons.append(f"its forward and backward compute is slower ({1000 * compute:.1f} ms against "
-                       f"{1000 * other_compute:.1f} ms): a slower or busier device")
+        reasons.append(f"its forward and backward compute is slower ({duration(compute)} against "
+                       f"{duration(other_compute)}): a slower or busier device")
     outside, other_outside = _own_work(row), _median([_own_work(r) for r in others])
     if not reasons and outside and other_outside and outside > 1.1 * other_outside:
-        reasons.append(f"it spends longer outside backward and collectives ({1000 * outside:.1f} ms against "
-                       f"{1000 * other_outside:.1f} ms): its host work (Python, data, optimizer) is slower")
+        reasons.append(f"it spends longer outside backward and collectives ({duration(outside)} against "
+                       f"{duration(other_outside)}): its host work (Python, data, optimizer) is slower")
     if reasons:
         return "; ".join(reasons)
     if outside is not None and other_outside is not None:
-        return (f"only just: {1000 * (outside - other_outside):.1f} ms a step longer outside backward and "
+        return (f"only just: {duration(outside - other_outside)} a step longer outside backward and "
                 "collectives than the others, too little to name a cause; no rank stands out")
     return "only just: no rank stands out, the ranks' step times are close"
 
