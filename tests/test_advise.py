@@ -444,6 +444,22 @@ def test_environment_checks_measure_what_a_variable_costs() -> None:
     assert alloc.recommendation == "knob:expandable-segments" and "env:PYTORCH_CUDA_ALLOC_CONF" not in knobs
 
 
+def test_torchruns_one_thread_per_rank_is_not_called_idle_cores(monkeypatch) -> None:
+    from torchaxe.runtime.run_context import settings as run_settings
+
+    # torchrun sets OMP_NUM_THREADS=1 in each of its 2 ranks on a 2-core machine
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    settings = run_settings()
+    settings["allowed_cpus"] = 2
+    checks, candidates = environment_checks(settings, {}, [], "cpu")
+    assert "OMP_NUM_THREADS" not in {c.name for c in checks}
+    assert "env:OMP_NUM_THREADS" not in {c.key for c in candidates}
+    settings["allowed_cpus"] = 8  # 4 cores a rank: 1 thread leaves 3 of them idle
+    checks, candidates = environment_checks(settings, {}, [], "cpu")
+    assert {c.key: c.knobs for c in candidates}["env:OMP_NUM_THREADS"] == {"env": {"OMP_NUM_THREADS": "4"}}
+
+
 def test_environment_check_points_at_the_line(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("import torch\n\ntorch.autograd.set_detect_anomaly(True)\n")
     checks, _ = environment_checks({"anomaly_detection": True}, {}, [], "cpu", tmp_path)

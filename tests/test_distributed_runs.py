@@ -13,9 +13,10 @@ import psutil
 import pytest
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.merge import merge_profiles
 from torchaxe.runtime.profile import DistributedInfo, Profile, RunInfo, StepRecord
-from torchaxe.runtime.ranks import distributed_view, job_steps, median_rows, rank_files
-from torchaxe.runtime.torchrun import parse_job, verb_in_ranks
+from torchaxe.runtime.ranks import distributed_view, job_steps, median_rows, rank_files, slowest_reason, with_measured_rows
+from torchaxe.runtime.torchrun import failure_line, parse_job, verb_in_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ROOT / "tests" / "scripts" / "dist_faults.py"
@@ -64,6 +65,48 @@ def test_a_verb_runs_itself_in_every_rank():
     assert verb_in_ranks(["profile", "--", "python", "t.py"], ["python", "t.py"]) is None
 
 
+TORCHRUN_FAILURE = """Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 10737)  (SIGTERM)
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_23:00:03
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : 4 (pid: 10738)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_failed_job_ends_with_one_line_naming_the_rank():
+    line = failure_line("profile", 1, TORCHRUN_FAILURE)
+    assert line == ("torchaxe profile: error: rank 1 (local rank 1) ended with exit code 4 "
+                    "(the script exited with a non-zero code)")
+    assert failure_line("shapes", 1, "no summary here") == "torchaxe shapes: error: torchrun exited with code 1"
+
+
+@pytest.mark.slow
+def test_profile_under_torchrun_ends_a_failed_job_with_one_line(tmp_path):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "torchaxe", "profile", "--steps", "2", "--out",
+                           str(tmp_path / "p.json"), "--", "torchrun", "--nproc-per-node", "2", "--standalone",
+                           str(FAULTS), "--fault", "raise", "--fault-rank", "1", "--fault-step", "1"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("torchaxe profile: error: rank 1 (local rank 1) ended with exit code 3"), last
+    assert "(the script raised)" in last
+    assert "broke at step 1" in proc.stderr  # the rank's own error is passed on as it came
+
+
 # ------------------------------------------------------------------ ranks side by side
 
 
@@ -97,6 +140,52 @@ def test_the_slowest_rank_is_named_with_its_reason():
     merged = median_rows([[{"rank": 0, "comm_exposed_seconds_per_step": 1.0}],
                           [{"rank": 0, "comm_exposed_seconds_per_step": 3.0}]])
     assert merged[0]["comm_exposed_seconds_per_step"] == 2.0 and merged[0]["runs"] == 2
+
+
+def test_waiting_in_the_scripts_collectives_does_not_make_a_rank_the_slowest():
+    # A per-step barrier (Lightning's logging, a loss all_reduce): rank 0 has less work
+    # and waits 30 ms in it for rank 1; outside backward rank 0 looks the longer.
+    waiter = _profile(0, [0.10] * 5, backward=0.05)
+    worker = _profile(1, [0.10] * 5, backward=0.07)
+    for step in waiter.steps:
+        step.comm_seconds = 0.03
+    for step in worker.steps:
+        step.comm_seconds = 0.001
+    view = distributed_view({0: waiter, 1: worker})
+    assert view["slowest_rank"] == 1
+    rows = {r["rank"]: r for r in view["ranks"]}
+    assert rows[1]["own_work_seconds_median"] == pytest.approx(0.029)
+    assert rows[0]["wait_for_slowest_seconds_per_step"] == pytest.approx(0.009)
+    assert "outside backward and collectives (29.0 ms against 20.0 ms)" in view["slowest_reason"]
+    close = _profile(1, [0.10] * 5, backward=0.0795)
+    assert distributed_view({0: waiter, 1: close})["slowest_reason"].startswith(
+        "only just: 0.50 ms a step longer outside backward and collectives than the others")
+    report = merge_profiles([("p.rank0.json", waiter), ("p.rank1.json", worker)])
+    assert report.slowest.rank == 1 and report.slowest_by == "outside_backward_seconds"
+    assert report.to_dict()["steps"][0]["outside_backward_seconds"] == {"0": pytest.approx(0.02),
+                                                                        "1": pytest.approx(0.029)}
+
+
+def test_the_advices_rank_figures_come_from_the_originals_measured_runs():
+    view = distributed_view({0: _profile(0, [0.10] * 5, backward=0.05), 1: _profile(1, [0.10] * 5, backward=0.06)})
+    assert view["slowest_rank"] == 0
+    # in the measured runs rank 1 did more of its own work: it is the one the others wait for
+    runs = [[{"rank": 0, "step_seconds_median": 0.2, "own_work_seconds_median": 0.02},
+             {"rank": 1, "step_seconds_median": 0.2, "own_work_seconds_median": 0.08}],
+            [{"rank": 0, "step_seconds_median": 0.4, "own_work_seconds_median": 0.04},
+             {"rank": 1, "step_seconds_median": 0.4, "own_work_seconds_median": 0.10}]]
+    measured = with_measured_rows(view, runs)
+    rows = {r["rank"]: r for r in measured["ranks"]}
+    assert rows[0]["step_seconds_median"] == pytest.approx(0.3) and rows[0]["runs"] == 2
+    assert rows[0]["host"] == "h" and rows[0]["cpus"] == 4  # what the runs do not measure is kept
+    assert measured["slowest_rank"] == 1 and measured["ranks_source"] == "measured runs of the original"
+    assert rows[0]["wait_for_slowest_seconds_per_step"] == pytest.approx(0.06)
+    assert with_measured_rows(view, []) is view
+
+
+def test_a_reason_tells_sub_millisecond_figures_apart():
+    rows = [{"rank": 0, "compute_seconds_per_step": 0.00074}, {"rank": 1, "compute_seconds_per_step": 0.00066}]
+    assert "(0.74 ms against 0.66 ms)" in slowest_reason(rows[0], rows)
 
 
 def test_one_process_has_no_distributed_view(tmp_path):

@@ -46,6 +46,7 @@ from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta,
 from torchaxe.environment.checks import environment_checks
 from torchaxe.errors import TorchaxeError
 from torchaxe.memory.candidates import profile_peak
+from torchaxe.runtime import ranks
 from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
 from torchaxe.runtime.knobs import knob_set_from_dict
 from torchaxe.runtime.trials import Runner, run_in_subprocess
@@ -325,6 +326,9 @@ class Advisor:
             advice.baseline["step_seconds_median"] = base_arm.median
             advice.baseline["source"] = "trial runs of the original, interleaved with the changes"
             advice.baseline["data_wait_fraction"] = base_arm.data_wait_fraction
+            rank_runs = [run.ranks for run in base_arm.runs if run.ok and run.ranks]
+            if advice.distributed is not None and rank_runs:
+                advice.distributed = ranks.with_measured_rows(advice.distributed, rank_runs)
         if base_arm.error:
             raise TorchaxeError(f"the original script failed in a trial run: {base_arm.error}")
         short = [len(r.step_seconds) for r in base_arm.runs if r.ok and r.status == "completed"

@@ -5,11 +5,17 @@ Two sources, both on every rank:
 * **DistributedDataParallel's own timing.** DDP's reducer times, on its sampled
   iterations (the first ten and every hundredth), the forward and backward compute,
   the backward's gradient exchange, and the part of that exchange that overlapped
-  with backward compute (``_get_ddp_logging_data()``: ``avg_forward_compute_time``,
-  ``avg_backward_compute_time``, ``avg_backward_comm_time``,
-  ``avg_backward_compute_comm_overlap_time``, in nanoseconds). The exchange not
-  overlapped is what the step waits for: its *exposed* communication. These are per
-  iteration (one forward and backward); :class:`CommProbe` counts how many
+  with backward compute (``_get_ddp_logging_data()``: ``forward_compute_time``,
+  ``backward_compute_time``, ``backward_comm_time``,
+  ``backward_compute_comm_overlap_time``, in nanoseconds, for the last sampled
+  iteration; ``avg_*`` over all of them). The first iterations are warm-up, so DDP's
+  own averages describe the warm-up: :class:`CommProbe` reads each sample taken in
+  the measured steps (a sample is logged at the next iteration's forward) and
+  takes their median; a module on the CPU is sampled every iteration (timing it costs
+  nothing there), one on a device keeps DDP's sampling, and when none of its samples
+  fell in the measured steps DDP's averages are used with a note saying so. The
+  exchange not overlapped is what the step waits for: its *exposed* communication.
+  These are per iteration (one forward and backward); :class:`CommProbe` counts how many
   iterations a step has (gradient accumulation) and how many of them exchanged
   gradients (the others ran under ``no_sync()``), so per-step figures follow. DDP's
   settings (bucket size, ``find_unused_parameters``, ...) come from the same data.
@@ -35,6 +41,7 @@ from typing import Any, Callable
 
 from torchaxe.runtime.probes import StepSink, patch_attribute, restore_patches
 from torchaxe.runtime.profile import DistributedInfo
+from torchaxe.runtime.stats import Samples
 
 #: The torch.distributed calls timed as the script's collectives.
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
@@ -63,6 +70,10 @@ class CommProbe:
         self._buffers_before: list[Any] | None = None
         #: (rank, world size, backend) as first seen while the process group was up.
         self._group: tuple[int, int, str] | None = None
+        #: DDP's last sampled iteration before the measured steps (None: not read yet).
+        self._sampled_before: int | None = None
+        #: DDP's per-iteration timing samples (nanoseconds) of the measured steps, by iteration.
+        self.samples: dict[int, dict[str, float]] = {}
 
     def _note_group(self) -> None:
         if self._group is None:
@@ -132,18 +143,41 @@ class CommProbe:
                 probe._note_group()
                 probe._ddp = module  # kept: the script's own reference is gone when the profile is made
                 probe._buffers_before = _buffer_copy(module)
+                _sample_every_iteration_on_cpu(module)
+            synced = False
             if torch.is_grad_enabled() and module.training and probe.measuring():
                 probe.measured_forwards += 1
                 if getattr(module, "require_backward_grad_sync", True):
                     probe.measured_synced += 1
-            return original(module, *args, **kwargs)
+                    synced = module is probe._ddp
+            output = original(module, *args, **kwargs)
+            if synced:  # DDP logs the previous iteration's timing in a synced forward
+                probe._read_sample(module)
+            return output
 
         return forward
 
+    def _read_sample(self, ddp: Any) -> None:
+        try:
+            data = ddp._get_ddp_logging_data()
+        except Exception:
+            return
+        iteration = data.get("iteration")
+        iteration = iteration if isinstance(iteration, int) else 0
+        if self._sampled_before is None:  # the first measured forward logs the last warm-up iteration
+            self._sampled_before = iteration
+            return
+        if iteration > self._sampled_before and iteration not in self.samples:
+            self.samples[iteration] = {key: data[key] for key in _SAMPLE_KEYS
+                                       if isinstance(data.get(key), (int, float)) and data[key] > 0}
+
     # -------------------------------------------------------------- results
 
-    def info(self, measured_steps: int) -> DistributedInfo | None:
-        """This rank's part, or None when the script set up no process group."""
+    def info(self, measured_steps: int, step_comm: list[float | None] | None = None) -> DistributedInfo | None:
+        """This rank's part, or None when the script set up no process group.
+        ``step_comm``: each measured step's time in the script's collectives; their
+        median is the exposed time per step (as step times are medians, so that one
+        slow step does not make the communication look longer than a step)."""
         self._note_group()
         if self._group is None:
             return None
@@ -158,12 +192,14 @@ class CommProbe:
         info.collectives = {name: {"calls_per_step": per_step(calls), "seconds_per_step": per_step(seconds)}
                             for name, (calls, seconds) in sorted(self.tally.items())}
         explicit = per_step(sum(seconds for _, seconds in self.tally.values())) if steps else None
+        if explicit is not None and step_comm:
+            explicit = Samples.of(c or 0.0 for c in step_comm).median
         info.backwards_per_step = per_step(self.measured_forwards) if self.measured_forwards else None
         info.synced_backwards_per_step = per_step(self.measured_synced) if self.measured_forwards else None
         ddp = self._ddp
         comm = exposed = None
         if ddp is not None:
-            info.ddp = ddp_facts(ddp, self._buffers_before)
+            info.ddp = ddp_facts(ddp, self._buffers_before, self.samples)
             comm, exposed, compute = _ddp_per_step(info.ddp, info.backwards_per_step, info.synced_backwards_per_step)
             info.compute_seconds_per_step = compute
         if comm is not None or explicit is not None:
@@ -171,7 +207,25 @@ class CommProbe:
             info.comm_exposed_seconds_per_step = (exposed or 0.0) + (explicit or 0.0)
         if ddp is not None and comm is None:
             info.note = "DDP recorded no timing for the measured iterations"
+        elif ddp is not None and not self.samples:
+            info.note = ("DDP sampled none of the measured iterations: its timing is its average over its "
+                         "sampled iterations, the first ten of which are warm-up")
         return info
+
+
+#: DDP's timing of its last sampled iteration, in nanoseconds.
+_SAMPLE_KEYS = ("forward_compute_time", "backward_compute_time", "backward_comm_time",
+                "backward_compute_comm_overlap_time")
+
+
+def _sample_every_iteration_on_cpu(ddp: Any) -> None:
+    """Have DDP time every iteration of a module on the CPU, where its timer only
+    reads the clock (on a device it waits for the previous iteration's events)."""
+    try:
+        if all(p.device.type == "cpu" for p in ddp.parameters()):
+            ddp._set_ddp_runtime_logging_sample_rate(1)
+    except Exception:
+        pass
 
 
 def _env_int(name: str) -> int | None:
@@ -209,14 +263,20 @@ def _buffers_changed(module: Any, before: list[Any] | None) -> bool | None:
 _NS = 1e-9
 
 
-def ddp_facts(ddp: Any, buffers_before: list[Any] | None) -> dict[str, Any]:
-    """A DDP module's settings and its own timing, per iteration, in seconds."""
+def ddp_facts(ddp: Any, buffers_before: list[Any] | None,
+              samples: dict[int, dict[str, float]] | None = None) -> dict[str, Any]:
+    """A DDP module's settings and its own timing, per iteration, in seconds: the mean
+    median of ``samples`` (iteration -> DDP's timing of it) when given, else DDP's averages."""
     try:
         data = ddp._get_ddp_logging_data()
     except Exception:  # an older DDP without logging data: the settings from the module
         data = {}
 
     def seconds(key: str) -> float | None:
+        if samples:
+            name = key[len("avg_"):]
+            values = Samples.of(sample[name] for sample in samples.values() if name in sample)
+            return values.median * _NS if values else None
         value = data.get(key)
         return value * _NS if isinstance(value, (int, float)) and value > 0 else None
 
@@ -238,6 +298,8 @@ def ddp_facts(ddp: Any, buffers_before: list[Any] | None) -> dict[str, Any]:
         "backward_compute_seconds": seconds("avg_backward_compute_time"),
         "backward_comm_seconds": seconds("avg_backward_comm_time"),
         "backward_overlap_seconds": seconds("avg_backward_compute_comm_overlap_time"),
+        #: How many measured iterations the timing is the median of (0: DDP's own averages).
+        "timed_iterations": len(samples or ()),
     }
 
 

@@ -702,7 +702,8 @@ class Harness:
             host_rss_peak_bytes=memory.peak_rss_bytes(),
             step_source=recorder.source if steps else None,
             flops=state.get("flops"),
-            distributed=comm.info(sum(1 for s in steps if s.phase == "measured")),
+            distributed=comm.info(sum(1 for s in steps if s.phase == "measured"),
+                                  [s.comm_seconds for s in steps if s.phase == "measured"]),
         )
         profile.detail = self._detail(profile, command, state)
         return profile

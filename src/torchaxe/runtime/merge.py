@@ -4,7 +4,9 @@ In data-parallel training every step ends with a gradient exchange, so the whole
 runs at the pace of its slowest rank, and every rank's step time comes out nearly the
 same: the others wait, inside ``backward()``, for the slowest one's gradients. The
 rank they wait for is the one that spends the longest *outside* backward (data,
-forward, optimizer, host work). ``merge_profiles`` puts the ranks side by side and
+forward, optimizer, host work), less its time in the script's own collectives (a
+per-step ``barrier()`` or loss ``all_reduce``), where it too waits for the others.
+``merge_profiles`` puts the ranks side by side and
 names the slowest rank by that time when every rank measured it (by step time
 otherwise), with its distance from the median rank, and, step by step, which rank
 was slowest.
@@ -188,15 +190,16 @@ def merge_profiles(profiles: list[tuple[str | Path, Profile]]) -> MergeReport:
             steps_measured=summary.steps_measured,
             step_seconds_median=summary.step_seconds_median,
             step_seconds_p90=summary.step_seconds_p90,
-            outside_backward_seconds_median=summary.outside_backward_seconds_median,
+            outside_backward_seconds_median=_own_work_median(profile),
             data_wait_fraction=summary.data_wait_fraction,
             host_syncs_per_step=summary.host_syncs_per_step,
             peak_device_memory_bytes=summary.peak_device_memory_bytes,
         ))
         for step in profile.measured_steps:
             per_step.setdefault(step.index, {})[rank] = step.seconds
-            if step.backward_seconds is not None:
-                per_step_outside.setdefault(step.index, {})[rank] = step.seconds - step.backward_seconds
+            own = step.own_work_seconds()
+            if own is not None:
+                per_step_outside.setdefault(step.index, {})[rank] = own
         if profile.status not in ("completed", "stopped"):
             warnings.append(f"rank {rank} ended with status {profile.status}: {profile.detail}")
     steps = []
@@ -211,3 +214,10 @@ def merge_profiles(profiles: list[tuple[str | Path, Profile]]) -> MergeReport:
         warnings.append("the ranks' median step times differ by more than 50%: look at the slowest rank's data "
                         "loading, host syncs and core binding")
     return report
+
+
+def _own_work_median(profile: Profile) -> float | None:
+    """The median over the measured steps of the time outside backward and the script's
+    own collectives (where a rank waits for the others); None unless every step has it."""
+    own = [step.own_work_seconds() for step in profile.measured_steps]
+    return quantile([v for v in own if v is not None], 0.5) if own and None not in own else None

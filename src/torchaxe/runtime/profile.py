@@ -195,6 +195,15 @@ class StepRecord:
     #: Host time in the script's own torch.distributed collectives (distributed runs).
     comm_seconds: float | None = None
 
+    def own_work_seconds(self) -> float | None:
+        """The step's time outside ``backward()`` and outside the script's own
+        collectives: a rank's own work, which in data-parallel training the other ranks
+        wait for (in backward's gradient exchange, or in a collective such as a
+        per-step ``barrier()`` or loss ``all_reduce``); None when backward was not timed."""
+        if self.backward_seconds is None:
+            return None
+        return max(self.seconds - self.backward_seconds - (self.comm_seconds or 0.0), 0.0)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from torchaxe.runtime.profile import Profile
 from torchaxe.runtime.stats import Samples
+from torchaxe.units import duration
 
 _RANK = re.compile(r"\.rank(\d+)$")
 
@@ -71,6 +72,7 @@ def rank_row(rank: int, profile: Profile) -> dict[str, Any]:
     dist = profile.distributed
     steps = profile.measured_steps
     comm = Samples.of(s.comm_seconds for s in steps if s.comm_seconds is not None).median
+    own = [s.own_work_seconds() for s in steps]
     return {
         "rank": rank,
         "local_rank": profile.run.local_rank,
@@ -81,6 +83,7 @@ def rank_row(rank: int, profile: Profile) -> dict[str, Any]:
         "data_wait_fraction": summary.data_wait_fraction,
         "host_syncs_per_step": summary.host_syncs_per_step,
         "outside_backward_seconds_median": summary.outside_backward_seconds_median,
+        "own_work_seconds_median": Samples.of(own).median if own and None not in own else None,
         "comm_seconds_per_step": dist.comm_seconds_per_step if dist is not None else comm,
         "comm_exposed_seconds_per_step": dist.comm_exposed_seconds_per_step if dist is not None else None,
         "cpus": dist.cpus if dist is not None else None,
@@ -131,6 +134,13 @@ def _input_signatures(profile: Profile) -> int | None:
     return max(len(m.signatures) for m in shapes.modules)
 
 
+def _own_work(row: dict[str, Any]) -> float | None:
+    """A row's time outside backward and the script's collectives (a row from before
+    that figure: its time outside backward)."""
+    own = row.get("own_work_seconds_median")
+    return own if own is not None else row.get("outside_backward_seconds_median")
+
+
 def slowest_reason(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """Why one rank is behind the others, from what the ranks measured: data wait,
     fewer CPUs, more input shapes (recompiles, cold caches), or slower compute."""
@@ -143,7 +153,7 @@ def slowest_reason(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     other_wait = _median([(r.get("data_wait_fraction") or 0.0) * (r.get("step_seconds_median") or 0.0)
                           for r in others]) or 0.0
     if wait - other_wait > 0.02 * step and wait > 1.5 * other_wait:
-        reasons.append(f"it waits for data ({1000 * wait:.1f} ms a step against {1000 * other_wait:.1f} ms on "
+        reasons.append(f"it waits for data ({duration(wait)} a step against {duration(other_wait)} on "
                        "the others)")
     cpus, other_cpus = row.get("cpus"), _median([r.get("cpus") for r in others])
     if cpus and other_cpus and cpus < other_cpus:
@@ -155,14 +165,18 @@ def slowest_reason(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     compute, other_compute = row.get("compute_seconds_per_step"), _median(
         [r.get("compute_seconds_per_step") for r in others])
     if compute and other_compute and compute > 1.1 * other_compute:
-        reasons.append(f"its forward and backward compute is slower ({1000 * compute:.1f} ms against "
-                       f"{1000 * other_compute:.1f} ms): a slower or busier device")
-    outside, other_outside = row.get("outside_backward_seconds_median"), _median(
-        [r.get("outside_backward_seconds_median") for r in others])
+        reasons.append(f"its forward and backward compute is slower ({duration(compute)} against "
+                       f"{duration(other_compute)}): a slower or busier device")
+    outside, other_outside = _own_work(row), _median([_own_work(r) for r in others])
     if not reasons and outside and other_outside and outside > 1.1 * other_outside:
-        reasons.append(f"it spends longer outside backward ({1000 * outside:.1f} ms against "
-                       f"{1000 * other_outside:.1f} ms): its host work (Python, data, optimizer) is slower")
-    return "; ".join(reasons) or "no rank stands out: the ranks' step times are within their noise"
+        reasons.append(f"it spends longer outside backward and collectives ({duration(outside)} against "
+                       f"{duration(other_outside)}): its host work (Python, data, optimizer) is slower")
+    if reasons:
+        return "; ".join(reasons)
+    if outside is not None and other_outside is not None:
+        return (f"only just: {duration(outside - other_outside)} a step longer outside backward and "
+                "collectives than the others, too little to name a cause; no rank stands out")
+    return "only just: no rank stands out, the ranks' step times are close"
 
 
 def distributed_view(profiles: dict[int, Profile]) -> dict[str, Any] | None:
@@ -175,8 +189,24 @@ def distributed_view(profiles: dict[int, Profile]) -> dict[str, Any] | None:
     rows = rank_rows(profiles)
     for row in rows:
         row["input_signatures"] = row.get("input_signatures") or _input_signatures(profiles[row["rank"]])
-    # The others wait, in their gradient exchange, for the rank that spends longest outside it.
-    outside = {row["rank"]: row.get("outside_backward_seconds_median") for row in rows}
+    first = next(iter(infos.values()), None)
+    return with_slowest({
+        "world_size": world or len(profiles),
+        "nnodes": first.nnodes if first is not None else None,
+        "backend": first.backend if first is not None else None,
+        "ranks_measured": len(profiles),
+        "ranks": rows,
+        "ddp": first.ddp if first is not None else None,
+    })
+
+
+def with_slowest(view: dict[str, Any]) -> dict[str, Any]:
+    """``view`` with the rank the others wait for (``slowest_rank``, ``slowest_reason``)
+    and each rank's wait for it, from its rows."""
+    rows = view["ranks"]
+    # The others wait, in their gradient exchange or a collective of the script, for the
+    # rank that spends longest outside both (waiting in a collective is not work).
+    outside = {row["rank"]: _own_work(row) for row in rows}
     by = outside if all(v is not None for v in outside.values()) else \
         {row["rank"]: row.get("step_seconds_median") for row in rows}
     known = {r: v for r, v in by.items() if v is not None}
@@ -185,23 +215,28 @@ def distributed_view(profiles: dict[int, Profile]) -> dict[str, Any] | None:
         mine = known.get(row["rank"])
         row["wait_for_slowest_seconds_per_step"] = (known[slowest] - mine) if slowest is not None and mine is not None \
             else None
-    first = next(iter(infos.values()), None)
-    return {
-        "world_size": world or len(profiles),
-        "nnodes": first.nnodes if first is not None else None,
-        "backend": first.backend if first is not None else None,
-        "ranks_measured": len(profiles),
-        "ranks": rows,
-        "slowest_rank": slowest,
-        "slowest_reason": slowest_reason(next(r for r in rows if r["rank"] == slowest), rows)
-        if slowest is not None else None,
-        "ddp": first.ddp if first is not None else None,
-    }
+    view["slowest_rank"] = slowest
+    view["slowest_reason"] = slowest_reason(next(r for r in rows if r["rank"] == slowest), rows) \
+        if slowest is not None else None
+    return view
+
+
+def with_measured_rows(view: dict[str, Any], runs: Sequence[Sequence[dict[str, Any]]]) -> dict[str, Any]:
+    """``view`` (made from the profiling run) with each rank's figures replaced by their
+    medians over ``runs`` (the rank rows of the original's measured runs), so that they
+    agree with the step time measured in those runs; ``ranks_source`` says so."""
+    merged = median_rows(runs)
+    if not merged:
+        return view
+    before = {row["rank"]: row for row in view.get("ranks") or []}
+    rows = [{**before.get(row["rank"], {"rank": row["rank"]}), **{key: row[key] for key in (*ROW_FIGURES, "runs")}}
+            for row in merged]
+    return with_slowest({**view, "ranks": rows, "ranks_source": "measured runs of the original"})
 
 
 #: The per-rank figures a measured change is compared by.
 ROW_FIGURES = ("step_seconds_median", "data_wait_fraction", "comm_seconds_per_step", "comm_exposed_seconds_per_step",
-               "outside_backward_seconds_median", "compute_seconds_per_step")
+               "outside_backward_seconds_median", "own_work_seconds_median", "compute_seconds_per_step")
 
 
 def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]] | None:

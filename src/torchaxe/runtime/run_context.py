@@ -30,7 +30,7 @@ SPEED_VARIABLES = (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TORCH_SHOW_CPP_STACKTRACES",
     "TORCH_LOGS", "TORCHDYNAMO_VERBOSE", "NCCL_DEBUG", "CUDA_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES",
     "TORCH_CPP_LOG_LEVEL", "PYTHONMALLOC", "PYTHONDEVMODE", "PYTHONTRACEMALLOC",
-    # torchrun's: how many ranks share this node's cores.
+    # torchrun's: how many ranks share this node's cores (the thread checks divide by it).
     "LOCAL_WORLD_SIZE", "WORLD_SIZE",
     # torch_npu's and HCCL's (distributed/candidates.py leaves a variable the run sets alone).
     "TASK_QUEUE_ENABLE", "CPU_AFFINITY_CONF", "COMBINED_ENABLE", "HCCL_BUFFSIZE",

@@ -24,6 +24,7 @@ read.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -250,11 +251,52 @@ def verb_in_ranks(raw_args: Sequence[str], command: Sequence[str]) -> list[str] 
             *job.script_argv]
 
 
+#: How much of torchrun's stderr (its ranks' included) is kept to name the failed rank.
+STDERR_TAIL_BYTES = 64 << 10
+
+
+def _pass_on(stream: Any, tail: bytearray) -> None:
+    """Copy ``stream`` to this process's stderr as it comes, keeping its last
+    :data:`STDERR_TAIL_BYTES` in ``tail``."""
+    out = getattr(sys.stderr, "buffer", None)
+    while True:
+        chunk = os.read(stream.fileno(), 1 << 14)
+        if not chunk:
+            break
+        if out is not None:
+            out.write(chunk)
+            out.flush()
+        else:
+            sys.stderr.write(chunk.decode("utf-8", "replace"))
+            sys.stderr.flush()
+        tail += chunk
+        del tail[:-STDERR_TAIL_BYTES]
+
+
+def failure_line(verb: str, code: int, stderr_tail: str) -> str:
+    """The one line that ends a failed torchrun job: the rank that failed first, as
+    torchrun names it, and what its exit code means when it is one of torchaxe's."""
+    failure = torchrun_failure(stderr_tail)
+    if failure is None:
+        return f"torchaxe {verb}: error: torchrun exited with code {code}"
+    match = re.search(r"ended with exit code (-?\d+)", failure)
+    meaning = RANK_EXIT_CODES.get(int(match.group(1))) if match else None
+    return f"torchaxe {verb}: error: {failure}" + (f" ({meaning})" if meaning and meaning not in failure else "")
+
+
+#: What a rank's exit code says when torchaxe's verb ended it (docs: profile's exit codes).
+RANK_EXIT_CODES = {2: "a usage error", 3: "the script raised", 4: "the script exited with a non-zero code",
+                   5: "the run timed out", 6: "no training step was seen"}
+
+
 def run_verb_in_ranks(raw_args: Sequence[str] | None, command: Sequence[str]) -> int | None:
     """Run the verb in every rank of a torchrun job (see :func:`verb_in_ranks`) and
     return torchrun's exit code; None when ``command`` is no torchrun job. Ctrl-C
-    reaches torchrun, which stops its ranks."""
+    reaches torchrun, which stops its ranks. torchrun's stderr (its ranks' too) is
+    passed on as it comes; when the job fails, a last line names the rank that failed
+    first and why."""
     import subprocess
+    import threading
 
     if raw_args is None:
         if parse_job(command).torchrun is None:
@@ -268,20 +310,28 @@ def run_verb_in_ranks(raw_args: Sequence[str] | None, command: Sequence[str]) ->
     check_module(parse_script(command)[1])  # one-line errors before torchrun starts anything
     sys.stderr.write(f"torchaxe: running in every rank: {' '.join(argv[2:])}\n")
     sys.stderr.flush()
-    process = subprocess.Popen(argv)
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE)
+    tail = bytearray()
+    reader = threading.Thread(target=_pass_on, args=(process.stderr, tail), daemon=True)
+    reader.start()
     while True:
         try:
-            return process.wait()
+            code = process.wait()
+            reader.join(timeout=5.0)  # a process torchrun left behind may hold the pipe open
+            break
         except KeyboardInterrupt:
             continue
+    if code != 0:
+        verb = raw_args[0] if raw_args else ""
+        sys.stderr.write(failure_line(verb, code, bytes(tail).decode("utf-8", "replace")) + "\n")
+        sys.stderr.flush()
+    return code
 
 
 def torchrun_failure(stderr: str) -> str | None:
     """The first failed rank as torchrun's failure summary names it ("Root Cause"):
     ``rank 1 (local_rank 1) ended with exit code -9: Signal 9 (SIGKILL) received by
     PID 123``; None when the text holds no such summary."""
-    import re
-
     root = stderr.rfind("Root Cause")
     if root < 0:
         return None
