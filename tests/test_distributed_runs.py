@@ -295,10 +295,12 @@ def test_advise_under_torchrun_measures_no_sync_on_every_rank(tmp_path):
     assert fix.status == "measured", (fix.status, fix.error)
     assert fix.axis == "distributed" and len(fix.ranks) == 2
 
-    def exposed(rows):
-        return sorted(r["comm_exposed_seconds_per_step"] for r in rows)[len(rows) // 2]
-
-    assert exposed(fix.ranks) < 0.75 * exposed(view["ranks"])
+    # Gradients cross once a step instead of once per micro-batch, on every rank. (How
+    # much exposed communication that saves is benchmarks/distributed.py's to measure:
+    # with other jobs on the cores, each rank's wait for the other swamps it.)
+    assert [r["synced_backwards_per_step"] for r in view["ranks"]] == [4.0, 4.0]
+    assert [r["synced_backwards_per_step"] for r in fix.ranks] == [1.0, 1.0]
+    assert all(r["comm_exposed_seconds_per_step"] is not None for r in fix.ranks)
 
 
 def _free_port() -> int:

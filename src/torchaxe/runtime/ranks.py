@@ -89,6 +89,7 @@ def rank_row(rank: int, profile: Profile) -> dict[str, Any]:
         "cpus": dist.cpus if dist is not None else None,
         "input_signatures": dist.input_signatures if dist is not None else None,
         "compute_seconds_per_step": dist.compute_seconds_per_step if dist is not None else None,
+        "synced_backwards_per_step": dist.synced_backwards_per_step if dist is not None else None,
     }
 
 
@@ -236,7 +237,8 @@ def with_measured_rows(view: dict[str, Any], runs: Sequence[Sequence[dict[str, A
 
 #: The per-rank figures a measured change is compared by.
 ROW_FIGURES = ("step_seconds_median", "data_wait_fraction", "comm_seconds_per_step", "comm_exposed_seconds_per_step",
-               "outside_backward_seconds_median", "own_work_seconds_median", "compute_seconds_per_step")
+               "outside_backward_seconds_median", "own_work_seconds_median", "compute_seconds_per_step",
+               "synced_backwards_per_step")
 
 
 def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]] | None:
