@@ -185,6 +185,16 @@ def read_real_scripts(result: dict[str, Any]) -> Reading | None:
     return Reading(value, _status(median >= 1.3 and advised == len(scripts)))
 
 
+def read_distributed_cut(result: dict[str, Any]) -> Reading | None:
+    before, after, cut = result.get("exposed_before_s"), result.get("exposed_after_s"), result.get("exposed_cut")
+    if cut is None or before is None or after is None:
+        return None
+    value = (f"exposed communication {1000 * before:.1f} -> {1000 * after:.1f} ms a step (cut {cut:.0%}); "
+             f"tuned {result['speedup']:.2f}x" if result.get("speedup") else
+             f"exposed communication {1000 * before:.1f} -> {1000 * after:.1f} ms a step (cut {cut:.0%})")
+    return Reading(value, _status(cut >= 0.5))
+
+
 def read_compile(result: dict[str, Any]) -> Reading | None:
     runs = result.get("results")
     if not runs:
@@ -295,6 +305,12 @@ ROWS: tuple[Row, ...] = (
         Quoted("1.09 of the best (side by side)", "PASS", "2026-12-01 11:03 UTC", CPU_VM, "`fc5e802`",
                "python benchmarks/end_to_end.py --budget 10m --repeats 3 --check-accuracy --pruned "
                "--max-combinations 16", "fc5e802")),
+    Row("advise under torchrun, CPU (DDP example, 2 ranks, gloo): exposed communication", "distributed",
+        "cut >= 50%", ("src/torchaxe",), read_distributed_cut,
+        command="python benchmarks/distributed.py --budget 5m --repeats 3"),
+    Row("advise under torchrun, CPU: tuned vs the best distributed combination", "distributed",
+        ">= 0.9 of the best", ("src/torchaxe",), read_e2e_within,
+        command="python benchmarks/distributed.py --budget 5m --repeats 3"),
     Row("advise on real and framework scripts, CPU (advise, apply, run; each script's own step log)",
         "real_scripts", ">= 1.3x median; every script advised", ("src/torchaxe",), read_real_scripts),
     Row("advise end to end, H200 (larger GPT, tuned vs original)", "end_to_end_cuda", ">= 2x",
