@@ -842,6 +842,21 @@ def test_a_chosen_change_that_slows_the_others_down_is_left_out(script: Path) ->
     assert not any("AX201" in name for name in runs.order if name.startswith("chosen"))
 
 
+def test_chosen_changes_that_fail_together_keep_the_fastest_set_that_went_through(script: Path) -> None:
+    # Seen with DDP: static_graph=True with no_sync() on the first micro-batch breaks the
+    # run, though each works alone. Without AX201 the other two went through fastest.
+    runs = FakeRuns(times={"code:AX201": 0.09, "without-code-AX201": 0.04, "without-knob-compile": 0.07,
+                           "chosen": 0.04},
+                    fail=("combined", "without-code-AX110"))
+    advice = run_advice(script, runs)
+    assert {r.key for r in advice.recommendations if r.selected} == {"knob:compile", "code:AX110"}
+    assert advice.combined["status"] == "measured"
+    assert set(advice.combined["keys"]) == {"knob:compile", "code:AX110"}
+    assert advice.combined["speedup"] == pytest.approx(0.1 / 0.04)
+    assert any(n.startswith("code:AX201 was left out of the chosen changes: with all of them together the run "
+                            "failed") for n in advice.notes), advice.notes
+
+
 def test_chosen_changes_that_each_pull_their_weight_are_all_kept(script: Path) -> None:
     runs = FakeRuns(times={"code:AX201": 0.09, "combined": 0.04, "without-code-AX201": 0.045,
                            "without-knob-compile": 0.09, "without-code-AX110": 0.05, "chosen": 0.04})

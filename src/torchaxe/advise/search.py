@@ -126,7 +126,20 @@ class ChangeSearch:
             self.partial = True
         arm = arms[0]
         dropped = self._dropped(chosen, arm, arms[1:]) if without else None
-        if dropped is not None:
+        rescued = self._rescued(arm, arms[1:]) if without and dropped is None else None
+        if rescued is not None:
+            # All of them together broke the run (two settings DDP cannot combine, say),
+            # and leaving one out did not: the fastest such set is the choice.
+            left_out = chosen[rescued]
+            left_out.rec.selected = False
+            self.left_out.add(left_out.key)
+            error = arm.error
+            chosen = [c for c in chosen if c is not left_out]
+            arm, combined = arms[1 + rescued], without[rescued]
+            fragments = [c.knobs for c in chosen if c.rec.applies == "knob"]
+            self.notes.append(f"{left_out.rec.key} was left out of the chosen changes: with all of them together the "
+                              f"run failed ({error}); without it the others went through")
+        elif dropped is not None:
             # One change made the others slower (bf16 autocast with a CPU attention
             # kernel that is slow in bf16, say): the rest, measured in the same rounds, win.
             index, paired = dropped
@@ -210,6 +223,16 @@ class ChangeSearch:
                 return []
         return [self._changes("without-" + c.key.replace(":", "-"), [o for o in chosen if o is not c])
                 for c in chosen]
+
+    def _rescued(self, together: ArmResult, without: Sequence[ArmResult]) -> int | None:
+        """When all the chosen changes together failed: the index of the left-out
+        change whose set went through fastest (within the memory limit); None when the
+        set did not fail or no set without one of them went through."""
+        if not together.error:
+            return None
+        fine = [(statistics.median(arm.ratios), index) for index, arm in enumerate(without)
+                if not arm.error and arm.ratios and self._over_limit(arm) is None]
+        return min(fine)[1] if fine else None
 
     def _dropped(self, chosen: list[Candidate], together: ArmResult,
                  without: Sequence[ArmResult]) -> tuple[int, list[float]] | None:
