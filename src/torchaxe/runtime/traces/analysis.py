@@ -206,8 +206,8 @@ def _launched(device: list[Event]) -> dict[str, dict[str, list]]:
     return out
 
 
-def _op_table(events: list[Event], device: list[Event] = ()) -> list[OpStat]:
-    launched = _launched(list(device))
+def _op_table(events: list[Event], device: list[Event] | None = None) -> list[OpStat]:
+    launched = _launched(device or [])
     rows: dict[str, dict] = {}
     shapes: dict[str, Counter] = defaultdict(Counter)
     shape_time: dict[str, dict] = defaultdict(lambda: defaultdict(float))
