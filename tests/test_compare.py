@@ -86,9 +86,6 @@ def test_an_ascend_run_against_a_cpu_trace(tmp_path):
     assert "aclnnAddmm_MatMulCommon_MatMulV2" in {k["name"] for k in addmm["a_kernels"]}
     assert addmm["a_seconds_per_step"] == pytest.approx(sum(k["seconds_per_step"] for k in addmm["a_kernels"]))
     assert addmm["b_kernels"] == []
-    # An operator that launched no kernel is on the row with no device time.
-    assert rows["aten::_local_scalar_dense"]["a_seconds_per_step"] == 0.0
-    assert rows["aten::_local_scalar_dense"]["b_seconds_per_step"] > 0
     # The tasks the trace links to no operator stay listed apart.
     assert data["a"]["kernels_linked"] and not data["b"]["kernels_linked"]
     assert [k["name"] for k in data["a"]["unlinked_kernels"]] == ["MEMCPY_ASYNC"]

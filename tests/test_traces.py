@@ -201,6 +201,9 @@ def test_ascend_kernels_map_to_the_aten_operator_that_launched_them():
     assert addmm.device_self_seconds > 0
     assert addmm.device_self_seconds == pytest.approx(sum(k.device_seconds for k in addmm.kernels))
     assert profile.ops[0].name == "aten::convolution_backward"
+    # An operator that launched no kernel (a host read) has no device time.
+    [read] = [o for o in profile.ops if o.name == "aten::_local_scalar_dense"]
+    assert read.device_self_seconds == 0.0 and read.kernels == [] and read.self_seconds > 0
     # The two MEMCPY_ASYNC tasks have no launch flow: linked to no operator, still in the kernel table.
     linked = {k.name for o in profile.ops for k in o.kernels}
     assert "MEMCPY_ASYNC" not in linked
