@@ -5,6 +5,7 @@ the errors a user can make."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from test_advise_report import browser
 from test_traces import ASCEND, _train
 from torchaxe.compare.model import compare_paths, compare_profiles
 from torchaxe.report.compare_html import render_comparison_html
+from torchaxe.report.compare_text import render_comparison
 from torchaxe.runtime.profile import save_profile
 
 PAYLOAD = "<script>alert('x')</script>"
@@ -74,11 +76,31 @@ def test_an_ascend_run_against_a_cpu_trace(tmp_path):
     assert data["a"]["source"] == "ascend-trace" and data["a"]["target"] == "npu"
     assert data["b"]["source"] == "torch-trace" and data["b"]["target"] == "cpu"
     assert data["a"]["kernels"] and not data["b"]["kernels"]
-    # Aligned by the aten name, though one side ran on the NPU.
-    shared = {r["name"] for r in data["operators"] if r["a_seconds_per_step"] and r["b_seconds_per_step"]}
-    assert {"aten::addmm", "aten::_local_scalar_dense"} <= shared
+    # Aligned by the aten name, though one side ran on the NPU: the NPU side's time is
+    # the device time of the kernels its trace links to the operator, listed under it.
+    assert data["a"]["operator_time"] == "device" and data["b"]["operator_time"] == "host"
+    rows = {r["name"]: r for r in data["operators"]}
+    shared = {name for name, r in rows.items() if r["a_seconds_per_step"] and r["b_seconds_per_step"]}
+    assert {"aten::addmm", "aten::mm"} <= shared
+    addmm = rows["aten::addmm"]
+    assert "aclnnAddmm_MatMulCommon_MatMulV2" in {k["name"] for k in addmm["a_kernels"]}
+    assert addmm["a_seconds_per_step"] == pytest.approx(sum(k["seconds_per_step"] for k in addmm["a_kernels"]))
+    assert addmm["b_kernels"] == []
+    # The tasks the trace links to no operator stay listed apart.
+    assert data["a"]["kernels_linked"] and not data["b"]["kernels_linked"]
+    assert [k["name"] for k in data["a"]["unlinked_kernels"]] == ["MEMCPY_ASYNC"]
+    assert "MEMCPY_ASYNC" not in {k["name"] for r in data["operators"] for k in r["a_kernels"]}
     assert any("ran on npu" in note for note in data["notes"])
+    assert any("unverified on Ascend hardware" in note for note in data["notes"])
     assert any(f["kind"] == "online-compile" for f in data["a"]["findings"])
+    text = io.StringIO()
+    render_comparison(comparison, text)
+    lines = text.getvalue().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  aten::addmm "))
+    assert lines[at + 1].startswith("      A kernels: aclnnAddmm_")
+    assert "A kernels linked to no operator: MEMCPY_ASYNC" in text.getvalue()
+    page = render_comparison_html(comparison)
+    assert 'id="kernels-A"' in page and "aclnnAddmm_MatMulCommon_MatMulV2" in page
 
 
 def test_html_is_escaped_self_contained_and_renders(gpt_runs, tmp_path):

@@ -182,6 +182,71 @@ def test_ascend_timeline_step_syncs_copies_and_launches():
     assert kernels and all(k.device_self_seconds and k.self_seconds == 0 for k in kernels)
 
 
+def _kernels(profile: Profile, op: str) -> dict[str, int]:
+    [row] = [o for o in profile.ops if o.kind == "op" and o.name == op]
+    return {k.name: k.calls for k in row.kernels}
+
+
+def test_ascend_kernels_map_to_the_aten_operator_that_launched_them():
+    profile = load_trace(ASCEND / "ut_timeline")
+    # torch_npu's async_npu flows: each kernel goes to the innermost aten operator
+    # around its launch (aten::addmm, not the aten::linear around it).
+    assert _kernels(profile, "aten::mm")["aclnnMm_MatMulCommon_MatMulV2"] == 6
+    assert _kernels(profile, "aten::addmm")["aclnnAddmm_MatMulCommon_MatMulV2"] == 3
+    assert _kernels(profile, "aten::relu") == {"aclnnRelu_Relu_Relu": 4}
+    assert _kernels(profile, "aten::_log_softmax") == {"aclnnLogSoftmax_LogSoftmaxAiCore_LogSoftmaxV2": 1}
+    assert _kernels(profile, "aten::linear") == {} and _kernels(profile, "aten::cross_entropy_loss") == {}
+    # An operator's device time is its kernels' sum; the op table leads with device time.
+    [addmm] = [o for o in profile.ops if o.name == "aten::addmm"]
+    assert addmm.device_self_seconds > 0
+    assert addmm.device_self_seconds == pytest.approx(sum(k.device_seconds for k in addmm.kernels))
+    assert profile.ops[0].name == "aten::convolution_backward"
+    # An operator that launched no kernel (a host read) has no device time.
+    [read] = [o for o in profile.ops if o.name == "aten::_local_scalar_dense"]
+    assert read.device_self_seconds == 0.0 and read.kernels == [] and read.self_seconds > 0
+    # The two MEMCPY_ASYNC tasks have no launch flow: linked to no operator, still in the kernel table.
+    linked = {k.name for o in profile.ops for k in o.kernels}
+    assert "MEMCPY_ASYNC" not in linked
+    assert [o.calls for o in profile.ops if o.kind == "kernel" and o.name == "MEMCPY_ASYNC"] == [2]
+    # 274 of the 276 device tasks are linked.
+    assert sum(k.calls for o in profile.ops for k in o.kernels) == 274
+    # The link survives the profile's JSON form.
+    again = Profile.from_dict(json.loads(json.dumps(profile.to_dict())))
+    assert _kernels(again, "aten::addmm") == _kernels(profile, "aten::addmm")
+
+
+def test_launch_flows_link_the_innermost_aten_operator(tmp_path):
+    """A hand-written torch_npu timeline: a launch inside aten::mul_ inside aten::linear,
+    a flow whose end lies on no device task, and a task without a flow."""
+    def op(name, ts, dur, tid=1):
+        return {"ph": "X", "name": name, "pid": 10, "tid": tid, "ts": f"{ts:.3f}", "dur": dur, "cat": "cpu_op"}
+
+    def flow(ph, key, pid, tid, ts):
+        return {"ph": ph, "bp": "e", "name": "torch_to_npu", "id": key, "pid": pid, "tid": tid, "ts": f"{ts:.3f}",
+                "cat": "async_npu"}
+
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 10, "args": {"name": "Python"}},
+        {"ph": "M", "name": "process_name", "pid": 20, "args": {"name": "Ascend Hardware"}},
+        op("aten::linear", 100, 50), op("aten::mul_", 110, 30), op("aclnnMuls", 115, 10),
+        op("aten::relu", 200, 20),
+        {"ph": "X", "name": "Mul", "pid": 20, "tid": 3, "ts": "300.000", "dur": 4.5},
+        {"ph": "X", "name": "Relu", "pid": 20, "tid": 3, "ts": "400.000", "dur": 2.0},
+        {"ph": "X", "name": "Copy", "pid": 20, "tid": 3, "ts": "500.000", "dur": 1.0},
+        flow("s", 7, 10, 1, 115), flow("f", 7, 20, 3, 300),
+        flow("s", 8, 10, 1, 205), flow("f", 8, 20, 3, 450.5),  # ends between two tasks
+        flow("s", 9, 10, 1, 600),  # no end
+    ]
+    path = tmp_path / "trace_view.json"
+    path.write_text(json.dumps(events))
+    profile = load_trace(path)
+    assert _kernels(profile, "aten::mul_") == {"Mul": 1}
+    assert _kernels(profile, "aten::linear") == {} and _kernels(profile, "aten::relu") == {}
+    [mul] = [o for o in profile.ops if o.name == "aten::mul_"]
+    assert mul.device_self_seconds == pytest.approx(4.5e-6)
+    assert {o.name for o in profile.ops if o.kind == "kernel"} == {"Mul", "Relu", "Copy"}
+
+
 def test_ascend_unfused_adam_suggests_npu_fused_adam():
     optimizer = _finding(load_trace(ASCEND / "ut_timeline"), "unfused-optimizer")
     assert "about 10 per-parameter updates" in optimizer.message

@@ -27,8 +27,11 @@ def compare(a, b, fmt, out):
     table shows them, garbage collection, host syncs), the aten operators whose time
     per step changed most (with calls per step, input shapes and the user's line where
     recorded), what appears in one run only, dynamic-shape and compile findings, and
-    each run's top device kernels. Profile with --ops (and --shapes) for the operator
-    table. NPU paths are unverified on Ascend hardware.
+    each run's top device kernels. Where a torch_npu trace links a kernel to the aten
+    operator that launched it, the kernel is listed under that operator and the NPU
+    side's operator time is its kernels' device time; kernels linked to no operator
+    are listed apart. Profile with --ops (and --shapes) for the operator table. NPU
+    paths are unverified on Ascend hardware.
 
     \b
     Examples:

@@ -13,7 +13,10 @@ a torch_npu profiler folder, in any mix: traces are read into a Profile first
   with the input shapes where recorded and the user's line that led to the calls;
   what appears in one run only is listed apart (a fused kernel on one side, a CPU
   fallback or an extra cast on the other). Device kernels, whose names differ from
-  one device to another, are listed per run, not aligned.
+  one device to another, are not aligned by name: where a trace links each kernel to
+  the operator that launched it (torch_npu's launch flows, see ``runtime/traces``),
+  the kernels are listed under that operator's row and their device time is the
+  operator's time; kernels linked to no operator are listed per run, apart.
 
 The result is plain data with a stable JSON form (schema ``torchaxe.compare/1``).
 """
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from torchaxe.errors import TorchaxeError
-from torchaxe.runtime.profile import OpStat, Profile
+from torchaxe.runtime.profile import OpKernel, OpStat, Profile
 
 SCHEMA = "torchaxe.compare/1"
 
@@ -74,6 +77,11 @@ class RunSide:
     warnings: list[str]
     #: Device kernels (traces), most time first: ``{name, seconds_per_step, calls_per_step}``.
     kernels: list[dict[str, Any]] = field(default_factory=list)
+    #: The kernels' launches (and time) that the trace links to no operator, same form;
+    #: all of ``kernels`` when the trace links none.
+    unlinked_kernels: list[dict[str, Any]] = field(default_factory=list)
+    #: Whether operator rows carry the device time of the kernels the trace links to them.
+    kernels_linked: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -91,6 +99,10 @@ class OperatorRow:
     b_shapes: list[str] = field(default_factory=list)
     a_source: str | None = None
     b_source: str | None = None
+    #: The kernels the trace links to this operator, most time first:
+    #: ``{name, seconds_per_step, calls_per_step}``.
+    a_kernels: list[dict[str, Any]] = field(default_factory=list)
+    b_kernels: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def change(self) -> float:
@@ -205,6 +217,7 @@ def _side(profile: Profile, label: str, path: str) -> RunSide:
         "communication": communication / per if communication is not None else None,
         "gc": s.gc_seconds_per_step,
     }
+    linked = [k for op in ops for k in op.kernels]
     dynamic = list(profile.shapes.dynamic_modules) if profile.shapes is not None else []
     findings = [{"kind": f.kind, "message": f.message, "count": f.count} for f in profile.findings
                 if f.kind in ("dynamic-shape", "online-compile", "host-sync", "unfused-optimizer")]
@@ -217,7 +230,31 @@ def _side(profile: Profile, label: str, path: str) -> RunSide:
         warnings=list(profile.warnings),
         kernels=[{"name": k.name, "seconds_per_step": (k.device_self_seconds or 0.0) / per,
                   "calls_per_step": k.calls / per} for k in kernels[:MAX_KERNELS]],
+        unlinked_kernels=_unlinked(kernels, linked, per), kernels_linked=bool(linked),
     )
+
+
+def _unlinked(kernels: list[OpStat], linked: list[OpKernel], per: int) -> list[dict[str, Any]]:
+    """Each kernel's launches and time less those linked to an operator, most time first."""
+    calls: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    for k in linked:
+        calls[k.name] = calls.get(k.name, 0) + k.calls
+        seconds[k.name] = seconds.get(k.name, 0.0) + k.device_seconds
+    rows = []
+    for k in kernels:
+        left = (k.device_self_seconds or 0.0) - seconds.get(k.name, 0.0)
+        n = k.calls - calls.get(k.name, 0)
+        # Rounding of summed times, or a kernel table read from another file than the timeline.
+        if n > 0 and left > 1e-12:
+            rows.append({"name": k.name, "seconds_per_step": left / per, "calls_per_step": n / per})
+    rows.sort(key=lambda r: (-r["seconds_per_step"], r["name"]))
+    return rows[:MAX_KERNELS]
+
+
+def _kernels(op: OpStat, per: int) -> list[dict[str, Any]]:
+    return [{"name": k.name, "seconds_per_step": k.device_seconds / per, "calls_per_step": k.calls / per}
+            for k in op.kernels[:MAX_KERNELS]]
 
 
 def _shapes(op: OpStat, limit: int = 3) -> list[str]:
@@ -263,6 +300,7 @@ def compare_profiles(a: Profile, b: Profile, a_label: str = "A", b_label: str = 
             b_calls_per_step=op_b.calls / per_b if op_b else None,
             a_shapes=_shapes(op_a) if op_a else [], b_shapes=_shapes(op_b) if op_b else [],
             a_source=_source(op_a) if op_a else None, b_source=_source(op_b) if op_b else None,
+            a_kernels=_kernels(op_a, per_a) if op_a else [], b_kernels=_kernels(op_b, per_b) if op_b else [],
         ))
     only_a = [r for r in rows if r.b_seconds_per_step is None]
     only_b = [r for r in rows if r.a_seconds_per_step is None]
@@ -280,6 +318,12 @@ def compare_profiles(a: Profile, b: Profile, a_label: str = "A", b_label: str = 
     if a.run.target != b.run.target:
         notes.append(f"{a_label} ran on {a.run.target}, {b_label} on {b.run.target}: operator names that differ "
                      "only because each device has its own kernels show up as 'only in' one run")
+    for side in (side_a, side_b):
+        if side.kernels_linked:
+            unverified = ". NPU paths are unverified on Ascend hardware" if side.target == "npu" else ""
+            notes.append(f"{side.label}'s operator times are the device time of the kernels its trace links to "
+                         f"each operator (the innermost aten operator around each launch); kernels linked to none "
+                         f"are listed apart{unverified}")
     for label, p in ((a_label, a), (b_label, b)):
         if p.summary.steps_measured == 0:
             notes.append(f"{label} has no measured steps: its per-step figures are over the whole run or missing")

@@ -25,6 +25,11 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{b / a:.2f}x" if a and b is not None else ""
 
 
+def _kernel_list(kernels: list[dict], limit: int) -> str:
+    more = f" and {len(kernels) - limit} more" if len(kernels) > limit else ""
+    return ", ".join(f"{k['name'][:40]} ({_ms(k['seconds_per_step'])})" for k in kernels[:limit]) + more
+
+
 def _row(row: OperatorRow) -> str:
     return (f"  {row.name[:38]:<38} {_ms(row.a_seconds_per_step):>11} {_calls(row.a_calls_per_step):>6}  "
             f"{_ms(row.b_seconds_per_step):>11} {_calls(row.b_calls_per_step):>6}  {row.change * 1e3:+10.2f} ms")
@@ -59,6 +64,9 @@ def render_comparison(comparison: Comparison, out: TextIO) -> None:
                   f"{'change':>13}\n")
         for row in comparison.operators[:TOP]:
             out.write(_row(row) + "\n")
+            for label, kernels in (("A", row.a_kernels), ("B", row.b_kernels)):
+                if kernels:
+                    out.write(f"      {label} kernels: {_kernel_list(kernels, 3)}\n")
     for label, rows, seconds in (("A", comparison.only_in_a, "a_seconds_per_step"),
                                  ("B", comparison.only_in_b, "b_seconds_per_step")):
         if rows:
@@ -72,8 +80,10 @@ def render_comparison(comparison: Comparison, out: TextIO) -> None:
         for finding in side.findings:
             if finding["kind"] in ("dynamic-shape", "online-compile"):
                 out.write(f"{side.label}: {finding['message']}\n")
-        if side.kernels:
-            top = ", ".join(f"{k['name'][:40]} ({_ms(k['seconds_per_step'])})" for k in side.kernels[:5])
-            out.write(f"{side.label} kernels: {top}\n")
+        if side.kernels_linked:
+            if side.unlinked_kernels:
+                out.write(f"{side.label} kernels linked to no operator: {_kernel_list(side.unlinked_kernels, 5)}\n")
+        elif side.kernels:
+            out.write(f"{side.label} kernels: {_kernel_list(side.kernels, 5)}\n")
     for note in comparison.notes:
         out.write(f"note: {note}\n")

@@ -328,6 +328,24 @@ class OpSource:
 
 
 @dataclass
+class OpKernel:
+    """A device kernel an operator launched (traces whose flows link the two), its
+    launches and its device time."""
+
+    name: str
+    calls: int
+    device_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "calls": self.calls, "device_seconds": self.device_seconds}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "kernel") -> "OpKernel":
+        r = _Reader(data, where)
+        return cls(name=r.str("name"), calls=r.int("calls"), device_seconds=r.float("device_seconds"))
+
+
+@dataclass
 class OpStat:
     """One operator over the op-profiling window (``ops_steps``): host time spent in
     the operator itself (``self``) and including its children (``total``), and the
@@ -345,6 +363,9 @@ class OpStat:
     input_shapes: list[OpShapeGroup] = field(default_factory=list)
     #: Lines of the user's code that led to the calls, most frequent first.
     sources: list[OpSource] = field(default_factory=list)
+    #: Traces: the device kernels this operator launched (innermost operator of the
+    #: launch), most device time first; their sum is ``device_self_seconds``.
+    kernels: list[OpKernel] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -356,6 +377,7 @@ class OpStat:
             "device_self_seconds": self.device_self_seconds,
             "input_shapes": [g.to_dict() for g in self.input_shapes],
             "sources": [s.to_dict() for s in self.sources],
+            "kernels": [k.to_dict() for k in self.kernels],
         }
 
     @classmethod
@@ -370,6 +392,7 @@ class OpStat:
             kind=r.str("kind", optional=True, choices=OP_KINDS) or "op",
             input_shapes=r.list("input_shapes", OpShapeGroup.from_dict),
             sources=r.list("sources", OpSource.from_dict),
+            kernels=r.list("kernels", OpKernel.from_dict),
         )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from torchaxe.runtime.profile import OpShapeGroup, OpStat, Profile, ProfileFinding, RunInfo, StepRecord
+from torchaxe.runtime.profile import OpKernel, OpShapeGroup, OpStat, Profile, ProfileFinding, RunInfo, StepRecord
 from torchaxe.runtime.traces.ascend import KernelRow, OpTypeRow
 from torchaxe.runtime.traces.events import Event, Timeline
 from torchaxe.units import duration
@@ -105,7 +105,7 @@ def build_profile(data: TraceData) -> Profile:
         if not steps:
             warnings.append("no ProfilerStep#N annotations in the trace (the profiler was not stepped with "
                             "prof.step()): no steps, and the op table covers the whole trace")
-        ops = _op_table(timeline.host)
+        ops = _op_table(timeline.host, timeline.device)
         if not data.kernels and timeline.device:
             kernels = _kernels_from_events(timeline.device)
         first = min((e.start for e in timeline.host + timeline.device), default=0.0)
@@ -138,7 +138,11 @@ def build_profile(data: TraceData) -> Profile:
                   options={"trace": str(data.path), "files": [str(f) for f in data.files]})
     detail = (f"imported from {'torch_npu' if ascend else 'torch'}.profiler output {data.path}: "
               f"{len(steps)} step{'s' if len(steps) != 1 else ''}")
-    return Profile(status="completed", run=run, steps=steps, ops=(ops[:MAX_OPS] + kernels[:MAX_KERNELS]),
+    if timeline is not None and any(op.kernels for op in ops):
+        kernels = _kept_kernels(kernels, timeline.device)
+    else:
+        kernels = kernels[:MAX_KERNELS]
+    return Profile(status="completed", run=run, steps=steps, ops=(ops[:MAX_OPS] + kernels),
                    ops_steps=[s.index for s in steps], detail=detail, warnings=warnings, findings=findings,
                    seconds=seconds)
 
@@ -176,7 +180,34 @@ def _steps(timeline: Timeline, step_events: list[Event]) -> list[StepRecord]:
 # ------------------------------------------------------------------------------ ops
 
 
-def _op_table(events: list[Event]) -> list[OpStat]:
+def launching_op(event: Event) -> Event | None:
+    """The operator that launched a device event, where a flow links the two: the
+    innermost namespaced operator (``aten::addmm``, ``npu::...``) holding the launch on
+    its thread. Innermost, not outermost, because operator rows carry self time: the
+    host-only run's ``aten::addmm`` is where the matrix product's time sits, not
+    ``aten::linear`` around it."""
+    node = event.launched_by
+    while node is not None:
+        if "::" in node.name and _is_host_op(node) and not _is_range(node):
+            return node
+        node = node.parent
+    return None
+
+
+def _launched(device: list[Event]) -> dict[str, dict[str, list]]:
+    """Per operator name, per kernel name: [launches, device microseconds]."""
+    out: dict[str, dict[str, list]] = defaultdict(dict)
+    for event in device:
+        op = launching_op(event)
+        if op is not None:
+            row = out[op.name].setdefault(_kernel_name(event), [0, 0.0])
+            row[0] += 1
+            row[1] += event.dur
+    return out
+
+
+def _op_table(events: list[Event], device: list[Event] | None = None) -> list[OpStat]:
+    launched = _launched(device or [])
     rows: dict[str, dict] = {}
     shapes: dict[str, Counter] = defaultdict(Counter)
     shape_time: dict[str, dict] = defaultdict(lambda: defaultdict(float))
@@ -195,13 +226,28 @@ def _op_table(events: list[Event]) -> list[OpStat]:
     table = []
     for name, row in rows.items():
         groups = sorted(shapes[name].items(), key=lambda kv: (-shape_time[name][kv[0]], -kv[1]))[:MAX_SHAPE_GROUPS]
+        kernels = sorted((OpKernel(name=k, calls=n, device_seconds=us / 1e6)
+                          for k, (n, us) in launched.get(name, {}).items()),
+                         key=lambda k: (-k.device_seconds, k.name))
+        device_seconds = sum(k.device_seconds for k in kernels) if launched else None
         table.append(OpStat(
             name=name, kind="range" if row["range"] else "op", calls=row["calls"],
             self_seconds=row["self"] / 1e6, total_seconds=row["total"] / 1e6,
+            device_self_seconds=device_seconds if not row["range"] else None, kernels=kernels,
             input_shapes=[OpShapeGroup(input_shapes=[list(s) if s is not None else None for s in key], calls=n,
                                        self_seconds=shape_time[name][key] / 1e6) for key, n in groups]))
-    table.sort(key=lambda o: (o.kind != "op", -o.self_seconds, o.name))
+    # Operators that launched device work first (most device time), then by host time.
+    table.sort(key=lambda o: (o.kind != "op", -(o.device_self_seconds or 0.0), -o.self_seconds, o.name))
     return table
+
+
+def _kept_kernels(kernels: list[OpStat], device: list[Event]) -> list[OpStat]:
+    """The kernel rows a profile keeps: the most device time, and also those with
+    launches linked to no operator (so that they can still be listed apart)."""
+    unlinked = {_kernel_name(e) for e in device if launching_op(e) is None}
+    top = kernels[:MAX_KERNELS]
+    kept = {k.name for k in top}
+    return top + [k for k in kernels[MAX_KERNELS:] if k.name in unlinked and k.name not in kept][:MAX_KERNELS]
 
 
 def _kernels_from_events(events: list[Event]) -> list[OpStat]:

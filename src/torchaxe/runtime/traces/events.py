@@ -5,6 +5,12 @@ Both formats are a JSON list of events (torch.profiler wraps it in an object und
 microseconds, which torch_npu writes as strings. This module reads the file, keeps
 the complete events and the flow starts, sorts out which process is the host and
 which the device, and nests host events to give each its parent and self time.
+
+torch_npu links each device task to the host call that launched it with a flow
+(category ``async_npu``): its start (``ph: s``) lies on the host thread at the start
+of the launching call (``aclnnMm``, ``Enqueue``, ...), its end (``ph: f``, same
+``id``) on the ``Ascend Hardware`` row at the start of the task. A device event so
+linked gets that host call as ``launched_by``.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,10 @@ ASCEND_SKIPPED_PROCESSES = ("Overlap Analysis", "HCCL", "AI Core Freq", "Stars C
                             "NPU MEM", "APP MEM", "PTA MEM", "GE MEM", "SIO", "QoS", "LLC", "HBM", "DDR")
 #: torch.profiler event categories that run on a GPU.
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+#: Flow categories that link a host launch to the device task it launched.
+LAUNCH_FLOWS = ("async_npu",)
+#: How far (microseconds) a flow end may sit from its device task (times written as strings).
+FLOW_SLACK_US = 0.05
 
 
 @dataclass
@@ -46,6 +57,8 @@ class Event:
     device: bool = False
     parent: "Event | None" = None
     children: list["Event"] = field(default_factory=list)
+    #: Device events: the host call that launched this task, where a flow says so.
+    launched_by: "Event | None" = None
 
     @property
     def end(self) -> float:
@@ -136,13 +149,23 @@ def read_timeline(path: Path) -> Timeline:
     host: list[Event] = []
     device: list[Event] = []
     flows: dict[str, int] = {}
+    # Launch flows' ends by id: where each starts (thread, time) and ends (process, thread, time).
+    flow_starts: dict[Any, tuple[Any, float]] = {}
+    flow_ends: dict[Any, tuple[Any, Any, float]] = {}
     for item in raw:
         if not isinstance(item, dict):
             continue
         ph = item.get("ph")
-        if ph == "s":
+        if ph in ("s", "f"):
             cat = str(item.get("cat") or item.get("name") or "")
-            flows[cat] = flows.get(cat, 0) + 1
+            if ph == "s":
+                flows[cat] = flows.get(cat, 0) + 1
+            ts, key = _number(item.get("ts")), item.get("id")
+            if cat in LAUNCH_FLOWS and ts is not None and isinstance(key, (str, int)):
+                if ph == "s":
+                    flow_starts[key] = (item.get("tid"), ts)
+                else:
+                    flow_ends[key] = (item.get("pid"), item.get("tid"), ts)
             continue
         if ph != "X":
             continue
@@ -162,6 +185,7 @@ def read_timeline(path: Path) -> Timeline:
     if not host and not device:
         raise TraceFormatError(f"{path}: a trace without a single complete event (ph X)")
     _nest(host)
+    _link_launches(host, device, flow_starts, flow_ends)
     return Timeline(path=path, host=host, device=device, flows=flows, processes=processes)
 
 
@@ -183,3 +207,45 @@ def _nest(events: list[Event]) -> None:
                 event.parent = stack[-1]
                 stack[-1].children.append(event)
             stack.append(event)
+
+
+def _link_launches(host: list[Event], device: list[Event], starts: dict[Any, tuple[Any, float]],
+                   ends: dict[Any, tuple[Any, Any, float]]) -> None:
+    """Give each device event the host call its launch flow starts in: the innermost
+    host event on the flow's thread whose span holds the flow's start (threads matched
+    by id, as in :func:`_nest`)."""
+    if not starts or not ends:
+        return
+    threads: dict[Any, list[Event]] = {}
+    for event in host:
+        threads.setdefault(event.tid, []).append(event)
+    for thread in threads.values():
+        thread.sort(key=lambda e: (e.start, -e.dur))
+    thread_starts = {tid: [e.start for e in thread] for tid, thread in threads.items()}
+    streams: dict[tuple[Any, Any], list[Event]] = {}
+    for event in device:
+        streams.setdefault((event.pid, event.tid), []).append(event)
+    for stream in streams.values():
+        stream.sort(key=lambda e: (e.start, -e.dur))
+    stream_starts = {key: [e.start for e in stream] for key, stream in streams.items()}
+    for key, (pid, tid, ts) in ends.items():
+        start = starts.get(key)
+        if start is None or (pid, tid) not in streams:
+            continue
+        stream = streams[(pid, tid)]
+        i = bisect_right(stream_starts[(pid, tid)], ts + FLOW_SLACK_US) - 1
+        if i < 0 or not (abs(stream[i].start - ts) <= FLOW_SLACK_US or stream[i].start <= ts <= stream[i].end):
+            continue
+        launcher = _innermost(threads.get(start[0], []), thread_starts.get(start[0], []), start[1])
+        if launcher is not None:
+            stream[i].launched_by = launcher
+
+
+def _innermost(thread: list[Event], starts: list[float], ts: float) -> Event | None:
+    """The innermost event of a nested, start-sorted thread whose span holds ``ts``:
+    the last one to start by ``ts``, or the nearest of its ancestors that holds it."""
+    i = bisect_right(starts, ts) - 1
+    node = thread[i] if i >= 0 else None
+    while node is not None and not node.start <= ts <= node.end:
+        node = node.parent
+    return node
