@@ -415,3 +415,26 @@ def test_run_exits_with_the_code_of_the_rank_that_failed(tmp_path):
     (tmp_path / "p.rank1.json").write_text(json.dumps({"status": "completed", "exit_code": None}))
     (tmp_path / "p.rank0.json").write_text(json.dumps({"status": "completed", "exit_code": None}))
     assert _script_exit_code(out, 0) == 0
+
+
+def test_a_verdict_exits_0_in_the_ranks_only(monkeypatch):
+    from torchaxe.runtime.torchrun import IN_RANKS, rank_exit_code
+
+    monkeypatch.delenv(IN_RANKS, raising=False)
+    assert rank_exit_code(1) == 1
+    monkeypatch.setenv(IN_RANKS, "1")
+    assert rank_exit_code(1) == 0 and rank_exit_code(3) == 3
+
+
+@pytest.mark.slow
+def test_data_under_torchrun_reports_every_rank_and_exits_0_on_a_verdict(tmp_path):
+    """`torchaxe data -- torchrun ...`: each rank measures its loader and prints its
+    report; a data-bound verdict is no failed rank for torchrun."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "torchaxe", "data", "--steps", "3", "--warmup", "1", "--",
+                           "torchrun", "--nproc-per-node", "2", "--standalone", str(DDP_EXAMPLE), "--steps", "50",
+                           "--width", "128"], capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("verdict:") == 2
+    assert "error" not in done.stderr.lower().replace("errors.html", "")

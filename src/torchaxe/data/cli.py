@@ -11,7 +11,7 @@ import click
 
 from torchaxe.backends import TARGET_CHOICES
 from torchaxe.console import CONTEXT, progress_printer, writable_path
-from torchaxe.runtime.torchrun import in_ranks
+from torchaxe.runtime.torchrun import in_ranks, rank_exit_code
 from torchaxe.errors import TorchaxeError
 
 EPILOG = """\b
@@ -24,6 +24,8 @@ Exit codes:
   5    --timeout ran out (a hung loader)
   6    no step was seen
   130  interrupted
+Under torchrun (`torchaxe data -- torchrun ...`) each rank prints its report and a
+verdict exits 0 (torchrun would take 1 for a failed rank); the exit code is torchrun's.
 """
 
 EXIT_NOT_BOUND = 0
@@ -124,7 +126,7 @@ def data(steps, warmup, timeout, target, samples, sample_timeout, images, decode
     sys.stdout.flush()
     if code is None:
         code = EXIT_BOUND if report.verdict is not None and report.verdict.data_bound else EXIT_NOT_BOUND
-    _leave(threads_before, code)
+    _leave(threads_before, rank_exit_code(code, (EXIT_BOUND,)))
 
 
 def _json(report) -> str:

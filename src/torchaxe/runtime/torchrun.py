@@ -36,6 +36,15 @@ HOW_FLAGS = {"-m": "module", "--module": "module", "--no-python": "exec", "--no_
              "--run-path": "script", "--run_path": "script"}
 #: The module that is torchrun (``python -m torch.distributed.run``).
 TORCHRUN_MODULE = "torch.distributed.run"
+#: Set in the ranks of a verb run in every rank: a verb whose exit code states a
+#: verdict (``data``: 1 = data-bound) exits 0 there, since torchrun takes any other
+#: code for a failed rank and stops the others.
+IN_RANKS = "TORCHAXE_IN_RANKS"
+
+
+def rank_exit_code(code: int, verdicts: tuple[int, ...] = (1,)) -> int:
+    """``code``, or 0 for a verdict code in a rank of a verb run in every rank."""
+    return 0 if code in verdicts and os.environ.get(IN_RANKS) == "1" else code
 
 
 @dataclass
@@ -310,7 +319,7 @@ def run_verb_in_ranks(raw_args: Sequence[str] | None, command: Sequence[str]) ->
     check_module(parse_script(command)[1])  # one-line errors before torchrun starts anything
     sys.stderr.write(f"torchaxe: running in every rank: {' '.join(argv[2:])}\n")
     sys.stderr.flush()
-    process = subprocess.Popen(argv, stderr=subprocess.PIPE)
+    process = subprocess.Popen(argv, stderr=subprocess.PIPE, env={**os.environ, IN_RANKS: "1"})
     tail = bytearray()
     reader = threading.Thread(target=_pass_on, args=(process.stderr, tail), daemon=True)
     reader.start()
