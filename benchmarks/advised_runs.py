@@ -90,3 +90,16 @@ def combination_arms(combos: Sequence[tuple], findings: Sequence, work: Path, so
             fragment["sources"] = fixed_sources(findings, codes, folder)
         arms.append(knob_set_from_dict({"name": "+".join(r["key"] for r in combo), **fragment}, source))
     return arms
+
+
+def side_by_side(measurer, plain, tuned, best_knobs, repeats: int) -> tuple | None:
+    """The tuned run and the exhaustive best measured again in the same rounds (the best
+    of many noisy combinations is biased upwards: the winner's curse): (median of the
+    per-round best/tuned ratios, those ratios, the tuned arm, the best arm), or None
+    when no round measured both."""
+    from dataclasses import replace
+
+    _, (t_arm, b_arm), _ = measurer.compare(plain, [tuned, replace(best_knobs, name="best")], repeats,
+                                            "side by side: tuned and the exhaustive best")
+    pairs = [b / t for t, b in zip(t_arm.ratios, b_arm.ratios)]
+    return (statistics.median(pairs), pairs, t_arm, b_arm) if pairs else None

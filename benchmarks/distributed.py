@@ -33,13 +33,12 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from advised_runs import advise_then_apply, combination_arms, combinations  # noqa: E402
+from advised_runs import advise_then_apply, combination_arms, combinations, side_by_side  # noqa: E402
 from saved_run import add_save_options, save_result  # noqa: E402
 
 from torchaxe.advise.measure import Measurer  # noqa: E402
@@ -130,13 +129,8 @@ def main() -> int:
     _, ex_arms, _ = measurer.compare(plain, arms, max(1, args.repeats - 1), "exhaustive") if arms else (None, [], True)
     ok = [a for a in ex_arms if a.ok and a.ratio]
     best = min(ok, key=lambda a: a.ratio) if ok else None
-    side = None
-    if best is not None and tuned_arm.ratio:
-        _, (t_arm, b_arm), _ = measurer.compare(plain, [tuned, replace(best.knobs, name="best")], args.repeats,
-                                                "side by side: tuned and the exhaustive best")
-        pairs = [b / t for t, b in zip(t_arm.ratios, b_arm.ratios)]
-        if pairs:
-            side = (statistics.median(pairs), pairs, t_arm, b_arm)
+    side = side_by_side(measurer, plain, tuned, best.knobs, args.repeats) if best is not None and tuned_arm.ratio \
+        else None
 
     speedup = 1 / tuned_arm.ratio if tuned_arm.ratio else None
     before, after = exposed(base.rank_figures), exposed(tuned_arm.rank_figures)

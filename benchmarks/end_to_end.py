@@ -36,13 +36,12 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from advised_runs import advise_then_apply, combination_arms, combinations  # noqa: E402
+from advised_runs import advise_then_apply, combination_arms, combinations, side_by_side  # noqa: E402
 from saved_run import add_save_options, save_result  # noqa: E402
 
 from torchaxe.advise.measure import Measurer  # noqa: E402
@@ -135,12 +134,7 @@ def main() -> int:
         tuned_again = knob_set_from_dict({**run_knobs, "name": "tuned",
                                           "sources": {**run_knobs.get("sources", {}), str(script): str(tuned_file)}},
                                          "e2e")
-        best_again = replace(best.knobs, name="best")
-        _, (t_arm, b_arm), _ = measurer.compare(plain, [tuned_again, best_again], args.repeats,
-                                                "side by side: tuned and the exhaustive best")
-        pairs = [b / t for t, b in zip(t_arm.ratios, b_arm.ratios)]
-        if pairs:
-            side = (statistics.median(pairs), pairs, t_arm, b_arm)
+        side = side_by_side(measurer, plain, tuned_again, best.knobs, args.repeats)
     within_best = bool(speedup and best_speedup and (side[0] if side else speedup / best_speedup) >= 0.9)
     lines = [
         f"end-to-end on examples/gpt/train.py {' '.join(extra)} ({platform.machine()}, {os.cpu_count()} cores"

@@ -31,3 +31,23 @@ def test_each_combination_is_one_knob_set(tmp_path):
     (arm,) = combination_arms(combos, [], tmp_path, "test")
     assert arm.name == "knob:a+knob:b"
     assert arm.to_dict()["ddp"] == {"static_graph": True, "gradient_as_bucket_view": True}
+
+
+def test_side_by_side_pairs_the_rounds_of_the_tuned_run_and_the_best():
+    from types import SimpleNamespace
+
+    from advised_runs import side_by_side
+
+    from torchaxe.runtime.knobs import knob_set_from_dict
+
+    class Measurer:
+        def compare(self, plain, arms, repeats, label):
+            self.names = [a.name for a in arms]
+            return None, (SimpleNamespace(ratios=[0.5, 0.6, 0.4]), SimpleNamespace(ratios=[0.45, 0.6, 0.44])), True
+
+    measurer = Measurer()
+    best = knob_set_from_dict({"name": "knob:a+knob:b"}, "test")
+    median, pairs, tuned_arm, best_arm = side_by_side(measurer, None, knob_set_from_dict({"name": "tuned"}, "t"),
+                                                      best, 3)
+    assert measurer.names == ["tuned", "best"]
+    assert [round(p, 3) for p in pairs] == [0.9, 1.0, 1.1] and round(median, 3) == 1.0
