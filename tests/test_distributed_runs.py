@@ -438,3 +438,11 @@ def test_data_under_torchrun_reports_every_rank_and_exits_0_on_a_verdict(tmp_pat
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("verdict:") == 2
     assert "error" not in done.stderr.lower().replace("errors.html", "")
+
+
+def test_a_nodes_cores_are_shared_by_its_local_ranks():
+    from torchaxe.cpulist import cores_per_rank, local_ranks
+
+    assert local_ranks({}) == 1 and local_ranks({"LOCAL_WORLD_SIZE": "x"}) == 1
+    assert local_ranks({"LOCAL_WORLD_SIZE": "4"}) == 4
+    assert cores_per_rank(8, {"LOCAL_WORLD_SIZE": "4"}) == 2 and cores_per_rank(2, {"LOCAL_WORLD_SIZE": "8"}) == 1

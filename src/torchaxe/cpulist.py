@@ -4,7 +4,7 @@ the number of CPUs this process may use."""
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from typing import Any, Iterable
 
 from torchaxe.errors import TorchaxeError
 
@@ -69,3 +69,18 @@ def usable_cpus() -> int:
         except OSError:
             pass
     return os.cpu_count() or 1
+
+
+def local_ranks(environ: Any = None) -> int:
+    """How many processes torchrun (or another launcher setting ``LOCAL_WORLD_SIZE``)
+    runs on this node; 1 without one, or for a value that is not a number."""
+    environ = os.environ if environ is None else environ
+    try:
+        return max(1, int(environ.get("LOCAL_WORLD_SIZE") or 1))
+    except ValueError:
+        return 1
+
+
+def cores_per_rank(cpus: int, environ: Any = None) -> int:
+    """This rank's share of ``cpus``, which the node's local ranks share alike; at least 1."""
+    return max(1, cpus // local_ranks(environ))

@@ -107,27 +107,19 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
             problem = torchrun_failure(done.stderr) or (tail[-1] if tail else "no output")
             raise TorchaxeError(f"the script failed before its first step: {problem}")
         # The first rank that ran on this node: its context (imported files, settings) was written here.
-        local = [r for r in files if rank_path(done.context_path, r, 2 if len(files) > 1 else 1).exists()]
-        first = min(local or files)
+        contexts = {rank: rank_path(done.context_path, rank, len(files)) for rank in files}
+        first = min([rank for rank, path in contexts.items() if path.exists()] or files)
         profile = json.loads(files[first].read_text(encoding="utf-8"))
-        run = profile.get("run") or {}
-        context = run_context.load(rank_path(done.context_path, run.get("rank"), run.get("world_size")))
+        context = run_context.load(contexts[first])
         distributed = None
-        if len(files) > 1 or (run.get("world_size") or 1) > 1:
-            distributed = _job_view(files)
+        if len(files) > 1 or ((profile.get("run") or {}).get("world_size") or 1) > 1:
+            distributed = _job_view(done.profile_path)
     return BaselineProfile(profile, context, done.seconds, distributed)
 
 
-def _job_view(files: dict[int, Path]) -> dict[str, Any] | None:
+def _job_view(out: Path) -> dict[str, Any] | None:
     """The ranks side by side; a rank whose run failed names the failure."""
-    from torchaxe.runtime.profile import ProfileFormatError, load_profile
-
-    profiles = {}
-    for rank, path in files.items():
-        try:
-            profiles[rank] = load_profile(path)
-        except (ProfileFormatError, TorchaxeError):
-            continue
+    profiles = ranks.load_ranks(out)
     failed = ranks.failed_rank(profiles)
     if failed is not None:
         raise TorchaxeError(f"rank {failed[0]} of the profiled run: {failed[1].status}: {failed[1].detail}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from torchaxe import cpulist
 from torchaxe.runtime.candidate import Candidate, knob_candidate
 
 #: Fewer cores than this leave nothing to bind apart.
@@ -15,14 +16,11 @@ MIN_CORES_TO_BIND = 4
 def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
     """The thread-count and core-binding candidates, given the cores the run was allowed."""
     out: list[Candidate] = []
-    allowed = settings.get("allowed_cpus") or os.cpu_count() or 1
-    try:
-        local_ranks = max(1, int((settings.get("env") or {}).get("LOCAL_WORLD_SIZE") or 1))
-    except ValueError:
-        local_ranks = 1
-    node_cores = allowed
+    node_cores = settings.get("allowed_cpus") or os.cpu_count() or 1
     # The local ranks of a torchrun job share the node's cores: each has its part.
-    allowed = max(1, allowed // local_ranks)
+    env = settings.get("env") or {}
+    local_ranks = cpulist.local_ranks(env)
+    allowed = cpulist.cores_per_rank(node_cores, env)
     if target == "cpu":
         threads = settings.get("num_threads")
         if threads and threads != allowed and "OMP_NUM_THREADS" not in (settings.get("env") or {}):

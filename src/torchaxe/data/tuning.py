@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from torchaxe.cpulist import usable_cpus
+from torchaxe.cpulist import cores_per_rank, usable_cpus
 from torchaxe.errors import TorchaxeError
 from torchaxe.units import duration
 
@@ -40,13 +39,7 @@ KB_KIND = "dataloader"
 
 def cores_for_this_rank(environ: Any = None) -> int:
     """CPUs this process may use, shared among the ranks on this node (``LOCAL_WORLD_SIZE``)."""
-    environ = os.environ if environ is None else environ
-    cpus = usable_cpus()
-    try:
-        ranks = max(1, int(environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        ranks = 1
-    return max(1, cpus // ranks)
+    return cores_per_rank(usable_cpus(), environ)
 
 
 def estimate_workers(load_seconds_per_batch: float | None, compute_seconds_per_step: float | None,

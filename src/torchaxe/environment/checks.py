@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from torchaxe import cpulist
 from torchaxe.memory.candidates import allocator_setting
 from torchaxe.runtime.candidate import Candidate, knob_candidate
 from torchaxe.units import duration
@@ -103,13 +104,10 @@ def environment_checks(settings: dict[str, Any], profile: dict[str, Any], findin
             checks.append(EnvironmentCheck(var, c.rec.detail, recommendation=c.key))
 
     allowed = settings.get("allowed_cpus") or settings.get("cpu_count") or 0
-    try:
-        local_ranks = max(1, int(env.get("LOCAL_WORLD_SIZE") or 1))
-    except ValueError:
-        local_ranks = 1
-    if local_ranks > 1 and allowed:
-        # The local ranks of a torchrun job share the node's cores: each gets its part.
-        allowed = max(1, allowed // local_ranks)
+    # The local ranks of a torchrun job share the node's cores: each gets its part.
+    local_ranks = cpulist.local_ranks(env)
+    if allowed:
+        allowed = cpulist.cores_per_rank(allowed, env)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if var not in env:
             continue

@@ -38,6 +38,21 @@ def rank_files(out: str | Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+def load_ranks(out: str | Path) -> dict[int, Profile]:
+    """The profiles a run wrote for ``out`` (see :func:`rank_files`), by rank; a file
+    that cannot be read (a rank killed while writing) is left out."""
+    from torchaxe.errors import TorchaxeError
+    from torchaxe.runtime.profile import ProfileFormatError, load_profile
+
+    profiles = {}
+    for rank, path in rank_files(out).items():
+        try:
+            profiles[rank] = load_profile(path)
+        except (ProfileFormatError, TorchaxeError):
+            continue
+    return profiles
+
+
 @dataclass(frozen=True)
 class JobSteps:
     """The job's measured steps: per step, the slowest rank's time and that rank's data wait."""

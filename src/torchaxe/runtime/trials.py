@@ -397,19 +397,12 @@ def follower_run(message: dict[str, Any], command: Sequence[str]) -> dict[str, A
 def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOptions, repeat: int) -> TrialRun:
     """Run the command once under ``knobs`` through the bootstrap; the script's
     stdout is discarded, its stderr kept for the error report."""
-    from torchaxe.runtime.profile import ProfileFormatError, load_profile
-
     with tempfile.TemporaryDirectory(prefix="torchaxe-trial-") as tmp:
         done = launch_bootstrap(knobs, command, options, Path(tmp))
         returncode, killed, stderr_text = done.returncode, done.killed, done.stderr
         tail = "\n".join(stderr_text.rstrip().splitlines()[-STDERR_TAIL_LINES:])
         run = TrialRun(knobs=knobs.name, repeat=repeat, ok=False, returncode=returncode, seconds=done.seconds)
-        profiles = {}
-        for rank, path in rank_files(done.profile_path).items():
-            try:
-                profiles[rank] = load_profile(path)
-            except (ProfileFormatError, TorchaxeError):
-                continue
+        profiles = ranks.load_ranks(done.profile_path)
     distributed = len(profiles) > 1 or any(p.run.world_size and p.run.world_size > 1 for p in profiles.values())
     profile = ranks.first_rank(profiles)
     failed = ranks.failed_rank(profiles)
