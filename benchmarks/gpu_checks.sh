@@ -21,7 +21,7 @@
 #
 # The parts run in the order above; their limits add up to more than TOTAL, so the
 # last ones get what the others left (a part with under 20 s left is skipped). mfu
-# comes last: it needs about MFU_LIMIT seconds (two profiled runs and an advise of
+# comes last: it needs about MFU_LIMIT seconds (four profiled runs and an advise of
 # MFU_BUDGET); when the others leave too little, run it alone with PARTS="env mfu".
 #
 # Settings (environment): PYTHON (default python3), TOTAL (default 540 seconds),
@@ -35,7 +35,7 @@ TARGET=${TARGET:-cuda}
 E2E_BUDGET=${E2E_BUDGET:-150s}
 E2E_LIMIT=${E2E_LIMIT:-320}
 MFU_BUDGET=${MFU_BUDGET:-45s}
-MFU_LIMIT=${MFU_LIMIT:-150}
+MFU_LIMIT=${MFU_LIMIT:-170}
 PARTS=${PARTS:-env tests prefetch e2e compile mfu}
 GPT_ARGS=${GPT_ARGS:---batch-size 32 --seq-len 256 --d-model 512 --n-layers 6 --n-heads 8 --vocab-size 8192 --steps 100000 --log-every 100000}
 mkdir -p "$OUT"
@@ -67,6 +67,6 @@ part e2e "$E2E_LIMIT" "$PY" benchmarks/end_to_end.py --target "$TARGET" --budget
     --max-combinations 4 --check-accuracy --args "$GPT_ARGS" --out "$OUT/end_to_end_cuda.json"
 part compile 150 "$PY" benchmarks/compile_mode.py --target "$TARGET" --only gpt --repeats 2 --steps 20 \
     --out "$OUT/compile_mode_cuda.json"
-part mfu "$MFU_LIMIT" "$PY" benchmarks/mfu.py --target "$TARGET" --only gpt --budget "$MFU_BUDGET" --steps 10 \
+part mfu "$MFU_LIMIT" "$PY" benchmarks/mfu.py --target "$TARGET" --only gpt --budget "$MFU_BUDGET" --steps 10 --rounds 2 \
     --gpt-args "$GPT_ARGS" --out "$OUT/mfu_$TARGET.json"
 echo "== total $(( $(date +%s) - START ))s"

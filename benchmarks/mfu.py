@@ -5,13 +5,15 @@ For each of examples/gpt, examples/image_classifier and examples/seq_varlen (sma
 sizes: a step takes milliseconds to a tenth of a second on a CPU), on a copy of the
 example:
 
-1. **before**: the original profiled once under the harness with op recording, FLOP
-   counting and the peak probe (as advise profiles its baseline);
-2. ``torchaxe advise --budget B`` on the copy, then ``torchaxe apply --unsafe-fixes``:
-   the copy's code is fixed and its run knobs go to its torchaxe.toml (as
-   benchmarks/end_to_end.py does);
-3. **after**: the tuned copy profiled the same way, under its run knobs (as ``torchaxe
-   run`` applies them).
+1. ``torchaxe advise --budget B`` on a second copy, then ``torchaxe apply
+   --unsafe-fixes``: that copy's code is fixed and its run knobs go to its torchaxe.toml
+   (as benchmarks/end_to_end.py does);
+2. ``--rounds`` rounds, each profiling **before** (the original) and then **after** (the
+   tuned copy under its run knobs, as ``torchaxe run`` applies them), under the harness
+   with op recording, FLOP counting and the peak probe (as advise profiles its
+   baseline). Interleaving keeps a busy moment of a shared machine from landing on one
+   side only: each side's step time is the median of its rounds' medians, and the
+   step speed-up the median of the rounds' ratios.
 
 MFU is the model's FLOPs per step (counted once on the original: the model, not the
 kernels that compute it, so a compiled run that the counter sees less of is not
@@ -19,14 +21,15 @@ credited with fewer FLOPs) over each run's median step time, against the peak
 measured on this device by the profiles' matrix-product probe in the run's dtype (a
 bf16 run against the bf16 probe; the best probe of all the runs in that dtype, so
 that a probe slowed by a busy moment does not move one run's figure) and, where
-``backends/peaks.py`` knows the device (``--target cuda``), the published peak. The GPT example's two profiles are then
-compared (``torchaxe compare``): the operators whose time per step changed most and
-those found in one run only are printed.
+``backends/peaks.py`` knows the device (``--target cuda``), the published peak. The GPT
+example's two profiles of the round whose ratio is the median are then compared
+(``torchaxe compare``): the operators whose time per step changed most and those found
+in one run only are printed.
 
 There is no target: MFU is reported. A faster run can even show a lower MFU when its
 changes move it to a dtype whose peak is higher.
 
-    .venv/bin/python benchmarks/mfu.py --budget 3m --save
+    .venv/bin/python benchmarks/mfu.py --budget 3m --rounds 3 --save
     .venv/bin/python benchmarks/mfu.py --only gpt --budget 45s --target cuda --gpt-args "--d-model 512 ..."
 """
 
@@ -37,6 +40,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -86,6 +90,20 @@ def run_figures(profile: dict[str, Any]) -> dict[str, Any]:
             "note": flops.get("note")}
 
 
+def combined_figures(profiles: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's figures over its rounds: the first round's FLOPs and dtype, the median
+    of the rounds' median step times, the best peak any round's probe measured."""
+    runs = [run_figures(p) for p in profiles]
+    figures = dict(runs[0])
+    steps = [r["step_seconds_median"] for r in runs if r["step_seconds_median"]]
+    figures["step_seconds_median"] = statistics.median(steps) if steps else None
+    figures["step_seconds_rounds"] = [r["step_seconds_median"] for r in runs]
+    figures["steps_measured"] = sum(r["steps_measured"] or 0 for r in runs)
+    peaks = [r["peak_measured"] for r in runs if r["peak_measured"]]
+    figures["peak_measured"] = max(peaks) if peaks else None
+    return figures
+
+
 def utilisation(model_flops: int | None, run: dict[str, Any], peaks: dict[str, float]) -> dict[str, Any]:
     """MFU of one run: the model's FLOPs per step over its median step time, against
     the table peak for its dtype and the best peak measured in that dtype (``peaks``,
@@ -110,17 +128,44 @@ def best_peaks(runs: list[dict[str, Any]]) -> dict[str, float]:
     return peaks
 
 
-def example_result(name: str, before_profile: dict[str, Any], after_profile: dict[str, Any] | None,
+Profiles = "dict[str, Any] | list[dict[str, Any]]"
+
+
+def _rounds(profiles: Any) -> list[dict[str, Any]]:
+    return [profiles] if isinstance(profiles, dict) else list(profiles or [])
+
+
+def round_ratios(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[float]:
+    """Each round's original step over its tuned step (rounds where both were measured)."""
+    ratios = []
+    for b, a in zip(before, after):
+        b_step, a_step = run_figures(b)["step_seconds_median"], run_figures(a)["step_seconds_median"]
+        if b_step and a_step:
+            ratios.append(b_step / a_step)
+    return ratios
+
+
+def median_round(ratios: list[float]) -> int | None:
+    """The index of the round whose ratio is the median (the lower middle of an even
+    count): the pair the operator comparison is made on."""
+    if not ratios:
+        return None
+    order = sorted(range(len(ratios)), key=ratios.__getitem__)
+    return order[(len(order) - 1) // 2]
+
+
+def example_result(name: str, before_profiles: Profiles, after_profiles: Profiles | None,
                    chosen: list[str], error: str | None = None) -> dict[str, Any]:
-    """One example's row before its MFU is worked out (``with_mfu``): both runs'
-    figures, the step speed-up and what advise chose."""
-    before = run_figures(before_profile)
-    after = run_figures(after_profile) if after_profile is not None else None
-    speedup = None
-    if after and before["step_seconds_median"] and after["step_seconds_median"]:
-        speedup = before["step_seconds_median"] / after["step_seconds_median"]
+    """One example's row before its MFU is worked out (``with_mfu``): both sides' figures
+    over their rounds (one profile or a list, round by round), the step speed-up (the
+    median of the rounds' ratios) and what advise chose."""
+    before_runs, after_runs = _rounds(before_profiles), _rounds(after_profiles)
+    before = combined_figures(before_runs) if before_runs else run_figures({})
+    after = combined_figures(after_runs) if after_runs else None
+    ratios = round_ratios(before_runs, after_runs)
+    speedup = statistics.median(ratios) if ratios else None
     return {"example": name, "chosen": list(chosen), "before": before, "after": after, "speedup": speedup,
-            "error": error}
+            "per_round_ratios": ratios, "error": error}
 
 
 def with_mfu(examples: list[dict[str, Any]]) -> dict[str, float]:
@@ -180,7 +225,7 @@ def render(result: dict[str, Any]) -> str:
     """The printed report: one line per example, then the comparison of the GPT runs."""
     peaks = ", ".join(f"{dtype} {peak / 1e9:.1f} GFLOP/s" for dtype, peak in sorted(result["peaks_measured"].items()))
     lines = [f"MFU before and after advise ({result['machine']}, target {result['target']}, advise --budget "
-             f"{result['budget']}); MFU on the original's FLOPs per step, against the best measured peak"
+             f"{result['budget']}, {result.get('rounds', 1)} interleaved rounds); MFU on the original's FLOPs per step, against the best measured peak"
              + f" ({peaks or 'none measured'})" + (" and the table peak" if result["target"] != "cpu" else "")]
     for ex in result["examples"]:
         before, after = ex["before"], ex["after"]
@@ -192,12 +237,14 @@ def render(result: dict[str, Any]) -> str:
         lines.append(
             f"  {ex['example']}: MFU {mfu_pair(before)} -> {mfu_pair(after)}{dtype}; step {_ms(before['step_seconds_median'])} -> "
             f"{_ms(after and after['step_seconds_median'])}"
-            + (f" ({ex['speedup']:.2f}x)" if ex.get("speedup") else "")
-            + f"; {_flops(before['flops_per_step'])} per step; chosen: {', '.join(ex['chosen']) or 'nothing'}")
+            + (f" ({ex['speedup']:.2f}x; rounds {', '.join(f'{r:.2f}' for r in ex['per_round_ratios'])})"
+               if ex.get("speedup") else "")
+            + f"; {_flops(before['flops_per_step'])} per step; chosen: {', '.join(ex['chosen']) or 'nothing'}"
+            + (f"; stopped after {len(ex['per_round_ratios'])} rounds: {ex['error']}" if ex.get("error") else ""))
     diff = result.get("compare")
     if diff:
         ratio = diff.get("step_ratio")
-        lines.append(f"  compare {COMPARED} original -> tuned"
+        lines.append(f"  compare {COMPARED} original -> tuned, the median round"
                      + (f" (step ratio {ratio:.3f})" if ratio else "") + ": operators whose time per step changed most")
         for r in diff["operators"]:
             lines.append(f"    {r['name']:<44} {_ms(r['original_seconds_per_step']):>10} -> "
@@ -230,50 +277,69 @@ def profile(command: list[str], target: str, steps: int, knobs: dict[str, Any] |
 
 
 def measure_example(name: str, work: Path, args: argparse.Namespace) -> tuple[dict[str, Any], Path | None, Path | None]:
-    """One example before and after advise; the paths of both profiles (for compare)."""
+    """One example before and after advise, interleaved over ``args.rounds`` rounds; the
+    paths of the median round's two profiles (for compare)."""
     from torchaxe.advise.apply import read_run_knobs
     from torchaxe.errors import TorchaxeError
 
-    copy = work / name
-    shutil.copytree(ROOT / "examples" / name, copy)
-    script = copy / "train.py"
     extra = [*EXAMPLES[name], "--device", args.target, *(args.gpt_args.split() if name == "gpt" else [])]
     if name == "image_classifier":
         extra += ["--data-dir", str(work / "images")]
-    command = ["python", str(script), *extra]
-    log(f"{name}: profiling the original")
-    try:
-        before = profile(command, args.target, args.steps)
-    except TorchaxeError as exc:
-        return example_result(name, {}, None, [], f"the original: {exc}"), None, None
-    before_path = work / f"{name}-before.json"
-    before_path.write_text(json.dumps(before), encoding="utf-8")
+    original, tuned = work / name / "original", work / name / "tuned"
+    for copy in (original, tuned):
+        shutil.copytree(ROOT / "examples" / name, copy)
+    command = ["python", str(original / "train.py"), *extra]
+    tuned_command = ["python", str(tuned / "train.py"), *extra]
+
+    def failed(stage: str, text: str) -> tuple[dict[str, Any], None, None]:
+        tail = [line for line in text.splitlines() if line.strip()]
+        return example_result(name, [], None, [], f"{stage}: {tail[-1] if tail else 'failed'}"), None, None
+
     log(f"{name}: advise --budget {args.budget}")
-    advised = torchaxe("advise", "--budget", args.budget, "--format", "json", "--save", str(work / f"{name}.advice.json"),
-                       "--target", args.target, "--", *command, cwd=copy)
+    advice = work / f"{name}.advice.json"
+    advised = torchaxe("advise", "--budget", args.budget, "--format", "json", "--save", str(advice),
+                       "--target", args.target, "--", *tuned_command, cwd=tuned)
     if advised.returncode != 0:
-        tail = [line for line in advised.stderr.splitlines() if line.strip()]
-        return example_result(name, before, None, [], f"advise: {tail[-1] if tail else 'failed'}"), before_path, None
+        return failed("advise", advised.stderr)
     chosen = [r["key"] for r in json.loads(advised.stdout)["recommendations"] if r["selected"]]
-    applied = torchaxe("apply", "--unsafe-fixes", "--advice", str(work / f"{name}.advice.json"), cwd=copy)
+    applied = torchaxe("apply", "--unsafe-fixes", "--advice", str(advice), cwd=tuned)
     if applied.returncode != 0:
-        tail = [line for line in applied.stderr.splitlines() if line.strip()]
-        return example_result(name, before, None, chosen, f"apply: {tail[-1] if tail else 'failed'}"), before_path, None
-    knobs, _ = read_run_knobs(copy)
-    log(f"{name}: chosen {', '.join(chosen) or 'nothing'}; profiling the tuned copy")
-    try:
-        after = profile(command, args.target, args.steps, knobs)
-    except TorchaxeError as exc:
-        return example_result(name, before, None, chosen, f"the tuned copy: {exc}"), before_path, None
-    after_path = work / f"{name}-after.json"
-    after_path.write_text(json.dumps(after), encoding="utf-8")
-    return example_result(name, before, after, chosen), before_path, after_path
+        return failed("apply", applied.stderr)
+    knobs, _ = read_run_knobs(tuned)
+    log(f"{name}: chosen {', '.join(chosen) or 'nothing'}")
+    before: list[dict[str, Any]] = []
+    after: list[dict[str, Any]] = []
+    error = None
+    for round_index in range(args.rounds):
+        log(f"{name}: round {round_index + 1}/{args.rounds}: the original, then the tuned copy")
+        try:
+            before.append(profile(command, args.target, args.steps))
+        except TorchaxeError as exc:
+            error = f"the original: {exc}"
+            break
+        try:
+            after.append(profile(tuned_command, args.target, args.steps, knobs))
+        except TorchaxeError as exc:
+            error = f"the tuned copy: {exc}"
+            before.pop()
+            break
+    if not before:
+        return example_result(name, [], None, chosen, error), None, None
+    pick = median_round(round_ratios(before, after))
+    paths: list[Path | None] = [None, None]
+    if pick is not None:
+        for i, (side, runs) in enumerate((("before", before), ("after", after))):
+            paths[i] = work / f"{name}-{side}.json"
+            paths[i].write_text(json.dumps(runs[pick]), encoding="utf-8")
+    return example_result(name, before, after or None, chosen, error), paths[0], paths[1]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", default="3m", help="advise's --budget for each example (default 3m)")
     parser.add_argument("--steps", type=int, default=10, help="measured steps of each profiled run")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds of profiling the original and the tuned copy (default 3)")
     parser.add_argument("--only", choices=tuple(EXAMPLES), action="append",
                         help="this example only (repeatable; default all three)")
     parser.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
@@ -283,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
     add_save_options(parser)
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="torchaxe-mfu-"))
@@ -307,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         elif COMPARED in paths:
             compare_error = "not compared: the tuned run was not profiled"
         peaks = with_mfu(results)
-        result = {"target": args.target, "budget": args.budget, "steps": args.steps,
+        result = {"target": args.target, "budget": args.budget, "steps": args.steps, "rounds": args.rounds,
                   "machine": device or f"{platform.machine()}, {os.cpu_count()} cores",
                   "peaks_measured": peaks, "examples": results, "compare": compare, "compare_error": compare_error,
                   "seconds": time.perf_counter() - started}

@@ -43,6 +43,30 @@ def test_mfu_is_the_originals_flops_over_each_step_against_the_best_peak_of_its_
     assert failed["before"]["mfu_measured"] == pytest.approx(25e9 / 100e9)
 
 
+def test_interleaved_rounds_give_the_median_step_and_the_median_ratio(mfu) -> None:
+    # Three rounds; the second ran at a busy moment on both sides.
+    before = [profile(0.100, 5_000_000_000, 90e9), profile(0.300, 5_000_000_000, 40e9),
+              profile(0.110, 5_000_000_000, 100e9)]
+    after = [profile(0.050, 1_000_000_000, 95e9), profile(0.200, 1_000_000_000, 50e9),
+             profile(0.050, 1_000_000_000, 99e9)]
+    ex = mfu.example_result("gpt", before, after, ["knob:compile"])
+    assert ex["per_round_ratios"] == pytest.approx([2.0, 1.5, 2.2])
+    assert ex["speedup"] == pytest.approx(2.0)  # the median ratio, not 0.110 / 0.050
+    assert ex["before"]["step_seconds_median"] == pytest.approx(0.110)
+    assert ex["before"]["step_seconds_rounds"] == pytest.approx([0.100, 0.300, 0.110])
+    assert ex["before"]["steps_measured"] == 30
+    assert ex["before"]["peak_measured"] == 100e9  # the best probe of the rounds
+    assert mfu.median_round(ex["per_round_ratios"]) == 0
+    assert mfu.median_round([3.0, 1.0, 2.0, 4.0]) == 2  # the lower middle of an even count
+    assert mfu.median_round([]) is None
+    # The tuned copy failed in the third round: two paired rounds count.
+    short = mfu.example_result("gpt", before[:2], after[:2], [], "the tuned copy: boom")
+    assert short["per_round_ratios"] == pytest.approx([2.0, 1.5])
+    assert "stopped after 2 rounds: the tuned copy: boom" in mfu.render(
+        {"machine": "cpu", "target": "cpu", "budget": "3m", "rounds": 3, "peaks_measured": mfu.with_mfu([short]),
+         "examples": [short], "compare": None})
+
+
 def test_the_table_peak_applies_where_the_device_has_one(mfu) -> None:
     ex = mfu.example_result("gpt", profile(0.010, 4_000_000_000_000, 600e12, "bfloat16", table=989e12),
                             profile(0.008, 4_000_000_000_000, 650e12, "bfloat16", table=989e12), [])
@@ -88,10 +112,10 @@ def test_the_report_names_each_example_and_the_operators(mfu) -> None:
     text = mfu.render(result)
     lines = text.splitlines()
     assert "against the best measured peak (float32 100.0 GFLOP/s)" in lines[0]
-    assert lines[1] == ("  gpt: MFU 50.0% -> 100.0%; step 100.00 ms -> 50.00 ms (2.00x); 5.00 GFLOP per step; "
-                        "chosen: knob:compile, code:AX110")
+    assert lines[1] == ("  gpt: MFU 50.0% -> 100.0%; step 100.00 ms -> 50.00 ms (2.00x; rounds 2.00); 5.00 GFLOP per "
+                        "step; chosen: knob:compile, code:AX110")
     assert lines[2].startswith("  seq_varlen: before 10.0% at 200.00 ms; after: not measured (advise: boom)")
-    assert "compare gpt original -> tuned (step ratio 0.500)" in lines[3]
+    assert "compare gpt original -> tuned, the median round (step ratio 0.500)" in lines[3]
     assert "aten::mul" in lines[4] and "(-18.00 ms)" in lines[4]
     assert lines[5] == "    only in the original: aten::tanh 10.00 ms"
 
