@@ -114,6 +114,24 @@ def test_ops_window_on_gpt_with_shapes_and_sources():
     assert [o.self_seconds for o in profile.ops] == sorted((o.self_seconds for o in profile.ops), reverse=True)
 
 
+def test_an_op_table_torch_cannot_hand_over_leaves_the_rest_of_the_profile(monkeypatch):
+    # Now and then torch.profiler records an event whose name is not valid UTF-8, and
+    # turning its events into Python objects fails for all of them.
+    import torch.profiler
+
+    def events(self):
+        raise UnicodeDecodeError("utf-8", b"forward\xf6", 7, 8, "invalid start byte")
+
+    monkeypatch.setattr(torch.profiler.profile, "events", events)
+    script = EXAMPLES / "gpt" / "train.py"
+    profile = run_command(["python", str(script), *TINY_GPT], steps=2, warmup=1, ops=True, ops_steps=1)
+    assert profile.status == "stopped"
+    assert profile.summary.steps_measured == 2
+    assert profile.ops == [] and profile.ops_steps == []
+    assert any(w.startswith("no op table: torch.profiler could not return its events (UnicodeDecodeError")
+               for w in profile.warnings)
+
+
 # ------------------------------------------------------------------ counting
 
 

@@ -659,10 +659,15 @@ class Harness:
         options = self.options
         import torch
 
-        ops, ops_steps = [], []
+        ops, ops_steps, ops_failure = [], [], None
         if final and recorder.window is not None:
-            ops = recorder.window.table(codes)
-            ops_steps = list(recorder.window.steps)
+            from torchaxe.runtime.opstats import OpTableError
+
+            try:
+                ops = recorder.window.table(codes)
+                ops_steps = list(recorder.window.steps)
+            except OpTableError as exc:
+                ops_failure = f"no op table: {exc}"
         shapes = None
         if final and (module_shapes is not None or batch_shapes is not None):
             shapes = ShapeReport(
@@ -673,6 +678,8 @@ class Harness:
         steps = list(recorder.steps)
         status = state["status"]
         warnings = self._warnings(steps, status, marker, backward_steps, recorder, state)
+        if ops_failure:
+            warnings.append(ops_failure)
         profile = Profile(
             status=status,
             run=RunInfo(

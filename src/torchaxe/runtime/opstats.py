@@ -80,12 +80,25 @@ class OpWindow:
             self._profiler.stop()
 
     def table(self, codes: CodeMap) -> list[OpStat]:
-        """The operators of the window, most host self time first."""
+        """The operators of the window, most host self time first.
+
+        Raises :class:`OpTableError` when torch.profiler cannot hand its events over:
+        now and then one of them carries a name that is not valid UTF-8 (a frame
+        record of the Python tracer), and the conversion to Python fails for all of
+        them. The caller keeps the rest of the profile."""
         if self._profiler is None:
             return []
         self.stop()
-        events = [e for e in self._profiler.events() if not getattr(e, "is_python_function", False)]
+        try:
+            recorded = self._profiler.events()
+        except (UnicodeDecodeError, RuntimeError) as exc:
+            raise OpTableError(f"torch.profiler could not return its events ({type(exc).__name__}: {exc})") from None
+        events = [e for e in recorded if not getattr(e, "is_python_function", False)]
         return build_table(events, codes, self._search_path, self.record_shapes)
+
+
+class OpTableError(Exception):
+    """The op window's events could not be read: the op table is left out."""
 
 
 def _device_self_us(event: Any) -> float:
