@@ -12,10 +12,9 @@ The scripts:
   downloaded; this machine may be offline):
 
   - ``DIR/nanoGPT/``: a checkout of github.com/karpathy/nanoGPT, run with its README's
-    CPU recipe for shakespeare_char. When ``data/shakespeare_char/train.bin`` is
-    missing, synthetic ``train.bin``/``val.bin`` (random character ids, numpy) are
-    written into the benchmark's copy; without ``meta.pkl`` nanoGPT takes GPT-2's
-    vocabulary size (50304), which makes its output layer larger than the recipe's.
+    CPU recipe for shakespeare_char. When ``data/shakespeare_char/`` lacks them,
+    synthetic ``train.bin``/``val.bin`` (random character ids, numpy) and the recipe's
+    ``meta.pkl`` (its 65-character vocabulary) are written into the benchmark's copy.
   - ``DIR/word_language_model/``: pytorch/examples' word-level LSTM language model (its
     default SGD written by hand). When ``data/wikitext-2/`` is missing, a synthetic
     corpus (random words, numpy) is written into the copy.
@@ -120,17 +119,30 @@ def framework_scripts(steps: int) -> list[Script]:
     ]
 
 
+#: shakespeare_char's vocabulary size (its prepare.py: the distinct characters of the text).
+NANOGPT_CHARS = 65
+
+
 def nanogpt_data(folder: Path) -> None:
-    """Synthetic shakespeare_char token files, when the reader has not prepared them."""
+    """Synthetic shakespeare_char files, when the reader has not prepared them: the token
+    files and ``meta.pkl``, as the recipe's ``prepare.py`` writes them. Without
+    ``meta.pkl`` nanoGPT falls back to GPT-2's 50,304-token vocabulary, and the output
+    layer alone would outweigh the recipe's whole model."""
+    import pickle  # nanoGPT's own format for meta.pkl
+
     import numpy as np
 
     data = folder / "data" / "shakespeare_char"
-    if (data / "train.bin").exists() and (data / "val.bin").exists():
-        return
-    data.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    rng.integers(0, 65, 1_000_000, dtype=np.uint16).tofile(data / "train.bin")
-    rng.integers(0, 65, 100_000, dtype=np.uint16).tofile(data / "val.bin")
+    if not ((data / "train.bin").exists() and (data / "val.bin").exists()):
+        data.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(0)
+        rng.integers(0, NANOGPT_CHARS, 1_000_000, dtype=np.uint16).tofile(data / "train.bin")
+        rng.integers(0, NANOGPT_CHARS, 100_000, dtype=np.uint16).tofile(data / "val.bin")
+    if not (data / "meta.pkl").exists():
+        chars = [chr(c) for c in range(32, 32 + NANOGPT_CHARS)]
+        meta = {"vocab_size": NANOGPT_CHARS, "itos": dict(enumerate(chars)),
+                "stoi": {ch: i for i, ch in enumerate(chars)}}
+        (data / "meta.pkl").write_bytes(pickle.dumps(meta))
 
 
 def wikitext_data(folder: Path) -> None:

@@ -60,6 +60,25 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_vectors(flags: set[str] | None = None) -> str:
+    """The CPU's widest vector instructions and whether it has bfloat16 ones: figures
+    measured on an AVX2-only CPU (bfloat16 emulated) and on one with AVX-512 BF16 or AMX
+    are not comparable, though both may call themselves the same model."""
+    if flags is None:
+        try:
+            text = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ""
+        line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+        flags = set(line.split(":", 1)[-1].split())
+    if "amx_bf16" in flags:
+        return "AMX, bf16"
+    if "avx512_bf16" in flags:
+        return "AVX-512, bf16"
+    widest = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+    return f"{widest}, no bf16" if widest else ""
+
+
 def machine_line(device: str | None = None) -> str:
     """One line naming the machine: cores, CPU, Python, torch, the device when not the CPU."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -69,7 +88,9 @@ def machine_line(device: str | None = None) -> str:
         torch_version = version("torch")
     except Exception:
         torch_version = "not installed"
-    parts = [f"{cores} cores", _cpu_model(), f"Python {platform.python_version()}", f"torch {torch_version}"]
+    vectors = _cpu_vectors()
+    cpu = f"{_cpu_model()} ({vectors})" if vectors else _cpu_model()
+    parts = [f"{cores} cores", cpu, f"Python {platform.python_version()}", f"torch {torch_version}"]
     if device:
         parts.insert(0, device)
     if hasattr(os, "getloadavg"):

@@ -71,6 +71,11 @@ def test_synthetic_data_is_written_only_when_missing(bench, tmp_path):
     bench.nanogpt_data(tmp_path)
     train = tmp_path / "data" / "shakespeare_char" / "train.bin"
     assert train.stat().st_size == 2_000_000
+    # nanoGPT reads the vocabulary of the recipe from meta.pkl, as its prepare.py writes it.
+    import pickle
+
+    meta = pickle.loads((tmp_path / "data" / "shakespeare_char" / "meta.pkl").read_bytes())
+    assert meta["vocab_size"] == 65 == len(meta["itos"]) == len(meta["stoi"])
     train.write_bytes(b"\x01\x00" * 10)
     bench.nanogpt_data(tmp_path)
     assert train.stat().st_size == 20

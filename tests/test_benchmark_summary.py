@@ -175,3 +175,14 @@ def test_save_writes_the_result_inside_a_saved_run(tmp_path):
     assert tuple(data) == saved.SAVED_KEYS
     assert data["result"] == {"steps": {"speedup": 1.5}} and data["command"] == "python benchmarks/tune.py --out r.json"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_the_machine_line_says_whether_the_cpu_has_bfloat16_instructions():
+    # bf16 autocast is many times faster or slower depending on these flags alone.
+    saved = _load("saved_run")
+    assert saved._cpu_vectors({"avx2", "fma"}) == "AVX2, no bf16"
+    assert saved._cpu_vectors({"avx2", "avx512f"}) == "AVX-512, no bf16"
+    assert saved._cpu_vectors({"avx2", "avx512f", "avx512_bf16"}) == "AVX-512, bf16"
+    assert saved._cpu_vectors({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}) == "AMX, bf16"
+    assert saved._cpu_vectors({"neon"}) == ""
+    assert "cores" in saved.machine_line()
