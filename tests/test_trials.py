@@ -248,6 +248,24 @@ def test_npu_knob_without_torch_npu_is_a_clear_error(monkeypatch):
         knob_specs.apply_npu(knobs.npu, bootstrap.AppliedKnobs(knobs))
 
 
+class _Net:
+    """A model class of the user's own (defined here, not in torch)."""
+
+    @staticmethod
+    def make():
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Linear(2, 2)
+
+            def forward(self, x):
+                return self.a(x).relu()
+
+        return Net()
+
+
 def test_model_compiler_picks_the_top_level_model_and_unpatches(monkeypatch):
     import torch
     from torch import nn
@@ -260,14 +278,42 @@ def test_model_compiler_picks_the_top_level_model_and_unpatches(monkeypatch):
     compiler.install()
     try:
         nn.ReLU()(torch.zeros(1))  # no parameters: not the model
-        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        model = _Net.make()
         model(torch.zeros(1, 2))
         nn.Linear(2, 2)(torch.zeros(1, 2))  # a second model: left alone
     finally:
         compiler.uninstall()
-    assert compiled == [("Sequential", {"backend": "eager"})]
+    assert compiled == [("Net", {"backend": "eager"})]
     assert nn.Module.__call__ is original
-    assert applied.record["compile"]["module"] == "Sequential"
+    assert applied.record["compile"]["module"].endswith("Net") and applied.record["compile"]["compiled"] == "module"
+
+
+def test_a_sequential_model_runs_compiled():
+    # torch.compile does not trace torch's own containers from nn.Module's call:
+    # module.compile() leaves an nn.Sequential eager without a word.
+    import torch
+    from torch import nn
+
+    runs = []
+
+    def counting(gm, inputs):
+        def run(*args):
+            runs.append(1)
+            return gm.forward(*args)
+        return run
+
+    applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
+    compiler = knob_specs.ModelCompiler({"backend": counting}, applied)
+    compiler.install()
+    try:
+        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        first = model(torch.ones(1, 2))
+        model(torch.ones(1, 2))
+    finally:
+        compiler.uninstall()
+    assert len(runs) == 2 and first.shape == (1, 2)
+    assert applied.record["compile"]["compiled"] == "forward"
+    assert set(model.state_dict()) == {"0.weight", "0.bias"}  # the same module, the same keys
 
 
 # ------------------------------------------------------------ CLI usage errors

@@ -415,6 +415,11 @@ class ModelCompiler(FirstModel):
     object, same ``state_dict`` keys, so the script's optimizer, checkpoints and
     ``.train()``/``.eval()`` calls all keep working). Only one model is compiled; a
     second top-level model (a GAN's discriminator) is not.
+
+    A model whose ``forward`` is torch's own (an ``nn.Sequential`` built in the
+    script) has its ``forward`` compiled instead: torch.compile does not trace into
+    torch's own modules from ``nn.Module``'s call, so ``module.compile()`` would leave
+    it eager without a word.
     """
 
     def __init__(self, kwargs: dict[str, Any], applied: AppliedKnobs) -> None:
@@ -423,8 +428,16 @@ class ModelCompiler(FirstModel):
         self.applied = applied
 
     def compile(self, module: Any) -> None:
-        module.compile(**self.kwargs)
-        self.applied.note("compile", {"module": type(module).__qualname__, "kwargs": self.kwargs})
+        forward = getattr(type(module), "forward", None)
+        if (getattr(forward, "__module__", None) or "").startswith("torch."):
+            import torch
+
+            module.forward = torch.compile(module.forward, **self.kwargs)
+            how = "forward"
+        else:
+            module.compile(**self.kwargs)
+            how = "module"
+        self.applied.note("compile", {"module": type(module).__qualname__, "kwargs": self.kwargs, "compiled": how})
 
 
 class CompileKnob(Knob):
