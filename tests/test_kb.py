@@ -172,6 +172,26 @@ def test_several_processes_writing_at_once_lose_nothing(tmp_path):
         assert all(kb.best_setting("dataloader", str(w))["setting"] == {"i": 24} for w in range(4))
 
 
+def test_a_file_another_process_keeps_locked_is_said_to_be_busy_not_damaged(tmp_path, monkeypatch):
+    import sqlite3
+
+    from torchaxe.kb import store
+
+    monkeypatch.setattr(store, "BUSY_TIMEOUT_MS", 300)
+    path = tmp_path / "kb.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(store.KnowledgeBaseError, match="another process kept it locked") as info:
+            KnowledgeBase.open(path)
+        assert "damaged" not in str(info.value)
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    with KnowledgeBase.open(path) as kb:  # once it is let go, it opens
+        assert kb.counts()["tuned"] == 0
+
+
 def test_export_import_round_trip_skips_what_is_present(tmp_path):
     a, b = tmp_path / "a.sqlite", tmp_path / "b.sqlite"
     with KnowledgeBase.open(a) as kb:

@@ -304,20 +304,29 @@ class KnowledgeBase:
             db = sqlite3.connect(str(p), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
         except sqlite3.Error as exc:
             raise KnowledgeBaseError(f"knowledge base {p}: cannot open: {exc}") from None
-        try:
-            db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()
-            if mode is None:
-                raise sqlite3.DatabaseError("journal mode not set")
-            db.execute("PRAGMA synchronous = NORMAL")
-            _upgrade(db, p, max_version)
-        except sqlite3.DatabaseError as exc:
-            db.close()
-            raise _corrupt(p, str(exc)) from None
-        except BaseException:
-            db.close()
-            raise
-        return cls(db, p)
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                _set_up(db, p, max_version)
+                return cls(db, p)
+            except sqlite3.OperationalError as exc:
+                # Switching a new file to WAL while another process opens it is refused at
+                # once ("database is locked"), without waiting on the busy timeout.
+                if _busy(exc) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                db.close()
+                if _busy(exc):
+                    raise KnowledgeBaseError(f"knowledge base {p}: another process kept it locked for "
+                                             f"{BUSY_TIMEOUT_MS // 1000} s") from None
+                raise _corrupt(p, str(exc)) from None
+            except sqlite3.DatabaseError as exc:
+                db.close()
+                raise _corrupt(p, str(exc)) from None
+            except BaseException:
+                db.close()
+                raise
 
     def close(self) -> None:
         self._db.close()
@@ -506,6 +515,22 @@ def choose(records: Iterable[TunedRecord], min_gain: float = 0.0) -> TunedRecord
     if eager is not None and best is not eager and best.median > eager.median * (1.0 - min_gain):
         return eager
     return best
+
+
+def _set_up(db: sqlite3.Connection, path: Path, max_version: int) -> None:
+    """WAL journal (switched to once, by whichever process gets there first), then the
+    schema brought up to date."""
+    mode = db.execute("PRAGMA journal_mode").fetchone()
+    if mode is None or str(mode[0]).lower() != "wal":
+        if db.execute("PRAGMA journal_mode = WAL").fetchone() is None:
+            raise sqlite3.DatabaseError("journal mode not set")
+    db.execute("PRAGMA synchronous = NORMAL")
+    _upgrade(db, path, max_version)
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
 
 
 def _upgrade(db: sqlite3.Connection, path: Path, max_version: int) -> None:
