@@ -311,8 +311,8 @@ class KnowledgeBase:
                 _set_up(db, p, max_version)
                 return cls(db, p)
             except sqlite3.OperationalError as exc:
-                # Switching a new file to WAL while another process opens it is refused at
-                # once ("database is locked"), without waiting on the busy timeout.
+                # Several processes opening one file at once have met "database is locked"
+                # here before the busy timeout ran out: try again until it has.
                 if _busy(exc) and time.monotonic() < deadline:
                     time.sleep(0.05)
                     continue
