@@ -316,6 +316,20 @@ def test_a_sequential_model_runs_compiled():
     assert set(model.state_dict()) == {"0.weight", "0.bias"}  # the same module, the same keys
 
 
+def test_a_ddp_wrapper_keeps_module_compile(monkeypatch):
+    # The compiler handles DDP from nn.Module's call (splitting the graph at its buckets).
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    compiled = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: compiled.append(type(self).__name__))
+    applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
+    compiler = knob_specs.ModelCompiler({"backend": "eager"}, applied)
+    wrapper = DistributedDataParallel.__new__(DistributedDataParallel)  # no process group needed
+    compiler.compile(wrapper)
+    assert compiled == ["DistributedDataParallel"] and applied.record["compile"]["compiled"] == "module"
+
+
 # ------------------------------------------------------------ CLI usage errors
 
 

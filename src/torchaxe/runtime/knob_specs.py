@@ -416,10 +416,12 @@ class ModelCompiler(FirstModel):
     ``.train()``/``.eval()`` calls all keep working). Only one model is compiled; a
     second top-level model (a GAN's discriminator) is not.
 
-    A model whose ``forward`` is torch's own (an ``nn.Sequential`` built in the
-    script) has its ``forward`` compiled instead: torch.compile does not trace into
-    torch's own modules from ``nn.Module``'s call, so ``module.compile()`` would leave
-    it eager without a word.
+    A model that is one of torch's own layers or containers (``torch.nn.modules``: an
+    ``nn.Sequential`` built in the script) has its ``forward`` compiled instead:
+    torch.compile does not trace into those from ``nn.Module``'s call, so
+    ``module.compile()`` would leave it eager without a word. Wrappers such as DDP
+    keep ``module.compile()``, which the compiler handles (DDP's bucket-aware graph
+    splitting included).
     """
 
     def __init__(self, kwargs: dict[str, Any], applied: AppliedKnobs) -> None:
@@ -429,7 +431,7 @@ class ModelCompiler(FirstModel):
 
     def compile(self, module: Any) -> None:
         forward = getattr(type(module), "forward", None)
-        if (getattr(forward, "__module__", None) or "").startswith("torch."):
+        if (getattr(forward, "__module__", None) or "").startswith("torch.nn.modules."):
             import torch
 
             module.forward = torch.compile(module.forward, **self.kwargs)
