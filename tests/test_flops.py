@@ -148,6 +148,61 @@ def test_the_profile_counts_the_last_warmup_step_and_writes_the_figures(tmp_path
     assert again.flops == flops and again.summary.mfu_measured == summary.mfu_measured
 
 
+COMPILED_SCRIPT = """\
+import os
+import torch
+torch.manual_seed(0)
+calls = []
+compiles = []
+
+def counting(gm, inputs):  # a compiler backend that runs the graph as it is, counting compiles and runs
+    compiles.append(1)
+
+    def run(*args):
+        calls.append(1)
+        return gm.forward(*args)
+    return run
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+model = MLP()
+model.compile(backend=counting)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(16, 32)
+for step in range(8):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    with open(os.environ["CALLS_FILE"], "a") as f:
+        f.write(f"{step + 1} {len(calls)} {len(compiles)}\\n")
+"""
+
+
+def test_a_compiled_model_runs_compiled_after_the_counted_step(tmp_path, monkeypatch):
+    # torch.compile does not trace under a dispatch mode such as the FLOP counter, and
+    # marks the frames it met there to be skipped for good: without care, every step
+    # after the counted one ran eagerly, and the profile measured the eager model.
+    calls = tmp_path / "calls.txt"
+    monkeypatch.setenv("CALLS_FILE", str(calls))
+    profile = run_script(tmp_path, COMPILED_SCRIPT, steps=4, warmup=2, flops=True, shapes=True)
+    assert profile.flops.counted_step == 2 and profile.flops.flops_per_step > 0
+    lines = [line.split() for line in calls.read_text().splitlines()]
+    compiled_runs = {step: runs for step, runs, _ in lines}
+    # Step 1 ran the compiled graph; step 2 was counted, eagerly; steps 3-5 ran it again.
+    assert compiled_runs["1"] == "1" and compiled_runs["2"] == "1"
+    assert [compiled_runs[str(s)] for s in (3, 4, 5)] == ["2", "3", "4"]
+    # ... without recompiling: the eager step fired torchaxe's one-shot module hooks,
+    # which stay registered (and idle) because the graph guards on their number.
+    assert {compiles for _, _, compiles in lines} == {"1"}
+
+
 def test_without_a_warmup_step_nothing_is_counted_and_the_profile_says_why(tmp_path):
     profile = run_script(tmp_path, SCRIPT, steps=3, warmup=0, flops=True)
     assert profile.flops.flops_per_step is None and "--warmup 0" in profile.flops.note

@@ -724,3 +724,21 @@ for _ in range(4):
     # On a device only device tensors count: the cpu tensor's .item() is not a sync.
     assert sites == {(line_of(path, "DEVICE"), "device-sync"): 4}
     assert device.warnings_on is False
+
+
+def test_a_one_shot_module_hook_in_an_eager_run_acts_once_and_leaves_no_hook() -> None:
+    # An eager script keeps torch's fast module call (no global hooks) after the start.
+    import torch
+    from torch.nn.modules import module as torch_module
+
+    from torchaxe.runtime.dynamo import OneShotModuleHook
+
+    seen: list[int] = []
+    before = len(torch_module._global_forward_pre_hooks)
+    hook = OneShotModuleHook(lambda: seen.append(1))
+    hook.install()
+    layer = torch.nn.Linear(2, 2)
+    layer(torch.ones(1, 2))
+    layer(torch.ones(1, 2))
+    assert seen == [1]
+    assert len(torch_module._global_forward_pre_hooks) == before

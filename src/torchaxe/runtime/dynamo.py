@@ -43,3 +43,55 @@ def quiet_global_hook_warning() -> None:
     import warnings
 
     warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
+
+
+def frames_compiled() -> int:
+    """How many frames dynamo has set out to compile in this process so far (0 when it
+    was never loaded). A global module hook registered before such a compile may be
+    traced into its graph, whose guards then check how many global hooks there are:
+    removing the hook afterwards would make the graph recompile."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["frames"]["total"])
+    except Exception:  # noqa: BLE001 - a torch without the counter: assume a compile happened
+        return 1 << 30
+
+
+class OneShotModuleHook:
+    """Runs ``action`` at the first ``nn.Module`` call made outside a compiled graph (a
+    global forward pre-hook), then removes itself -- unless dynamo compiled a frame
+    while it was registered: the hook then stays registered and does nothing more, so
+    that the count of global hooks a compiled graph guards on does not change (a
+    change would recompile the model, possibly in the middle of a measured step)."""
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self.action = action
+        self.fired = False
+        self._handle = None
+        self._frames_at_install = 0
+
+    def install(self) -> None:
+        from torch.nn.modules.module import register_module_forward_pre_hook
+
+        self._frames_at_install = frames_compiled()
+
+        def hook(module, args):
+            if compiling() or self.fired:
+                return
+            self.fired = True
+            if frames_compiled() == self._frames_at_install:
+                self.uninstall()
+            self.action()
+
+        self._handle = register_module_forward_pre_hook(hook)
+        quiet_global_hook_warning()
+
+    def uninstall(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None

@@ -7,6 +7,13 @@ backward are both counted. Fused attention is counted as the fused kernel would
 compute it (two matrix products forward, five backward), including the CPU kernel
 ``_scaled_dot_product_flash_attention_for_cpu`` that the counter has no formula for.
 
+The counted step runs with torch.compile told to run eagerly
+(``torch.compiler.set_stance("force_eager")``): the compiler does not trace under an
+active dispatch mode such as the counter, and when it meets one it marks the frame it
+was entering, ``nn.Module``'s call among them, to be skipped for good, so every compiled
+module of the process would run eagerly from that step on. Under the stance the
+compiler is not asked, and the next step runs the compiled code again.
+
 The run's dtype is the dtype that carried most of the counted FLOPs (bf16 under
 autocast, float32 otherwise). Beside the published peak of the device for that dtype
 (:mod:`torchaxe.backends.peaks`), a short matrix-product probe measures the peak this
@@ -111,6 +118,24 @@ class SavedActivations:
         return sum(self.storages.values())
 
 
+def _eager_stance() -> Any:
+    """torch.compile told to run eagerly until the returned context is exited; None
+    where torch has no stances (before 2.6) or the compiler is not loaded: a script
+    that compiles nothing has nothing to protect."""
+    import sys
+
+    compiler = sys.modules.get("torch.compiler")
+    set_stance = getattr(compiler, "set_stance", None)
+    if set_stance is None or "torch._dynamo" not in sys.modules:
+        return None
+    try:
+        stance = set_stance("force_eager")
+        stance.__enter__()
+    except Exception:  # noqa: BLE001 - counting goes on without it
+        return None
+    return stance
+
+
 class FlopWindow:
     """Counts the FLOPs of step ``step`` (1-based) of the run, and the bytes of the
     activations autograd saved in it.
@@ -129,6 +154,7 @@ class FlopWindow:
         self._counter: Any = None
         self._tally: Any = None
         self._saved: SavedActivations | None = None
+        self._stance: Any = None
 
     @property
     def active(self) -> bool:
@@ -137,6 +163,7 @@ class FlopWindow:
     def start(self) -> None:
         if self.active or self.flops is not None or self.error is not None:
             return
+        self._stance = _eager_stance()
         try:
             from torch.utils.flop_counter import FlopCounterMode
 
@@ -144,6 +171,7 @@ class FlopWindow:
             counter.__enter__()
         except Exception as exc:
             self.error = f"the FLOP counter could not start ({type(exc).__name__}: {exc})"
+            self._leave_stance()
             return
         self._counter = counter
         try:
@@ -178,6 +206,16 @@ class FlopWindow:
         except Exception as exc:
             self.flops = None
             self.error = f"the FLOP counter could not stop cleanly ({type(exc).__name__}: {exc})"
+        finally:
+            self._leave_stance()
+
+    def _leave_stance(self) -> None:
+        stance, self._stance = self._stance, None
+        if stance is not None:
+            try:
+                stance.__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - the stance is restored as far as torch allows
+                pass
 
     @property
     def dtype(self) -> str | None:

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from torchaxe.runtime.dynamo import compiling, compiling_check, quiet_global_hook_warning
+from torchaxe.runtime.dynamo import OneShotModuleHook, compiling, compiling_check, quiet_global_hook_warning
 from torchaxe.runtime.profile import HostSyncSite, InputSignature, ShapeTally
 
 #: Distinct input signatures kept per module before it is marked ``truncated``.
@@ -896,25 +896,15 @@ class ModuleShapeProbe:
 
 
 class FirstForwardProbe:
-    """Reports the first ``nn.Module`` call as the start of training, then removes itself."""
+    """Reports the first ``nn.Module`` call as the start of training, then removes itself
+    (see :class:`~torchaxe.runtime.dynamo.OneShotModuleHook`)."""
 
     def __init__(self, sink: StepSink) -> None:
         self.sink = sink
-        self._handle = None
+        self._hook = OneShotModuleHook(sink.activity)
 
     def install(self) -> None:
-        from torch.nn.modules.module import register_module_forward_pre_hook
-
-        def hook(module, args):
-            if compiling():
-                return
-            self.uninstall()
-            self.sink.activity()
-
-        self._handle = register_module_forward_pre_hook(hook)
-        quiet_global_hook_warning()
+        self._hook.install()
 
     def uninstall(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        self._hook.uninstall()

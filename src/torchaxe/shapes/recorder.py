@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchaxe.runtime.dynamo import compiling, quiet_global_hook_warning
+from torchaxe.runtime.dynamo import OneShotModuleHook
 
 #: Distinct input signatures kept per operator; more marks it ``truncated``.
 MAX_OP_SIGNATURES = 512
@@ -339,16 +339,11 @@ class LoaderProbe:
         __next__.__wrapped__ = original  # type: ignore[attr-defined]
         owner.__next__ = __next__
         if recorder is not None:
-            from torch.nn.modules.module import register_module_forward_pre_hook
-
-            def first_forward(module, args):
-                if compiling():
-                    return
+            def first_forward() -> None:
                 recorder.active = True
-                self._remove_hook()
 
-            self._hook = register_module_forward_pre_hook(first_forward)
-            quiet_global_hook_warning()
+            self._hook = OneShotModuleHook(first_forward)
+            self._hook.install()
             from torch.optim.optimizer import register_optimizer_step_post_hook
 
             # Installed before the harness's own hook, so it runs first (the
@@ -357,7 +352,7 @@ class LoaderProbe:
 
     def _remove_hook(self) -> None:
         if self._hook is not None:
-            self._hook.remove()
+            self._hook.uninstall()
             self._hook = None
 
     def _info(self, iterator: Any) -> LoaderInfo:
