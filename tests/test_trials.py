@@ -316,6 +316,28 @@ def test_a_sequential_model_runs_compiled():
     assert set(model.state_dict()) == {"0.weight", "0.bias"}  # the same module, the same keys
 
 
+def test_a_copy_of_a_compiled_torch_layer_runs_its_own_parameters():
+    # An EMA copy or a checkpointed best model is a deepcopy made after the compile:
+    # its forward must be bound to the copy, not to the model it was copied from.
+    import copy
+
+    import torch
+    from torch import nn
+
+    from torchaxe.runtime.compile_module import FORWARD, compile_in_place
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    assert compile_in_place(model, backend="eager") == FORWARD
+    x = torch.ones(1, 2)
+    before = model(x)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin[0].bias.add_(10.0)
+    assert torch.equal(model(x), before)
+    assert torch.equal(twin(x), torch.relu(twin[0](x)))
+    assert not torch.equal(twin(x), before)
+
+
 def test_a_ddp_wrapper_keeps_module_compile(monkeypatch):
     # The compiler handles DDP from nn.Module's call (splitting the graph at its buckets).
     from torch import nn

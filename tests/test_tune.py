@@ -20,6 +20,7 @@ from torch import nn
 
 import torchaxe
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.compile_module import is_compiled_in_place
 from torchaxe.tune import strategies as S
 from torchaxe.tune.capture import capture
 from torchaxe.kb import KnowledgeBase
@@ -280,6 +281,25 @@ def test_the_scanner_replacements_swap_in_and_match_eager():
     assert torch.allclose(block(x), swapped(x), atol=1e-5)
 
 
+def test_the_compile_strategies_compile_torchs_own_layers():
+    # module.compile() leaves nn.Linear, nn.LayerNorm, nn.Sequential eager without a
+    # word: a tuned head or norm measured 1.00x, the eager module timed twice.
+    runs = []
+
+    def counting(gm, inputs):
+        def run(*args):
+            runs.append(1)
+            return gm.forward(*args)
+        return run
+
+    for name in ("compile", "max-autotune"):
+        runs.clear()
+        for module in (nn.Linear(4, 4), nn.LayerNorm(4), nn.Sequential(nn.Linear(4, 4), nn.GELU())):
+            S.apply(name, module, S.StrategyContext(compile_backend=counting))
+            module(torch.ones(2, 4)).sum().backward()
+        assert len(runs) == 3, name
+
+
 def test_unavailable_strategies_say_why():
     ctx = S.StrategyContext(target="cpu", compile_backend="eager")
     assert "convolution" in S.unavailable("channels-last", nn.Linear(2, 2), ctx)
@@ -342,8 +362,7 @@ def test_the_fastest_correct_strategy_wins_and_apply_swaps_it_in(tmp_path, monke
 
     def timed(self, module, example, iterations=1):
         real_time(self, module, example, iterations)
-        compiled = getattr(module, "_compiled_call_impl", None) is not None
-        return 0.001 if compiled else 0.004
+        return 0.001 if is_compiled_in_place(module) else 0.004
 
     monkeypatch.setattr(Timer, "time", timed)
     options = fast_options(tmp_path, strategies=("eager", "compile"))
@@ -363,7 +382,7 @@ def test_the_fastest_correct_strategy_wins_and_apply_swaps_it_in(tmp_path, monke
 
 
 def test_lazy_apply_waits_for_the_first_forward(tmp_path, monkeypatch):
-    monkeypatch.setattr(Timer, "time", lambda self, m, e, i=1: 0.001 if m._compiled_call_impl else 0.004)
+    monkeypatch.setattr(Timer, "time", lambda self, m, e, i=1: 0.001 if is_compiled_in_place(m) else 0.004)
     options = fast_options(tmp_path, strategies=("eager", "compile"))
     tune(small_gpt(), tokens(), **options)
     model = small_gpt()
@@ -553,7 +572,7 @@ def test_a_subgraph_that_cannot_be_copied_is_reported_not_fatal(tmp_path):
 def _level_timer(monkeypatch, root_compiled: float, part_compiled: float) -> None:
     """Eager forward + backward 4 ms for the model and for each subgraph; compiled as given."""
     def timed(self, module, example, iterations=1):
-        compiled = module._compiled_call_impl is not None
+        compiled = is_compiled_in_place(module)
         if isinstance(module, GPT.GPT):
             return root_compiled if compiled else 0.004
         return part_compiled if compiled else 0.004

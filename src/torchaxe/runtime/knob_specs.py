@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchaxe.errors import TorchaxeError
+from torchaxe.runtime.compile_module import compile_in_place
 from torchaxe.runtime.first_model import FirstModel
 from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed, kind
 
@@ -416,12 +417,10 @@ class ModelCompiler(FirstModel):
     ``.train()``/``.eval()`` calls all keep working). Only one model is compiled; a
     second top-level model (a GAN's discriminator) is not.
 
-    A model that is one of torch's own layers or containers (``torch.nn.modules``: an
-    ``nn.Sequential`` built in the script) has its ``forward`` compiled instead:
-    torch.compile does not trace into those from ``nn.Module``'s call, so
-    ``module.compile()`` would leave it eager without a word. Wrappers such as DDP
-    keep ``module.compile()``, which the compiler handles (DDP's bucket-aware graph
-    splitting included).
+    A model that is one of torch's own layers or containers (an ``nn.Sequential``
+    built in the script) has its ``forward`` compiled instead (see
+    runtime/compile_module.py): ``module.compile()`` would leave it eager without a
+    word.
     """
 
     def __init__(self, kwargs: dict[str, Any], applied: AppliedKnobs) -> None:
@@ -430,15 +429,7 @@ class ModelCompiler(FirstModel):
         self.applied = applied
 
     def compile(self, module: Any) -> None:
-        forward = getattr(type(module), "forward", None)
-        if (getattr(forward, "__module__", None) or "").startswith("torch.nn.modules."):
-            import torch
-
-            module.forward = torch.compile(module.forward, **self.kwargs)
-            how = "forward"
-        else:
-            module.compile(**self.kwargs)
-            how = "module"
+        how = compile_in_place(module, **self.kwargs)
         self.applied.note("compile", {"module": type(module).__qualname__, "kwargs": self.kwargs, "compiled": how})
 
 

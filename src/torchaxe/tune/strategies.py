@@ -1,8 +1,9 @@
 """Tuning strategies: ways to run one subgraph, each applied to a module in place.
 
 A strategy changes only the module object it is given (instance attributes,
-``module.compile``, parameter memory format), never its class, its source file or its
-``state_dict`` keys, so the same call that built a candidate during tuning swaps the
+``module.compile`` -- or, for torch's own layers, which that leaves eager, a compiled
+``forward``: see runtime/compile_module.py --, parameter memory format), never its
+class, its source file or its ``state_dict`` keys, so the same call that built a candidate during tuning swaps the
 winner into the user's model later (:func:`torchaxe.tune.apply`).
 
 =========================  ===============================================================
@@ -24,6 +25,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from torchaxe.runtime.compile_module import compile_in_place
 from torchaxe.tune import replacements
 
 #: Every strategy name, in the order they are tried.
@@ -98,10 +100,10 @@ def apply(name: str, module: nn.Module, ctx: StrategyContext) -> list[str]:
     if name == "eager":
         return []
     if name == "compile":
-        module.compile(**_compile_kwargs(ctx, None))
+        compile_in_place(module, **_compile_kwargs(ctx, None))
         return [f"torch.compile (backend {ctx.compile_backend})"]
     if name == "max-autotune":
-        module.compile(**_compile_kwargs(ctx, MAX_AUTOTUNE_MODE))
+        compile_in_place(module, **_compile_kwargs(ctx, MAX_AUTOTUNE_MODE))
         return [f"torch.compile mode {MAX_AUTOTUNE_MODE} (backend {ctx.compile_backend})"]
     if name == "channels-last":
         module.to(memory_format=torch.channels_last)
@@ -116,7 +118,7 @@ def apply(name: str, module: nn.Module, ctx: StrategyContext) -> list[str]:
             done.extend(f"{r} -> F.scaled_dot_product_attention (rewritten in the captured graph)"
                         for r in plan.rewrites)
         elif then is not None:
-            module.compile(**_compile_kwargs(ctx, None))
+            compile_in_place(module, **_compile_kwargs(ctx, None))
         if then is not None:
             done.append(f"torch.compile (backend {ctx.compile_backend})")
         return done

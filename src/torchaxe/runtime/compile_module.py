@@ -1,0 +1,47 @@
+"""``torch.compile`` of one module in place, in a way that compiles it.
+
+``module.compile()`` compiles ``nn.Module``'s call for that instance and keeps the
+object, its class and its ``state_dict`` keys, which is what a knob or a tuned
+strategy wants. But torch.compile does not trace into torch's own layers and
+containers (``torch.nn.modules``: ``nn.Linear``, ``nn.Sequential``, ``nn.LayerNorm``,
+...) from there: for those it is a silent no-op, and the module stays eager.
+
+Such a module gets its ``forward`` compiled instead, as an instance attribute: the
+compiled class function bound to the instance. A bound method, unlike a closure over
+the instance, is rebound by ``copy.deepcopy`` (an EMA copy of the model, the tuner's
+copies), so a copy runs its own parameters, not the original's.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+#: How :func:`compile_in_place` compiled a module.
+MODULE = "module"
+FORWARD = "forward"
+
+
+def is_torch_layer(module: Any) -> bool:
+    """Whether ``module``'s ``forward`` is one of torch's own layers or containers."""
+    forward = getattr(type(module), "forward", None)
+    return (getattr(forward, "__module__", None) or "").startswith("torch.nn.modules.")
+
+
+def compile_in_place(module: Any, **kwargs: Any) -> str:
+    """Compile ``module`` in place with ``torch.compile(**kwargs)``; returns how:
+    :data:`MODULE` (``module.compile``) or :data:`FORWARD` (its forward, for torch's
+    own layers). Wrappers such as DDP keep ``module.compile()``, which the compiler
+    handles (DDP's bucket-aware graph splitting included)."""
+    if not is_torch_layer(module):
+        module.compile(**kwargs)
+        return MODULE
+    import torch
+
+    module.forward = types.MethodType(torch.compile(type(module).forward, **kwargs), module)
+    return FORWARD
+
+
+def is_compiled_in_place(module: Any) -> bool:
+    """Whether :func:`compile_in_place` (or ``module.compile``) compiled ``module``."""
+    return getattr(module, "_compiled_call_impl", None) is not None or "forward" in vars(module)
