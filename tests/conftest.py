@@ -27,3 +27,22 @@ def scan_text(source: str, target: str = "cpu", select: tuple[str, ...] = (), pa
 @pytest.fixture
 def scan():
     return scan_text
+
+
+class CountingBackend:
+    """A torch.compile backend that runs each captured graph as it is and counts the
+    runs: a test sees whether a module really ran compiled."""
+
+    def __init__(self) -> None:
+        self.runs: list[int] = []
+
+    def __call__(self, gm, inputs):
+        def run(*args):
+            self.runs.append(1)
+            return gm.forward(*args)
+        return run
+
+
+@pytest.fixture
+def counting_backend() -> CountingBackend:
+    return CountingBackend()

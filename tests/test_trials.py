@@ -288,22 +288,14 @@ def test_model_compiler_picks_the_top_level_model_and_unpatches(monkeypatch):
     assert applied.record["compile"]["module"].endswith("Net") and applied.record["compile"]["compiled"] == "module"
 
 
-def test_a_sequential_model_runs_compiled():
+def test_a_sequential_model_runs_compiled(counting_backend):
     # torch.compile does not trace torch's own containers from nn.Module's call:
     # module.compile() leaves an nn.Sequential eager without a word.
     import torch
     from torch import nn
 
-    runs = []
-
-    def counting(gm, inputs):
-        def run(*args):
-            runs.append(1)
-            return gm.forward(*args)
-        return run
-
     applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
-    compiler = knob_specs.ModelCompiler({"backend": counting}, applied)
+    compiler = knob_specs.ModelCompiler({"backend": counting_backend}, applied)
     compiler.install()
     try:
         model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
@@ -311,7 +303,7 @@ def test_a_sequential_model_runs_compiled():
         model(torch.ones(1, 2))
     finally:
         compiler.uninstall()
-    assert len(runs) == 2 and first.shape == (1, 2)
+    assert len(counting_backend.runs) == 2 and first.shape == (1, 2)
     assert applied.record["compile"]["compiled"] == "forward"
     assert set(model.state_dict()) == {"0.weight", "0.bias"}  # the same module, the same keys
 

@@ -281,23 +281,15 @@ def test_the_scanner_replacements_swap_in_and_match_eager():
     assert torch.allclose(block(x), swapped(x), atol=1e-5)
 
 
-def test_the_compile_strategies_compile_torchs_own_layers():
+def test_the_compile_strategies_compile_torchs_own_layers(counting_backend):
     # module.compile() leaves nn.Linear, nn.LayerNorm, nn.Sequential eager without a
     # word: a tuned head or norm measured 1.00x, the eager module timed twice.
-    runs = []
-
-    def counting(gm, inputs):
-        def run(*args):
-            runs.append(1)
-            return gm.forward(*args)
-        return run
-
     for name in ("compile", "max-autotune"):
-        runs.clear()
+        counting_backend.runs.clear()
         for module in (nn.Linear(4, 4), nn.LayerNorm(4), nn.Sequential(nn.Linear(4, 4), nn.GELU())):
-            S.apply(name, module, S.StrategyContext(compile_backend=counting))
+            S.apply(name, module, S.StrategyContext(compile_backend=counting_backend))
             module(torch.ones(2, 4)).sum().backward()
-        assert len(runs) == 3, name
+        assert len(counting_backend.runs) == 3, name
 
 
 def test_unavailable_strategies_say_why():
