@@ -330,6 +330,29 @@ def test_a_copy_of_a_compiled_torch_layer_runs_its_own_parameters():
     assert not torch.equal(twin(x), before)
 
 
+def test_a_torch_container_of_a_stopped_scripts_modules_compiles(tmp_path, counting_backend):
+    # The tuner compiles after the script has stopped: its classes name `__main__`,
+    # which is then not the script, and torch.compile looked their globals up there.
+    import runpy
+
+    import torch
+
+    from torchaxe.runtime.compile_module import compile_in_place
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import math\nfrom torch import nn\n\n"
+        "class Scaled(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.linear = nn.Linear(4, 4)\n\n"
+        "    def forward(self, x):\n        return self.linear(x) / math.sqrt(x.size(-1))\n")
+    namespace = runpy.run_path(str(script), run_name="__main__")
+    blocks = torch.nn.Sequential(namespace["Scaled"](), namespace["Scaled"]())
+    x = torch.randn(2, 4)
+    expected = blocks(x)
+    compile_in_place(blocks, backend=counting_backend)
+    assert torch.allclose(blocks(x), expected) and len(counting_backend.runs) == 1
+
+
 def test_a_ddp_wrapper_keeps_module_compile(monkeypatch):
     # The compiler handles DDP from nn.Module's call (splitting the graph at its buckets).
     from torch import nn

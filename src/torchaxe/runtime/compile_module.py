@@ -6,10 +6,16 @@ strategy wants. But torch.compile does not trace into torch's own layers and
 containers (``torch.nn.modules``: ``nn.Linear``, ``nn.Sequential``, ``nn.LayerNorm``,
 ...) from there: for those it is a silent no-op, and the module stays eager.
 
-Such a module gets its ``forward`` compiled instead, as an instance attribute: the
-compiled class function bound to the instance. A bound method, unlike a closure over
-the instance, is rebound by ``copy.deepcopy`` (an EMA copy of the model, the tuner's
-copies), so a copy runs its own parameters, not the original's.
+Such a module gets its ``forward`` compiled instead, as an instance attribute: a
+compiled function that calls the class's ``forward``, bound to the instance. A bound
+method, unlike a closure over the instance, is rebound by ``copy.deepcopy`` (an EMA
+copy of the model, the tuner's copies), so a copy runs its own parameters, not the
+original's. The function is made afresh for each module (its own code object, so its
+own compile cache: no module's graphs count against another's recompile limit), with
+the globals of the user code inside the module: torch.compile looks the globals of an
+inlined function up by its module's name unless they are the root function's, and a
+script's classes name ``__main__``, which once the script has stopped (the tuner
+measures then) is no longer the script.
 """
 
 from __future__ import annotations
@@ -38,8 +44,25 @@ def compile_in_place(module: Any, **kwargs: Any) -> str:
         return MODULE
     import torch
 
-    module.forward = types.MethodType(torch.compile(type(module).forward, **kwargs), module)
+    module.forward = types.MethodType(torch.compile(_forward_caller(module), **kwargs), module)
     return FORWARD
+
+
+def _call_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return type(self).forward(self, *args, **kwargs)
+
+
+def _forward_caller(module: Any) -> types.FunctionType:
+    """A new function running ``type(module).forward``, with the globals of the first
+    module inside ``module`` that is not torch's own (else this file's)."""
+    namespace = globals()
+    for sub in module.modules():
+        if not is_torch_layer(sub):
+            found = getattr(getattr(type(sub), "forward", None), "__globals__", None)
+            if isinstance(found, dict):
+                namespace = found
+                break
+    return types.FunctionType(_call_forward.__code__.replace(), namespace, "forward")
 
 
 def is_compiled_in_place(module: Any) -> bool:
