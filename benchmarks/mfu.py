@@ -29,7 +29,7 @@ in one run only are printed.
 There is no target: MFU is reported. A faster run can even show a lower MFU when its
 changes move it to a dtype whose peak is higher.
 
-    .venv/bin/python benchmarks/mfu.py --budget 3m --rounds 3 --save
+    .venv/bin/python benchmarks/mfu.py --budget 6m --rounds 3 --save
     .venv/bin/python benchmarks/mfu.py --only gpt --budget 45s --target cuda --gpt-args "--d-model 512 ..."
 """
 
@@ -336,7 +336,9 @@ def measure_example(name: str, work: Path, args: argparse.Namespace) -> tuple[di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", default="3m", help="advise's --budget for each example (default 3m)")
+    parser.add_argument("--budget", default="6m",
+                        help="advise's --budget for each example (default 6m: with 3m, advise measured each change "
+                        "of the GPT example in one round only on a 2-core CPU, too few to tell it from the noise)")
     parser.add_argument("--steps", type=int, default=10, help="measured steps of each profiled run")
     parser.add_argument("--rounds", type=int, default=3,
                         help="interleaved rounds of profiling the original and the tuned copy (default 3)")
