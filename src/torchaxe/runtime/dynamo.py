@@ -45,6 +45,17 @@ def quiet_global_hook_warning() -> None:
     warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
 
 
+def add_global_forward_pre_hook(hook: Callable[..., object]) -> object:
+    """``hook`` registered before every ``nn.Module`` call of the process; returns its
+    handle. torch's warning about global hooks and compiled modules is silenced (see
+    :func:`quiet_global_hook_warning`)."""
+    from torch.nn.modules.module import register_module_forward_pre_hook
+
+    handle = register_module_forward_pre_hook(hook)
+    quiet_global_hook_warning()
+    return handle
+
+
 def frames_compiled() -> int:
     """How many frames dynamo has set out to compile in this process so far (0 when it
     was never loaded). A global module hook registered before such a compile may be
@@ -76,8 +87,6 @@ class OneShotModuleHook:
         self._frames_at_install = 0
 
     def install(self) -> None:
-        from torch.nn.modules.module import register_module_forward_pre_hook
-
         self._frames_at_install = frames_compiled()
 
         def hook(module, args):
@@ -88,8 +97,7 @@ class OneShotModuleHook:
                 self.uninstall()
             self.action()
 
-        self._handle = register_module_forward_pre_hook(hook)
-        quiet_global_hook_warning()
+        self._handle = add_global_forward_pre_hook(hook)
 
     def uninstall(self) -> None:
         if self._handle is not None:

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from torchaxe.runtime.dynamo import OneShotModuleHook, compiling, compiling_check, quiet_global_hook_warning
+from torchaxe.runtime.dynamo import OneShotModuleHook, add_global_forward_pre_hook, compiling, compiling_check
 from torchaxe.runtime.profile import HostSyncSite, InputSignature, ShapeTally
 
 #: Distinct input signatures kept per module before it is marked ``truncated``.
@@ -843,7 +843,6 @@ class ModuleShapeProbe:
 
     def install(self) -> None:
         import torch
-        from torch.nn.modules.module import register_module_forward_pre_hook
 
         tensor_type = torch.Tensor
         seen = self._seen
@@ -858,8 +857,7 @@ class ModuleShapeProbe:
                 entry = seen[id(module)] = (module, ShapeTallier(tensor_type, step_of), ShapeTallier(tensor_type, step_of))
             entry[1 if grad_enabled() else 2].add(args)
 
-        self._handle = register_module_forward_pre_hook(hook)
-        quiet_global_hook_warning()
+        self._handle = add_global_forward_pre_hook(hook)
 
     def uninstall(self) -> None:
         if self._handle is not None:
