@@ -28,6 +28,7 @@ LAYERS = {
     "torchaxe.environment": 3,
     "torchaxe.compare": 3,
     "torchaxe.memory": 3,
+    "torchaxe.kernels": 3,
     "torchaxe.distributed": 3,
     "torchaxe.runtime": 2,
     "torchaxe.kb": 2,

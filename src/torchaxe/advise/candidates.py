@@ -29,6 +29,7 @@ from torchaxe.data.candidates import stored_candidates as data_stored_candidates
 from torchaxe.distributed.candidates import candidates as distributed_candidates
 from torchaxe.errors import TorchaxeError
 from torchaxe.findings import Applicability, Finding
+from torchaxe.kernels.candidates import candidates as kernels_candidates
 from torchaxe.memory.candidates import candidates as memory_candidates
 from torchaxe.precision.candidates import candidates as precision_candidates
 from torchaxe.precision.candidates import own_speedups as precision_own_speedups
@@ -163,7 +164,7 @@ def _axis_of_code(code: str) -> str:
 
 #: The axes' runtime-setting candidates, collected in this order (the order they are
 #: listed and, at equal priority, measured in).
-RUN_CANDIDATES = (shapes_candidates, precision_candidates, bind_candidates, data_candidates)
+RUN_CANDIDATES = (shapes_candidates, precision_candidates, kernels_candidates, bind_candidates, data_candidates)
 
 
 def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, Any], *,

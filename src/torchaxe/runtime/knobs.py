@@ -51,6 +51,7 @@ KNOB_SPECS: tuple[str, ...] = (
     "torchaxe.runtime.knob_specs:OBSERVE",
     "torchaxe.shapes.knob:SPEC",
     "torchaxe.memory.knob:SPEC",
+    "torchaxe.kernels.knob:SPEC",
     "torchaxe.tune.replace:SPEC",
     "torchaxe.runtime.knob_specs:AUTOCAST",
     "torchaxe.runtime.knob_specs:COMPILE",

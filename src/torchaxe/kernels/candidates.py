@@ -1,0 +1,43 @@
+"""The kernel swaps worth measuring: on a CPU target, dropout with a packed-bits mask
+when the profiled run spent a visible share of its operator time drawing dropout
+masks (``aten::bernoulli_``). Where torch's own draw is fast (an MKL build on an Intel
+CPU), that share stays small and nothing is proposed. The masks differ from torch's,
+so the training loss is compared before the change may be chosen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
+
+#: The operator torch's CPU dropout spends its time in (one Bernoulli draw an element).
+DROPOUT_DRAW = "aten::bernoulli_"
+#: Below this share of the operator time, a faster draw cannot save a measurable step.
+MIN_SHARE = 0.03
+
+
+def op_share(profile: dict[str, Any], name: str) -> float:
+    """The share of the profiled operators' own host time spent in operator ``name``."""
+    ops = [op for op in profile.get("ops") or [] if op.get("kind", "op") == "op"]
+    total = sum(op.get("self_seconds") or 0.0 for op in ops)
+    if total <= 0:
+        return 0.0
+    return sum(op.get("self_seconds") or 0.0 for op in ops if op.get("name") == name) / total
+
+
+def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
+    """``knob:dropout-packed`` on a CPU target whose run drew dropout masks for at
+    least ``MIN_SHARE`` of its operator time."""
+    if target != "cpu":
+        return []
+    share = op_share(profile, DROPOUT_DRAW)
+    if share < MIN_SHARE:
+        return []
+    return [knob_candidate(
+        "knob:dropout-packed", "fused_ops",
+        "dropout's mask drawn from packed 64-bit random draws (a quarter of the generator calls)",
+        {"kernels": {"dropout": "packed"}}, priority=0.8 + 2 * share,
+        accuracy=Accuracy(kind="unknown", detail="other dropout masks from the same seed (the rate within "
+                                                 "2**-17 of p); its training loss is compared with the original's"),
+        detail=f"the run spent {share:.0%} of its operator time drawing dropout masks one element at a time "
+               f"({DROPOUT_DRAW})")]

@@ -1,0 +1,76 @@
+"""The ``kernels`` knob: faster kernels for torch operators, swapped in for the run.
+
+    {"kernels": {"dropout": "packed"}}
+
+``dropout``: ``"packed"`` replaces ``torch.nn.functional.dropout`` (which
+``nn.Dropout`` calls) by ``kernels/dropout.py``'s for the calls it takes (training,
+out of place, a CPU floating-point tensor, outside torch.compile), the original for
+the rest; ``"torch"`` leaves torch's. The function is restored when the run ends.
+The run's record notes the kernels installed and how many calls took them.
+Validation here is stdlib-only.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed
+
+DROPOUT_KERNELS = ("packed", "torch")
+
+
+@dataclass(frozen=True)
+class KernelKnobs:
+    dropout: str = "torch"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dropout": self.dropout}
+
+
+class KernelSwap:
+    """Installs the chosen kernels into torch's namespaces; uninstall puts torch's back."""
+
+    def __init__(self, knobs: KernelKnobs, applied: AppliedKnobs) -> None:
+        self.knobs = knobs
+        self.applied = applied
+        self.calls = [0]
+        self._original: Any = None
+
+    def install(self) -> None:
+        if self.knobs.dropout != "packed":
+            return
+        import torch.nn.functional as F
+
+        from torchaxe.kernels.dropout import dropout_with
+
+        self._original = F.dropout
+        F.dropout = dropout_with(self._original, self.calls)
+        self.applied.note_later("kernels", lambda: {**self.knobs.to_dict(), "dropout_calls": self.calls[0]})
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            import torch.nn.functional as F
+
+            F.dropout = self._original
+            self._original = None
+
+
+class KernelsKnob(Knob):
+    """``kernels``: faster kernels for torch operators (dropout's mask from packed random bits)."""
+
+    key = "kernels"
+    example = {"dropout": "packed"}
+
+    def parse(self, raw: Any, check: KnobCheck) -> KernelKnobs | None:
+        if raw is None:
+            return None
+        c = check.obj(raw, "kernels", ("dropout",))
+        return KernelKnobs(dropout=check.choice(c.get("dropout", "torch"), "kernels.dropout", DROPOUT_KERNELS))
+
+    def patch(self, value: KernelKnobs | None, applied: AppliedKnobs):
+        return installed(KernelSwap(value, applied)) if value is not None else nullcontext()
+
+
+SPEC = KernelsKnob()
