@@ -270,3 +270,25 @@ def test_an_interrupt_before_any_recommendation_keeps_the_earlier_advice(tmp_pat
     assert main(["advise", "--save", str(save), "--", "python", str(script)]) == 0
     assert json.loads(save.read_text())["earlier"] is True
     assert "left as it was" in capsys.readouterr().err
+
+
+def test_apply_in_a_copy_of_the_project_refuses_advice_made_in_the_original(tmp_path: Path) -> None:
+    from torchaxe.advise.apply import check_made_here
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'proj'\n")
+    script = project / "train.py"
+    shutil.copy(SCRIPTS / "advise_train.py", script)
+    advice = json.loads(advice_file(script, tmp_path).read_text())
+    copy = tmp_path / "proj-copy"
+    shutil.copytree(project, copy)
+    with pytest.raises(TorchaxeError, match="this advice was made for .*proj/train.py: its fixes are for the files there"):
+        check_made_here(advice, copy)
+    check_made_here(advice, project)  # where it was made
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    check_made_here(advice, elsewhere)  # not a copy: apply changes the files where advise ran
+    result = torchaxe("apply", "--advice", str(tmp_path / "advice.json"), cwd=copy)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "proj-copy" in result.stderr
+    assert "torch.tanh" in script.read_text()

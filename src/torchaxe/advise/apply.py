@@ -170,6 +170,32 @@ def _loss_change(rec: dict[str, Any]) -> str:
     return f"{rec['key']} (loss {delta:+.2%})" if isinstance(delta, (int, float)) else str(rec["key"])
 
 
+def check_made_here(advice: dict[str, Any], here: str | Path) -> None:
+    """Refuse advice made in another copy of this project. Its fixes are for the files
+    of the project of the script advise ran (``apply`` run from anywhere changes
+    those), but run from a copy of that project (the same script at the same place in
+    it) the user means the copy, and would see the other tree edited."""
+    from torchaxe.runtime.torchrun import parse_script
+    from torchaxe.scan.discover import project_root
+
+    made_in = advice.get("cwd")
+    if not isinstance(made_in, str) or not os.path.isdir(made_in):
+        return
+    try:
+        _, script = parse_script(advice["command"], cwd=made_in)
+    except (TorchaxeError, KeyError):
+        return
+    advised = Path(os.path.realpath(script.target if script.kind == "path" else script.folder))
+    project = project_root(script.folder)
+    here_project = project_root(here)
+    if Path(os.path.realpath(here)).is_relative_to(project) or project.is_relative_to(here_project):
+        return
+    copy = here_project / advised.relative_to(project)
+    if copy.exists():
+        raise TorchaxeError(f"this advice was made for {advised}: its fixes are for the files there, not for the "
+                            f"copy here ({copy}); run `torchaxe advise` here, or `torchaxe apply` in {made_in}")
+
+
 def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence[str] = (),
                  write: bool = True) -> ApplyResult:
     """Apply the chosen recommendations (or the ones named in ``keys``)."""

@@ -234,9 +234,10 @@ def apply(advice_path, unsafe_fixes, keys, diff):
       torchaxe apply --unsafe-fixes
       torchaxe apply --only knob:compile
     """
-    from torchaxe.advise.apply import apply_advice, load_advice
+    from torchaxe.advise.apply import apply_advice, check_made_here, load_advice
 
     advice = load_advice(advice_path)
+    check_made_here(advice, Path.cwd())
     result = apply_advice(advice, unsafe=unsafe_fixes, keys=keys, write=not diff)
     for text in result.diffs:
         if diff:
