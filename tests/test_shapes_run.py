@@ -124,6 +124,25 @@ def test_evaluation_under_no_grad_does_not_make_training_dynamic(tmp_path):
     assert analysis.counts("module")["dynamic"] == 0 and analysis.counts("op")["dynamic"] == 0
 
 
+FIXED_WITH_EVAL_LOADER = FIXED.replace("for x, y in loader:", """\
+evaluation = DataLoader(TensorDataset(torch.randn(30, 6), torch.randn(30, 1)), batch_size=10)
+for x, y in loader:
+    for vx, vy in evaluation:  # fetched with gradients on, no backward after it
+        with torch.no_grad():
+            model(vx)
+    with torch.no_grad():
+        for (vx,) in DataLoader(TensorDataset(torch.randn(9, 6)), batch_size=3):
+            model(vx)""")
+
+
+def test_an_evaluation_loaders_batches_are_not_training_shapes(tmp_path):
+    observation, analysis = run(tmp_path, FIXED_WITH_EVAL_LOADER, steps=6)
+    verdict = decide(analysis)
+    assert verdict.verdict == "static", verdict.reasons
+    batches = observation.profile.shapes.batches
+    assert [s.shapes for s in batches.signatures] == [[[8, 6], [8, 1]]]
+
+
 def test_a_module_only_ever_called_without_gradients_keeps_its_shapes(tmp_path):
     # A frozen teacher, called under no_grad in every training step: its calls are all it has.
     source = FIXED.replace("opt = torch.optim", "teacher = torch.nn.Linear(6, 1)\nopt = torch.optim").replace(

@@ -158,6 +158,7 @@ class StepRecorder:
         self.stepped = threading.Event()
         self.flop_window: Any = None  # a FlopWindow when FLOPs are counted
         self.on_device_ready: Callable[[], None] = lambda: None
+        self.backward_calls = 0
         self._device_ready = False
         self._start: float | None = None
         self._reset()
@@ -179,6 +180,7 @@ class StepRecorder:
 
     def add_backward(self, seconds: float) -> None:
         self._backward += seconds
+        self.backward_calls += 1
 
     def add_sync(self) -> None:
         self._syncs += 1
@@ -576,7 +578,8 @@ class Harness:
         from torchaxe.runtime.comm import CommProbe
 
         comm = CommProbe(recorder, clock, recorder.measuring)
-        probes: list[Any] = [DataWaitProbe(recorder, clock, batch_shapes), BackwardProbe(recorder, clock), syncs,
+        data_wait = DataWaitProbe(recorder, clock, batch_shapes)
+        probes: list[Any] = [data_wait, BackwardProbe(recorder, clock), syncs,
                              GcProbe(recorder, clock), FirstForwardProbe(recorder), comm]
         if module_shapes is not None:
             probes.append(module_shapes)
@@ -587,6 +590,8 @@ class Harness:
         state: dict[str, Any] = {"status": "completed", "error": None, "exit_code": None, "message": None}
 
         def snapshot(final: bool) -> Profile:
+            if final:
+                data_wait.settle_batches()
             return self._profile(command, backend, recorder, codes, memory, syncs, module_shapes, batch_shapes,
                                  marker, backward_steps, state, started_at, final, comm)
 

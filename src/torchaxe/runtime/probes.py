@@ -70,6 +70,8 @@ class StepSink(Protocol):
     def activity(self) -> None: ...
     def add_data_wait(self, seconds: float, batches: int) -> None: ...
     def add_backward(self, seconds: float) -> None: ...
+    #: Backward passes seen so far (``add_backward`` calls).
+    backward_calls: int
     def add_sync(self) -> None: ...
     def add_gc(self, seconds: float) -> None: ...
     def add_comm(self, seconds: float) -> None: ...
@@ -171,7 +173,10 @@ class CodeMap:
 class DataWaitProbe:
     """Times ``DataLoader.__iter__`` (worker start-up) and the iterator's
     ``__next__`` (waiting for a batch): the time the training loop is blocked on
-    data. With ``batch_shapes`` it also tallies the shapes of the batches."""
+    data. With ``batch_shapes`` it also tallies the shapes of the training batches:
+    a batch counts once a backward pass follows it before its loader yields again
+    (an evaluation loop's batches, often of another size, never do), and never when
+    it was fetched with gradients off. ``settle_batches`` counts the last ones."""
 
     def __init__(self, sink: StepSink, clock: Callable[[], float], batch_shapes: "ShapeTallier | None" = None) -> None:
         self.sink = sink
@@ -179,9 +184,15 @@ class DataWaitProbe:
         self.batch_shapes = batch_shapes
         self._saved: list[tuple[type, str, Any]] = []
         self._local = threading.local()
+        #: Per loader iterator: its last batch's signature and the backward passes seen when it came.
+        self._pending: dict[int, tuple[tuple, int]] = {}
+        self._grad_enabled: Callable[[], bool] = lambda: True
 
     def install(self) -> None:
+        import torch
         from torch.utils.data import dataloader
+
+        self._grad_enabled = torch.is_grad_enabled
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", self._timed_next)
         self._patch(dataloader.DataLoader, "__iter__", self._timed_iter)
@@ -202,6 +213,8 @@ class DataWaitProbe:
             if getattr(local, "depth", 0):  # a loader read inside another one's fetch
                 return original(loader_or_iter)
             sink.activity()
+            if counts_batch and shapes is not None:
+                self._settle(id(loader_or_iter))  # its last batch had its backward pass, or never will
             local.depth = 1
             start = clock()
             fetched = False
@@ -213,9 +226,23 @@ class DataWaitProbe:
                 local.depth = 0
                 sink.add_data_wait(clock() - start, 1 if fetched else 0)
                 if fetched and shapes is not None:
-                    shapes.add(result)
+                    self._batch(id(loader_or_iter), result)
 
         return timed
+
+    def _batch(self, key: int, batch: Any) -> None:
+        if self._grad_enabled():
+            self._pending[key] = (self.batch_shapes.signature(batch), self.sink.backward_calls)
+
+    def _settle(self, key: int) -> None:
+        pending = self._pending.pop(key, None)
+        if pending is not None and self.sink.backward_calls > pending[1]:
+            self.batch_shapes.add_signature(pending[0])
+
+    def settle_batches(self) -> None:
+        """Count the batches still waiting whose backward pass came."""
+        for key in list(self._pending):
+            self._settle(key)
 
     def _timed_next(self, original: Callable) -> Callable:
         return self._timed(original, counts_batch=True)
@@ -788,9 +815,14 @@ class ShapeTallier:
     truncated: bool = False
     per_step: dict = field(default_factory=dict)
 
+    def signature(self, values: Any) -> tuple:
+        return input_signature(values, self.tensor_type)
+
     def add(self, values: Any) -> None:
+        self.add_signature(self.signature(values))
+
+    def add_signature(self, signature: tuple) -> None:
         self.calls += 1
-        signature = input_signature(values, self.tensor_type)
         if signature in self.counts:
             self.counts[signature] += 1
         elif len(self.counts) < MAX_SIGNATURES:
