@@ -35,6 +35,24 @@ def test_a_step_of_an_mlp_counts_forward_and_backward_as_by_hand():
     assert window.dtype == "float32" and window.error is None and not window.active
 
 
+def test_an_evaluation_pass_inside_the_counted_step_is_not_the_steps_work():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 10))
+    x = torch.randn(32, 64)
+    window = FlopWindow(step=1)
+    window.start()
+    model(x).pow(2).mean().backward()
+    with torch.no_grad():  # a callback evaluating between two optimizer steps
+        for _ in range(5):
+            model(torch.randn(100, 64))
+    window.stop()
+    assert window.flops == _linear_flops(32, 64, 128, input_grad=False) + _linear_flops(32, 128, 10)
+    assert window.evaluation_flops == 5 * (_linear_flops(100, 64, 128, backward=False)
+                                           + _linear_flops(100, 128, 10, backward=False))
+    assert window.by_dtype == {"float32": window.flops}
+
+
 def test_fused_attention_on_cpu_is_counted_as_the_fused_kernel_computes_it():
     import torch
     import torch.nn.functional as F
@@ -45,8 +63,7 @@ def test_fused_attention_on_cpu_is_counted_as_the_fused_kernel_computes_it():
     v = torch.randn(b, h, s, d, requires_grad=True)
     forward_only = FlopWindow(step=1)
     forward_only.start()
-    with torch.no_grad():
-        F.scaled_dot_product_attention(q, k, v)
+    F.scaled_dot_product_attention(q, k, v)
     forward_only.stop()
     # Scores q @ k.T and the weighted sum with v: two products of 2*s*s*d per head.
     assert forward_only.flops == 2 * (2 * b * h * s * s * d)
@@ -146,6 +163,16 @@ def test_the_profile_counts_the_last_warmup_step_and_writes_the_figures(tmp_path
                                     "peak_flops_per_second_measured", "mfu_table", "mfu_measured"}
     again = Profile.from_dict(data)
     assert again.flops == flops and again.summary.mfu_measured == summary.mfu_measured
+
+
+def test_an_mfu_above_the_measured_peak_says_the_counted_step_was_not_typical(tmp_path):
+    # The counted step (2) trains on extra large products that no other step has.
+    source = SCRIPT.replace("for _ in range(8):\n", "for step in range(8):\n    if step == 1:\n"
+                            "        w = torch.randn(512, 512, requires_grad=True)\n"
+                            "        for _ in range(20):\n            (w @ w).sum().backward()\n")
+    profile = run_script(tmp_path, source, steps=3, warmup=2, flops=True)
+    assert profile.summary.mfu_measured > 1
+    assert any("the FLOPs counted on step 2 make" in w and "not reliable" in w for w in profile.warnings)
 
 
 COMPILED_SCRIPT = """\

@@ -60,15 +60,22 @@ def _attention_mapping() -> dict[Any, Callable[..., int]]:
 
 
 def _dtype_tally_mode(registry: dict[Any, Callable[..., int]]):
-    """A dispatch mode that adds up the counted ops' FLOPs per input dtype. It sits
-    inside the counter's mode: it sees each op first, then hands it on."""
+    """A dispatch mode that adds up the counted ops' FLOPs per input dtype, and apart
+    (``evaluation``) those run with gradients off outside a backward pass: an
+    evaluation or generation pass the script runs between two optimizer steps, which
+    is not the training step's work (the optimizer's update has no FLOP formula). It
+    sits inside the counter's mode: it sees each op first, then hands it on."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    def in_training() -> bool:
+        return torch.is_grad_enabled() or torch._C._current_graph_task_id() != -1
 
     class DtypeTally(TorchDispatchMode):
         def __init__(self) -> None:
             super().__init__()
             self.flops: Counter[str] = Counter()
+            self.evaluation = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -78,9 +85,13 @@ def _dtype_tally_mode(registry: dict[Any, Callable[..., int]]):
                 dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
                 if dtype is not None:
                     try:
-                        self.flops[str(dtype).removeprefix("torch.")] += int(formula(*args, **kwargs, out_val=out))
+                        flops = int(formula(*args, **kwargs, out_val=out))
                     except Exception:  # a formula that cannot read these arguments: counted by the counter only
-                        pass
+                        flops = 0
+                    if in_training():
+                        self.flops[str(dtype).removeprefix("torch.")] += flops
+                    else:
+                        self.evaluation += flops
             return out
 
     return DtypeTally()
@@ -149,6 +160,9 @@ class FlopWindow:
         self.step = step
         self.flops: int | None = None
         self.by_dtype: dict[str, int] = {}
+        #: FLOPs of the counted step run with gradients off outside backward (an
+        #: evaluation pass), left out of ``flops``.
+        self.evaluation_flops = 0
         self.activation_bytes: int | None = None
         self.error: str | None = None
         self._counter: Any = None
@@ -198,11 +212,14 @@ class FlopWindow:
             except Exception:
                 self.activation_bytes = None
         try:
+            evaluation = 0
             if tally is not None:
                 tally.__exit__(None, None, None)
                 self.by_dtype = {k: v for k, v in tally.flops.items() if v}
+                evaluation = tally.evaluation
             counter.__exit__(None, None, None)
-            self.flops = int(counter.get_total_flops())
+            self.evaluation_flops = evaluation
+            self.flops = max(int(counter.get_total_flops()) - evaluation, 0)
         except Exception as exc:
             self.flops = None
             self.error = f"the FLOP counter could not stop cleanly ({type(exc).__name__}: {exc})"

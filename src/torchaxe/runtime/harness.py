@@ -491,6 +491,9 @@ def flop_count(window: Any, backend: Any, warmup: int) -> FlopCount:
     if not window.flops:
         notes.append("the counted step ran no operation with a FLOP formula (matrix products, convolutions, "
                      "attention)")
+    if window.evaluation_flops:
+        notes.append(f"{window.evaluation_flops / 1e9:.3g} GFLOP of step {window.step} ran with gradients off outside "
+                     "the backward pass (an evaluation or generation pass) and are not counted as the step's")
     return FlopCount(
         flops_per_step=window.flops,
         counted_step=window.step,
@@ -718,6 +721,12 @@ class Harness:
                                   [s.comm_seconds for s in steps if s.phase == "measured"]),
         )
         profile.detail = self._detail(profile, command, state)
+        mfu = profile.summary.mfu_measured if profile.flops is not None else None
+        if mfu is not None and mfu > 1.0:
+            profile.warnings.append(
+                f"the FLOPs counted on step {profile.flops.counted_step} make {100 * mfu:.0f}% of the measured peak at "
+                "the median step time: that step held work a typical step does not (its FLOPs are too many for the "
+                "median); the MFU figures are not reliable")
         return profile
 
     def _detail(self, profile: Profile, command: ScriptCommand, state: dict) -> str:
