@@ -122,6 +122,31 @@ def test_a_module_called_with_different_shapes_is_left_alone_with_the_reason(tmp
     assert [s.names for s in report.subgraphs] == [["fixed"]]
 
 
+class Critic(nn.Module):
+    """A GAN's discriminator: called on data and on generated samples that need gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.score = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.score(x)
+
+
+class RealAndGenerated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.critic = Critic()
+
+    def forward(self, x):
+        return self.critic(x) + self.critic(x.detach().requires_grad_())
+
+
+def test_calls_that_differ_only_in_requires_grad_have_fixed_shapes():
+    subs = {s.name: s for s in capture(RealAndGenerated(), torch.randn(4, 8)).subgraphs()}
+    assert subs["critic"].skipped is None and subs["critic"].example is not None
+
+
 # ------------------------------------------------------------------ checks and timing
 
 

@@ -40,7 +40,11 @@ class ModuleCalls:
 
     @property
     def dynamic(self) -> bool:
-        return len(set(self.specs)) > 1
+        """Called with inputs of more than one shape or dtype. Calls that differ only
+        in ``requires_grad`` or memory layout (a GAN's discriminator on real and on
+        generated images) have fixed shapes: the first call's signature is tuned, and
+        a compiled winner serves the others too."""
+        return len({_shapes_only(spec) for spec in self.specs}) > 1
 
 
 @dataclass
@@ -138,6 +142,20 @@ def _has_float_input(example: Example | None) -> bool:
     from torchaxe.tune.measure import tensors_in
 
     return example is not None and any(t.is_floating_point() for t in tensors_in((example.args, example.kwargs)))
+
+
+def _shapes_only(spec: str) -> str:
+    """A call spec with each tensor reduced to its shape and dtype."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict) and "tensor" in value:
+            return {"tensor": value["tensor"][:2]}
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return json.dumps(strip(json.loads(spec)), sort_keys=True)
 
 
 def _short(spec: str) -> str:
