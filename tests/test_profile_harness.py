@@ -132,6 +132,47 @@ def test_an_op_table_torch_cannot_hand_over_leaves_the_rest_of_the_profile(monke
                for w in profile.warnings)
 
 
+PYTHON_HEAVY = """\
+import torch
+torch.manual_seed(0)
+model = torch.nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+def bump(x):
+    return x + 1
+
+def train_step(calls):
+    s = 0
+    for _ in range(calls):  # Python work in every step: plotting, a per-item loop
+        s = bump(s)
+    loss = model(torch.randn(8, 16)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+for step in range(12):
+    train_step(CALLS)
+"""
+
+
+@pytest.mark.parametrize("calls, recorded, with_lines", [(20, 3, True), (1200, 1, True), (3000, 1, False)])
+def test_the_op_window_shrinks_to_the_python_calls_its_tracer_can_record(tmp_path, monkeypatch, calls, recorded,
+                                                                          with_lines):
+    import torchaxe.runtime.opstats as opstats
+
+    monkeypatch.setattr(opstats, "PYTHON_CALLS_BUDGET", 2000)
+    profile = run_script(tmp_path, PYTHON_HEAVY.replace("CALLS", str(calls)), steps=2, warmup=2, ops=True,
+                         ops_steps=3)
+    assert len(profile.ops_steps) == recorded
+    assert [s.phase for s in profile.steps].count("ops") == recorded and profile.summary.steps_measured == 2
+    assert profile.ops and any(o.name == "aten::addmm" for o in profile.ops)
+    located = {src.function for op in profile.ops for src in op.sources}
+    assert ("train_step" in located) == with_lines
+    notes = [w for w in profile.warnings if "Python calls" in w]
+    assert bool(notes) == (recorded < 3 or not with_lines)
+    assert sys.getprofile() is None
+
+
 # ------------------------------------------------------------------ counting
 
 

@@ -98,9 +98,11 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
                                 Path(tmp), extra=("--ops", "--shapes", "--flops"), context=True,
                                 limit=timeout + 30.0)
         if done.killed:
-            raise TorchaxeError(f"the script ran {timeout + 30:.0f} s without finishing its first {options.warmup} + "
-                                f"{options.steps or DEFAULT_STEPS} steps (--budget {options.budget:g} s): give a larger --budget, or "
-                                "--timeout")
+            raise TorchaxeError(f"the profiled run of the script (operators and shapes recorded on some steps) ran "
+                                f"{timeout + 30:.0f} s without finishing its first {options.warmup} warm-up + "
+                                f"{options.steps or DEFAULT_STEPS} steps (--budget {options.budget:g} s): give a larger "
+                                f"--budget, or, for a script whose steps take seconds, a smaller --warmup "
+                                f"(now {options.warmup})")
         files = rank_files(done.profile_path)
         if not files:
             tail = [line for line in done.stderr.strip().splitlines() if line.strip()]

@@ -18,6 +18,8 @@ is synchronised at step boundaries only, through the backend.
 
 from __future__ import annotations
 
+import dataclasses
+
 import gc
 import os
 import platform
@@ -157,6 +159,7 @@ class StepRecorder:
         self.training = threading.Event()
         self.stepped = threading.Event()
         self.flop_window: Any = None  # a FlopWindow when FLOPs are counted
+        self.python_calls: Any = None  # a PythonCallCounter over the last warm-up step, with --ops
         self.on_device_ready: Callable[[], None] = lambda: None
         self.backward_calls = 0
         self._device_ready = False
@@ -231,6 +234,12 @@ class StepRecorder:
         if flops is not None and index == flops.step:
             flops.start()
             now = self.clock()
+        if window is not None and index == self.options.warmup:
+            # The last warm-up step says how many Python calls the op window's tracer would record.
+            from torchaxe.runtime.opstats import PythonCallCounter
+
+            self.python_calls = PythonCallCounter()
+            self.python_calls.start()
         self._start = now
         self._reset()
 
@@ -270,6 +279,13 @@ class StepRecorder:
             comm_seconds=self._comm,
         ))
         window = self.window
+        counter = self.python_calls
+        if counter is not None and index == self.options.warmup:
+            counter.stop()
+            if counter.calls is not None:
+                planned = window.plan(counter.calls, self.options.ops_steps)
+                if planned != self.options.ops_steps:
+                    self.options = dataclasses.replace(self.options, ops_steps=planned)
         if phase == "ops" and window is not None:
             window.steps.append(index)
         if phase == "measured":
@@ -638,6 +654,8 @@ class Harness:
         finally:
             if recorder.flop_window is not None:
                 recorder.flop_window.stop()  # the script ended inside the counted step
+            if recorder.python_calls is not None:
+                recorder.python_calls.stop()
             for probe in reversed(installed):
                 probe.uninstall()
         if options.flops:
@@ -664,7 +682,7 @@ class Harness:
 
     def _profile(self, command, backend, recorder, codes, memory, syncs, module_shapes, batch_shapes, marker,
                  backward_steps, state, started_at, final, comm) -> Profile:
-        options = self.options
+        options = recorder.options  # the op window may have been cut down
         import torch
 
         ops, ops_steps, ops_failure = [], [], None
@@ -688,6 +706,8 @@ class Harness:
         warnings = self._warnings(steps, status, marker, backward_steps, recorder, state)
         if ops_failure:
             warnings.append(ops_failure)
+        if recorder.window is not None and recorder.window.note:
+            warnings.append(recorder.window.note)
         profile = Profile(
             status=status,
             run=RunInfo(
@@ -754,7 +774,7 @@ class Harness:
 
     def _warnings(self, steps: list[StepRecord], status: str, marker: StepMarker | None,
                   backward_steps: BackwardStepProbe | None, recorder: StepRecorder, state: dict) -> list[str]:
-        options = self.options
+        options = recorder.options
         out = []
         if not steps:
             if marker is not None:
