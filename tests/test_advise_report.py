@@ -47,6 +47,17 @@ def test_text_summary_names_the_winners_and_what_to_run_next(advice) -> None:
     assert "torchaxe apply -- " not in text  # apply takes no command
 
 
+def test_a_set_cut_to_its_best_change_is_not_called_all_of_them_together(script: Path) -> None:  # noqa: F811
+    slower_together = run_advice(script, FakeRuns(times={"combined": 0.07}))  # compile alone: 0.05
+    out = io.StringIO()
+    render_advice_text(slower_together, out, width=200)
+    text = out.getvalue()
+    assert "All chosen changes together" not in text
+    assert "Chosen alone: knob:compile, 2.00x faster in its own" in text and "together: 1.43x" in text
+    html = render_advice_html(slower_together)
+    assert "knob:compile alone (the chosen changes together: 1.43x)" in html
+
+
 def test_text_summary_claims_no_rounds_or_choices_that_did_not_happen(script: Path) -> None:  # noqa: F811
     from test_advise import Clock
 

@@ -90,7 +90,17 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                           "optimizer steps per epoch, so check convergence before keeping it")
     combined = advice.combined
     if combined:
-        if combined.get("status") == "measured":
+        together = combined.get("together")
+        if combined.get("status") == "measured" and together:
+            # The set was cut to its best change: its own figure, and what the set measured.
+            rounds = len(combined.get("ratios") or [])
+            measured = (f"{together['speedup']:.2f}x" if together.get("speedup")
+                        else together.get("status") or "not measured")
+            console.print(f"[bold]Chosen alone:[/bold] {', '.join(combined.get('keys') or [])}, "
+                          f"{combined['speedup']:.2f}x faster in its own {rounds} round{'s' if rounds != 1 else ''} "
+                          f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step); the "
+                          f"{len(together.get('keys') or [])} chosen changes together: {measured}")
+        elif combined.get("status") == "measured":
             console.print(f"[bold]All chosen changes together:[/bold] {combined['speedup']:.2f}x faster "
                           f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step), measured "
                           "interleaved with the original")
