@@ -429,6 +429,10 @@ class Advisor:
             return
         rec.status = "measured"
         rec.ratios = [round(r, 4) for r in arm.ratios]
+        wrapped = _wrapped_modules(arm)
+        if wrapped:
+            # "the model" is the first module with parameters called: say which one it was.
+            rec.detail = (rec.detail + "; " if rec.detail else "") + wrapped
         ratio = arm.ratio or 1.0
         rec.speedup = 1.0 / ratio if ratio > 0 else None
         if base.median is not None:
@@ -495,3 +499,13 @@ class Advisor:
 def advise(command: Sequence[str], options: AdviseOptions | None = None, **kwargs: Any) -> Advice:
     """Find, measure and rank what would make this training script faster."""
     return Advisor(command, options or AdviseOptions(), **kwargs).run()
+
+
+def _wrapped_modules(arm: ArmResult) -> str:
+    """Which module the run's model-wrapping knobs (compile, autocast) took as the
+    model, as the run noted it: a script that trains two models (a GAN) learns which."""
+    applied = next((r.applied for r in arm.runs if r.ok and r.applied), None) or {}
+    notes = {key: applied.get(key) for key in ("compile", "autocast")}
+    parts = [f"{key} applied to {note['module']}" for key, note in notes.items()
+             if isinstance(note, dict) and note.get("module")]
+    return ", ".join(parts)
