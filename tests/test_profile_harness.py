@@ -161,8 +161,9 @@ def test_the_op_window_shrinks_to_the_python_calls_its_tracer_can_record(tmp_pat
     import torchaxe.runtime.opstats as opstats
 
     monkeypatch.setattr(opstats, "PYTHON_CALLS_BUDGET", 2000)
+    # FLOPs are counted on step 2; the Python calls on step 1 (the FLOP counter makes calls of its own).
     profile = run_script(tmp_path, PYTHON_HEAVY.replace("CALLS", str(calls)), steps=2, warmup=2, ops=True,
-                         ops_steps=3)
+                         ops_steps=3, flops=True)
     assert len(profile.ops_steps) == recorded
     assert [s.phase for s in profile.steps].count("ops") == recorded and profile.summary.steps_measured == 2
     assert profile.ops and any(o.name == "aten::addmm" for o in profile.ops)

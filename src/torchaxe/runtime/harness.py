@@ -219,6 +219,14 @@ class StepRecorder:
                 self.on_device_ready()
         return self.clock()
 
+    @property
+    def counting_step(self) -> int:
+        """The warm-up step whose Python calls are counted for the op window: not the
+        one whose FLOPs are counted (the counter's dispatch mode makes calls of its
+        own) when there are two or more; 0 (none) without warm-up."""
+        warmup = self.options.warmup
+        return warmup - 1 if warmup >= 2 and self.flop_window is not None else warmup
+
     def activity(self) -> None:
         """The first sign of training (a DataLoader fetch, a module call): step 1 starts."""
         if self._start is None and not self.stop_requested:
@@ -234,8 +242,8 @@ class StepRecorder:
         if flops is not None and index == flops.step:
             flops.start()
             now = self.clock()
-        if window is not None and index == self.options.warmup:
-            # The last warm-up step says how many Python calls the op window's tracer would record.
+        if window is not None and index == self.counting_step:
+            # A warm-up step says how many Python calls the op window's tracer would record.
             from torchaxe.runtime.opstats import PythonCallCounter
 
             self.python_calls = PythonCallCounter()
@@ -280,7 +288,7 @@ class StepRecorder:
         ))
         window = self.window
         counter = self.python_calls
-        if counter is not None and index == self.options.warmup:
+        if counter is not None and index == self.counting_step:
             counter.stop()
             if counter.calls is not None:
                 planned = window.plan(counter.calls, self.options.ops_steps)
