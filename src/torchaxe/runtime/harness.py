@@ -221,11 +221,10 @@ class StepRecorder:
 
     @property
     def counting_step(self) -> int:
-        """The warm-up step whose Python calls are counted for the op window: not the
-        one whose FLOPs are counted (the counter's dispatch mode makes calls of its
-        own) when there are two or more; 0 (none) without warm-up."""
-        warmup = self.options.warmup
-        return warmup - 1 if warmup >= 2 and self.flop_window is not None else warmup
+        """The warm-up step whose Python calls are counted for the op window: the
+        last (the first starts at the first model call or batch, after any Python
+        work of the step before it); 0 (none) without warm-up."""
+        return self.options.warmup
 
     def activity(self) -> None:
         """The first sign of training (a DataLoader fetch, a module call): step 1 starts."""

@@ -57,19 +57,26 @@ PYTHON_CALLS_BUDGET = 100_000
 
 class PythonCallCounter:
     """Counts the Python function calls of the current thread between ``start`` and
-    ``stop`` (``sys.setprofile``; not started when another profile function is set)."""
+    ``stop`` (``sys.setprofile``; not started when another profile function is set).
+    Calls made while a torch dispatch mode handles an operator (the FLOP counter may
+    run in the same step; the op window will not) are left out: inside its handler
+    the mode is off torch's dispatch-mode stack."""
 
     def __init__(self) -> None:
         self.calls: int | None = None
         self._on = False
 
     def start(self) -> None:
+        import torch
+
         if sys.getprofile() is not None:
             return
         self.calls = 0
+        depth = torch._C._len_torch_dispatch_stack
+        modes = depth()
 
         def count(frame: Any, event: str, arg: Any) -> None:
-            if event == "call":
+            if event == "call" and depth() >= modes:
                 self.calls += 1
 
         sys.setprofile(count)
