@@ -122,6 +122,16 @@ def test_a_run_without_steps_is_stopped_after_the_first_step_timeout(capsys):
     assert "exiting from training early" not in capsys.readouterr().out
 
 
+def test_a_first_step_still_under_way_at_the_timeout_is_not_called_a_run_without_backward(tmp_path):
+    # An LBFGS step whose closures take minutes: the model was called, no step has ended yet.
+    source = ("import time, torch\nmodel = torch.nn.Linear(4, 1)\nmodel(torch.randn(2, 4))\n"
+              "for _ in range(200):\n    time.sleep(0.05)\n")
+    profile = run_script(tmp_path, source, steps=None, warmup=0, first_step_timeout=1.0)
+    assert not profile.steps
+    assert not any("no backward pass ran" in w for w in profile.warnings)
+    assert any("give a larger --first-step-timeout" in w for w in profile.warnings)
+
+
 def test_the_first_step_timeout_stops_a_harness_off_the_main_thread():
     result = {}
     thread = threading.Thread(target=lambda: result.update(profile=loop("never", first_step_timeout=0.5)))

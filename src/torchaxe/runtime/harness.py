@@ -790,7 +790,9 @@ class Harness:
             elif recorder.stepped.is_set():
                 out.append(f"no step was seen: the script ended at its first step boundary ({recorder.source}); "
                            "a step lasts from one boundary to the next")
-            elif backward_steps is not None:
+            elif backward_steps is not None and (backward_steps.backwards or not state.get("first_step_timeout")):
+                # Stopped by the timeout before any backward pass counted (a first step still under
+                # way, an LBFGS step's closures): "no backward pass ran" would mislead.
                 out.append(no_step_hint(backward_steps.backwards))
             if state.get("first_step_timeout"):
                 out.append(f"if the first step takes longer than {options.first_step_timeout:g} s (a long compilation, "
