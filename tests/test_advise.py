@@ -272,8 +272,8 @@ def test_a_change_whose_loss_is_far_beyond_the_noise_is_held_back_with_its_cost(
 
 
 def test_the_tolerance_is_relative_to_the_noise_of_the_originals_runs(script: Path) -> None:
-    # The original's two runs per arm land 3% apart in loss: a change 4% off is within
-    # the noise plus 2%; a tolerance of 0.5% holds it back all the same.
+    # The original's runs land 3% apart in loss (the A/A arm runs under other seeds): a
+    # change 4.5% off is within the noise plus 2%; a tolerance of 0.5% holds it back.
     class NoisyLoss(FakeRuns):
         def __call__(self, knobs, command, options, repeat):
             run = super().__call__(knobs, command, options, repeat)
@@ -281,13 +281,13 @@ def test_the_tolerance_is_relative_to_the_noise_of_the_originals_runs(script: Pa
                 run.applied["loss"] = [x * 1.03 for x in run.applied["loss"]]
             return run
 
-    loss = {"knob:autocast-bf16": 1.055}  # 4% above the mean of the original's runs (1.015)
+    loss = {"knob:autocast-bf16": 1.045}  # 4.5% above the original's own runs (same seed)
     for tolerance, chosen in ((0.02, True), (0.005, False)):
         advice = run_advice(script, NoisyLoss(times={"knob:autocast-bf16": 0.06}, loss=loss),
                             loss_tolerance=tolerance)
         bf16 = next(r for r in advice.recommendations if r.key == "knob:autocast-bf16")
         assert advice.baseline["loss_noise"] == pytest.approx(0.03 / 1.015, rel=1e-6)
-        assert bf16.accuracy.loss_delta == pytest.approx(1.055 / 1.015 - 1)
+        assert bf16.accuracy.loss_delta == pytest.approx(0.045)
         assert bf16.selected is chosen and (bf16.held_back is None) is chosen
 
 

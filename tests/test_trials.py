@@ -425,3 +425,27 @@ def test_interleave_asks_the_stop_hook_with_the_runs_of_a_round_and_the_reserve(
     assert interleave(lambda repeat: next(plans), lambda arm, repeat: calls.append((arm, repeat)),
                       lambda arm: False, first=3) is True
     assert calls == [("a", 3), ("a", 4), ("b", 4)]
+
+
+def test_the_seed_knob_shifts_every_torch_seed_and_puts_manual_seed_back():
+    import torch
+
+    from torchaxe.runtime.knobs import AppliedKnobs
+
+    original = torch.manual_seed
+    torch.manual_seed(6)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    unseeded = torch.rand(3)  # what a script that never seeds would draw after this point
+    applied = AppliedKnobs(knob_set_from_dict({"seed": {"offset": 1}}, "test"))
+    torch.manual_seed(0)
+    with knob_specs.SEED.patch(1, applied):
+        assert not torch.equal(torch.rand(3), unseeded)  # the initial seed is shifted too
+        torch.manual_seed(5)
+        assert torch.equal(torch.rand(3), expected)
+        torch.random.manual_seed(5)
+        assert torch.equal(torch.rand(3), expected)
+    assert torch.manual_seed is original and torch.random.manual_seed is original
+    assert applied.record["seed"] == {"offset": 1}
+    with pytest.raises(KnobError, match="seed.offset"):
+        knob_set_from_dict({"seed": {"offset": -1}}, "knobs.json")

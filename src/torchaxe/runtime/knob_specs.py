@@ -290,6 +290,63 @@ class ObserveKnob(Knob):
         return installed(LossRecorder(applied)) if value else nullcontext()
 
 
+# ------------------------------------------------------------------ seed
+
+
+class SeedShift:
+    """Adds ``offset`` to every seed the run gives ``torch.manual_seed`` (transformers'
+    ``set_seed`` and Lightning's ``seed_everything`` call it), and to torch's initial
+    seed for a script that never seeds: the same code under other random numbers."""
+
+    def __init__(self, offset: int, applied: AppliedKnobs) -> None:
+        self.offset = offset
+        self.applied = applied
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> None:
+        import torch
+        import torch.random
+
+        original = torch.random.manual_seed
+        offset = self.offset
+
+        def manual_seed(seed):
+            return original(int(seed) + offset)
+
+        for owner in (torch, torch.random):
+            self._saved.append((owner, "manual_seed", owner.manual_seed))
+            owner.manual_seed = manual_seed
+        original(torch.initial_seed() + offset)
+        self.applied.note("seed", {"offset": offset})
+
+    def uninstall(self) -> None:
+        while self._saved:
+            owner, name, value = self._saved.pop()
+            setattr(owner, name, value)
+
+
+class SeedKnob(Knob):
+    """``seed``: ``{"offset": N}`` shifts every torch seed of the run by N. advise's
+    A/A arm runs the original so: the loss noise it reports is then what other random
+    numbers (dropout masks, initial weights, data order) change, which a change that
+    draws its random numbers differently (a compiled dropout) is judged against."""
+
+    key = "seed"
+    example = {"offset": 1}
+
+    def parse(self, raw: Any, check: KnobCheck) -> int | None:
+        if raw is None:
+            return None
+        c = check.obj(raw, "seed", ("offset",))
+        return check.int(c.get("offset"), "seed.offset", 0)
+
+    def to_json(self, value: int | None) -> dict[str, int] | None:
+        return None if value is None else {"offset": value}
+
+    def patch(self, value: int | None, applied: AppliedKnobs):
+        return installed(SeedShift(value, applied)) if value else nullcontext()
+
+
 # ------------------------------------------------------------------ autocast
 
 
@@ -501,6 +558,7 @@ CPU_AFFINITY = CpuAffinityKnob()
 NPU = NpuKnob()
 TORCH = TorchKnob()
 OBSERVE = ObserveKnob()
+SEED = SeedKnob()
 AUTOCAST = AutocastKnob()
 COMPILE = CompileKnob()
 SOURCES = SourcesKnob()

@@ -49,6 +49,7 @@ KNOB_SPECS: tuple[str, ...] = (
     "torchaxe.data.knob:SPEC",
     "torchaxe.distributed.knob:SPEC",
     "torchaxe.runtime.knob_specs:OBSERVE",
+    "torchaxe.runtime.knob_specs:SEED",
     "torchaxe.shapes.knob:SPEC",
     "torchaxe.memory.knob:SPEC",
     "torchaxe.kernels.knob:SPEC",
