@@ -307,16 +307,19 @@ class SeedShift:
         import torch
         import torch.random
 
-        original = torch.random.manual_seed
         offset = self.offset
 
-        def manual_seed(seed):
-            return original(int(seed) + offset)
+        def shifted(original):
+            def manual_seed(seed):
+                return original(int(seed) + offset)
+            return manual_seed
 
+        # Each name keeps its own function (torch.compile wraps ``torch.manual_seed``
+        # once it is imported, and then the two differ).
         for owner in (torch, torch.random):
             self._saved.append((owner, "manual_seed", owner.manual_seed))
-            owner.manual_seed = manual_seed
-        original(torch.initial_seed() + offset)
+            owner.manual_seed = shifted(owner.manual_seed)
+        self._saved[-1][2](torch.initial_seed() + offset)
         self.applied.note("seed", {"offset": offset})
 
     def uninstall(self) -> None:
