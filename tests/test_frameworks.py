@@ -103,8 +103,8 @@ def test_short_advise_measures_the_changes_it_proposes(name: str, tmp_path: Path
     the original and none failed; either some are chosen or the advice says that
     nothing was faster.
 
-    Kept cheap: one round, two steps a run, nothing that needs compiling, no
-    environment variables (a promising change earns extra rounds, at most five). Every run starts the framework
+    Kept cheap: one round, two steps a run, nothing that needs compiling, no packed
+    dropout (tests/test_kernels.py), no environment variables (a promising change earns extra rounds, at most five). Every run starts the framework
     afresh, so a run takes seconds; on a heavily loaded machine the budget can end
     before the first change is measured, and then this test fails saying so. The
     formula fixes (AX1xx) are left out, the other code fixes kept: on a CPU without
@@ -116,8 +116,8 @@ def test_short_advise_measures_the_changes_it_proposes(name: str, tmp_path: Path
     env = "env:NONE" if name == "manual_sgd" else "env:"
     script = copy_script(name, tmp_path)
     saved = tmp_path / "advice.json"
-    result = torchaxe("advise", "--budget", "4m", "--repeats", "1", "--steps", "2", "--warmup", "1",
-                      "--target", "cpu", "--skip", "knob:compile", "--skip", env, "--skip", code,
+    result = torchaxe("advise", "--budget", "3m", "--repeats", "1", "--steps", "2", "--warmup", "1",
+                      "--target", "cpu", "--skip", "knob:compile", "--skip", "knob:dropout", "--skip", env, "--skip", code,
                       "--format", "json", "--save", str(saved), "--", "python", str(script), "--steps", "100",
                       cwd=tmp_path)
     assert result.returncode == 0, result.stderr
