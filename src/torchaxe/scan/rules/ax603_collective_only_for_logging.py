@@ -193,13 +193,15 @@ def _reducing_helpers(ctx: FileContext) -> frozenset[str]:
     if key not in ctx.cache:
         names = set()
         for function in ctx.tree.body:
-            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.runs_training_step(function):
-                continue  # a step function's own collective is reported where it is
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
             reduced = set()
             for node in walk_scope(function):
                 if isinstance(node, ast.Call) and (name := collective_name(ctx, node)) in _RESULT_ARGUMENT:
                     if (result := _result_name(node, name, ctx)) is not None:
                         reduced.add(result)
+            if not reduced:
+                continue
             for node in walk_scope(function):
                 if isinstance(node, ast.Return) and node.value is not None:
                     root = node.value
@@ -208,6 +210,9 @@ def _reducing_helpers(ctx: FileContext) -> frozenset[str]:
                             root.func if isinstance(root, ast.Call) else root.value
                     if isinstance(root, ast.Name) and root.id in reduced:
                         names.add(function.name)
+            # Asked last, as it costs most: a step function's own collective is reported where it is.
+            if function.name in names and ctx.runs_training_step(function):
+                names.discard(function.name)
         ctx.cache[key] = frozenset(names)
     return ctx.cache[key]
 
