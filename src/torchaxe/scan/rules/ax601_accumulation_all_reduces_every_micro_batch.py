@@ -338,15 +338,36 @@ def _sync_handled(ctx: FileContext, scope: ast.AST, parents: dict) -> bool:
     if key in ctx.cache:
         return ctx.cache[key]
     handled = _turns_sync_off(scope)
-    if not handled and _turns_sync_off(ctx.tree):
+    if not handled and _file_turns_sync_off(ctx):
         handled = True
         if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            calls = [n for n in ast.walk(ctx.tree) if isinstance(n, ast.Call)
-                     and ((isinstance(n.func, ast.Name) and n.func.id == scope.name)
-                          or (isinstance(n.func, ast.Attribute) and n.func.attr == scope.name))]
+            calls = _calls_by_name(ctx).get(scope.name, [])
             handled = not calls or all(_inside_sync_off(call, parents) for call in calls)
     ctx.cache[key] = handled
     return handled
+
+
+def _file_turns_sync_off(ctx: FileContext) -> bool:
+    """``_turns_sync_off`` of the whole file, once per file."""
+    key = "ax601.file_sync_off"
+    if key not in ctx.cache:
+        ctx.cache[key] = _turns_sync_off(ctx.tree)
+    return ctx.cache[key]
+
+
+def _calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:
+    """The file's calls by the name called (``f(...)`` and ``x.f(...)`` under ``f``), once per file."""
+    key = "ax601.calls"
+    if key not in ctx.cache:
+        calls: dict[str, list[ast.Call]] = {}
+        for n in ast.walk(ctx.tree):
+            if isinstance(n, ast.Call):
+                name = n.func.id if isinstance(n.func, ast.Name) else \
+                    n.func.attr if isinstance(n.func, ast.Attribute) else None
+                if name is not None:
+                    calls.setdefault(name, []).append(n)
+        ctx.cache[key] = calls
+    return ctx.cache[key]
 
 
 def _inside_sync_off(node: ast.AST, parents: dict) -> bool:
