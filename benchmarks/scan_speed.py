@@ -334,7 +334,7 @@ def find_torchfix(explicit: str | None, disabled: bool) -> Path | None:
     if disabled:
         return None
     if explicit:
-        path = Path(explicit)
+        path = Path(explicit).absolute()  # TorchFix runs in another working folder
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise BenchmarkError(f"--torchfix {explicit}: not an executable file")
         return path
