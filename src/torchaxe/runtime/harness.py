@@ -19,7 +19,6 @@ is synchronised at step boundaries only, through the backend.
 from __future__ import annotations
 
 import dataclasses
-
 import gc
 import os
 import platform
@@ -219,13 +218,6 @@ class StepRecorder:
                 self.on_device_ready()
         return self.clock()
 
-    @property
-    def counting_step(self) -> int:
-        """The warm-up step whose Python calls are counted for the op window: the
-        last (the first starts at the first model call or batch, after any Python
-        work of the step before it); 0 (none) without warm-up."""
-        return self.options.warmup
-
     def activity(self) -> None:
         """The first sign of training (a DataLoader fetch, a module call): step 1 starts."""
         if self._start is None and not self.stop_requested:
@@ -241,8 +233,10 @@ class StepRecorder:
         if flops is not None and index == flops.step:
             flops.start()
             now = self.clock()
-        if window is not None and index == self.counting_step:
-            # A warm-up step says how many Python calls the op window's tracer would record.
+        if window is not None and index == self.options.warmup:
+            # The last warm-up step says how many Python calls the op window's tracer would
+            # record (not the first: it starts at the first model call or batch, after the
+            # Python work that precedes it).
             from torchaxe.runtime.opstats import PythonCallCounter
 
             self.python_calls = PythonCallCounter()
@@ -287,7 +281,7 @@ class StepRecorder:
         ))
         window = self.window
         counter = self.python_calls
-        if counter is not None and index == self.counting_step:
+        if counter is not None and index == self.options.warmup:
             counter.stop()
             if counter.calls is not None:
                 planned = window.plan(counter.calls, self.options.ops_steps)
