@@ -75,6 +75,26 @@ def test_the_fixed_ddp_example_parses_and_wraps_forward_and_backward_in_no_sync(
     }
 
 
+def _torchrun_twice_if_killed(command: list[str]) -> subprocess.CompletedProcess:
+    """Run a torchrun job; run it once more only when a rank died by a signal.
+
+    Under a loaded machine a gloo rank has been seen to abort (SIGABRT) once in many
+    runs, outside the code under test. A second death, or any plain error, fails the
+    test, and the message keeps the ranks' own lines rather than torchrun's summary."""
+    for attempt in (1, 2):
+        run = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if run.returncode == 0:
+            return run
+        killed = "Signal " in run.stderr and "received by PID" in run.stderr
+        if not killed or attempt == 2:
+            ranks = [line for line in run.stderr.splitlines()
+                     if not line.startswith((" ", "=", "-", "[rank")) or "Error" in line]
+            pytest.fail(f"torchrun exited {run.returncode} (attempt {attempt}):\n"
+                        + "\n".join(ranks[:40]) + "\n...\n" + run.stderr[-1500:])
+    raise AssertionError("unreachable")
+
+
 @pytest.mark.slow
 def test_the_fixed_ddp_example_trains_to_the_same_losses_under_torchrun(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
@@ -85,11 +105,9 @@ def test_the_fixed_ddp_example_trains_to_the_same_losses_under_torchrun(tmp_path
     shutil.copy(EXAMPLE, tmp_path / "original.py")
     losses = {}
     for name in ("original", "fixed"):
-        run = subprocess.run(
+        run = _torchrun_twice_if_killed(
             [str(torchrun), "--nproc-per-node", "2", "--standalone", str(tmp_path / f"{name}.py"),
-             "--steps", "6", "--log-every", "1", "--width", "64", "--depth", "2", "--num-samples", "1024"],
-            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert run.returncode == 0, run.stderr[-2000:]
+             "--steps", "6", "--log-every", "1", "--width", "64", "--depth", "2", "--num-samples", "1024"])
         losses[name] = [float(line.split()[-1]) for line in run.stdout.splitlines() if line.startswith("step")]
     assert len(losses["original"]) == 6
     assert losses["fixed"] == pytest.approx(losses["original"], rel=1e-3, abs=1e-4)
