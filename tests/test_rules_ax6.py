@@ -230,3 +230,32 @@ def test_advise_files_distributed_findings_under_the_distributed_axis():
     assert candidates[0].rec.rules == ["AX601"]
     assert sorted((r.axis, r.rules[0]) for r in recommendations) == [("distributed", "AX603"),
                                                                        ("distributed", "AX604")]
+
+
+# ------------------------------------------------------------------ AX603's text gate
+_LOGGED_REDUCE = (
+    "for x, y in loader:\n"
+    "    loss = loss_fn(model(x), y)\n"
+    "    loss.backward()\n"
+    "    {step}\n"
+    "    reported = loss.detach()\n"
+    "    dist.all_reduce(reported)\n"
+    "    print(reported.item())\n"
+)
+
+
+@pytest.mark.parametrize("head", [
+    "import torch\nimport torch.distributed as dist\n",
+    "import torch\nfrom torch import distributed as dist\n",
+])
+@pytest.mark.parametrize("step", ["opt.step()", "optimizer.step ()", "self.opt_g.step()"])
+def test_ax603_reads_files_however_they_import_distributed_and_name_the_optimizer(head, step):
+    findings = _scan(head + _LOGGED_REDUCE.format(step=step), ("AX603",))
+    assert [f.snippet.strip() for f in findings] == ["dist.all_reduce(reported)"]
+
+
+def test_ax603_reports_a_loop_whose_only_training_call_is_a_helper_given_the_optimizer():
+    source = ("import torch\nimport torch.distributed as dist\n"
+              "for x, y in loader:\n    loss = loss_fn(model(x), y)\n    loss_scaler(loss, opt)\n"
+              "    reported = loss.detach()\n    dist.all_reduce(reported)\n    print(reported.item())\n")
+    assert [f.code for f in _scan(source, ("AX603",))] == ["AX603"]

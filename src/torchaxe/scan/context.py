@@ -42,6 +42,28 @@ class FileContext:
         self._line_starts: list[int] | None = None
         self.imports = _collect_imports(self.tree)
 
+    # ---------------------------------------------------------------- nodes
+    def nodes(self, *types: type) -> list[Any]:
+        """Every node of the file in :func:`ast.walk`'s order, or only those of
+        ``types``; the tree is walked once per file for all rules (walking it again
+        in each rule was most of a scan's time on large files)."""
+        index = self.cache.get("nodes")
+        if index is None:
+            index = self.cache["nodes"] = {}
+            everything = list(fast_walk(self.tree))
+            index[()] = everything
+            for node in everything:
+                index.setdefault(type(node), []).append(node)
+        if not types:
+            return index[()]
+        if len(types) == 1:
+            return index.get(types[0], [])
+        found = index.get(types)
+        if found is None:
+            wanted = set(types)
+            found = index[types] = [n for n in index[()] if type(n) in wanted]
+        return found
+
     # ---------------------------------------------------------------- names
     def qualified_name(self, node: ast.AST) -> str | None:
         """The dotted name an expression refers to, through import aliases.
@@ -275,16 +297,14 @@ class FileContext:
         key = "called_in_loops"
         if key not in self.cache:
             names: set[str] = set()
-            for loop in ast.walk(self.tree):
-                if not isinstance(loop, LOOP_TYPES):
-                    continue
+            for loop in self.nodes(*LOOP_TYPES):
                 body: list[ast.AST] = []
                 stack: list[ast.AST] = list(loop.body)
                 while stack:
                     node = stack.pop()
                     body.append(node)
                     if not isinstance(node, BOUNDARY_TYPES):
-                        stack.extend(ast.iter_child_nodes(node))
+                        stack.extend(child_nodes(node))
                 names |= called_names(body)
             self.cache[key] = frozenset(names)
         return self.cache[key]
@@ -339,9 +359,8 @@ class FileContext:
         key = "functions"
         if key not in self.cache:
             found: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
-            for node in ast.walk(self.tree):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    found.setdefault(node.name, []).append(node)
+            for node in self.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
+                found.setdefault(node.name, []).append(node)
             self.cache[key] = found
         return self.cache[key]
 
@@ -418,8 +437,8 @@ class FileContext:
         if key not in self.cache:
             values: dict[str, ast.expr] = {}
             seen: set[str] = set()
-            for node in ast.walk(self.tree):
-                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            for node in self.nodes(ast.Assign):
+                if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                     name = node.targets[0].id
                     if name in seen:
                         values.pop(name, None)
@@ -435,8 +454,8 @@ class FileContext:
         key = ("assigned_from", predicate)
         if key not in self.cache:
             names = set()
-            for node in ast.walk(self.tree):
-                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            for node in self.nodes(ast.Assign):
+                if isinstance(node.value, ast.Call):
                     if predicate(self.call_name(node.value) or ""):
                         for t in node.targets:
                             if isinstance(t, ast.Name):
@@ -475,7 +494,7 @@ def _unconditional_calls(function: ast.AST) -> set[str]:
             continue
         if isinstance(stmt, (ast.If, *LOOP_TYPES, *BOUNDARY_TYPES, ast.Match)) or type(stmt).__name__ == "TryStar":
             continue
-        calls.extend(n for n in ast.walk(stmt) if isinstance(n, ast.Call))
+        calls.extend(n for n in fast_walk(stmt) if isinstance(n, ast.Call))
     return called_names(calls)
 
 
@@ -490,7 +509,7 @@ def _own_body(scope: ast.AST) -> list[ast.AST]:
         node = stack.pop()
         found.append(node)
         if not isinstance(node, (*LOOP_TYPES, *BOUNDARY_TYPES)):
-            stack.extend(ast.iter_child_nodes(node))
+            stack.extend(child_nodes(node))
     return found
 
 
@@ -527,14 +546,53 @@ def _is_optimizer_name(qualified: str) -> bool:
     )
 
 
+#: For each node type, the fields that can hold child nodes (found on first use).
+CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def child_fields(node_type: type) -> tuple[str, ...]:
+    """The fields of a node type that can hold child nodes: all but ``ctx``
+    (Load/Store), which carries nothing a rule looks at."""
+    fields = CHILD_FIELDS.get(node_type)
+    if fields is None:
+        fields = CHILD_FIELDS[node_type] = tuple(f for f in node_type._fields if f != "ctx")
+    return fields
+
+
+def child_nodes(node: ast.AST) -> list[ast.AST]:
+    """The direct children of a node, in :func:`ast.iter_child_nodes`' order less
+    ``ctx``, at a fraction of its cost."""
+    children: list[ast.AST] = []
+    for name in CHILD_FIELDS.get(type(node)) or child_fields(type(node)):
+        value = getattr(node, name, None)
+        if value is None:
+            continue
+        if isinstance(value, list):
+            children.extend(item for item in value if isinstance(item, ast.AST))
+        elif isinstance(value, ast.AST):
+            children.append(value)
+    return children
+
+
+def fast_walk(node: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of a subtree in :func:`ast.walk`'s order (breadth first), faster."""
+    queue = [node]
+    i = 0
+    while i < len(queue):
+        current = queue[i]
+        i += 1
+        queue.extend(child_nodes(current))
+        yield current
+
+
 def walk_scope(node: ast.AST) -> Iterator[ast.AST]:
     """Walk a subtree without entering nested functions, lambdas or classes."""
-    stack = list(ast.iter_child_nodes(node))
+    stack = child_nodes(node)
     while stack:
         child = stack.pop()
         yield child
         if not isinstance(child, BOUNDARY_TYPES):
-            stack.extend(ast.iter_child_nodes(child))
+            stack.extend(child_nodes(child))
 
 
 def _collect_imports(tree: ast.Module) -> dict[str, str]:

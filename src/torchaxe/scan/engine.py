@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import multiprocessing
+import os
 import re
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -16,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 from torchaxe.findings import Diagnostic, Finding, ScanResult
 from torchaxe.cpulist import usable_cpus
 from torchaxe.scan.capabilities import torch_capabilities
-from torchaxe.scan.context import FileContext
+from torchaxe.scan.context import CHILD_FIELDS, FileContext, child_fields
 from torchaxe.scan.discover import discover
 from torchaxe.scan.formulas import remote
 from torchaxe.scan.rules import Rule, select_rules
@@ -161,19 +162,6 @@ def _rule_failed(rule: Rule, exc: Exception, report: FileReport, path: str) -> N
     report.diagnostics.append(Diagnostic("AX906", f"rule {rule.code} failed: {type(exc).__name__}: {exc}", path))
 
 
-#: For each node type, the fields that can hold child nodes (found on first use):
-#: cheaper than ``ast.iter_child_nodes``, which tries every field of every node.
-_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _child_fields(node_type: type) -> tuple[str, ...]:
-    fields = _CHILD_FIELDS.get(node_type)
-    if fields is None:
-        # ``ctx`` (Load/Store) carries nothing a rule looks at.
-        fields = _CHILD_FIELDS[node_type] = tuple(f for f in node_type._fields if f != "ctx")
-    return fields
-
-
 def _walk(tree: ast.AST, ctx: FileContext, by_type: dict[type, list[Rule]], out: list[Finding], report: FileReport) -> None:
     """One depth-first pass in source order, keeping ``ctx.parents`` current and
     calling each rule registered for the node's type."""
@@ -194,7 +182,7 @@ def _walk(tree: ast.AST, ctx: FileContext, by_type: dict[type, list[Rule]], out:
                 except Exception as exc:  # a bug in one rule must not stop the scan
                     _rule_failed(rule, exc, report, ctx.path)
         parents.append(node)
-        for name in _CHILD_FIELDS.get(node_type) or _child_fields(node_type):
+        for name in CHILD_FIELDS.get(node_type) or child_fields(node_type):
             value = getattr(node, name, None)
             if value is None:
                 continue
@@ -269,6 +257,34 @@ def _scan_chunk(paths: list[str], options: ScanOptions) -> list[FileReport]:
     return [scan_file(Path(p), options, rules) for p in paths]
 
 
+def balanced_chunks(files: list[str], jobs: int) -> list[list[str]]:
+    """The files cut into tasks for ``jobs`` workers: neighbouring files, at most
+    ``_CHUNK`` of them and about an eighth of a worker's share of the bytes per task,
+    the largest tasks first. A tree's few very large files sit side by side (torch's
+    test suites); cut by count alone, one worker scanned them all while the others
+    sat idle at the end."""
+    sizes = []
+    for p in files:
+        try:
+            sizes.append(os.stat(p).st_size)
+        except OSError:
+            sizes.append(0)
+    share = max(1, sum(sizes) // (jobs * 8))
+    chunks: list[tuple[int, list[str]]] = []
+    current: list[str] = []
+    weight = 0
+    for path, size in zip(files, sizes):
+        if current and (len(current) >= _CHUNK or weight + size > share):
+            chunks.append((weight, current))
+            current, weight = [], 0
+        current.append(path)
+        weight += size
+    if current:
+        chunks.append((weight, current))
+    chunks.sort(key=lambda c: -c[0])
+    return [c for _, c in chunks]
+
+
 def _job_count(requested: int, files: int) -> int:
     if requested > 0:
         return requested
@@ -297,7 +313,7 @@ def scan_paths(
             if progress:
                 progress(i, total)
     else:
-        chunks = [files[i : i + _CHUNK] for i in range(0, total, _CHUNK)]
+        chunks = balanced_chunks(files, jobs)
         done = 0
         context = multiprocessing.get_context()
         rules = [cls() for cls in select_rules(options.select, options.ignore)]

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from torchaxe.scan.context import fast_walk
 from torchaxe.scan.formulas import remote
 from torchaxe.scan.formulas import vocabulary as V
 from torchaxe.scan.formulas.inline import (
@@ -552,7 +553,7 @@ def _dropout_before_softmax(node: Node, inputs: Any) -> bool:
 
 def _class_of(ctx: FileContext, scope: ast.AST) -> ast.ClassDef | None:
     """The class whose body defines ``scope`` (a method), if any."""
-    for node in ast.walk(ctx.tree):
+    for node in fast_walk(ctx.tree):
         if isinstance(node, ast.ClassDef) and any(s is scope for s in node.body):
             return node
     return None

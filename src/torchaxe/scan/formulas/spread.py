@@ -29,6 +29,8 @@ import ast
 from dataclasses import dataclass
 from typing import Iterator
 
+from torchaxe.scan.context import child_nodes, fast_walk
+
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 #: Statement fields that hold statement lists.
 _BLOCK_FIELDS = ("body", "orelse", "finalbody", "handlers")
@@ -74,13 +76,13 @@ def _inside(inner: ast.AST, outer: ast.AST) -> bool:
 
 
 def _loads(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return {n.id for n in fast_walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
 def _bindings(scope: ast.AST) -> Iterator[tuple[str, ast.AST]]:
     """Every (name, node) that binds a local of ``scope``, nested scopes' own locals
     excepted (their names, a ``def``'s or a ``class``'s, are bindings here)."""
-    stack = list(ast.iter_child_nodes(scope))
+    stack = list(child_nodes(scope))
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -99,7 +101,7 @@ def _bindings(scope: ast.AST) -> Iterator[tuple[str, ast.AST]]:
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             for name in node.names:
                 yield name, node
-        stack.extend(ast.iter_child_nodes(node))
+        stack.extend(child_nodes(node))
 
 
 def _parameters(scope: ast.AST) -> list[str]:
@@ -272,7 +274,7 @@ def _chain_is_private(scope: ast.AST, chain: list[ast.stmt], expr: ast.AST) -> b
     """No chain name is read, written or declared outside the chain and ``expr``."""
     names = {_chain_target(s) for s in chain}
     places = [*chain, expr]
-    for node in ast.walk(scope):
+    for node in fast_walk(scope):
         if isinstance(node, ast.Name) and node.id in names:
             if not any(_inside(node, p) for p in places):
                 return False
@@ -287,7 +289,7 @@ def _reshapes_the_chain(chain: list[ast.stmt], expr: ast.AST) -> bool:
     would then broadcast over other dimensions than the hand-written code did."""
     names = {_chain_target(s) for s in chain}
     for place in (*chain, expr):
-        for node in ast.walk(place):
+        for node in fast_walk(place):
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
@@ -314,7 +316,7 @@ def _inputs_still_valid(scope: ast.AST, sources: dict[str, ast.AST], expr: ast.A
         for name, node in bindings:
             if name in names and hasattr(node, "lineno") and lo <= _pos(node) < hi:
                 return False
-        paths = {p for p in (_path(n) for n in ast.walk(source)) if p}
+        paths = {p for p in (_path(n) for n in fast_walk(source)) if p}
         for path, node in writes:
             if lo <= _pos(node) < hi and any(_overlap(path, p) for p in paths):
                 return False
@@ -339,7 +341,7 @@ def _overlap(a: str, b: str) -> bool:
 def _writes(scope: ast.AST) -> Iterator[tuple[str, ast.AST]]:
     """What the scope writes other than by binding a name: attribute and subscript
     stores (the object written to) and in-place calls (``k.mul_(2)``, ``torch.nn.init.zeros_(w)``)."""
-    for node in ast.walk(scope):
+    for node in fast_walk(scope):
         if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
             path = _path(node) if isinstance(node, ast.Attribute) else _path(node.value)
             if path:
@@ -360,7 +362,7 @@ def _dropout_p(chain: list[ast.stmt], expr: ast.AST, resolve, cls: ast.ClassDef 
     False when there is one it cannot express."""
     calls = []
     for place in (*chain, expr):
-        for node in ast.walk(place):
+        for node in fast_walk(place):
             if isinstance(node, ast.Call) and _is_dropout_call(node, resolve):
                 calls.append(node)
     if not calls:
@@ -407,7 +409,7 @@ def _is_dropout_module(cls: ast.ClassDef | None, attr: str, resolve) -> bool:
     if cls is None:
         return False
     values = []
-    for node in ast.walk(cls):
+    for node in fast_walk(cls):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, (ast.AnnAssign, ast.AugAssign)) else []
         for target in targets:

@@ -9,7 +9,7 @@ import ast
 from dataclasses import dataclass
 
 from torchaxe.findings import Edit
-from torchaxe.scan.context import FileContext
+from torchaxe.scan.context import FileContext, fast_walk
 
 LOADER_NAMES = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 TENSOR_DATASET_NAMES = frozenset({"torch.utils.data.TensorDataset", "torch.utils.data.dataset.TensorDataset"})
@@ -143,7 +143,7 @@ def _tensor_dataset_call(ctx: FileContext, node: ast.AST | None) -> bool:
 
 def _values_bound_to(tree: ast.AST, name: str) -> list[ast.expr]:
     """Every value a plain ``name = value`` binds ``name`` to in ``tree``."""
-    return [node.value for node in ast.walk(tree)
+    return [node.value for node in fast_walk(tree)
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
 
 
@@ -171,10 +171,9 @@ def is_tensor_dataset(ctx: FileContext, loader: LoaderCall) -> bool:
     if isinstance(node, ast.Name):
         return _only_tensor_datasets(ctx, [node], ctx.tree)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        functions = [f for f in ast.walk(ctx.tree)
-                     if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == node.func.id]
+        functions = list(ctx.functions().get(node.func.id, ()))
         if len(functions) == 1:
-            returns = [r.value for r in ast.walk(functions[0]) if isinstance(r, ast.Return)]
+            returns = [r.value for r in fast_walk(functions[0]) if isinstance(r, ast.Return)]
             if returns and all(r is not None for r in returns):
                 return _only_tensor_datasets(ctx, returns, functions[0])  # type: ignore[arg-type]
     return _tensor_dataset_call(ctx, node)
@@ -182,7 +181,7 @@ def is_tensor_dataset(ctx: FileContext, loader: LoaderCall) -> bool:
 
 def builds_tensor_dataset(ctx: FileContext) -> bool:
     """Whether this file builds a ``TensorDataset`` anywhere."""
-    return any(_tensor_dataset_call(ctx, n) for n in ast.walk(ctx.tree) if isinstance(n, ast.Call))
+    return any(_tensor_dataset_call(ctx, n) for n in ctx.nodes(ast.Call))
 
 
 ITERABLE_DATASET_NAMES = frozenset({"torch.utils.data.IterableDataset", "torch.utils.data.dataset.IterableDataset"})
@@ -195,7 +194,7 @@ def unsharded_iterable_dataset(ctx: FileContext, loader: LoaderCall) -> str | No
     node = dataset_expression(ctx, loader)
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         return None
-    classes = {c.name: c for c in ast.walk(ctx.tree) if isinstance(c, ast.ClassDef)}
+    classes = {c.name: c for c in ctx.nodes(ast.ClassDef)}
     seen: set[str] = set()
 
     def iterable(name: str) -> bool:
@@ -213,7 +212,7 @@ def unsharded_iterable_dataset(ctx: FileContext, loader: LoaderCall) -> str | No
     if not iterable(node.func.id):
         return None
     shards = any(isinstance(n, (ast.Name, ast.Attribute)) and (getattr(n, "id", None) or getattr(n, "attr", None))
-                 == "get_worker_info" for name in seen for n in ast.walk(classes[name]))
+                 == "get_worker_info" for name in seen for n in fast_walk(classes[name]))
     return None if shards else node.func.id
 
 
@@ -223,7 +222,7 @@ def holds_device_tensors(ctx: FileContext, loader: LoaderCall) -> bool:
     node = dataset_expression(ctx, loader)
     if not (isinstance(node, ast.Call) and ctx.call_name(node) in TENSOR_DATASET_NAMES):
         return False
-    for sub in ast.walk(node):
+    for sub in fast_walk(node):
         if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in ("cuda", "npu", "to"):
             return True
         if isinstance(sub, ast.keyword) and sub.arg == "device":

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from torchaxe.scan.context import BOUNDARY_TYPES, FileContext
+from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, child_fields, child_nodes, fast_walk
 
 #: Qualified names of torch's DistributedDataParallel.
 DDP_NAMES = frozenset({
@@ -62,6 +62,9 @@ def wraps(ctx: FileContext) -> list[Wrap]:
     key = "ax6.wraps"
     if key not in ctx.cache:
         found: list[Wrap] = []
+        if not any(wrapper_kind(ctx, n) for n in ctx.nodes(ast.Call)):
+            ctx.cache[key] = found
+            return found
         for scope, statement in statements(ctx.tree):
             for node in header_nodes(statement):
                 if isinstance(node, ast.Call) and (kind := wrapper_kind(ctx, node)) is not None:
@@ -85,7 +88,7 @@ def statements(tree: ast.AST):
     stack: list[tuple[ast.AST, ast.AST]] = [(tree, tree)]
     while stack:
         node, scope = stack.pop()
-        for child in ast.iter_child_nodes(node):
+        for child in child_nodes(node):
             if isinstance(child, ast.stmt):
                 yield scope, child
             inner = child if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else scope
@@ -98,13 +101,14 @@ def header_nodes(statement: ast.stmt):
     test, iterable, context managers), not of its body."""
     if isinstance(statement, BOUNDARY_TYPES):
         return
-    for field_name, value in ast.iter_fields(statement):
+    for field_name in child_fields(type(statement)):
         if field_name in ("body", "orelse", "finalbody", "handlers", "cases"):
             continue
+        value = getattr(statement, field_name, None)
         values = value if isinstance(value, list) else [value]
         for v in values:
             if isinstance(v, ast.AST):
-                yield from ast.walk(v)
+                yield from fast_walk(v)
 
 
 def enclosing(parents: list[ast.AST], types) -> ast.AST | None:
@@ -115,7 +119,7 @@ def enclosing(parents: list[ast.AST], types) -> ast.AST | None:
 
 
 def enclosing_class(tree: ast.Module, function: ast.AST) -> ast.ClassDef | None:
-    for node in ast.walk(tree):
+    for node in fast_walk(tree):
         if isinstance(node, ast.ClassDef) and any(s is function for s in node.body):
             return node
     return None
@@ -141,7 +145,7 @@ def stored_texts(nodes) -> set[str]:
     attribute or subscript base assigned among ``nodes``."""
     found: set[str] = set()
     for node in nodes:
-        for sub in ast.walk(node):
+        for sub in fast_walk(node):
             if isinstance(sub, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(sub.ctx, (ast.Store, ast.Del)):
                 target = sub.value if isinstance(sub, ast.Subscript) else sub
                 dotted = dotted_name(target)
@@ -198,7 +202,7 @@ def function_of(parents: list[ast.AST], tree: ast.Module) -> ast.AST:
 def parent_map(scope: ast.AST) -> dict[int, ast.AST]:
     """Each node's parent under ``scope``, by the node's id."""
     parents: dict[int, ast.AST] = {}
-    for node in ast.walk(scope):
-        for child in ast.iter_child_nodes(node):
+    for node in fast_walk(scope):
+        for child in child_nodes(node):
             parents[id(child)] = node
     return parents

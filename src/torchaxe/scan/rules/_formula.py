@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, Iterable
 
 from torchaxe.findings import Applicability, Edit, Finding, Position
+from torchaxe.scan.context import child_nodes, fast_walk
 from torchaxe.scan.rules.base import Rule
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ class FormulaRule(Rule):
 def _expression_at(root: ast.AST, span) -> ast.expr | None:
     """The outermost expression under ``root`` that spans exactly ``span``."""
     where = (span.lineno, span.col_offset, span.end_lineno, span.end_col_offset)
-    return next((n for n in ast.walk(root) if isinstance(n, ast.expr)
+    return next((n for n in fast_walk(root) if isinstance(n, ast.expr)
                  and (n.lineno, n.col_offset, n.end_lineno, n.end_col_offset) == where), None)
 
 
@@ -137,7 +138,7 @@ _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 def _definitions(ctx: FileContext) -> list[ast.AST]:
     """The file's functions, lambdas and classes, found in one walk per file."""
     if "definitions" not in ctx.cache:
-        ctx.cache["definitions"] = [node for node in ast.walk(ctx.tree) if isinstance(node, _DEFINITIONS)]
+        ctx.cache["definitions"] = ctx.nodes(*_DEFINITIONS)
     return ctx.cache["definitions"]
 
 
@@ -185,11 +186,11 @@ def _branches_left_out(ctx: FileContext, match: FormulaMatch) -> str:
     inputs: set[str] = set()
     for text in match.inputs.values():
         try:
-            inputs |= {n.id for n in ast.walk(ast.parse(text or "", mode="eval")) if isinstance(n, ast.Name)}
+            inputs |= {n.id for n in fast_walk(ast.parse(text or "", mode="eval")) if isinstance(n, ast.Name)}
         except SyntaxError:
             continue
     inputs.discard("self")
-    wanted = {n.id for n in ast.walk(expression) if isinstance(n, ast.Name)}
+    wanted = {n.id for n in fast_walk(expression) if isinstance(n, ast.Name)}
     seen: set[str] = set()
     branches: dict[int, tuple[ast.If, list[str]]] = {}
     while wanted - seen:
@@ -197,20 +198,20 @@ def _branches_left_out(ctx: FileContext, match: FormulaMatch) -> str:
         seen.add(name)
         for stmt, under in assignments:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-            if not any(isinstance(t, ast.Name) and t.id == name for target in targets for t in ast.walk(target)):
+            if not any(isinstance(t, ast.Name) and t.id == name for target in targets for t in fast_walk(target)):
                 continue
             if stmt.value is not None:
-                wanted |= {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}
+                wanted |= {n.id for n in fast_walk(stmt.value) if isinstance(n, ast.Name)}
             if under is not None:
                 names = branches.setdefault(id(under), (under, []))[1]
                 if name not in names:
                     names.append(name)
     found = []
     for under, names in sorted(branches.values(), key=lambda b: b[0].lineno):
-        about = {n.id for n in ast.walk(under.test) if isinstance(n, ast.Name)}
-        assigned = {n.id for stmt in ast.walk(under) if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        about = {n.id for n in fast_walk(under.test) if isinstance(n, ast.Name)}
+        assigned = {n.id for stmt in fast_walk(under) if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign))
                     for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
-                    for n in ast.walk(target) if isinstance(n, ast.Name)}
+                    for n in fast_walk(target) if isinstance(n, ast.Name)}
         if (about | assigned) & inputs:
             continue
         test = ast.get_source_segment(ctx.source, under.test) or ast.unparse(under.test)
@@ -266,7 +267,7 @@ def _bound_names(scope: ast.AST) -> set[str]:
             names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
         elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
             names.add(node.name)
-        stack.extend(ast.iter_child_nodes(node))
+        stack.extend(child_nodes(node))
     return names
 
 

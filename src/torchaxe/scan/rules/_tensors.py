@@ -15,7 +15,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext
+from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, LOOP_TYPES, child_nodes, fast_walk
 from torchaxe.scan.rules._dataloader import is_dataloader_call
 
 FUNCTION_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
@@ -300,7 +300,7 @@ def _scope_facts(ctx: FileContext, scope: ast.AST) -> _Scope:
             return
         is_loop = isinstance(node, LOOP_TYPES)
         branches = is_loop or isinstance(node, (ast.If, ast.Try, ast.Match, ast.IfExp, ast.BoolOp, ast.ExceptHandler))
-        for child in ast.iter_child_nodes(node):
+        for child in child_nodes(node):
             if getattr(node, "iter", None) is child:
                 visit(child, loops, blocks)  # a for-loop's iterable is evaluated once
             elif getattr(node, "test", None) is child:
@@ -310,7 +310,7 @@ def _scope_facts(ctx: FileContext, scope: ast.AST) -> _Scope:
             else:
                 visit(child, (*loops, id(node)) if is_loop else loops, blocks | {id(node)} if branches else blocks)
 
-    for child in ast.iter_child_nodes(scope):
+    for child in child_nodes(scope):
         visit(child, (), frozenset())
     ctx.cache[key] = facts
     return facts
@@ -347,7 +347,7 @@ def module_names(ctx: FileContext) -> frozenset[str]:
     local_modules: set[str] = set()
     names: set[str] = set()
     assignments: list[ast.Assign | ast.AnnAssign] = []
-    for node in ast.walk(ctx.tree):
+    for node in ctx.nodes(ast.ClassDef, ast.Call, ast.Assign, ast.AnnAssign):
         if isinstance(node, ast.ClassDef):
             for base in node.bases:
                 text = (ctx.qualified_name(base) or ast.unparse(base)).rsplit(".", 1)[-1]
@@ -407,10 +407,9 @@ def loader_names(ctx: FileContext) -> frozenset[str]:
     key = "ax3.loader_names"
     if key not in ctx.cache:
         names: set[str] = set()
-        for node in ast.walk(ctx.tree):
+        for node in ctx.nodes(ast.Assign):
             if (
-                isinstance(node, ast.Assign)
-                and isinstance(node.value, ast.Call)
+                isinstance(node.value, ast.Call)
                 and is_dataloader_call(ctx, node.value)
             ):
                 for t in node.targets:
@@ -659,7 +658,7 @@ def _is_type_test(test: ast.AST) -> bool:
     return any(
         isinstance(n, ast.Call)
         and (getattr(n.func, "id", "") == "isinstance" or getattr(n.func, "attr", "") == "is_tensor")
-        for n in ast.walk(test)
+        for n in fast_walk(test)
     )
 
 

@@ -6,6 +6,7 @@ import ast
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
+from torchaxe.scan.context import fast_walk
 from torchaxe.scan.rules._formula import FormulaRule, Proposal
 from torchaxe.scan.rules.base import Invalid, Valid
 
@@ -172,7 +173,7 @@ def _config_gates(tree: ast.AST) -> Iterable[tuple[ast.BinOp, str]]:
     """In each class whose ``__init__`` sets ``self.<act>`` once to an activation the
     configuration chooses, the products ``self.<act>(a) * b`` (either order) of its
     methods, with ``b`` not itself the activation."""
-    for cls in ast.walk(tree):
+    for cls in fast_walk(tree):
         if not isinstance(cls, ast.ClassDef):
             continue
         init = next((s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
@@ -191,7 +192,7 @@ def _config_gates(tree: ast.AST) -> Iterable[tuple[ast.BinOp, str]]:
             if not isinstance(method, ast.FunctionDef) or method.name == "__init__" or not method.args.args:
                 continue
             this = method.args.args[0].arg
-            for node in ast.walk(method):
+            for node in fast_walk(method):
                 if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
                     continue
                 sides = [_activation_call(side, this, acts) for side in (node.left, node.right)]

@@ -6,6 +6,7 @@ import ast
 from typing import Callable
 
 from torchaxe.findings import Applicability
+from torchaxe.scan.context import fast_walk
 from torchaxe.scan.formulas.inline import attribute_writes
 from torchaxe.scan.rules._formula import UNVERIFIED, FormulaRule, Proposal, atom, exact, functional, innermost
 from torchaxe.scan.rules.base import Invalid, Valid
@@ -109,8 +110,8 @@ def _number_attribute(ctx, line: int, text: str) -> bool:
             numeric_params.add(arg.arg)
     # Every binding of a name or self attribute in the class, by its text.
     bindings: dict[str, list[tuple[ast.AST, bool]]] = {}
-    in_init = {id(n) for n in ast.walk(init)}
-    for node in ast.walk(owner):
+    in_init = {id(n) for n in fast_walk(init)}
+    for node in fast_walk(owner):
         targets: list[ast.AST] = []
         value = None
         if isinstance(node, ast.Assign):
@@ -357,7 +358,7 @@ def _names(text: str) -> set[str]:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError:
         return set()
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return {n.id for n in fast_walk(tree) if isinstance(n, ast.Name)}
 
 
 def _allowed(condition: str) -> str:

@@ -154,14 +154,13 @@ def _uses_npu_fused(ctx: FileContext) -> bool:
     key = "ax202.npu_fused"
     if key not in ctx.cache:
         found = False
-        for node in ast.walk(ctx.tree):
-            if isinstance(node, (ast.Name, ast.Attribute)):
-                # The literal dotted text counts too: the fixer adds `import torch_npu`
-                # only after its last pass, so AX201's rewrite is seen unimported.
-                name = ctx.qualified_name(node) or _dotted(node)
-                if name.startswith(_NPU_FUSED_MODULES) and name.rsplit(".", 1)[-1].startswith("NpuFused"):
-                    found = True
-                    break
+        for node in ctx.nodes(ast.Name, ast.Attribute):
+            # The literal dotted text counts too: the fixer adds `import torch_npu`
+            # only after its last pass, so AX201's rewrite is seen unimported.
+            name = ctx.qualified_name(node) or _dotted(node)
+            if name.startswith(_NPU_FUSED_MODULES) and name.rsplit(".", 1)[-1].startswith("NpuFused"):
+                found = True
+                break
         ctx.cache[key] = found
     return ctx.cache[key]
 
@@ -187,6 +186,6 @@ def _becomes_npu_fused(ctx: FileContext) -> bool:
             and (ctx.call_name(node) or "").startswith("torch.optim.")
             and (ctx.call_name(node) or "").rsplit(".", 1)[-1] in NPU_FUSED
             and not any(k.arg in (None, "fused") for k in node.keywords)
-            for node in ast.walk(ctx.tree)
+            for node in ctx.nodes(ast.Call)
         )
     return ctx.cache[key]

@@ -7,7 +7,7 @@ import re
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import FileContext
+from torchaxe.scan.context import FileContext, child_nodes, fast_walk
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: In-place tensor methods that write a new value into the parameter.
@@ -188,7 +188,7 @@ def _message(ctx: FileContext, lr: str, params: str, momentum: str = "") -> str:
 def _momentum(body: list[ast.stmt], derived: frozenset[str]) -> str:
     """``, momentum=M`` when a gradient buffer is decayed in place (``buf.mul_(M)``)."""
     for stmt in body:
-        for node in ast.walk(stmt):
+        for node in fast_walk(stmt):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "mul_"
                     and len(node.args) == 1 and not node.keywords and ast.unparse(node.func.value) in derived):
                 return f", momentum={ast.unparse(node.args[0])}"
@@ -281,7 +281,7 @@ def _iterable_kind(node: ast.AST, ctx: FileContext, depth: int = 0) -> str | Non
 
 def _parameter_source(ctx: FileContext, node: ast.AST) -> str:
     """Text for the parameters to hand an optimizer, e.g. ``model.parameters()``."""
-    for sub in ast.walk(node):
+    for sub in fast_walk(node):
         if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "parameters":
             return ctx.text(sub)
         if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "named_parameters":
@@ -299,7 +299,7 @@ def _same_scope(body: list[ast.stmt]) -> Iterable[ast.stmt]:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
         yield stmt
-        children = [c for c in ast.iter_child_nodes(stmt) if isinstance(c, ast.stmt)]
+        children = [c for c in child_nodes(stmt) if isinstance(c, ast.stmt)]
         stack.extend(reversed(children))
 
 
@@ -312,7 +312,7 @@ def _is_param(node: ast.AST, param: str) -> bool:
 
 def _reads_grad(node: ast.AST, param: str, derived: frozenset[str] = frozenset()) -> bool:
     """Whether ``node`` reads ``param.grad``, or a buffer made from it (``derived``)."""
-    for sub in ast.walk(node):
+    for sub in fast_walk(node):
         if isinstance(sub, ast.Attribute) and sub.attr == "grad" and isinstance(sub.value, ast.Name) \
                 and sub.value.id == param:
             return True
@@ -346,7 +346,7 @@ def _grad_derived(body: list[ast.stmt], param: str) -> frozenset[str]:
             call = stmt.value
             if isinstance(call.func, ast.Attribute) and call.func.attr.endswith("_"):
                 base = _receiver(call)
-                inner = [a for c in ast.walk(call) if isinstance(c, ast.Call) for a in [*c.args, *c.keywords]]
+                inner = [a for c in fast_walk(call) if isinstance(c, ast.Call) for a in [*c.args, *c.keywords]]
                 if not _is_param(base, param) and any(_reads_grad(a, param, frozen) for a in inner) and isinstance(
                         base, (ast.Name, ast.Subscript, ast.Attribute)):
                     derived.add(ast.unparse(base))

@@ -333,7 +333,7 @@ def _uses_apex_amp(ctx: FileContext) -> bool:
     key = "ax204.apex_amp"
     if key not in ctx.cache:
         ctx.cache[key] = any(v == "apex.amp" or v.startswith("apex.amp.") for v in ctx.imports.values()) or any(
-            isinstance(n, ast.Attribute) and (ctx.qualified_name(n) or "").startswith("apex.amp.")
-            for n in ast.walk(ctx.tree)
+            (ctx.qualified_name(n) or "").startswith("apex.amp.")
+            for n in ctx.nodes(ast.Attribute)
         )
     return ctx.cache[key]

@@ -49,8 +49,8 @@ def _bound_streams(ctx: FileContext) -> dict[str, str]:
     cache_key = "ax304.streams"
     if cache_key not in ctx.cache:
         bound: dict[str, str] = {}
-        for node in ast.walk(ctx.tree):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+        for node in ctx.nodes(ast.Assign):
+            if isinstance(node.value, ast.Call):
                 kind = _waited_object(ctx, node.value)
                 if kind is None:
                     continue

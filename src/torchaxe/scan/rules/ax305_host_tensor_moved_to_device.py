@@ -6,7 +6,7 @@ import ast
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Edit, Finding
-from torchaxe.scan.context import LOOP_TYPES, FileContext
+from torchaxe.scan.context import FileContext, LOOP_TYPES, fast_walk
 from torchaxe.scan.rules import _tensors as T
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
@@ -318,7 +318,7 @@ def _exact_on_device(ctx: FileContext, factory: ast.Call, short: str) -> bool:
     if short != "arange":
         return True
     for arg in factory.args:
-        for node in ast.walk(arg):
+        for node in fast_walk(arg):
             if isinstance(node, ast.Constant) and isinstance(node.value, float):
                 return False
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):

@@ -27,7 +27,7 @@ def _pins_memory(ctx: FileContext) -> bool:
     key = "ax306.pins"
     if key not in ctx.cache:
         found = False
-        for node in ast.walk(ctx.tree):
+        for node in ctx.nodes(ast.Call, ast.Dict):
             value = None
             if isinstance(node, ast.Call):
                 kw = T.keyword(node, "pin_memory")
@@ -117,8 +117,8 @@ def _loader_iterators(ctx: FileContext) -> frozenset[str]:
     key = "ax306.iterators"
     if key not in ctx.cache:
         names = set()
-        for node in ast.walk(ctx.tree):
-            if isinstance(node, ast.Assign) and _wraps_loader(ctx, node.value):
+        for node in ctx.nodes(ast.Assign):
+            if _wraps_loader(ctx, node.value):
                 names.update(_target_name(t) for t in node.targets)
         ctx.cache[key] = frozenset(names - {""})
     return ctx.cache[key]

@@ -6,7 +6,7 @@ import ast
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import FileContext
+from torchaxe.scan.context import FileContext, fast_walk
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: Calls that decode one image with PIL.
@@ -198,14 +198,14 @@ class _SampleIndex:
     def __init__(self, tree: ast.Module) -> None:
         self.methods: dict[tuple[int, str], str] = {}
         self.functions: dict[str, str] = {}
-        for cls in ast.walk(tree):
+        for cls in fast_walk(tree):
             if not isinstance(cls, ast.ClassDef):
                 continue
             getters = [f for f in cls.body if isinstance(f, _FUNCTIONS) and f.name in SAMPLE_METHODS]
             if not getters:
                 continue
             for getter in getters:
-                for sub in ast.walk(getter):
+                for sub in fast_walk(getter):
                     if (
                         isinstance(sub, ast.Call)
                         and isinstance(sub.func, ast.Attribute)
@@ -213,7 +213,7 @@ class _SampleIndex:
                         and sub.func.value.id == "self"
                     ):
                         self.methods.setdefault((id(cls), sub.func.attr), getter.name)
-            for sub in ast.walk(cls):
+            for sub in fast_walk(cls):
                 if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
                     self.functions.setdefault(sub.id, f"{cls.name}.{getters[0].name}")
 

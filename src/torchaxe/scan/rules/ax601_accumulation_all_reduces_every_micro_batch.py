@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Edit, Finding, Position
-from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, walk_scope
+from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, fast_walk, walk_scope
 from torchaxe.scan.rules._distributed import (
     dotted_name,
     binding_targets,
@@ -252,8 +252,10 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             return
         ddp = [w for w in wraps(ctx) if w.kind == "ddp"]
         accelerate = not ddp and any(
-            isinstance(n, ast.Call) and ctx.call_name(n) == "accelerate.Accelerator" for n in ast.walk(ctx.tree))
+            ctx.call_name(n) == "accelerate.Accelerator" for n in ctx.nodes(ast.Call))
         if not ddp and not accelerate:
+            return
+        if not any(isinstance(n.func, ast.Attribute) and n.func.attr == "backward" for n in ctx.nodes(ast.Call)):
             return
         parents = parent_map(ctx.tree)
         for scope, statement in statements(ctx.tree):
@@ -320,7 +322,7 @@ def _turns_sync_off(scope: ast.AST) -> bool:
     """Whether the code of ``scope`` (not its comments or docstrings) names what turns
     gradient synchronisation off: ``model.no_sync``, ``ddp.require_backward_grad_sync``,
     accelerate's ``accumulate``/``no_sync``, or a string does (``getattr(m, "no_sync")``)."""
-    for node in ast.walk(scope):
+    for node in fast_walk(scope):
         if isinstance(node, ast.Attribute) and node.attr in _SYNC_OFF:
             return True
         if isinstance(node, ast.Constant) and node.value in _SYNC_OFF:
@@ -360,12 +362,11 @@ def _calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:
     key = "ax601.calls"
     if key not in ctx.cache:
         calls: dict[str, list[ast.Call]] = {}
-        for n in ast.walk(ctx.tree):
-            if isinstance(n, ast.Call):
-                name = n.func.id if isinstance(n.func, ast.Name) else \
-                    n.func.attr if isinstance(n.func, ast.Attribute) else None
-                if name is not None:
-                    calls.setdefault(name, []).append(n)
+        for n in ctx.nodes(ast.Call):
+            name = n.func.id if isinstance(n.func, ast.Name) else \
+                n.func.attr if isinstance(n.func, ast.Attribute) else None
+            if name is not None:
+                calls.setdefault(name, []).append(n)
         ctx.cache[key] = calls
     return ctx.cache[key]
 
@@ -397,7 +398,7 @@ def _backward_call(statement: ast.stmt) -> ast.Call | None:
     ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``)."""
     if not isinstance(statement, (ast.Expr, ast.Assign)):
         return None
-    for node in ast.walk(statement):
+    for node in fast_walk(statement):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
             return node
     return None
@@ -421,7 +422,7 @@ def _backwards(node: ast.AST) -> bool:
 
 
 def _accumulation_test(test: ast.expr) -> bool:
-    for node in ast.walk(test):
+    for node in fast_walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
             return True
         name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
@@ -507,7 +508,7 @@ def _wrap_edit(ctx: FileContext, statement: ast.stmt, block: list[ast.stmt], ind
         if isinstance(found.test, (ast.IfExp, ast.Lambda)) and not found.sync_when_true:
             condition = f"({condition})"
     for node in wrapped:
-        for sub in ast.walk(node):
+        for sub in fast_walk(node):
             if isinstance(sub, (ast.Constant, ast.JoinedStr)) and sub.lineno != sub.end_lineno:
                 return None, "", "a string spans lines in the statements to wrap"
     manager = f"({model}.no_sync() if {condition} else contextlib.nullcontext())"
@@ -590,12 +591,12 @@ def _early_shifts(ctx: FileContext, test: ast.expr, between: list[ast.stmt], sco
     for a ``step += 1`` there), so the test can be evaluated before it; None when that
     cannot be had with certainty. A call that may change what the test reads (one
     given it, or made on it) makes it uncertain; calling the DDP ``model`` does not."""
-    for node in ast.walk(test):
+    for node in fast_walk(test):
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _PURE_CALLS):
             return None
         if isinstance(node, (ast.NamedExpr, ast.Await, ast.Yield, ast.YieldFrom, ast.Lambda)):
             return None
-    read = {d for n in ast.walk(test) if isinstance(n, (ast.Name, ast.Attribute)) and (d := dotted_name(n))}
+    read = {d for n in fast_walk(test) if isinstance(n, (ast.Name, ast.Attribute)) and (d := dotted_name(n))}
     roots = {d.split(".", 1)[0] for d in read}
     shifts: dict[str, int] = {}
     for statement in between:
@@ -621,7 +622,7 @@ def _early_shifts(ctx: FileContext, test: ast.expr, between: list[ast.stmt], sco
 def _render(ctx: FileContext, node: ast.expr, shifts: dict[str, int]) -> str:
     """The expression's text with each shifted counter ``n`` written ``(n + k)``."""
     text = ctx.text(node)
-    names = [n for n in ast.walk(node) if isinstance(n, ast.Name) and shifts.get(n.id)]
+    names = [n for n in fast_walk(node) if isinstance(n, ast.Name) and shifts.get(n.id)]
     if not names:
         return text
     base = ctx.offset(ctx.start(node))
@@ -689,10 +690,10 @@ def _micro_loop_condition(ctx: FileContext, loop: ast.For) -> str | None:
             and not it.keywords):
         return None
     count = it.args[0]
-    for node in ast.walk(count):
+    for node in fast_walk(count):
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _PURE_CALLS):
             return None
-    read = {d for n in ast.walk(count) if isinstance(n, (ast.Name, ast.Attribute)) and (d := dotted_name(n))}
+    read = {d for n in fast_walk(count) if isinstance(n, (ast.Name, ast.Attribute)) and (d := dotted_name(n))}
     stored = stored_texts(loop.body)
     if loop.target.id in stored or any(s == r or r.startswith(s + ".") for s in stored for r in read):
         return None

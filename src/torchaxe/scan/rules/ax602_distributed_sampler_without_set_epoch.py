@@ -123,7 +123,7 @@ def _trains_without_set_epoch(ctx: FileContext) -> bool:
     key = "ax602.trains_without_set_epoch"
     if key not in ctx.cache:
         set_epoch = trains = False
-        for node in ast.walk(ctx.tree):
+        for node in ctx.nodes(ast.Attribute, ast.Call):
             if isinstance(node, ast.Attribute) and node.attr == "set_epoch":
                 set_epoch = True
                 break

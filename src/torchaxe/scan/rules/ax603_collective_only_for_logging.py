@@ -7,7 +7,7 @@ import re
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, walk_scope
+from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, fast_walk, walk_scope
 from torchaxe.scan.rules._distributed import collective_name, dotted_name, function_of, parent_map
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
@@ -86,7 +86,14 @@ class CollectiveOnlyForLogging(Rule):
     name = "collective-only-for-logging"
     category = "collective_for_logging"
     message = "a collective runs every step only to produce a number that is logged"
-    requires_text = ("torch.distributed", "reduce_")
+    # A collective needs torch.distributed imported (``from torch import distributed``
+    # too); a reducing helper of another module is named ``reduce_*``/``all_reduce_*``.
+    requires_text = ("distributed", "reduce_")
+    also_requires_text = ("reduce", "gather", "barrier")
+    #: Only a file with a training step is reported on (see FileContext.is_training_call):
+    #: a backward or step() call, or a helper handed an optimizer (opt, optim, optimizer,
+    #: as a whole word or a part of a name between underscores).
+    requires_pattern = re.compile(r"backward\s*\(|step\s*\(|(?<![A-Za-z0-9])(?:opt|optim|optimi[sz]er)s?(?![A-Za-z0-9])")
     node_types = (ast.Call,)
     references = ("https://pytorch.org/docs/stable/distributed.html#collective-functions",)
     examples = (
@@ -173,48 +180,55 @@ def _reduces(ctx: FileContext, call: ast.Call) -> bool:
     this file defines so, or one of another module named for it
     (``utils.reduce_tensor``, ``misc.all_reduce_mean``, ``reduce_dict``)."""
     func = call.func
-    if isinstance(func, ast.Name) and func.id in _reducing_helpers(ctx):
+    # Cheapest tests first: this runs for every call of a file that mentions a collective.
+    if isinstance(func, ast.Name) and func.id in _module_function_names(ctx) and _reducing_helper(ctx, func.id):
         return True
-    if not call.args or (isinstance(func, ast.Name) and func.id in ctx.functions()):
+    leaf = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if not call.args or not _HELPER_NAME.match(leaf):
+        return False
+    if isinstance(func, ast.Name) and func.id in ctx.functions():
         return False
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
         return False
-    leaf = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-    if (ctx.qualified_name(func) or "").startswith("torch."):
-        return False
-    return bool(_HELPER_NAME.match(leaf))
+    return not (ctx.qualified_name(func) or "").startswith("torch.")
 
 
-def _reducing_helpers(ctx: FileContext) -> frozenset[str]:
-    """Module-level functions that run a collective on a name and return it
-    (``def reduce_tensor(t): rt = t.clone(); dist.all_reduce(rt); return rt / n``),
-    other than step functions."""
-    key = "ax603.helpers"
+def _module_function_names(ctx: FileContext) -> frozenset[str]:
+    key = "ax603.module_functions"
     if key not in ctx.cache:
-        names = set()
-        for function in ctx.tree.body:
-            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            reduced = set()
-            for node in walk_scope(function):
-                if isinstance(node, ast.Call) and (name := collective_name(ctx, node)) in _RESULT_ARGUMENT:
-                    if (result := _result_name(node, name, ctx)) is not None:
-                        reduced.add(result)
-            if not reduced:
-                continue
-            for node in walk_scope(function):
-                if isinstance(node, ast.Return) and node.value is not None:
-                    root = node.value
-                    while isinstance(root, (ast.BinOp, ast.Call, ast.Attribute)):
-                        root = root.left if isinstance(root, ast.BinOp) else \
-                            root.func if isinstance(root, ast.Call) else root.value
-                    if isinstance(root, ast.Name) and root.id in reduced:
-                        names.add(function.name)
-            # Asked last, as it costs most: a step function's own collective is reported where it is.
-            if function.name in names and ctx.runs_training_step(function):
-                names.discard(function.name)
-        ctx.cache[key] = frozenset(names)
+        ctx.cache[key] = frozenset(f.name for f in ctx.tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)))
     return ctx.cache[key]
+
+
+def _reducing_helper(ctx: FileContext, name: str) -> bool:
+    """Whether ``name`` is a module-level function that runs a collective on a name
+    and returns it (``def reduce_tensor(t): rt = t.clone(); dist.all_reduce(rt); return rt / n``),
+    other than a step function. Decided per name, when a call of it is first seen."""
+    key = ("ax603.helper", name)
+    if key not in ctx.cache:
+        ctx.cache[key] = any(_returns_reduced(ctx, function) for function in ctx.tree.body
+                             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and function.name == name)
+    return ctx.cache[key]
+
+
+def _returns_reduced(ctx: FileContext, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    reduced = set()
+    for node in walk_scope(function):
+        if isinstance(node, ast.Call) and (name := collective_name(ctx, node)) in _RESULT_ARGUMENT:
+            if (result := _result_name(node, name, ctx)) is not None:
+                reduced.add(result)
+    if not reduced:
+        return False
+    for node in walk_scope(function):
+        if isinstance(node, ast.Return) and node.value is not None:
+            root = node.value
+            while isinstance(root, (ast.BinOp, ast.Call, ast.Attribute)):
+                root = root.left if isinstance(root, ast.BinOp) else \
+                    root.func if isinstance(root, ast.Call) else root.value
+            if isinstance(root, ast.Name) and root.id in reduced:
+                # Asked last, as it costs most: a step function's own collective is reported where it is.
+                return not ctx.runs_training_step(function)
+    return False
 
 
 def _result_name(node: ast.Call, name: str | None, ctx: FileContext) -> str | None:
@@ -245,9 +259,9 @@ def _every_step(ctx: FileContext, loop: ast.AST) -> bool:
     path = ctx.parents
     start = next(i for i, p in enumerate(path) if p is loop)
     for parent in path[start + 1:]:
-        if isinstance(parent, ast.If) and not any(ctx.is_training_call(n) for n in ast.walk(parent)):
+        if isinstance(parent, ast.If) and not any(ctx.is_training_call(n) for n in fast_walk(parent)):
             words = {(n.id if isinstance(n, ast.Name) else n.attr).lower()
-                     for n in ast.walk(parent.test) if isinstance(n, (ast.Name, ast.Attribute))}
+                     for n in fast_walk(parent.test) if isinstance(n, (ast.Name, ast.Attribute))}
             if not any(g in w for w in words for g in _GUARDS):
                 return False
     return True
@@ -256,7 +270,7 @@ def _every_step(ctx: FileContext, loop: ast.AST) -> bool:
 def _returned_only_reported(function: ast.FunctionDef, root: ast.Module, depth: int) -> bool:
     """Whether every call of ``function`` in the file assigns the result to a name
     that is only reported (a step function that returns its reduced loss)."""
-    calls = [n for n in ast.walk(root) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+    calls = [n for n in fast_walk(root) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
              and n.func.id == function.name]
     if not calls:
         return False
@@ -279,7 +293,7 @@ def _only_reported(name: str, scope: ast.AST, parents: dict, after: tuple[int, i
                    root: ast.Module) -> bool:
     """Whether every read of ``name`` in ``scope`` after ``after`` only feeds a
     report, directly or through a variable it is assigned to (``depth`` levels)."""
-    uses = [n for n in ast.walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
+    uses = [n for n in fast_walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
             and (n.lineno, n.col_offset) > after]
     if not uses:
         return False

@@ -134,5 +134,5 @@ def _compiled(ctx: FileContext, call: ast.Call) -> ast.AST | None:
 def _compiles(ctx: FileContext) -> bool:
     key = "ax606.compiles"
     if key not in ctx.cache:
-        ctx.cache[key] = any(isinstance(n, ast.Call) and _compiled(ctx, n) is not None for n in ast.walk(ctx.tree))
+        ctx.cache[key] = any(_compiled(ctx, n) is not None for n in ctx.nodes(ast.Call))
     return ctx.cache[key]
