@@ -155,15 +155,22 @@ for step in range(12):
 """
 
 
-@pytest.mark.parametrize("calls, recorded, with_lines", [(20, 3, True), (1200, 1, True), (3000, 1, False)])
-def test_the_op_window_shrinks_to_the_python_calls_its_tracer_can_record(tmp_path, monkeypatch, calls, recorded,
-                                                                          with_lines):
+@pytest.mark.parametrize("calls, flops, recorded, with_lines", [
+    (20, True, 3, True), (1200, True, 1, True),
+    # Without the tracer only the operators count: three steps of a small model fit.
+    (3000, True, 3, False),
+    # Without the FLOP counter the operators are not known: one step, to be safe.
+    (3000, False, 1, False),
+])
+def test_the_op_window_shrinks_to_the_python_calls_its_tracer_can_record(tmp_path, monkeypatch, calls, flops,
+                                                                          recorded, with_lines):
     import torchaxe.runtime.opstats as opstats
 
     monkeypatch.setattr(opstats, "PYTHON_CALLS_BUDGET", 2000)
-    # FLOPs are counted on step 2; the Python calls on step 1 (the FLOP counter makes calls of its own).
+    # The Python calls and the FLOPs are both counted on the last warm-up step (the
+    # FLOP counter's own calls are left out).
     profile = run_script(tmp_path, PYTHON_HEAVY.replace("CALLS", str(calls)), steps=2, warmup=2, ops=True,
-                         ops_steps=3, flops=True)
+                         ops_steps=3, flops=flops)
     assert len(profile.ops_steps) == recorded
     assert [s.phase for s in profile.steps].count("ops") == recorded and profile.summary.steps_measured == 2
     assert profile.ops and any(o.name == "aten::addmm" for o in profile.ops)
@@ -172,6 +179,27 @@ def test_the_op_window_shrinks_to_the_python_calls_its_tracer_can_record(tmp_pat
     notes = [w for w in profile.warnings if "Python calls" in w]
     assert bool(notes) == (recorded < 3 or not with_lines)
     assert sys.getprofile() is None
+
+
+@pytest.mark.parametrize("budget, limit, recorded", [(10_000, 100_000, 3), (1, 100_000, 1), (1, 2, 0)])
+def test_the_op_window_shrinks_to_the_operators_a_step_runs(tmp_path, monkeypatch, budget, limit, recorded):
+    import torchaxe.runtime.opstats as opstats
+
+    # A step of PYTHON_HEAVY's model runs a few dozen operators (forward, backward, SGD).
+    monkeypatch.setattr(opstats, "OPERATORS_BUDGET", budget)
+    monkeypatch.setattr(opstats, "OPERATORS_LIMIT", limit)
+    profile = run_script(tmp_path, PYTHON_HEAVY.replace("CALLS", "5"), steps=2, warmup=2, ops=True,
+                         ops_steps=3, flops=True)
+    assert len(profile.ops_steps) == recorded
+    assert profile.summary.steps_measured == 2 and profile.flops.flops_per_step
+    assert bool(profile.ops) == (recorded > 0)
+    notes = [w for w in profile.warnings if "operators" in w]
+    if recorded == 3:
+        assert not notes
+    elif recorded == 1:
+        assert len(notes) == 1 and "operators recorded over 1 step, not 3: a step makes" in notes[0]
+    else:
+        assert len(notes) == 1 and notes[0].startswith("no operators recorded: a step runs ")
 
 
 # ------------------------------------------------------------------ counting

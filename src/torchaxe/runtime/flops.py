@@ -76,10 +76,12 @@ def _dtype_tally_mode(registry: dict[Any, Callable[..., int]]):
             super().__init__()
             self.flops: Counter[str] = Counter()
             self.evaluation = 0
+            self.operators = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
+            self.operators += 1
             formula = registry.get(getattr(func, "_overloadpacket", None))
             if formula is not None:
                 dtype = next((a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
@@ -164,6 +166,8 @@ class FlopWindow:
         #: evaluation pass), left out of ``flops``.
         self.evaluation_flops = 0
         self.activation_bytes: int | None = None
+        #: The operators the counted step dispatched (below autograd), or None.
+        self.operators: int | None = None
         self.error: str | None = None
         self._counter: Any = None
         self._tally: Any = None
@@ -217,6 +221,7 @@ class FlopWindow:
                 tally.__exit__(None, None, None)
                 self.by_dtype = {k: v for k, v in tally.flops.items() if v}
                 evaluation = tally.evaluation
+                self.operators = tally.operators
             counter.__exit__(None, None, None)
             self.evaluation_flops = evaluation
             self.flops = max(int(counter.get_total_flops()) - evaluation, 0)

@@ -283,9 +283,13 @@ class StepRecorder:
         counter = self.python_calls
         if counter is not None and index == self.options.warmup:
             counter.stop()
-            if counter.calls is not None:
-                planned = window.plan(counter.calls, self.options.ops_steps)
-                if planned != self.options.ops_steps:
+            flops = self.flop_window
+            operators = flops.operators if flops is not None and flops.step == index else None
+            if counter.calls is not None or operators is not None:
+                planned = window.plan(counter.calls, self.options.ops_steps, operators)
+                if planned == 0:  # too many operators to record: no op window
+                    self.options = dataclasses.replace(self.options, ops=False)
+                elif planned != self.options.ops_steps:
                     self.options = dataclasses.replace(self.options, ops_steps=planned)
         if phase == "ops" and window is not None:
             window.steps.append(index)

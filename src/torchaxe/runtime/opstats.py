@@ -53,6 +53,17 @@ def _quiet_stderr() -> Iterator[None]:
 #: (plotting, a per-time-step Python loop) is recorded over fewer steps, or without
 #: the user's lines.
 PYTHON_CALLS_BUDGET = 100_000
+#: Operators (as dispatched below autograd, counted on the last warm-up step with the
+#: FLOPs) the op window records over all its steps. torch.profiler keeps an event per
+#: operator and autograd node, with its shapes, and reading them back builds a Python
+#: object for each: about 12 KB per dispatched operator at the peak, measured on an
+#: LSTMCell loop. A training step of a small transformer runs 1,000-5,000.
+OPERATORS_BUDGET = 100_000
+#: Past this many operators in one step, none are recorded: one step alone would take
+#: gigabytes and minutes to record and read back (pytorch/examples'
+#: time_sequence_prediction: an LBFGS step of 20 closures over 1,000 time steps runs
+#: 517,000).
+OPERATORS_LIMIT = 200_000
 
 
 class PythonCallCounter:
@@ -102,21 +113,36 @@ class OpWindow:
         #: Why the window was cut down, for the profile's warnings.
         self.note: str | None = None
 
-    def plan(self, python_calls: int, steps: int) -> int:
-        """The steps to record, given the Python calls a step makes: as many of
-        ``steps`` as the tracer's budget allows, at least one; without the tracer when
-        one step is over it."""
-        if python_calls * steps <= PYTHON_CALLS_BUDGET:
-            return steps
-        if python_calls <= PYTHON_CALLS_BUDGET:
-            fit = max(1, PYTHON_CALLS_BUDGET // python_calls)
-            self.note = (f"operators recorded over {fit} step{'s' if fit != 1 else ''}, not {steps}: a step makes "
-                         f"{python_calls:,} Python calls, and recording them costs memory and time")
+    def plan(self, python_calls: int | None, steps: int, operators: int | None = None) -> int:
+        """The steps to record, given the Python calls and the operators a step makes
+        (None: not counted): as many of ``steps`` as both budgets allow, at least one;
+        without the tracer when one step is over its budget; none when one step runs
+        more than ``OPERATORS_LIMIT`` operators."""
+        if operators is not None and operators > OPERATORS_LIMIT:
+            self.note = (f"no operators recorded: a step runs {operators:,} operators, too many to record "
+                         "(gigabytes of memory and minutes); the other figures are measured as usual. "
+                         "--step-marker on a smaller function of yours records less per step")
+            return 0
+        fit = steps
+        why: list[str] = []
+        if operators is not None and operators * steps > OPERATORS_BUDGET:
+            fit = min(fit, max(1, OPERATORS_BUDGET // max(operators, 1)))
+            why.append(f"{operators:,} operators")
+        if python_calls is not None and python_calls > PYTHON_CALLS_BUDGET:
+            self.with_stack = False
+            if operators is None:
+                fit = 1
+            self.note = (f"operators recorded over {fit} step{'s' if fit != 1 else ''} without the lines of your "
+                         f"code that called them: a step makes {python_calls:,} Python calls, too many to record "
+                         "(memory and minutes)")
             return fit
-        self.with_stack = False
-        self.note = (f"operators recorded over 1 step without the lines of your code that called them: a step makes "
-                     f"{python_calls:,} Python calls, too many to record (memory and minutes)")
-        return 1
+        if python_calls is not None and python_calls * fit > PYTHON_CALLS_BUDGET:
+            fit = max(1, PYTHON_CALLS_BUDGET // python_calls)
+            why.append(f"{python_calls:,} Python calls")
+        if fit != steps:
+            self.note = (f"operators recorded over {fit} step{'s' if fit != 1 else ''}, not {steps}: a step makes "
+                         f"{' and '.join(why)}, and recording them costs memory and time")
+        return fit
 
     def start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
