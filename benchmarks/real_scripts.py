@@ -225,6 +225,10 @@ class Outcome:
     error: str | None = None
     #: advise's notes about its budget (why changes went unmeasured)
     budget_notes: list[str] = field(default_factory=list)
+    #: advise's other notes (why measured changes were not chosen: the noise, the loss)
+    notes: list[str] = field(default_factory=list)
+    #: per measured change, its per-round ratios and why it was held back (if it was)
+    rounds: dict[str, dict] = field(default_factory=dict)
 
     @property
     def advised(self) -> bool:
@@ -242,7 +246,7 @@ class Outcome:
                 "tuned_step_s": self.tuned_step, "loss_original": self.loss_original, "loss_tuned": self.loss_tuned,
                 "loss_difference": self.loss_difference, "wall_original_s": self.wall_original,
                 "wall_tuned_s": self.wall_tuned, "advised": self.advised, "error": self.error,
-                "budget_notes": self.budget_notes}
+                "budget_notes": self.budget_notes, "notes": self.notes, "rounds": self.rounds}
 
     def line(self) -> str:
         head = f"  {self.name}: "
@@ -352,6 +356,9 @@ def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
     outcome.measured = {r["key"]: round(r["speedup"], 3) for r in advice["recommendations"]
                         if r["status"] == "measured" and r.get("speedup")}
     outcome.budget_notes = [n for n in advice.get("notes", []) if "--budget" in n]
+    outcome.notes = [n for n in advice.get("notes", []) if "--budget" not in n]
+    outcome.rounds = {r["key"]: {"ratios": r.get("ratios"), "held_back": r.get("held_back")}
+                      for r in advice["recommendations"] if r["status"] == "measured"}
     log(f"{spec.name}: chosen {', '.join(outcome.chosen) or 'nothing'}")
     if not outcome.chosen:
         # Nothing to apply: the tuned run would be the original; its speedup is 1 by definition.

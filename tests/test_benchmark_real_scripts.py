@@ -82,3 +82,28 @@ def test_synthetic_data_is_written_only_when_missing(bench, tmp_path):
     bench.wikitext_data(tmp_path)
     words = (tmp_path / "data" / "wikitext-2" / "train.txt").read_text().split()
     assert len(words) == 2000 * 20 and all(w.startswith("w") for w in words)
+
+
+def test_a_script_advised_to_change_nothing_keeps_why(bench, tmp_path, monkeypatch):
+    import json
+    import subprocess
+
+    advice = {"recommendations": [
+        {"key": "knob:compile", "status": "measured", "speedup": 1.33, "selected": False,
+         "ratios": [0.7, 0.72, 1.02], "held_back": None},
+        {"key": "code:AX201", "status": "skipped", "selected": False}],
+        "notes": ["no change saved at least 3% of the step on the median beyond the run-to-run noise"]}
+
+    def fake(*args, cwd, timeout=None):
+        return subprocess.CompletedProcess(args, 0, json.dumps(advice), "")
+
+    monkeypatch.setattr(bench, "torchaxe", fake)
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "train.py").write_text("print('step 1: loss 1.0, time 1.00 ms')\n")
+    spec = bench.Script("s", folder, "train.py", [])
+    outcome = bench.measure(spec, tmp_path / "work", "1m", 1, 60.0)
+    assert outcome.chosen == [] and outcome.speedup == 1.0 and outcome.judge == "nothing applied"
+    saved = outcome.to_dict()
+    assert saved["rounds"] == {"knob:compile": {"ratios": [0.7, 0.72, 1.02], "held_back": None}}
+    assert saved["notes"] == advice["notes"]
