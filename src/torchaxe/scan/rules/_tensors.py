@@ -15,7 +15,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, LOOP_TYPES, child_nodes, fast_walk
+from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext, child_nodes, fast_walk
 from torchaxe.scan.rules._dataloader import is_dataloader_call
 
 FUNCTION_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)

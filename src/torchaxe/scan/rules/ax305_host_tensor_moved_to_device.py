@@ -6,7 +6,7 @@ import ast
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Edit, Finding
-from torchaxe.scan.context import FileContext, LOOP_TYPES, fast_walk
+from torchaxe.scan.context import LOOP_TYPES, FileContext, fast_walk
 from torchaxe.scan.rules import _tensors as T
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 

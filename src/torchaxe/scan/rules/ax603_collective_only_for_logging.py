@@ -181,7 +181,7 @@ def _reduces(ctx: FileContext, call: ast.Call) -> bool:
     (``utils.reduce_tensor``, ``misc.all_reduce_mean``, ``reduce_dict``)."""
     func = call.func
     # Cheapest tests first: this runs for every call of a file that mentions a collective.
-    if isinstance(func, ast.Name) and func.id in _module_function_names(ctx) and _reducing_helper(ctx, func.id):
+    if isinstance(func, ast.Name) and _reducing_helper(ctx, func.id):
         return True
     leaf = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
     if not call.args or not _HELPER_NAME.match(leaf):
@@ -193,22 +193,24 @@ def _reduces(ctx: FileContext, call: ast.Call) -> bool:
     return not (ctx.qualified_name(func) or "").startswith("torch.")
 
 
-def _module_function_names(ctx: FileContext) -> frozenset[str]:
-    key = "ax603.module_functions"
-    if key not in ctx.cache:
-        ctx.cache[key] = frozenset(f.name for f in ctx.tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    return ctx.cache[key]
-
-
 def _reducing_helper(ctx: FileContext, name: str) -> bool:
     """Whether ``name`` is a module-level function that runs a collective on a name
     and returns it (``def reduce_tensor(t): rt = t.clone(); dist.all_reduce(rt); return rt / n``),
     other than a step function. Decided per name, when a call of it is first seen."""
-    key = ("ax603.helper", name)
+    key = "ax603.module_functions"
     if key not in ctx.cache:
-        ctx.cache[key] = any(_returns_reduced(ctx, function) for function in ctx.tree.body
-                             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and function.name == name)
-    return ctx.cache[key]
+        found: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for f in ctx.tree.body:
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.setdefault(f.name, []).append(f)
+        ctx.cache[key] = found
+    functions = ctx.cache[key].get(name)
+    if not functions:
+        return False
+    decided = ("ax603.helper", name)
+    if decided not in ctx.cache:
+        ctx.cache[decided] = any(_returns_reduced(ctx, f) for f in functions)
+    return ctx.cache[decided]
 
 
 def _returns_reduced(ctx: FileContext, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
