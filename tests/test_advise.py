@@ -126,10 +126,11 @@ def run_advice(script: Path, runs: FakeRuns, **options):
         profile["distributed"] = options.pop("distributed")
     context = {"modules": [], "settings": options.pop("settings", {"num_threads": 2, "allowed_cpus": 2})}
     clock = options.pop("clock", None) or Clock()
+    turns = options.pop("turns_runner", None)
     opts = AdviseOptions(target="cpu", budget=options.pop("budget", 600.0), **options)
     return Advisor(["python", str(script)], opts, runner=runs,
                    profiler=lambda command, o, target, knobs=None: BaselineProfile(profile, context, 2.0),
-                   clock=clock).run()
+                   clock=clock, turns=turns).run()
 
 
 def test_ranked_by_measured_saving_with_the_json_contract(script: Path) -> None:
@@ -994,3 +995,26 @@ def test_mfu_after_a_single_chosen_change_follows_its_speedup(script: Path) -> N
     mfu = advice.mfu
     assert mfu["after"]["step_seconds"] == pytest.approx(0.05)
     assert mfu["after"]["mfu_measured"] == pytest.approx(2 * mfu["before"]["mfu_measured"])
+
+
+@pytest.mark.parametrize("turns", [True, False])
+def test_on_a_cpu_each_round_runs_side_by_side_taking_turns_unless_told_not_to(script: Path, turns) -> None:
+    runs = FakeRuns()
+    rounds: list[tuple[list[str], int]] = []
+
+    def side_by_side(knob_sets, command, options, repeat, *, turn_steps):
+        rounds.append(([k.name for k in knob_sets], turn_steps))
+        assert options.steps == 20  # two seconds of 0.1 s steps
+        return [runs(k, command, options, repeat) for k in knob_sets]
+
+    advice = run_advice(script, runs, turns_runner=side_by_side, turns=turns, profile_peak=1 << 20)
+    if not turns:
+        assert rounds == [] and advice.baseline["steps_per_turn"] is None
+        assert advice.baseline["steps_per_run"] == 8
+        return
+    assert advice.baseline["steps_per_run"] == 20 and advice.baseline["steps_per_turn"] == 5
+    first, steps = rounds[0]
+    assert steps == 5 and "original" in first and "original-again" in first and "knob:compile" in first
+    # Only the warm-up run went alone.
+    assert runs.order.count("original") == 1 + sum(names.count("original") for names, _ in rounds)
+    assert {r.key for r in advice.recommendations if r.selected} >= {"knob:compile"}

@@ -27,13 +27,17 @@ DEFAULT_STEPS = 8
 #: most ``MAX_AUTO_STEPS``): eight 5 ms steps are one scheduler hiccup away from noise.
 MEASURE_WINDOW = 0.5
 MAX_AUTO_STEPS = 64
+#: Runs that take turns (runtime/turns.py) measure longer: a few turns each, at the
+#: cost of their steps alone (they share one start-up time per round).
+TURNS_MEASURE_WINDOW = 2.0
 
 
-def auto_steps(step_seconds: float | None) -> int:
-    """Measured steps per trial run for a script whose steps take ``step_seconds``."""
+def auto_steps(step_seconds: float | None, window: float = MEASURE_WINDOW) -> int:
+    """Measured steps per trial run for a script whose steps take ``step_seconds``,
+    to fill ``window`` seconds of steps."""
     if not step_seconds or step_seconds <= 0:
         return DEFAULT_STEPS
-    return max(DEFAULT_STEPS, min(MAX_AUTO_STEPS, math.ceil(MEASURE_WINDOW / step_seconds)))
+    return max(DEFAULT_STEPS, min(MAX_AUTO_STEPS, math.ceil(window / step_seconds)))
 
 
 @dataclass
@@ -45,12 +49,13 @@ class BaselineProfile:
     #: ``profile`` and ``context`` are then the first rank's.
     distributed: dict[str, Any] | None = None
 
-    def steps_per_run(self, options: AdviseOptions) -> int:
+    def steps_per_run(self, options: AdviseOptions, window: float = MEASURE_WINDOW) -> int:
         """Measured steps per trial run: ``options.steps``, else chosen from the
-        profiled step time, and never more than a script that ended on its own ran."""
+        profiled step time (``window`` seconds of them), and never more than a script
+        that ended on its own ran."""
         if options.steps is not None:
             return options.steps
-        steps = auto_steps((self.profile.get("summary") or {}).get("step_seconds_median"))
+        steps = auto_steps((self.profile.get("summary") or {}).get("step_seconds_median"), window)
         if self.profile.get("status") == "completed":
             # The script ended within the profiled run: its runs hold no more steps than that.
             total = len(self.profile.get("steps") or [])

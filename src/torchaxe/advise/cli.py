@@ -83,7 +83,12 @@ def parse_fraction(text: str, option: str) -> float:
               help="Interleaved rounds per change (original, change, original, change ...).")
 @click.option("--steps", type=click.IntRange(min=1), default=None,
               help="Measured steps per run, after the warmup. Default: 8, or more for short steps (enough for "
-                   "half a second of steps, at most 64).")
+                   "half a second of steps, two seconds when runs take turns; at most 64).")
+@click.option("--turns/--no-turns", default=True, show_default=True,
+              help="On a cpu, run the original and the changes of a round side by side, taking turns every half "
+                   "second of steps once warm, so that a shared machine's swings in speed fall on all of them alike "
+                   "(runs one after another on a busy host can land 30% apart). Needs memory for every run of a "
+                   "round at once; rounds that do not fit run one by one. --no-turns: always one by one.")
 @click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True,
               help="Steps discarded at the start of every run: torch.compile compiles at the first step and "
                    "keeps compiling in the background for several more.")
@@ -122,7 +127,7 @@ def parse_fraction(text: str, option: str) -> float:
                    "(default: torchrun's --rdzv-endpoint host, its port + 1).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, check_accuracy, loss_tolerance,
+def advise(budget, target, fmt, out, html_out, save, repeats, steps, turns, warmup, check_accuracy, loss_tolerance,
            memory_limit, allow_batch_change, no_installed, step_marker, first_step_timeout, timeout, skip, control,
            quiet, command):
     """Find, measure and rank everything that would make a training script faster.
@@ -164,7 +169,7 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, warmup, che
                             scan_installed=not no_installed, step_marker=step_marker,
                             first_step_timeout=first_step_timeout or None, timeout=timeout, skip=tuple(skip),
                             memory_limit=parse_size(memory_limit) if memory_limit is not None else None,
-                            allow_batch_change=allow_batch_change)
+                            allow_batch_change=allow_batch_change, turns=turns)
     for option, path in (("--out", out), ("--html", html_out), ("--save", save)):
         if path and not Path(path).resolve().parent.is_dir():
             raise TorchaxeError(f"{option} {path}: folder does not exist")

@@ -68,6 +68,11 @@ class ArmResult:
         return sum(waits) / sum(steps) if steps and sum(steps) > 0 else None
 
 
+#: ``(knob_sets, repeat)``: one run of each at once, side by side taking turns
+#: (``runtime/turns.py``), in the order given.
+TogetherRunner = Callable[[Sequence[KnobSet], int], list[TrialRun]]
+
+
 class OutOfTime(Exception):
     """The deadline passed before the next run could start."""
 
@@ -80,8 +85,13 @@ class Measurer:
     runner: Runner = run_in_subprocess
     clock: Callable[[], float] = time.monotonic
     progress: Callable[[str], None] = lambda line: None
-    #: Wall seconds of every run so far, to estimate whether the next one fits.
+    #: Wall seconds of every run so far, to estimate whether the next one fits (of a
+    #: round run together: its share of the round's).
     run_seconds: list[float] = field(default_factory=list)
+    #: When set, each round's runs are made at once, taking turns (else one by one).
+    together: TogetherRunner | None = None
+    #: The most runs memory allows side by side; a round of more runs goes one by one.
+    together_limit: int | None = None
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock()
@@ -122,9 +132,11 @@ class Measurer:
             if warm:
                 self._run(baseline, 0, f"{what}: warming the caches (not measured)")
             # Without a baseline nothing can be compared: its failure ends the rounds.
-            record = self._recorder(base, lambda repeat: f"{what}: round {repeat}/{repeats}")
-            complete = interleave([base, *results], record, _failed, rounds=repeats, required=[base], reserve=reserve,
-                                  stop=lambda repeat, runs: repeat > 1 and not self.fits(runs))
+            label = (lambda repeat: f"{what}: round {repeat}/{repeats}")
+            complete = interleave([base, *results], self._recorder(base, label), _failed, rounds=repeats,
+                                  required=[base], reserve=reserve,
+                                  stop=lambda repeat, runs: repeat > 1 and not self.fits(runs),
+                                  together=self._together(base, label))
         except OutOfTime:
             return base, results, False
         return base, results, complete
@@ -144,9 +156,12 @@ class Measurer:
             extra += 1
             return [base, *chosen]
 
+        def label(repeat: int) -> str:
+            return f"{what}: extra round {extra}"
+
         try:
-            interleave(arms, self._recorder(base, lambda repeat: f"{what}: extra round {extra}"), _failed,
-                       first=len(base.runs) + 1, required=[base])
+            interleave(arms, self._recorder(base, label), _failed, first=len(base.runs) + 1, required=[base],
+                       together=self._together(base, label))
         except OutOfTime:
             return False
         return True
@@ -163,6 +178,44 @@ class Measurer:
             mine = latest.median_per_sample_unit
             if arm is not base and latest.ok and mine and against:
                 arm.ratios.append(mine / against)
+
+        return run
+
+
+    def _together(self, base: ArmResult,
+                  label: Callable[[int], str]) -> Callable[[list[ArmResult], int], None] | None:
+        """A round's runs made at once (``together``), kept with their arms; each
+        ratio against the baseline's run of the round. None when runs go one by one."""
+        together = self.together
+        if together is None:
+            return None
+
+        one_by_one = self._recorder(base, label)
+
+        def run(arms: list[ArmResult], repeat: int) -> None:
+            if self.together_limit is not None and len(arms) > self.together_limit:
+                for arm in arms:  # the baseline first, as the rounds list it
+                    one_by_one(arm, repeat)
+                    if arm is base and _failed(base):
+                        return
+                return
+            left = self.remaining()
+            if left is not None and (left <= 0 or left < 0.8 * len(arms) * self.expected_run_seconds()):
+                raise OutOfTime(label(repeat))
+            self.progress(f"{label(repeat)}: {len(arms)} runs side by side, taking turns")
+            # Who goes first rotates with the rounds.
+            shift = repeat % len(arms)
+            order = arms[shift:] + arms[:shift]
+            runs = together([a.knobs for a in order], repeat)
+            for arm, latest in zip(order, runs):
+                latest.knobs = arm.knobs.name
+                self.run_seconds.append(latest.seconds or 0.0)
+                arm.runs.append(latest)
+            against = base.runs[-1].median_per_sample_unit if base in arms else None
+            for arm in arms:
+                mine = arm.runs[-1].median_per_sample_unit
+                if arm is not base and arm.runs[-1].ok and mine and against:
+                    arm.ratios.append(mine / against)
 
         return run
 

@@ -35,6 +35,8 @@ class AdviseOptions:
     memory_limit: int | None = None
     #: Also try a larger micro-batch (it changes the optimisation: opt-in).
     allow_batch_change: bool = False
+    #: On a cpu, the runs of a round side by side, taking turns (runtime/turns.py).
+    turns: bool = True
 
     def __post_init__(self) -> None:
         if self.budget <= 0:

@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from torchaxe.advise.arms import ArmKnobs
-from torchaxe.advise.baseline import (DEFAULT_STEPS, BaselineProfile, ProfileRunner, check_profile, plot_data,
-                                      profile_in_subprocess)
+from torchaxe.advise.baseline import (DEFAULT_STEPS, MEASURE_WINDOW, TURNS_MEASURE_WINDOW, BaselineProfile,
+                                      ProfileRunner, check_profile, plot_data, profile_in_subprocess)
 from torchaxe.advise.candidates import (Candidate, code_candidates, installed_candidates, knob_candidates,
                                         script_speedups, stored_candidates)
 from torchaxe.advise.evidence import micro_benchmarks
-from torchaxe.advise.measure import ArmResult, Measurer
+from torchaxe.advise.measure import ArmResult, Measurer, TogetherRunner
 from torchaxe.advise.options import AdviseOptions
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import LOSS_JUDGED_AXES, ChangeSearch
@@ -48,8 +48,9 @@ from torchaxe.errors import TorchaxeError
 from torchaxe.memory.candidates import profile_peak
 from torchaxe.runtime import ranks
 from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
-from torchaxe.runtime.knobs import knob_set_from_dict
-from torchaxe.runtime.trials import Runner, run_in_subprocess
+from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
+from torchaxe.runtime.trials import Runner, TrialRun, run_in_subprocess
+from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
 from torchaxe.units import bytes_text
 
 
@@ -75,6 +76,10 @@ def scan_for_advice(folder: Path, project: Path, imported: Sequence[str], scan_i
     return own, extra, len(mine)
 
 
+#: The share of the memory available that runs side by side may take.
+TURNS_MEMORY_SHARE = 0.6
+
+
 class Advisor:
     """One ``advise`` run, phase by phase: baseline, candidates, each measured alone,
     the search over them, the advice. Collaborators are injectable for tests:
@@ -83,7 +88,8 @@ class Advisor:
 
     def __init__(self, command: Sequence[str], options: AdviseOptions, *,
                  progress: Callable[[str], None] = lambda line: None, runner: Runner | None = None,
-                 profiler: ProfileRunner | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 profiler: ProfileRunner | None = None, clock: Callable[[], float] = time.monotonic,
+                 turns: TurnsRunner | None = None) -> None:
         from torchaxe.backends import resolve_target
         from torchaxe.runtime.command import check_module
         from torchaxe.runtime.torchrun import parse_script
@@ -95,6 +101,8 @@ class Advisor:
         self.target = resolve_target(options.target)
         self.progress = progress
         self.runner = runner or run_in_subprocess
+        #: Runs a round side by side taking turns (a given runner alone: one by one).
+        self.turns = turns if turns is not None else (run_in_turns if runner is None else None)
         self.profiler = profiler or profile_in_subprocess
         self.clock = clock
         self.started = clock()
@@ -131,12 +139,16 @@ class Advisor:
         check_profile(base.profile, self.options)
         summary = base.profile.get("summary") or {}
         step = summary.get("step_seconds_median")
-        self.steps = base.steps_per_run(self.options)
+        in_turns = self._takes_turns()
+        self.steps = base.steps_per_run(self.options, TURNS_MEASURE_WINDOW if in_turns else MEASURE_WINDOW)
+        #: Steps of a turn when the runs of a round take turns; 0 when they go one by one.
+        self.turn_steps = steps_per_turn(step, self.steps) if in_turns else 0
         advice.baseline = {"step_seconds_median": step, "data_wait_fraction": summary.get("data_wait_fraction"),
                            "host_syncs_per_step": summary.get("host_syncs_per_step"),
                            "gc_fraction": summary.get("gc_fraction"), "profile_run_seconds": base.seconds,
                            "source": "profiled run (with op recording on some steps)",
-                           "steps_per_run": self.steps, "warmup_per_run": self.options.warmup}
+                           "steps_per_run": self.steps, "warmup_per_run": self.options.warmup,
+                           "steps_per_turn": self.turn_steps or None}
         advice.profile = plot_data(base.profile)
         advice.flops = base.profile.get("flops")
         advice.distributed = base.distributed
@@ -251,8 +263,7 @@ class Advisor:
             self.advice.achieved = {"status": "failed", "error": str(exc)}
             return
         before = self.arms.of("original-before-apply", {"sources": originals}, run_knobs=False)
-        measurer = Measurer(self.command, base.trial_options(self.options, self.steps, self.target),
-                            deadline=self.deadline, runner=self.runner, clock=self.clock, progress=self.progress)
+        measurer = self._measurer(base)
         self.progress("measuring the gain achieved: the applied changes against the original files")
         base_arm, (arm,), complete = measurer.compare(before, [now], self.options.repeats, "achieved")
         entry: dict[str, Any] = {"status": "not_measured", "original_files": sorted(originals), "knobs": knobs}
@@ -273,11 +284,45 @@ class Advisor:
             if note:
                 entry["where_note"] = note
 
+    def _takes_turns(self) -> bool:
+        """Whether the runs of a round go side by side taking turns (runtime/turns.py):
+        asked for, on a cpu, one process on one node."""
+        from torchaxe.runtime import nodes
+
+        return bool(self.options.turns and self.turns is not None and self.target == "cpu"
+                    and not self.job.distributed and nodes.active() is None)
+
+    def _together_limit(self, base: BaselineProfile) -> int | None:
+        """How many runs fit in memory at once: the memory available now over the
+        profiled run's peak resident set, with a margin. None when not known."""
+        import psutil
+
+        peak = profile_peak(base.profile)
+        if peak is None or peak[1] != "host_rss" or peak[0] <= 0:
+            return None
+        return max(1, int(TURNS_MEMORY_SHARE * psutil.virtual_memory().available // peak[0]))
+
+    def _measurer(self, base: BaselineProfile) -> Measurer:
+        """The measuring loop of this advice's trial runs: one by one, or side by
+        side taking turns."""
+        options = base.trial_options(self.options, self.steps, self.target)
+        together: TogetherRunner | None = None
+        if self.turn_steps and self.turns is not None:
+            turns, command, turn_steps = self.turns, self.command, self.turn_steps
+
+            def in_turns(knob_sets: Sequence[KnobSet], repeat: int) -> list[TrialRun]:
+                return turns(knob_sets, command, options, repeat, turn_steps=turn_steps)
+
+            together = in_turns
+
+        return Measurer(self.command, options, deadline=self.deadline, runner=self.runner, clock=self.clock,
+                        progress=self.progress, together=together,
+                        together_limit=self._together_limit(base) if together is not None else None)
+
     def _measure(self, candidates: list[Candidate], findings, base: BaselineProfile) -> None:
         advice = self.advice
         repeats = self.options.repeats
-        measurer = Measurer(self.command, base.trial_options(self.options, self.steps, self.target),
-                            deadline=self.deadline, runner=self.runner, clock=self.clock, progress=self.progress)
+        measurer = self._measurer(base)
         # Fit the candidates into the budget: each run is about as long as the profiled
         # one; keep room for the combined run (2 arms x repeats).
         per_run = base.expected_run_seconds(self.options.warmup, self.steps)

@@ -161,6 +161,8 @@ class StepRecorder:
         self.python_calls: Any = None  # a PythonCallCounter over the last warm-up step, with --ops
         self.on_device_ready: Callable[[], None] = lambda: None
         self.backward_calls = 0
+        #: Taking turns with runs side by side (a TurnClient), when the run was started so.
+        self.turns: Any = None
         self._device_ready = False
         self._start: float | None = None
         self._reset()
@@ -293,15 +295,27 @@ class StepRecorder:
                     self.options = dataclasses.replace(self.options, ops_steps=planned)
         if phase == "ops" and window is not None:
             window.steps.append(index)
+        turns = self.turns
         if phase == "measured":
             self.measured += 1
             if self.options.steps is not None and self.measured >= self.options.steps:
                 self.stop_requested = True
                 self._start = None
+                if turns is not None:
+                    turns.end()
                 raise StopProfiling("torchaxe: the steps asked for are measured")
         if phase == "ops" and self.options.phase(index + 1) != "ops":
             window.stop()
             now = self.clock()  # nor is its shutdown
+        if turns is not None and self.options.steps is not None:
+            # Runs side by side take turns (runtime/turns.py): the first once warm, then
+            # every few measured steps. Waiting for the turn is no step's time.
+            if phase == "measured":
+                turns.step_measured()
+                now = self.clock()
+            elif self.options.phase(index + 1) == "measured":
+                turns.wait()
+                now = self.clock()
         self._begin(now, index + 1)
 
 
@@ -580,6 +594,9 @@ class Harness:
         memory = HostMemory()
         clock = self.clock
         recorder = StepRecorder(options, backend, clock, memory.rss_bytes)
+        from torchaxe.runtime.turns import TurnClient
+
+        recorder.turns = TurnClient.from_environment()
         started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
         syncs = HostSyncProbe(recorder, codes, count_host_tensors=backend.name == "cpu")

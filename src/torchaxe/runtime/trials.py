@@ -99,6 +99,8 @@ class TrialRun:
     #: A run under torchrun: each rank's own figures (runtime/ranks.py ``rank_row``),
     #: where the job's step is the slowest rank's.
     ranks: list[dict[str, Any]] | None = None
+    #: Turns the run was given, side by side with others (runtime/turns.py); None: alone.
+    turns: int | None = None
 
     @property
     def median(self) -> float | None:
@@ -123,7 +125,7 @@ class TrialRun:
                 "seconds": self.seconds, "median_step_seconds": self.median, "step_seconds": list(self.step_seconds),
                 "error": self.error, "stderr_tail": self.stderr_tail or None, "applied": self.applied,
                 "peak_memory_bytes": self.peak_memory_bytes, "memory_kind": self.memory_kind,
-                "ranks": self.ranks}
+                "ranks": self.ranks, "turns": self.turns}
 
 
 @dataclass
@@ -224,7 +226,8 @@ Arm = TypeVar("Arm")
 def interleave(arms: Sequence[Arm] | Callable[[int], Sequence[Arm]], run: Callable[[Arm, int], object],
                failed: Callable[[Arm], bool], *, rounds: int | None = None, first: int = 1,
                required: Sequence[Arm] = (), reserve: int = 0,
-               stop: Callable[[int, int], bool] | None = None) -> bool:
+               stop: Callable[[int, int], bool] | None = None,
+               together: Callable[[list[Arm], int], object] | None = None) -> bool:
     """The one measuring loop: interleaved rounds, A B C A B C ..., so that slow drifts
     of the machine fall on every arm alike. In each round every arm runs once, in the
     order given, through ``run(arm, repeat)``, which makes and records one run; an arm
@@ -237,7 +240,9 @@ def interleave(arms: Sequence[Arm] | Callable[[int], Sequence[Arm]], run: Callab
     ``stop(repeat, runs)``, the budget's hook: asked before each round with the runs it
     would make plus ``reserve`` (runs that must still fit afterwards); True ends the
     measuring. Returns False when ``stop`` ended it, else True; what ``run`` raises (a
-    deadline passed) ends it too, with the runs so far kept."""
+    deadline passed) ends it too, with the runs so far kept. ``together(arms,
+    repeat)``: instead of ``run``, makes and records the round's runs of every arm
+    that has not failed at once (runs side by side that take turns, runtime/turns.py)."""
     needed = {id(a) for a in required}
     repeat = first
     while rounds is None or repeat < first + rounds:
@@ -246,6 +251,12 @@ def interleave(arms: Sequence[Arm] | Callable[[int], Sequence[Arm]], run: Callab
             return True
         if stop is not None and stop(repeat, sum(not failed(a) for a in planned) + reserve):
             return False
+        if together is not None:
+            together([a for a in planned if not failed(a)], repeat)
+            if any(id(a) in needed and failed(a) for a in planned):
+                return True
+            repeat += 1
+            continue
         for arm in planned:
             if not failed(arm):
                 run(arm, repeat)
@@ -340,7 +351,8 @@ class Launched:
 
 
 def launch_bootstrap(knobs: KnobSet, command: Sequence[str], options: TrialOptions, folder: Path, *,
-                     extra: Sequence[str] = (), context: bool = False, limit: float | None = None) -> Launched:
+                     extra: Sequence[str] = (), context: bool = False, limit: float | None = None,
+                     env: dict[str, str] | None = None) -> Launched:
     """Run the command once under ``knobs`` through the bootstrap, with its files in
     ``folder``; the files the script writes are put back afterwards. A torchrun job's
     ranks each write their profile; when the job spans nodes (``runtime/nodes.py``),
@@ -367,7 +379,8 @@ def launch_bootstrap(knobs: KnobSet, command: Sequence[str], options: TrialOptio
                               "context": context, "limit": limit}) if leader is not None else None
     started = time.perf_counter()
     with open(stderr_path, "wb") as err:
-        returncode, killed = run_tree(argv, env=child_environment(knobs), stdout=subprocess.DEVNULL, stderr=err,
+        returncode, killed = run_tree(argv, env={**child_environment(knobs), **(env or {})},
+                                      stdout=subprocess.DEVNULL, stderr=err,
                                       limit=limit)
     seconds = time.perf_counter() - started
     restore(guard)  # the files the script wrote, as they were before this run
@@ -394,11 +407,13 @@ def follower_run(message: dict[str, Any], command: Sequence[str]) -> dict[str, A
             "error": torchrun_failure(done.stderr) or _last_error_line(tail)}
 
 
-def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOptions, repeat: int) -> TrialRun:
-    """Run the command once under ``knobs`` through the bootstrap; the script's
-    stdout is discarded, its stderr kept for the error report."""
+def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOptions, repeat: int,
+                      env: dict[str, str] | None = None) -> TrialRun:
+    """Run the command once under ``knobs`` through the bootstrap (``env``: variables
+    added to the run's environment); the script's stdout is discarded, its stderr
+    kept for the error report."""
     with tempfile.TemporaryDirectory(prefix="torchaxe-trial-") as tmp:
-        done = launch_bootstrap(knobs, command, options, Path(tmp))
+        done = launch_bootstrap(knobs, command, options, Path(tmp), env=env)
         returncode, killed, stderr_text = done.returncode, done.killed, done.stderr
         tail = "\n".join(stderr_text.rstrip().splitlines()[-STDERR_TAIL_LINES:])
         run = TrialRun(knobs=knobs.name, repeat=repeat, ok=False, returncode=returncode, seconds=done.seconds)

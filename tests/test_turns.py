@@ -1,0 +1,183 @@
+"""Runs side by side that take turns (runtime/turns.py): the coordinator, the run's
+side in the harness, the measuring loop that makes a round's runs at once."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from profile_support import PRELUDE, run_script
+from torchaxe.advise.measure import Measurer
+from torchaxe.runtime.knobs import knob_set_from_dict
+from torchaxe.runtime.trials import TrialOptions, TrialRun, run_in_subprocess
+from torchaxe.runtime.turns import ENV, TurnClient, TurnPlan, run_in_turns, steps_per_turn
+
+SCRIPT = Path(__file__).parent / "scripts" / "trial_train.py"
+
+
+def knobs(name: str, **extra):
+    return knob_set_from_dict({"name": name, **extra}, "test")
+
+
+def test_the_plan_travels_in_one_variable_and_bad_text_means_alone() -> None:
+    plan = TurnPlan("/tmp/x;y/turns.sock", 3, 1)
+    assert TurnPlan.from_env(plan.to_env()) == plan
+    for text in (None, "", "nonsense", "/p;zero;1", "/p;0;1"):
+        assert TurnPlan.from_env(text) is None
+
+
+@pytest.mark.parametrize("step, steps, expected", [(0.05, 40, 10), (0.05, 20, 5), (0.3, 8, 2), (2.0, 8, 1),
+                                                   (None, 12, 3), (0.001, 64, 16)])
+def test_a_turn_is_half_a_second_of_steps_and_a_run_has_several(step, steps, expected) -> None:
+    assert steps_per_turn(step, steps) == expected
+
+
+class FakeRuns:
+    """Runs in threads that take turns as the harness does: warm-up, the first wait,
+    then ``steps`` measured steps with a wait every turn; each step notes who ran it
+    and how many ran at once."""
+
+    def __init__(self, steps: int, *, fail_before: set[str] = frozenset(), die_after_turn: set[str] = frozenset()):
+        self.steps = steps
+        self.fail_before = fail_before
+        self.die_after_turn = die_after_turn
+        self.log: list[str] = []
+        self.active = 0
+        self.most_active = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, knob_set, command, options, repeat, env) -> TrialRun:
+        name = knob_set.name
+        if name in self.fail_before:
+            return TrialRun(knobs=name, repeat=repeat, ok=False, error="crashed at import")
+        client = TurnClient(TurnPlan.from_env(env[ENV]))
+        time.sleep(0.01 * len(name))  # warm-up, longer for some
+        client.wait()
+        plan_steps = client.plan.steps
+        for step in range(1, self.steps + 1):
+            with self.lock:
+                self.active += 1
+                self.most_active = max(self.most_active, self.active)
+                self.log.append(name)
+            time.sleep(0.002)
+            with self.lock:
+                self.active -= 1
+            if step == self.steps:
+                client.end()
+            elif name in self.die_after_turn and step == plan_steps:
+                client.close()  # the process died mid-run: its socket closed
+                return TrialRun(knobs=name, repeat=repeat, ok=False, error="killed")
+            else:
+                client.step_measured()
+        return TrialRun(knobs=name, repeat=repeat, ok=True, step_seconds=[0.002] * self.steps)
+
+
+def turns_of(log: list[str]) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    for name in log:
+        if out and out[-1][0] == name:
+            out[-1] = (name, out[-1][1] + 1)
+        else:
+            out.append((name, 1))
+    return out
+
+
+def test_runs_take_turns_one_at_a_time_in_order() -> None:
+    fake = FakeRuns(steps=6)
+    runs = run_in_turns([knobs("a"), knobs("bb"), knobs("ccc")], ["python", "x.py"], TrialOptions(timeout=10), 1,
+                        turn_steps=2, runner=fake)
+    assert fake.most_active == 1
+    assert turns_of(fake.log) == [(n, 2) for _ in range(3) for n in ("a", "bb", "ccc")]
+    assert [r.turns for r in runs] == [3, 3, 3] and all(r.ok for r in runs)
+    # The round's wall time is shared among its runs.
+    assert runs[0].seconds == runs[1].seconds == runs[2].seconds > 0
+
+
+def test_a_run_that_fails_before_its_first_turn_or_dies_in_one_does_not_hold_the_others() -> None:
+    fake = FakeRuns(steps=4, fail_before={"bb"}, die_after_turn={"ccc"})
+    runs = run_in_turns([knobs("a"), knobs("bb"), knobs("ccc"), knobs("dddd")], ["python", "x.py"],
+                        TrialOptions(), 1, turn_steps=2, runner=fake)
+    assert [r.ok for r in runs] == [True, False, False, True]
+    assert [r.turns for r in runs] == [2, 0, 1, 2]
+    assert fake.log.count("a") == fake.log.count("dddd") == 4 and fake.most_active == 1
+
+
+def test_the_harness_waits_for_its_turn_outside_any_step(tmp_path, monkeypatch) -> None:
+    clock = types.SimpleNamespace(now=100.0)
+    monkeypatch.setitem(sys.modules, "torchaxe_test_clock", clock)
+    calls: list[str] = []
+
+    class Recording:
+        def wait(self):
+            calls.append("wait")
+            clock.now += 1000.0  # the others' turns: in no step
+
+        def step_measured(self):
+            calls.append("step")
+
+        def end(self):
+            calls.append("end")
+
+    monkeypatch.setattr(TurnClient, "from_environment", classmethod(lambda cls: Recording()))
+    source = PRELUDE + """
+import torchaxe_test_clock as clock
+for k in range(1, 20):
+    out = model(x)
+    clock.now += 1
+    out.sum().backward()
+    opt.step()
+"""
+    profile = run_script(tmp_path, source, steps=4, warmup=2, clock=lambda: clock.now)
+    assert calls == ["wait", "step", "step", "step", "end"]
+    assert [s.seconds for s in profile.steps] == [1.0] * 6
+
+
+def test_a_round_made_at_once_gives_ratios_against_its_own_original_run() -> None:
+    made: list[list[str]] = []
+    medians = {"original": [0.10, 0.20], "fast": [0.05, 0.10], "same": [0.10, 0.22]}
+
+    def together(knob_sets, repeat):
+        made.append([k.name for k in knob_sets])
+        return [TrialRun(knobs=k.name, repeat=repeat, ok=True, step_seconds=[medians[k.name][repeat - 1]],
+                         seconds=1.0) for k in knob_sets]
+
+    def one_by_one(*args):
+        raise AssertionError("a round that fits goes together")
+
+    measurer = Measurer(["python", "x.py"], TrialOptions(), runner=one_by_one, together=together)
+    base, (same, fast), complete = measurer.compare(knobs("original"), [knobs("same"), knobs("fast")], 2)
+    assert complete
+    assert made == [["same", "fast", "original"], ["fast", "original", "same"]]  # who goes first rotates
+    assert fast.ratios == [0.5, 0.5] and same.ratios == pytest.approx([1.0, 1.1])
+
+
+def test_a_round_memory_cannot_hold_at_once_goes_one_by_one() -> None:
+    order: list[str] = []
+
+    def one(knob_set, command, options, repeat):
+        order.append(knob_set.name)
+        return TrialRun(knobs=knob_set.name, repeat=repeat, ok=True, step_seconds=[0.1], seconds=1.0)
+
+    def together(knob_sets, repeat):
+        raise AssertionError("three runs do not fit beside each other")
+
+    measurer = Measurer(["python", "x.py"], TrialOptions(), runner=one, together=together, together_limit=2)
+    measurer.compare(knobs("original"), [knobs("a"), knobs("b")], 1)
+    assert order == ["original", "a", "b"]
+
+
+@pytest.mark.slow
+def test_real_runs_take_turns_through_the_harness(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    options = TrialOptions(steps=8, warmup=2, timeout=120, target="cpu")
+    runs = run_in_turns([knobs("base"), knobs("slow", env={"SLOW_MS": "40"})], [sys.executable, str(SCRIPT)],
+                        options, 1, turn_steps=2, runner=run_in_subprocess)
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert [r.turns for r in runs] == [4, 4]
+    assert [len(r.step_seconds) for r in runs] == [8, 8]
+    assert runs[1].median > runs[0].median + 0.03
