@@ -181,3 +181,12 @@ def test_real_runs_take_turns_through_the_harness(tmp_path, monkeypatch) -> None
     assert [r.turns for r in runs] == [4, 4]
     assert [len(r.step_seconds) for r in runs] == [8, 8]
     assert runs[1].median > runs[0].median + 0.03
+
+
+def test_the_noise_benchmark_reports_how_far_identical_runs_land_from_one() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from turns_noise import spread
+
+    figures = spread([0.9, 1.05, 1.2])
+    assert figures["max_distance"] == pytest.approx(0.2) and figures["median_distance"] == pytest.approx(0.1)
+    assert spread([])["max_distance"] is None
