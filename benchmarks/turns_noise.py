@@ -4,7 +4,7 @@ advise judges a change by its per-round ratio to the original's run of the same 
 and the run-to-run noise (its A/A arm) is the bar a change must clear. This measures
 that noise both ways on one script, in one sitting: ``--arms`` copies of the unchanged
 script against the original for ``--rounds`` rounds, first one run after another
-(advise ``--no-turns``), then side by side taking turns (advise's default on a cpu,
+(advise's default), then side by side taking turns (advise ``--turns`` on a cpu,
 ``runtime/turns.py``), with the steps per run and per turn advise would choose for
 the script's step time. Every ratio is of two runs of identical code: 1.00 is
 perfect. Printed per way: the largest and the median distance of a ratio from 1, and
