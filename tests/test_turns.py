@@ -190,3 +190,37 @@ def test_the_noise_benchmark_reports_how_far_identical_runs_land_from_one() -> N
     figures = spread([0.9, 1.05, 1.2])
     assert figures["max_distance"] == pytest.approx(0.2) and figures["median_distance"] == pytest.approx(0.1)
     assert spread([])["max_distance"] is None
+
+
+def test_trial_rounds_go_together_with_turns_and_report_in_the_sets_order() -> None:
+    from torchaxe.runtime.trials import run_trials
+
+    made: list[list[str]] = []
+    medians = {"base": 0.10, "fast": 0.05}
+
+    def side_by_side(knob_sets, command, options, repeat, *, turn_steps):
+        assert turn_steps == 3
+        made.append([k.name for k in knob_sets])
+        return [TrialRun(knobs=k.name, repeat=repeat, ok=True, step_seconds=[medians[k.name]] * 4, seconds=1.0)
+                for k in knob_sets]
+
+    def one_by_one(*args):
+        raise AssertionError("with turns, rounds go together")
+
+    report = run_trials([knobs("base"), knobs("fast")], ["python", "x.py"], TrialOptions(repeats=2),
+                        runner=one_by_one, turn_steps=3, turns=side_by_side)
+    assert made == [["fast", "base"], ["base", "fast"]]
+    base, fast = report.results
+    assert [r.repeat for r in base.runs] == [1, 2] and fast.ratio.per_repeat == pytest.approx([0.5, 0.5])
+
+
+def test_trial_turns_refuse_a_torchrun_job_in_one_line(tmp_path) -> None:
+    import subprocess
+
+    knob_file = tmp_path / "a.json"
+    knob_file.write_text("{}")
+    proc = subprocess.run([sys.executable, "-m", "torchaxe", "trial", "--turns", "--knobs", str(knob_file), "--",
+                           "torchrun", "--nproc-per-node", "2", str(SCRIPT)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--turns: runs take turns one process each" in proc.stderr

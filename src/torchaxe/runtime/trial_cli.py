@@ -33,9 +33,13 @@ EXIT_SOME_FAILED = 1
               help="Per-run wall-clock limit; a run that exceeds it fails its knob set.")
 @click.option("--target", type=click.Choice(TARGET_CHOICES, case_sensitive=False), default="auto",
               show_default=True, help="Device backend the harness synchronises at step boundaries.")
+@click.option("--turns", is_flag=True,
+              help="Run the knob sets of a round side by side, taking turns of a quarter of --steps once all "
+                   "are warm, so that a shared machine's swings in speed fall on all of them alike (docs/advise.md). "
+                   "Every run of a round is in memory at once. One process only: not under torchrun.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema torchaxe.trial/1).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def trial(knob_files, repeats, steps, warmup, timeout, target, as_json, command):
+def trial(knob_files, repeats, steps, warmup, timeout, target, turns, as_json, command):
     """Run a training script under several knob sets and compare their step times.
 
     Each run is a fresh subprocess (`python -m torchaxe.runtime.bootstrap`) that
@@ -55,16 +59,24 @@ def trial(knob_files, repeats, steps, warmup, timeout, target, as_json, command)
     Under torchrun every rank runs the knob set and is measured; a step's time is
     the slowest rank's, and a rank that fails or hangs fails the run.
     """
+    from torchaxe.errors import TorchaxeError
     from torchaxe.runtime.command import check_module
     from torchaxe.runtime.knobs import load_knob_set
     from torchaxe.runtime.torchrun import parse_script
     from torchaxe.runtime.trials import TrialOptions, run_trials
 
     knob_sets = [load_knob_set(path) for path in knob_files]
-    check_module(parse_script(command)[1])  # one-line errors before any run
+    job, script = parse_script(command)
+    check_module(script)  # one-line errors before any run
+    if turns and job.distributed:
+        raise TorchaxeError("--turns: runs take turns one process each; a torchrun job runs one by one "
+                            "(leave --turns out)")
     options = TrialOptions(repeats=repeats, steps=steps, warmup=warmup, timeout=timeout, target=target.lower())
 
-    report = run_trials(knob_sets, list(command), options, progress=progress_printer("trial"))
+    from torchaxe.runtime.turns import steps_per_turn
+
+    report = run_trials(knob_sets, list(command), options, progress=progress_printer("trial"),
+                        turn_steps=steps_per_turn(None, steps) if turns else None)
     if as_json:
         sys.stdout.write(report.to_json())
     else:

@@ -267,17 +267,18 @@ def interleave(arms: Sequence[Arm] | Callable[[int], Sequence[Arm]], run: Callab
 
 
 def run_trials(knob_sets: Sequence[KnobSet], command: Sequence[str], options: TrialOptions | None = None, *,
-               runner: Runner | None = None, progress: Callable[[str], None] = lambda line: None) -> TrialReport:
-    """Run every knob set ``options.repeats`` times, interleaved, and compare them."""
+               runner: Runner | None = None, progress: Callable[[str], None] = lambda line: None,
+               turn_steps: int | None = None, turns: Callable[..., list[TrialRun]] | None = None) -> TrialReport:
+    """Run every knob set ``options.repeats`` times, interleaved, and compare them.
+    ``turn_steps``: each round's runs side by side, taking turns of that many
+    measured steps (runtime/turns.py; ``turns`` stands in for its runner in tests)."""
     options = options or TrialOptions()
     if not knob_sets:
         raise TorchaxeError("no knob sets: give at least one --knobs FILE")
     runner = runner or run_in_subprocess
     results = [KnobResult(k) for k in unique_names(knob_sets)]
 
-    def measure(result: KnobResult, repeat: int) -> None:
-        progress(f"repeat {repeat}/{options.repeats}: {result.name} ...")
-        run = runner(result.knobs, command, options, repeat)
+    def report(result: KnobResult, run: TrialRun, repeat: int) -> None:
         run.knobs = result.name
         result.runs.append(run)
         if run.ok:
@@ -286,8 +287,29 @@ def run_trials(knob_sets: Sequence[KnobSet], command: Sequence[str], options: Tr
         else:
             progress(f"repeat {repeat}/{options.repeats}: {result.name}: FAILED: {run.error}")
 
+    def measure(result: KnobResult, repeat: int) -> None:
+        progress(f"repeat {repeat}/{options.repeats}: {result.name} ...")
+        report(result, runner(result.knobs, command, options, repeat), repeat)
+
+    together: Callable[[list[KnobResult], int], None] | None = None
+    if turn_steps is not None:
+        from torchaxe.runtime.turns import run_in_turns
+
+        side_by_side = turns or run_in_turns
+
+        def in_turns(round_results: list[KnobResult], repeat: int) -> None:
+            progress(f"repeat {repeat}/{options.repeats}: {len(round_results)} runs side by side, taking turns ...")
+            shift = repeat % max(len(round_results), 1)  # who goes first rotates
+            order = round_results[shift:] + round_results[:shift]
+            runs = side_by_side([r.knobs for r in order], command, options, repeat, turn_steps=turn_steps)
+            for result, run in sorted(zip(order, runs), key=lambda pair: results.index(pair[0])):
+                report(result, run, repeat)
+
+        together = in_turns
+
     # A set broken once is not run again; the others go on, the baseline's failure included.
-    interleave(results, measure, lambda result: result.failed_run is not None, rounds=options.repeats)
+    interleave(results, measure, lambda result: result.failed_run is not None, rounds=options.repeats,
+               together=together)
     _ratios(results)
     return TrialReport(list(command), options, results)
 
