@@ -288,10 +288,10 @@ class _Coordinator:
 
 
 def run_in_turns(knob_sets: Sequence["KnobSet"], command: Sequence[str], options: "TrialOptions", repeat: int, *,
-                 turn_steps: int, runner: TurnRunner | None = None, first: int = 0) -> list["TrialRun"]:
+                 turn_steps: int, runner: TurnRunner | None = None) -> list["TrialRun"]:
     """One run of each knob set, side by side, taking turns of ``turn_steps``
-    measured steps once warm (``first``: which of them goes first; the order
-    rotates from there). Each run's limit grows with the others' share of the time."""
+    measured steps once warm, in the order given (callers rotate it by round). Each
+    run's limit grows with the others' share of the time."""
     from torchaxe.runtime.trials import run_in_subprocess
 
     run = runner or run_in_subprocess
@@ -321,8 +321,7 @@ def run_in_turns(knob_sets: Sequence["KnobSet"], command: Sequence[str], options
             for thread in threads:
                 thread.start()
             coordinator.ready()
-            order = [(first + i) % count for i in range(count)]
-            coordinator.cycle(order)
+            coordinator.cycle(range(count))
         finally:
             coordinator.close()
             server.close()
