@@ -23,16 +23,21 @@ The scripts:
 
 For each script, in a temporary copy (the reader's files are never changed):
 
-1. ``torchaxe advise --budget B`` (JSON advice kept);
+1. ``torchaxe advise --budget B --turns`` (JSON advice kept);
 2. ``torchaxe apply --unsafe-fixes``: code fixes written into the copy, run knobs into
    its torchaxe.toml;
-3. ``--repeats`` interleaved rounds of the original (``python script``, a second
-   untouched copy) and the tuned copy under ``torchaxe run``, each run to its end.
+3. ``--repeats`` rounds of the original (``python script``, a second untouched copy)
+   and the tuned copy under ``torchaxe run``, each run to its end. The two runs of a
+   round take turns (``alternate.py``): both are started, each warms up alone for its
+   first logged steps, then one computes at a time, in turns of a second or more, so
+   that the machine's swings in speed fall on both alike; ``--one-by-one`` runs them
+   one after the other instead.
 
 The judge is the script's own log: the lines it prints with its step time
 (``step N: loss X, time Y ms``, nanoGPT's ``iter N: loss X, time Yms``,
 word_language_model's ``ms/batch Y | loss X``). The first quarter of each run's logged
-steps is left out (compilation, caches); the speedup is the median over rounds of
+steps is left out (compilation, caches), and so is a line whose time a pause may hold
+(taking turns, the first line of each turn); the speedup is the median over rounds of
 (original median step / tuned median step), and the loss difference compares the
 mean of the last quarter of the logged losses. A script that logs no step time is
 judged by torchaxe's own step time instead (trial runs of the original files against
@@ -67,6 +72,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from alternate import run_in_turns  # noqa: E402
 from saved_run import add_save_options, save_result  # noqa: E402
 
 FRAMEWORK_SCRIPTS = ROOT / "tests" / "scripts" / "frameworks"
@@ -157,7 +163,8 @@ def wikitext_data(folder: Path) -> None:
     words = np.array([f"w{i}" for i in range(2000)])
     weights = 1.0 / np.arange(1, len(words) + 1)
     weights /= weights.sum()
-    for part, lines in (("train", 2000), ("valid", 200), ("test", 200)):
+    # About 230 batches of the script's defaults (20 x 35 tokens): 23 log lines at --log-interval 10.
+    for part, lines in (("train", 8000), ("valid", 200), ("test", 200)):
         text = "\n".join(" ".join(rng.choice(words, size=20, p=weights)) for _ in range(lines))
         (data / f"{part}.txt").write_text(text + "\n", encoding="utf-8")
 
@@ -273,27 +280,56 @@ def run_logged(command: list[str], cwd: Path, timeout: float) -> tuple[subproces
     return done, time.perf_counter() - started
 
 
+def is_step_line(line: str) -> bool:
+    return any(pattern.search(line) for pattern in LOG_PATTERNS)
+
+
 def compare_logged(spec: Script, original: Path, tuned: Path, outcome: Outcome, repeats: int,
-                   timeout: float) -> bool:
-    """Interleaved full runs, judged by the scripts' logs; False when they log no step time."""
+                   timeout: float, one_by_one: bool = False) -> bool:
+    """Interleaved full runs, judged by the scripts' logs; False when they log no step time.
+
+    By default each round's two runs take turns (``alternate.py``): both run at once and
+    one computes at a time, so that the machine's swings in speed fall on both; their
+    logged steps are judged where a turn holds them whole, the first quarter left out.
+    ``one_by_one`` runs the original, then the tuned copy, each to its end."""
     plain = [sys.executable, *spec.command(original)[1:]]
     under_run = [sys.executable, "-m", "torchaxe", "run", "--", *spec.command(tuned)]
+    sides = (("original", plain, original), ("tuned", under_run, tuned))
     steps = {"original": [], "tuned": []}
     losses = {"original": [], "tuned": []}
     walls = {"original": [], "tuned": []}
     for n in range(repeats):
-        for side, command, cwd in (("original", plain, original), ("tuned", under_run, tuned)):
-            log(f"{spec.name}: round {n + 1}/{repeats}, {side}")
-            done, wall = run_logged(command, cwd, timeout)
-            if done.returncode != 0:
-                raise RuntimeError(f"the {side} run exited {done.returncode}: "
-                                   f"{(done.stderr.strip().splitlines() or [''])[-1]}")
-            seconds, loss = logged(done.stdout + "\n" + done.stderr)
+        if one_by_one:
+            outputs = {}
+            for side, command, cwd in sides:
+                log(f"{spec.name}: round {n + 1}/{repeats}, {side}")
+                done, wall = run_logged(command, cwd, timeout)
+                if done.returncode != 0:
+                    raise RuntimeError(f"the {side} run exited {done.returncode}: "
+                                       f"{(done.stderr.strip().splitlines() or [''])[-1]}")
+                text = done.stdout + "\n" + done.stderr
+                outputs[side] = (text, text, wall)
+        else:
+            order = sides if n % 2 == 0 else sides[::-1]  # who warms up and goes first alternates
+            runs = run_in_turns([(command, cwd, None) for _, command, cwd in order], is_step_line,
+                                timeout=timeout, progress=lambda m: log(f"{spec.name}: round {n + 1}/{repeats}, {m}"))
+            outputs = {}
+            for (side, _, _), run in zip(order, runs):
+                if run.killed:
+                    raise subprocess.TimeoutExpired(run.argv, timeout)
+                if run.returncode != 0:
+                    last = [line.text for line in run.lines if line.text.strip()][-1:] or [""]
+                    raise RuntimeError(f"the {side} run exited {run.returncode}: {last[0].strip()}")
+                outputs[side] = ("\n".join(run.judged()), run.output, run.seconds)
+        for side, (judged, text, wall) in outputs.items():
+            seconds, _ = logged(judged)
+            loss = logged(text)[1]
             if not seconds:
                 return False
             steps[side].append(statistics.median(steady(seconds)))
             losses[side].append(tail_mean(loss))
             walls[side].append(wall)
+    outcome.judge = "the script's log" + ("" if one_by_one else ", runs taking turns")
     outcome.ratios = [o / t for o, t in zip(steps["original"], steps["tuned"])]
     outcome.speedup = statistics.median(outcome.ratios)
     outcome.original_step = statistics.median(steps["original"])
@@ -336,7 +372,7 @@ def compare_profiled(spec: Script, tuned: Path, outcome: Outcome, repeats: int, 
 
 
 def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
-            skip: tuple[str, ...] = ()) -> Outcome:
+            skip: tuple[str, ...] = (), one_by_one: bool = False) -> Outcome:
     outcome = Outcome(spec.name)
     original, tuned = work / spec.name / "original", work / spec.name / "tuned"
     for copy in (original, tuned):
@@ -344,9 +380,10 @@ def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
         if spec.prepare:
             spec.prepare(copy)
     advice_file = tuned / "torchaxe-advice.json"
-    log(f"{spec.name}: advise --budget {budget}")
+    log(f"{spec.name}: advise --budget {budget} --turns")
     skips = [arg for key in skip for arg in ("--skip", key)]
-    advised = torchaxe("advise", "--budget", budget, "--target", "cpu", "--format", "json", "--save",
+    # --turns: advise's rounds run side by side taking turns, as steady as this machine allows.
+    advised = torchaxe("advise", "--budget", budget, "--turns", "--target", "cpu", "--format", "json", "--save",
                        str(advice_file), *skips, "--", *spec.command(tuned), cwd=tuned)
     if advised.returncode != 0:
         outcome.error = "advise: " + (advised.stderr.strip().splitlines() or ["failed"])[-1]
@@ -369,7 +406,7 @@ def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
         outcome.error = "apply: " + (applied.stderr.strip().splitlines() or ["failed"])[-1]
         return outcome
     try:
-        if not compare_logged(spec, original, tuned, outcome, repeats, timeout):
+        if not compare_logged(spec, original, tuned, outcome, repeats, timeout, one_by_one):
             log(f"{spec.name}: the script logs no step time; judged by torchaxe's own step time")
             compare_profiled(spec, tuned, outcome, repeats, timeout)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -396,6 +433,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, metavar="N",
                         help="set OMP_NUM_THREADS=N for every run (advise's included); on a machine shared with "
                              "other work, N=1 keeps OpenMP threads from waiting on each other")
+    parser.add_argument("--one-by-one", action="store_true",
+                        help="run the original and the tuned copy one after the other, each to its end, instead "
+                             "of side by side taking turns (alternate.py)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_save_options(parser)
     args = parser.parse_args()
@@ -434,7 +474,7 @@ def main() -> int:
                 continue
             # The thread count set by --threads is the benchmark's condition, not a change to try.
             skip = ("env:OMP_NUM_THREADS",) if args.threads is not None else ()
-            outcomes.append(measure(spec, work, args.budget, args.repeats, args.timeout, skip))
+            outcomes.append(measure(spec, work, args.budget, args.repeats, args.timeout, skip, args.one_by_one))
             log(outcomes[-1].line().strip())
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -446,6 +486,7 @@ def main() -> int:
     lines = [
         f"real scripts: advise -> apply -> run ({platform.machine()}, {os.cpu_count()} cores, "
         f"budget {args.budget}, {args.repeats} rounds"
+        + (", one by one" if args.one_by_one else ", runs taking turns")
         + (f", OMP_NUM_THREADS={args.threads}" if args.threads is not None else "")
         + f", {time.strftime('%Y-%m-%d')}"
         + (f", 1-minute load {load:.1f} at the end" if load is not None else "") + ")",
@@ -459,7 +500,8 @@ def main() -> int:
         f"  total {time.perf_counter() - started:.0f} s",
     ]
     text = "\n".join(lines)
-    result = {"budget": args.budget, "repeats": args.repeats, "threads": args.threads, "scripts": [o.to_dict() for o in outcomes],
+    result = {"budget": args.budget, "repeats": args.repeats, "threads": args.threads,
+              "one_by_one": args.one_by_one, "scripts": [o.to_dict() for o in outcomes],
               "skipped": skipped, "median_speedup": median, "every_script_advised": every_advised,
               "targets": {"every_script_advised": every_advised,
                           "median_at_least_1_3x": bool(median and median >= 1.3)},

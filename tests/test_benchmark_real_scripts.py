@@ -81,7 +81,7 @@ def test_synthetic_data_is_written_only_when_missing(bench, tmp_path):
     assert train.stat().st_size == 20
     bench.wikitext_data(tmp_path)
     words = (tmp_path / "data" / "wikitext-2" / "train.txt").read_text().split()
-    assert len(words) == 2000 * 20 and all(w.startswith("w") for w in words)
+    assert len(words) == 8000 * 20 and all(w.startswith("w") for w in words)
 
 
 def test_a_script_advised_to_change_nothing_keeps_why(bench, tmp_path, monkeypatch):

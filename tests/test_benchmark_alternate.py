@@ -1,0 +1,94 @@
+"""benchmarks/alternate.py runs whole commands side by side, one computing at a time: the
+lines it judges hold no time of another run's turn, a run that ends or crashes does not
+hold the other, and a run over its time is killed."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "alternate.py"
+
+#: A run that logs each step's wall-clock start and end (time.time()) and takes STEP_S.
+CHILD = """
+import sys, time
+steps, step_s, fail_at = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+print("starting", flush=True)
+for n in range(steps):
+    if n == fail_at:
+        sys.exit(3)
+    start = time.time()
+    end = start + step_s
+    while time.time() < end:
+        pass
+    print(f"step {n}: start {start:.6f} end {time.time():.6f}", flush=True)
+"""
+STEP = re.compile(r"^step (\d+): start ([0-9.]+) end ([0-9.]+)")
+
+
+@pytest.fixture(scope="module")
+def alternate():
+    spec = importlib.util.spec_from_file_location("alternate_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def child(tmp_path: Path, steps: int, step_s: float = 0.01, fail_at: int = -1):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD, encoding="utf-8")
+    return [sys.executable, str(script), str(steps), str(step_s), str(fail_at)], tmp_path, None
+
+
+def spans(run) -> list[tuple[float, float]]:
+    return [(float(m.group(2)), float(m.group(3))) for m in map(STEP.match, run.judged()) if m]
+
+
+def test_judged_steps_of_two_runs_never_overlap(alternate, tmp_path):
+    a, b = alternate.run_in_turns([child(tmp_path, 60), child(tmp_path, 60)], lambda s: bool(STEP.match(s)),
+                                  warm_lines=3, turn_seconds=0.15, timeout=60)
+    assert a.returncode == b.returncode == 0 and not a.killed and not b.killed
+    assert a.turns >= 2 and b.turns >= 2
+    first, second = spans(a), spans(b)
+    assert len(first) >= 20 and len(second) >= 20
+    # Both ran in the same stretch of time, yet no judged step of one overlaps one of the other.
+    assert min(e for _, e in first) < max(s for s, _ in second)
+    for start, end in first:
+        assert all(end <= s or e <= start for s, e in second)
+    # The warm-up lines and the first line of each turn are left out; the output keeps them all.
+    assert sum(1 for line in a.lines if STEP.match(line.text)) == 60
+    assert "starting" in a.output
+
+
+def test_a_run_that_ends_early_leaves_the_other_alone_and_unpaired(alternate, tmp_path):
+    short, long = alternate.run_in_turns([child(tmp_path, 30), child(tmp_path, 120)], lambda s: bool(STEP.match(s)),
+                                         warm_lines=2, turn_seconds=0.1, timeout=60)
+    assert short.returncode == long.returncode == 0
+    alone = [line for line in long.lines if line.turn >= 0 and not line.paired]
+    assert alone, "the long run went on alone after the short one ended"
+    # The comparison keeps the lines made while both ran, as long as there are any.
+    judged = set(long.judged())
+    assert judged and all(line.paired for line in long.lines if line.text in judged)
+
+
+def test_a_crashing_run_does_not_hold_the_other(alternate, tmp_path):
+    crashed, fine = alternate.run_in_turns([child(tmp_path, 50, fail_at=5), child(tmp_path, 30)],
+                                           lambda s: bool(STEP.match(s)), warm_lines=2, turn_seconds=0.1,
+                                           timeout=60)
+    assert crashed.returncode == 3 and fine.returncode == 0
+    assert sum(1 for line in fine.lines if STEP.match(line.text)) == 30
+
+
+def test_a_run_over_its_time_is_killed(alternate, tmp_path):
+    slow, quick = alternate.run_in_turns([child(tmp_path, 1000, step_s=0.05), child(tmp_path, 5)],
+                                         lambda s: bool(STEP.match(s)), warm_lines=2, turn_seconds=0.2,
+                                         timeout=1.0)
+    assert slow.killed and slow.returncode != 0
+    assert quick.returncode == 0 and not quick.killed
+    assert slow.seconds < 3.0
