@@ -49,6 +49,9 @@ class FakeRuns:
         self.log: list[str] = []
         self.active = 0
         self.most_active = 0
+        #: runs warming up or stepping at once
+        self.busy = 0
+        self.most_busy = 0
         self.lock = threading.Lock()
 
     def __call__(self, knob_set, command, options, repeat, env) -> TrialRun:
@@ -56,17 +59,25 @@ class FakeRuns:
         if name in self.fail_before:
             return TrialRun(knobs=name, repeat=repeat, ok=False, error="crashed at import")
         client = TurnClient(TurnPlan.from_env(env[ENV]))
+        with self.lock:
+            self.busy += 1
+            self.most_busy = max(self.most_busy, self.busy)
         time.sleep(0.01 * len(name))  # warm-up, longer for some
+        with self.lock:
+            self.busy -= 1
         client.wait()
         plan_steps = client.plan.steps
         for step in range(1, self.steps + 1):
             with self.lock:
                 self.active += 1
+                self.busy += 1
                 self.most_active = max(self.most_active, self.active)
+                self.most_busy = max(self.most_busy, self.busy)
                 self.log.append(name)
             time.sleep(0.002)
             with self.lock:
                 self.active -= 1
+                self.busy -= 1
             if step == self.steps:
                 client.end()
             elif name in self.die_after_turn and step == plan_steps:
@@ -92,6 +103,8 @@ def test_runs_take_turns_one_at_a_time_in_order() -> None:
     runs = run_in_turns([knobs("a"), knobs("bb"), knobs("ccc")], ["python", "x.py"], TrialOptions(timeout=10), 1,
                         turn_steps=2, runner=fake)
     assert fake.most_active == 1
+    # They warm up one after another too: never two computing at once.
+    assert fake.most_busy == 1
     assert turns_of(fake.log) == [(n, 2) for _ in range(3) for n in ("a", "bb", "ccc")]
     assert [r.turns for r in runs] == [3, 3, 3] and all(r.ok for r in runs)
     # The round's wall time is shared among its runs.
@@ -107,7 +120,8 @@ def test_a_run_that_fails_before_its_first_turn_or_dies_in_one_does_not_hold_the
     assert fake.log.count("a") == fake.log.count("dddd") == 4 and fake.most_active == 1
 
 
-def test_the_harness_waits_for_its_turn_outside_any_step(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("warmup", [2, 0])
+def test_the_harness_waits_for_its_turn_outside_any_step(tmp_path, monkeypatch, warmup) -> None:
     clock = types.SimpleNamespace(now=100.0)
     monkeypatch.setitem(sys.modules, "torchaxe_test_clock", clock)
     calls: list[str] = []
@@ -132,9 +146,9 @@ for k in range(1, 20):
     out.sum().backward()
     opt.step()
 """
-    profile = run_script(tmp_path, source, steps=4, warmup=2, clock=lambda: clock.now)
+    profile = run_script(tmp_path, source, steps=4, warmup=warmup, clock=lambda: clock.now)
     assert calls == ["wait", "step", "step", "step", "end"]
-    assert [s.seconds for s in profile.steps] == [1.0] * 6
+    assert [s.seconds for s in profile.steps] == [1.0] * (4 + warmup)
 
 
 def test_a_round_made_at_once_gives_ratios_against_its_own_original_run() -> None:

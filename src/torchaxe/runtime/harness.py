@@ -227,6 +227,12 @@ class StepRecorder:
             self._begin(self._synchronized_now(), 1)
 
     def _begin(self, now: float, index: int) -> None:
+        turns = self.turns
+        if index == 1 and turns is not None and self.options.steps is not None \
+                and self.options.phase(1) == "measured":
+            # No warm-up: the run's turn comes before its first step, as after a warm-up.
+            turns.wait()
+            now = self.clock()
         window = self.window
         if window is not None and not window.started and self.options.phase(index) == "ops":
             window.start()

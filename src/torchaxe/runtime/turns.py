@@ -1,5 +1,6 @@
-"""Runs measured in turns: the arms of one round start side by side, and once warm
-they take turns, a few steps each, so that only one computes at a time.
+"""Runs measured in turns: the arms of one round are in memory side by side; they warm
+up one after another, then take turns, a few steps each, so that only one computes at
+a time.
 
 A shared machine's speed swings by tens of percent over seconds (other tenants of
 the host). Runs made one after another land in different swings: two runs of the
@@ -245,9 +246,9 @@ class _Coordinator:
             return True
         return False
 
-    def ready(self) -> None:
-        """Until every run waits for its first turn or has ended."""
-        while not all(self._settled(n) for n in range(self.count)):
+    def ready(self, number: int) -> None:
+        """Until run ``number`` waits for its first turn or has ended."""
+        while not self._settled(number):
             self._poll(POLL_SECONDS)
 
     def cycle(self, order: Sequence[int]) -> None:
@@ -318,9 +319,11 @@ def run_in_turns(knob_sets: Sequence["KnobSet"], command: Sequence[str], options
         coordinator = _Coordinator(server, count, lambda n: threads[n].is_alive())
         started = time.perf_counter()
         try:
-            for thread in threads:
+            # One warms up at a time (start-up, compilation): only one run computes at
+            # any moment, the others wait, as in their turns.
+            for number, thread in enumerate(threads):
                 thread.start()
-            coordinator.ready()
+                coordinator.ready(number)
             coordinator.cycle(range(count))
         finally:
             coordinator.close()
