@@ -84,11 +84,12 @@ def parse_fraction(text: str, option: str) -> float:
 @click.option("--steps", type=click.IntRange(min=1), default=None,
               help="Measured steps per run, after the warmup. Default: 8, or more for short steps (enough for "
                    "half a second of steps, two seconds when runs take turns; at most 64).")
-@click.option("--turns/--no-turns", default=False, show_default=True,
-              help="On a cpu, run the original and the changes of a round side by side, taking turns every half "
-                   "second of steps once warm, so that a shared machine's swings in speed fall on all of them alike "
-                   "(runs one after another on a busy host can land 30% apart). Needs memory for every run of a "
-                   "round at once; rounds that do not fit run one by one.")
+@click.option("--turns/--no-turns", default=True, show_default=True,
+              help="On a cpu, hold the original and the changes of a round side by side: they warm up one after "
+                   "another, then take turns every half second of steps, so that a shared machine's swings in speed "
+                   "fall on all of them alike (runs one after another on a busy host can land 30% apart). Needs "
+                   "memory for every run of a round at once; rounds that do not fit run one by one, as do all with "
+                   "--no-turns.")
 @click.option("--warmup", type=click.IntRange(min=0), default=10, show_default=True,
               help="Steps discarded at the start of every run: torch.compile compiles at the first step and "
                    "keeps compiling in the background for several more.")

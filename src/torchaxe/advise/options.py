@@ -36,8 +36,8 @@ class AdviseOptions:
     #: Also try a larger micro-batch (it changes the optimisation: opt-in).
     allow_batch_change: bool = False
     #: On a cpu, the runs of a round side by side, taking turns (runtime/turns.py):
-    #: opt-in until it is shown to deliver more on real scripts (benchmarks/RESULTS.md).
-    turns: bool = False
+    #: their ratios predict what whole runs deliver (benchmarks/RESULTS.md).
+    turns: bool = True
 
     def __post_init__(self) -> None:
         if self.budget <= 0:
