@@ -72,17 +72,38 @@ def test_the_knob_takes_training_dropout_and_puts_torchs_back():
     assert torch.equal(evaluated, net(x))
 
 
-def test_the_knob_leaves_dropout_inside_a_compiled_graph_to_the_compiler():
-    # The graph keeps the dropout call; the compiler traces it with its own tensors,
-    # which take torch's dropout (and, under inductor, the compiler's own draw).
+@pytest.mark.parametrize("backend", ["aot_eager", "aot_eager_decomp_partition"])
+def test_inside_a_compiled_graph_the_draw_is_one_operator_and_backward_keeps_its_mask(backend):
+    # The compiler traces the packed path (its own draw would be a slower Philox); the
+    # draw is torchaxe::packed_lanes, which the partitioner does not draw again for the
+    # backward: the gradient uses the forward's mask.
     applied = AppliedKnobs(knob_set_from_dict({"kernels": {"dropout": "packed"}}, "test"))
-    net = _net()
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 64)
+    net = torch.nn.Sequential(linear, torch.nn.Dropout(0.3))
+    x = torch.randn(32, 64, requires_grad=True)
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def seen(gm, inputs):  # the forward graph the compiler would compile
+        graphs.append(str(gm.graph))
+        return make_boxed_func(gm.forward)
+
     with SPEC.patch(KernelKnobs(dropout="packed"), applied):
-        compiled = torch.compile(net, backend="aot_eager", fullgraph=True)
-        out = compiled(torch.randn(64, 8))
-        out.sum().backward()
-    assert applied.record["kernels"]["dropout_calls"] == 0
-    assert net[0].weight.grad is not None
+        compiled = torch.compile(net, backend=backend, fullgraph=True)
+        y = compiled(x)
+        y.backward(torch.ones_like(y))
+        traced = torch.compile(net, backend=aot_autograd(fw_compiler=seen), fullgraph=True)
+        traced(torch.randn(4, 64))
+    assert applied.record["kernels"]["dropout_calls"] > 0
+    assert any("packed_lanes" in g for g in graphs)
+    kept = y.detach() != 0
+    assert 1 - kept.float().mean().item() == pytest.approx(0.3, abs=0.04)
+    scale = 65536 / (65536 - round(0.3 * 65536))
+    assert torch.allclose(y.detach(), linear(x).detach() * kept * scale, atol=1e-6)
+    assert torch.allclose(x.grad, (kept.float() * scale) @ linear.weight, atol=1e-5)
 
 
 def test_torch_leaves_dropout_alone():

@@ -17,8 +17,10 @@ compares the training loss before choosing it. The seed still decides everything
 give the same masks again.
 
 Only out-of-place dropout in training mode on a CPU floating-point tensor takes this
-path, and not while torch.compile traces (the compiler fuses its own random draw).
-Everything else goes to the original ``torch.nn.functional.dropout``.
+path; everything else goes to the original ``torch.nn.functional.dropout``. Inside a
+model compiled with torch.compile, the draw is one operator the compiler calls as it
+is (its own draw, an element-wise Philox, made compiled training slower than eager on
+models with dropout) and the mask's arithmetic is fused by the compiler.
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ def keep_threshold(p: float) -> int:
     return round(p * LANE_VALUES)
 
 
-def packed_mask(shape: Any, p: float, generator: Any = None) -> tuple[Any, float]:
-    """(a boolean mask of ``shape``, True where an element is kept; the scale of the
-    kept elements) for a dropout rate ``p``, from torch's random stream."""
+def packed_lanes(shape: Any, generator: Any = None) -> Any:
+    """Random int16 lanes of ``shape`` (each of the 65,536 values equally likely),
+    four to a 64-bit draw of torch's random stream."""
     import torch
 
     n = 1
@@ -47,10 +49,54 @@ def packed_mask(shape: Any, p: float, generator: Any = None) -> tuple[Any, float
     # From the int64 minimum with no upper bound: all 64 bits random (torch's documented
     # special case); random_() alone would leave the top bit 0.
     draws.random_(-(1 << 63), None, generator=generator)
-    lanes = draws.view(torch.int16).reshape(-1)[:n].reshape(shape)
+    return draws.view(torch.int16).reshape(-1)[:n].reshape(shape)
+
+
+def packed_mask(shape: Any, p: float, generator: Any = None) -> tuple[Any, float]:
+    """(a boolean mask of ``shape``, True where an element is kept; the scale of the
+    kept elements) for a dropout rate ``p``, from torch's random stream."""
     dropped = keep_threshold(p)
-    mask = lanes >= dropped - LANE_VALUES // 2
+    mask = packed_lanes(shape, generator) >= dropped - LANE_VALUES // 2
     return mask, LANE_VALUES / (LANE_VALUES - dropped)
+
+
+#: The packed draw as one operator, for compiled graphs (see :func:`register_lanes_op`).
+LANES_OP = "torchaxe::packed_lanes"
+_LANES_OP: Any = None
+
+
+def register_lanes_op() -> Any:
+    """``torch.ops.torchaxe.packed_lanes(like)``: the lanes of ``like``'s shape, as an
+    operator that torch.compile calls as it is (its own draw would be an element-wise
+    Philox, slower on a CPU than torch's eager one) while it fuses the mask's arithmetic.
+    Tagged ``nondeterministic_seeded``, so that a compiled backward keeps the forward's
+    lanes instead of drawing them again. Registered once per process."""
+    global _LANES_OP
+    if _LANES_OP is None:
+        import torch
+
+        @torch.library.custom_op(LANES_OP, mutates_args=(), schema="(Tensor like) -> Tensor",
+                                 tags=(torch.Tag.nondeterministic_seeded,))
+        def lanes_op(like: Any) -> Any:
+            return packed_lanes(like.shape).clone()
+
+        @lanes_op.register_fake
+        def _(like: Any) -> Any:
+            return like.new_empty(like.shape, dtype=torch.int16)
+
+        _LANES_OP = lanes_op
+    return _LANES_OP
+
+
+def traced_dropout(x: Any, p: float) -> Any:
+    """Packed dropout written for torch.compile to trace: the draw through the
+    registered operator, the mask and scale as plain tensor arithmetic (which the
+    compiler fuses and differentiates)."""
+    import torch
+
+    dropped = keep_threshold(p)
+    lanes = torch.ops.torchaxe.packed_lanes(x)
+    return x * (lanes >= dropped - LANE_VALUES // 2) * (LANE_VALUES / (LANE_VALUES - dropped))
 
 
 def _function() -> Any:
@@ -90,9 +136,10 @@ def takes_packed_path(x: Any, p: float, training: bool, inplace: bool) -> bool:
     """Whether a ``dropout(x, p, training, inplace)`` call is one this module computes."""
     import torch
 
+    # While compiling, x is the compiler's own tensor subclass (fake, functional).
+    plain = torch.compiler.is_compiling() or type(x) in (torch.Tensor, torch.nn.Parameter)
     return (training and not inplace and isinstance(p, (int, float)) and 0.0 < p < 1.0
-            and type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cpu" and x.is_floating_point()
-            and x.layout == torch.strided and not torch.compiler.is_compiling())
+            and plain and x.device.type == "cpu" and x.is_floating_point() and x.layout == torch.strided)
 
 
 def dropout_with(original: Callable[..., Any], counter: list[int]) -> Callable[..., Any]:
@@ -101,10 +148,19 @@ def dropout_with(original: Callable[..., Any], counter: list[int]) -> Callable[.
     to ``original``."""
     import functools
 
+    import torch
+
+    register_lanes_op()
+
+    # torch.compile either traces into this function or, when its table of torch's own
+    # functions was made after the swap, puts it in the graph as one call and traces it
+    # with its own tensors; both take the traced path below.
     @functools.wraps(original)
     def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
         if takes_packed_path(input, p, training, inplace):
-            counter[0] += 1
+            counter[0] += 1  # while compiling: once per traced call, not per run of the graph
+            if torch.compiler.is_compiling():
+                return traced_dropout(input, float(p))
             return packed_dropout(input, float(p))
         return original(input, p, training, inplace)
 

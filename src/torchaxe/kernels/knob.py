@@ -4,7 +4,8 @@
 
 ``dropout``: ``"packed"`` replaces ``torch.nn.functional.dropout`` (which
 ``nn.Dropout`` calls) by ``kernels/dropout.py``'s for the calls it takes (training,
-out of place, a CPU floating-point tensor, outside torch.compile), the original for
+out of place, a CPU floating-point tensor; inside torch.compile too, where the draw
+is one operator, ``torchaxe::packed_lanes``), the original for
 the rest; ``"torch"`` leaves torch's. The function is restored when the run ends.
 The run's record notes the kernels installed and how many calls took them.
 Validation here is stdlib-only.
