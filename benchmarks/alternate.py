@@ -159,8 +159,8 @@ def run_in_turns(commands: Sequence[tuple[Sequence[str], Path, dict[str, str] | 
                 progress(f"warming up run {n + 1}/{len(runs)}")
             while run.alive() and run.logs < warm_lines and run.result.seconds < timeout:
                 run.compute(min(5.0, timeout - run.result.seconds), until_logs=warm_lines)
-        gaps = [r.line_gap() for r in runs if r.line_gap() > 0]
-        turn = turn_seconds or max(TURN_SECONDS, LINES_PER_TURN * max(gaps, default=0.0))
+        gap = max((r.line_gap() for r in runs), default=0.0)
+        turn = turn_seconds or max(TURN_SECONDS, LINES_PER_TURN * gap)
         if progress:
             progress(f"taking turns of {turn:.1f} s")
         number = 0
