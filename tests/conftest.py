@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,24 @@ if "TORCHAXE_HOME" not in os.environ:
 
 from torchaxe.scan.engine import ScanOptions, scan_source
 from torchaxe.scan.capabilities import torch_capabilities
+
+
+#: The benchmark scripts, which the tests load by path (benchmarks/ is not a package).
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@contextlib.contextmanager
+def benchmark_module(name: str):
+    """``benchmarks/<name>.py`` loaded as a module for the ``with`` block. It is listed in
+    ``sys.modules`` meanwhile, because dataclasses look their module up by name."""
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
 
 
 def scan_text(source: str, target: str = "cpu", select: tuple[str, ...] = (), path: str = "t.py"):

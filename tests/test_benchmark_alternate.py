@@ -4,14 +4,13 @@ hold the other, and a run over its time is killed."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_module
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "alternate.py"
 
 #: A run that logs each step's wall-clock start and end (time.time()) and takes STEP_S.
 CHILD = """
@@ -32,12 +31,8 @@ STEP = re.compile(r"^step (\d+): start ([0-9.]+) end ([0-9.]+)")
 
 @pytest.fixture(scope="module")
 def alternate():
-    spec = importlib.util.spec_from_file_location("alternate_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with benchmark_module("alternate") as module:
+        yield module
 
 
 def child(tmp_path: Path, steps: int, step_s: float = 0.01, fail_at: int = -1):

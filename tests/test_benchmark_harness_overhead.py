@@ -3,25 +3,17 @@ its target from the raw samples; a fake runner stands in for the subprocesses.""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "harness_overhead.py"
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("harness_overhead_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with benchmark_module("harness_overhead") as module:
+        yield module
 
 
 def fake_runner(bench, without=0.010, with_=0.0101):

@@ -3,15 +3,13 @@ false positives per class, and says in one line why it cannot run."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_module
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "real_recall.py"
 
 TRAIN = """\
 import torch
@@ -61,12 +59,8 @@ cases = [
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("real_recall_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("real_recall_bench", None)
+    with benchmark_module("real_recall") as module:
+        yield module
 
 
 def _corpus(tmp_path: Path, optimizer_line: int = 22) -> tuple[Path, Path]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import itertools
 import json
@@ -10,18 +9,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import BENCHMARKS, benchmark_module
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "scan_speed.py"
+SCRIPT = BENCHMARKS / "scan_speed.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("scan_speed_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+    with benchmark_module("scan_speed") as module:
+        yield module
 
 
 def _tree(tmp_path: Path) -> Path:

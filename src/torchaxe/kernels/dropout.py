@@ -61,7 +61,8 @@ def packed_mask(shape: Any, p: float, generator: Any = None) -> tuple[Any, float
 
 
 #: The packed draw as one operator, for compiled graphs (see :func:`register_lanes_op`).
-LANES_OP = "torchaxe::packed_lanes"
+LANES_NAMESPACE, LANES_NAME = "torchaxe", "packed_lanes"
+LANES_OP = f"{LANES_NAMESPACE}::{LANES_NAME}"
 _LANES_OP: Any = None
 
 
@@ -95,7 +96,7 @@ def traced_dropout(x: Any, p: float) -> Any:
     import torch
 
     dropped = keep_threshold(p)
-    lanes = torch.ops.torchaxe.packed_lanes(x)
+    lanes = getattr(getattr(torch.ops, LANES_NAMESPACE), LANES_NAME)(x)
     return x * (lanes >= dropped - LANE_VALUES // 2) * (LANE_VALUES / (LANE_VALUES - dropped))
 
 
