@@ -130,11 +130,28 @@ def _profile(draw: float, rest: float) -> dict:
 
 
 def test_packed_dropout_is_proposed_on_a_cpu_that_spends_time_drawing_masks():
-    [candidate] = candidates(_profile(0.2, 0.8), "cpu", {})
-    assert candidate.key == "knob:dropout-packed"
-    assert candidate.knobs == {"kernels": {"dropout": "packed"}}
-    assert candidate.rec.accuracy.changes_numerics
-    assert "20%" in candidate.rec.detail
+    packed, compiled = candidates(_profile(0.2, 0.8), "cpu", {})
+    assert packed.key == "knob:dropout-packed"
+    assert packed.knobs == {"kernels": {"dropout": "packed"}}
+    assert packed.rec.accuracy.changes_numerics
+    assert "20%" in packed.rec.detail
+    # Compile alone would draw the masks with inductor's slower draw: the pair is
+    # measured too, in the same group, so that only the faster of the two is combined.
+    assert compiled.key == "knob:compile-dropout-packed"
+    assert compiled.knobs == {"compile": {"mode": "default"}, "kernels": {"dropout": "packed"}}
+    assert compiled.group == packed.group
+    assert compiled.rec.accuracy.changes_numerics
+    assert compiled.priority > packed.priority
+
+
+def test_compile_with_packed_dropout_follows_the_shapes_and_the_script():
+    profile = {**_profile(0.2, 0.8), "shapes": {"static": False}}
+    _, compiled = candidates(profile, "cpu", {})
+    assert compiled.knobs["compile"] == {"mode": "default", "dynamic": True}
+    # A script that compiles its model itself gets packed dropout alone: its own
+    # torch.compile call already takes the packed draw into its graph.
+    [packed] = candidates(_profile(0.2, 0.8), "cpu", {"compiled_graphs": 2})
+    assert packed.key == "knob:dropout-packed"
 
 
 @pytest.mark.parametrize("profile, target", [

@@ -2,18 +2,26 @@
 when the profiled run spent a visible share of its operator time drawing dropout
 masks (``aten::bernoulli_``). Where torch's own draw is fast (an MKL build on an Intel
 CPU), that share stays small and nothing is proposed. The masks differ from torch's,
-so the training loss is compared before the change may be chosen."""
+so the training loss is compared before the change may be chosen.
+
+Compiled, such a model draws its masks with the compiler's own element-wise draw,
+slower than torch's eager one on a CPU: compile alone then measures slower than eager.
+Packed dropout inside the compiled graph keeps the fast draw, so compile with packed
+dropout is measured as one more candidate of the same group (the faster one is kept)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
+from torchaxe.shapes.candidates import COMPILE_ACCURACY_DETAIL, compile_knob
 
 #: The operator torch's CPU dropout spends its time in (one Bernoulli draw an element).
 DROPOUT_DRAW = "aten::bernoulli_"
 #: Below this share of the operator time, a faster draw cannot save a measurable step.
 MIN_SHARE = 0.03
+#: The group of the dropout candidates: one of them goes into a combined run.
+GROUP = "dropout"
 
 
 def op_share(profile: dict[str, Any], name: str) -> float:
@@ -27,17 +35,32 @@ def op_share(profile: dict[str, Any], name: str) -> float:
 
 def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
     """``knob:dropout-packed`` on a CPU target whose run drew dropout masks for at
-    least ``MIN_SHARE`` of its operator time."""
+    least ``MIN_SHARE`` of its operator time; with it ``knob:compile-dropout-packed``
+    (torch.compile of the model with the packed draw inside its graph) unless the
+    script compiles its model itself."""
     if target != "cpu":
         return []
     share = op_share(profile, DROPOUT_DRAW)
     if share < MIN_SHARE:
         return []
-    return [knob_candidate(
+    masks = "other dropout masks from the same seed (the rate within 2**-17 of p)"
+    spent = (f"the run spent {share:.0%} of its operator time drawing dropout masks one element at a time "
+             f"({DROPOUT_DRAW})")
+    packed = {"kernels": {"dropout": "packed"}}
+    out = [knob_candidate(
         "knob:dropout-packed", "fused_ops",
         "dropout's mask drawn from packed 64-bit random draws (a quarter of the generator calls)",
-        {"kernels": {"dropout": "packed"}}, priority=0.8 + 2 * share,
-        accuracy=Accuracy(kind="unknown", detail="other dropout masks from the same seed (the rate within "
-                                                 "2**-17 of p); its training loss is compared with the original's"),
-        detail=f"the run spent {share:.0%} of its operator time drawing dropout masks one element at a time "
-               f"({DROPOUT_DRAW})")]
+        packed, group=GROUP, priority=0.8 + 2 * share,
+        accuracy=Accuracy(kind="unknown", detail=f"{masks}; its training loss is compared with the original's"),
+        detail=spent)]
+    if not settings.get("compiled_graphs"):
+        shapes = profile.get("shapes") or {}
+        dynamic = True if shapes and not shapes.get("static", True) else None
+        out.append(knob_candidate(
+            "knob:compile-dropout-packed", "compile",
+            "torch.compile(model) with packed dropout inside its graph" + (" (dynamic=True)" if dynamic else ""),
+            {**compile_knob(mode="default", dynamic=dynamic), **packed}, group=GROUP, priority=2.0 + share,
+            accuracy=Accuracy(kind="unknown", detail=f"{masks}, and {COMPILE_ACCURACY_DETAIL}"),
+            detail=f"{spent}; compiled, the model would draw them with the compiler's own element-wise draw, "
+                   "slower on a CPU, so the packed draw is kept as one operator of the compiled graph"))
+    return out
