@@ -281,7 +281,7 @@ def test_advise_under_torchrun_measures_no_sync_on_every_rank(tmp_path):
 
     command = ["torchrun", "--nproc-per-node", "2", "--standalone", str(DDP_EXAMPLE), "--steps", "200",
                "--width", "256"]
-    options = AdviseOptions(budget=75, repeats=1, steps=3, warmup=1,
+    options = AdviseOptions(budget=120, repeats=1, steps=3, warmup=1,
                             skip=("knob:", "env:", "code:AX2", "code:AX3", "code:AX4"))
     advice = advise(command, options)
     view = advice.distributed
