@@ -109,9 +109,10 @@ def test_short_advise_measures_the_changes_it_proposes(name: str, tmp_path: Path
     change earns extra rounds, at most five). Every run starts the framework afresh, so
     a run takes seconds; on a heavily loaded machine the budget can end before the first
     change is measured, and then this test fails saying so. The formula fixes (AX1xx)
-    are left out, the other code fixes kept: they are these scripts' cheap changes (a
-    fused optimizer, a faster zero_grad). The hand-written SGD loop has neither, so its
-    thread setting is measured instead."""
+    are left out, the other code fixes kept: they and the run-time formula replacement
+    of an installed package (`knob:replace-*`, GPT-2's GELU in the HF Trainer script)
+    are these scripts' cheap changes (a fused optimizer, a faster zero_grad). The
+    hand-written SGD loop has none, so its thread setting is measured instead."""
     needs(name)
     code = "code:AX1"
     env = "env:NONE" if name == "manual_sgd" else "env:"
