@@ -22,6 +22,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from torchaxe.runtime.instance_forward import set_forward
 from torchaxe.runtime.first_model import FirstModel, has_parameters
 from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed
 
@@ -90,7 +91,7 @@ class BlockCheckpointing(FirstModel):
                     return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
                 return _forward(*args, **kwargs)
 
-            block.forward = checkpointed
+            set_forward(block, checkpointed)
         self.applied.note("checkpoint", {**self.knobs.to_dict(), "wrapped": [path for path, _ in blocks],
                                          "class": type(blocks[0][1]).__qualname__ if blocks else None})
 

@@ -6,11 +6,11 @@ strategy wants. But torch.compile does not trace into torch's own layers and
 containers (``torch.nn.modules``: ``nn.Linear``, ``nn.Sequential``, ``nn.LayerNorm``,
 ...) from there: for those it is a silent no-op, and the module stays eager.
 
-Such a module gets its ``forward`` compiled instead, as an instance attribute: a
-compiled function that calls the class's ``forward``, bound to the instance. A bound
-method, unlike a closure over the instance, is rebound by ``copy.deepcopy`` (an EMA
-copy of the model, the tuner's copies), so a copy runs its own parameters, not the
-original's. The function is made afresh for each module (its own code object, so its
+Such a module gets its ``forward`` compiled instead, as an instance attribute
+(runtime/instance_forward.py): a compiled function that calls the class's
+``forward``, bound to the instance. A copy (``copy.deepcopy``: an EMA copy of the
+model) or a pickled model leaves it out and runs eager on its own parameters, as
+torch's ``module.compile()`` does. The function is made afresh for each module (its own code object, so its
 own compile cache: no module's graphs count against another's recompile limit), with
 the globals of the user code inside the module: torch.compile looks the globals of an
 inlined function up by its module's name unless they are the root function's, and a
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import types
 from typing import Any
+
+from torchaxe.runtime.instance_forward import set_forward
 
 #: How :func:`compile_in_place` compiled a module.
 MODULE = "module"
@@ -44,7 +46,7 @@ def compile_in_place(module: Any, **kwargs: Any) -> str:
         return MODULE
     import torch
 
-    module.forward = types.MethodType(torch.compile(_forward_caller(module), **kwargs), module)
+    set_forward(module, types.MethodType(torch.compile(_forward_caller(module), **kwargs), module))
     return FORWARD
 
 

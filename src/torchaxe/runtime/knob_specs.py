@@ -16,6 +16,7 @@ from typing import Any
 
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.compile_module import compile_in_place
+from torchaxe.runtime.instance_forward import set_forward
 from torchaxe.runtime.first_model import FirstModel
 from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed, kind
 
@@ -422,7 +423,7 @@ class ModelAutocast(FirstModel):
                 out = forward(*args, **kwargs)
             return outputs_in_float32(out, dtype)
 
-        module.forward = autocast_forward
+        set_forward(module, autocast_forward)
         self.applied.note("autocast", {"module": type(module).__qualname__, "device_type": device_type,
                                        "dtype": self.dtype, "outputs": "float32"})
 
