@@ -106,6 +106,24 @@ def test_inside_a_compiled_graph_the_draw_is_one_operator_and_backward_keeps_its
     assert torch.allclose(x.grad, (kept.float() * scale) @ linear.weight, atol=1e-5)
 
 
+def test_a_compiled_graph_with_the_swap_is_not_named_as_torchs_dropout():
+    # The compiler's caches key a graph by its code; a graph that calls the stand-in
+    # under torch's name would be loaded, later, by a run compiled without the swap,
+    # which has no torchaxe::packed_lanes operator and crashes.
+    codes = []
+
+    def seen(gm, inputs):
+        codes.append(gm.code)
+        return gm.forward
+
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.3))
+    applied = AppliedKnobs(knob_set_from_dict({"kernels": {"dropout": "packed"}}, "test"))
+    with SPEC.patch(KernelKnobs(dropout="packed"), applied):
+        torch.compile(net, backend=seen)(torch.randn(2, 8))
+    assert codes and "torchaxe" in codes[0]
+    assert "torch.nn.functional.dropout(" not in codes[0] and "torch.dropout(" not in codes[0]
+
+
 def test_torch_leaves_dropout_alone():
     original = F.dropout
     applied = AppliedKnobs(knob_set_from_dict({"kernels": {"dropout": "torch"}}, "test"))

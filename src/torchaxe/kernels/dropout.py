@@ -155,8 +155,12 @@ def dropout_with(original: Callable[..., Any], counter: list[int]) -> Callable[.
 
     # torch.compile either traces into this function or, when its table of torch's own
     # functions was made after the swap, puts it in the graph as one call and traces it
-    # with its own tensors; both take the traced path below.
-    @functools.wraps(original)
+    # with its own tensors; both take the traced path below. In a graph it is named by
+    # its own module and name, not torch's (so not `functools.wraps`): the compiler's
+    # caches key a graph by its code, and under torch's name a graph with the packed
+    # draw would be the cached answer for the same model compiled without this swap,
+    # in a later run that has no `torchaxe::packed_lanes` operator.
+    @functools.wraps(original, assigned=("__doc__",))
     def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
         if takes_packed_path(input, p, training, inplace):
             counter[0] += 1  # while compiling: once per traced call, not per run of the graph
