@@ -79,6 +79,24 @@ def fake_package(root: Path) -> Path:
     return path
 
 
+def src_layout(tmp_path: Path, marked: bool) -> tuple[Path, Path, Path]:
+    """``repo/scripts/train.py`` importing ``repo/src/pkg/model.py`` (a hand-written
+    GELU) through ``sys.path``; ``repo`` holds ``.git`` when ``marked``."""
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "src" / "pkg").mkdir(parents=True)
+    if marked:
+        (repo / ".git").mkdir()
+    (repo / "src" / "pkg" / "__init__.py").write_text("")
+    model = repo / "src" / "pkg" / "model.py"
+    model.write_text("import math\n\nimport torch\n\n\ndef gelu(x):\n    return " + GELU + "\n")
+    script = repo / "scripts" / "train.py"
+    script.write_text("import sys\nfrom pathlib import Path\n\n"
+                      "sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'src'))\n"
+                      "from pkg.model import gelu\n")
+    return repo, model, script
+
+
 def profile_of(step: float = 0.1, modules: list | None = None) -> dict:
     return {
         "status": "stopped", "detail": "stopped after 4 measured steps",
@@ -217,17 +235,7 @@ def test_an_installed_formula_is_measured_applied_as_a_knob_and_run_replaces_it(
 
 
 def test_apply_fixes_a_formula_in_the_projects_src_folder_beside_the_script(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    (repo / "src" / "pkg").mkdir(parents=True)
-    (repo / ".git").mkdir()
-    (repo / "src" / "pkg" / "__init__.py").write_text("")
-    model = repo / "src" / "pkg" / "model.py"
-    model.write_text("import math\n\nimport torch\n\n\ndef gelu(x):\n    return " + GELU + "\n")
-    script = repo / "scripts" / "train.py"
-    script.write_text("import sys\nfrom pathlib import Path\n\n"
-                      "sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'src'))\n"
-                      "from pkg.model import gelu\n")
+    repo, model, script = src_layout(tmp_path, marked=True)
 
     advice = advise_with(script, [model], runs_where(**{"code:AX110": 0.08}))
     assert advice.scanned["project"] == str(repo) and advice.scanned["project_files"] == 1
@@ -238,6 +246,59 @@ def test_apply_fixes_a_formula_in_the_projects_src_folder_beside_the_script(tmp_
     assert result.changed_files == [str(model)] and not result.skipped_outside
     fixed = model.read_text()
     assert "gelu(x, approximate=\"tanh\")" in fixed and "torch.tanh" not in fixed
+
+
+def test_without_a_marker_the_project_reaches_the_imported_src_folder_beside_the_script(tmp_path: Path) -> None:
+    from torchaxe.scan.discover import project_of
+
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / "src" / "pkg").mkdir(parents=True)
+    own = repo / "src" / "pkg" / "model.py"
+    own.write_text("x = 1\n")
+    other = tmp_path / "cloned" / "lib"
+    other.mkdir(parents=True)
+    (tmp_path / "cloned" / ".git").mkdir()
+    (other / "m.py").write_text("x = 1\n")
+    venv = repo / "env" / "lib" / "python3.11" / "site-packages"
+    venv.mkdir(parents=True)
+    (repo / "env" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "dep.py").write_text("x = 1\n")
+    import json as stdlib_module
+
+    assert project_of(repo / "scripts", []) == repo / "scripts"
+    assert project_of(repo / "scripts", [str(own)]) == repo
+    # Another marked project, an environment, Python's own files: none of them widen it.
+    assert project_of(repo / "scripts", [str(other / "m.py"), str(venv / "dep.py"), stdlib_module.__file__]) \
+        == repo / "scripts"
+    (repo / ".git").mkdir()
+    assert project_of(repo / "scripts", [str(own)]) == repo
+    (repo / "scripts" / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert project_of(repo / "scripts", [str(own)]) == repo / "scripts"  # a marker decides
+
+
+def test_apply_fixes_the_src_folder_of_an_unmarked_project_and_refuses_a_copy(tmp_path: Path) -> None:
+    from torchaxe.advise.apply import check_made_here
+    from torchaxe.errors import TorchaxeError
+
+    repo, model, script = src_layout(tmp_path, marked=False)
+
+    advice = advise_with(script, [model], runs_where(**{"code:AX110": 0.08}))
+    assert advice.scanned["project"] == str(repo) and advice.scanned["project_files"] == 1
+    rec = next(r for r in advice.recommendations if r.key == "code:AX110")
+    assert rec.status == "measured" and rec.selected and rec.files == [str(model)]
+    assert not any(r.applies == "knob" and "replace" in (r.knobs or {}) for r in advice.recommendations)
+
+    saved = json.loads(advice.to_json())
+    import shutil
+
+    shutil.copytree(repo, tmp_path / "repo-copy")
+    with pytest.raises(TorchaxeError, match="this advice was made for"):
+        check_made_here(saved, tmp_path / "repo-copy" / "scripts")
+    check_made_here(saved, repo / "scripts")
+    result = apply_advice(saved)
+    assert result.changed_files == [str(model)] and not result.skipped_outside
+    assert "torch.tanh" not in model.read_text()
 
 
 def test_a_class_the_profile_never_saw_run_is_not_measured(tmp_path: Path) -> None:

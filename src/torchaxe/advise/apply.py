@@ -170,6 +170,19 @@ def _loss_change(rec: dict[str, Any]) -> str:
     return f"{rec['key']} (loss {delta:+.2%})" if isinstance(delta, (int, float)) else str(rec["key"])
 
 
+def advised_project(advice: dict[str, Any], folder: str | Path) -> Path:
+    """The project advise found the script in (``scanned.project``: it may reach above
+    an unmarked folder, see ``scan.discover.project_of``), else the folder's own."""
+    from torchaxe.scan.discover import project_root
+
+    recorded = (advice.get("scanned") or {}).get("project")
+    if isinstance(recorded, str) and os.path.isdir(recorded):
+        real = Path(os.path.realpath(recorded))
+        if Path(os.path.realpath(folder)).is_relative_to(real):
+            return real
+    return project_root(folder)
+
+
 def check_made_here(advice: dict[str, Any], here: str | Path) -> None:
     """Refuse advice made in another copy of this project. Its fixes are for the files
     of the project of the script advise ran (``apply`` run from anywhere changes
@@ -186,14 +199,21 @@ def check_made_here(advice: dict[str, Any], here: str | Path) -> None:
     except (TorchaxeError, KeyError):
         return
     advised = Path(os.path.realpath(script.target if script.kind == "path" else script.folder))
-    project = project_root(script.folder)
+    project = advised_project(advice, script.folder)
     here_project = project_root(here)
     if Path(os.path.realpath(here)).is_relative_to(project) or project.is_relative_to(here_project):
         return
-    copy = here_project / advised.relative_to(project)
-    if copy.exists():
-        raise TorchaxeError(f"this advice was made for {advised}: its fixes are for the files there, not for the "
-                            f"copy here ({copy}); run `torchaxe advise` here, or `torchaxe apply` in {made_in}")
+    # The copy's project may be unmarked, as advise's may have been: look for the same
+    # script at the same place from here and the folders above it (not top-level ones).
+    inside = advised.relative_to(project)
+    for base in dict.fromkeys((here_project, *here_project.parents)):
+        if len(base.parts) < 3:
+            break
+        copy = base / inside
+        if copy.exists():
+            raise TorchaxeError(f"this advice was made for {advised}: its fixes are for the files there, not for "
+                                f"the copy here ({copy}); run `torchaxe advise` here, or `torchaxe apply` in "
+                                f"{made_in}")
 
 
 def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence[str] = (),
@@ -201,7 +221,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     """Apply the chosen recommendations (or the ones named in ``keys``)."""
     from torchaxe.advise.arms import merge_knobs
     from torchaxe.runtime.torchrun import parse_script
-    from torchaxe.scan.discover import in_project, project_root
+    from torchaxe.scan.discover import in_project
     from torchaxe.scan.engine import ScanOptions
     from torchaxe.scan.fix import fix_paths
 
@@ -230,7 +250,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
             continue
         codes.extend(r.get("rules") or [])
     files: list[str] = []
-    project = project_root(folder)
+    project = advised_project(advice, folder)
     for r in chosen:
         if r.get("applies") == "code" and r.get("status") != "advice":
             for f in r.get("files") or []:

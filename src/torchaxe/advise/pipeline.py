@@ -153,10 +153,10 @@ class Advisor:
         advice.flops = base.profile.get("flops")
         advice.distributed = base.distributed
 
-        from torchaxe.scan.discover import project_root
+        from torchaxe.scan.discover import project_of
 
         folder = self.script.folder
-        project = project_root(folder)
+        project = project_of(folder, base.context.get("modules") or [])
         own, extra, project_files = scan_for_advice(folder, project, base.context.get("modules") or [],
                                                     self.options.scan_installed, self.target, self.progress)
         findings = list(own.findings)

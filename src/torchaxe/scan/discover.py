@@ -9,6 +9,7 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,9 +189,64 @@ def project_root(start: str | Path) -> Path:
     for folder in (here, *here.parents):
         if folder in stop:
             break
-        if any((folder / marker).exists() for marker in PROJECT_MARKERS):
+        if has_project_marker(folder):
             return folder
     return here
+
+
+def has_project_marker(folder: str | Path) -> bool:
+    """Whether ``folder`` holds ``.git``, ``pyproject.toml``, ``setup.py`` or ``setup.cfg``."""
+    return any((Path(folder) / marker).exists() for marker in PROJECT_MARKERS)
+
+
+@functools.lru_cache(maxsize=1)
+def _environment_folders() -> tuple[Path, ...]:
+    import sys
+    import sysconfig
+
+    found = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    found.update(sysconfig.get_paths().get(key, "") for key in ("stdlib", "platstdlib", "purelib", "platlib"))
+    return tuple(Path(os.path.realpath(f)) for f in found if f)
+
+
+def in_environment(path: str | Path) -> bool:
+    """Whether the file at ``path`` belongs to Python or to installed packages: under
+    the interpreter's prefixes or library folders, in an installed-packages or
+    virtual-environment folder."""
+    real = Path(os.path.realpath(path))
+    if any(real.is_relative_to(folder) for folder in _environment_folders()):
+        return True
+    folders = real.parts[:-1]
+    if any(part in ENVIRONMENT_PARTS for part in folders):
+        return True
+    return any((Path(*folders[:i]) / "pyvenv.cfg").is_file() for i in range(2, len(folders) + 1))
+
+
+def project_of(folder: str | Path, imported: Sequence[str] = ()) -> Path:
+    """The project a script's ``folder`` belongs to, seen from the files its run
+    imported: :func:`project_root` where a marker names it; where none does, the
+    nearest folder above ``folder`` that also holds the imported files that are
+    neither Python's nor installed packages' nor another marked project's (a ``src/``
+    package beside a ``scripts/`` folder, imported through ``sys.path``). It stops
+    below the home folder and below top-level folders (``/tmp``, ``/work``): files
+    that share only those with the script are not taken for its project."""
+    root = project_root(folder)
+    if has_project_marker(root):
+        return root
+    home = Path(os.path.realpath(Path.home()))
+    best = root
+    for path in imported:
+        real = Path(os.path.realpath(path))
+        if real.is_relative_to(root) or in_environment(real) or not real.is_file():
+            continue
+        if has_project_marker(project_root(real.parent)):
+            continue  # a project of its own
+        common = Path(os.path.commonpath([root, real]))
+        if len(common.parts) < 3 or common == home or home.is_relative_to(common):
+            continue
+        if len(common.parts) < len(best.parts):
+            best = common
+    return best
 
 
 def in_project(path: str | Path, root: str | Path) -> bool:
