@@ -53,9 +53,19 @@ def test_a_set_cut_to_its_best_change_is_not_called_all_of_them_together(script:
     render_advice_text(slower_together, out, width=200)
     text = out.getvalue()
     assert "All chosen changes together" not in text
-    assert "Chosen alone: knob:compile, 2.00x faster in its own" in text and "together: 1.43x" in text
+    assert "Chosen alone: knob:compile, 2.00x faster in its own" in text
+    assert "the 2 changes first chosen (knob:compile, " in text and "measured 1.43x together" in text
     html = render_advice_html(slower_together)
-    assert "knob:compile alone (the chosen changes together: 1.43x)" in html
+    assert "knob:compile alone (the changes first chosen, together: 1.43x)" in html
+
+
+def test_a_set_not_measured_together_says_so_in_words() -> None:
+    from torchaxe.report.advice_text import together_text
+
+    text = together_text({"keys": ["knob:autocast-bf16", "knob:compile"], "status": "not_measured"})
+    assert text == ("the 2 changes first chosen (knob:autocast-bf16, knob:compile) were not measured together "
+                    "(out of --budget)")
+    assert together_text({"keys": ["a", "b"], "status": "failed", "error": "exit 1"}).endswith("failed together: exit 1")
 
 
 def test_text_summary_claims_no_rounds_or_choices_that_did_not_happen(script: Path) -> None:  # noqa: F811

@@ -8,10 +8,21 @@ from typing import TextIO
 from rich.console import Console
 from rich.table import Table
 
-from torchaxe.advise.recommendation import AXIS_TITLES, Advice
+from torchaxe.advise.recommendation import Advice
 from torchaxe.advise.where import describe
 from torchaxe.runtime.candidate import MEMORY_KINDS
 from torchaxe.units import bytes_text, duration, mfu_sentence
+
+
+def together_text(together: dict) -> str:
+    """Why one change was kept alone: what the changes first chosen did together."""
+    keys = together.get("keys") or []
+    first = f"the {len(keys)} changes first chosen ({', '.join(keys)})"
+    if together.get("speedup"):
+        return f"{first} measured {together['speedup']:.2f}x together"
+    if together.get("status") == "failed":
+        return f"{first} failed together" + (f": {together['error']}" if together.get("error") else "")
+    return f"{first} were not measured together (out of --budget)"
 
 
 def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | None = None) -> None:
@@ -94,12 +105,10 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         if combined.get("status") == "measured" and together:
             # The set was cut to its best change: its own figure, and what the set measured.
             rounds = len(combined.get("ratios") or [])
-            measured = (f"{together['speedup']:.2f}x" if together.get("speedup")
-                        else together.get("status") or "not measured")
             console.print(f"[bold]Chosen alone:[/bold] {', '.join(combined.get('keys') or [])}, "
                           f"{combined['speedup']:.2f}x faster in its own {rounds} round{'s' if rounds != 1 else ''} "
-                          f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step); the "
-                          f"{len(together.get('keys') or [])} chosen changes together: {measured}")
+                          f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step); "
+                          f"{together_text(together)}")
         elif combined.get("status") == "measured":
             console.print(f"[bold]All chosen changes together:[/bold] {combined['speedup']:.2f}x faster "
                           f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step), measured "
