@@ -79,6 +79,10 @@ def test_applying_a_change_measured_slower_warns(script: Path, tmp_path: Path) -
     assert "warning: advise measured these slower than the original: code:AX110 (0.80x)" in result.stderr
     quiet = torchaxe("apply", "--diff", "--only", "knob:compile", "--advice", str(path), cwd=tmp_path)
     assert "warning" not in quiet.stderr
+    # The knobs' file is part of the diff on stdout (`apply --diff > changes.patch`).
+    config = script.parent / "torchaxe.toml"
+    assert quiet.stdout.startswith(f"--- /dev/null\n+++ {config}\n") and "+[run]" in quiet.stdout
+    assert "+compile = {" in quiet.stdout and not config.exists()
 
 
 def test_unsafe_fixes_need_the_flag(script: Path, tmp_path: Path) -> None:  # noqa: F811

@@ -108,6 +108,21 @@ def config_path_for(script_folder: Path) -> Path:
 
 
 def write_run_knobs(path: Path, knobs: dict[str, Any]) -> None:
+    write_text_atomic(path, run_knobs_text(path, knobs)[1])
+
+
+def run_knobs_diff(path: Path, knobs: dict[str, Any]) -> str:
+    """What :func:`write_run_knobs` would change in ``path``, as a unified diff."""
+    import difflib
+
+    before, after = run_knobs_text(path, knobs)
+    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
+                                        fromfile=str(path) if before else "/dev/null", tofile=str(path)))
+
+
+def run_knobs_text(path: Path, knobs: dict[str, Any]) -> tuple[str, str]:
+    """The text of ``path`` now, and with its ``run`` table (``[tool.torchaxe.run]`` in
+    a pyproject.toml) holding ``knobs``; the rest of the file is kept as it is."""
     import tomlkit
 
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
@@ -130,7 +145,7 @@ def write_run_knobs(path: Path, knobs: dict[str, Any]) -> None:
         else:
             run[key] = value
     table["run"] = run
-    write_text_atomic(path, tomlkit.dumps(doc))
+    return text, tomlkit.dumps(doc)
 
 
 def read_run_knobs(script_folder: Path, cwd: Path | None = None) -> tuple[dict[str, Any], Path | None]:
@@ -274,9 +289,11 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     if fragments:
         result.knobs = merge_knobs(fragments)
         result.config = config_path_for(folder)
-        if write:
-            from torchaxe.runtime.knobs import knob_set_from_dict
+        from torchaxe.runtime.knobs import knob_set_from_dict
 
-            knob_set_from_dict({"name": "run", **result.knobs}, str(result.config))  # refuse what run would refuse
+        knob_set_from_dict({"name": "run", **result.knobs}, str(result.config))  # refuse what run would refuse
+        if write:
             write_run_knobs(result.config, result.knobs)
+        else:
+            result.diffs.append(run_knobs_diff(result.config, result.knobs))
     return result
