@@ -81,6 +81,14 @@ def test_argparse_error_in_the_script_is_an_exit(tmp_path, capsys):
     assert profile.status == "exited" and profile.exit_code == 2
     assert exit_code_for(profile) == EXIT_SCRIPT_EXIT
     assert "unrecognized arguments" in capsys.readouterr().err
+    # It stopped before training: no step marker would have helped, so none is suggested.
+    assert profile.warnings == ["no step was seen: the script exited before any backward pass (see above)"]
+
+
+def test_a_script_failing_at_import_is_not_told_to_pass_a_step_marker(tmp_path):
+    profile = run_script(tmp_path, "import torch\nimport no_such_module_here\n")
+    assert profile.status == "error"
+    assert profile.warnings == ["no step was seen: the script raised before any backward pass (see above)"]
 
 
 def test_timeout_stops_a_hanging_script(tmp_path):

@@ -507,6 +507,8 @@ def no_step_hint(backwards: int) -> str:
         seen = "no torch.optim optimizer stepped and no backward pass ran"
     return (f"no step was seen: {seen}; if one call of a function of yours is one training step, pass "
             "--step-marker MODULE:FUNCTION naming it")
+
+
 def flop_count(window: Any, backend: Any, warmup: int) -> FlopCount:
     """The counted FLOPs, the device's name and its two peaks for the run's dtype."""
     from torchaxe.backends.peaks import table_peak
@@ -515,7 +517,7 @@ def flop_count(window: Any, backend: Any, warmup: int) -> FlopCount:
     if window is None:
         return FlopCount(note="FLOPs are counted on the last warm-up step, and this run has none (--warmup 0)")
     if window.flops is None:
-        note = window.error or f"step {window.step} never ended, so its FLOPs were not counted"
+        note = window.error or f"FLOPs are counted on step {window.step}, which did not end"
         return FlopCount(note=note)
     dtype = window.dtype or "float32"
     name = None
@@ -811,6 +813,11 @@ class Harness:
             elif recorder.stepped.is_set():
                 out.append(f"no step was seen: the script ended at its first step boundary ({recorder.source}); "
                            "a step lasts from one boundary to the next")
+            elif status in ("error", "exited") and not (backward_steps is not None and backward_steps.backwards):
+                # The script stopped before it trained (a usage error, a failed import): no
+                # --step-marker would have helped.
+                out.append(f"no step was seen: the script {'raised' if status == 'error' else 'exited'} "
+                           "before any backward pass (see above)")
             elif backward_steps is not None and (backward_steps.backwards or not state.get("first_step_timeout")):
                 # Stopped by the timeout before any backward pass counted (a first step still under
                 # way, an LBFGS step's closures): "no backward pass ran" would mislead.
