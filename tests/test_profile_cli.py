@@ -94,6 +94,8 @@ def test_profile_is_listed_by_torchaxe_help(capsys):
     (["profile", "--step-marker", "nocolon", "--", "python", "x.py"], "expected MODULE:FUNCTION"),
     (["profile", "-o", "/no/such/folder/p.json", "--", "python", "x.py"], "does not exist"),
     (["profile", "merge"], "Missing argument"),
+    (["profile", "--", "sh", "x.py"], "sh is not a Python script: torchaxe runs Python training commands"),
+    (["profile", "--", "/bin/sh"], "/bin/sh is not a Python script"),  # a binary given as the script
 ])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)

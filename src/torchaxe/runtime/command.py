@@ -95,6 +95,22 @@ def split_module(tokens: Sequence[str]) -> tuple[str, list[str]] | None:
     return (tokens[1] if len(tokens) > 1 else ""), list(tokens[2:])
 
 
+def _other_program(first: str, path: Path) -> bool:
+    """Whether the command's first word names a program that is not a Python script:
+    one on PATH that is not a file here (``bash``, ``deepspeed``), or a binary."""
+    if path.suffix == ".py":
+        return False
+    if not path.exists():
+        import shutil
+
+        return os.sep not in first and shutil.which(first) is not None
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
 def parse_command(argv: Sequence[str], cwd: str | None = None) -> ScriptCommand:
     """Understand ``python [-u] train.py ARGS``, ``python -m mod ARGS`` or ``train.py ARGS``.
     ``cwd``: the working folder the command was typed in, when not this process's (a
@@ -137,6 +153,9 @@ def parse_command(argv: Sequence[str], cwd: str | None = None) -> ScriptCommand:
     if first.startswith("-"):
         raise TorchaxeError(f"{first}: expected a script, `python SCRIPT` or `python -m MODULE`")
     path = Path(cwd, first) if cwd else Path(first)
+    if _other_program(first, path):
+        raise TorchaxeError(f"{first} is not a Python script: torchaxe runs Python training commands "
+                            "(`python train.py`, `python -m package.train`, `train.py`, `torchrun ... train.py`)")
     if not path.exists():
         raise TorchaxeError(f"script not found: {path}")
     if path.is_dir() and not (path / "__main__.py").exists():
