@@ -56,8 +56,10 @@ class FakeRuns:
 
     def __init__(self, times: dict[str, float] | None = None, fail: tuple[str, ...] = (), interrupt_after=None,
                  loss: dict[str, float] | None = None, memory: dict[str, int] | None = None,
-                 memory_kind: str = "host_rss"):
+                 memory_kind: str = "host_rss", warmup: dict[str, float] | None = None):
         self.memory = {"original": 1 << 30, **(memory or {})}
+        #: Wall seconds of a run's warm-up steps, by knob set (else two steps' time).
+        self.warmup = warmup or {}
         self.memory_kind = memory_kind
         self.times = {"original": 0.100, "code:AX110": 0.080, "knob:compile": 0.050,
                       "knob:autocast-bf16": 0.098, "combined": 0.045, **(times or {})}
@@ -86,7 +88,7 @@ class FakeRuns:
             applied["compile"] = {"module": "Discriminator", "kwargs": {}, "compiled": "module"}
         return TrialRun(knobs=knobs.name, repeat=repeat, ok=True, step_seconds=[step] * 4, seconds=1.0,
                         applied=applied, peak_memory_bytes=self.memory.get(knobs.name, self.memory["original"]),
-                        memory_kind=self.memory_kind)
+                        memory_kind=self.memory_kind, warmup_seconds=self.warmup.get(knobs.name, 2 * step))
 
 
 class Clock:

@@ -59,6 +59,24 @@ def test_a_set_cut_to_its_best_change_is_not_called_all_of_them_together(script:
     assert "knob:compile alone (the changes first chosen, together: 1.43x)" in html
 
 
+def test_a_change_that_compiles_says_what_it_costs_once_and_when_it_pays_off(script: Path) -> None:  # noqa: F811
+    # Compile's warm-up steps took 10 s where the original's took 0.2 s; it saves 50 ms a
+    # step: a job shorter than about 196 steps is slower with it.
+    advice = run_advice(script, FakeRuns(warmup={"knob:compile": 10.0}))
+    compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert compiled.one_time_seconds == pytest.approx(9.8)
+    assert compiled.break_even_steps == 196
+    assert compiled.to_dict()["break_even_steps"] == 196
+    fix = next(r for r in advice.recommendations if r.key == "code:AX110")
+    assert fix.one_time_seconds is None and fix.break_even_steps is None  # warmed up as the original did
+    out = io.StringIO()
+    render_advice_text(advice, out, width=200)
+    assert "costs 9.8 s once, in its first steps (compiling); pays off after 196 steps" in out.getvalue()
+    together = run_advice(script, FakeRuns(warmup={"knob:compile": 10.0, "combined": 12.0}))
+    assert together.combined["one_time_seconds"] == pytest.approx(11.8)
+    assert together.combined["break_even_steps"] == 215  # 11.8 s over the 55 ms it saves a step
+
+
 def test_a_set_not_measured_together_says_so_in_words() -> None:
     from torchaxe.report.advice_text import together_text
 

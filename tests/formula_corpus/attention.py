@@ -594,3 +594,21 @@ def merge_blocks(values, sums, maxima):  # lookalike: attention
 def exp_kernel_features(q, k, v):  # lookalike: attention
     """exp of each feature (a positive random-feature map), not of the scores."""
     return torch.exp(q) @ (torch.exp(k).transpose(-1, -2) @ v)
+
+
+# ----------------------------------------------------------------------- a causal mask made as a boolean triangle
+class BoolTriangleCausalAttention(nn.Module):  # formula: attention
+    def forward(self, q, k, v):
+        T = q.size(-2)
+        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=q.device), diagonal=1)
+        scores = scores.masked_fill(future, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).type_as(q)
+        return torch.matmul(probs, v)
+
+
+def triangle_cast_mask_attention(q, k, v):  # formula: attention
+    n = q.shape[-2]
+    blocked = torch.ones(n, n, device=q.device).triu(1).to(torch.bool)
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    return scores.masked_fill(blocked, float("-inf")).softmax(dim=-1) @ v

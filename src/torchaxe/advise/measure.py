@@ -43,6 +43,11 @@ class ArmResult:
         return Samples.of(self.ratios).median
 
     @property
+    def warmup_seconds(self) -> float | None:
+        """The median wall time of its runs' warm-up steps."""
+        return Samples.of(r.warmup_seconds for r in self.runs if r.ok and r.warmup_seconds is not None).median
+
+    @property
     def losses(self) -> list[list[float]]:
         return [list((r.applied or {}).get("loss") or []) for r in self.runs if r.ok]
 

@@ -42,7 +42,7 @@ from torchaxe.advise.options import AdviseOptions
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import LOSS_JUDGED_AXES, ChangeSearch
 from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta, loss_noise, measured_figures,
-                                   promising)
+                                   one_time_cost, promising)
 from torchaxe.environment.checks import environment_checks
 from torchaxe.errors import TorchaxeError
 from torchaxe.memory.candidates import profile_peak
@@ -484,6 +484,8 @@ class Advisor:
         rec.speedup = 1.0 / ratio if ratio > 0 else None
         if base.median is not None:
             rec.measured_seconds_saved_per_step = base.median * (1.0 - ratio)
+        cost = one_time_cost(arm, base, rec.measured_seconds_saved_per_step or 0.0)
+        rec.one_time_seconds, rec.break_even_steps = cost.get("one_time_seconds"), cost.get("break_even_steps")
         if self.options.check_accuracy and rec.accuracy.changes_numerics:
             # Against the original's own runs (same seed): the A/A arm ran under other seeds.
             self._compare_loss(rec, loss_delta(arm, base))

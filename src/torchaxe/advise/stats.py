@@ -5,6 +5,7 @@ an arm measured against the original. Pure functions of per-round ratios."""
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
@@ -141,6 +142,29 @@ def loss_delta(arm: ArmResult, *originals: ArmResult) -> float | None:
     return (statistics.fmean(_mean_losses(changed, n)) - reference) / max(abs(reference), 1e-12)
 
 
+#: A change's warm-up steps must take this much longer than the original's (seconds,
+#: and steps of the original) before its one-time cost is reported.
+ONE_TIME_MIN_SECONDS = 1.0
+ONE_TIME_MIN_STEPS = 5
+
+
+def one_time_cost(arm: ArmResult, base: ArmResult, saved_per_step: float) -> dict[str, Any]:
+    """What a change costs once, before its first fast step -- compiling, mostly --
+    as the extra wall time of its warm-up steps over the original's, and the steps
+    after which the time it saves per step has paid that back (a short job may end
+    first). Empty when the warm-up took about as long as the original's."""
+    mine, original = arm.warmup_seconds, base.warmup_seconds
+    if mine is None or original is None:
+        return {}
+    extra = mine - original
+    if extra < max(ONE_TIME_MIN_SECONDS, ONE_TIME_MIN_STEPS * (base.median or 0.0)):
+        return {}
+    out: dict[str, Any] = {"one_time_seconds": extra}
+    if saved_per_step > 0:
+        out["break_even_steps"] = math.ceil(extra / saved_per_step)
+    return out
+
+
 def measured_figures(arm: ArmResult, base: ArmResult) -> dict[str, Any]:
     """The figures of an arm measured against the original in the same rounds (its
     ratio is known): speed-up, per-round ratios, time saved, both step medians, and
@@ -155,6 +179,7 @@ def measured_figures(arm: ArmResult, base: ArmResult) -> dict[str, Any]:
     delta = loss_delta(arm, base)
     if delta is not None:
         out["loss_delta"] = delta
+    out.update(one_time_cost(arm, base, out["measured_seconds_saved_per_step"]))
     if arm.rank_figures:
         out["ranks"] = arm.rank_figures
         out["original_ranks"] = base.rank_figures

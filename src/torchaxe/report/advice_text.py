@@ -14,6 +14,12 @@ from torchaxe.runtime.candidate import MEMORY_KINDS
 from torchaxe.units import bytes_text, duration, mfu_sentence
 
 
+def one_time_text(seconds: float, break_even: int | None) -> str:
+    """A change's one-time cost (compiling) and when the job has paid it back."""
+    text = f"costs {seconds:.1f} s once, in its first steps (compiling)"
+    return text + (f"; pays off after {break_even:,} steps" if break_even else "")
+
+
 def together_text(together: dict) -> str:
     """Why one change was kept alone: what the changes first chosen did together."""
     keys = together.get("keys") or []
@@ -82,6 +88,8 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                     f"{', changes the optimisation' if rec.changes_optimisation else ''}] ")
             memory = rec.memory.text.removesuffix(" memory") if rec.memory and rec.status == "measured" else "-"
             where = f"\n  [dim]{rec.location}[/dim]" if rec.location else ""
+            if rec.status == "measured" and rec.one_time_seconds:
+                where += f"\n  [dim]{one_time_text(rec.one_time_seconds, rec.break_even_steps)}[/dim]"
             accuracy = rec.accuracy.text if rec.accuracy.kind != "unknown" or rec.status == "measured" else "-"
             table.add_row(str(n), kind.replace("[", "\\[") + rec.title.replace("[", "\\[") + where, saved, speedup,
                           memory, accuracy, status)
@@ -113,6 +121,8 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             console.print(f"[bold]All chosen changes together:[/bold] {combined['speedup']:.2f}x faster "
                           f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step), measured "
                           "interleaved with the original")
+            if combined.get("one_time_seconds"):
+                console.print("  " + one_time_text(combined["one_time_seconds"], combined.get("break_even_steps")))
         else:
             console.print(f"All chosen changes together: {combined.get('status')} {combined.get('error') or ''}")
     if advice.achieved:

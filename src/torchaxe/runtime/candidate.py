@@ -155,6 +155,11 @@ class Recommendation:
     changes_optimisation: bool = False
     #: Under torchrun: each rank's figures under this change (medians over its runs).
     ranks: list[dict[str, Any]] | None = None
+    #: What it costs once before its first fast step (compiling, mostly): the extra
+    #: wall time of its warm-up steps over the original's; None when about none.
+    one_time_seconds: float | None = None
+    #: The steps after which the time it saves has paid ``one_time_seconds`` back.
+    break_even_steps: int | None = None
 
     @property
     def distinguishable(self) -> bool:
@@ -171,6 +176,7 @@ class Recommendation:
             "files": self.files, "unsafe": self.unsafe, "error": self.error, "selected": self.selected,
             "held_back": self.held_back, "memory": self.memory.to_dict() if self.memory else None,
             "changes_optimisation": self.changes_optimisation, "ranks": self.ranks,
+            "one_time_seconds": self.one_time_seconds, "break_even_steps": self.break_even_steps,
         }
 
 

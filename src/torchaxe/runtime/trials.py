@@ -101,6 +101,9 @@ class TrialRun:
     ranks: list[dict[str, Any]] | None = None
     #: Turns the run was given, side by side with others (runtime/turns.py); None: alone.
     turns: int | None = None
+    #: The wall time of its warm-up steps (the first rank's), where a change that
+    #: compiles pays its compilation; None when the run had none.
+    warmup_seconds: float | None = None
 
     @property
     def median(self) -> float | None:
@@ -457,6 +460,8 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
         run.applied = ranks.first_rank(profiles).run.options.get("knobs")
         run.step_seconds = job.seconds
         run.data_wait_seconds = job.data_wait_seconds
+        warmup = [step.seconds for step in profile.steps if step.phase == "warmup"]
+        run.warmup_seconds = sum(warmup) if warmup else None
         peaks = [peak_memory(p) for p in profiles.values()]
         peaks = [p for p in peaks if p[0] is not None]
         run.peak_memory_bytes, run.memory_kind = max(peaks) if peaks else (None, None)

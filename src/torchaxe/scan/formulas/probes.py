@@ -113,6 +113,18 @@ def _through_layout(node: Node) -> set[str]:
     return {node.value} if node.op == VAR else set()
 
 
+#: Operations a boolean mask keeps its values through: a causal mask is often the
+#: triangle of a boolean tensor made with ``torch.ones(T, T, dtype=torch.bool)``.
+_MASK_SHAPING = frozenset({"tril", "triu"})
+
+
+def _through_mask(node: Node) -> set[str]:
+    """The variables a mask ``node`` is (a slice, view, cast or triangle of)."""
+    while (node.op in V.LAYOUT or node.op in _MASK_SHAPING) and node.args:
+        node = node.args[0]
+    return {node.value} if node.op == VAR else set()
+
+
 def data_vars(node: Node) -> frozenset[str]:
     return _data_vars(node, {})
 
@@ -309,9 +321,9 @@ def _collect(root: Node) -> tuple[set[str], ...]:
                 if "view_as_complex" in other.ops and "view_as_complex" not in mine.ops:
                     complexes |= _through_layout(mine)
         if op == "masked_fill" and len(args) >= 2:
-            bools |= _through_layout(args[1])
+            bools |= _through_mask(args[1])
         if op == "where" and args:
-            bools |= _through_layout(args[0])
+            bools |= _through_mask(args[0])
         if op in ("invert", "and_", "or_"):
             for a in args:
                 bools |= _through_layout(a)
