@@ -612,3 +612,27 @@ def triangle_cast_mask_attention(q, k, v):  # formula: attention
     blocked = torch.ones(n, n, device=q.device).triu(1).to(torch.bool)
     scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
     return scores.masked_fill(blocked, float("-inf")).softmax(dim=-1) @ v
+
+
+# ----------------------------------------------------------------------- a causal mask compared or negated inline
+def tril_compared_mask_attention(q, k, v):  # formula: attention
+    T = q.size(-2)
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    mask = torch.tril(torch.ones(T, T, device=q.device))
+    att = att.masked_fill(mask == 0, float("-inf"))
+    return F.softmax(att, dim=-1) @ v
+
+
+class NegatedTriangleAttention(nn.Module):  # formula: attention
+    def forward(self, query, key, value):
+        L = query.shape[-2]
+        keep = torch.ones(L, L, dtype=torch.bool, device=query.device).tril()
+        weights = (query @ key.transpose(-1, -2) / math.sqrt(query.shape[-1])).masked_fill(~keep, -1e9)
+        return weights.softmax(-1) @ value
+
+
+def where_compared_mask_attention(q, k, v):  # formula: attention
+    n = q.shape[-2]
+    causal = torch.tril(torch.ones(n, n, device=q.device))
+    scores = torch.where(causal > 0, q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v

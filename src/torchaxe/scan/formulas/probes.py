@@ -118,10 +118,20 @@ def _through_layout(node: Node) -> set[str]:
 _MASK_SHAPING = frozenset({"tril", "triu"})
 
 
+#: Comparisons that turn a 0/1 tensor into a boolean mask (``tril(ones(T, T)) == 0``).
+_MASK_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+
+
 def _through_mask(node: Node) -> set[str]:
-    """The variables a mask ``node`` is (a slice, view, cast or triangle of)."""
-    while (node.op in V.LAYOUT or node.op in _MASK_SHAPING) and node.args:
-        node = node.args[0]
+    """The variables a mask ``node`` is (a slice, view, cast, triangle, negation of,
+    or a comparison of with a constant)."""
+    while node.args:
+        if node.op in V.LAYOUT or node.op in _MASK_SHAPING or node.op == "invert":
+            node = node.args[0]
+        elif node.op in _MASK_COMPARISONS and len(node.args) == 2 and node.args[1].op == CONST:
+            node = node.args[0]
+        else:
+            break
     return {node.value} if node.op == VAR else set()
 
 

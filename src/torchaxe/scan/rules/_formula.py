@@ -208,11 +208,11 @@ def _branches_left_out(ctx: FileContext, match: FormulaMatch) -> str:
                     names.append(name)
     found = []
     for under, names in sorted(branches.values(), key=lambda b: b[0].lineno):
+        # A branch about an input (``if mask is not None:``) is the input's own: the
+        # formula takes it as it comes. A mask made under another condition (``if
+        # self.causal:``) is applied on some runs only.
         about = {n.id for n in fast_walk(under.test) if isinstance(n, ast.Name)}
-        assigned = {n.id for stmt in fast_walk(under) if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-                    for target in (stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target])
-                    for n in fast_walk(target) if isinstance(n, ast.Name)}
-        if (about | assigned) & inputs:
+        if about & inputs:
             continue
         test = ast.get_source_segment(ctx.source, under.test) or ast.unparse(under.test)
         found.append(f"{', '.join(sorted(names))} under `if {test}:` (line {under.lineno})")
