@@ -1020,3 +1020,17 @@ def test_on_a_cpu_each_round_runs_side_by_side_taking_turns_unless_told_not_to(s
     # Only the warm-up run went alone.
     assert runs.order.count("original") == 1 + sum(names.count("original") for names, _ in rounds)
     assert {r.key for r in advice.recommendations if r.selected} >= {"knob:compile"}
+
+
+def test_a_lone_undecided_change_gets_the_rounds_kept_for_measuring_changes_together(script: Path) -> None:
+    clock = Clock()
+    # compile saves 7-10% after an even first round; nothing else gains. The first two
+    # rounds (13 runs, 130 s) leave 110 s of 240: the 10 runs kept for measuring chosen
+    # changes together are not needed with one change in the running, so three more
+    # rounds of 3 runs decide it.
+    runs = TimedRuns(clock, 10.0, times={"code:AX110": 0.1, "knob:compile": [0.1, 0.09, 0.092, 0.093, 0.092],
+                                         "original-again": [0.101, 0.099, 0.1, 0.1, 0.099]})
+    advice = run_advice(script, runs, repeats=2, budget=240.0, clock=clock)
+    recs = {r.key: r for r in advice.recommendations}
+    assert len(recs["knob:compile"].ratios) == 5 and recs["knob:compile"].selected
+    assert len(recs["code:AX110"].ratios) == 2

@@ -446,13 +446,18 @@ class Advisor:
         """Spend what the budget leaves on further rounds for the changes that are
         promising but not yet decided (fewer than ``DECIDE_ROUNDS`` rounds, or not
         clearly faster), always with the A/A arm, keeping ``reserve`` runs for the
-        combined measurement. False when the deadline cut a round short."""
+        combined measurement. The reserve is kept only while two or more changes are
+        chosen or still in the running: with one at most, nothing will be measured
+        together, and the budget is better spent deciding that one. False when the
+        deadline cut a round short."""
         def plan() -> list[ArmResult]:
             self._set_noise(noise_arm)  # the rounds so far
             open_arms = [a for a in arms if a.ok and len(a.ratios) < MAX_ROUNDS and promising(a.ratios)
                          and (len(a.ratios) < DECIDE_ROUNDS
                               or not self.noise.beaten_by(a.ratios))]
-            if not open_arms or not measurer.fits(2 + len(open_arms) + reserve):
+            clear = [a for a in arms if a.ok and self.noise.beaten_by(a.ratios)]
+            kept = reserve if len({id(a) for a in open_arms + clear}) >= 2 else 0
+            if not open_arms or not measurer.fits(2 + len(open_arms) + kept):
                 return []
             self.progress(f"the budget allows more: round {len(base.runs) + 1} for "
                           f"{', '.join(a.name for a in open_arms)}")
