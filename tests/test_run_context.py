@@ -107,3 +107,89 @@ def test_a_script_that_compiles_its_own_model_runs_under_every_probe(tmp_path: P
     assert profile["status"] == "stopped", done.stderr[-2000:]
     assert "global hooks" not in done.stderr  # torch's warning about our hooks is not the user's business
     assert json.loads((tmp_path / "c.json").read_text())["settings"]["compiled_graphs"] >= 1
+
+
+HELPER = """
+import torch
+
+
+def used(x):
+    return x * 0.5 * (1.0 + torch.tanh(x))
+
+
+def unused(x):
+    return x * torch.sigmoid(1.702 * x)
+
+
+def make_loader():
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8))
+    return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def make_other_loader():
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8))
+    return torch.utils.data.DataLoader(data, batch_size=8, num_workers=0)
+"""
+
+LOOP = """
+import torch
+from torch import nn
+import helper
+
+model = nn.Linear(8, 8)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for (x,) in helper.make_loader():
+    loss = helper.used(model(x)).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built(tmp_path: Path) -> None:
+    from torchaxe.advise.candidates import run_by_the_job
+    from torchaxe.findings import Finding
+    from torchaxe.runtime.run_context import built_loader, executed
+
+    # The helper stands for an installed package: code the user's loop calls into.
+    (tmp_path / "helper.py").write_text(HELPER)
+    (tmp_path / "train.py").write_text(LOOP)
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"name": "plain"}))
+    out = tmp_path / "context.json"
+    done = subprocess.run([sys.executable, "-m", "torchaxe.runtime.bootstrap", str(knobs), "--out",
+                           str(tmp_path / "p.json"), "--steps", "2", "--warmup", "2", "--target", "cpu", "--ops",
+                           "--context-out", str(out), "--", "python", str(tmp_path / "train.py")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.exists(), done.stderr[-2000:]
+    context = json.loads(out.read_text())
+    helper = str((tmp_path / "helper.py").resolve())
+    used, unused = _line_of(HELPER, "0.5 * (1.0"), _line_of(HELPER, "sigmoid(1.702")
+    built, not_built = _line_of(HELPER, "batch_size=4"), _line_of(HELPER, "batch_size=8")
+    assert executed(context, helper, used) is True
+    assert executed(context, helper, unused) is False
+    # The loop itself was running when the step began: its lines count as executed.
+    assert executed(context, str(tmp_path / "train.py"), _line_of(LOOP, "loss.backward")) is True
+    assert built_loader(context, helper, built) is True
+    assert built_loader(context, helper, not_built) is False
+
+    def finding(code: str, line: int) -> Finding:
+        return Finding(code, "affinity", "", helper, line, 0, line, 1, "", "all")
+
+    kept, idle = run_by_the_job([finding("AX101", used), finding("AX102", unused), finding("AX401", built),
+                                 finding("AX401", not_built), finding("AX501", unused)], context)
+    assert [(f.code, f.line) for f in kept] == [("AX101", used), ("AX401", built), ("AX501", unused)]
+    assert [(f.code, f.line) for f in idle] == [("AX102", unused), ("AX401", not_built)]
+
+
+def test_nothing_is_left_out_when_the_run_did_not_record_what_it_executed() -> None:
+    from torchaxe.advise.candidates import run_by_the_job
+    from torchaxe.findings import Finding
+
+    findings = [Finding("AX101", "affinity", "", "/x/y.py", 3, 0, 3, 1, "", "all"),
+                Finding("AX401", "data", "", "/x/y.py", 9, 0, 9, 1, "", "all")]
+    assert run_by_the_job(findings, {}) == (findings, [])

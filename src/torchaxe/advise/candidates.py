@@ -40,7 +40,7 @@ from torchaxe.tune.candidates import replace_candidates
 from torchaxe.tune.candidates import stored_candidates as tune_stored_candidates
 
 __all__ = ["Candidate", "code_candidates", "fixed_sources", "installed_candidates", "knob_candidates",
-           "script_speedups", "stored_candidates"]
+           "run_by_the_job", "script_speedups", "stored_candidates"]
 
 _MAX_ERROR = re.compile(r"max error ([0-9.]+e[-+]?\d+|[0-9.]+)")
 
@@ -120,6 +120,32 @@ def _runtime_evidence(group: Sequence[Finding], profile: dict[str, Any],
             if line:
                 evidence.append(f"{f.path}:{f.line} {line}")
     return evidence, seconds, shapes
+
+
+#: Rules whose finding is a DataLoader call: kept when the run built a loader there.
+_LOADER_CALL_RULES = ("AX401", "AX402", "AX403")
+#: Rules whose code runs in the training step: kept when a counted step executed it.
+_STEP_RULE_PREFIXES = ("AX1", "AX3")
+
+
+def run_by_the_job(findings: Sequence[Finding], context: dict[str, Any]) -> tuple[list[Finding], list[Finding]]:
+    """Findings in installed packages split into those whose code the run executed
+    (or that the run could not tell about) and those it never ran: a DataLoader call
+    that built no loader, a formula or a host sync in a function no counted training
+    step called (a datamodule helper, a metric the job does not compute)."""
+    from torchaxe.runtime.run_context import built_loader, executed
+
+    kept: list[Finding] = []
+    idle: list[Finding] = []
+    for f in findings:
+        if f.code in _LOADER_CALL_RULES:
+            ran = built_loader(context, f.path, f.line, f.end_line)
+        elif f.code.startswith(_STEP_RULE_PREFIXES):
+            ran = executed(context, f.path, f.line, f.end_line)
+        else:
+            ran = None
+        (idle if ran is False else kept).append(f)
+    return kept, idle
 
 
 def installed_candidates(findings: Sequence[Finding],

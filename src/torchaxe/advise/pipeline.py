@@ -35,7 +35,7 @@ from torchaxe.advise.arms import ArmKnobs
 from torchaxe.advise.baseline import (DEFAULT_STEPS, MEASURE_WINDOW, TURNS_MEASURE_WINDOW, BaselineProfile,
                                       ProfileRunner, check_profile, plot_data, profile_in_subprocess)
 from torchaxe.advise.candidates import (Candidate, code_candidates, installed_candidates, knob_candidates,
-                                        script_speedups, stored_candidates)
+                                        run_by_the_job, script_speedups, stored_candidates)
 from torchaxe.advise.evidence import micro_benchmarks
 from torchaxe.advise.measure import ArmResult, Measurer, TogetherRunner
 from torchaxe.advise.options import AdviseOptions
@@ -187,7 +187,13 @@ class Advisor:
                 advice.notes.append(f"{len(findings) - len(measured_findings)} finding(s) in {len(idle)} file(s) the "
                                     f"run did not import (e.g. {idle[0]}) are listed but not measured")
         codes, advice_recs = code_candidates(measured_findings, base.profile, step)
-        replaced, installed_advice = installed_candidates(extra.findings if extra is not None else [], base.profile)
+        installed, idle = run_by_the_job(extra.findings if extra is not None else [], base.context)
+        if idle:
+            advice.notes.append(
+                f"{len(idle)} finding(s) in installed packages are left out: the run never executed their code "
+                f"(no DataLoader built there, or a function no training step called; e.g. {idle[0].path}:"
+                f"{idle[0].line} {idle[0].code})")
+        replaced, installed_advice = installed_candidates(installed, base.profile)
         advice_recs += installed_advice
         micro_benchmarks(codes + replaced, self.target, lambda: self.clock() > self.deadline, self.progress)
         candidates = codes + replaced + knob_candidates(

@@ -76,6 +76,8 @@ class PythonCallCounter:
     def __init__(self) -> None:
         self.calls: int | None = None
         self._on = False
+        #: The code objects called (the functions the step executed).
+        self.codes: set[Any] = set()
 
     def start(self) -> None:
         import torch
@@ -85,10 +87,18 @@ class PythonCallCounter:
         self.calls = 0
         depth = torch._C._len_torch_dispatch_stack
         modes = depth()
+        codes = self.codes
+        # The functions the step runs inside (a framework's training loop) were
+        # called before it: they are on the stack now.
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            codes.add(frame.f_code)
+            frame = frame.f_back
 
         def count(frame: Any, event: str, arg: Any) -> None:
             if event == "call" and depth() >= modes:
                 self.calls += 1
+                codes.add(frame.f_code)
 
         sys.setprofile(count)
         self._on = True
@@ -97,6 +107,10 @@ class PythonCallCounter:
         if self._on:
             sys.setprofile(None)
             self._on = False
+            from torchaxe.runtime import run_context
+
+            run_context.EXECUTED["step_functions"] = run_context.function_ranges(self.codes)
+            self.codes = set()
 
 
 class OpWindow:

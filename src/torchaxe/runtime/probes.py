@@ -170,6 +170,39 @@ class CodeMap:
 # ----------------------------------------------------------------------- data wait
 
 
+#: How many frames outside torch are noted as the builders of a DataLoader (a subclass's
+#: ``__init__``, the function that called it, ...).
+LOADER_BUILDER_FRAMES = 3
+
+
+def _noting_builder(original: Callable) -> Callable:
+    """``DataLoader.__init__`` noting, in the run's context, the lines outside torch
+    that built the loader."""
+    from torchaxe.runtime import run_context
+
+    torch_root = os.sep + "torch" + os.sep
+    sites: list[str] = []
+    run_context.EXECUTED["loader_sites"] = sites  # this run's, from the start
+
+    def __init__(loader, *args, **kwargs):
+        try:
+            frame = sys._getframe(1)
+            found = 0
+            while frame is not None and found < LOADER_BUILDER_FRAMES:
+                name = frame.f_code.co_filename
+                if torch_root not in name:
+                    site = f"{os.path.realpath(name)}:{frame.f_lineno}"
+                    if site not in sites:
+                        sites.append(site)
+                    found += 1
+                frame = frame.f_back
+        except Exception:  # noqa: BLE001 - an observation must never break the user's run
+            pass
+        return original(loader, *args, **kwargs)
+
+    return __init__
+
+
 class DataWaitProbe:
     """Times ``DataLoader.__iter__`` (worker start-up) and the iterator's
     ``__next__`` (waiting for a batch): the time the training loop is blocked on
@@ -196,6 +229,7 @@ class DataWaitProbe:
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", self._timed_next)
         self._patch(dataloader.DataLoader, "__iter__", self._timed_iter)
+        self._patch(dataloader.DataLoader, "__init__", _noting_builder)
 
     def _patch(self, owner: type, name: str, make: Callable[[Any], Callable]) -> None:
         patch_method(self._saved, owner, name, make)

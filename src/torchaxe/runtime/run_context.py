@@ -73,6 +73,62 @@ def imported_files() -> list[str]:
 #: What the model probe saw at the model's first call (see :class:`ModelProbe`).
 OBSERVED: dict[str, Any] = {}
 
+#: What code the run executed, where it was recorded (absent: not recorded):
+#: ``step_functions``, real path -> [first line, last line] of each function a
+#: counted training step called (runtime/opstats.py), and ``loader_sites``, the
+#: ``path:line`` of the frames outside torch that built each DataLoader
+#: (runtime/probes.py). advise leaves out findings in installed packages whose code
+#: the run never executed.
+EXECUTED: dict[str, Any] = {}
+
+
+def function_ranges(codes: Any) -> dict[str, list[list[int]]]:
+    """The line ranges of code objects, by real path of their file: torch's,
+    torchaxe's and frozen or generated code left out."""
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out: dict[str, list[list[int]]] = {}
+    real_paths: dict[str, str | None] = {}
+    for code in codes:
+        name = code.co_filename
+        if name not in real_paths:
+            real = os.path.realpath(name) if name.endswith(".py") and os.path.isabs(name) else None
+            skip = real is None or real.startswith(own + os.sep) or f"{os.sep}torch{os.sep}" in real
+            real_paths[name] = None if skip else real
+        real = real_paths[name]
+        if real is None:
+            continue
+        lines = [line for _, _, line in code.co_lines() if line is not None]
+        first = code.co_firstlineno
+        out.setdefault(real, []).append([first, max(lines, default=first)])
+    for ranges in out.values():
+        ranges.sort()
+    return out
+
+
+def executed(context: dict[str, Any], path: str, line: int, end_line: int | None = None) -> bool | None:
+    """Whether the run executed the code at ``path:line`` (to ``end_line``) in a counted
+    step (``step_functions``): None when that was not recorded."""
+    functions = context.get("step_functions")
+    if functions is None:
+        return None
+    end = end_line or line
+    return any(first <= line and end <= last for first, last in functions.get(os.path.realpath(path), ()))
+
+
+def built_loader(context: dict[str, Any], path: str, line: int, end_line: int | None = None) -> bool | None:
+    """Whether a DataLoader was built by the call at ``path:line`` (to ``end_line``):
+    None when loader sites were not recorded."""
+    sites = context.get("loader_sites")
+    if sites is None:
+        return None
+    real = os.path.realpath(path)
+    end = end_line or line
+    for site in sites:
+        where, _, number = site.rpartition(":")
+        if where == real and number.isdigit() and line <= int(number) <= end:
+            return True
+    return False
+
 
 def _autocast_dtype(torch: Any, device_type: str) -> str | None:
     """The autocast dtype in force for ``device_type`` now, or None when it is off."""
@@ -155,7 +211,7 @@ def settings() -> dict[str, Any]:
 
 
 def collect() -> dict[str, Any]:
-    return {"schema": SCHEMA, "modules": imported_files(), "settings": settings()}
+    return {"schema": SCHEMA, "modules": imported_files(), "settings": settings(), **EXECUTED}
 
 
 def write(path: str | Path) -> None:

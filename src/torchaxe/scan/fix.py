@@ -11,7 +11,7 @@ from typing import Callable
 
 from torchaxe.atomic import write_text_atomic
 from torchaxe.errors import TorchaxeError
-from torchaxe.findings import Applicability, Diagnostic, Edit, Finding, Fix
+from torchaxe.findings import Applicability, Diagnostic, Finding, Fix
 from torchaxe.scan.engine import ScanOptions, decode_source, display_path, scan_source
 from torchaxe.scan.discover import discover
 from torchaxe.scan.rules import select_rules

@@ -604,7 +604,7 @@ class AttentionMatcher(Matcher):
                            if (ref := _applied(apply, p_raw, v)) is not None and probing.compare(y, ref)[0]), None)
         if layout is None:
             return None
-        p_node_outer, p_node = p_node, weights_node
+        p_node = weights_node
         for s_node in sorted((n for n in walk(p_node) if n.op in ("matmul", "bmm", "einsum")), key=lambda n: -n.size):
             s_raw = probing.tensor(s_node)
             if s_raw is None or s_raw.shape[-1:] != p.shape[-1:] or s_raw.numel() != p.numel():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext, child_nodes, fast_walk
 from torchaxe.scan.rules._dataloader import is_dataloader_call
