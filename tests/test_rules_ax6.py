@@ -16,7 +16,7 @@ import pytest
 from torchaxe.advise.candidates import code_candidates
 from torchaxe.findings import Applicability
 from torchaxe.scan.capabilities import torch_capabilities
-from torchaxe.scan.engine import ScanOptions, scan_source
+from torchaxe.scan.engine import ScanOptions, scan_paths, scan_source
 from torchaxe.scan.fix import fix_source
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,6 +223,67 @@ def test_ax601_flags_micro_batches_whose_step_is_in_another_method_as_advice():
 
 
 # ------------------------------------------------------------------ advise
+ENGINE = """import torch
+
+
+def train_one_epoch(model, loader, optimizer, loss_scaler, accum_iter):
+    for step, (x, y) in enumerate(loader):
+        loss = torch.nn.functional.mse_loss(model(x), y) / accum_iter
+        loss_scaler(loss, optimizer, parameters=model.parameters(),
+                    update_grad=(step + 1) % accum_iter == 0){noqa}
+        if (step + 1) % accum_iter == 0:
+            optimizer.zero_grad()
+"""
+
+MAIN = """import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from {module} import train_one_epoch
+
+model = DistributedDataParallel(torch.nn.Linear(4, 1))
+train_one_epoch(model, [], torch.optim.SGD(model.parameters(), lr=0.1), None, 4)
+"""
+
+
+def _layout(root: Path, main_folder: str = ".", module: str = "engine", noqa: str = "") -> None:
+    (root / "engine.py").write_text(ENGINE.format(noqa=noqa))
+    (root / main_folder).mkdir(exist_ok=True)
+    (root / main_folder / "main.py").write_text(MAIN.format(module=module))
+
+
+def _ax601_lines(paths) -> list[tuple[str, int]]:
+    result = scan_paths(paths, _options(select=("AX601",)))
+    return [(Path(f.path).name, f.line) for f in result.findings]
+
+
+def test_ax601_finds_the_loop_of_a_file_that_a_ddp_script_imports(tmp_path):
+    # MAE's and ConvNeXt's layout: main.py wraps the model, engine.py's loop hands
+    # the loss to a loss scaler that is told when to step.
+    _layout(tmp_path)
+    assert _ax601_lines([tmp_path]) == [("engine.py", 7)]
+    finding = scan_paths([tmp_path], _options(select=("AX601",))).findings[0]
+    assert "built in a file that imports this one" in finding.message and "loss_scaler(...)" in finding.message
+    assert finding.fix is None or not finding.fix.edits  # the model's DDP name is not in this file: advice
+
+
+@pytest.mark.parametrize("case", ["alone", "not imported", "beside, not above", "noqa"])
+def test_ax601_leaves_a_loop_no_scanned_ddp_script_imports(tmp_path, case):
+    if case == "alone":
+        _layout(tmp_path)
+        paths = [tmp_path / "engine.py"]
+    elif case == "not imported":
+        _layout(tmp_path, module="trainer")
+        paths = [tmp_path]
+    elif case == "beside, not above":
+        (tmp_path / "lib").mkdir()
+        _layout(tmp_path / "lib", main_folder="../scripts")
+        paths = [tmp_path]
+    else:
+        _layout(tmp_path, noqa="  # noqa: AX601")
+        paths = [tmp_path]
+    assert _ax601_lines(paths) == []
+
+
 def test_advise_files_distributed_findings_under_the_distributed_axis():
     findings = _scan(EXAMPLE.read_text())
     candidates, recommendations = code_candidates(findings, {}, None)

@@ -36,6 +36,13 @@ class FileContext:
     parents: list[ast.AST] = field(default_factory=list)
     #: Per-file memo for rules (keyed by whatever the rule likes).
     cache: dict[Any, Any] = field(default_factory=dict)
+    #: What this file tells the rules about other files: a property of the file (a
+    #: rule's word, e.g. ``"distributed"``) -> the module names it imports (see
+    #: :func:`imported_module_names`). Gathered over the whole scan.
+    facts: dict[str, list[str]] = field(default_factory=dict)
+    #: Findings that hold only if a scanned file with a property imports this one:
+    #: (property, finding). The scan keeps them when one does (engine.py).
+    pending: list[tuple[str, Finding]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.lines = self.source.splitlines(keepends=True)
@@ -593,6 +600,23 @@ def walk_scope(node: ast.AST) -> Iterator[ast.AST]:
         yield child
         if not isinstance(child, BOUNDARY_TYPES):
             stack.extend(child_nodes(child))
+
+
+def imported_module_names(tree: ast.Module) -> list[str]:
+    """Every name an import statement of the file could be a module of this project
+    by: each part of ``import a.b``, of ``from a.b import c`` (``c`` too: it may be a
+    module) and of relative imports (``from . import engine``, ``from .engine import
+    train``), sorted."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                names.update(alias.name.split("."))
+        elif isinstance(node, ast.ImportFrom):
+            if node.module:
+                names.update(node.module.split("."))
+            names.update(alias.name for alias in node.names if alias.name != "*")
+    return sorted(names)
 
 
 def _collect_imports(tree: ast.Module) -> dict[str, str]:

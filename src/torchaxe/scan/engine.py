@@ -55,6 +55,9 @@ class FileReport:
     findings: list[Finding] = field(default_factory=list)
     diagnostics: list[Diagnostic] = field(default_factory=list)
     skipped: bool = False
+    #: See :attr:`FileContext.facts` and :attr:`FileContext.pending`.
+    facts: dict[str, list[str]] = field(default_factory=dict)
+    pending: list[tuple[str, Finding]] = field(default_factory=list)
 
 
 def display_path(path: Path) -> str:
@@ -146,6 +149,9 @@ def scan_source(
     except RecursionError:
         report.diagnostics.append(Diagnostic("AX907", "file nested too deeply to analyse", path))
     report.findings = _drop_noqa(findings, ctx.lines)
+    report.facts = ctx.facts
+    kept = set(map(id, _drop_noqa([f for _, f in ctx.pending], ctx.lines)))
+    report.pending = [(fact, f) for fact, f in ctx.pending if id(f) in kept]
     return report
 
 
@@ -291,6 +297,30 @@ def _job_count(requested: int, files: int) -> int:
     return max(1, min(usable_cpus(), files // (_CHUNK * 2)))
 
 
+def _module_stem(path: Path) -> str:
+    return path.parent.name if path.name == "__init__.py" else path.stem
+
+
+def _held(report: FileReport, reports: list[FileReport]) -> list[Finding]:
+    """The pending findings of ``report`` that hold: a scanned file with the property
+    they need, in the same folder as this one or above it, imports this file's
+    module (``main.py`` builds DDP and imports ``engine``: ``engine.py``'s
+    accumulation loop runs under DDP)."""
+    if not report.pending:
+        return []
+    here = Path(report.path).resolve()
+    stem = _module_stem(here)
+    held = []
+    for fact, finding in report.pending:
+        for other in reports:
+            names = other.facts.get(fact)
+            if names and stem in names and other is not report \
+                    and Path(other.path).resolve().parent in (here.parent, *here.parents):
+                held.append(finding)
+                break
+    return held
+
+
 def scan_paths(
     paths: list[str | Path],
     options: ScanOptions,
@@ -337,6 +367,7 @@ def scan_paths(
             if evaluator is not None:
                 evaluator.close()
     for rep in reports:
+        rep.findings.extend(_held(rep, reports))
         if rep.skipped:
             result.stats.files_skipped += 1
         else:

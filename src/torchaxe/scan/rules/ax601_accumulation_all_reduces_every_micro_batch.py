@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Edit, Finding, Position
-from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, fast_walk, walk_scope
+from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, fast_walk, imported_module_names, walk_scope
 from torchaxe.scan.rules._distributed import (
     dotted_name,
     binding_targets,
@@ -26,6 +26,10 @@ from torchaxe.scan.rules.base import Invalid, Rule, Valid
 _ACCUMULATION_WORDS = ("accum", "grad_acc", "update_freq")
 #: Calls a condition may make and still be evaluated early with the same result.
 _PURE_CALLS = frozenset({"len", "int", "min", "max", "abs"})
+
+#: The property of a file that builds a DDP model (or prepares one with accelerate),
+#: for the files it imports (see ``FileContext.facts``).
+DISTRIBUTED = "distributed"
 
 _HEAD = (
     "import contextlib\n"
@@ -57,11 +61,15 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
     `DistributedDataParallel` when every micro-batch's backward pass synchronises the
     gradients: the optimizer step is conditional on an accumulation counter
     (`if (i + 1) % accum == 0: optimizer.step()`, a `continue` that skips the step,
-    or an inner loop over micro-batches with the step after it), and nothing in the
-    file turns the synchronisation off (`model.no_sync()`,
-    `model.require_backward_grad_sync = ...`, accelerate's `accumulate`/`no_sync`).
-    Only files that build a `DistributedDataParallel` (or prepare one with
-    accelerate's `Accelerator`) are checked; Lightning handles it by itself.
+    an inner loop over micro-batches with the step after it, or a loss scaler that
+    runs the backward and is told when to step, `loss_scaler(loss, optimizer,
+    update_grad=(i + 1) % accum == 0)`), and nothing in the file turns the
+    synchronisation off (`model.no_sync()`, `model.require_backward_grad_sync = ...`,
+    accelerate's `accumulate`/`no_sync`). The loop is under DDP when its file builds
+    a `DistributedDataParallel` (or prepares one with accelerate's `Accelerator`), or
+    when a scanned file that does, in the same folder or above, imports it (`main.py`
+    wraps the model and calls `engine.train_one_epoch`); scanned alone, such a file
+    reports nothing. Lightning handles it by itself.
 
     ## Why is this bad?
     DDP all-reduces every gradient at the end of every backward pass. With
@@ -121,8 +129,9 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
     message = "every accumulated micro-batch all-reduces its gradients; only the last one needs to"
     fix_title = "skip the gradient all-reduce on the micro-batches before the step with model.no_sync()"
     fix_safety = Applicability.UNSAFE
-    requires_text = ("DistributedDataParallel", "Accelerator")
-    also_requires_text = ("backward",)
+    # A file that builds DDP is read even without a backward (it may import the file
+    # that has the loop); a file with an accumulation count, for that loop.
+    requires_text = ("DistributedDataParallel", "Accelerator", "accum", "update_freq", "grad_acc")
     references = (
         "https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
         "#torch.nn.parallel.DistributedDataParallel.no_sync",
@@ -178,6 +187,15 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             "            loss = model(batch[micro]).sum()\n"
             "            loss.backward()\n"
             "    opt.step()\n",
+        ),
+        Invalid(
+            _HEAD + "for i, (x, y) in enumerate(loader):\n"
+            "    loss = loss_fn(model(x), y) / accum\n"
+            "    loss_scaler(loss, opt, parameters=model.parameters(), update_grad=(i + 1) % accum == 0)\n",
+            fixed=_HEAD + "for i, (x, y) in enumerate(loader):\n"
+            "    with (model.no_sync() if (i + 1) % accum != 0 else contextlib.nullcontext()):\n"
+            "        loss = loss_fn(model(x), y) / accum\n"
+            "        loss_scaler(loss, opt, parameters=model.parameters(), update_grad=(i + 1) % accum == 0)\n",
         ),
         # The loss is computed in another function: advice only.
         Invalid(
@@ -253,9 +271,12 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
         ddp = [w for w in wraps(ctx) if w.kind == "ddp"]
         accelerate = not ddp and any(
             ctx.call_name(n) == "accelerate.Accelerator" for n in ctx.nodes(ast.Call))
-        if not ddp and not accelerate:
-            return
-        if not any(isinstance(n.func, ast.Attribute) and n.func.attr == "backward" for n in ctx.nodes(ast.Call)):
+        if ddp or accelerate:
+            # The files this one imports may hold the training loop (``main.py``
+            # builds DDP and calls ``engine.train_one_epoch``).
+            ctx.facts[DISTRIBUTED] = imported_module_names(ctx.tree)
+        if not any(isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+                   or _scaler_update(n) is not None for n in ctx.nodes(ast.Call)):
             return
         parents = parent_map(ctx.tree)
         for scope, statement in statements(ctx.tree):
@@ -265,26 +286,42 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             block, index = _block_of(statement, parents)
             if block is None:
                 continue
-            found = _accumulation(ctx, block, index, parents)
+            update = _scaler_update(backward)
+            if update is not None:
+                found = _Accumulation(statement, True, update) if _accumulation_test(update) else None
+            else:
+                found = _accumulation(ctx, block, index, parents)
             if found is None:
                 continue
-            yield self._finding(ctx, backward, statement, block, index, found, scope, accelerate, parents)
+            if ddp or accelerate:
+                yield self._finding(ctx, backward, statement, block, index, found, scope, accelerate, parents)
+            else:
+                # Under DDP only if a file that builds it imports this one: the scan decides.
+                ctx.pending.append((DISTRIBUTED, self._finding(ctx, backward, statement, block, index, found,
+                                                               scope, False, parents, elsewhere=True)))
 
     # ---------------------------------------------------------------- finding
     def _finding(self, ctx: FileContext, backward: ast.Call, statement: ast.stmt, block: list[ast.stmt], index: int,
-                 found: _Accumulation, scope: ast.AST, accelerate: bool, parents: dict) -> Finding:
+                 found: _Accumulation, scope: ast.AST, accelerate: bool, parents: dict,
+                 elsewhere: bool = False) -> Finding:
         if found.micro_loop is not None and found.decider is None:
             how = (f"a loop over micro-batches (`{ctx.snippet(found.micro_loop).splitlines()[0].strip()}`) whose "
                    "backward passes all come before an optimizer step taken elsewhere")
         elif found.micro_loop is not None:
             how = (f"an inner loop over micro-batches (`{ctx.snippet(found.micro_loop).splitlines()[0].strip()}`) "
                    "with the step after it")
+        elif found.decider is statement:
+            assert found.test is not None
+            how = (f"`{ctx.text(backward.func)}(...)` runs the backward and steps only when "
+                   f"`{ctx.text(found.test)}`")
         else:
             assert found.test is not None
             how = f"a step taken only when `{ctx.text(found.test)}`" if found.sync_when_true else \
                 f"a step skipped (`continue`) while `{ctx.text(found.test)}`"
+        under = "DistributedDataParallel (built in a file that imports this one)" if elsewhere else \
+            "DistributedDataParallel"
         why = (
-            f"gradient accumulation ({how}) under DistributedDataParallel: every micro-batch's backward "
+            f"gradient accumulation ({how}) under {under}: every micro-batch's backward "
             "all-reduces the whole model's gradients, but only the last one before the optimizer step needs "
             "to, so N-1 of every N all-reduces are network traffic the step waits for"
         )
@@ -296,7 +333,10 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             )
             return ctx.finding(self, backward, message, replacement="with accelerator.accumulate(model): ...",
                                fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
-        edit, replacement, reason = _wrap_edit(ctx, statement, block, index, found, scope, parents)
+        if elsewhere:
+            edit, reason = None, "the model is wrapped in DistributedDataParallel in another file"
+        else:
+            edit, replacement, reason = _wrap_edit(ctx, statement, block, index, found, scope, parents)
         if edit is None:
             message = (
                 f"{why}; run the forward and backward of those micro-batches inside `model.no_sync()`. "
@@ -395,12 +435,32 @@ def _block_of(statement: ast.stmt, parents: dict) -> tuple[list[ast.stmt] | None
 
 def _backward_call(statement: ast.stmt) -> ast.Call | None:
     """The ``.backward(...)`` call a simple statement makes (``loss.backward()``,
-    ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``)."""
+    ``scaler.scale(loss).backward()``, ``accelerator.backward(loss)``), or a loss
+    scaler's call that runs the backward (see :func:`_scaler_update`)."""
     if not isinstance(statement, (ast.Expr, ast.Assign)):
         return None
     for node in fast_walk(statement):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward":
+        if isinstance(node, ast.Call) and (isinstance(node.func, ast.Attribute) and node.func.attr == "backward"
+                                           or _scaler_update(node) is not None):
             return node
+    return None
+
+
+#: The keyword by which a loss scaler's call is told whether this backward is the
+#: last of the step (timm's ``NativeScaler(..., need_update=)``, the MAE/ConvNeXt
+#: scalers' ``update_grad=``): the call runs the backward, and the optimizer step
+#: only then.
+_SCALER_UPDATE_KEYWORDS = ("update_grad", "need_update")
+
+
+def _scaler_update(call: ast.Call) -> ast.expr | None:
+    """The value a loss scaler's call is given for whether to step, when ``call``
+    is one: a call that passes the loss and one of ``_SCALER_UPDATE_KEYWORDS``."""
+    if not call.args:
+        return None
+    for keyword in call.keywords:
+        if keyword.arg in _SCALER_UPDATE_KEYWORDS:
+            return keyword.value
     return None
 
 
