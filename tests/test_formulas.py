@@ -198,6 +198,21 @@ def test_attention_parameters_are_read():
     assert m.spread and not m.fixable
 
 
+@pytest.mark.parametrize("mask", ["bias[:, :, :T, :T] == 0", "bias[:T, :T] == 0"])
+def test_a_mask_cut_to_a_length_given_as_an_argument_is_read(mask):
+    # The length is a parameter: the probes must give it the scores' size (a
+    # narrower mask would not broadcast), not half a width as other slice bounds.
+    found = matches(f"""
+        import math, torch
+        def attn(q, k, v, bias, T):
+            s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            s = s.masked_fill({mask}, float("-inf"))
+            return torch.softmax(s, dim=-1) @ v
+    """)
+    [m] = found
+    assert m.category == "attention" and m.params["masked"]
+
+
 def test_norm_eps_and_weight_are_identified():
     [m] = matches("""
         import torch

@@ -636,3 +636,16 @@ def where_compared_mask_attention(q, k, v):  # formula: attention
     causal = torch.tril(torch.ones(n, n, device=q.device))
     scores = torch.where(causal > 0, q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+# ----------------------------------------------------------------------- a mask cut to a length given as an argument
+def sliced_buffer_attention(q, k, v, bias, T):  # formula: attention
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    att = att.masked_fill(bias[:, :, :T, :T] == 0, float("-inf"))
+    return F.softmax(att, dim=-1) @ v
+
+
+def sliced_matrix_mask_attention(q, k, v, mask, seq_len):  # formula: attention
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(mask[:seq_len, :seq_len] == 0, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v

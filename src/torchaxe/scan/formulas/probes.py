@@ -150,6 +150,7 @@ def infer_roles(root: Node) -> dict[str, str]:
     # bmm takes batches of matrices: what flows into its operands is three-dimensional.
     cubes: set[str] = set()
     bounds: set[str] = set()
+    mask_bounds: set[str] = set()
     arithmetic: set[str] = set()
     ranks: dict[str, set[int]] = {}
     masked: list[Node] = []
@@ -168,6 +169,14 @@ def infer_roles(root: Node) -> dict[str, str]:
                 ranks.setdefault(node.args[0].value, set()).add(1)
         if node.op == "masked_fill" and len(node.args) >= 2:
             masked.append(node)
+        mask = node.args[1] if node.op == "masked_fill" and len(node.args) >= 2 else \
+            node.args[0] if node.op == "where" and node.args else None
+        if mask is not None:
+            # bias[:, :, :T, :T]: a mask cut to the scores' size, whatever T is.
+            for part in walk(mask):
+                if part.op == "slice":
+                    for arg in part.args:
+                        mask_bounds |= arg.vars
         if node.op in ("bmm", "baddbmm"):
             memo: dict[int, frozenset[str]] = {}
             for arg in node.args:
@@ -197,7 +206,7 @@ def infer_roles(root: Node) -> dict[str, str]:
     roles: dict[str, str] = {}
     for name in root.vars:
         leaf = _leaf_name(name)
-        if _SIZE_NAMES.search(leaf) or (name in sizes and name not in data):
+        if _SIZE_NAMES.search(leaf) or (name in (sizes | mask_bounds) and name not in data):
             role = SIZE
         elif _SCALAR_NAMES.search(leaf):
             role = SCALAR
