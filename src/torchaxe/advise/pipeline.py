@@ -190,8 +190,8 @@ class Advisor:
         installed, idle = run_by_the_job(extra.findings if extra is not None else [], base.context)
         if idle:
             advice.notes.append(
-                f"{len(idle)} finding(s) in installed packages are left out: the run never executed their code "
-                f"(no DataLoader built there, or a function no training step called; e.g. {idle[0].path}:"
+                f"{len(idle)} finding(s) in installed packages are left out: the run did not execute their code "
+                f"(no DataLoader built there, or a function the traced training step did not call; e.g. {idle[0].path}:"
                 f"{idle[0].line} {idle[0].code})")
         replaced, installed_advice = installed_candidates(installed, base.profile)
         advice_recs += installed_advice
