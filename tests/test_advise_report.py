@@ -77,6 +77,29 @@ def test_a_change_that_compiles_says_what_it_costs_once_and_when_it_pays_off(scr
     assert together.combined["break_even_steps"] == 215  # 11.8 s over the 55 ms it saves a step
 
 
+@pytest.mark.parametrize("job_steps", [100, 500])
+def test_a_change_not_paid_back_within_the_jobs_steps_is_held_back(script: Path, job_steps: int) -> None:  # noqa: F811
+    # Compile pays off after 196 steps (above): a 100-step job is slower with it.
+    advice = run_advice(script, FakeRuns(warmup={"knob:compile": 10.0}), job_steps=job_steps)
+    compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
+    fix = next(r for r in advice.recommendations if r.key == "code:AX110")
+    assert fix.selected and not fix.held_back  # no one-time cost: chosen whatever the job's length
+    if job_steps == 100:
+        assert not compiled.selected
+        assert "pays off only after 196 steps, more than the job's 100 (--job-steps)" in compiled.held_back
+        assert any(n.startswith("knob:compile (2.00x) is held back") for n in advice.notes)
+    else:
+        assert compiled.selected and not compiled.held_back
+
+
+def test_job_steps_must_be_positive() -> None:
+    from torchaxe.advise.options import AdviseOptions
+    from torchaxe.errors import TorchaxeError
+
+    with pytest.raises(TorchaxeError, match="--job-steps 0"):
+        AdviseOptions(job_steps=0)
+
+
 def test_a_set_not_measured_together_says_so_in_words() -> None:
     from torchaxe.report.advice_text import together_text
 

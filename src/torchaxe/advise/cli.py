@@ -107,6 +107,10 @@ def parse_fraction(text: str, option: str) -> float:
                    "peak where the run has a device, else the process's peak resident memory. A change that "
                    "exceeds it is held back, a combination that exceeds it is not chosen, and activation "
                    "checkpointing of the repeated blocks is tried too.")
+@click.option("--job-steps", type=int, default=None, metavar="N",
+              help="How many steps your real training job runs. A change with a one-time cost (compiling) that "
+                   "its measured saving per step does not pay back within N steps is held back: listed with its "
+                   "cost, not chosen. Default: no limit (a long job).")
 @click.option("--allow-batch-change", is_flag=True,
               help="Also try a larger micro-batch (the DataLoader's batch size doubled), ranked by samples per "
                    "second, when memory allows. It changes the optimisation (fewer steps per epoch): marked so "
@@ -129,8 +133,8 @@ def parse_fraction(text: str, option: str) -> float:
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def advise(budget, target, fmt, out, html_out, save, repeats, steps, turns, warmup, check_accuracy, loss_tolerance,
-           memory_limit, allow_batch_change, no_installed, step_marker, first_step_timeout, timeout, skip, control,
-           quiet, command):
+           memory_limit, job_steps, allow_batch_change, no_installed, step_marker, first_step_timeout, timeout, skip,
+           control, quiet, command):
     """Find, measure and rank everything that would make a training script faster.
 
     Profiles a few steps of the unchanged script, scans its folder, the files of its
@@ -170,7 +174,7 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, turns, warm
                             scan_installed=not no_installed, step_marker=step_marker,
                             first_step_timeout=first_step_timeout or None, timeout=timeout, skip=tuple(skip),
                             memory_limit=parse_size(memory_limit) if memory_limit is not None else None,
-                            allow_batch_change=allow_batch_change, turns=turns)
+                            allow_batch_change=allow_batch_change, turns=turns, job_steps=job_steps)
     for option, path in (("--out", out), ("--html", html_out), ("--save", save)):
         if path and not Path(path).resolve().parent.is_dir():
             raise TorchaxeError(f"{option} {path}: folder does not exist")
@@ -259,7 +263,8 @@ def apply(advice_path, unsafe_fixes, keys, diff):
                    f"{', '.join(result.slower)}", err=True)
     if result.held_back:
         click.echo(f"torchaxe apply: warning: advise held these back (training loss beyond the run-to-run noise "
-                   f"plus the tolerance, or peak memory above --memory-limit): {', '.join(result.held_back)}", err=True)
+                   f"plus the tolerance, peak memory above --memory-limit, or a one-time cost not paid back within --job-steps): "
+                   f"{', '.join(result.held_back)}", err=True)
     if result.changes_optimisation:
         click.echo(f"torchaxe apply: warning: these change the optimisation (a larger micro-batch: fewer steps per "
                    f"epoch; check convergence and the learning rate): {', '.join(result.changes_optimisation)}",

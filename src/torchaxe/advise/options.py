@@ -33,6 +33,9 @@ class AdviseOptions:
     skip: tuple[str, ...] = ()
     #: Bytes of peak memory (device, else host RSS) no chosen change may exceed; None: no limit.
     memory_limit: int | None = None
+    #: The steps the real training job runs (``--job-steps``): a change whose one-time
+    #: cost (compiling) its saving per step does not pay back within them is held back.
+    job_steps: int | None = None
     #: Also try a larger micro-batch (it changes the optimisation: opt-in).
     allow_batch_change: bool = False
     #: On a cpu, the runs of a round side by side, taking turns (runtime/turns.py):
@@ -49,5 +52,7 @@ class AdviseOptions:
                                 "from 0 up to 1 (0.02 is 2%)")
         if self.memory_limit is not None and self.memory_limit <= 0:
             raise TorchaxeError(f"--memory-limit {self.memory_limit}: must be a positive number of bytes")
+        if self.job_steps is not None and self.job_steps < 1:
+            raise TorchaxeError(f"--job-steps {self.job_steps}: must be at least 1")
         if self.steps is not None and self.steps < 1:
             raise TorchaxeError(f"--steps {self.steps}: must be at least 1")

@@ -501,7 +501,22 @@ class Advisor:
             # Against the original's own runs (same seed): the A/A arm ran under other seeds.
             self._compare_loss(rec, loss_delta(arm, base))
         self._compare_memory(rec, arm, base)
+        self._compare_job_length(rec)
         rec.ranks = arm.rank_figures
+
+    def _compare_job_length(self, rec: Recommendation) -> None:
+        """With ``--job-steps``, a change whose one-time cost is not paid back by its
+        saving within the job's steps is held back."""
+        steps, once = self.options.job_steps, rec.one_time_seconds
+        if steps is None or not once:
+            return
+        even = rec.break_even_steps
+        if even is not None and even <= steps:
+            return
+        pays = f"pays off only after {even:,} steps" if even is not None else "is never paid back (no step saved)"
+        why = (f"its one-time cost ({once:.1f} s, before its first fast step) {pays}, more than the job's "
+               f"{steps:,} (--job-steps): not chosen; `torchaxe apply --only {rec.key}` applies it")
+        rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 
     def _compare_memory(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:
         """A measured change's peak memory against the original's; above
