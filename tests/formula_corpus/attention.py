@@ -649,3 +649,48 @@ def sliced_matrix_mask_attention(q, k, v, mask, seq_len):  # formula: attention
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     scores = scores.masked_fill(mask[:seq_len, :seq_len] == 0, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+# ----------------------------------------------------------------------- einops layouts and map
+def l2norm(t):
+    return F.normalize(t, dim=-1)
+
+
+class NormedPerceiverAttention(nn.Module):  # formula: attention
+    """Keys and values from one projection split in two, heads split by einops through
+    map, queries and keys l2-normalised by a helper applied with map."""
+
+    def forward(self, x, latents):
+        h = self.heads
+        q = self.to_q(latents)
+        k, v = self.to_kv(torch.cat((x, latents), dim=-2)).chunk(2, dim=-1)
+        q, k, v = map(lambda t: rearrange(t, "b n (h d) -> b h n d", h=h), (q, k, v))
+        q, k = map(l2norm, (q, k))
+        sim = torch.einsum("... i d, ... j d -> ... i j", q * self.q_scale, k * self.k_scale) * self.scale
+        attn = sim.softmax(dim=-1)
+        out = torch.einsum("... i j, ... j d -> ... i d", attn, v)
+        return rearrange(out, "b h n d -> b n (h d)")
+
+
+class SharedKeyAttention(nn.Module):  # formula: attention
+    """One key/value head shared by every query head; q, k and v unpacked from a tuple
+    that spreads a split into it."""
+
+    def forward(self, x):
+        q, k, v = (self.to_q(x), *self.to_kv(x).chunk(2, dim=-1))
+        q = rearrange(q, "b n (h d) -> b h n d", h=self.heads)
+        sim = torch.einsum("b h i d, b j d -> b h i j", q, k) * self.scale
+        attn = sim.softmax(dim=-1)
+        out = torch.einsum("b h i j, b j d -> b h i d", attn, v)
+        return self.to_out(rearrange(out, "b h n d -> b n (h d)"))
+
+
+class EinopsPooling(nn.Module):  # lookalike: attention
+    """Heads split by einops, then a softmax over positions pools the values with
+    learned logits: no query or key."""
+
+    def forward(self, x):
+        logits = rearrange(self.to_logits(x), "b n h -> b h n")
+        weights = logits.softmax(dim=-1)
+        values = rearrange(self.to_v(x), "b n (h d) -> b h n d", h=self.heads)
+        return torch.einsum("b h n, b h n d -> b h d", weights, values)

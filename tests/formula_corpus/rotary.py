@@ -2,6 +2,7 @@
 
 import torch
 import torch.nn as nn
+from einops import rearrange
 
 
 def rotate_half(x):
@@ -121,3 +122,46 @@ def gated_from_stacked(x, cache):  # lookalike: rotary
     """A cache split in two, used as a gate and a bias: no rotation of x."""
     gate, bias = cache.chunk(2, dim=-1)
     return x * torch.sigmoid(gate) + bias
+
+
+# ----------------------------------------------------------------------- einops, map and writes into a new tensor
+def rotate_pairs_einops(x):
+    x = rearrange(x, "... (d j) -> ... d j", j=2)
+    x1, x2 = x.unbind(dim=-1)
+    x = torch.stack((-x2, x1), dim=-1)
+    return rearrange(x, "... d j -> ... (d j)")
+
+
+def rotary_map_lambda(q, k, pos_emb):  # formula: rotary
+    """The pair rotation written with einops, applied to q and k through map."""
+    sin, cos = pos_emb
+    q, k = map(lambda t: (t * cos) + (rotate_pairs_einops(t) * sin), (q, k))
+    return q, k
+
+
+def rotary_written_into_empty(hidden_states, freqs):  # formula: rotary
+    """Even and odd lanes written into a new tensor, cos and sin split from one cache."""
+    x_1, x_2 = hidden_states.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = freqs.unsqueeze(-2).chunk(2, dim=-1)
+    out = torch.empty_like(hidden_states)
+    out[..., 0::2] = x_1 * cos[..., 0::2] - x_2 * sin[..., 1::2]
+    out[..., 1::2] = x_1 * sin[..., 1::2] + x_2 * cos[..., 0::2]
+    return out.type_as(hidden_states)
+
+
+def lanes_scaled_into_empty(hidden_states, gains):  # lookalike: rotary
+    """Even and odd lanes written into a new tensor, each scaled: no rotation."""
+    x_1, x_2 = hidden_states.unflatten(-1, (-1, 2)).unbind(-1)
+    a, b = gains.unsqueeze(-2).chunk(2, dim=-1)
+    out = torch.empty_like(hidden_states)
+    out[..., 0::2] = x_1 * a[..., 0::2]
+    out[..., 1::2] = x_2 * b[..., 1::2]
+    return out
+
+
+def pairs_mapped_without_rotation(q, k, pos_emb):  # lookalike: rotary
+    """The same map and einops regrouping, with the pairs kept in place: a scaling."""
+    gain, bias = pos_emb
+    q, k = map(lambda t: t * gain + rearrange(rearrange(t, "... (d j) -> ... d j", j=2), "... d j -> ... (d j)") * bias,
+               (q, k))
+    return q, k

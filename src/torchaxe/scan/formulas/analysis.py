@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 #: npu, where they have fused operators.
 STRONG_WORDS = ("tanh", "erf", "erfc", "ndtr", "sigmoid", "expit", "exp", "rsqrt", "sqrt", "softmax", "Softmax")
 WEAK_WORDS = ("mean", "var", "std", "var_mean", "norm", "vector_norm")
-NPU_WORDS = ("silu", "view_as_complex", "cat", "concat", "stack")
+NPU_WORDS = ("silu", "view_as_complex", "cat", "concat", "stack", "empty_like", "zeros_like")
 _POWER = ("**", "pow(", "std(", "var(", "var_mean(", "square(", ".norm(")
 #: ``F.normalize`` counts only in a definition that also scales by a stored factor
 #: (``F.normalize(x, dim=-1) * self.scale * self.g``) or takes a power.
@@ -343,6 +343,16 @@ def _analyse(ctx: FileContext) -> list[FormulaMatch]:
     # ``self._norm(x.float()).type_as(x) * self.weight``) is reported in the helper.
     written = {(m.scope_id, m.category) for m in found}
     found = [m for m in found if not any((c, m.category) in written for c in m.callees)]
+    # A lambda that ``map`` applies is read where it is applied and alone: one report
+    # per place, the first (the enclosing scope's, read before the lambdas).
+    places: set[tuple[int, int, str]] = set()
+    unique = []
+    for m in found:
+        place = (m.node.lineno, m.node.col_offset, m.category)
+        if place not in places:
+            places.add(place)
+            unique.append(m)
+    found = unique
     found.sort(key=lambda m: (m.line, m.node.col_offset))
     return found
 

@@ -293,7 +293,7 @@ def _reduction_dims(node: Node) -> tuple[list[str], list[int]]:
     return sorted(names), sorted(numbers)
 
 
-_RESHAPES = frozenset({"reshape", "view", "flatten", "unflatten"})
+_RESHAPES = frozenset({"reshape", "view", "flatten", "unflatten", "rearrange", "einops_repeat"})
 
 
 def _regroups_last_dimension(node: Node) -> bool:
@@ -309,6 +309,12 @@ def _regroups_last_dimension(node: Node) -> bool:
             continue  # a weight's reshape ([C] to [1, C, 1, 1]) is no regrouping
         if n.op in ("flatten", "unflatten"):
             return True
+        if n.op in ("rearrange", "einops_repeat"):
+            # 'b (g c) h w -> b g c h w' regroups; 'b c h w -> b h w c' only moves axes.
+            pattern = n.args[1] if len(n.args) > 1 else None
+            if pattern is None or pattern.op != CONST or "(" in str(pattern.value):
+                return True
+            continue
         sizes = n.args[1].args if len(n.args) == 2 and n.args[1].op == "tuple" else n.args[1:]
         if len(sizes) >= 2 and sizes[-1].op == CONST and sizes[-1].value == -1:
             return True
@@ -773,7 +779,7 @@ class RotaryMatcher(Matcher):
         found: list[Node] = []
         for n in walk(node):
             if n.op in ("getitem", "chunk", "split", "unbind", "reshape", "view", "view_as_complex", "cast",
-                        "unflatten") and n.args:
+                        "unflatten", "rearrange") and n.args:
                 chain = [n.args[0]]
                 while chain[-1].op == "cast" and chain[-1].args:
                     chain.append(chain[-1].args[0])
@@ -906,10 +912,13 @@ def compute(root: Node, roles: dict[str, str], categories: frozenset[str]) -> li
         primary = Probing(roles, PRIMARY)
         matches = _match(root, primary, categories, order)
         if not matches:
-            # Other guesses at shapes: a tree that does not evaluate may take half- or
-            # k-times-wide inputs; sizes computed from a head count may need a count of one.
+            # Other guesses at shapes: a tree that does not evaluate may take half-wide
+            # inputs; one that splits a tensor in k along its last dimension may take a
+            # k-times-wide one (it may evaluate all the same, its pieces broadcasting
+            # where they should have met); sizes computed from a head count may need a
+            # count of one.
             failed = not is_tensor(primary.value(root))
-            guesses = [half_width_roles(root, roles), widened_roles(root, roles)] if failed else []
+            guesses = [half_width_roles(root, roles) if failed else None, widened_roles(root, roles)]
             for second in (*guesses, single_count_roles(roles)):
                 if second is not None:
                     matches = _match(root, Probing(second, PRIMARY), categories, order)

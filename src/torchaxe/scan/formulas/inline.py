@@ -395,10 +395,20 @@ class Scope:
     def is_self(self, node: ast.AST) -> bool:
         return isinstance(node, ast.Name) and self.self_name is not None and node.id == self.self_name
 
-    @contextmanager
-    def hidden(self, names: set[str]) -> Iterator[None]:
+    def hidden(self, names: set[str]):
         """Reads inside it see ``names`` unbound (a comprehension's loop variables)."""
+        return self.bound({}, names)
+
+    @contextmanager
+    def bound(self, values: dict[str, Node], hide: set[str] | frozenset[str] = frozenset()) -> Iterator[None]:
+        """Reads inside it see ``values`` bound (a lambda's parameters, ``map``'s items),
+        each a new version of its name, so that opaque calls of them stay distinct, and
+        ``hide`` unbound."""
+        names = set(values) | set(hide)
         saved = {name: self.env.pop(name) for name in names if name in self.env}
+        for name, value in values.items():
+            self.env[name] = value
+            self._bump(name)
         try:
             yield
         finally:
@@ -430,7 +440,7 @@ class Scope:
             if thunk.kind == "item":
                 source, index = thunk.extra  # type: ignore[misc]
                 base = self._force(source)
-                if base.op == "tuple" and index < len(base.args) and not base.kwargs:
+                if _plain_tuple(base) and index < len(base.args):
                     node = base.args[index]
                 else:
                     node = _item(b, base, index)
@@ -462,7 +472,7 @@ class Scope:
                 for name in _names_in(target):
                     self.kill(name)
                 return
-            if isinstance(value, Node) and value.op == "tuple" and len(value.args) == len(target.elts) and not value.kwargs:
+            if isinstance(value, Node) and _plain_tuple(value) and len(value.args) == len(target.elts):
                 for elt, part in zip(target.elts, value.args):
                     self.bind(elt, part)
             elif isinstance(value, Node):
@@ -471,6 +481,14 @@ class Scope:
             else:
                 for i, elt in enumerate(target.elts):
                     self.bind(elt, Thunk(None, {}, {}, "item", (value, i)))
+        elif isinstance(target, ast.Subscript) and isinstance(value, Node) and isinstance(target.value, ast.Name) \
+                and self.lookup(target.value.id) is not None:
+            # out[..., 0::2] = x1 * cos - x2 * sin: a new value of out with that part written.
+            low = ExpressionLowering(self, b, self.unit.text)
+            node = b.op("setitem", (self.lookup(target.value.id), low._index(target.slice), value))
+            self._collect(low, None, None)
+            self.env[target.value.id] = node
+            self._bump(target.value.id)
         elif isinstance(target, ast.Subscript):
             base = target.value
             while isinstance(base, (ast.Subscript, ast.Attribute)):
@@ -673,11 +691,12 @@ class Scope:
         self._block(stmt.orelse)
 
     # ------------------------------------------------------------- inlining
-    def inline_function(self, name: str, call: ast.Call, low: ExpressionLowering) -> Node | None:
+    def inline_function(self, name: str, call: ast.Call, low: ExpressionLowering,
+                        any_callee: bool = False) -> Node | None:
         callee = self.unit.functions.get(name)
         if callee is None:
             return None
-        return self._inline(callee, None, call, low)
+        return self._inline(callee, None, call, low, any_callee)
 
     def inline_method(self, name: str, call: ast.Call, low: ExpressionLowering) -> Node | None:
         if self.cls is None:
@@ -688,8 +707,9 @@ class Scope:
         receiver = self.lookup(self.self_name or "") or self.unit.builder.var(self.self_name or "self")
         return self._inline(callee, receiver, call, low)
 
-    def _inline(self, callee: ast.FunctionDef, receiver: Node | None, call: ast.Call, low: ExpressionLowering) -> Node | None:
-        if id(callee) not in self.unit.hot_definitions:
+    def _inline(self, callee: ast.FunctionDef, receiver: Node | None, call: ast.Call, low: ExpressionLowering,
+                any_callee: bool = False) -> Node | None:
+        if id(callee) not in self.unit.hot_definitions and not any_callee:
             return None  # no formula word in it: an opaque call loses nothing
         if self.depth >= MAX_INLINE_DEPTH or callee in self.stack or len(callee.body) > MAX_INLINE_STATEMENTS:
             return None
@@ -747,6 +767,12 @@ class Scope:
                 return None
             values[param.arg] = b.const(default.value)
         return values
+
+
+def _plain_tuple(node: Node) -> bool:
+    """A tuple whose items are its arguments: no ``*rest`` among them (``(q, *kv.chunk(2))``
+    has three items, the last two inside the star)."""
+    return node.op == "tuple" and not node.kwargs and all(a.op != "star" for a in node.args)
 
 
 def _item(b: Builder, value: Node, index: int) -> Node:

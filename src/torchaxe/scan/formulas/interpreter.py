@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from torchaxe.scan.formulas import einops_patterns
 from torchaxe.scan.formulas import vocabulary as V
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 
@@ -216,6 +217,24 @@ def _einsum(equation: Any, *operands: Any) -> Any:
     return torch.einsum(equation, *operands)
 
 
+def _setitem(base: Any, index: Any, value: Any) -> Any:
+    """``out[index] = value`` as a value: a copy of ``out`` with the part written."""
+    if not isinstance(base, torch.Tensor):
+        raise EvaluationError("an item written into a non-tensor")
+    out = base.clone()
+    out[index] = value
+    return out
+
+
+def _einops(repeat: bool) -> Callable[..., Any]:
+    def apply(tensor: Any, pattern: Any, **lengths: Any) -> Any:
+        if not isinstance(tensor, torch.Tensor):
+            raise EvaluationError("einops of a non-tensor")
+        return einops_patterns.apply(tensor, pattern, repeat=repeat, **lengths)
+
+    return apply
+
+
 def _cat(fn: Callable[..., Any]) -> Callable[..., Any]:
     def apply(seq: Any, *args: Any, **kwargs: Any) -> Any:
         if not isinstance(seq, (tuple, list)):
@@ -262,6 +281,8 @@ _OPS: dict[str, Callable[..., Any]] = {
     "size": _size, "cat": _cat(torch.cat), "stack": _cat(torch.stack),
     "view_as_complex": torch.view_as_complex, "view_as_real": torch.view_as_real, "polar": torch.polar,
     "ones_like": torch.ones_like, "zeros_like": torch.zeros_like, "full_like": torch.full_like,
+    # Uninitialised memory that the code overwrites before reading: zeros stand for it.
+    "empty_like": torch.zeros_like, "setitem": _setitem,
     "getitem": _getitem, "tuple": _tuple, "slice": slice, "cast": _first, "dropout": _first,
     "shape": _attribute("shape", (torch.Tensor,)), "T": _reverse_dims,
     "mT": _attribute("mT", (torch.Tensor,)), "real": _attribute("real", (torch.Tensor,)),
@@ -271,6 +292,7 @@ _OPS: dict[str, Callable[..., Any]] = {
     "attr_min": _attribute("min", (torch.finfo,)), "attr_max": _attribute("max", (torch.finfo,)),
     "attr_eps": _attribute("eps", (torch.finfo,)), "attr_tiny": _attribute("tiny", (torch.finfo,)),
     "finfo": _finfo, "float": float, "int": int,
+    "rearrange": _einops(False), "einops_repeat": _einops(True),
 }
 def _scalar_function(fn: Callable[[float], float]) -> Callable[[Any], float]:
     def apply(value: Any) -> float:

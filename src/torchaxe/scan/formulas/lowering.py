@@ -208,7 +208,11 @@ class ExpressionLowering:
                     return self.b.op("math_" + op, result.args)
                 return self.opaque(node, lower_children=False)
             return self._apply(op, None, node)
+        if isinstance(func, ast.Lambda):
+            return self._lambda_call(func, node)
         if isinstance(func, ast.Name):
+            if func.id == "map" and func.id not in self.scope.unit.module_names and func.id not in self.scope.env:
+                return self._map(node)
             if func.id in self.scope.env:
                 return self.opaque(node)  # a local callable
             inlined = self.scope.inline_function(func.id, node, self)
@@ -335,6 +339,65 @@ class ExpressionLowering:
         return result
 
     # ----------------------------------------------------------------- opaque
+    def _map(self, node: ast.Call) -> Node:
+        """``map(f, (q, k))`` (or over ``x.chunk(3, dim=-1)``), with ``f`` a lambda or a
+        function of this file: the tuple of ``f`` applied to each item, so that ``q, k =
+        map(lambda t: t * cos + rotate_half(t) * sin, (q, k))`` keeps what q and k are."""
+        if len(node.args) != 2 or node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+            return self.opaque(node)
+        fn, sequence = node.args
+        if isinstance(fn, ast.Lambda):
+            a = fn.args
+            if a.vararg or a.kwarg or a.kwonlyargs or len([*a.posonlyargs, *a.args]) != 1:
+                return self.opaque(node)
+        elif not isinstance(fn, ast.Name) or fn.id not in self.scope.unit.functions or fn.id in self.scope.env:
+            return self.opaque(node)
+        items = self._items(self.lower(sequence))
+        if items is None:
+            return self.opaque(node)
+        results = []
+        for i, item in enumerate(items):
+            name = f"map@item{i}"
+            argument = ast.copy_location(ast.Name(id=name, ctx=ast.Load()), sequence)
+            call = ast.copy_location(ast.Call(func=fn, args=[argument], keywords=[]), node)
+            with self.scope.bound({name: item}):
+                if isinstance(fn, ast.Lambda):
+                    result = self._lambda_call(fn, call)
+                else:
+                    # Even a callee with no formula word (l2norm): what it does to
+                    # each item is what the items are afterwards.
+                    result = self.scope.inline_function(fn.id, call, self, any_callee=True)
+                    if result is not None:
+                        self.inlined.add(id(result))
+            if result is None:
+                return self.opaque(node)
+            results.append(result)
+        return self.b.op("tuple", results)
+
+    def _items(self, value: Node) -> list[Node] | None:
+        """The items of a sequence ``map`` walks: a tuple's, or the pieces of a chunk
+        into a constant number of parts."""
+        if value.op == "tuple" and not value.kwargs and all(a.op != "star" for a in value.args):
+            return list(value.args) if 0 < len(value.args) <= 8 else None
+        if value.op == "chunk" and len(value.args) >= 2 and value.args[1].is_const:
+            count = value.args[1].value
+            if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= 8:
+                return [self.b.op("getitem", (value, self.b.const(i))) for i in range(count)]
+        return None
+
+    def _lambda_call(self, fn: ast.Lambda, node: ast.Call) -> Node:
+        """``(lambda t: body)(x)``: the body with its parameters bound to the arguments.
+        The lambda is also read alone, its parameters free, as any lambda is."""
+        self.scope.unit.add_lambda(fn, self.scope)
+        a = fn.args
+        params = [*a.posonlyargs, *a.args]
+        if (a.vararg or a.kwarg or a.kwonlyargs or node.keywords or len(node.args) != len(params)
+                or any(isinstance(x, ast.Starred) for x in node.args)):
+            return self.opaque(node)
+        values = {p.arg: self.lower(arg) for p, arg in zip(params, node.args)}
+        with self.scope.bound(values):
+            return self.lower(fn.body)
+
     def opaque(self, node: ast.expr, lower_children: bool = True) -> Node:
         """A free variable standing for an expression the interpreter does not know.
         The expressions inside a call are lowered as separate roots."""

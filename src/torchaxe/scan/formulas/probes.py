@@ -22,7 +22,9 @@ FULL, VECTOR, SCALAR, BOOL, COMPLEX, INT, SIZE, HALF, CUBE, BOUND, COUNT, MATRIX
     "full", "vector", "scalar", "bool", "complex", "int", "size", "half", "cube", "bound", "count", "matrix",
     "shape", "bool3")
 #: Operations whose extra arguments are sizes (a whole shape may stand in one of them).
-_SIZE_ARGS = frozenset({"view", "reshape", "expand", "repeat", "unflatten"})
+_SIZE_ARGS = frozenset({"view", "reshape", "expand", "repeat", "unflatten", "rearrange", "einops_repeat"})
+#: einops calls: their keyword arguments are axis lengths (``h=self.heads``).
+_EINOPS = frozenset({"rearrange", "einops_repeat"})
 
 #: The value a scalar variable takes: not 1 or 0 (they hide mistakes) and large enough
 #: that where an ``eps`` sits in a formula changes the result.
@@ -36,11 +38,11 @@ _SIZE_NAMES = re.compile(
 )
 _DATA_FIRST = V.REDUCTIONS | {"softmax", "log_softmax", "shape", "size", "dim", "ndim", "numel", "view_as_complex",
                               "chunk", "split", "unbind", "getitem", "linear", "layer_norm", "expand_as",
-                              "view_as", "reshape_as"}
+                              "view_as", "reshape_as", "rearrange", "einops_repeat"}
 _INT_ARGS = V.REDUCTIONS | {"softmax", "log_softmax", "transpose", "swapaxes", "permute", "view", "reshape",
                             "unsqueeze", "squeeze", "flatten", "unflatten", "expand", "repeat", "narrow", "chunk",
                             "split", "unbind", "size", "getitem", "tril", "triu", "flip", "repeat_interleave",
-                            "cat", "stack"}
+                            "cat", "stack", "rearrange", "einops_repeat"}
 
 
 #: Names of a size raised to a half power (``dim ** -0.5``), where no size name matches.
@@ -157,6 +159,14 @@ def infer_roles(root: Node) -> dict[str, str]:
     for node in walk(root):
         if node.op in ("add", "sub", "mul", "div", "floordiv", "mod", "pow"):
             arithmetic.update(a.value for a in node.args if a.op == VAR)
+        elif node.op in _EINOPS:
+            # An axis length is a count (of heads, of groups), as ``C // self.n_head`` is.
+            arithmetic.update(a.value for _, a in node.kwargs if a.op == VAR)
+            rank = _einops_rank(node)
+            if rank is not None and 2 <= rank <= 3:
+                # 'b n (h d) -> b h n d' takes a three-dimensional tensor.
+                for name in _strict_data(node.args[0], {}):
+                    ranks.setdefault(name, set()).add(rank)
         if node.op == "getitem" and len(node.args) == 2 and node.args[0].op == VAR:
             # x[:n, :n] indexes a matrix: as many dimensions as indices (no ..., no None).
             index = node.args[1]
@@ -238,6 +248,22 @@ def infer_roles(root: Node) -> dict[str, str]:
     return roles
 
 
+def _einops_rank(node: Node) -> int | None:
+    """The rank an einops call's pattern gives its input, when it has no ``...``."""
+    from torchaxe.scan.formulas.einops_patterns import PatternError, parse_side
+
+    pattern = node.args[1] if len(node.args) > 1 else None
+    if pattern is None or pattern.op != CONST or not isinstance(pattern.value, str) or "->" not in pattern.value:
+        return None
+    left = pattern.value.split("->")[0]
+    if "..." in left:
+        return None
+    try:
+        return len(parse_side(left))
+    except PatternError:
+        return None
+
+
 def _channel_index(parts: tuple[Node, ...]) -> bool:
     """``[:, None]``, ``[:, None, None]``: one whole slice, first, then only new axes."""
     if len(parts) < 2 or parts[0].op != "slice" or any(a.op != CONST or a.value is not None for a in parts[0].args):
@@ -267,7 +293,7 @@ def scalarish(node: Node) -> bool:
     return False
 
 
-_RESHAPES = frozenset({"reshape", "view", "flatten", "unflatten"})
+_RESHAPES = frozenset({"reshape", "view", "flatten", "unflatten", "rearrange", "einops_repeat"})
 
 
 def _strict_data(node: Node, memo: dict[int, frozenset[str]], stop: frozenset[str] = frozenset()) -> frozenset[str]:
@@ -367,7 +393,9 @@ def widened_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
         if node.op != "chunk" or len(node.args) < 2:
             continue
         source = node.args[0]
+        added = False
         while source.op in _WIDTH_KEEPING and source.args:
+            added = added or source.op == "unsqueeze"
             source = source.args[0]  # freqs.unsqueeze(-2).chunk(2, dim=-1)
         if source.op != VAR:
             continue
@@ -377,7 +405,9 @@ def widened_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
             continue
         name = source.value
         if roles.get(name) in (FULL, CUBE):
-            changed[name] = f"{roles[name]}{WIDE}{count.value}"
+            # Unsqueezed before it meets the data: one dimension fewer than the data.
+            base = CUBE if added and roles[name] == FULL else roles[name]
+            changed[name] = f"{base}{WIDE}{count.value}"
     return {**roles, **changed} if changed else None
 
 

@@ -25,7 +25,7 @@ for _op in ("tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt", "abs", "reciprocal
             "amax", "amin", "var", "std", "var_mean", "norm", "logsumexp", "softmax", "log_softmax", "matmul", "bmm",
             "mm", "einsum", "baddbmm", "transpose", "permute", "reshape", "flatten", "unflatten", "unsqueeze",
             "squeeze", "cat", "stack", "chunk", "split", "unbind", "view_as_complex", "view_as_real", "polar",
-            "ones_like", "zeros_like", "full_like", "tril", "triu", "flip", "narrow", "repeat_interleave", "erf",
+            "ones_like", "zeros_like", "full_like", "empty_like", "tril", "triu", "flip", "narrow", "repeat_interleave", "erf",
             "erfc", "pow", "mul", "add", "sub", "div", "max", "min", "exp2", "dropout", "tensor", "finfo",
             "swapaxes", "t", "outer"):
     FUNCTIONS[_T + _op] = _op
@@ -62,6 +62,9 @@ _register("norm", _L + "norm")
 _register("vector_norm", _L + "vector_norm")
 _register("matmul", _L + "matmul")
 _register("finfo", _T + "finfo", _T + "iinfo")
+# einops moves axes by pattern: evaluated with views (einops_patterns), never imported.
+_register("rearrange", "einops.rearrange")
+_register("einops_repeat", "einops.repeat")
 # math / numpy on constants (folded when every argument is a number).
 for _mod in ("math.", "numpy."):
     for _op in ("sqrt", "exp", "log", "tanh", "erf", "abs"):
@@ -124,6 +127,7 @@ LAYOUT = frozenset({
     "expand_as", "contiguous", "chunk", "split", "unbind", "cat", "stack", "getitem", "repeat", "repeat_interleave",
     "flip", "narrow", "view_as", "reshape_as", "clone", "detach", "cast", "T", "mT", "t", "swapaxes", "tuple",
     "slice", "size", "shape", "dim", "ndim", "numel", "dtype", "device", "dropout", "values", "indices",
+    "rearrange", "einops_repeat",
 })
 #: Reductions over a dimension.
 REDUCTIONS = frozenset({"mean", "sum", "amax", "amin", "max", "min", "var", "std", "var_mean", "norm",
@@ -131,6 +135,6 @@ REDUCTIONS = frozenset({"mean", "sum", "amax", "amin", "max", "min", "var", "std
 MATMULS = frozenset({"matmul", "bmm", "mm", "einsum", "baddbmm"})
 #: Operations whose presence makes a tree worth evaluating at all.
 ANCHORS = frozenset({"tanh", "erf", "erfc", "ndtr", "sigmoid", "exp", "exp2", "rsqrt", "sqrt", "silu", "softmax",
-                     "view_as_complex", "cat", "stack", "mean", "var", "std", "var_mean", "norm", "vector_norm"})
+                     "view_as_complex", "cat", "stack", "setitem", "mean", "var", "std", "var_mean", "norm", "vector_norm"})
 #: Keyword arguments dropped before evaluation: they write to or retype the probes.
 DROPPED_KEYWORDS = frozenset({"out", "inplace", "dtype", "device", "non_blocking", "memory_format", "copy"})

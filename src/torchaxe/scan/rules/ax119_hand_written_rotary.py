@@ -13,10 +13,13 @@ class HandWrittenRotary(FormulaRule):
     On the `npu` target, flags rotary position embedding applied by hand:
     `x * cos + rotate_half(x) * sin` (the Hugging Face form, with `rotate_half`
     inlined from the same file), the interleaved GPT-J form, the complex-multiply form
-    (`view_as_complex(x.reshape(..., -1, 2)) * freqs_cis`) and the split-halves form.
-    Recognised by its values: the expression must be linear in `x` with a per-element
-    cos and sin and a half or interleaved rotation, which are solved for from a few
-    evaluations.
+    (`view_as_complex(x.reshape(..., -1, 2)) * freqs_cis`) and the split-halves form,
+    however the code spells them: applied to q and k through `map(lambda t: ..., (q, k))`
+    or a comprehension, with pairs regrouped by einops' `rearrange`, or with the even and
+    odd lanes written into a new tensor (`out = torch.empty_like(x); out[..., 0::2] =
+    ...`). Recognised by its values: the expression must be linear in `x` with a
+    per-element cos and sin and a half or interleaved rotation, which are solved for
+    from a few evaluations.
 
     ## Why is this bad?
     Each application runs five to eight kernels (slices, negation, concatenation, two
@@ -58,7 +61,7 @@ class HandWrittenRotary(FormulaRule):
     fix_safety = Applicability.UNSAFE
     safety_by_target = {"npu": Applicability.UNSAFE}
     targets = ("npu",)
-    requires_text = ("cat(", "stack(", "view_as_complex(", "concat(")
+    requires_text = ("cat(", "stack(", "view_as_complex(", "concat(", "empty_like(", "zeros_like(")
     references = ("https://www.hiascend.com/document (torch_npu.npu_rotary_mul)",)
     examples = (
         Invalid(
