@@ -5,7 +5,7 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from einops import rearrange
+from einops import rearrange, repeat
 from torch.nn.functional import scaled_dot_product_attention as fused_attention
 
 
@@ -683,6 +683,27 @@ class SharedKeyAttention(nn.Module):  # formula: attention
         attn = sim.softmax(dim=-1)
         out = torch.einsum("b h i j, b j d -> b h i d", attn, v)
         return self.to_out(rearrange(out, "b h n d -> b n (h d)"))
+
+
+class NullKeyCosineAttention(nn.Module):  # formula: attention
+    """One shared key/value head with a learned null key and value put in front (each
+    unbound from one parameter, repeated by einops through map), queries and keys
+    l2-normalised and scaled (an RMSNorm of its own), weights softmaxed in float32."""
+
+    def forward(self, x):
+        b = x.shape[0]
+        q, k, v = (self.to_q(x), *self.to_kv(x).chunk(2, dim=-1))
+        q = rearrange(q, "b n (h d) -> b h n d", h=self.heads)
+        nk, nv = map(lambda t: repeat(t, "d -> b 1 d", b=b), self.null_kv.unbind(dim=-2))
+        k = torch.cat((nk, k), dim=-2)
+        v = torch.cat((nv, v), dim=-2)
+        q, k = map(l2norm, (q, k))
+        q = q * self.q_scale
+        k = k * self.k_scale
+        sim = torch.einsum("b h i d, b j d -> b h i j", q, k) * self.scale
+        attn = sim.softmax(dim=-1, dtype=torch.float32).to(sim.dtype)
+        out = torch.einsum("b h i j, b j d -> b h i d", attn, v)
+        return rearrange(out, "b h n d -> b n (h d)")
 
 
 class EinopsPooling(nn.Module):  # lookalike: attention

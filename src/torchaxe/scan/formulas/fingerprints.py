@@ -911,19 +911,28 @@ def compute(root: Node, roles: dict[str, str], categories: frozenset[str]) -> li
         order = list(walk(root))
         primary = Probing(roles, PRIMARY)
         matches = _match(root, primary, categories, order)
-        if not matches:
-            # Other guesses at shapes: a tree that does not evaluate may take half-wide
-            # inputs; one that splits a tensor in k along its last dimension may take a
-            # k-times-wide one (it may evaluate all the same, its pieces broadcasting
-            # where they should have met); sizes computed from a head count may need a
-            # count of one.
+        # Categories with a candidate in the tree that the first probes left unmatched
+        # (the attention around a matched qk-norm): other guesses at shapes for them.
+        unmatched = categories - {m.category for m in matches}
+        if matches:
+            unmatched = frozenset(c for c in unmatched if c in P.TESTS and any(
+                P.TESTS[c](n) for n in P.candidates(order)))
+        if unmatched:
+            # A tree that does not evaluate may take half-wide inputs; one that splits
+            # a tensor in k along its last dimension may take a k-times-wide one (it may
+            # evaluate all the same, its pieces broadcasting where they should have
+            # met); sizes computed from a head count may need a count of one, alone or
+            # with a widened input.
             failed = not is_tensor(primary.value(root))
-            guesses = [half_width_roles(root, roles) if failed else None, widened_roles(root, roles)]
-            for second in (*guesses, single_count_roles(roles)):
-                if second is not None:
-                    matches = _match(root, Probing(second, PRIMARY), categories, order)
-                    if matches:
-                        break
+            widened = widened_roles(root, roles)
+            guesses = (half_width_roles(root, roles) if failed else None, widened, single_count_roles(roles),
+                       single_count_roles(widened) if widened is not None else None)
+            for second in guesses:
+                if second is not None and unmatched:
+                    more = _match(root, Probing(second, PRIMARY), unmatched, order)
+                    if more:
+                        matches = sorted([*matches, *more], key=lambda m: -m.node.size)
+                        unmatched = unmatched - {m.category for m in more}
         return matches
     finally:
         torch.set_num_threads(threads)

@@ -446,6 +446,8 @@ class Scope:
                     node = _item(b, base, index)
             else:
                 low = ExpressionLowering(self, b, self.unit.text)
+                if thunk.kind == "value" and isinstance(thunk.extra, int):
+                    low.unpacked = (thunk.expr, thunk.extra)  # type: ignore[assignment]
                 node = low.lower(thunk.expr)  # type: ignore[arg-type]
                 if thunk.kind == "aug":
                     op, name = thunk.extra  # type: ignore[misc]
@@ -557,10 +559,13 @@ class Scope:
         return False
 
     def _value(self, stmt: ast.stmt, expr: ast.expr, relevant: bool) -> Node | Thunk:
+        unpacked = _unpacked_count(stmt)
         if relevant:
-            return self._root(expr, ExpressionLowering(self, self.unit.builder, self.unit.text))
+            low = ExpressionLowering(self, self.unit.builder, self.unit.text)
+            low.unpacked = (expr, unpacked) if unpacked else None
+            return self._root(expr, low)
         env, versions = self._snapshot()
-        return Thunk(expr, env, versions)
+        return Thunk(expr, env, versions, extra=unpacked)
 
     def _statement(self, stmt: ast.stmt) -> bool:
         relevant = isinstance(stmt, (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)) and (
@@ -767,6 +772,15 @@ class Scope:
                 return None
             values[param.arg] = b.const(default.value)
         return values
+
+
+def _unpacked_count(stmt: ast.stmt) -> int | None:
+    """How many names ``stmt`` unpacks its value into (``nk, nv = ...``: 2), if it does."""
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], (ast.Tuple, ast.List)):
+        elts = stmt.targets[0].elts
+        if elts and not any(isinstance(e, ast.Starred) for e in elts):
+            return len(elts)
+    return None
 
 
 def _plain_tuple(node: Node) -> bool:

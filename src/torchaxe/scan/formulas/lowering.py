@@ -53,6 +53,9 @@ class ExpressionLowering:
         #: Every node the callees inlined here built (part of this statement's math),
         #: with the callee that built it.
         self.inlined_made: dict[int, ast.AST] = {}
+        #: The statement's value and how many names it is unpacked into (``nk, nv =
+        #: map(f, kv.unbind(dim=-2))``: 2), when it is.
+        self.unpacked: tuple[ast.expr, int] | None = None
 
     # ----------------------------------------------------------------- entry
     def lower(self, node: ast.expr) -> Node:
@@ -352,7 +355,8 @@ class ExpressionLowering:
                 return self.opaque(node)
         elif not isinstance(fn, ast.Name) or fn.id not in self.scope.unit.functions or fn.id in self.scope.env:
             return self.opaque(node)
-        items = self._items(self.lower(sequence))
+        count = self.unpacked[1] if self.unpacked is not None and self.unpacked[0] is node else None
+        items = self._items(self.lower(sequence), count)
         if items is None:
             return self.opaque(node)
         results = []
@@ -374,15 +378,19 @@ class ExpressionLowering:
             results.append(result)
         return self.b.op("tuple", results)
 
-    def _items(self, value: Node) -> list[Node] | None:
-        """The items of a sequence ``map`` walks: a tuple's, or the pieces of a chunk
-        into a constant number of parts."""
+    def _items(self, value: Node, unpacked: int | None = None) -> list[Node] | None:
+        """The items of a sequence ``map`` walks: a tuple's, the pieces of a chunk into
+        a constant number of parts, or of an unbind or split whose result the statement
+        unpacks into that many names."""
         if value.op == "tuple" and not value.kwargs and all(a.op != "star" for a in value.args):
             return list(value.args) if 0 < len(value.args) <= 8 else None
+        count = None
         if value.op == "chunk" and len(value.args) >= 2 and value.args[1].is_const:
             count = value.args[1].value
-            if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= 8:
-                return [self.b.op("getitem", (value, self.b.const(i))) for i in range(count)]
+        elif value.op in ("unbind", "split") and unpacked is not None:
+            count = unpacked
+        if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= 8:
+            return [self.b.op("getitem", (value, self.b.const(i))) for i in range(count)]
         return None
 
     def _lambda_call(self, fn: ast.Lambda, node: ast.Call) -> Node:

@@ -163,9 +163,13 @@ def infer_roles(root: Node) -> dict[str, str]:
             # An axis length is a count (of heads, of groups), as ``C // self.n_head`` is.
             arithmetic.update(a.value for _, a in node.kwargs if a.op == VAR)
             rank = _einops_rank(node)
-            if rank is not None and 2 <= rank <= 3:
+            source = _unbound_source(node.args[0], rank) if rank is not None else None
+            if source is not None:
+                # repeat(t, 'd -> b 1 d') of t = null_kv.unbind(dim=-2)[0]: null_kv is a matrix.
+                ranks.setdefault(source[0], set()).add(source[1])
+            elif rank is not None and 2 <= rank <= 3:
                 # 'b n (h d) -> b h n d' takes a three-dimensional tensor.
-                for name in _strict_data(node.args[0], {}):
+                for name in _strict_data(node.args[0], {}, stop=_EINOPS):
                     ranks.setdefault(name, set()).add(rank)
         if node.op == "getitem" and len(node.args) == 2 and node.args[0].op == VAR:
             # x[:n, :n] indexes a matrix: as many dimensions as indices (no ..., no None).
@@ -199,7 +203,8 @@ def infer_roles(root: Node) -> dict[str, str]:
             for spec, arg in zip(inputs, node.args[1:]):
                 letters = [c for c in spec if c.isalpha()]
                 if "." not in spec and 2 <= len(letters) <= 3:
-                    for name in _strict_data(arg, memo):
+                    # Not through einops, which changes the rank by design.
+                    for name in _strict_data(arg, memo, stop=_EINOPS):
                         ranks.setdefault(name, set()).add(len(letters))
         elif node.op == "slice":
             for arg in node.args:
@@ -246,6 +251,24 @@ def infer_roles(root: Node) -> dict[str, str]:
             role = VECTOR if reduces else FULL
         roles[name] = role
     return roles
+
+
+def _unbound_source(node: Node, rank: int) -> tuple[str, int] | None:
+    """The variable an item of ``x.unbind(...)`` comes from, and its rank (one more
+    than the item's), when ``node`` is such an item (through casts)."""
+    added = 0
+    while True:
+        if node.op in ("cast", "contiguous", "clone", "detach") and node.args:
+            node = node.args[0]
+        elif (node.op == "getitem" and len(node.args) == 2 and node.args[0].op == "unbind" and node.args[0].args
+              and node.args[1].op == CONST and isinstance(node.args[1].value, int)):
+            node = node.args[0].args[0]
+            added += 1
+        else:
+            break
+    if not added or node.op != VAR or not 1 <= rank + added <= 3:
+        return None
+    return node.value, rank + added
 
 
 def _einops_rank(node: Node) -> int | None:
