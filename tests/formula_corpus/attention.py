@@ -715,3 +715,22 @@ class EinopsPooling(nn.Module):  # lookalike: attention
         weights = logits.softmax(dim=-1)
         values = rearrange(self.to_v(x), "b n (h d) -> b h n d", h=self.heads)
         return torch.einsum("b h n, b h n d -> b h d", weights, values)
+
+
+def chunk_summary_heads_middle(query, key, value):  # formula: attention
+    """One key chunk of a memory-efficient attention with heads between positions and
+    features ('...qhd'): exp of the shifted scores times the values (written first in
+    the equation), the sums and maxima kept for the merge."""
+    attn_weights = torch.einsum("...qhd,...khd->...qhk", query, key)
+    max_score, _ = torch.max(attn_weights, -1, keepdim=True)
+    max_score = max_score.detach()
+    exp_weights = torch.exp(attn_weights - max_score)
+    exp_values = torch.einsum("...vhf,...qhv->...qhf", value, exp_weights)
+    return exp_values, exp_weights.sum(dim=-1), torch.einsum("...qhk->...qh", max_score)
+
+
+def value_weighted_by_exp_gate(value, gate_logits):  # lookalike: attention
+    """Values written first and scaled by an exponential gate per head: no scores from
+    a query and a key."""
+    weights = torch.exp(gate_logits - gate_logits.amax(-1, keepdim=True))
+    return torch.einsum("...vhf,...qhv->...qhf", value, weights)

@@ -549,6 +549,8 @@ _SCORE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] 
     "BSND": lambda q, k: _rank(q, 4).transpose(1, 2) @ _rank(k, 4).transpose(1, 2).transpose(-2, -1),
     "BNSD-shared": lambda q, k: _rank(q, 4) @ _rank(k, 3).unsqueeze(1).transpose(-2, -1),
     "BDS": lambda q, k: _rank(q, k.ndim).transpose(-2, -1) @ k,
+    # positions first, heads in the middle, and the scores kept so ('...qhd,...khd->...qhk')
+    "BSND-qhk": lambda q, k: (_rank(q, 4).transpose(1, 2) @ _rank(k, 4).transpose(1, 2).transpose(-2, -1)).transpose(1, 2),
 }
 _VALUE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "BNSD": lambda p, v: p @ v,
@@ -557,6 +559,8 @@ _VALUE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] 
     "BDS": lambda p, v: (_rank(p, v.ndim) @ v.transpose(-2, -1)).transpose(-2, -1),
     # values channels-first, output positions-first ('b h i j, b h d j -> b h i d')
     "BDS-v": lambda p, v: _rank(p, v.ndim) @ v.transpose(-2, -1),
+    # weights (b, q, h, k) and values (b, k, h, d), as '...qhk,...khd->...qhd' takes them
+    "BSND-qhk": lambda p, v: (_rank(p, 4).transpose(1, 2) @ _rank(v, 4).transpose(1, 2)).transpose(1, 2),
 }
 
 
@@ -573,6 +577,9 @@ class AttentionMatcher(Matcher):
             if len(node.args) != 3:
                 return None
             p_node, v_node = node.args[1], node.args[2]
+            if not p_node.ops & {"softmax", "exp"} and v_node.ops & {"softmax", "exp"}:
+                # '...vhf,...qhv->...qhf': the values written first.
+                p_node, v_node = v_node, p_node
         elif len(node.args) == 2:
             p_node, v_node = node.args
         else:

@@ -146,8 +146,9 @@ class HandWrittenAttention(FormulaRule):
     Flags attention computed by hand: `softmax(q @ k^T * scale [+ mask]) [dropout] @ v`,
     with `matmul`, `@`, `bmm` or `einsum` (BNSD or BSND layouts; in einsum also one
     key/value head shared by every query head, `'b h i d, b j d -> b h i j'`, and
-    channels before positions, `'bct,bcs->bts'`, as diffusion U-Nets write it; these
-    are advice only), and one chunk of a memory-efficient attention
+    channels before positions, `'bct,bcs->bts'`, as diffusion U-Nets write it, and
+    heads between positions and features throughout, `'...qhd,...khd->...qhk'` with the
+    values written first or second; these are advice only), and one chunk of a memory-efficient attention
     (`exp(scores - max) @ v` with its sum kept apart for the merge, advice only), a scale written as a
     division by `sqrt(d)` or a multiplication, an additive or `masked_fill` mask and
     dropout on the weights. Scores made with `torch.baddbmm(bias, q, k^T, beta=,
@@ -289,7 +290,8 @@ class HandWrittenAttention(FormulaRule):
             k = f"{atom(k)}.transpose(-2, -1)"  # the source keeps the key already transposed
         scale = _scale_argument(match)
         if ctx.target == "npu":
-            layout = params.get("layout") if params.get("layout") in ("BNSD", "BSND") else "BNSD"
+            layout = {"BSND-qhk": "BSND"}.get(params.get("layout"), params.get("layout"))
+            layout = layout if layout in ("BNSD", "BSND") else "BNSD"
             scale_value = "scale=<the score scale>" if scale is None else (
                 "scale=1 / math.sqrt(head_dim)" if scale == "" else scale.lstrip(", "))
             mask = ", atten_mask=<True where masked>" if params.get("masked") else ""
