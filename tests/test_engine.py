@@ -195,3 +195,22 @@ def test_columns_count_characters_not_bytes(tmp_path):
     write(tmp_path / "u.py", "import torch\nnom = 'é'; opt = torch.optim.SGD(p)\n")
     (f,) = scan_paths([tmp_path], ScanOptions(select=("AX201",))).findings
     assert f.col == len("nom = 'é'; opt = ") + 1
+
+
+def test_prefilter_reads_accumulation_files_and_every_ddp_building_file():
+    """AX601 reads a file with a backward and a word of accumulation, and any file
+    that builds DDP (for what it imports), but not torch's many files that only say
+    "accumulate"."""
+    from torchaxe.scan.engine import _applicable
+    from torchaxe.scan.rules import get_rule
+
+    rule = get_rule("AX601")()
+
+    def reads(source: str) -> bool:
+        return bool(_applicable([rule], source, "cpu"))
+
+    assert reads("loss.backward()\nif (i + 1) % accum_steps == 0:\n    opt.step()\n")
+    assert reads("loss_scaler(loss, opt, update_grad=(i + 1) % accum_iter == 0)\n")
+    assert reads("from torch.nn.parallel import DistributedDataParallel\nimport engine\n")
+    assert not reads("def accumulate(xs):\n    return sum(xs)\n")
+    assert not reads("loss.backward()\nopt.step()\n")

@@ -109,9 +109,10 @@ def _applicable(rules: list[Rule], source: str, target: str) -> list[Rule]:
         r
         for r in rules
         if target in r.targets
-        and (not r.requires_text or has(r.requires_text))
-        and (not r.also_requires_text or has(r.also_requires_text))
-        and (r.requires_pattern is None or r.requires_pattern.search(source) is not None)
+        and ((r.sufficient_text and has(r.sufficient_text)) or (
+            (not r.requires_text or has(r.requires_text))
+            and (not r.also_requires_text or has(r.also_requires_text))
+            and (r.requires_pattern is None or r.requires_pattern.search(source) is not None)))
     ]
 
 

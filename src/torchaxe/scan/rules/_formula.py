@@ -214,7 +214,7 @@ def _branches_left_out(ctx: FileContext, match: FormulaMatch) -> str:
         about = {n.id for n in fast_walk(under.test) if isinstance(n, ast.Name)}
         if about & inputs:
             continue
-        test = ast.get_source_segment(ctx.source, under.test) or ast.unparse(under.test)
+        test = ctx.text(under.test) or ast.unparse(under.test)
         found.append(f"{', '.join(sorted(names))} under `if {test}:` (line {under.lineno})")
     return "; ".join(found)
 

@@ -131,7 +131,11 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
     fix_safety = Applicability.UNSAFE
     # A file that builds DDP is read even without a backward (it may import the file
     # that has the loop); a file with an accumulation count, for that loop.
-    requires_text = ("DistributedDataParallel", "Accelerator", "accum", "update_freq", "grad_acc")
+    # A loop that accumulates: a backward (or a loss scaler told when to step) and a
+    # word of accumulation; a file that builds DDP is read for what it imports.
+    requires_text = ("backward", "update_grad", "need_update")
+    also_requires_text = ("accum", "update_freq", "grad_acc")
+    sufficient_text = ("DistributedDataParallel", "Accelerator")
     references = (
         "https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html"
         "#torch.nn.parallel.DistributedDataParallel.no_sync",

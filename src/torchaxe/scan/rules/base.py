@@ -71,6 +71,9 @@ class Rule:
     #: And, when set, a match of this pattern: run only on files that passed the
     #: substring tests, for rules that look for a few exact definitions.
     requires_pattern: ClassVar[re.Pattern[str] | None] = None
+    #: A file whose text contains one of these is visited whatever the tests above
+    #: say (AX601 records what a DDP-building file imports even when it has no loop).
+    sufficient_text: ClassVar[tuple[str, ...]] = ()
     #: The rule reads formula matches (so a parallel scan starts an evaluator for it).
     uses_formulas: ClassVar[bool] = False
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
