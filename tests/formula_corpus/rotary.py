@@ -165,3 +165,41 @@ def pairs_mapped_without_rotation(q, k, pos_emb):  # lookalike: rotary
     q, k = map(lambda t: t * gain + rearrange(rearrange(t, "... (d j) -> ... d j", j=2), "... d j -> ... (d j)") * bias,
                (q, k))
     return q, k
+
+
+class PairFlipRotary(nn.Module):  # formula: rotary
+    """Pairs swapped with a flip and the sign folded into the stored sine table: no
+    cos or sin names, factors sliced out of buffers with new axes around them."""
+
+    def rotary(self, x_BTHD):
+        factor1, factor2 = (
+            self.factor1[None, : x_BTHD.size(-3), None, :],
+            self.factor2[None, : x_BTHD.size(-3), None, :],
+        )
+        x_flip = x_BTHD.view(*x_BTHD.shape[:-1], x_BTHD.shape[-1] // 2, 2).flip(-1).view(x_BTHD.shape)
+        return factor1 * x_BTHD + factor2 * x_flip
+
+
+def _rotate_half_into(x):
+    half = x.shape[-1] // 2
+    out = torch.empty_like(x)
+    out[..., :half] = -x[..., half:]
+    out[..., half:] = x[..., :half]
+    return out
+
+
+def rotary_through_alias(query, cos, sin, use_half=True):  # formula: rotary
+    """The rotation picked into a local by a branch, then called through it."""
+    if use_half:
+        rotate_fn = _rotate_half_into
+    else:
+        rotate_fn = _swap_halves
+    return (query * cos) + (rotate_fn(query) * sin)
+
+
+class ReversedMix(nn.Module):  # lookalike: rotary
+    """Features mixed with their reversal (a flip of the whole last dimension): no
+    rotation of pairs or halves."""
+
+    def forward(self, x):
+        return self.a[None, :, None, :] * x + self.b[None, :, None, :] * x.flip(-1)

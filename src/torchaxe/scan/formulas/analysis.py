@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 #: npu, where they have fused operators.
 STRONG_WORDS = ("tanh", "erf", "erfc", "ndtr", "sigmoid", "expit", "exp", "rsqrt", "sqrt", "softmax", "Softmax")
 WEAK_WORDS = ("mean", "var", "std", "var_mean", "norm", "vector_norm")
-NPU_WORDS = ("silu", "view_as_complex", "cat", "concat", "stack", "empty_like", "zeros_like")
+NPU_WORDS = ("silu", "view_as_complex", "cat", "concat", "stack", "empty_like", "zeros_like", "flip")
 _POWER = ("**", "pow(", "std(", "var(", "var_mean(", "square(", ".norm(")
 #: ``F.normalize`` counts only in a definition that also scales by a stored factor
 #: (``F.normalize(x, dim=-1) * self.scale * self.g``) or takes a power.
@@ -181,6 +181,13 @@ def _word_offsets(words: tuple[str, ...], source: str, skip_definitions: bool = 
     return offsets
 
 
+def _name_offsets(names: tuple[str, ...], source: str) -> list[int]:
+    """Offsets where one of ``names`` is used as a value, not called (``rotate_fn =
+    rotate_half``, ``map(l2norm, (q, k))``): the call through the alias is then read."""
+    pattern = re.compile(r"(?<![\w.])(?:" + "|".join(map(re.escape, names)) + r")(?![\w(])(?!\s*\()")
+    return [m.start() for m in pattern.finditer(source) if not source[max(0, m.start() - 4):m.start()] == "def "]
+
+
 def _to_lines(offsets: list[int], starts: list[int]) -> list[int]:
     return sorted({bisect.bisect_right(starts, o) + 1 for o in offsets})
 
@@ -253,7 +260,8 @@ def _plan(ctx: FileContext) -> tuple[list[tuple[ast.AST, ast.ClassDef | None]], 
     relevant = hits
     names = tuple(sorted({d.name for d, _ in hot}))  # type: ignore[attr-defined]
     if names:
-        relevant = sorted(set(hits).union(_to_lines(_word_offsets(names, source, skip_definitions=True), starts)))
+        relevant = sorted(set(hits).union(_to_lines(_word_offsets(names, source, skip_definitions=True), starts),
+                                          _to_lines(_name_offsets(names, source), starts)))
     chosen = [(d, c) for d, c in definitions if _overlaps(d, relevant)]
     if any(_overlaps(s, relevant) for s in ctx.tree.body if not isinstance(s, (*_SCOPES, ast.ClassDef))):
         chosen.append((ctx.tree, None))

@@ -483,11 +483,12 @@ class Scope:
             else:
                 for i, elt in enumerate(target.elts):
                     self.bind(elt, Thunk(None, {}, {}, "item", (value, i)))
-        elif isinstance(target, ast.Subscript) and isinstance(value, Node) and isinstance(target.value, ast.Name) \
+        elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
                 and self.lookup(target.value.id) is not None:
             # out[..., 0::2] = x1 * cos - x2 * sin: a new value of out with that part written.
             low = ExpressionLowering(self, b, self.unit.text)
-            node = b.op("setitem", (self.lookup(target.value.id), low._index(target.slice), value))
+            written = self._force(value) if isinstance(value, Thunk) else value
+            node = b.op("setitem", (self.lookup(target.value.id), low._index(target.slice), written))
             self._collect(low, None, None)
             self.env[target.value.id] = node
             self._bump(target.value.id)

@@ -217,6 +217,17 @@ class ExpressionLowering:
             if func.id == "map" and func.id not in self.scope.unit.module_names and func.id not in self.scope.env:
                 return self._map(node)
             if func.id in self.scope.env:
+                alias = self.scope.lookup(func.id)
+                if (alias is not None and alias.op == "$var" and alias.value in self.scope.unit.functions
+                        and alias.value not in self.scope.env):
+                    # rotate_fn = rotate_half (chosen by a branch), then rotate_fn(q).
+                    call = ast.copy_location(ast.Call(func=ast.copy_location(ast.Name(id=alias.value, ctx=ast.Load()),
+                                                                               func),
+                                                      args=node.args, keywords=node.keywords), node)
+                    inlined = self.scope.inline_function(alias.value, call, self)
+                    if inlined is not None:
+                        self.inlined.add(id(inlined))
+                        return inlined
                 return self.opaque(node)  # a local callable
             inlined = self.scope.inline_function(func.id, node, self)
             if inlined is not None:

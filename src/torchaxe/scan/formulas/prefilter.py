@@ -161,7 +161,7 @@ def attention(node: Node) -> bool:
 
 def rotary(node: Node) -> bool:
     return node.op in ("add", "sub", "cat", "flatten", "reshape", "view", "cast", "view_as_real", "setitem") and bool(
-        node.ops & {"cat", "stack", "view_as_complex", "setitem"}) and "mul" in node.ops
+        node.ops & {"cat", "stack", "view_as_complex", "setitem", "flip"}) and "mul" in node.ops
 
 
 def swiglu(node: Node) -> bool:

@@ -181,6 +181,13 @@ def infer_roles(root: Node) -> dict[str, str]:
             elif _channel_index(parts):
                 # w[:, None, None]: a per-channel vector broadcast over the trailing dimensions.
                 ranks.setdefault(node.args[0].value, set()).add(1)
+            elif index.op == "tuple" and all(p.op == "slice" or (p.op == CONST and (
+                    p.value is None or (isinstance(p.value, int) and not isinstance(p.value, bool)))) for p in parts):
+                # f[None, :T, None, :]: new axes around a matrix, as many dimensions as
+                # the parts that are not None.
+                kept = sum(1 for p in parts if not (p.op == CONST and p.value is None))
+                if 1 <= kept <= 3:
+                    ranks.setdefault(node.args[0].value, set()).add(kept)
         if node.op == "masked_fill" and len(node.args) >= 2:
             masked.append(node)
         mask = node.args[1] if node.op == "masked_fill" and len(node.args) >= 2 else \

@@ -135,6 +135,6 @@ REDUCTIONS = frozenset({"mean", "sum", "amax", "amin", "max", "min", "var", "std
 MATMULS = frozenset({"matmul", "bmm", "mm", "einsum", "baddbmm"})
 #: Operations whose presence makes a tree worth evaluating at all.
 ANCHORS = frozenset({"tanh", "erf", "erfc", "ndtr", "sigmoid", "exp", "exp2", "rsqrt", "sqrt", "silu", "softmax",
-                     "view_as_complex", "cat", "stack", "setitem", "mean", "var", "std", "var_mean", "norm", "vector_norm"})
+                     "view_as_complex", "cat", "stack", "setitem", "flip", "mean", "var", "std", "var_mean", "norm", "vector_norm"})
 #: Keyword arguments dropped before evaluation: they write to or retype the probes.
 DROPPED_KEYWORDS = frozenset({"out", "inplace", "dtype", "device", "non_blocking", "memory_format", "copy"})

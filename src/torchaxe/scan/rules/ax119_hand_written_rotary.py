@@ -61,7 +61,7 @@ class HandWrittenRotary(FormulaRule):
     fix_safety = Applicability.UNSAFE
     safety_by_target = {"npu": Applicability.UNSAFE}
     targets = ("npu",)
-    requires_text = ("cat(", "stack(", "view_as_complex(", "concat(", "empty_like(", "zeros_like(")
+    requires_text = ("cat(", "stack(", "view_as_complex(", "concat(", "empty_like(", "zeros_like(", "flip(")
     references = ("https://www.hiascend.com/document (torch_npu.npu_rotary_mul)",)
     examples = (
         Invalid(
