@@ -901,3 +901,22 @@ def test_formulas_in_the_cases_of_a_match_statement_are_found(scan):
     """)
     codes = sorted((f.code, f.line) for f in scan(source, target="cuda").findings if f.code.startswith("AX11"))
     assert codes == [("AX111", 9), ("AX113", 7), ("AX113", 14)]
+
+
+def test_a_partial_rotation_is_reported_where_the_slice_is_rotated():
+    """rot_dim read from cos's width: on the probes the slice is all of q, so the
+    concatenation with the untouched rest would read as a rotation of q; the finding
+    (and its replacement) must be on the rotation of the slice."""
+    found = matches("""
+        import torch
+        def rotate_half(x):
+            x1 = x[..., : x.shape[-1] // 2]
+            x2 = x[..., x.shape[-1] // 2 :]
+            return torch.cat((-x2, x1), dim=-1)
+        def apply_rotary(q, cos, sin):
+            rot_dim = cos.shape[-1]
+            q_rot, q_pass = q[..., :rot_dim], q[..., rot_dim:]
+            q_rot = q_rot * cos + rotate_half(q_rot) * sin
+            return torch.cat([q_rot, q_pass], dim=-1)
+    """)
+    assert [(m.category, m.node.lineno) for m in found] == [("rotary", 10)]

@@ -804,6 +804,11 @@ class RotaryMatcher(Matcher):
             x0 = probing.tensor(x_node)
             if x0 is None or x0.shape[-1] != y.shape[-1]:
                 continue
+            if _passes_part_through(node, x_node):
+                # cat((rotated, x[..., rot_dim:])): a partial rotation, reported where
+                # the rotation of the slice is written (on the probes the slice may be all
+                # of x, and the whole would read as a rotation of x).
+                continue
             try:
                 if broadcast_shape(x0.shape, y.shape) != y.shape:
                     continue
@@ -860,6 +865,24 @@ class RotaryMatcher(Matcher):
             except RuntimeError:
                 continue
         return None
+
+
+def _passes_part_through(node: Node, x_node: Node) -> bool:
+    """Whether ``node`` concatenates an untouched slice of ``x_node`` (or of the tensor
+    ``x_node`` is a slice of) with something else."""
+    sources = {id(x_node)}
+    if x_node.op == "getitem" and x_node.args:
+        sources.add(id(x_node.args[0]))
+    while node.op in ("cast", "contiguous") and node.args:
+        node = node.args[0]
+    if node.op != "cat" or not node.args or node.args[0].op != "tuple":
+        return False
+    for item in node.args[0].args:
+        while item.op in ("cast", "contiguous") and item.args:
+            item = item.args[0]
+        if item.op == "getitem" and item.args and id(item.args[0]) in sources and item is not x_node:
+            return True
+    return False
 
 
 class SwigluMatcher(Matcher):
