@@ -746,6 +746,8 @@ class AttentionMatcher(Matcher):
             except RuntimeError:
                 continue
             design = torch.stack((cs[valid], cm[valid]), -1)
+            if design.shape[0] < 2 or not bool(torch.isfinite(design).all()):
+                continue  # nothing to fit (LAPACK would complain on stderr)
             coef = torch.linalg.lstsq(design, logp[valid].unsqueeze(-1)).solution.squeeze(-1)
             scale, weight = float(coef[0]), float(coef[1])
             if scale > 0 and abs(weight) > 1e-3 and float((logp - scale * cs - weight * cm).abs().max()) <= tol:
