@@ -734,3 +734,29 @@ def value_weighted_by_exp_gate(value, gate_logits):  # lookalike: attention
     a query and a key."""
     weights = torch.exp(gate_logits - gate_logits.amax(-1, keepdim=True))
     return torch.einsum("...vhf,...qhv->...qhf", value, weights)
+
+
+# ----------------------------------------------------------------------- products with softmax weights that are not attention
+def weights_transposed(q, k, v):  # lookalike: attention
+    """The keys gather from the queries: the weights are used transposed."""
+    attn = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return attn.transpose(-2, -1) @ v
+
+
+def kept_without_renormalising(q, k, v, keep):  # lookalike: attention
+    """Weights zeroed after the softmax and not renormalised."""
+    attn = torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1)
+    return (attn * keep) @ v
+
+
+def complement_weights(q, k, v):  # lookalike: attention
+    attn = torch.softmax(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5, dim=-1)
+    return (1 - attn) @ v
+
+
+def off_by_one_softmax_attention(q, k, v):  # lookalike: attention
+    """A null slot in the denominator: exp(s - m) / (exp(-m) + sum exp(s - m))."""
+    s = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    m = s.amax(dim=-1, keepdim=True).clamp(min=0)
+    e = torch.exp(s - m)
+    return (e / (torch.exp(-m) + e.sum(dim=-1, keepdim=True))) @ v

@@ -203,3 +203,41 @@ class ReversedMix(nn.Module):  # lookalike: rotary
 
     def forward(self, x):
         return self.a[None, :, None, :] * x + self.b[None, :, None, :] * x.flip(-1)
+
+
+# ----------------------------------------------------------------------- pair maps that are not rotations
+def reflect_pairs(x, c, s):  # lookalike: rotary
+    """[c s; s -c] on each half pair: a reflection (determinant -1)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * c + x2 * s, x1 * s - x2 * c), dim=-1)
+
+
+def symmetric_pair_mix(x, alpha, beta):  # lookalike: rotary
+    """[a b; b a]: both members mixed with the same sign."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * alpha + x2 * beta, x2 * alpha + x1 * beta), dim=-1)
+
+
+def hyperbolic_boost(x, rapidity):  # lookalike: rotary
+    """cosh and sinh with the halves swapped: a Lorentz boost."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * torch.cosh(rapidity) + torch.cat((x2, x1), dim=-1) * torch.sinh(rapidity)
+
+
+def shear_pairs(x, k):  # lookalike: rotary
+    """[1 k; 0 1] on interleaved pairs."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even + k * odd, odd), dim=-1).flatten(-2)
+
+
+def complex_product_of_features(x, y):  # lookalike: rotary
+    """The complex product of two feature tensors (a bilinear score), not a rotation."""
+    zx = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    zy = torch.view_as_complex(y.float().reshape(*y.shape[:-1], -1, 2))
+    return torch.view_as_real(zx * zy).flatten(-2)
+
+
+def rotate_back(x, cos, sin):  # formula: rotary
+    """A rotation by -theta: the sine enters with the other sign."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)

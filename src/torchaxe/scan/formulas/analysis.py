@@ -337,6 +337,8 @@ def _analyse(ctx: FileContext) -> list[FormulaMatch]:
                 continue
             if _has_fused_call(ctx, root.scope, match.category, fused_seen) and not _other_layout(match):
                 continue
+            if match.params.get("sign_folded") and not _ROTARY_NAME.search(scope_name):
+                continue  # x * c + swap(x) * s is as likely a boost or a mix as a rotary
             located = _locate(ctx, root, match, scope_name)
             if located is not None and not _key_named(located):
                 continue
@@ -364,6 +366,9 @@ def _analyse(ctx: FileContext) -> list[FormulaMatch]:
     found.sort(key=lambda m: (m.line, m.node.col_offset))
     return found
 
+
+#: A function named like a rotary embedding (Yarn.rotary, apply_rope, rotate_queries).
+_ROTARY_NAME = re.compile(r"rot|rope", re.IGNORECASE)
 
 #: The last name of an expression that holds a key (``k``, ``key_states``, ``self.k(x)``, ``kT``).
 _KEY_NAME = re.compile(r"^(k|kt|k_t|keys?|keys?_t|key_?states|key_?layer|keys?_?tr?|[a-z]*_(k|key|keys))$", re.IGNORECASE)

@@ -601,7 +601,13 @@ class AttentionMatcher(Matcher):
             weights_node = next((n for n in sorted(inner, key=lambda n: -n.size)
                                  if (t := probing.tensor(n)) is not None and t.shape == p.shape and stochastic(t)), None)
             if weights_node is not None:
-                p, extra_factor = probing.tensor(weights_node), True
+                inner = probing.tensor(weights_node)
+                # A factor applied after the softmax must scale whole rows (a head
+                # mask): one that varies along them (a keep-mask without renormalising,
+                # 1 - p, a threshold) or a transpose of the weights is another product.
+                if not _row_scaled(p, inner):
+                    return None
+                p, extra_factor = inner, True
             elif "exp" in p_node.ops and float(p.min()) >= 0 and bool((p.sum(-1) > 0).all()) \
                     and stochastic(p / p.sum(-1, keepdim=True)):
                 # exp(s - max(s)) @ v with the sum kept apart: one chunk of a
@@ -670,6 +676,8 @@ class AttentionMatcher(Matcher):
             if additive is not None:
                 logits = logits + weight * probing.tensor(additive).to(torch.float64).expand_as(logits)
             ref_p = torch.softmax(torch.where(p > 1e-30, logits, torch.full_like(logits, -math.inf)), -1)
+            if unnormalised and not _chunk_exponent(p_raw, logits):
+                continue
             if extra_factor:
                 ok, err, rel = probing.compare(p, ref_p)  # the weights; the head mask is the user's
             else:
@@ -822,20 +830,10 @@ class RotaryMatcher(Matcher):
                 continue
             x0 = x0.expand(y.shape)
             for mode, rotate in (("half", R.rotate_half), ("interleave", R.rotate_interleave)):
-                # x1 = 1 and x2 = rotate(1) make the 2x2 system per element well
-                # conditioned (determinant -2), even in float32.
-                x1 = torch.ones_like(check)
-                x2 = rotate(x1)
-                y1 = probing.reevaluate(node, {id(x_node): x1})
-                y2 = probing.reevaluate(node, {id(x_node): x2})
-                if y1 is None or y2 is None or y1.shape != y.shape or y2.shape != y.shape:
+                solved = _solve_rotation(node, x_node, check, y.shape, probing, rotate, {})
+                if solved is None:
                     continue
-                x1, x2 = x1.expand(y.shape).to(torch.float64), x2.expand(y.shape).to(torch.float64)
-                r1, r2 = rotate(x1), rotate(x2)
-                det = x1 * r2 - x2 * r1
-                y1, y2 = y1.to(torch.float64), y2.to(torch.float64)
-                cos = (y1 * r2 - y2 * r1) / det
-                sin = (x1 * y2 - x2 * y1) / det
+                cos, sin = solved
                 if float(sin.abs().max()) < 1e-6:
                     continue
                 xc = check.expand(y.shape).to(torch.float64)
@@ -844,14 +842,59 @@ class RotaryMatcher(Matcher):
                 ok0 = probing.compare(y, x064 * cos + rotate(x064) * sin)[0]
                 if not (ok and ok0):
                     continue
+                if float(cos.abs().max()) < 1e-6:
+                    continue  # rotate(x) * s alone: the rotation's helper, not its application
+                # Any linear map of each pair (a reflection, a shear, a symmetric mix)
+                # solves to some per-element cos and sin. A rotation gives both members of
+                # a pair one angle: with every other input made equal within each pair,
+                # the solved cos and sin must be too.
+                if "view_as_complex" in node.ops and not torch.allclose(
+                        cos * cos + sin * sin, torch.ones_like(cos), atol=1e-6):
+                    continue  # a complex product that scales: a filter or a gain, not a rotation
+                shared = self._solve_shared(node, x_node, probing, mode, rotate)
+                if shared is None:
+                    continue
+                params: dict[str, Any] = {"mode": mode}
+                if not shared:
+                    # The sign kept in the stored sine table (x * c + swap(x) * s): only a
+                    # function named like a rotary counts (analysis decides).
+                    params["sign_folded"] = True
                 inputs = {"x": x_node}
-                for name, target in (("cos", cos), ("sin", sin)):
-                    holder = self._holder(node, x_node, target, probing)
-                    if holder is not None:
-                        inputs[name] = holder
+                cos_holder = self._holder(node, x_node, cos, probing)
+                sin_holder = self._holder(node, x_node, sin, probing)
+                if sin_holder is None and (negated := self._holder(node, x_node, -sin, probing)) is not None:
+                    sin_holder, params["sin_negated"] = negated, True  # a rotation by -theta
+                if cos_holder is not None:
+                    inputs["cos"] = cos_holder
+                if sin_holder is not None:
+                    inputs["sin"] = sin_holder
                 text = "x * cos + rotate_half(x) * sin" if mode == "half" else "x * cos + rotate_interleaved(x) * sin"
-                return Match("rotary", node, inputs, {"mode": mode}, text, err, rel)
+                return Match("rotary", node, inputs, params, text, err, rel)
         return None
+
+    def _solve_shared(self, node: Node, x_node: Node, probing: Probing, mode: str,
+                      rotate: Callable[[torch.Tensor], torch.Tensor]) -> bool | None:
+        """Solve cos and sin again with every input but x equal within each pair: True
+        when they come out shared within pairs (a rotation), False when only the sine is
+        shared up to the rotation's signs (the sign folded into it), None otherwise."""
+        x_vars = {id(n) for n in walk(x_node) if n.op == VAR}
+        overrides: dict[int, Any] = {}
+        for n in walk(node):
+            if n.op == VAR and id(n) not in x_vars:
+                v = probing.value(n)
+                if isinstance(v, torch.Tensor) and v.ndim and v.shape[-1] % 2 == 0 and v.is_floating_point():
+                    overrides[id(n)] = _share_pairs(v, mode)
+        y = probing.tensor(node)
+        solved = _solve_rotation(node, x_node, probing.tensor(x_node), y.shape, probing, rotate, overrides) \
+            if y is not None else None
+        if solved is None:
+            return None
+        cos, sin = solved
+        if not _pair_shared(cos, mode):
+            return None
+        if _pair_shared(sin, mode):
+            return True
+        return False if _pair_shared(sin * _rotation_signs(sin, mode), mode) else None
 
     def _holder(self, node: Node, x_node: Node, target: torch.Tensor, probing: Probing) -> Node | None:
         dependent = depends_on(node, x_node)
@@ -867,6 +910,81 @@ class RotaryMatcher(Matcher):
             except RuntimeError:
                 continue
         return None
+
+
+def _chunk_exponent(p: torch.Tensor, logits: torch.Tensor) -> bool:
+    """Whether unnormalised weights are exp(logits) or exp(logits - max(logits)) row by
+    row, as a chunk of a memory-efficient attention makes them; an extra term in the
+    denominator (the off-by-one softmax) is something else."""
+    p64 = p.to(torch.float64).reshape(logits.shape)
+    kept = p64 > 1e-30
+    gap = torch.where(kept, torch.log(torch.where(kept, p64, torch.ones_like(p64))) - logits, torch.zeros_like(p64))
+    row_max = torch.where(kept, logits, torch.full_like(logits, -math.inf)).amax(-1, keepdim=True)
+    tol = 1e-5 * max(1.0, float(logits.abs().max()))
+    plain = torch.where(kept, gap, torch.zeros_like(gap)).abs().amax() <= tol
+    shifted = torch.where(kept, gap + row_max, torch.zeros_like(gap)).abs().amax() <= tol
+    return bool(plain or shifted)
+
+
+def _row_scaled(p: torch.Tensor, weights: torch.Tensor) -> bool:
+    """Whether ``p`` is ``weights`` times a factor constant along each row."""
+    if p.shape != weights.shape:
+        return False
+    p64, w64 = p.to(torch.float64), weights.to(torch.float64)
+    kept = w64 > 1e-12
+    ratio = torch.where(kept, p64 / torch.where(kept, w64, torch.ones_like(w64)), torch.zeros_like(w64))
+    first = ratio.gather(-1, kept.to(torch.int64).argmax(-1, keepdim=True))
+    return bool(torch.allclose(torch.where(kept, ratio, first), first.expand_as(ratio), rtol=1e-6, atol=1e-9))
+
+
+def _solve_rotation(node: Node, x_node: Node, like: torch.Tensor, shape: torch.Size, probing: Probing,
+                    rotate: Callable[[torch.Tensor], torch.Tensor],
+                    overrides: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The per-element cos and sin of a tree linear in x, from two evaluations: x = 1
+    and x = rotate(1) make the 2x2 system per element well conditioned (determinant -2),
+    even in float32."""
+    x1 = torch.ones_like(like)
+    x2 = rotate(x1)
+    y1 = probing.reevaluate(node, {**overrides, id(x_node): x1})
+    y2 = probing.reevaluate(node, {**overrides, id(x_node): x2})
+    if y1 is None or y2 is None or y1.shape != shape or y2.shape != shape:
+        return None
+    x1, x2 = x1.expand(shape).to(torch.float64), x2.expand(shape).to(torch.float64)
+    r1, r2 = rotate(x1), rotate(x2)
+    det = x1 * r2 - x2 * r1
+    y1, y2 = y1.to(torch.float64), y2.to(torch.float64)
+    return (y1 * r2 - y2 * r1) / det, (x1 * y2 - x2 * y1) / det
+
+
+def _share_pairs(t: torch.Tensor, mode: str) -> torch.Tensor:
+    """``t`` with the second member of every pair set to the first."""
+    out = t.clone()
+    if mode == "half":
+        half = t.shape[-1] // 2
+        out[..., half:] = t[..., :half]
+    else:
+        out[..., 1::2] = t[..., 0::2]
+    return out
+
+
+def _pair_shared(t: torch.Tensor, mode: str) -> bool:
+    """Whether both members of every rotated pair have the same value in ``t``."""
+    if mode == "half":
+        a, b = t.chunk(2, -1)
+    else:
+        a, b = t[..., 0::2], t[..., 1::2]
+    return bool(torch.allclose(a, b, rtol=1e-6, atol=1e-9))
+
+
+def _rotation_signs(t: torch.Tensor, mode: str) -> torch.Tensor:
+    """-1 on the first member of each pair, +1 on the second (the signs a rotation's
+    sine takes when the swap is written without its negation)."""
+    signs = torch.ones(t.shape[-1], dtype=t.dtype)
+    if mode == "half":
+        signs[: t.shape[-1] // 2] = -1
+    else:
+        signs[0::2] = -1
+    return signs
 
 
 def _passes_part_through(node: Node, x_node: Node) -> bool:

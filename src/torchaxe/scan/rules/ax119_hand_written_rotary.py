@@ -19,7 +19,9 @@ class HandWrittenRotary(FormulaRule):
     odd lanes written into a new tensor (`out = torch.empty_like(x); out[..., 0::2] =
     ...`). Recognised by its values: the expression must be linear in `x` with a
     per-element cos and sin and a half or interleaved rotation, which are solved for
-    from a few evaluations.
+    from a few evaluations, and both members of each pair must turn by one angle (a
+    reflection, a shear, a boost or a symmetric mix of pairs does not count; a sign kept
+    in the stored sine table counts in a function named like a rotary).
 
     ## Why is this bad?
     Each application runs five to eight kernels (slices, negation, concatenation, two
@@ -98,6 +100,15 @@ class HandWrittenRotary(FormulaRule):
 
     def propose(self, ctx, match):
         x, cos, sin = match.inputs["x"], match.inputs.get("cos"), match.inputs.get("sin")
+        if match.params.get("sign_folded"):
+            replacement = 'torch_npu.npu_rotary_mul(x, cos, sin, rotary_mode="interleave")' if (
+                match.params.get("mode") != "half") else "torch_npu.npu_rotary_mul(x, cos, sin)"
+            return Proposal(replacement, f"{replacement} computes the rotation in one kernel, with cos and sin "
+                            f"rebuilt as tables (here the rotation's sign is kept in {sin or 'the sine table'}, "
+                            "and pairs are swapped without negation)",
+                            "use torch_npu.npu_rotary_mul", Applicability.DISPLAY_ONLY, edit=False)
+        if match.params.get("sin_negated") and sin:
+            sin = f"-{sin}" if sin.isidentifier() else f"-({sin})"  # a rotation by -theta
         if match.params.get("mode") == "half" and cos and sin:
             replacement = f"torch_npu.npu_rotary_mul({x}, {cos}, {sin})"
             return Proposal(
