@@ -935,3 +935,15 @@ def test_fitting_a_mask_on_degenerate_scores_prints_nothing(capfd):
     formula_matches(ctx)
     out, err = capfd.readouterr()
     assert "DGELSY" not in out + err and "MKL" not in out + err
+
+
+def test_a_norm_over_another_dimension_keeps_its_eps():
+    """PixelNorm (RMS over dim 1): a small eps also fits as none within the probes'
+    tolerance; the closest one is kept, as over the last dimension."""
+    found = matches("""
+        import torch
+        def pixel_norm(x):
+            return x * torch.rsqrt(torch.mean(x ** 2, dim=1, keepdim=True) + 1e-6)
+    """)
+    assert [m.category for m in found] == ["rms_norm"]
+    assert found[0].params["dim"] != -1 and found[0].params["eps"] == pytest.approx(1e-6)

@@ -381,6 +381,7 @@ class NormMatcher(Matcher):
                 # same over another dimension.
                 for dim in range(-2, -x.ndim, -1):  # never dim 0: that is a batch (BatchNorm)
                     xm, ym = x.movedim(dim, -1), y.movedim(dim, -1)
+                    fits = []
                     for eps, eps_node in eps_candidates:
                         found = None
                         if "layer_norm" in allowed:
@@ -389,7 +390,9 @@ class NormMatcher(Matcher):
                             found = self._fit_rms(node, x_node, xm, ym, eps, eps_node, probing)
                         if found:
                             found.params["dim"] = dim
-                            return found
+                            fits.append(found)
+                    if fits:
+                        return min(fits, key=lambda f: f.max_rel)  # the closest eps, as above
         return None
 
     def _fit_rms(self, node, x_node, x, y, eps, eps_node, probing):
