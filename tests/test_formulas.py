@@ -947,3 +947,23 @@ def test_a_norm_over_another_dimension_keeps_its_eps():
     """)
     assert [m.category for m in found] == ["rms_norm"]
     assert found[0].params["dim"] != -1 and found[0].params["eps"] == pytest.approx(1e-6)
+
+
+def test_an_added_float_bias_is_offered_as_pse_on_npu():
+    """ALiBi's bias is added to the scores: npu_fusion_attention takes it as pse (a float
+    bias, before its scale), not as atten_mask (a boolean of dropped positions)."""
+    from torchaxe.scan.engine import ScanOptions, scan_source
+
+    source = textwrap.dedent("""
+        import math
+        import torch
+        import torch.nn.functional as F
+        def alibi_attention(q, k, v, bias):
+            scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(q.size(-1))
+            scores = scores + bias
+            return torch.matmul(F.softmax(scores, dim=-1), v)
+    """)
+    report = scan_source(source, "t.py", ScanOptions(target="npu", select=("AX118",)))
+    [finding] = report.findings
+    text = finding.message + " " + (finding.fix.title if finding.fix else "")
+    assert "pse=bias / <the score scale>" in finding.message and "atten_mask=<" not in finding.message, text

@@ -207,7 +207,8 @@ class HandWrittenAttention(FormulaRule):
     Advice only: other layouts, a mask added before the scale (it is scaled with the
     scores), dropout on the scores before the softmax, and a `.detach()` on the way. On npu `npu_fusion_attention` needs `head_num`, an
     `input_layout`, an explicit `scale` (its default is 1) and a mask in which True
-    means "drop"; it supports float16 and bfloat16 only. Always advice on npu,
+    means "drop" (a float bias added to the scores, such as ALiBi's, goes to `pse`,
+    which is added before the scale); it supports float16 and bfloat16 only. Always advice on npu,
     unverified on Ascend hardware.
 
     ## References
@@ -294,13 +295,23 @@ class HandWrittenAttention(FormulaRule):
             layout = layout if layout in ("BNSD", "BSND") else "BNSD"
             scale_value = "scale=<the score scale>" if scale is None else (
                 "scale=1 / math.sqrt(head_dim)" if scale == "" else scale.lstrip(", "))
-            mask = ", atten_mask=<True where masked>" if params.get("masked") else ""
+            mask, bias_note = "", ""
+            bias = match.inputs.get("mask") if params.get("mask_added") else None
+            if bias is not None:
+                # pse is added before the scale (scale * (pse + q @ k^T)): a bias added after
+                # it is divided by the scale first.
+                after = abs(params.get("mask_weight", 1.0) - 1.0) <= 1e-6
+                mask = f", pse={atom(bias)} / <the score scale>" if after else f", pse={bias}"
+                bias_note = ("; its pse is a float bias added to the scores before the scale, as ALiBi or a relative "
+                             "position bias is (4-D, BNSS or 1NSS)")
+            elif params.get("masked"):
+                mask = ", atten_mask=<True where masked>"
             replacement = f'torch_npu.npu_fusion_attention({q}, {k}, {v}, head_num, "{layout}"{mask}, {scale_value})[0]'
             return Proposal(
                 replacement,
                 f"{replacement} is the NPU's fused attention (pass head_num and the scale explicitly: its default scale "
                 "is 1; its atten_mask is True where a position is dropped; float16/bfloat16 only; the first output is "
-                f"the attention result); {UNVERIFIED}",
+                f"the attention result){bias_note}; {UNVERIFIED}",
                 "use torch_npu.npu_fusion_attention", Applicability.DISPLAY_ONLY, edit=False,
             )
         fn, imports = functional(ctx, match.node.lineno)
