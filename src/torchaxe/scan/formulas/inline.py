@@ -96,6 +96,7 @@ class FileUnit:
     methods: dict[int, dict[str, ast.FunctionDef]] = field(default_factory=dict)
     module_names: set[str] = field(default_factory=set)
     lambdas: list[tuple[ast.Lambda, ast.ClassDef | None]] = field(default_factory=list)
+    lambdas_seen: set[int] = field(default_factory=set)
     inline_cache: dict[tuple, tuple[Node | None, dict[int, ast.AST]]] = field(default_factory=dict)
     _module_constants: dict[str, float | str] | None = None
     _class_constants: dict[int, dict[str, float | str]] = field(default_factory=dict)
@@ -186,7 +187,10 @@ class FileUnit:
         return found
 
     def add_lambda(self, node: ast.Lambda, scope: Scope) -> None:
-        if scope.depth == 0:
+        """Queue a lambda to be read alone, once (``map`` applies one to each item, and a
+        scope may be read twice)."""
+        if scope.depth == 0 and id(node) not in self.lambdas_seen:
+            self.lambdas_seen.add(id(node))
             self.lambdas.append((node, scope.cls))
 
     def is_relevant(self, node: ast.AST) -> bool:
