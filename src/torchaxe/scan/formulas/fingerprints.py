@@ -27,7 +27,7 @@ from torchaxe.scan.formulas.interpreter import Evaluator, broadcast_shape, is_te
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
 from torchaxe.scan.formulas.probes import (
-    CONFIRMATIONS, INT, PRIMARY, SCALAR, Probe, data_vars, fresh_full, half_width_roles, make_env, scalar_value,
+    CONFIRMATIONS, INT, PRIMARY, RESHAPES, SCALAR, Probe, data_vars, fresh_full, half_width_roles, make_env, scalar_value,
     single_count_roles, widened_roles,
 )
 from torchaxe.scan.formulas.store import Match
@@ -293,9 +293,6 @@ def _reduction_dims(node: Node) -> tuple[list[str], list[int]]:
     return sorted(names), sorted(numbers)
 
 
-_RESHAPES = frozenset({"reshape", "view", "flatten", "unflatten", "rearrange", "einops_repeat"})
-
-
 def _regroups_last_dimension(node: Node) -> bool:
     """Whether the data is reshaped inside the formula so that its last dimension
     changes (``x.view(N, groups, -1)`` before the statistics and back after, as a
@@ -305,7 +302,7 @@ def _regroups_last_dimension(node: Node) -> bool:
     several sizes ending in -1."""
     data = data_vars(node)
     for n in walk(node):
-        if n.op not in _RESHAPES or not n.args or not n.args[0].vars & data:
+        if n.op not in RESHAPES or not n.args or not n.args[0].vars & data:
             continue  # a weight's reshape ([C] to [1, C, 1, 1]) is no regrouping
         if n.op in ("flatten", "unflatten"):
             return True
@@ -924,7 +921,7 @@ def _chunk_exponent(p: torch.Tensor, logits: torch.Tensor) -> bool:
     gap = torch.where(kept, torch.log(torch.where(kept, p64, torch.ones_like(p64))) - logits, torch.zeros_like(p64))
     row_max = torch.where(kept, logits, torch.full_like(logits, -math.inf)).amax(-1, keepdim=True)
     tol = 1e-5 * max(1.0, float(logits.abs().max()))
-    plain = torch.where(kept, gap, torch.zeros_like(gap)).abs().amax() <= tol
+    plain = gap.abs().amax() <= tol  # gap is zero where nothing is kept
     shifted = torch.where(kept, gap + row_max, torch.zeros_like(gap)).abs().amax() <= tol
     return bool(plain or shifted)
 

@@ -202,7 +202,7 @@ def infer_roles(root: Node) -> dict[str, str]:
             memo: dict[int, frozenset[str]] = {}
             for arg in node.args:
                 # Not through a view: q.view(B * H, T, D) takes a 4-D q to bmm (GPT-NeoX).
-                cubes |= _strict_data(arg, memo, stop=_RESHAPES)
+                cubes |= _strict_data(arg, memo, stop=RESHAPES)
         elif node.op == "einsum" and node.args and node.args[0].op == CONST and isinstance(node.args[0].value, str):
             # 'b i d, b j d -> b i j': each operand has as many dimensions as letters.
             inputs = node.args[0].value.split("->")[0].split(",")
@@ -222,7 +222,7 @@ def infer_roles(root: Node) -> dict[str, str]:
     if cubes:
         memo = {}
         for node in masked:
-            source = _strict_data(node.args[0], memo, stop=_RESHAPES)
+            source = _strict_data(node.args[0], memo, stop=RESHAPES)
             if source and source <= cubes:
                 cube_masks |= node.args[1].vars
     roles: dict[str, str] = {}
@@ -323,7 +323,8 @@ def scalarish(node: Node) -> bool:
     return False
 
 
-_RESHAPES = frozenset({"reshape", "view", "flatten", "unflatten", "rearrange", "einops_repeat"})
+#: Operations that regroup dimensions (a tensor's rank or last dimension may change).
+RESHAPES = frozenset({"reshape", "view", "flatten", "unflatten", "rearrange", "einops_repeat"})
 
 
 def _strict_data(node: Node, memo: dict[int, frozenset[str]], stop: frozenset[str] = frozenset()) -> frozenset[str]:
