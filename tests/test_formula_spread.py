@@ -133,6 +133,23 @@ def test_a_chain_that_cannot_be_deleted_soundly_stays_advice(change, why):
     assert fixed == source
 
 
+@pytest.mark.parametrize("target", ["cuda", "npu"])
+def test_weights_read_after_the_attention_are_named_in_the_advice(target):
+    """A fused attention does not return its weights: where the code reads them after
+    the attention (returns them), the advice says so, on every target."""
+    source = NANOGPT.replace("        return y.transpose(1, 2).contiguous().view(B, T, C)\n",
+                             "        out = y.transpose(1, 2).contiguous().view(B, T, C)\n        return out, att\n")
+    _, [finding] = _fix(source, "AX118", target=target)
+    line = source.splitlines().index("        return out, att") + 1
+    assert f"reads the attention weights (att) after the attention (line {line})" in finding.message
+    assert not finding.fix.edits
+    # Read only on the way to the attention (between its statements): nothing to say.
+    source = NANOGPT.replace("        att = F.softmax(att, dim=-1)\n",
+                             "        att = F.softmax(att, dim=-1)\n        print(att.mean())\n")
+    _, [finding] = _fix(source, "AX118", target=target)
+    assert "attention weights" not in finding.message
+
+
 def test_functional_dropout_becomes_dropout_p():
     source = NANOGPT.replace("        att = self.attn_dropout(att)\n",
                              "        att = F.dropout(att, p=self.p, training=self.training)\n")

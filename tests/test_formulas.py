@@ -922,6 +922,39 @@ def test_a_partial_rotation_is_reported_where_the_slice_is_rotated():
     assert [(m.category, m.node.lineno) for m in found] == [("rotary", 10)]
 
 
+def test_a_complex_rotary_is_a_rotation_of_the_input_not_of_its_pairs():
+    """freqs_cis[None, :, None, :] indexes a matrix of unit complex numbers: probed as
+    one, the whole expression matches, and the replacement rotates t itself
+    (interleaved), not the reshaped pairs (where a half rotation of width 2 would fit)."""
+    found = matches("""
+        import torch
+        def apply_rotary_emb(xq, xk, freqs_cis):
+            return map(
+                lambda t: torch.view_as_real(
+                    torch.view_as_complex(t.float().reshape(*t.shape[:-1], -1, 2)) * freqs_cis[None, :, None, :]
+                ).flatten(3).type_as(t),
+                (xq, xk),
+            )
+    """)
+    assert [(m.category, m.inputs["x"], m.params["mode"]) for m in found] == [("rotary", "t", "interleave")]
+    assert found[0].node.end_lineno == 7  # through .flatten(3).type_as(t)
+
+
+def test_a_complex_gain_is_not_a_rotation_but_complex_cos_sin_is():
+    """torch.complex(re, im) times a complex view: a rotation when its parts are a
+    cosine and a sine, a learned gain (any magnitude) otherwise."""
+    found = matches("""
+        import torch
+        def gain(x, self_re, self_im):
+            z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+            return torch.view_as_real(z * torch.complex(self_re, self_im)).flatten(-2)
+        def rope(x, cos, sin):
+            z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+            return torch.view_as_real(z * torch.complex(cos, sin)).flatten(-2)
+    """)
+    assert [(m.category, m.scope_name) for m in found] == [("rotary", "rope")]
+
+
 def test_fitting_a_mask_on_degenerate_scores_prints_nothing(capfd):
     """torch.onnx's reference attention once led the mask fit into a least-squares
     call with nothing to fit, and LAPACK wrote an error line into the scan's output."""

@@ -241,3 +241,44 @@ def rotate_back(x, cos, sin):  # formula: rotary
     """A rotation by -theta: the sine enters with the other sign."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
+
+
+def rope_from_complex_parts(x, cos, sin):  # formula: rotary
+    """The rotation assembled with torch.complex from a cosine and a sine table."""
+    z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    freqs_cis = torch.complex(cos.float(), sin.float())
+    return torch.view_as_real(z * freqs_cis).flatten(-2).type_as(x)
+
+
+def rope_from_angles_complex(x, angles):  # formula: rotary
+    rot = torch.complex(torch.cos(angles), torch.sin(angles))
+    z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(z * rot).flatten(-2).type_as(x)
+
+
+def rope_map_sequence_axes(xq, xk, freqs_cis):  # formula: rotary
+    """Frequencies per position, broadcast over batch and heads by new axes."""
+    return map(
+        lambda t: torch.view_as_real(
+            torch.view_as_complex(t.float().reshape(*t.shape[:-1], -1, 2)) * freqs_cis[None, :, None, :]
+        ).flatten(3).type_as(t),
+        (xq, xk),
+    )
+
+
+class LearnedComplexGain(nn.Module):  # lookalike: rotary
+    """A learned complex gain per channel pair: its magnitude is not one."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.re = nn.Parameter(torch.ones(dim // 2))
+        self.im = nn.Parameter(torch.zeros(dim // 2))
+
+    def forward(self, x):
+        z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(z * torch.complex(self.re, self.im)).flatten(-2).type_as(x)
+
+
+def complex_gain_named_parts(x, gain_real, gain_imag):  # lookalike: rotary
+    z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(z * torch.complex(gain_real, gain_imag)).flatten(-2)

@@ -280,6 +280,7 @@ _OPS: dict[str, Callable[..., Any]] = {
     "detach": _method("detach"), "t": _method("t"), "dim": _method("dim"), "numel": _method("numel"),
     "size": _size, "cat": _cat(torch.cat), "stack": _cat(torch.stack),
     "view_as_complex": torch.view_as_complex, "view_as_real": torch.view_as_real, "polar": torch.polar,
+    "complex": torch.complex,
     "ones_like": torch.ones_like, "zeros_like": torch.zeros_like, "full_like": torch.full_like,
     # Uninitialised memory that the code overwrites before reading: zeros stand for it.
     "empty_like": torch.zeros_like, "setitem": _setitem,

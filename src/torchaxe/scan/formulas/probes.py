@@ -21,6 +21,13 @@ from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 FULL, VECTOR, SCALAR, BOOL, COMPLEX, INT, SIZE, HALF, CUBE, BOUND, COUNT, MATRIX, SHAPE, BOOL_CUBE = (
     "full", "vector", "scalar", "bool", "complex", "int", "size", "half", "cube", "bound", "count", "matrix",
     "shape", "bool3")
+#: The real and imaginary parts given to ``torch.complex(re, im)``: the cosine and sine
+#: of one angle, as a complex rotation is built from them (``COMPLEX`` is the whole
+#: unit number).
+COMPLEX_RE, COMPLEX_IM = "complex_re", "complex_im"
+#: Unit complex numbers of two and three dimensions: ``freqs_cis[None, :T, None, :]``
+#: indexes a matrix of them (the frequencies of each position).
+COMPLEX_MATRIX, COMPLEX_CUBE = "complex2", "complex3"
 #: Operations whose extra arguments are sizes (a whole shape may stand in one of them).
 _SIZE_ARGS = frozenset({"view", "reshape", "expand", "repeat", "unflatten", "rearrange", "einops_repeat"})
 #: einops calls: their keyword arguments are axis lengths (``h=self.heads``).
@@ -225,15 +232,19 @@ def infer_roles(root: Node) -> dict[str, str]:
             source = _strict_data(node.args[0], memo, stop=RESHAPES)
             if source and source <= cubes:
                 cube_masks |= node.args[1].vars
+    parts = _complex_parts(root)
     roles: dict[str, str] = {}
     for name in root.vars:
         leaf = _leaf_name(name)
-        if _SIZE_NAMES.search(leaf) or (name in (sizes | mask_bounds) and name not in data):
+        if name in parts and name not in data:
+            role = parts[name]
+        elif _SIZE_NAMES.search(leaf) or (name in (sizes | mask_bounds) and name not in data):
             role = SIZE
         elif _SCALAR_NAMES.search(leaf):
             role = SCALAR
         elif name in complexes:
-            role = COMPLEX
+            role = {frozenset({2}): COMPLEX_MATRIX, frozenset({3}): COMPLEX_CUBE}.get(
+                frozenset(ranks.get(name, ())), COMPLEX)
         elif name in bools:
             role = BOOL_CUBE if name in cube_masks else BOOL
         elif name in scalars and name not in data:
@@ -406,6 +417,35 @@ def _collect(root: Node) -> tuple[set[str], ...]:
     return data, ints, scalars | sizes, bools, complexes, dims, sizes
 
 
+_COSINE_NAMES = re.compile(r"cos", re.IGNORECASE)
+_SINE_NAMES = re.compile(r"sin", re.IGNORECASE)
+
+
+def _complex_parts(root: Node) -> dict[str, str]:
+    """The variables given (maybe cast or viewed) to ``torch.complex(re, im)`` where
+    the number meets a complex view of data: the real part's names to ``COMPLEX_RE``,
+    the imaginary part's to ``COMPLEX_IM``, when they are named as a cosine and a sine
+    are. Other parts (a learned gain's ``self.re``, ``self.im``) keep the values any
+    tensor gets, so that a complex product that scales is not read as a rotation."""
+    parts: dict[str, str] = {}
+    for node in walk(root):
+        if node.op not in ("mul", "div") or len(node.args) != 2:
+            continue
+        for mine, other in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
+            if "view_as_complex" not in other.ops or "view_as_complex" in mine.ops:
+                continue
+            while mine.op in V.LAYOUT and mine.args:
+                mine = mine.args[0]
+            if mine.op == "complex" and len(mine.args) == 2:
+                re_names, im_names = _through_layout(mine.args[0]), _through_layout(mine.args[1])
+                if (re_names and im_names and not re_names & im_names
+                        and all(_COSINE_NAMES.search(_leaf_name(n)) for n in re_names)
+                        and all(_SINE_NAMES.search(_leaf_name(n)) for n in im_names)):
+                    parts.update(dict.fromkeys(re_names, COMPLEX_RE))
+                    parts.update(dict.fromkeys(im_names, COMPLEX_IM))
+    return parts
+
+
 def half_width_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
     """Second guess when the tree does not evaluate: full tensors that are never
     reduced, sliced or multiplied as matrices may be half as wide as the data they
@@ -513,9 +553,16 @@ def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
             env[name] = torch.randn((n, n, n), generator=g, dtype=dtype) * probe.sigma
         elif role == HALF:
             env[name] = torch.randn((n, n, n, n // 2), generator=g, dtype=dtype) * probe.sigma
-        elif role == COMPLEX:
-            angle = torch.rand((n, n, n, n // 2), generator=g, dtype=dtype) * 6.2831853
+        elif role in (COMPLEX, COMPLEX_MATRIX, COMPLEX_CUBE):
+            sides = {COMPLEX: 3, COMPLEX_CUBE: 2, COMPLEX_MATRIX: 1}[role]
+            angle = torch.rand((n,) * sides + (n // 2,), generator=g, dtype=dtype) * 6.2831853
             env[name] = torch.polar(torch.ones_like(angle), angle)
+        elif role in (COMPLEX_RE, COMPLEX_IM):
+            # One angle for every real and imaginary part, so that each pair of them is
+            # the cosine and sine of it.
+            shared = _generator(torch, probe, "complex parts")
+            angle = torch.rand((n, n, n, n // 2), generator=shared, dtype=dtype) * 6.2831853
+            env[name] = angle.cos() if role == COMPLEX_RE else angle.sin()
     return env
 
 

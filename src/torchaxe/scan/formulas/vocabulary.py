@@ -25,7 +25,7 @@ for _op in ("tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt", "abs", "reciprocal
             "amax", "amin", "var", "std", "var_mean", "norm", "logsumexp", "softmax", "log_softmax", "matmul", "bmm",
             "mm", "einsum", "baddbmm", "transpose", "permute", "reshape", "flatten", "unflatten", "unsqueeze",
             "squeeze", "cat", "stack", "chunk", "split", "unbind", "view_as_complex", "view_as_real", "polar",
-            "ones_like", "zeros_like", "full_like", "empty_like", "tril", "triu", "flip", "narrow", "repeat_interleave", "erf",
+            "complex", "ones_like", "zeros_like", "full_like", "empty_like", "tril", "triu", "flip", "narrow", "repeat_interleave", "erf",
             "erfc", "pow", "mul", "add", "sub", "div", "max", "min", "exp2", "dropout", "tensor", "finfo",
             "swapaxes", "t", "outer"):
     FUNCTIONS[_T + _op] = _op

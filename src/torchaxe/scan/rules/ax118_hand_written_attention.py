@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from typing import Callable
 
 from torchaxe.findings import Applicability
@@ -275,6 +276,19 @@ class HandWrittenAttention(FormulaRule):
     )
 
     def propose(self, ctx, match):
+        proposal = self._propose(ctx, match)
+        kept = _weights_read_after(ctx, match)
+        if not kept:
+            return proposal
+        names, line = kept
+        return replace(
+            proposal, edit=False, applicability=Applicability.DISPLAY_ONLY,
+            note=proposal.note + (f"; the code also reads the attention weights ({', '.join(names)}) after the "
+                                  f"attention (line {line}), and a fused attention does not return them: keep the "
+                                  "hand-written form where the weights are needed (when asked to return them, "
+                                  "for instance) and use the fused call elsewhere"))
+
+    def _propose(self, ctx, match):
         q, k, v = match.inputs["q"], match.inputs["k"], match.inputs["v"]
         params = match.params
         if params.get("chunked"):
@@ -364,6 +378,51 @@ class HandWrittenAttention(FormulaRule):
         return Proposal(replacement, note, "use F.scaled_dot_product_attention",
                         Applicability.SAFE if safe else Applicability.UNSAFE, edit=certain, imports=imports,
                         guarded=guarded)
+
+
+_SOFTMAX_CALLS = frozenset({"softmax", "_softmax", "_softmax_last_dim"})
+
+
+def _weights_read_after(ctx, match) -> tuple[list[str], int] | None:
+    """The names holding the softmax weights of a matched attention, when a statement
+    after the attention reads them (``return x, attn``), with that statement's line.
+    The weights are the names the attention reads that were last assigned a softmax (or
+    something made from a name holding one: ``attn = self.attn_drop(attn)``)."""
+    function = innermost(ctx, match.node.lineno, (ast.FunctionDef, ast.AsyncFunctionDef))
+    if function is None:
+        return None
+    start, end = (match.node.lineno, match.node.col_offset), (match.node.end_lineno, match.node.end_col_offset)
+    read = set()
+    for node in fast_walk(function):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and start <= (
+                node.lineno, node.col_offset) and (node.end_lineno, node.end_col_offset) <= end:
+            read.add(node.id)
+    weights: set[str] = set()
+    assignments = sorted((n for n in fast_walk(function) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                          and isinstance(n.targets[0], ast.Name)), key=lambda n: (n.lineno, n.col_offset))
+    for stmt in assignments:
+        if (stmt.lineno, stmt.col_offset) >= start:
+            break
+        name = stmt.targets[0].id  # type: ignore[attr-defined]
+        calls = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+                 for n in fast_walk(stmt.value) if isinstance(n, ast.Call)}
+        loads = {n.id for n in fast_walk(stmt.value) if isinstance(n, ast.Name)}
+        if calls & _SOFTMAX_CALLS or (loads & weights and isinstance(stmt.value, ast.Call)):
+            weights.add(name)
+        else:
+            weights.discard(name)
+    weights &= read
+    if not weights:
+        return None
+    later = [n for n in fast_walk(function) if isinstance(n, ast.Name) and n.id in weights
+             and isinstance(n.ctx, ast.Load) and (n.lineno, n.col_offset) > end]
+    rebound = [n.lineno for n in fast_walk(function) if isinstance(n, ast.Name) and n.id in weights
+               and isinstance(n.ctx, ast.Store) and (n.lineno, n.col_offset) > end]
+    first_rebound = min(rebound, default=None)
+    later = [n for n in later if first_rebound is None or n.lineno <= first_rebound]
+    if not later:
+        return None
+    return sorted({n.id for n in later}), min(n.lineno for n in later)
 
 
 def _names(text: str) -> set[str]:
