@@ -282,3 +282,29 @@ class LearnedComplexGain(nn.Module):  # lookalike: rotary
 def complex_gain_named_parts(x, gain_real, gain_imag):  # lookalike: rotary
     z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
     return torch.view_as_real(z * torch.complex(gain_real, gain_imag)).flatten(-2)
+
+
+def apply_rope_stacked_cache(x, rope_cache):  # formula: rotary
+    """cos and sin stacked in the cache's last dimension, viewed to broadcast over batch
+    and heads with sizes read from the input."""
+    T = x.size(1)
+    rope_cache = rope_cache[:T]
+    xshaped = x.float().reshape(*x.shape[:-1], -1, 2)
+    rope_cache = rope_cache.view(1, xshaped.size(1), 1, xshaped.size(3), 2)
+    x_out = torch.stack(
+        [
+            xshaped[..., 0] * rope_cache[..., 0] - xshaped[..., 1] * rope_cache[..., 1],
+            xshaped[..., 1] * rope_cache[..., 0] + xshaped[..., 0] * rope_cache[..., 1],
+        ],
+        -1,
+    )
+    return x_out.flatten(3).type_as(x)
+
+
+def pair_gain(x, gain):  # lookalike: rotary
+    """A learned complex gain per channel pair in real arithmetic, viewed to broadcast."""
+    xs = x.reshape(*x.shape[:-1], -1, 2)
+    g = gain.view(1, 1, 1, xs.size(3), 2)
+    out = torch.stack([xs[..., 0] * g[..., 0] - xs[..., 1] * g[..., 1],
+                       xs[..., 1] * g[..., 0] + xs[..., 0] * g[..., 1]], -1)
+    return out.flatten(3)

@@ -337,8 +337,10 @@ def _analyse(ctx: FileContext) -> list[FormulaMatch]:
                 continue
             if _has_fused_call(ctx, root.scope, match.category, fused_seen) and not _other_layout(match):
                 continue
-            if match.params.get("sign_folded") and not _ROTARY_NAME.search(scope_name):
-                continue  # x * c + swap(x) * s is as likely a boost or a mix as a rotary
+            if (match.params.get("sign_folded") or match.params.get("fitted")) and not _ROTARY_NAME.search(scope_name):
+                # x * c + swap(x) * s, or a pair mix with a table viewed to fit: as likely
+                # a boost or a learned mix as a rotary.
+                continue
             located = _locate(ctx, root, match, scope_name)
             if located is not None and not _key_named(located):
                 continue

@@ -27,8 +27,8 @@ from torchaxe.scan.formulas.interpreter import Evaluator, broadcast_shape, is_te
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
 from torchaxe.scan.formulas.probes import (
-    CONFIRMATIONS, INT, PRIMARY, RESHAPES, SCALAR, Probe, data_vars, fresh_full, half_width_roles, make_env, scalar_value,
-    single_count_roles, widened_roles,
+    CONFIRMATIONS, INT, PRIMARY, RESHAPES, SCALAR, Probe, data_vars, fitted_roles, fresh_full, half_width_roles,
+    make_env, scalar_value, single_count_roles, widened_roles,
 )
 from torchaxe.scan.formulas.store import Match
 
@@ -1075,17 +1075,37 @@ def compute(root: Node, roles: dict[str, str], categories: frozenset[str]) -> li
             # with a widened input.
             failed = not is_tensor(primary.value(root))
             widened = widened_roles(root, roles)
+            fitted = fitted_roles(root, roles, _sizes) if failed else None
             guesses = (half_width_roles(root, roles) if failed else None, widened, single_count_roles(roles),
-                       single_count_roles(widened) if widened is not None else None)
+                       single_count_roles(widened) if widened is not None else None, fitted)
             for second in guesses:
                 if second is not None and unmatched:
                     more = _match(root, Probing(second, PRIMARY), unmatched, order)
+                    if second is fitted:
+                        # Random values stand for the viewed table: a rotation found with
+                        # them is as likely a learned pair mix (analysis decides by name).
+                        for m in more:
+                            m.params["fitted"] = True
                     if more:
                         matches = sorted([*matches, *more], key=lambda m: -m.node.size)
                         unmatched = unmatched - {m.category for m in more}
         return matches
     finally:
         torch.set_num_threads(threads)
+
+
+def _sizes(args: tuple[Node, ...], roles: dict[str, str], probe: Probe) -> tuple[int, ...] | None:
+    """The values of a view's size arguments on ``probe``, when all are whole numbers."""
+    probing = Probing(roles, probe)
+    values = []
+    for arg in args:
+        value = probing.value(arg)
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        values.append(value)
+    return tuple(values)
 
 
 def _match(root: Node, primary: Probing, categories: frozenset[str], order: list[Node]) -> list[Match]:

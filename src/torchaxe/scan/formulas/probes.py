@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from torchaxe.scan.formulas import vocabulary as V
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
@@ -71,6 +71,8 @@ class Probe:
 PRIMARY = Probe(4, "float64", 1.0, 11)
 #: Sides are multiples of 4, so that halves (rotary, SwiGLU) and their halves are whole.
 CONFIRMATIONS = (Probe(8, "float64", 6.0, 23), Probe(4, "float32", 1.0, 37))
+#: Two sides at which a fitted role's sizes are read (see ``fitted_roles``).
+FIT_PROBES = (PRIMARY, CONFIRMATIONS[0])
 
 
 def _leaf_name(name: str) -> str:
@@ -490,6 +492,52 @@ def single_count_roles(roles: dict[str, str]) -> dict[str, str] | None:
     return {**roles, **changed} if changed else None
 
 
+#: Marks a fitted role: ``"fit:1,n/1,1,n/2,2"`` is a tensor of that shape, each side
+#: a number or a fraction of the probe's side ``n`` (see ``fitted_roles``).
+FIT = "fit:"
+#: The operations a fitted variable may go through before it is viewed.
+_FIT_THROUGH = frozenset({"getitem", "cast", "contiguous", "detach", "clone"})
+
+
+def fitted_roles(root: Node, roles: dict[str, str],
+                 sizes: Callable[[tuple[Node, ...], dict[str, str], Probe], tuple[int, ...] | None],
+                 ) -> dict[str, str] | None:
+    """Another guess when the tree does not evaluate: a variable viewed to sizes
+    computed from the data (``rope_cache.view(1, xs.size(1), 1, xs.size(3), 2)``, a
+    cache laid out for broadcasting) takes the shape it is viewed to. ``sizes`` gives
+    the values of the size arguments on a probe; a side that doubles with the probe's
+    side is a fraction of it, one that does not is a number."""
+    changed: dict[str, str] = {}
+    for node in walk(root):
+        if node.op not in ("view", "reshape") or len(node.args) < 3:
+            continue
+        source = node.args[0]
+        while source.op in _FIT_THROUGH and source.args:
+            source = source.args[0]
+        if source.op != VAR or roles.get(source.value) not in (FULL, VECTOR, MATRIX, CUBE) or source.value in changed:
+            continue
+        small, large = (sizes(node.args[1:], roles, probe) for probe in (FIT_PROBES[0], FIT_PROBES[1]))
+        if small is None or large is None or len(small) != len(large):
+            continue
+        sides = []
+        for a, b in zip(small, large):
+            if a < 1 or b < 1:
+                break
+            if a == b:
+                sides.append(str(a))
+            elif b == 2 * a and FIT_PROBES[0].n % a == 0:
+                sides.append(f"n/{FIT_PROBES[0].n // a}")
+            else:
+                break
+        else:
+            changed[source.value] = FIT + ",".join(sides)
+    return {**roles, **changed} if changed else None
+
+
+def _fitted_shape(role: str, n: int) -> tuple[int, ...]:
+    return tuple(n // int(side[2:]) if side.startswith("n/") else int(side) for side in role[len(FIT):].split(","))
+
+
 #: A count of one (see ``single_count_roles``).
 ONE = "one"
 #: Operations that keep the last dimension of their input.
@@ -519,7 +567,9 @@ def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
     env: dict[str, Any] = {}
     for name, role in roles.items():
         g = _generator(torch, probe, name)
-        if WIDE in role:
+        if role.startswith(FIT):
+            env[name] = torch.randn(_fitted_shape(role, n), generator=g, dtype=dtype) * probe.sigma
+        elif WIDE in role:
             base, factor = role.split(WIDE)
             size = (n, n, n, n * int(factor)) if base == FULL else (n, n, n * int(factor))
             env[name] = torch.randn(size, generator=g, dtype=dtype) * probe.sigma
