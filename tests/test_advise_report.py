@@ -92,6 +92,20 @@ def test_a_change_not_paid_back_within_the_jobs_steps_is_held_back(script: Path,
         assert compiled.selected and not compiled.held_back
 
 
+def test_a_set_not_paid_back_within_the_jobs_steps_is_not_chosen(script: Path) -> None:  # noqa: F811
+    # Each pays off within 300 steps alone (compile after 196, the fix at once), but
+    # together they compile for 29.8 s more than the original: 542 steps to pay back.
+    runs = FakeRuns(warmup={"knob:compile": 10.0, "combined": 30.0})
+    advice = run_advice(script, runs, job_steps=300)
+    assert "combined" in runs.order
+    assert advice.combined["keys"] == ["knob:compile"]
+    assert any("together cost 29.8 s once, before their first fast step, which pays off only after 542 steps, "
+               "more than the job's 300 (--job-steps): only knob:compile is kept" in n for n in advice.notes)
+    # A longer job keeps both.
+    longer = run_advice(script, FakeRuns(warmup={"knob:compile": 10.0, "combined": 30.0}), job_steps=600)
+    assert sorted(longer.combined["keys"]) == ["code:AX110", "knob:compile"]
+
+
 def test_job_steps_must_be_positive() -> None:
     from torchaxe.advise.options import AdviseOptions
     from torchaxe.errors import TorchaxeError

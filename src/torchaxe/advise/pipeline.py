@@ -400,7 +400,8 @@ class Advisor:
                               loss_tolerance=self.options.loss_tolerance,
                               run_seconds=self.run_seconds, progress=self.progress,
                               memory_limit=self.options.memory_limit,
-                              original_over_limit=bool(advice.baseline.get("over_memory_limit")))
+                              original_over_limit=bool(advice.baseline.get("over_memory_limit")),
+                              job_steps=self.options.job_steps)
         try:
             search.run([c for c, _ in arms])
             for c, _ in arms:

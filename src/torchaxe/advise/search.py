@@ -39,7 +39,7 @@ class ChangeSearch:
                  loss_tolerance: float = LOSS_TOLERANCE,
                  run_seconds: dict[str, float] | None = None,
                  progress: Callable[[str], None] = lambda line: None, memory_limit: int | None = None,
-                 original_over_limit: bool = False) -> None:
+                 original_over_limit: bool = False, job_steps: int | None = None) -> None:
         self.measurer = measurer
         #: How far the original strayed from itself, and the A/A arm's per-round ratios.
         self.noise = noise.spread
@@ -64,6 +64,9 @@ class ChangeSearch:
         #: original itself exceeds it (then the fastest change that fits is chosen).
         self.memory_limit = memory_limit
         self.original_over_limit = original_over_limit
+        #: The job's length in steps (--job-steps): a set whose one-time cost it does
+        #: not pay back is not chosen (None: no length given).
+        self.job_steps = job_steps
 
     def _over_limit(self, arm: ArmResult) -> int | None:
         """The peak memory of a measured set when it exceeds the limit; None otherwise."""
@@ -71,6 +74,17 @@ class ChangeSearch:
         if self.memory_limit is None or peak is None or peak[0] <= self.memory_limit:
             return None
         return peak[0]
+
+    def _not_repaid(self, figures: dict[str, Any]) -> tuple[float, int | None] | None:
+        """(one-time seconds, steps to pay them back) of a set measured together
+        (``measured_figures``) whose one-time cost the job's --job-steps do not pay
+        back: changes that each pay off in time can compile longer together and save
+        less than their sum. None otherwise."""
+        once = figures.get("one_time_seconds")
+        if self.job_steps is None or not once:
+            return None
+        even = figures.get("break_even_steps")
+        return None if even is not None and even <= self.job_steps else (once, even)
 
     def _clear(self, ratios: Sequence[float]) -> bool:
         return clear_gain(ratios, self.noise, self.same_ratios)
@@ -162,8 +176,9 @@ class ChangeSearch:
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
         loss = self._loss_beyond(arm, base_arm)
         over = None if arm.error else self._over_limit(arm)
+        late = self._not_repaid(entry) if arm.ratio else None
         if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN) and loss is None \
-                and over is None:
+                and over is None and late is None:
             self.combined = entry
             # The refining runs measure the same set again: its fixed files are reused.
             self._refine(chosen, candidates, replace(combined, name="chosen"))
@@ -180,6 +195,12 @@ class ChangeSearch:
         elif over is not None:
             self.notes.append(f"the {len(chosen)} chosen changes together peaked at {bytes_text(over)}, above "
                               f"--memory-limit ({bytes_text(self.memory_limit)}): only {best.rec.key} is kept")
+        elif late is not None:
+            once, even = late
+            pays = f"pays off only after {even:,} steps" if even is not None else "is never paid back"
+            self.notes.append(f"the {len(chosen)} chosen changes together cost {once:.1f} s once, before their first "
+                              f"fast step, which {pays}, more than the job's {self.job_steps:,} (--job-steps): "
+                              f"only {best.rec.key} is kept")
         elif loss is not None:
             self.notes.append(f"the {len(chosen)} chosen changes together changed the training loss by {loss:+.2%}, "
                               f"beyond the run-to-run loss noise by more than the {self.loss_tolerance:.1%} "
@@ -342,7 +363,7 @@ class ChangeSearch:
                 whose = "their" if chosen else "the original's"
                 c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + f"({where}: {share:.2f} of {whose} step time)"
             if self._clear(paired) and (best is None or share < best[0]) and self._loss_beyond(arm, base_arm) is None \
-                    and self._over_limit(arm) is None:
+                    and self._over_limit(arm) is None and self._not_repaid(measured_figures(arm, base_arm)) is None:
                 best = (share, v, arm, paired)
             if len(v) == 1 and share > 1.0 + max(MIN_GAIN, self.noise / 2):
                 hurting.append(v[0])
