@@ -617,6 +617,9 @@ def test_no_extra_round_when_the_budget_is_spent(script: Path) -> None:
     assert len(recs["knob:compile"].ratios) == 2
     assert advice.combined["status"] == "measured" and not advice.partial
     assert len(runs.order) == 13 + 4
+    assert any("chosen on 2 rounds" in n for n in advice.notes)
+    # Three rounds or more: nothing to say.
+    assert not any("chosen on" in n for n in run_advice(script, FakeRuns(), repeats=2).notes)
 
 
 def test_a_second_round_is_skipped_when_it_would_leave_no_time_to_measure_the_chosen_changes_together(
@@ -632,6 +635,10 @@ def test_a_second_round_is_skipped_when_it_would_leave_no_time_to_measure_the_ch
     assert advice.combined["status"] == "measured"
     assert sorted(advice.combined["keys"]) == ["code:AX110", "knob:compile"]
     assert advice.partial
+    # Chosen on one round: the advice says so, and what confirms it.
+    assert any(n.startswith("knob:compile, code:AX110 were chosen on 1 round (all the budget allowed)")
+               or n.startswith("code:AX110, knob:compile were chosen on 1 round (all the budget allowed)")
+               for n in advice.notes), advice.notes
 
 
 def test_a_change_slower_in_one_round_gets_more_rounds_and_one_slow_round_in_five_is_forgiven(script: Path) -> None:
