@@ -940,6 +940,37 @@ def test_a_complex_rotary_is_a_rotation_of_the_input_not_of_its_pairs():
     assert found[0].node.end_lineno == 7  # through .flatten(3).type_as(t)
 
 
+def test_a_three_dimensional_complex_rotary_rotates_the_input(scan):
+    """view_as_real(...).flatten(2) merges the pairs back into a 3-D (T, H, D) input:
+    probed as 3-D, the replacement rotates xq itself, interleaved."""
+    source = textwrap.dedent("""\
+        import torch
+        def apply_rotary_emb(xq, freqs_cis):
+            xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+            return torch.view_as_real(xq_ * freqs_cis[:, None, :]).flatten(2).type_as(xq)
+    """)
+    [finding] = [f for f in scan(source, target="npu").findings if f.code == "AX119"]
+    assert finding.replacement == 'torch_npu.npu_rotary_mul(xq, cos, sin, rotary_mode="interleave")'
+
+
+@pytest.mark.parametrize("second, sin", [("x1 * (-sin) + x2 * cos", "-sin"), ("x2 * cos - x1 * sin", "-sin"),
+                                         ("x2 * cos + x1 * sin", "sin")])
+def test_half_width_tables_are_widened_with_the_sign_the_code_rotates_by(scan, second, sin):
+    """cos and sin as wide as one half (x1 * cos + x2 * sin): the replacement widens
+    them, and a rotation by -theta passes the sine negated."""
+    first = "x1 * cos + x2 * sin" if sin == "-sin" else "x1 * cos - x2 * sin"
+    source = textwrap.dedent(f"""\
+        import torch
+        def apply_rotary_emb(x, cos, sin):
+            d = x.shape[3] // 2
+            x1, x2 = x[..., :d], x[..., d:]
+            return torch.cat([{first}, {second}], 3)
+    """)
+    [finding] = [f for f in scan(source, target="npu").findings if f.code == "AX119"]
+    assert finding.replacement == (f"torch_npu.npu_rotary_mul(x, torch.cat((cos, cos), dim=-1), "
+                                   f"torch.cat(({sin}, {sin}), dim=-1))")
+
+
 def test_a_complex_gain_is_not_a_rotation_but_complex_cos_sin_is():
     """torch.complex(re, im) times a complex view: a rotation when its parts are a
     cosine and a sine, a learned gain (any magnitude) otherwise."""

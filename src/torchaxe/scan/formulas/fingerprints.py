@@ -864,6 +864,19 @@ class RotaryMatcher(Matcher):
                 sin_holder = self._holder(node, x_node, sin, probing)
                 if sin_holder is None and (negated := self._holder(node, x_node, -sin, probing)) is not None:
                     sin_holder, params["sin_negated"] = negated, True  # a rotation by -theta
+                if cos_holder is None and sin_holder is None and shared:
+                    # Tables as wide as one member of each pair (x1 * cos + x2 * sin on the
+                    # halves): the replacement widens them.
+                    cos_holder = self._holder(node, x_node, _first_members(cos, mode), probing)
+                    half_sin = _first_members(sin, mode)
+                    sin_holder = self._holder(node, x_node, half_sin, probing)
+                    if sin_holder is None and (negated := self._holder(node, x_node, -half_sin, probing)) is not None:
+                        sin_holder, params["sin_negated"] = negated, True
+                    if cos_holder is not None and sin_holder is not None:
+                        params["half_tables"] = True
+                    else:
+                        cos_holder = sin_holder = None
+                        params.pop("sin_negated", None)
                 if cos_holder is not None:
                     inputs["cos"] = cos_holder
                 if sin_holder is not None:
@@ -954,6 +967,12 @@ def _solve_rotation(node: Node, x_node: Node, like: torch.Tensor, shape: torch.S
     det = x1 * r2 - x2 * r1
     y1, y2 = y1.to(torch.float64), y2.to(torch.float64)
     return (y1 * r2 - y2 * r1) / det, (x1 * y2 - x2 * y1) / det
+
+
+def _first_members(t: torch.Tensor, mode: str) -> torch.Tensor:
+    """The first member of every rotated pair in ``t``: its first half, or its even
+    positions."""
+    return t[..., : t.shape[-1] // 2] if mode == "half" else t[..., 0::2]
 
 
 def _share_pairs(t: torch.Tensor, mode: str) -> torch.Tensor:

@@ -197,6 +197,12 @@ def infer_roles(root: Node) -> dict[str, str]:
                 kept = sum(1 for p in parts if not (p.op == CONST and p.value is None))
                 if 1 <= kept <= 3:
                     ranks.setdefault(node.args[0].value, set()).add(kept)
+        if node.op == "flatten" and len(node.args) >= 2 and node.args[1].op == CONST and isinstance(
+                node.args[1].value, int) and not isinstance(node.args[1].value, bool) and 1 <= node.args[1].value <= 2:
+            # view_as_real(view_as_complex(x.reshape(..., -1, 2)) * f).flatten(2): the
+            # pairs are merged back from dimension 2, so x has three dimensions.
+            for name in _complex_sources(node.args[0]):
+                ranks.setdefault(name, set()).add(node.args[1].value + 1)
         if node.op == "masked_fill" and len(node.args) >= 2:
             masked.append(node)
         mask = node.args[1] if node.op == "masked_fill" and len(node.args) >= 2 else \
@@ -417,6 +423,24 @@ def _collect(root: Node) -> tuple[set[str], ...]:
             for a in args:
                 bools |= _through_layout(a)
     return data, ints, scalars | sizes, bools, complexes, dims, sizes
+
+
+def _complex_sources(node: Node) -> set[str]:
+    """The variables viewed as complex numbers in a ``view_as_real`` that ``node`` is
+    (through casts): ``view_as_real(view_as_complex(x.float().reshape(...)) * f)``."""
+    while node.op in ("cast", "contiguous") and node.args:
+        node = node.args[0]
+    if node.op != "view_as_real":
+        return set()
+    names: set[str] = set()
+    for inner in walk(node):
+        if inner.op == "view_as_complex" and inner.args:
+            source = inner.args[0]
+            while source.op in ("reshape", "view", "cast", "contiguous", "unflatten") and source.args:
+                source = source.args[0]
+            if source.op == VAR:
+                names.add(source.value)
+    return names
 
 
 _COSINE_NAMES = re.compile(r"cos", re.IGNORECASE)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchaxe.findings import Applicability
-from torchaxe.scan.rules._formula import FormulaRule, Proposal
+from torchaxe.scan.rules._formula import FormulaRule, Proposal, atom
 from torchaxe.scan.rules.base import Invalid, Valid
 
 
@@ -109,6 +109,21 @@ class HandWrittenRotary(FormulaRule):
                             "use torch_npu.npu_rotary_mul", Applicability.DISPLAY_ONLY, edit=False)
         if match.params.get("sin_negated") and sin:
             sin = f"-{sin}" if sin.isidentifier() else f"-({sin})"  # a rotation by -theta
+        if match.params.get("half_tables") and cos and sin:
+            # Tables as wide as one member of each pair: widened to the full width.
+            if match.params.get("mode") == "half":
+                cos, sin = (f"torch.cat(({t}, {t}), dim=-1)" for t in (cos, sin))
+                mode = ""
+            else:
+                cos, sin = (f"{atom(t)}.repeat_interleave(2, dim=-1)" for t in (cos, sin))
+                mode = ', rotary_mode="interleave"'
+            replacement = f"torch_npu.npu_rotary_mul({x}, {cos}, {sin}{mode})"
+            return Proposal(
+                replacement,
+                f"{replacement} computes the rotation in one kernel, with the code's half-width cos and sin tables "
+                "widened to the full width (build them once, where the tables are made)"
+                + ("; the code rotates by -theta: the sine enters negated" if match.params.get("sin_negated") else ""),
+                "use torch_npu.npu_rotary_mul", Applicability.DISPLAY_ONLY, edit=False)
         if match.params.get("mode") == "half" and cos and sin:
             replacement = f"torch_npu.npu_rotary_mul({x}, {cos}, {sin})"
             return Proposal(
