@@ -147,7 +147,7 @@ def test_weights_read_after_the_attention_are_named_in_the_advice(target):
     source = NANOGPT.replace("        att = F.softmax(att, dim=-1)\n",
                              "        att = F.softmax(att, dim=-1)\n        print(att.mean())\n")
     _, [finding] = _fix(source, "AX118", target=target)
-    assert "attention weights" not in finding.message
+    assert "reads the attention weights" not in finding.message
 
 
 def test_functional_dropout_becomes_dropout_p():

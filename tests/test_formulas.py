@@ -782,8 +782,7 @@ def test_a_transposed_key_is_rewritten_with_its_transpose(scan):
      "attn_mask=~mask)"),
 ])
 def test_the_mask_is_passed_the_way_sdpa_reads_it(scan, body, says):
-    source = f"import torch\ndef attend(q, k, v, mask):\n    return {body}\n"
-    [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX118"]
+    finding = attention_finding(scan, f"import torch\ndef attend(q, k, v, mask):\n    return {body}\n", "cuda")
     assert finding.replacement.endswith(says)
     assert finding.fix.applicability is Applicability.UNSAFE and finding.fix.edits
     assert ("is_causal=True" in finding.message) == ("masked_fill" in body)
@@ -1031,3 +1030,54 @@ def test_an_added_float_bias_is_offered_as_pse_on_npu():
     [finding] = report.findings
     text = finding.message + " " + (finding.fix.title if finding.fix else "")
     assert "pse=bias / <the score scale>" in finding.message and "atten_mask=<" not in finding.message, text
+
+
+@pytest.mark.parametrize("body, replacement", [
+    # The default scale, whatever the code calls head_dim: read from q.
+    ("attn = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))\n    return torch.softmax(attn, dim=-1) @ v",
+     'torch_npu.npu_fusion_attention(q, k, v, head_num, "BNSD", scale=q.shape[-1] ** -0.5)[0]'),
+    # A tensor temperature cannot be its float scale: it goes on q.
+    ("attn = (q @ k.transpose(-2, -1)) * temperature\n    return attn.softmax(dim=-1) @ v",
+     'torch_npu.npu_fusion_attention(q * temperature, k, v, head_num, "BNSD", scale=1.0)[0]'),
+    # (batch * heads, sequence, head_dim), as bmm takes them: BSH with one head.
+    ("attn = torch.bmm(q * scale, k.transpose(1, 2)).softmax(dim=-1)\n    return torch.bmm(attn, v)",
+     'torch_npu.npu_fusion_attention(q * scale, k, v, 1, "BSH", scale=1.0)[0]'),
+    # Channels before positions: transposed in and out.
+    ("w = torch.einsum('bct,bcs->bts', q * scale, k).softmax(dim=-1)\n    return torch.einsum('bts,bcs->bct', w, v)",
+     'torch_npu.npu_fusion_attention((q * scale).transpose(-2, -1), k.transpose(-2, -1), v.transpose(-2, -1), 1, '
+     '"BSH", scale=1.0)[0].transpose(-2, -1)'),
+    # One key/value head for all query heads.
+    ("sim = torch.einsum('bhid,bjd->bhij', q * scale, k)\n    return torch.einsum('bhij,bjd->bhid', sim.softmax(-1), v)",
+     'torch_npu.npu_fusion_attention(q * scale, k.unsqueeze(1), v.unsqueeze(1), head_num, "BNSD", scale=1.0)[0]'),
+])
+def test_npu_attention_arguments_follow_the_codes_layout_and_names(scan, body, replacement):
+    source = f"import math\nimport torch\n\n\ndef attend(q, k, v, scale, temperature):\n    {body}\n"
+    assert attention_finding(scan, source, "npu").replacement == replacement
+
+
+def attention_finding(scan, source: str, target: str):
+    """The one AX118 finding of ``source`` for ``target``."""
+    [finding] = [f for f in scan(source, target=target).findings if f.code == "AX118"]
+    return finding
+
+
+def test_npu_attention_keeps_the_codes_dropout_as_keep_prob(scan):
+    source = textwrap.dedent("""\
+        import math
+        import torch
+        import torch.nn.functional as F
+        from torch import nn
+        class Attn(nn.Module):
+            def __init__(self, p):
+                super().__init__()
+                self.attn_dropout = nn.Dropout(p)
+            def forward(self, q, k, v):
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                att = F.softmax(att, dim=-1)
+                att = self.attn_dropout(att)
+                return att @ v
+    """)
+    finding = attention_finding(scan, source, "npu")
+    assert finding.replacement.endswith(
+        "keep_prob=1 - (self.attn_dropout.p if self.training else 0.0))[0]"), finding.replacement
+    assert "keep_prob is the share kept" in finding.message

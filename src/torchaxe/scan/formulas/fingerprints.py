@@ -650,6 +650,8 @@ class AttentionMatcher(Matcher):
                 "dropout": "dropout" in node.ops,
                 "layout": layout if qk_layout in (layout, "BNSD-kt", "BNSD-kt-as-written") else "mixed",
                 "k_transposed": qk_layout in ("BNSD-kt", "BNSD-kt-as-written"),
+                # 3: (batch * heads, sequence, head_dim) as bmm takes them.
+                "rank": q.ndim if q is not None else 4,
             }
             if unnormalised:
                 params["chunked"] = True

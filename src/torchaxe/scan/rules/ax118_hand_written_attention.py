@@ -305,10 +305,15 @@ class HandWrittenAttention(FormulaRule):
             k = f"{atom(k)}.transpose(-2, -1)"  # the source keeps the key already transposed
         scale = _scale_argument(match)
         if ctx.target == "npu":
-            layout = {"BSND-qhk": "BSND"}.get(params.get("layout"), params.get("layout"))
-            layout = layout if layout in ("BNSD", "BSND") else "BNSD"
+            q, k, v, layout, heads, after, layout_note = _npu_layout(params, q, k, v)
+            folded = _scaled_query(match, q, ctx)
+            if folded is not None:
+                # Its scale is a float too: a tensor scale (a learned temperature) goes on q.
+                q, scale = folded
+            # The default scale is 1 / sqrt(head_dim), read from q itself (the code may
+            # have no name for head_dim).
             scale_value = "scale=<the score scale>" if scale is None else (
-                "scale=1 / math.sqrt(head_dim)" if scale == "" else scale.lstrip(", "))
+                f"scale={atom(q)}.shape[-1] ** -0.5" if scale == "" else scale.lstrip(", "))
             mask, bias_note = "", ""
             bias = match.inputs.get("mask") if params.get("mask_added") else None
             if bias is not None:
@@ -320,15 +325,29 @@ class HandWrittenAttention(FormulaRule):
                              "position bias is (4-D, BNSS or 1NSS)")
             elif params.get("masked"):
                 mask = ", atten_mask=<True where masked>"
-            replacement = f'torch_npu.npu_fusion_attention({q}, {k}, {v}, head_num, "{layout}"{mask}, {scale_value})[0]'
+            keep, dropout_note = "", ""
+            if params.get("dropout"):
+                # Its dropout is keep_prob, the share of weights kept, in training only.
+                dropout_p = match.plan.dropout_p if match.plan is not None else None
+                keep = (f", keep_prob=1 - {atom(_unwrapped(dropout_p))}" if dropout_p
+                        else ", keep_prob=<1 - the dropout rate in training, 1.0 in evaluation>")
+                dropout_note = "; the code drops out attention weights: keep_prob is the share kept"
+            replacement = (f'torch_npu.npu_fusion_attention({q}, {k}, {v}, {heads}, "{layout}"{mask}, {scale_value}'
+                           f'{keep})[0]{after}')
             return Proposal(
                 replacement,
                 f"{replacement} is the NPU's fused attention (pass head_num and the scale explicitly: its default scale "
                 "is 1; its atten_mask is True where a position is dropped; float16/bfloat16 only; the first output is "
-                f"the attention result){bias_note}; {UNVERIFIED}",
+                f"the attention result){layout_note}{bias_note}{dropout_note}; {UNVERIFIED}",
                 "use torch_npu.npu_fusion_attention", Applicability.DISPLAY_ONLY, edit=False,
             )
         fn, imports = functional(ctx, match.node.lineno)
+        layout, after = params.get("layout"), ""
+        if layout == "BDS":
+            q, k, v = (f"{atom(t)}.transpose(-2, -1)" for t in (q, k, v))
+            after = ".transpose(-2, -1)"
+        elif layout == "BNSD-shared":
+            k, v = (f"{atom(t)}.unsqueeze(1)" for t in (k, v))
         folded = _scaled_query(match, q, ctx)
         if folded is not None:
             q, scale = folded
@@ -357,12 +376,19 @@ class HandWrittenAttention(FormulaRule):
             else:
                 advice.append("dropout_p=(<the dropout rate> if self.training else 0.0)")
         scale_arg = scale if scale is not None else ", scale=<the score scale>"
+        if layout == "BNSD-shared":
+            extra.append("enable_gqa=True")
         replacement = f"{fn}.scaled_dot_product_attention({q}, {k}, {v}{scale_arg}" + "".join(
-            f", {e}" for e in extra + advice) + ")"
+            f", {e}" for e in extra + advice) + ")" + after
         note = (f"{fn}.scaled_dot_product_attention computes it without materialising the score matrix (flash and "
                 "memory-efficient kernels on cuda, a fused kernel on cpu)")
-        layout_ok = params.get("layout") == "BNSD"
-        if not layout_ok:
+        layout_ok = layout == "BNSD"
+        if layout == "BDS":
+            note += "; the code puts channels before positions: q, k and v go in transposed, the result comes back so"
+        elif layout == "BNSD-shared":
+            note += ("; the code shares one key/value head among the query heads (multi-query): k and v get a head "
+                     "dimension of 1 and enable_gqa=True (torch 2.5 or later) spreads it")
+        elif not layout_ok:
             note += "; q, k and v must be transposed to (batch, heads, sequence, head_dim) first"
         certain = not advice and layout_ok and scale is not None and not params.get("k_transposed")
         if params.get("masked") and not params.get("mask_added"):
@@ -423,6 +449,40 @@ def _weights_read_after(ctx, match) -> tuple[list[str], int] | None:
     if not later:
         return None
     return sorted({n.id for n in later}), min(n.lineno for n in later)
+
+
+def _npu_layout(params, q: str, k: str, v: str) -> tuple[str, str, str, str, str, str, str]:
+    """npu_fusion_attention's arguments for the code's layout: (q, k, v, input_layout,
+    head_num, what follows the call, a note)."""
+    layout, rank = params.get("layout"), params.get("rank", 4)
+    if layout in ("BSND", "BSND-qhk"):
+        return q, k, v, "BSND", "head_num", "", ""
+    if layout == "BNSD" and rank == 3:
+        return q, k, v, "BSH", "1", "", "; (batch * heads, sequence, head_dim) tensors go in as BSH with one head"
+    if layout == "BNSD":
+        return q, k, v, "BNSD", "head_num", "", ""
+    if layout == "BDS":
+        q, k, v = (f"{atom(t)}.transpose(-2, -1)" for t in (q, k, v))
+        return (q, k, v, "BSH" if rank == 3 else "BNSD", "1" if rank == 3 else "head_num", ".transpose(-2, -1)",
+                "; the code puts channels before positions: q, k and v go in transposed, the result comes back so")
+    if layout == "BNSD-shared":
+        k, v = (f"{atom(t)}.unsqueeze(1)" for t in (k, v))
+        return (q, k, v, "BNSD", "head_num", "",
+                "; the code shares one key/value head among the query heads (multi-query): k and v get a head "
+                "dimension of 1 (its key and value may have fewer heads than its query)")
+    return (q, k, v, "BNSD", "head_num", "",
+            "; q, k and v are not in one layout as written: rearrange them to (batch, heads, sequence, head_dim) first")
+
+
+def _unwrapped(text: str) -> str:
+    """``text`` without the parentheses around all of it, if it has them."""
+    if text.startswith("(") and text.endswith(")"):
+        try:
+            if ast.dump(ast.parse(text, mode="eval")) == ast.dump(ast.parse(text[1:-1], mode="eval")):
+                return text[1:-1]
+        except SyntaxError:
+            pass
+    return text
 
 
 def _names(text: str) -> set[str]:
