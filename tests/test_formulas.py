@@ -682,7 +682,8 @@ def test_a_factor_rms_norm_is_advice_that_names_the_assumption(scan):
                 return F.normalize(x, dim=-1) * self.scale * self.g
     """)
     [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX115"]
-    assert "self.scale is the square root" in finding.message and not finding.fix.edits
+    assert ("this assumes the dim given to __init__ (which sets self.scale) is the size of the dimension the "
+            "formula works over" in finding.message) and not finding.fix.edits
     assert "self.g" in finding.replacement
 
 

@@ -265,3 +265,30 @@ class LastDimFallbackNorm(nn.Module):  # lookalike: layer_norm
         mean = x.mean(-1, keepdim=True)
         var = ((x - mean) ** 2).mean(-1, keepdim=True)
         return (x - mean) / torch.sqrt(var + 1e-5) * self.weight + self.bias
+
+
+class ScaledL2RMSNorm(nn.Module):  # formula: rms_norm
+    """The L2 norm scaled by a factor __init__ computes from the size, eps as a floor."""
+
+    def __init__(self, dim, eps=1e-8):
+        super().__init__()
+        self.scale = dim ** -0.5
+        self.eps = eps
+        self.g = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        norm = torch.norm(x, dim=-1, keepdim=True) * self.scale
+        return x / norm.clamp(min=self.eps) * self.g
+
+
+class TemperatureL2Norm(nn.Module):  # lookalike: rms_norm
+    """A learned temperature, not a function of the size: an L2 normalisation."""
+
+    def __init__(self, dim, eps=1e-8):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(dim ** -0.5))
+        self.eps = eps
+
+    def forward(self, x):
+        norm = torch.norm(x, dim=-1, keepdim=True) * self.scale
+        return x / norm.clamp(min=self.eps)

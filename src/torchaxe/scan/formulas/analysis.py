@@ -24,6 +24,7 @@ from torchaxe.scan.formulas.inline import (
     FileUnit, Root, activation_attributes, activation_tables, has_activation_words, read_scope,
 )
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
+from torchaxe.scan.formulas.lowering import SIZE_POWER_MARK
 from torchaxe.scan.formulas.prefilter import worth_evaluating
 from torchaxe.scan.formulas.spread import Plan
 from torchaxe.scan.formulas.spread import plan as spread_plan
@@ -538,6 +539,13 @@ def _locate(ctx: FileContext, root: Root, match: Match, scope_name: str) -> Form
     params = match.params
     if "cast" in between and not params.get("casts"):
         params = {**params, "casts": True}
+    assumed = sorted({n.value for n in _between(node, match.inputs.values())
+                      if n.op == VAR and isinstance(n.value, str) and n.value.endswith(SIZE_POWER_MARK)})
+    if assumed:
+        # self.scale = dim ** -0.5 read as a power of the normalised size: true only if
+        # __init__ is given that size; the user checks it.
+        params = {**params, "size_assumed": [a[: -len(SIZE_POWER_MARK)] for a in assumed]}
+        fixable = False
     if "detach" in between or _dropout_before_softmax(node, match.inputs.values()):
         fixable, spread_ok = False, False
     else:

@@ -397,6 +397,7 @@ class NormMatcher(Matcher):
         variants = [("inside", R.rms_normalise)]
         if eps:
             variants.append(("outside", R.rms_normalise_eps_outside))
+            variants.append(("clamped", R.rms_normalise_eps_clamped))
         for placement, fn in variants:
             base = fn(x, eps)
             flat_b, flat_y = base.reshape(-1, size), y.reshape(-1, size)
@@ -416,7 +417,8 @@ class NormMatcher(Matcher):
                 inputs["weight"] = weight[1]
             if eps_node is not None:
                 inputs["eps"] = eps_node
-            text = "x * rsqrt(mean(x**2, -1) + eps)" if placement == "inside" else "x / (sqrt(mean(x**2, -1)) + eps)"
+            text = {"inside": "x * rsqrt(mean(x**2, -1) + eps)", "outside": "x / (sqrt(mean(x**2, -1)) + eps)",
+                    "clamped": "x / max(sqrt(mean(x**2, -1)), eps)"}[placement]
             if weight[1] is not None:
                 text += " * weight"
             params = {"eps": eps, "eps_placement": placement, "casts": "cast" in node.ops}

@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 from torchaxe.scan.formulas import vocabulary as V
 from torchaxe.scan.formulas.ir import VAR, Builder, Node
 from torchaxe.scan.formulas.lowering import FUNCTION, ExpressionLowering
+from torchaxe.scan.formulas.probes import is_size_name
 
 #: Inlining stops this many calls deep, and skips callees longer than this.
 MAX_INLINE_DEPTH = 3
@@ -55,6 +56,26 @@ class Root:
     scope_inlined: dict[int, ast.AST] = field(default_factory=dict)
     #: Every expression of the scope (local names included) that evaluates to a node.
     scope_named: dict[int, list[ast.AST]] = field(default_factory=dict)
+
+
+def _size_power(value: ast.expr, resolve: Callable[[ast.AST], str | None]) -> tuple[str, float] | None:
+    """(NAME, power) for ``NAME ** 0.5``, ``NAME ** -0.5``, ``math.sqrt(NAME)`` and
+    ``1 / math.sqrt(NAME)``; None for anything else."""
+    if (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Pow) and isinstance(value.left, ast.Name)):
+        exponent = value.right
+        sign = 1.0
+        if isinstance(exponent, ast.UnaryOp) and isinstance(exponent.op, ast.USub):
+            exponent, sign = exponent.operand, -1.0
+        if isinstance(exponent, ast.Constant) and exponent.value == 0.5:
+            return value.left.id, sign * 0.5
+        return None
+    inverse = (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div) and isinstance(value.left, ast.Constant)
+               and value.left.value == 1)
+    call = value.right if inverse else value  # type: ignore[attr-defined]
+    if (isinstance(call, ast.Call) and len(call.args) == 1 and not call.keywords and isinstance(call.args[0], ast.Name)
+            and resolve(call.func) in ("math.sqrt", "numpy.sqrt")):
+        return call.args[0].id, -0.5 if inverse else 0.5
+    return None
 
 
 def attribute_writes(tree: ast.AST) -> dict[str, int]:
@@ -100,6 +121,7 @@ class FileUnit:
     inline_cache: dict[tuple, tuple[Node | None, dict[int, ast.AST]]] = field(default_factory=dict)
     _module_constants: dict[str, float | str] | None = None
     _class_constants: dict[int, dict[str, float | str]] = field(default_factory=dict)
+    _class_size_powers: dict[int, dict[str, tuple[str, float]]] = field(default_factory=dict)
     _class_activations: dict[int, dict[str, Activation]] = field(default_factory=dict)
     _attribute_writes: dict[str, int] | None = None
 
@@ -153,6 +175,52 @@ class FileUnit:
                      if writes.get(name, 0) <= 1}
             self._class_constants[id(cls)] = found
         return found
+
+    def class_size_powers(self, cls: ast.ClassDef) -> dict[str, tuple[str, float]]:
+        """Attributes ``__init__`` sets to a half power of one of its size-named
+        parameters, and nothing else in the file assigns: ``self.scale = dim ** -0.5``
+        gives ``{"scale": ("dim", -0.5)}`` (an RMSNorm written with ``torch.norm``
+        scales by it)."""
+        found = self._class_size_powers.get(id(cls))
+        if found is None:
+            found = self._class_size_powers[id(cls)] = {}
+            init = self.class_methods(cls).get("__init__")
+            if init is None:
+                return found
+            a = init.args
+            params = {arg.arg for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+            for stmt in ast.walk(init):
+                if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                        and isinstance(stmt.targets[0], ast.Attribute) and isinstance(stmt.targets[0].value, ast.Name)
+                        and stmt.targets[0].value.id == "self"):
+                    continue
+                power = _size_power(stmt.value, self.resolve)
+                if power is not None and power[0] in params and is_size_name(power[0]) \
+                        and self._written_once(cls, stmt.targets[0].attr):
+                    found[stmt.targets[0].attr] = power
+        return found
+
+    def _written_once(self, cls: ast.ClassDef, attr: str) -> bool:
+        """Whether ``cls`` writes ``self.attr`` once, and no subclass in the file nor
+        code outside a class's own methods (``model.attr = ...``) writes it. Other
+        classes' own ``self.attr`` are theirs."""
+        inside = 0
+        for other in ast.walk(self.tree):
+            if not isinstance(other, ast.ClassDef):
+                continue
+            derived = other is not cls and any(isinstance(b, (ast.Name, ast.Attribute)) and (
+                getattr(b, "id", None) == cls.name or getattr(b, "attr", None) == cls.name) for b in other.bases)
+            for node in ast.walk(other):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr == attr \
+                        and isinstance(node.value, ast.Name) and node.value.id == "self":
+                    if derived:
+                        return False
+                    if other is cls:
+                        inside += 1
+        outside = sum(1 for node in ast.walk(self.tree) if isinstance(node, ast.Attribute)
+                      and isinstance(node.ctx, ast.Store) and node.attr == attr
+                      and not (isinstance(node.value, ast.Name) and node.value.id == "self"))
+        return inside == 1 and outside == 0
 
     def _constants(self, pairs: list[tuple[str, ast.expr | None]], node: ast.AST,
                    cls: ast.ClassDef | None) -> dict[str, float | str]:

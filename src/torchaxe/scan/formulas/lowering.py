@@ -28,6 +28,9 @@ _COMPARE = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: 
 #: The second part of an activation attribute (``inline.Activation``) that is a function
 #: (``self.attn_fn = F.softmax``): called with the function's own arguments.
 FUNCTION = "<function>"
+#: Ends the name of a variable standing for the size in ``self.scale = dim ** -0.5``
+#: (``self.scale.dim@init``): a size ``__init__`` was given, assumed to be the data's.
+SIZE_POWER_MARK = "@init"
 #: Callees whose name says they are dropout modules (``self.attn_dropout(p)``).
 _DROPOUT_HINTS = ("dropout", "drop")
 
@@ -102,6 +105,11 @@ class ExpressionLowering:
                 constant = self.scope.unit.class_constants(self.scope.cls).get(node.attr)
                 if constant is not None:
                     return self.b.const(constant)  # self.c = math.sqrt(2 / math.pi) in __init__
+                power = self.scope.unit.class_size_powers(self.scope.cls).get(node.attr)
+                if power is not None:
+                    # self.scale = dim ** -0.5 in __init__: that power of a size.
+                    return self.b.op("pow", (self.b.var(f"self.{node.attr}.{power[0]}{SIZE_POWER_MARK}"),
+                                             self.b.const(power[1])))
             return self.opaque(node)  # self.eps, self.weight, self.config.eps
         attr = V.ATTRIBUTES.get(node.attr)
         if attr is None:

@@ -75,6 +75,12 @@ CONFIRMATIONS = (Probe(8, "float64", 6.0, 23), Probe(4, "float32", 1.0, 37))
 FIT_PROBES = (PRIMARY, CONFIRMATIONS[0])
 
 
+def is_size_name(name: str) -> bool:
+    """Whether a name reads as a size (``dim``, ``head_dim``, ``hidden_size``): raised
+    to a half power, such a variable is probed as the probes' side."""
+    return bool(_SIZE_NAMES.search(name) or _DIMENSION_NAMES.search(name))
+
+
 def _leaf_name(name: str) -> str:
     return name.rsplit(".", 1)[-1].split("@", 1)[0]
 

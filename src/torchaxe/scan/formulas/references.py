@@ -49,6 +49,10 @@ def rms_normalise_eps_outside(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps)
 
 
+def rms_normalise_eps_clamped(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x / x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(eps)
+
+
 def layer_normalise(x: torch.Tensor, eps: float) -> torch.Tensor:
     mean = x.mean(-1, keepdim=True)
     var = (x - mean).pow(2).mean(-1, keepdim=True)

@@ -76,6 +76,14 @@ class FormulaRule(Rule):
             f"{self.label} written out by hand in {match.scope_name}: it matches {match.reference} "
             f"on random probes (max error {match.max_abs:.1e}); {proposal.note}"
         )
+        assumed = match.params.get("size_assumed")
+        if assumed:
+            # self.scale = dim ** -0.5 in __init__, read as a power of the data's size.
+            parts = [name.rsplit(".", 1) for name in assumed]
+            message += "; this assumes " + ", ".join(
+                f"the {size} given to __init__ (which sets {attr}) is the size of the dimension the formula works "
+                f"over" for attr, size in parts) + ": check it, then make the change by hand"
+            proposal = replace(proposal, edit=False)
         applicability = proposal.applicability
         edits: list[Edit] = []
         written = _in_place(ctx, match) if proposal.edit else None  # a walk of the file: only for a fix

@@ -133,7 +133,10 @@ class HandWrittenRmsNorm(FormulaRule):
     def _propose(self, ctx, match):
         x, weight, eps = match.inputs["x"], match.inputs.get("weight"), eps_text(match)
         casts = match.params.get("casts", False)
-        outside = match.params.get("eps_placement") == "outside"
+        placement = match.params.get("eps_placement")
+        outside = placement in ("outside", "clamped")
+        # Where the hand-written form puts eps; the fused kernels add it under the root.
+        where = "clamps the root at eps" if placement == "clamped" else "adds eps outside the square root"
         if ctx.target == "npu":
             if weight is None:
                 return Proposal(
@@ -145,7 +148,7 @@ class HandWrittenRmsNorm(FormulaRule):
             replacement = f"torch_npu.npu_rms_norm({x}, {weight}, epsilon={eps})[0]"
             note = f"{replacement} computes it in one kernel (the first output of npu_rms_norm is the normalised tensor)"
             if outside:
-                note += "; the hand-written form adds eps outside the square root, npu_rms_norm inside"
+                note += f"; the hand-written form {where}, npu_rms_norm adds it inside"
             return Proposal(replacement, note, "use torch_npu.npu_rms_norm", Applicability.UNSAFE, edit=not outside,
                             imports=("import torch_npu",))
         fn, imports = functional(ctx, match.node.lineno)
@@ -168,6 +171,6 @@ class HandWrittenRmsNorm(FormulaRule):
         if casts:
             note += " (the hand-written form normalises in another dtype and casts back; the fused kernel keeps the input dtype)"
         if outside:
-            note += "; the hand-written form adds eps outside the square root, F.rms_norm inside (differs for tiny activations)"
+            note += f"; the hand-written form {where}, F.rms_norm adds it inside (differs for tiny activations)"
         return Proposal(replacement, note, "use F.rms_norm", Applicability.SAFE if safe else Applicability.UNSAFE,
                         edit=not outside and size_of is not None, imports=imports)
