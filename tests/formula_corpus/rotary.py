@@ -308,3 +308,34 @@ def pair_gain(x, gain):  # lookalike: rotary
     out = torch.stack([xs[..., 0] * g[..., 0] - xs[..., 1] * g[..., 1],
                        xs[..., 1] * g[..., 0] + xs[..., 0] * g[..., 1]], -1)
     return out.flatten(3)
+
+
+class CachedRoPE(nn.Module):  # formula: rotary
+    """A stacked cos/sin cache, cut to the sequence or indexed by positions, viewed with
+    a leading -1."""
+
+    def forward(self, x, input_pos=None):
+        rope_cache = self.cache[: x.size(1)] if input_pos is None else self.cache[input_pos]
+        xs = x.float().reshape(*x.shape[:-1], -1, 2)
+        rope_cache = rope_cache.view(-1, xs.size(1), 1, xs.size(3), 2)
+        out = torch.stack([xs[..., 0] * rope_cache[..., 0] - xs[..., 1] * rope_cache[..., 1],
+                           xs[..., 1] * rope_cache[..., 0] + xs[..., 0] * rope_cache[..., 1]], -1)
+        return out.flatten(3).type_as(x)
+
+
+def rope_one_buffer(x, cache):  # formula: rotary
+    """cos and sin side by side in one buffer, sliced apart after a view."""
+    head_dim = x.size(-1)
+    rope_cache = cache.view(-1, x.size(1), 1, head_dim * 2)
+    cos, sin = rope_cache[..., :head_dim], rope_cache[..., head_dim:]
+    x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def mix_one_buffer(x, table):  # lookalike: rotary
+    """Two learned tables side by side: a per-channel scale and a half-swap mix."""
+    width = x.size(-1)
+    t = table.view(-1, x.size(1), 1, width * 2)
+    a, b = t[..., :width], t[..., width:]
+    x1, x2 = x[..., : width // 2], x[..., width // 2:]
+    return x * a + torch.cat((-x2, x1), dim=-1) * b

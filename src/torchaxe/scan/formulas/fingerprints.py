@@ -896,12 +896,13 @@ class RotaryMatcher(Matcher):
         shared up to the rotation's signs (the sign folded into it), None otherwise."""
         x_vars = {id(n) for n in walk(x_node) if n.op == VAR}
         overrides: dict[int, Any] = {}
+        y = probing.tensor(node)
+        width = y.shape[-1] if y is not None and y.ndim else None
         for n in walk(node):
             if n.op == VAR and id(n) not in x_vars:
                 v = probing.value(n)
                 if isinstance(v, torch.Tensor) and v.ndim and v.shape[-1] % 2 == 0 and v.is_floating_point():
-                    overrides[id(n)] = _share_pairs(v, mode)
-        y = probing.tensor(node)
+                    overrides[id(n)] = _share_pairs(v, mode, width)
         solved = _solve_rotation(node, x_node, probing.tensor(x_node), y.shape, probing, rotate, overrides) \
             if y is not None else None
         if solved is None:
@@ -979,8 +980,13 @@ def _first_members(t: torch.Tensor, mode: str) -> torch.Tensor:
     return t[..., : t.shape[-1] // 2] if mode == "half" else t[..., 0::2]
 
 
-def _share_pairs(t: torch.Tensor, mode: str) -> torch.Tensor:
-    """``t`` with the second member of every pair set to the first."""
+def _share_pairs(t: torch.Tensor, mode: str, width: int | None = None) -> torch.Tensor:
+    """``t`` with the second member of every pair set to the first. A table holding
+    several of the rotation's widths side by side (cos and sin in one buffer, sliced
+    apart) has its pairs shared within each width."""
+    if width and t.shape[-1] != width and t.shape[-1] % width == 0:
+        blocks = t.reshape(*t.shape[:-1], t.shape[-1] // width, width)
+        return _share_pairs(blocks, mode).reshape(t.shape)
     out = t.clone()
     if mode == "half":
         half = t.shape[-1] // 2

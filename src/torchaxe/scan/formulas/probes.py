@@ -523,7 +523,8 @@ def single_count_roles(roles: dict[str, str]) -> dict[str, str] | None:
 
 
 #: Marks a fitted role: ``"fit:1,n/1,1,n/2,2"`` is a tensor of that shape, each side
-#: a number or a fraction of the probe's side ``n`` (see ``fitted_roles``).
+#: a number, a fraction or a multiple (``n*2``) of the probe's side ``n`` (see
+#: ``fitted_roles``).
 FIT = "fit:"
 #: The operations a fitted variable may go through before it is viewed.
 _FIT_THROUGH = frozenset({"getitem", "cast", "contiguous", "detach", "clone"})
@@ -534,7 +535,8 @@ def fitted_roles(root: Node, roles: dict[str, str],
                  ) -> dict[str, str] | None:
     """Another guess when the tree does not evaluate: a variable viewed to sizes
     computed from the data (``rope_cache.view(1, xs.size(1), 1, xs.size(3), 2)``, a
-    cache laid out for broadcasting) takes the shape it is viewed to. ``sizes`` gives
+    cache laid out for broadcasting) takes the shape it is viewed to, a side of -1 taken
+    as 1. ``sizes`` gives
     the values of the size arguments on a probe; a side that doubles with the probe's
     side is a fraction of it, one that does not is a number."""
     changed: dict[str, str] = {}
@@ -549,12 +551,19 @@ def fitted_roles(root: Node, roles: dict[str, str],
         small, large = (sizes(node.args[1:], roles, probe) for probe in (FIT_PROBES[0], FIT_PROBES[1]))
         if small is None or large is None or len(small) != len(large):
             continue
+        if small.count(-1) > 1 or large.count(-1) != small.count(-1):
+            continue
         sides = []
         for a, b in zip(small, large):
+            if a == -1 and b == -1:
+                sides.append("1")  # view(-1, T, 1, D): the leading side is whatever is left
+                continue
             if a < 1 or b < 1:
                 break
             if a == b:
                 sides.append(str(a))
+            elif b == 2 * a and a % FIT_PROBES[0].n == 0:
+                sides.append(f"n*{a // FIT_PROBES[0].n}")
             elif b == 2 * a and FIT_PROBES[0].n % a == 0:
                 sides.append(f"n/{FIT_PROBES[0].n // a}")
             else:
@@ -565,7 +574,8 @@ def fitted_roles(root: Node, roles: dict[str, str],
 
 
 def _fitted_shape(role: str, n: int) -> tuple[int, ...]:
-    return tuple(n // int(side[2:]) if side.startswith("n/") else int(side) for side in role[len(FIT):].split(","))
+    return tuple(n // int(side[2:]) if side.startswith("n/") else n * int(side[2:]) if side.startswith("n*")
+                 else int(side) for side in role[len(FIT):].split(","))
 
 
 #: A count of one (see ``single_count_roles``).
