@@ -502,6 +502,30 @@ def test_a_scale_a_subclass_or_another_method_sets_again_is_read_at_run_time(tmp
         torch.testing.assert_close(b(q, k, v), a(q, k, v))
 
 
+def test_a_key_value_cache_joined_under_a_branch_is_the_inputs_own():
+    """k and v joined with a cache under nested ifs: read with the branches skipped the
+    attention is found, and the branch is not called a part the replacement leaves out
+    (the call reads k and v after it)."""
+    source = textwrap.dedent('''\
+        import math
+        import torch
+
+
+        def mha(q, k, v, past_key_value=None):
+            if past_key_value is not None:
+                if len(past_key_value) != 0:
+                    k = torch.cat([past_key_value[0], k], dim=3)
+                    v = torch.cat([past_key_value[1], v], dim=2)
+                past_key_value = (k, v)
+            attn_weight = q.matmul(k) * (1 / math.sqrt(q.size(-1)))
+            attn_weight = torch.softmax(attn_weight, dim=-1)
+            return attn_weight.matmul(v)
+    ''')
+    _, [finding] = _fix(source, "AX118")
+    assert finding.line == 13
+    assert "only on some runs" not in finding.message
+
+
 def test_a_branch_the_formula_leaves_out_is_named_in_the_advice():
     # Read with the branch skipped, the attention is unmasked: the replacement alone
     # would drop causality, so the message says which branch to carry over.

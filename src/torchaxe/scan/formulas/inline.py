@@ -751,7 +751,9 @@ class Scope:
         elif self.take_branches:
             self.env = {**after_else, **after_body}
         else:
-            self.env = {**after_body, **after_else}
+            # Skipped: what the body alone bound (a parameter reassigned, ``k =
+            # torch.cat([past[0], k])``) keeps its meaning from before the ``if``.
+            self.env = {**{n: v for n, v in after_body.items() if n in after_else}, **after_else}
         return False
 
     def _loop(self, stmt: ast.For | ast.AsyncFor | ast.While) -> None:

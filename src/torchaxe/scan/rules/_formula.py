@@ -199,8 +199,15 @@ def _branches_left_out(ctx: FileContext, match: FormulaMatch) -> str:
             continue
     inputs.discard("self")
     wanted = {n.id for n in fast_walk(expression) if isinstance(n, ast.Name)}
-    seen: set[str] = set()
     branches: dict[int, tuple[ast.If, list[str]]] = {}
+    # A data input's own assignments are the input's: the replacement reads that name
+    # after them, whatever branch made it (``k = torch.cat([past[0], k])``). A mask made
+    # under a condition is still named.
+    seen: set[str] = set()
+    for role in ("q", "k", "v", "x"):
+        text = match.inputs.get(role)
+        if text and text.isidentifier():
+            seen.add(text)
     while wanted - seen:
         name = (wanted - seen).pop()
         seen.add(name)
