@@ -55,6 +55,16 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "find_unused": ("AX604",),
     "ddp_device_order": ("AX605",),
     "compile_wrapper_order": ("AX606",),
+    # benchmarks/real_corpus_formulas.toml: one class per formula rule.
+    "attention": ("AX118",),
+    "rotary": ("AX119",),
+    "rms_norm": ("AX115",),
+    "layer_norm": ("AX116",),
+    "gelu_tanh": ("AX110",),
+    "gelu_erf": ("AX111",),
+    "quick_gelu": ("AX112",),
+    "silu": ("AX113",),
+    "swiglu": ("AX114",),
 }
 KINDS = ("positive", "lookalike")
 

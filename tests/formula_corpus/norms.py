@@ -292,3 +292,21 @@ class TemperatureL2Norm(nn.Module):  # lookalike: rms_norm
     def forward(self, x):
         norm = torch.norm(x, dim=-1, keepdim=True) * self.scale
         return x / norm.clamp(min=self.eps)
+
+
+class GatedScaledRMSNorm(nn.Module):  # formula: rms_norm
+    """The norm kept in a local, then optionally gated by a sigmoid in the same method."""
+
+    def __init__(self, dim, *, eps=1e-8, gated=False):
+        super().__init__()
+        self.eps = eps
+        self.scale = dim ** -0.5
+        self.gamma = nn.Parameter(torch.ones(dim))
+        self.gate = nn.Parameter(torch.ones(dim)) if gated else None
+
+    def forward(self, x):
+        norm = x.norm(keepdim=True, dim=-1) * self.scale
+        out = (x / norm.clamp(min=self.eps)) * self.gamma
+        if self.gate is None:
+            return out
+        return out * (x * self.gate).sigmoid()

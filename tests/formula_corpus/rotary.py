@@ -339,3 +339,22 @@ def mix_one_buffer(x, table):  # lookalike: rotary
     a, b = t[..., :width], t[..., width:]
     x1, x2 = x[..., : width // 2], x[..., width // 2:]
     return x * a + torch.cat((-x2, x1), dim=-1) * b
+
+
+class SlicedCacheRoPE:  # formula: rotary
+    """cos and sin sliced from one cache; the half rotation a staticmethod called by
+    the class's name."""
+
+    @staticmethod
+    def apply_rotary_emb(query, key, rope_cache):
+        head_dim = query.shape[-1]
+        cos = rope_cache[..., :head_dim]
+        sin = rope_cache[..., head_dim:]
+        query_f = query.float()
+        return ((query_f * cos) + (SlicedCacheRoPE._rotate_half(query_f) * sin)).type_as(query)
+
+    @staticmethod
+    def _rotate_half(x):
+        x1 = x[..., : x.shape[-1] // 2]
+        x2 = x[..., x.shape[-1] // 2:]
+        return torch.cat((-x2, x1), dim=-1)

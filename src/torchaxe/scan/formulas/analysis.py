@@ -249,7 +249,9 @@ def _plan(ctx: FileContext) -> tuple[list[tuple[ast.AST, ast.ClassDef | None]], 
         weak_lines = _to_lines(offsets, starts)
         accepted: set[int] = set()
         for d, _ in definitions:
-            if _overlaps(d, weak_lines) and not _overlaps(d, hits):
+            # Also in a definition with a strong word: a norm assigned to a local and
+            # gated by a sigmoid later is read where it is assigned.
+            if _overlaps(d, weak_lines):
                 first, last = d.lineno, d.end_lineno or d.lineno  # type: ignore[attr-defined]
                 text = "".join(ctx.lines[first - 1 : last])
                 if any(p in text for p in evidence):

@@ -784,8 +784,20 @@ class Scope:
         callee = self.unit.class_methods(self.cls).get(name)
         if callee is None:
             return None
+        if _is_static(callee) and not any(isinstance(d, ast.Name) and d.id == "classmethod"
+                                          for d in callee.decorator_list):
+            return self._inline(callee, None, call, low)  # self._rotate_half(x) of a staticmethod
         receiver = self.lookup(self.self_name or "") or self.unit.builder.var(self.self_name or "self")
         return self._inline(callee, receiver, call, low)
+
+    def inline_static(self, class_name: str, name: str, call: ast.Call, low: ExpressionLowering) -> Node | None:
+        """``CosSinRoPE._rotate_half(x)`` inside class ``CosSinRoPE``: its staticmethod."""
+        if self.cls is None or self.cls.name != class_name:
+            return None
+        callee = self.unit.class_methods(self.cls).get(name)
+        if callee is None or not any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in callee.decorator_list):
+            return None
+        return self._inline(callee, None, call, low)
 
     def _inline(self, callee: ast.FunctionDef, receiver: Node | None, call: ast.Call, low: ExpressionLowering,
                 any_callee: bool = False) -> Node | None:

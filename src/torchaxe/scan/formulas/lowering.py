@@ -253,6 +253,11 @@ class ExpressionLowering:
             return self.opaque(node)
         if isinstance(func, ast.Attribute):
             receiver = func.value
+            if isinstance(receiver, ast.Name) and self.scope.cls is not None and receiver.id == self.scope.cls.name:
+                inlined = self.scope.inline_static(receiver.id, func.attr, node, self)
+                if inlined is not None:
+                    self.inlined.add(id(inlined))
+                    return inlined
             if self.scope.is_self(receiver):
                 inlined = self.scope.inline_method(func.attr, node, self)
                 if inlined is not None:

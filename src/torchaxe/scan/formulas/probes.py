@@ -492,7 +492,12 @@ def widened_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
     into k equal pieces along its last dimension (``k, v = self.to_kv(x).chunk(2,
     dim=-1)``) is k times as wide as the tensors its pieces meet."""
     changed: dict[str, str] = {}
+    halves: dict[str, set[tuple[str, str]]] = {}
     for node in walk(root):
+        cut = _last_dim_cut(node)
+        if cut is not None:
+            # cos, sin = cache[..., :d], cache[..., d:]: cos and sin side by side.
+            halves.setdefault(cut[0], set()).add((cut[1], cut[2]))
         if node.op != "chunk" or len(node.args) < 2:
             continue
         source = node.args[0]
@@ -511,7 +516,32 @@ def widened_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
             # Unsqueezed before it meets the data: one dimension fewer than the data.
             base = CUBE if added and roles[name] == FULL else roles[name]
             changed[name] = f"{base}{WIDE}{count.value}"
+    for name, cuts in halves.items():
+        bounds = {b for side, b in cuts if side == "below"} & {b for side, b in cuts if side == "above"}
+        if bounds and roles.get(name) in (FULL, CUBE) and name not in changed:
+            changed[name] = f"{roles[name]}{WIDE}2"
     return {**roles, **changed} if changed else None
+
+
+def _last_dim_cut(node: Node) -> tuple[str, str, str] | None:
+    """(variable, "below" or "above", the bound's key) for ``v[..., :b]`` and
+    ``v[..., b:]`` with a bound that is not a number."""
+    if node.op != "getitem" or len(node.args) != 2 or node.args[0].op != VAR:
+        return None
+    index = node.args[1]
+    if index.op != "tuple" or len(index.args) != 2:
+        return None
+    first, part = index.args
+    if first.op != CONST or first.value is not Ellipsis or part.op != "slice" or len(part.args) != 3:
+        return None
+    start, stop, step = part.args
+    if step.op != CONST or step.value is not None:
+        return None
+    if start.op == CONST and start.value is None and stop.op != CONST:
+        return node.args[0].value, "below", stop.key
+    if stop.op == CONST and stop.value is None and start.op != CONST:
+        return node.args[0].value, "above", start.key
+    return None
 
 
 def single_count_roles(roles: dict[str, str]) -> dict[str, str] | None:
