@@ -1030,7 +1030,7 @@ def test_an_added_float_bias_is_offered_as_pse_on_npu():
     report = scan_source(source, "t.py", ScanOptions(target="npu", select=("AX118",)))
     [finding] = report.findings
     text = finding.message + " " + (finding.fix.title if finding.fix else "")
-    assert "pse=bias / <the score scale>" in finding.message and "atten_mask=<" not in finding.message, text
+    assert "pse=bias / (q.shape[-1] ** -0.5), scale=q.shape[-1] ** -0.5" in finding.message and "atten_mask=<" not in finding.message, text
 
 
 @pytest.mark.parametrize("body, replacement", [
@@ -1082,3 +1082,33 @@ def test_npu_attention_keeps_the_codes_dropout_as_keep_prob(scan):
     assert finding.replacement.endswith(
         "keep_prob=1 - (self.attn_dropout.p if self.training else 0.0))[0]"), finding.replacement
     assert "keep_prob is the share kept" in finding.message
+
+
+def test_window_attention_with_a_gathered_position_bias_is_found(scan):
+    """A relative-position bias gathered from a table by an index buffer does not fit
+    the probes: it is read as a term of the scores' shape, so the attention is found;
+    with q scaled beforehand the bias goes to pse as it is."""
+    source = textwrap.dedent("""\
+        import torch
+        from torch import nn
+        class WindowAttention(nn.Module):
+            def forward(self, x, mask=None):
+                B_, N, C = x.shape
+                qkv = self.qkv(x).reshape(B_, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+                q, k, v = qkv[0], qkv[1], qkv[2]
+                q = q * self.scale
+                attn = q @ k.transpose(-2, -1)
+                bias = self.bias_table[self.position_index.view(-1)].view(self.area, self.area, -1)
+                attn = attn + bias.permute(2, 0, 1).contiguous().unsqueeze(0)
+                if mask is not None:
+                    nW = mask.shape[0]
+                    attn = attn.view(B_ // nW, nW, self.num_heads, N, N) + mask.unsqueeze(1).unsqueeze(0)
+                    attn = attn.view(-1, self.num_heads, N, N)
+                attn = attn.softmax(dim=-1)
+                return (attn @ v).transpose(1, 2).reshape(B_, N, C)
+    """)
+    finding = attention_finding(scan, source, "npu")
+    assert finding.line == 17
+    assert finding.replacement.startswith(
+        'torch_npu.npu_fusion_attention(q, k, v, head_num, "BNSD", pse=bias.permute(2, 0, 1).contiguous().unsqueeze(0), '
+        'scale=1.0'), finding.replacement

@@ -652,8 +652,10 @@ class AttentionMatcher(Matcher):
                 "dropout": "dropout" in node.ops,
                 "layout": layout if qk_layout in (layout, "BNSD-kt", "BNSD-kt-as-written") else "mixed",
                 "k_transposed": qk_layout in ("BNSD-kt", "BNSD-kt-as-written"),
-                # 3: (batch * heads, sequence, head_dim) as bmm takes them.
-                "rank": q.ndim if q is not None else 4,
+                # 3: (batch * heads, sequence, head_dim) as bmm takes them; 0 when the
+                # probes could not give q the code's shape (a view passed through).
+                "rank": q.ndim if q is not None and not any(
+                    id(n) in probing.evaluator.stand_ins for n in walk(q_node)) else 0,
             }
             if unnormalised:
                 params["chunked"] = True

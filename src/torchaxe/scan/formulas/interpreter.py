@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torchaxe.scan.formulas import einops_patterns
 from torchaxe.scan.formulas import vocabulary as V
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
+from torchaxe.scan.formulas.probes import data_vars
 
 #: No intermediate value may hold more elements than this.
 MAX_ELEMENTS = 1 << 16
@@ -334,6 +335,10 @@ class Evaluator:
         self.env = env
         self.memo: dict[int, Any] = dict(overrides or {})
         self.fill = fill
+        #: Nodes whose value stands in for one the probes could not give (a view to
+        #: sizes they do not have, passed through; a term filled in): shapes read
+        #: through them are not the code's.
+        self.stand_ins: set[int] = set()
 
     def value(self, root: Node) -> Any:
         """The value of ``root``, or ``FAIL`` when it cannot be computed."""
@@ -382,9 +387,24 @@ class Evaluator:
             return self._pass_through(node)
         if isinstance(result, torch.Tensor) and result.numel() > MAX_ELEMENTS:
             return FAIL
+        if node.op in ("add", "sub") and isinstance(result, torch.Tensor) and self.fill is not None \
+                and any(isinstance(a, torch.Tensor) and a.ndim and a.shape != result.shape for a in args) \
+                and any(_gathers(a) for a in node.args):
+            # A term gathered from a table by an index (a relative-position bias) that
+            # broadcast the scores to another shape does not fit the probes: it is read
+            # as a term that fits.
+            filled = self._filled_term(node)
+            if filled is not FAIL and filled.shape != result.shape:
+                self.stand_ins.add(id(node))
+                return filled
         return result
 
     def _pass_through(self, node: Node) -> Any:
+        self.stand_ins.add(id(node))
+        if node.op in ("add", "sub") and len(node.args) == 2 and self.fill is not None:
+            filled = self._filled_term(node)
+            if filled is not FAIL:
+                return filled
         if node.op in _PASS_THROUGH and node.args:
             value = self.memo.get(id(node.args[0]), FAIL)
             if isinstance(value, torch.Tensor):
@@ -397,6 +417,30 @@ class Evaluator:
                 # on a hypercube): another tensor of the same shape stands for it.
                 return self.fill(node, value[0])
         return FAIL
+
+
+    def _filled_term(self, node: Node) -> Any:
+        """``scores + bias`` where the bias does not fit the probes (a relative-position
+        bias gathered from a table by an index buffer) and shares no variable with the
+        scores as data (a size read from the input is no data): another tensor of the
+        scores' shape stands for it."""
+        a, b = node.args
+        for keep, other in ((a, b), (b, a)):
+            value = self.memo.get(id(keep), FAIL)
+            if (isinstance(value, torch.Tensor) and keep.ops & V.MATMULS and not other.ops & V.MATMULS
+                    and other.vars and not data_vars(keep) & data_vars(other)):
+                term = self.fill(other, value)  # type: ignore[misc]
+                self.memo[id(other)] = term  # what the term is read as, wherever it is asked for
+                if node.op == "add":
+                    return value + term
+                return value - term if keep is a else term - value
+        return FAIL
+
+
+def _gathers(node: Node) -> bool:
+    """Whether ``node`` indexes a tensor with a variable (``table[index.view(-1)]``)."""
+    return any(n.op == "getitem" and len(n.args) == 2 and n.args[1].vars and n.args[1].op != "tuple"
+               and not n.args[1].op == "slice" for n in walk(node))
 
 
 def is_tensor(value: Any) -> bool:

@@ -305,7 +305,7 @@ class HandWrittenAttention(FormulaRule):
             k = f"{atom(k)}.transpose(-2, -1)"  # the source keeps the key already transposed
         scale = _scale_argument(match)
         if ctx.target == "npu":
-            q, k, v, layout, heads, after, layout_note = _npu_layout(params, q, k, v)
+            q, k, v, layout, heads, tail, layout_note = _npu_layout(params, q, k, v)
             folded = _scaled_query(match, q, ctx)
             if folded is not None:
                 # Its scale is a float too: a tensor scale (a learned temperature) goes on q.
@@ -320,7 +320,13 @@ class HandWrittenAttention(FormulaRule):
                 # pse is added before the scale (scale * (pse + q @ k^T)): a bias added after
                 # it is divided by the scale first.
                 after = abs(params.get("mask_weight", 1.0) - 1.0) <= 1e-6
-                mask = f", pse={atom(bias)} / <the score scale>" if after else f", pse={bias}"
+                scale_text = scale_value.split("=", 1)[1]
+                if not after or scale_text == "1.0":
+                    mask = f", pse={bias}"  # (already on the scaled scores' footing: scale 1)
+                elif scale_text.startswith("<"):
+                    mask = f", pse={atom(bias)} / <the score scale>"
+                else:
+                    mask = f", pse={atom(bias)} / ({scale_text})"
                 bias_note = ("; its pse is a float bias added to the scores before the scale, as ALiBi or a relative "
                              "position bias is (4-D, BNSS or 1NSS)")
             elif params.get("masked"):
@@ -333,7 +339,7 @@ class HandWrittenAttention(FormulaRule):
                         else ", keep_prob=<1 - the dropout rate in training, 1.0 in evaluation>")
                 dropout_note = "; the code drops out attention weights: keep_prob is the share kept"
             replacement = (f'torch_npu.npu_fusion_attention({q}, {k}, {v}, {heads}, "{layout}"{mask}, {scale_value}'
-                           f'{keep})[0]{after}')
+                           f'{keep})[0]{tail}')
             return Proposal(
                 replacement,
                 f"{replacement} is the NPU's fused attention (pass head_num and the scale explicitly: its default scale "
@@ -454,7 +460,7 @@ def _weights_read_after(ctx, match) -> tuple[list[str], int] | None:
 def _npu_layout(params, q: str, k: str, v: str) -> tuple[str, str, str, str, str, str, str]:
     """npu_fusion_attention's arguments for the code's layout: (q, k, v, input_layout,
     head_num, what follows the call, a note)."""
-    layout, rank = params.get("layout"), params.get("rank", 4)
+    layout, rank = params.get("layout"), params.get("rank", 4)  # 0: not known
     if layout in ("BSND", "BSND-qhk"):
         return q, k, v, "BSND", "head_num", "", ""
     if layout == "BNSD" and rank == 3:
