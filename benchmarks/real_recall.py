@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
         return 2
     command = shlex.join(["python", "benchmarks/real_recall.py", *argv])
     data["command"] = command
-    save_result(args, benchmark_name(Path(args.manifest)), data, argv)
+    save_result(args, benchmark_name(Path(args.manifest)), data, argv, script="real_recall")
     if args.json:
         out.write(json.dumps(data, indent=2) + "\n")
     else:

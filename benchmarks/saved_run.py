@@ -98,26 +98,29 @@ def machine_line(device: str | None = None) -> str:
     return ", ".join(parts)
 
 
-def saved_run(benchmark: str, result: Any, argv: list[str], device: str | None = None) -> dict[str, Any]:
+def saved_run(benchmark: str, result: Any, argv: list[str], device: str | None = None,
+              script: str | None = None) -> dict[str, Any]:
     return {
         "benchmark": benchmark,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "machine": machine_line(device),
-        "command": shlex.join(["python", f"benchmarks/{benchmark}.py", *argv]),
+        "command": shlex.join(["python", f"benchmarks/{script or benchmark}.py", *argv]),
         "result": result,
     }
 
 
 def save_result(args: argparse.Namespace, benchmark: str, result: Any, argv: list[str] | None = None,
-                device: str | None = None) -> Path | None:
-    """Write the saved run when ``--save`` or ``--out`` was given; return its path."""
+                device: str | None = None, script: str | None = None) -> Path | None:
+    """Write the saved run when ``--save`` or ``--out`` was given; return its path.
+    ``script``: the script that made it, when its name is not ``benchmark`` (one script
+    saving runs of several corpora under their own names)."""
     if not (args.save or args.out):
         return None
     path = Path(args.out) if args.out else RESULTS_DIR / f"{benchmark}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     argv = list(sys.argv[1:] if argv is None else argv)
-    text = json.dumps(saved_run(benchmark, result, argv, device), indent=2) + "\n"
+    text = json.dumps(saved_run(benchmark, result, argv, device, script), indent=2) + "\n"
     if str(ROOT / "src") not in sys.path:
         sys.path.insert(0, str(ROOT / "src"))
     from torchaxe.atomic import write_text_atomic
