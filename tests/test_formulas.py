@@ -1112,3 +1112,23 @@ def test_window_attention_with_a_gathered_position_bias_is_found(scan):
     assert finding.replacement.startswith(
         'torch_npu.npu_fusion_attention(q, k, v, head_num, "BNSD", pse=bias.permute(2, 0, 1).contiguous().unsqueeze(0), '
         'scale=1.0'), finding.replacement
+
+
+@pytest.mark.parametrize("target, replacement", [
+    ("npu", 'torch_npu.npu_fusion_attention(q, k.transpose(-2, -1), v.transpose(-2, -1), 1, "BSH", '
+            'scale=q.shape[-1] ** -0.5)[0].transpose(-2, -1)'),
+    ("cuda", "torch.nn.functional.scaled_dot_product_attention(q, k.transpose(-2, -1), v.transpose(-2, -1))"
+             ".transpose(-2, -1)"),
+])
+def test_values_first_attention_keeps_the_query_positions_first(scan, target, replacement):
+    """bmm(v, softmax(q k).permute(0, 2, 1)) with q positions-first and k, v
+    channel-first: only k and v go in transposed, and the result comes back so."""
+    source = textwrap.dedent("""\
+        import torch
+        def attend(q, k, v):
+            b, c, n = k.shape
+            w_ = torch.bmm(q, k) * (int(c) ** (-0.5))
+            w_ = torch.nn.functional.softmax(w_, dim=2)
+            return torch.bmm(v, w_.permute(0, 2, 1))
+    """)
+    assert attention_finding(scan, source, target).replacement == replacement

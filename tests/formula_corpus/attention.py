@@ -760,3 +760,35 @@ def off_by_one_softmax_attention(q, k, v):  # lookalike: attention
     m = s.amax(dim=-1, keepdim=True).clamp(min=0)
     e = torch.exp(s - m)
     return (e / (torch.exp(-m) + e.sum(dim=-1, keepdim=True))) @ v
+
+
+def spatial_attention_values_first(q, k, v):  # formula: attention
+    """Channel-first feature maps: the weights transposed and taken from the right of
+    the values, as a VAE's attention block writes it."""
+    b, c, h, w = q.shape
+    q = q.reshape(b, c, h * w).permute(0, 2, 1)
+    k = k.reshape(b, c, h * w)
+    w_ = torch.bmm(q, k) * (int(c) ** (-0.5))
+    w_ = F.softmax(w_, dim=2)
+    v = v.reshape(b, c, h * w)
+    out = torch.bmm(v, w_.permute(0, 2, 1))
+    return out.reshape(b, c, h, w)
+
+
+def spatial_attention_einsum_values_first(q, k, v):  # formula: attention
+    b, c, h, w = q.shape
+    q = rearrange(q, "b c h w -> b (h w) c")
+    k = rearrange(k, "b c h w -> b c (h w)")
+    w_ = torch.einsum("bij,bjk->bik", q, k) * (int(c) ** (-0.5))
+    w_ = torch.nn.functional.softmax(w_, dim=2)
+    v = rearrange(v, "b c h w -> b c (h w)")
+    w_ = rearrange(w_, "b i j -> b j i")
+    return torch.einsum("bij,bjk->bik", v, w_)
+
+
+def values_times_untransposed_weights(q, k, v):  # lookalike: attention
+    """The weights' rows contracted with the values' positions: not an attention."""
+    b, c, n = q.shape
+    w_ = torch.bmm(q.permute(0, 2, 1), k) * c ** -0.5
+    w_ = F.softmax(w_, dim=2)
+    return torch.bmm(v, w_)

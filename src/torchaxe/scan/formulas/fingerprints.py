@@ -553,6 +553,9 @@ _SCORE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] 
     "BDS": lambda q, k: _rank(q, k.ndim).transpose(-2, -1) @ k,
     # positions first, heads in the middle, and the scores kept so ('...qhd,...khd->...qhk')
     "BSND-qhk": lambda q, k: (_rank(q, 4).transpose(1, 2) @ _rank(k, 4).transpose(1, 2).transpose(-2, -1)).transpose(1, 2),
+    # a key that arrives transposed ('bij,bjk->bik' of q and a channel-first k): kept
+    # only where the operand is named like a key (``analysis``)
+    "BNSD-kt-as-written": lambda q, k: q @ k,
 }
 _VALUE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "BNSD": lambda p, v: p @ v,
@@ -584,6 +587,8 @@ class AttentionMatcher(Matcher):
                 p_node, v_node = v_node, p_node
         elif len(node.args) == 2:
             p_node, v_node = node.args
+            if not p_node.ops & {"softmax", "exp"} and v_node.ops & {"softmax", "exp"}:
+                p_node, v_node = v_node, p_node  # bmm(v, w.permute(0, 2, 1)): values first
         else:
             return None
         p, v, y = probing.tensor(p_node), probing.tensor(v_node), probing.tensor(node)
@@ -594,6 +599,18 @@ class AttentionMatcher(Matcher):
         def stochastic(t: torch.Tensor) -> bool:
             return float(t.min()) >= -tol and bool(((t.sum(-1) - 1).abs() <= tol * t.shape[-1]).all())
 
+        transposed = False
+        values_first = (node.args[1] if node.op == "einsum" else node.args[0]) is v_node
+        if values_first and not stochastic(p) and stochastic(p.transpose(-2, -1)):
+            # The weights transposed and taken from the right, values first (v @ w^T, as
+            # LDM's AttnBlock writes it): the softmax before the transpose is the weights.
+            weights = p.transpose(-2, -1)
+            inner = next((n for n in sorted(walk(p_node), key=lambda n: -n.size) if n is not p_node
+                          and "softmax" in n.ops and (t := probing.tensor(n)) is not None
+                          and t.shape == weights.shape and torch.equal(t, weights)), None)
+            if inner is None:
+                return None
+            p_node, p, transposed = inner, weights, True
         weights_node, extra_factor, unnormalised = p_node, False, False
         p_raw = p
         if not stochastic(p):
@@ -618,7 +635,7 @@ class AttentionMatcher(Matcher):
             else:
                 return None
         layout = None
-        if node.op != "einsum":
+        if node.op != "einsum" and not transposed:
             layout = "BNSD"
         else:
             layout = next((name for name, apply in _VALUE_LAYOUTS.items()
@@ -650,7 +667,7 @@ class AttentionMatcher(Matcher):
                 "masked": bool(additive is not None or (p <= 0).any() or p_node.ops & {"masked_fill", "where"}
                                or extra_factor),
                 "dropout": "dropout" in node.ops,
-                "layout": layout if qk_layout in (layout, "BNSD-kt", "BNSD-kt-as-written") else "mixed",
+                "layout": _combined_layout(layout, qk_layout),
                 "k_transposed": qk_layout in ("BNSD-kt", "BNSD-kt-as-written"),
                 # 3: (batch * heads, sequence, head_dim) as bmm takes them; 0 when the
                 # probes could not give q the code's shape (a view passed through).
@@ -930,6 +947,17 @@ class RotaryMatcher(Matcher):
             except RuntimeError:
                 continue
         return None
+
+
+def _combined_layout(values: str, scores: str) -> str:
+    """The attention's layout from its values' and its scores' layouts. A key written
+    transposed goes with either; channel-first values after a positions-first query
+    and a channel-first key (LDM's AttnBlock: ``bmm(q.permute(0, 2, 1), k)``) are
+    "BDS-q"; anything else not one layout is "mixed"."""
+    transposed_key = scores in ("BNSD-kt", "BNSD-kt-as-written")
+    if values == "BDS" and transposed_key:
+        return "BDS-q"
+    return values if scores == values or transposed_key else "mixed"
 
 
 def _chunk_exponent(p: torch.Tensor, logits: torch.Tensor) -> bool:

@@ -349,8 +349,10 @@ class HandWrittenAttention(FormulaRule):
             )
         fn, imports = functional(ctx, match.node.lineno)
         layout, after = params.get("layout"), ""
-        if layout == "BDS":
-            q, k, v = (f"{atom(t)}.transpose(-2, -1)" for t in (q, k, v))
+        if layout in ("BDS", "BDS-q"):
+            if layout == "BDS":
+                q, k = (f"{atom(t)}.transpose(-2, -1)" for t in (q, k))
+            v = f"{atom(v)}.transpose(-2, -1)"
             after = ".transpose(-2, -1)"
         elif layout == "BNSD-shared":
             k, v = (f"{atom(t)}.unsqueeze(1)" for t in (k, v))
@@ -389,7 +391,7 @@ class HandWrittenAttention(FormulaRule):
         note = (f"{fn}.scaled_dot_product_attention computes it without materialising the score matrix (flash and "
                 "memory-efficient kernels on cuda, a fused kernel on cpu)")
         layout_ok = layout == "BNSD"
-        if layout == "BDS":
+        if layout in ("BDS", "BDS-q"):
             note += "; the code puts channels before positions: q, k and v go in transposed, the result comes back so"
         elif layout == "BNSD-shared":
             note += ("; the code shares one key/value head among the query heads (multi-query): k and v get a head "
@@ -467,8 +469,11 @@ def _npu_layout(params, q: str, k: str, v: str) -> tuple[str, str, str, str, str
         return q, k, v, "BSH", "1", "", "; (batch * heads, sequence, head_dim) tensors go in as BSH with one head"
     if layout == "BNSD":
         return q, k, v, "BNSD", "head_num", "", ""
-    if layout == "BDS":
-        q, k, v = (f"{atom(t)}.transpose(-2, -1)" for t in (q, k, v))
+    if layout in ("BDS", "BDS-q"):
+        # BDS-q: q already positions-first, k channel-first (transposed as the key is).
+        if layout == "BDS":
+            q, k = (f"{atom(t)}.transpose(-2, -1)" for t in (q, k))
+        v = f"{atom(v)}.transpose(-2, -1)"
         return (q, k, v, "BSH" if rank == 3 else "BNSD", "1" if rank == 3 else "head_num", ".transpose(-2, -1)",
                 "; the code puts channels before positions: q, k and v go in transposed, the result comes back so")
     if layout == "BNSD-shared":
