@@ -103,6 +103,25 @@ def test_the_loss_record_holds_every_scalar_backward_and_is_read_when_the_record
     assert applied.record["loss"] == [3.0, 6.0]
 
 
+def test_each_loss_is_tagged_with_the_harness_phase_and_advise_compares_the_measured_ones(monkeypatch) -> None:
+    from torchaxe.advise.measure import measured_losses
+    from torchaxe.runtime import harness
+
+    applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
+    w = torch.ones(3, requires_grad=True)
+    with knob_specs.OBSERVE.patch(True, applied):
+        for phase, scale in (("warmup", 9.0), ("warmup", 7.0), ("measured", 1.0), ("measured", 2.0)):
+            monkeypatch.setattr(harness, "_PHASE", [phase])
+            (w.sum() * scale).backward()
+    record = applied.record
+    assert record["loss_phases"] == ["warmup", "warmup", "measured", "measured"]
+    # A first compiled step or an optimizer's first large updates are no accuracy cost.
+    assert measured_losses(record) == [3.0, 6.0]
+    # A run that did not tag its losses (or has none measured) keeps them all.
+    assert measured_losses({"loss": [1.0, 2.0]}) == [1.0, 2.0]
+    assert measured_losses({"loss": [1.0], "loss_phases": ["warmup"]}) == [1.0]
+
+
 def test_losses_kept_as_tensors_are_read_in_their_order() -> None:
     recorder = knob_specs.LossRecorder(bootstrap.AppliedKnobs(KnobSet(name="x")))
     recorder.kept.extend([1.5, torch.tensor(2.5)])  # a host float and a tensor not yet read

@@ -212,6 +212,32 @@ for (batch,) in loader:
     assert not set(multiprocessing.active_children()) - before
 
 
+def test_stopped_workers_of_a_loader_kept_by_an_object_end_at_once(tmp_path):
+    """An iterator kept in an object (an infinite loader, as makemore's) is collected
+    once the run stops: its workers end then, not after torch's 5 s join timeout per
+    worker, and torch's child-signal check does not take that for a crash."""
+    import multiprocessing
+
+    source = PRELUDE + """
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+class Infinite:
+    def __init__(self, ds):
+        sampler = RandomSampler(ds, replacement=True, num_samples=10 ** 9)
+        self.it = iter(DataLoader(ds, batch_size=2, sampler=sampler, num_workers=2))
+batches = Infinite(TensorDataset(torch.ones(64, 4)))
+while True:
+    (batch,) = next(batches.it)
+    loss = model(batch).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+"""
+    before = set(multiprocessing.active_children())
+    started = time.monotonic()
+    profile = run_script(tmp_path, source, steps=2, warmup=1)
+    assert profile.status == "stopped" and profile.error is None
+    assert not set(multiprocessing.active_children()) - before
+    assert time.monotonic() - started < 8.0  # two workers joined with a timeout would take 10 s more
+
+
 def test_interpreter_state_is_restored_after_every_ending(tmp_path):
     import torch
 

@@ -19,6 +19,17 @@ from torchaxe.runtime.stats import Samples
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, interleave, run_in_subprocess
 
 
+def measured_losses(applied: dict[str, Any]) -> list[float]:
+    """The losses a run recorded in its measured steps; all of them when it did not
+    record the steps' phases (or recorded none in a measured step)."""
+    losses = list(applied.get("loss") or [])
+    phases = applied.get("loss_phases")
+    if not isinstance(phases, list) or len(phases) != len(losses):
+        return losses
+    measured = [loss for loss, phase in zip(losses, phases) if phase == "measured"]
+    return measured or losses
+
+
 @dataclass
 class ArmResult:
     name: str
@@ -49,7 +60,10 @@ class ArmResult:
 
     @property
     def losses(self) -> list[list[float]]:
-        return [list((r.applied or {}).get("loss") or []) for r in self.runs if r.ok]
+        """Each run's training losses over its measured steps: the warm-up's (a compiled
+        first step, an optimizer's first large updates) are left out where the run
+        recorded which steps they came from."""
+        return [measured_losses(r.applied or {}) for r in self.runs if r.ok]
 
     @property
     def peak_memory(self) -> tuple[int, str] | None:

@@ -62,6 +62,16 @@ class StopProfiling(BaseException):
     DataLoader fetch."""
 
 
+#: The phase of the step the running harness is in ("warmup", "ops", "measured"),
+#: None before its first step boundary: what the loss recorder tags each loss with.
+_PHASE: list[str | None] = [None]
+
+
+def current_phase() -> str | None:
+    """The phase of the step in progress in this process (see ``_PHASE``)."""
+    return _PHASE[0]
+
+
 @dataclass(frozen=True)
 class HarnessOptions:
     """What to measure. ``steps=None`` lets the script run to its end."""
@@ -227,6 +237,7 @@ class StepRecorder:
             self._begin(self._synchronized_now(), 1)
 
     def _begin(self, now: float, index: int) -> None:
+        _PHASE[0] = self.options.phase(index)
         turns = self.turns
         if index == 1 and turns is not None and self.options.steps is not None \
                 and self.options.phase(1) == "measured":
@@ -487,6 +498,37 @@ def distributed_identity() -> tuple[int | None, int | None, int | None]:
     return rank, local, world
 
 
+def _collect_stopped_loaders() -> None:
+    """Collect the stopped script's garbage, its DataLoader iterators shutting their
+    workers down at once. torch joins each worker with a 5 s timeout, and a worker of
+    a loop stopped mid-way can wait that long for its last signal: seconds added to
+    every stopped run, for each worker (and all of them when ``advise`` measures)."""
+    dataloader = sys.modules.get("torch.utils.data.dataloader")
+    owner = getattr(dataloader, "_MultiProcessingDataLoaderIter", None)
+    if owner is None:
+        gc.collect()
+        return
+    original = owner._shutdown_workers
+    signals = dataloader._utils.signal_handling  # type: ignore[union-attr]
+
+    def at_once(self: Any) -> None:
+        if not getattr(self, "_shutdown", True):
+            if getattr(self, "_worker_pids_set", False):
+                # Its SIGCHLD check would take the workers' end for a crash.
+                signals._remove_worker_pids(id(self))
+                self._worker_pids_set = False
+            for worker in getattr(self, "_workers", ()):
+                if worker.is_alive():
+                    worker.terminate()
+        original(self)
+
+    owner._shutdown_workers = at_once
+    try:
+        gc.collect()
+    finally:
+        owner._shutdown_workers = original
+
+
 def _close_process_group() -> None:
     """The script was stopped before it could tear down its process group."""
     dist = sys.modules.get("torch.distributed")
@@ -706,7 +748,7 @@ class Harness:
         if profile.status != "completed":
             if profile.status != "exited":
                 _close_process_group()
-            gc.collect()  # DataLoader iterators of the stopped loop shut their workers down
+            _collect_stopped_loaders()
         memory.close()
         return profile
 

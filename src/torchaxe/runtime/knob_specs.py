@@ -223,20 +223,27 @@ class LossRecorder:
     def __init__(self, applied: AppliedKnobs) -> None:
         #: Floats (host losses) or detached device copies, in the order of the calls.
         self.kept: list[Any] = []
+        #: The harness phase each was recorded in ("warmup", "ops", "measured", or
+        #: None before the first step boundary): advise compares the measured steps'.
+        self.phases: list[str | None] = []
         self._original = None
         applied.note_later("loss", self.values)
+        applied.note_later("loss_phases", self.recorded_phases)
 
     def install(self) -> None:
         import torch
 
+        from torchaxe.runtime.harness import current_phase
+
         original = torch.Tensor.backward
         self._original = original
-        kept = self.kept
+        kept, phases = self.kept, self.phases
 
         def backward(tensor, *args, **kwargs):
             if tensor.numel() == 1 and len(kept) < self.LIMIT:
                 value = tensor.detach().reshape(())
                 kept.append(float(value) if value.device.type == "cpu" else value.clone())
+                phases.append(current_phase())
             return original(tensor, *args, **kwargs)
 
         torch.Tensor.backward = backward
@@ -247,6 +254,9 @@ class LossRecorder:
 
             torch.Tensor.backward = self._original
             self._original = None
+
+    def recorded_phases(self) -> list[str | None]:
+        return list(self.phases)
 
     def values(self) -> list[float]:
         """Every loss recorded so far, as floats (one read of the device for all of
