@@ -1041,3 +1041,25 @@ def test_a_lone_undecided_change_gets_the_rounds_kept_for_measuring_changes_toge
     recs = {r.key: r for r in advice.recommendations}
     assert len(recs["knob:compile"].ratios) == 5 and recs["knob:compile"].selected
     assert len(recs["code:AX110"].ratios) == 2
+
+
+def test_a_round_side_by_side_that_does_not_fit_measures_the_changes_that_do(script: Path) -> None:
+    """Runs take turns side by side; when the budget left cannot hold the whole first
+    round, the original and the first changes that fit are measured, not none."""
+    clock = Clock()
+    rounds: list[list[str]] = []
+
+    def side_by_side(knob_sets, command, options, repeat, *, turn_steps):
+        rounds.append([k.name for k in knob_sets])
+        clock.now += 10.0 * len(knob_sets)
+        return [runs(k, command, options, repeat) for k in knob_sets]
+
+    runs = TimedRuns(clock, 10.0)
+    # The warm-up run (10 s) leaves 35 s: four 10-second runs fit (0.8 of a run each
+    # counted), not the six of a full round.
+    advice = run_advice(script, runs, turns_runner=side_by_side, turns=True, profile_peak=1 << 20,
+                        budget=45.0, clock=clock)
+    assert rounds and 2 <= len(rounds[0]) < 6 and "original" in rounds[0]
+    measured = [r.key for r in advice.recommendations if r.status == "measured"]
+    assert measured and len(measured) == len(rounds[0]) - 2  # less the original and its A/A arm
+    assert advice.partial

@@ -111,6 +111,9 @@ class Measurer:
     together: TogetherRunner | None = None
     #: The most runs memory allows side by side; a round of more runs goes one by one.
     together_limit: int | None = None
+    #: A round of runs side by side left changes out to fit the deadline (since the
+    #: comparison began).
+    shortened: bool = False
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock()
@@ -147,6 +150,7 @@ class Measurer:
         into them."""
         base = ArmResult(baseline.name, baseline)
         results = [ArmResult(k.name, k) for k in arms]
+        self.shortened = False
         try:
             if warm:
                 self._run(baseline, 0, f"{what}: warming the caches (not measured)")
@@ -158,7 +162,7 @@ class Measurer:
                                   together=self._together(base, label))
         except OutOfTime:
             return base, results, False
-        return base, results, complete
+        return base, results, complete and not self.shortened
 
     def more_rounds(self, base: ArmResult, plan: Callable[[], Sequence[ArmResult]], what: str) -> bool:
         """Further interleaved rounds after a comparison, one at a time, while ``plan``
@@ -219,8 +223,17 @@ class Measurer:
                         return
                 return
             left = self.remaining()
-            if left is not None and (left <= 0 or left < 0.8 * len(arms) * self.expected_run_seconds()):
-                raise OutOfTime(label(repeat))
+            per_run = 0.8 * self.expected_run_seconds()
+            if left is not None and (left <= 0 or left < len(arms) * per_run):
+                # Not all of them fit: the original and the first changes (the most
+                # promising come first) that do, rather than none.
+                fit = int(left // per_run) if left > 0 and per_run > 0 else 0
+                if base not in arms or fit < 2:
+                    raise OutOfTime(label(repeat))
+                others = [a for a in arms if a is not base]
+                self.progress(f"{label(repeat)}: {fit - 1} of the {len(others)} changes fit the --budget left")
+                arms = [base, *others[:fit - 1]]
+                self.shortened = True
             self.progress(f"{label(repeat)}: {len(arms)} runs side by side, taking turns")
             # Who goes first rotates with the rounds.
             shift = repeat % len(arms)
