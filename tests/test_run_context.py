@@ -121,9 +121,21 @@ def unused(x):
     return x * torch.sigmoid(1.702 * x)
 
 
+class Pictures(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return (torch.full((8,), float(i)),)  # decoded here
+
+
+class Unused(torch.utils.data.Dataset):
+    def __getitem__(self, i):
+        return (torch.zeros(8),)  # never read
+
+
 def make_loader():
-    data = torch.utils.data.TensorDataset(torch.randn(64, 8))
-    return torch.utils.data.DataLoader(data, batch_size=4)
+    return torch.utils.data.DataLoader(torch.utils.data.Subset(Pictures(), range(64)), batch_size=4)
 
 
 def make_other_loader():
@@ -170,6 +182,7 @@ def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built
     helper = str((tmp_path / "helper.py").resolve())
     used, unused = _line_of(HELPER, "0.5 * (1.0"), _line_of(HELPER, "sigmoid(1.702")
     built, not_built = _line_of(HELPER, "batch_size=4"), _line_of(HELPER, "batch_size=8")
+    decoded, never_read = _line_of(HELPER, "decoded here"), _line_of(HELPER, "never read")
     assert executed(context, helper, used) is True
     assert executed(context, helper, unused) is False
     # The loop itself was running when the step began: its lines count as executed.
@@ -181,9 +194,13 @@ def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built
         return Finding(code, "affinity", "", helper, line, 0, line, 1, "", "all")
 
     kept, idle = run_by_the_job([finding("AX101", used), finding("AX102", unused), finding("AX401", built),
-                                 finding("AX401", not_built), finding("AX501", unused)], context)
-    assert [(f.code, f.line) for f in kept] == [("AX101", used), ("AX401", built), ("AX501", unused)]
-    assert [(f.code, f.line) for f in idle] == [("AX102", unused), ("AX401", not_built)]
+                                 finding("AX401", not_built), finding("AX501", unused), finding("AX404", decoded),
+                                 finding("AX404", never_read)], context)
+    # A decode in the class of a dataset a loader was built on (through a Subset)
+    # counts, wherever its __getitem__ ran; one in a class no loader used does not.
+    assert [(f.code, f.line) for f in kept] == [("AX101", used), ("AX401", built), ("AX501", unused),
+                                                ("AX404", decoded)]
+    assert [(f.code, f.line) for f in idle] == [("AX102", unused), ("AX401", not_built), ("AX404", never_read)]
 
 
 def test_nothing_is_left_out_when_the_run_did_not_record_what_it_executed() -> None:

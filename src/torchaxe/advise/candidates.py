@@ -126,20 +126,27 @@ def _runtime_evidence(group: Sequence[Finding], profile: dict[str, Any],
 _LOADER_CALL_RULES = ("AX401", "AX402", "AX403")
 #: Rules whose code runs in the training step: kept when a counted step executed it.
 _STEP_RULE_PREFIXES = ("AX1", "AX3")
+#: Rules whose findings are in a dataset's code.
+_DATASET_RULES = ("AX404",)
 
 
 def run_by_the_job(findings: Sequence[Finding], context: dict[str, Any]) -> tuple[list[Finding], list[Finding]]:
     """Findings in installed packages split into those whose code the run executed
     (or that the run could not tell about) and those it never ran: a DataLoader call
     that built no loader, a formula or a host sync in a function no counted training
-    step called (a datamodule helper, a metric the job does not compute)."""
-    from torchaxe.runtime.run_context import built_loader, executed
+    step called (a datamodule helper, a metric the job does not compute), an image
+    decode in a dataset class no loader of the run was built on."""
+    from torchaxe.runtime.run_context import built_loader, executed, used_dataset
 
     kept: list[Finding] = []
     idle: list[Finding] = []
     for f in findings:
         if f.code in _LOADER_CALL_RULES:
             ran = built_loader(context, f.path, f.line, f.end_line)
+        elif f.code in _DATASET_RULES:
+            # A dataset's __getitem__ may run in loader workers, out of the traced
+            # step: what counts is whether a loader of the run was built on its class.
+            ran = used_dataset(context, f.path, f.line, f.end_line)
         elif f.code.startswith(_STEP_RULE_PREFIXES):
             ran = executed(context, f.path, f.line, f.end_line)
         else:

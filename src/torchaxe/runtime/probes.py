@@ -182,9 +182,18 @@ def _noting_builder(original: Callable) -> Callable:
 
     torch_root = os.sep + "torch" + os.sep
     sites: list[str] = []
+    classes: list[str] = []
     run_context.EXECUTED["loader_sites"] = sites  # this run's, from the start
+    run_context.EXECUTED["dataset_classes"] = classes
 
     def __init__(loader, *args, **kwargs):
+        try:
+            dataset = kwargs.get("dataset", args[0] if args else None)
+            for place in run_context.dataset_class_ranges(dataset):
+                if place not in classes:
+                    classes.append(place)
+        except Exception:  # noqa: BLE001 - an observation must never break the user's run
+            pass
         try:
             frame = sys._getframe(1)
             found = 0

@@ -77,9 +77,58 @@ OBSERVED: dict[str, Any] = {}
 #: ``step_functions``, real path -> [first line, last line] of each function a
 #: counted training step called (runtime/opstats.py), and ``loader_sites``, the
 #: ``path:line`` of the frames outside torch that built each DataLoader
-#: (runtime/probes.py). advise leaves out findings in installed packages whose code
-#: the run never executed.
+#: (runtime/probes.py), and ``dataset_classes``, ``path:first:last`` of the classes of
+#: the datasets the loaders were built on (and the datasets those wrap). advise leaves
+#: out findings in installed packages whose code the run never executed.
 EXECUTED: dict[str, Any] = {}
+
+#: How deep wrapped datasets are followed (Subset of a ConcatDataset of ...).
+_WRAPPED_DEPTH = 3
+
+
+def dataset_class_ranges(dataset: Any, depth: int = 0) -> list[str]:
+    """``path:first:last`` of the classes a dataset is an instance of (its own and its
+    bases outside torch), and of the datasets it wraps (``.dataset``, ``.datasets``):
+    where its ``__getitem__`` may run, in the main process or in loader workers."""
+    import inspect
+
+    out: list[str] = []
+    if dataset is None or depth > _WRAPPED_DEPTH:
+        return out
+    torch_root = os.sep + "torch" + os.sep
+    for cls in type(dataset).__mro__:
+        if cls is object:
+            continue
+        try:
+            path = inspect.getsourcefile(cls)
+            lines, first = inspect.getsourcelines(cls)
+        except (TypeError, OSError):
+            continue
+        if path is None or torch_root in path:
+            continue
+        out.append(f"{os.path.realpath(path)}:{first}:{first + len(lines) - 1}")
+    inner = getattr(dataset, "datasets", None)
+    wrapped = list(inner) if isinstance(inner, (list, tuple)) else []
+    if getattr(dataset, "dataset", None) is not None:
+        wrapped.append(dataset.dataset)
+    for item in wrapped[:8]:
+        out.extend(p for p in dataset_class_ranges(item, depth + 1) if p not in out)
+    return out
+
+
+def used_dataset(context: dict[str, Any], path: str, line: int, end_line: int | None = None) -> bool | None:
+    """Whether the code at ``path:line`` (to ``end_line``) is in the class of a dataset
+    a DataLoader of the run was built on: None when that was not recorded."""
+    classes = context.get("dataset_classes")
+    if classes is None:
+        return None
+    real, end = os.path.realpath(path), end_line or line
+    for place in classes:
+        where, _, span = place.rpartition(":")
+        where, _, first = where.rpartition(":")
+        if where == real and first.isdigit() and span.isdigit() and int(first) <= line and end <= int(span):
+            return True
+    return False
 
 
 def function_ranges(codes: Any) -> dict[str, list[list[int]]]:
