@@ -106,16 +106,20 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, arg
 
 
 def test_script_error_shows_the_users_traceback_and_exits_3(tmp_path, capsys):
-    path = write_script(tmp_path, PRELUDE + "step()\nstep()\nraise RuntimeError('diverged')\n")
+    message = "diverged\\n\\tat step 3\\n\\tloss nan"
+    path = write_script(tmp_path, PRELUDE + f"step()\nstep()\nraise RuntimeError('{message}')\n")
     out = tmp_path / "p.json"
     assert main(["profile", "-o", str(out), "--", "python", str(path)]) == 3
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):")
     assert str(path) in err and "RuntimeError: diverged" in err
     assert "torchaxe/" not in err.split("torchaxe profile:")[0]  # no torchaxe frames in the user's traceback
-    assert "torchaxe profile: error: the script raised RuntimeError at" in err
+    # The summary is one line: the message's first line (all of it is in the traceback).
+    summary = next(line for line in err.splitlines() if line.startswith("torchaxe profile: error:"))
+    assert summary.startswith("torchaxe profile: error: the script raised RuntimeError at")
+    assert ": diverged ...; " in summary and "loss nan" not in err.split("torchaxe profile:")[1]
     profile = load_profile(out)
-    assert profile.status == "error" and len(profile.steps) == 2 and profile.error.message == "diverged"
+    assert profile.status == "error" and len(profile.steps) == 2 and profile.error.message.startswith("diverged\n")
 
 
 def test_script_exit_code_is_reported(tmp_path, capsys):

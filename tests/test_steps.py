@@ -229,6 +229,26 @@ def test_advise_says_why_no_step_was_seen_and_the_first_step_timeout():
     assert "no backward pass ran" in message and "--step-marker" in message and "train_step" not in message
 
 
+def test_advise_tells_a_script_with_slow_steps_to_measure_fewer():
+    """Steps of seconds (an LBFGS closure): a larger budget cannot help a script whose
+    run ends before the warm-up does; the error names the warm-up and step counts, and
+    quotes a multi-line error's first line only."""
+    from torchaxe.advise.baseline import check_profile
+    from torchaxe.advise.options import AdviseOptions
+
+    profile = {"status": "timeout", "summary": {"steps_measured": 0},
+               "steps": [{"phase": "warmup", "seconds": s} for s in (4.1, 3.9, 4.0)]}
+    with pytest.raises(TorchaxeError) as caught:
+        check_profile(profile, AdviseOptions(target="cpu", budget=180.0))
+    message = caught.value.message
+    assert "give a larger --budget; its steps took 4.0 s each" in message and "--warmup 2 --steps 3" in message
+    raised = {"status": "error", "error": {"type": "UnpicklingError", "file": "train.py", "line": 47,
+                                           "message": "Weights only load failed.\nIn PyTorch 2.6 ...\nmore"}}
+    with pytest.raises(TorchaxeError) as caught:
+        check_profile(raised, AdviseOptions(target="cpu"))
+    assert caught.value.message == ("the script raised UnpicklingError at train.py:47: Weights only load failed. ...")
+
+
 def test_a_single_boundary_is_no_step_and_says_so(tmp_path):
     source = "import torch\nw = torch.zeros(2, requires_grad=True)\ntorch.optim.SGD([w], lr=0.1).step()\n"
     profile = run_script(tmp_path, source, steps=2, warmup=0)

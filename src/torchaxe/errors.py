@@ -16,3 +16,18 @@ class TorchaxeError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+#: The longest quoted message (of the user's own exception) in a one-line summary.
+QUOTED_CHARS = 200
+
+
+def first_line(message: object) -> str:
+    """Another program's message for a one-line summary: its first non-empty line, cut
+    to ``QUOTED_CHARS``, with " ..." when more followed (the full text is shown where
+    it was raised, in its traceback)."""
+    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+    first = lines[0] if lines else ""
+    if len(first) > QUOTED_CHARS:
+        return first[: QUOTED_CHARS - 3].rstrip() + "..."
+    return first + " ..." if len(lines) > 1 else first

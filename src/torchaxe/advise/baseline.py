@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from torchaxe.advise.options import AdviseOptions
-from torchaxe.errors import TorchaxeError
+from torchaxe.errors import TorchaxeError, first_line
 from torchaxe.runtime import ranks
 from torchaxe.runtime.knobs import KnobSet
 from torchaxe.runtime.profile import rank_path
@@ -141,13 +141,21 @@ def check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:
         error = profile.get("error") or {}
         where = f" at {error.get('file')}:{error.get('line')}" if error.get("file") else ""
         raise TorchaxeError(f"the script raised {error.get('type', 'an error')}{where}: "
-                            f"{error.get('message', profile.get('detail', ''))}")
+                            f"{first_line(error.get('message', profile.get('detail', '')))}")
     if not steps:
         if profile.get("status") == "timeout":
             limit = options.timeout if options.timeout is not None else options.budget
             option = "--timeout" if options.timeout is not None else "--budget"
+            seconds = [s.get("seconds") for s in profile.get("steps") or [] if s.get("seconds")]
+            slow = ""
+            if seconds:
+                # Slow steps (an LBFGS closure, a large model on a CPU): fewer of them do.
+                each = sorted(seconds)[len(seconds) // 2]
+                slow = (f"; its steps took {each:.1f} s each and it needs --warmup {options.warmup} + --steps "
+                        f"{options.steps or DEFAULT_STEPS} of them: lower those (e.g. --warmup 2 --steps 3)")
             raise TorchaxeError(f"the profiled run of the unchanged script reached no measured step within its "
-                                f"{limit:g} s ({option}, which bounds the first run too): give a larger {option}")
+                                f"{limit:g} s ({option}, which bounds the first run too): give a larger {option}"
+                                + slow)
         seen = len(profile.get("steps") or [])
         if seen:
             raise TorchaxeError(

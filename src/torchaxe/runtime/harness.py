@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
 from torchaxe import __version__
-from torchaxe.errors import TorchaxeError
+from torchaxe.errors import TorchaxeError, first_line
 from torchaxe.runtime.command import ScriptCommand, check_module, run_command
 from torchaxe.runtime.profile import ErrorInfo, FlopCount, Profile, RunInfo, ShapeReport, StepRecord
 from torchaxe.runtime.steps import BackwardStepProbe, OptimizerStepProbe, StepMarker
@@ -838,7 +838,7 @@ class Harness:
             return f"the script called sys.exit({profile.exit_code}){extra}; {steps}"
         if status == "error" and profile.error is not None:
             where = f" at {profile.error.location}" if profile.error.location else ""
-            return f"the script raised {profile.error.type}{where}: {profile.error.message}; {steps}"
+            return f"the script raised {profile.error.type}{where}: {first_line(profile.error.message)}; {steps}"
         if status == "timeout":
             extra = f" ({state['message']})" if state.get("message") else ""
             return f"stopped by --timeout {self.options.timeout:g} s{extra}; {steps}"
@@ -884,5 +884,5 @@ class Harness:
             out.append(f"step time varies: interquartile range {100 * (times.relative_spread or 0):.0f}% of the median")
         if state.get("swallowed") is not None:
             err = state["swallowed"]
-            out.append(f"after the stop the script raised {err.type}: {err.message}")
+            out.append(f"after the stop the script raised {err.type}: {first_line(err.message)}")
         return out
