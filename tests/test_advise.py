@@ -658,6 +658,10 @@ def test_a_compile_recommendation_names_the_module_the_runs_compiled(script: Pat
     advice = run_advice(script, FakeRuns())
     compile_rec = next(r for r in advice.recommendations if r.key == "knob:compile")
     assert compile_rec.detail.endswith("compile applied to Discriminator")
+    assert compile_rec.applied_to == "compile applied to Discriminator"
+    out = io.StringIO()
+    render_advice_text(advice, out, width=200)
+    assert "compile applied to Discriminator (the first module with parameters a step called)" in out.getvalue()
 
 
 def test_changes_slower_together_than_the_best_alone_are_not_combined(script: Path) -> None:

@@ -492,6 +492,7 @@ class Advisor:
         if wrapped:
             # "the model" is the first module with parameters called: say which one it was.
             rec.detail = (rec.detail + "; " if rec.detail else "") + wrapped
+            rec.applied_to = wrapped
         ratio = arm.ratio or 1.0
         rec.speedup = 1.0 / ratio if ratio > 0 else None
         if base.median is not None:

@@ -160,6 +160,9 @@ class Recommendation:
     one_time_seconds: float | None = None
     #: The steps after which the time it saves has paid ``one_time_seconds`` back.
     break_even_steps: int | None = None
+    #: Which module a model-wrapping knob took as the model in its runs ("compile
+    #: applied to Discriminator"): a script that trains two models learns which.
+    applied_to: str = ""
 
     @property
     def distinguishable(self) -> bool:
@@ -172,7 +175,8 @@ class Recommendation:
             "location": self.location, "status": self.status,
             "measured_seconds_saved_per_step": self.measured_seconds_saved_per_step,
             "speedup": self.speedup, "ratios": self.ratios, "accuracy": self.accuracy.to_dict(),
-            "evidence": self.evidence, "detail": self.detail, "knobs": self.knobs, "rules": self.rules,
+            "evidence": self.evidence, "detail": self.detail, "applied_to": self.applied_to,
+            "knobs": self.knobs, "rules": self.rules,
             "files": self.files, "unsafe": self.unsafe, "error": self.error, "selected": self.selected,
             "held_back": self.held_back, "memory": self.memory.to_dict() if self.memory else None,
             "changes_optimisation": self.changes_optimisation, "ranks": self.ranks,
