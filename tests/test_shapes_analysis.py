@@ -95,6 +95,26 @@ def test_partial_batch_only_is_mixed_with_drop_last():
     assert any(r.kind == "drop-last" and "drop_last=True" in r.setting for r in verdict.recommendations)
 
 
+def test_a_smaller_last_batch_after_the_steps_watched_is_said_with_the_static_verdict():
+    """Five steps of a 63-batch epoch all had 16 samples; the epoch's last has 8
+    (1000 samples, drop_last=False): still static, but compiled code compiles once
+    more for it, and drop_last=True avoids that."""
+    batches = [((16, 3),)] * 5
+    loader = LoaderInfo(collate="torch.utils.data.default_collate", collate_location=None, batch_size=16,
+                        drop_last=False, dataset_length=1000, batches=batches)
+    op = tally("aten.mm.default", {s: [((16, 3), (3, 3))] for s in range(1, 6)})
+    verdict = decide(analyse(observation([op], [loader], steps=5)))
+    assert verdict.verdict == "static" and verdict.picks["cpu"] == "compile-static"
+    assert any("the last batch of each epoch has 8 samples, not 16" in r and "drop_last=True" in r
+               for r in verdict.reasons)
+    cpu = next(r for r in verdict.recommendations if r.target == "cpu" and r.kind == "compile")
+    assert "compiled once more for that batch" in cpu.reason
+    # drop_last=True, or a dataset the batch size divides: nothing to say.
+    even = LoaderInfo(collate="torch.utils.data.default_collate", collate_location=None, batch_size=16,
+                      drop_last=False, dataset_length=992, batches=batches)
+    assert not any("last batch" in r for r in decide(analyse(observation([op], [even], steps=5))).reasons)
+
+
 def test_boolean_mask_sizes_make_it_dynamic_with_the_line():
     site = DataDependentSite(kind="boolean-mask", op="aten.index.Tensor", location="t.py:12", code="x[mask]",
                              calls=6, sizes=Counter({3: 2, 5: 2, 7: 2}))

@@ -157,6 +157,18 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
             if cause.kind in ("partial-batch", "collate", "batch-size"):
                 reasons.append(f"cause: {cause.message}")
 
+    # The epoch's last batch, smaller, may come after the steps watched (a few steps
+    # of a long epoch): static so far, but compiled code compiles once more for it.
+    seen_partial = {c.id.split(":")[0] for c in analysis.causes if c.kind == "partial-batch"}
+    unseen_partial = [(i, loader) for i, loader in enumerate(analysis.loaders)
+                      if loader.remainder and f"loader{i}" not in seen_partial]
+    last_batch = ""
+    for _, loader in unseen_partial[:1]:
+        last_batch = (f"the last batch of each epoch has {loader.remainder} samples, not {loader.batch_size} "
+                      f"({loader.dataset_length} samples, drop_last=False), after the steps watched: compiled "
+                      f"code compiles once more for it; DataLoader(..., drop_last=True) keeps every batch one size")
+        reasons.append(last_batch)
+
     buckets = bucket_advice(analysis, max_shapes) if verdict != "static" else []
     recs: list[Recommendation] = []
     picks: dict[str, str | None] = {}
@@ -184,7 +196,9 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
                 picks[target] = "jit-compile-on"
             else:
                 recs.append(Recommendation(target, "compile", "model = torch.compile(model)",
-                                           "fixed shapes: one graph, compiled once, no recompilation",
+                                           "fixed shapes: one graph, compiled once, no recompilation" if not last_batch
+                                           else "fixed shapes but the epoch's last batch: one graph, compiled "
+                                           "once more for that batch (drop_last=True avoids it)",
                                            "compile-static"))
                 picks[target] = "compile-static"
                 if target == "cuda":
