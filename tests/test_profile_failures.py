@@ -238,6 +238,29 @@ while True:
     assert time.monotonic() - started < 8.0  # two workers joined with a timeout would take 10 s more
 
 
+def test_training_in_child_processes_is_said_to_be_unwatched(tmp_path):
+    """Hogwild: the script trains in processes it starts; no step in the watched
+    process, and the warning says why instead of suggesting a step marker."""
+    source = """
+import multiprocessing
+
+def train(rank):
+    pass  # (the training, out of the harness's sight)
+
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=train, args=(r,)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+"""
+    profile = run_script(tmp_path, source, steps=2, warmup=0)
+    assert not profile.steps
+    warning = next(w for w in profile.warnings if w.startswith("no step was seen"))
+    assert "started 2 process(es) (train)" in warning and "--step-marker" not in warning
+
+
 def test_interpreter_state_is_restored_after_every_ending(tmp_path):
     import torch
 

@@ -162,7 +162,9 @@ def check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:
                 f"the script ended after {seen} training step(s); advise needs --warmup {options.warmup} + --steps "
                 f"{options.steps or DEFAULT_STEPS}: lower them, or make the script run longer")
         # The harness says why (no optimizer, gradients never cleared, a marker never called).
-        seen = next((w for w in profile.get("warnings") or [] if w.startswith("no step was seen: ")), None)
+        seen = next((w for w in profile.get("warnings") or [] if w.startswith(("no step was seen: ",
+                                                                               "no step was seen in this process: "))),
+                    None)
         reason = seen.partition(": ")[2] if seen else (
             "no optimizer.step() and no backward pass after an update were seen; if one call of a function of "
             "yours is one training step, pass --step-marker MODULE:FUNCTION naming it")

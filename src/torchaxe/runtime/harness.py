@@ -631,8 +631,8 @@ class Harness:
     def run(self, command: ScriptCommand) -> Profile:
         from torchaxe.backends import get_backend
         from torchaxe.runtime.probes import (
-            BackwardProbe, CodeMap, DataWaitProbe, FirstForwardProbe, GcProbe, HostMemory, HostSyncProbe,
-            ModuleShapeProbe, ShapeTallier,
+            BackwardProbe, ChildProcessProbe, CodeMap, DataWaitProbe, FirstForwardProbe, GcProbe, HostMemory,
+            HostSyncProbe, ModuleShapeProbe, ShapeTallier,
         )
 
         options = self.options
@@ -670,15 +670,17 @@ class Harness:
 
         comm = CommProbe(recorder, clock, recorder.measuring)
         data_wait = DataWaitProbe(recorder, clock, batch_shapes)
+        children = ChildProcessProbe()
         probes: list[Any] = [data_wait, BackwardProbe(recorder, clock), syncs,
-                             GcProbe(recorder, clock), FirstForwardProbe(recorder), comm]
+                             GcProbe(recorder, clock), FirstForwardProbe(recorder), comm, children]
         if module_shapes is not None:
             probes.append(module_shapes)
         if optimizer_steps is not None and backward_steps is not None:
             probes += [optimizer_steps, backward_steps]
         probes.extend(make(recorder) for make in self.extra_probes)
 
-        state: dict[str, Any] = {"status": "completed", "error": None, "exit_code": None, "message": None}
+        state: dict[str, Any] = {"status": "completed", "error": None, "exit_code": None, "message": None,
+                                 "children": children.started}
 
         def snapshot(final: bool) -> Profile:
             if final:
@@ -860,6 +862,12 @@ class Harness:
                 # --step-marker would have helped.
                 out.append(f"no step was seen: the script {'raised' if status == 'error' else 'exited'} "
                            "before any backward pass (see above)")
+            elif state.get("children") and not (backward_steps is not None and backward_steps.backwards):
+                # Hogwild, mp.spawn: the training ran in processes the harness does not watch.
+                names = sorted(set(state["children"]))
+                out.append(f"no step was seen in this process: the script started {len(state['children'])} "
+                           f"process(es) ({', '.join(names[:3])}) and trained in them, which torchaxe does not "
+                           "watch; run the training in the main process, or one process per rank with torchrun")
             elif backward_steps is not None and (backward_steps.backwards or not state.get("first_step_timeout")):
                 # Stopped by the timeout before any backward pass counted (a first step still under
                 # way, an LBFGS step's closures): "no backward pass ran" would mislead.

@@ -741,6 +741,39 @@ class HostSyncProbe:
 # ----------------------------------------------------------------------------- gc
 
 
+class ChildProcessProbe:
+    """Notes the processes the script starts that are not DataLoader workers (their
+    targets' names): training in them (Hogwild, ``mp.spawn``) is no step of the
+    process the harness watches, and a run that saw none says why."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self._original: Callable | None = None
+
+    def install(self) -> None:
+        from multiprocessing import process
+
+        original = process.BaseProcess.start
+        self._original = original
+        started = self.started
+
+        def start(proc: Any) -> None:
+            target = getattr(proc, "_target", None)
+            name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or "a process"
+            if getattr(target, "__module__", "") != "torch.utils.data._utils.worker":
+                started.append(str(name))
+            return original(proc)
+
+        process.BaseProcess.start = start  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            from multiprocessing import process
+
+            process.BaseProcess.start = self._original  # type: ignore[method-assign]
+            self._original = None
+
+
 class GcProbe:
     """Times Python's garbage collections through ``gc.callbacks``."""
 
