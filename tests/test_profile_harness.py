@@ -396,6 +396,15 @@ def test_the_sync_decision_with_a_pretend_accelerator_and_on_the_cpu():
         assert all(cpu_run.counts(t) for t in goes)
         assert not cpu_run.counts(torch.zeros(2).to(torch.float64))  # a dtype, not a device
         assert cpu_run.counts(torch.zeros(2).to(torch.float64).to(device))
+        # Inside a DataLoader fetch a dataset reads its own host tensors (MNIST's
+        # int(self.targets[i]), targets torch.load'ed): data preparation, not a sync.
+        from torchaxe.runtime import probes
+
+        probes._FETCHING.active = True
+        try:
+            assert not cpu_run.counts(moved)
+        finally:
+            probes._FETCHING.active = False
     finally:
         cpu_run.uninstall()
     assert torch.randint.__module__ != __name__ and not hasattr(torch.randint, "__wrapped__")

@@ -212,6 +212,12 @@ def _noting_builder(original: Callable) -> Callable:
     return __init__
 
 
+#: Set while a DataLoader fetch runs in this thread (``DataWaitProbe``): the reads a
+#: dataset makes of its host tensors then are data preparation, on the host in a
+#: device run too, not reads a device would wait for.
+_FETCHING = threading.local()
+
+
 class DataWaitProbe:
     """Times ``DataLoader.__iter__`` (worker start-up) and the iterator's
     ``__next__`` (waiting for a batch): the time the training loop is blocked on
@@ -259,6 +265,7 @@ class DataWaitProbe:
             if counts_batch and shapes is not None:
                 self._settle(id(loader_or_iter))  # its last batch had its backward pass, or never will
             local.depth = 1
+            _FETCHING.active = True
             start = clock()
             fetched = False
             try:
@@ -267,6 +274,7 @@ class DataWaitProbe:
                 return result
             finally:
                 local.depth = 0
+                _FETCHING.active = False
                 sink.add_data_wait(clock() - start, 1 if fetched else 0)
                 if fetched and shapes is not None:
                     self._batch(id(loader_or_iter), result)
@@ -601,10 +609,13 @@ class HostSyncProbe:
     def counts(self, tensor: Any) -> bool:
         """Whether reading ``tensor`` is a read a device would wait for: on an
         accelerator, a tensor on the device (not one that stays on the host); on the
-        cpu, any tensor but those known to stay on the host."""
+        cpu, any tensor but those known to stay on the host and those a DataLoader's
+        fetch reads (a dataset's own)."""
         host = self.host
         if host is None:
             return not tensor.is_cpu
+        if getattr(_FETCHING, "active", False):
+            return False  # a dataset reading its own host tensors (int(self.targets[i]))
         return not (host.ids and _held(host.ids, tensor))
 
     def _wrap(self, name: str, original: Callable, compiling: Callable[[], bool]) -> Callable:
