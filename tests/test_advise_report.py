@@ -106,6 +106,37 @@ def test_a_set_not_paid_back_within_the_jobs_steps_is_not_chosen(script: Path) -
     assert sorted(longer.combined["keys"]) == ["code:AX110", "knob:compile"]
 
 
+@pytest.mark.parametrize("command, expected", [
+    (["--max-steps", "300"], (300, "--max-steps 300")),
+    (["--max_iters=5000", "--lr", "3e-4"], (5000, "--max_iters 5000")),
+    (["--num-train-steps", "10"], None),  # not a name read as the job's length
+    (["--max-steps", "300", "--max_steps=400"], None),  # two lengths: neither
+    (["--epochs", "3"], None),
+])
+def test_the_jobs_length_is_read_from_the_command(command, expected) -> None:
+    from torchaxe.advise.options import job_steps_in
+
+    assert job_steps_in(["python", "train.py", *command]) == expected
+
+
+def test_a_length_stated_in_the_command_holds_back_a_compile_it_does_not_pay_back(script: Path) -> None:  # noqa: F811
+    from torchaxe.advise.options import AdviseOptions
+    from torchaxe.advise.pipeline import Advisor
+
+    from test_advise import Clock, fake_profile
+    from torchaxe.advise.baseline import BaselineProfile
+
+    profile = fake_profile(script, step=0.1)
+    advice = Advisor(["python", str(script), "--max-steps", "100"], AdviseOptions(target="cpu", budget=600.0),
+                     runner=FakeRuns(warmup={"knob:compile": 10.0}),
+                     profiler=lambda command, o, target, knobs=None: BaselineProfile(
+                         profile, {"modules": [], "settings": {"num_threads": 2, "allowed_cpus": 2}}, 2.0),
+                     clock=Clock()).run()
+    compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert not compiled.selected and "more than the job's 100 (--job-steps)" in compiled.held_back
+    assert any(n.startswith("the job's length is read from the command (--max-steps 100)") for n in advice.notes)
+
+
 def test_job_steps_must_be_positive() -> None:
     from torchaxe.advise.options import AdviseOptions
     from torchaxe.errors import TorchaxeError

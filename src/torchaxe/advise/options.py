@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Sequence
 
 from torchaxe.advise.stats import LOSS_TOLERANCE
 from torchaxe.errors import TorchaxeError
@@ -56,3 +58,27 @@ class AdviseOptions:
             raise TorchaxeError(f"--job-steps {self.job_steps}: must be at least 1")
         if self.steps is not None and self.steps < 1:
             raise TorchaxeError(f"--steps {self.steps}: must be at least 1")
+
+
+#: Options of a training script that give its whole length in optimizer steps.
+_LENGTH_OPTIONS = re.compile(r"^--(max|num|total|train)[-_](steps|iters|iterations)$")
+
+
+def job_steps_in(command: Sequence[str]) -> tuple[int, str] | None:
+    """The job's length in steps when the command states it (``--max-steps 300``,
+    ``--max_iters=5000``, ``--num-train-steps``-like names): (steps, the words
+    read). None when it does not, or states it twice differently."""
+    found: dict[int, str] = {}
+    args = list(command)
+    for i, arg in enumerate(args):
+        name, sep, value = arg.partition("=")
+        if not _LENGTH_OPTIONS.match(name):
+            continue
+        if not sep:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if value.isdigit() and int(value) > 0:
+            found[int(value)] = f"{name} {value}"
+    if len(found) != 1:
+        return None
+    steps, words = next(iter(found.items()))
+    return steps, words

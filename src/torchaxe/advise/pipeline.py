@@ -28,6 +28,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -38,7 +39,7 @@ from torchaxe.advise.candidates import (Candidate, code_candidates, installed_ca
                                         run_by_the_job, script_speedups, stored_candidates)
 from torchaxe.advise.evidence import micro_benchmarks
 from torchaxe.advise.measure import ArmResult, Measurer, TogetherRunner
-from torchaxe.advise.options import AdviseOptions
+from torchaxe.advise.options import AdviseOptions, job_steps_in
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import LOSS_JUDGED_AXES, ChangeSearch
 from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta, loss_noise, measured_figures,
@@ -97,6 +98,11 @@ class Advisor:
         self.command = list(command)
         self.job, self.script = parse_script(command)
         check_module(self.script)
+        stated = job_steps_in(self.command) if options.job_steps is None else None
+        if stated is not None:
+            # The command says how long the job is: a compile that it never pays back
+            # is held back as with --job-steps.
+            options = replace(options, job_steps=stated[0])
         self.options = options
         self.target = resolve_target(options.target)
         self.progress = progress
@@ -118,6 +124,10 @@ class Advisor:
         self.arms = ArmKnobs(self.workdir, self.target, options.check_accuracy)
         self.advice = Advice(command=self.command, target=self.target, budget_seconds=options.budget,
                              repeats=options.repeats, memory_limit=options.memory_limit)
+        if stated is not None:
+            self.advice.notes.append(f"the job's length is read from the command ({stated[1]}): a change whose "
+                                     f"one-time cost is not paid back within {stated[0]:,} steps is held back "
+                                     "(--job-steps N says otherwise)")
 
     # ------------------------------------------------------------------ phases
 
