@@ -1067,3 +1067,20 @@ def test_a_round_side_by_side_that_does_not_fit_measures_the_changes_that_do(scr
     measured = [r.key for r in advice.recommendations if r.status == "measured"]
     assert measured and len(measured) == len(rounds[0]) - 2  # less the original and its A/A arm
     assert advice.partial
+
+
+def test_a_chosen_knob_another_chosen_change_already_makes_is_dropped(script: Path) -> None:
+    """On a cpu that spends its time drawing dropout masks, compile and compile with
+    packed dropout (another group) both win; the set of the second already compiles,
+    so compile alone is not listed beside it."""
+    profile = fake_profile(script)
+    profile["ops"].append({"name": "aten::bernoulli_", "calls": 4, "self_seconds": 0.05, "total_seconds": 0.05})
+    runs = FakeRuns(times={"knob:compile-dropout-packed": 0.045, "knob:dropout-packed": 0.099})
+    advice = Advisor(["python", str(script)], AdviseOptions(target="cpu", budget=600.0), runner=runs,
+                     profiler=lambda command, o, target, knobs=None: BaselineProfile(
+                         profile, {"modules": [], "settings": {"num_threads": 2, "allowed_cpus": 2}}, 2.0),
+                     clock=Clock()).run()
+    recs = {r.key: r for r in advice.recommendations}
+    assert recs["knob:compile-dropout-packed"].selected and not recs["knob:compile"].selected
+    assert "knob:compile" not in advice.combined["keys"]
+    assert any(n.startswith("knob:compile is not chosen on its own: knob:compile-dropout-packed") for n in advice.notes)

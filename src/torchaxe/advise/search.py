@@ -105,6 +105,14 @@ class ChangeSearch:
             if group not in winners or (winners[group].rec.speedup or 0) < r.speedup:
                 winners[group] = c
         chosen = list(winners.values())
+        # knob:compile beside knob:compile-dropout-packed, which compiles too: the
+        # narrower goes (of two alike, the later).
+        covering = {id(c): o for i, c in enumerate(chosen) for j, o in enumerate(chosen)
+                    if i != j and _contains(o, c) and not (j > i and _contains(c, o))}
+        for c in [c for c in chosen if id(c) in covering]:
+            chosen.remove(c)
+            self.notes.append(f"{c.key} is not chosen on its own: {covering[id(c)].key}, chosen, makes the same "
+                              "settings and more")
         for c in chosen:
             c.rec.selected = True
         few = [c for c in chosen if len(c.rec.ratios or []) < DECIDE_ROUNDS]
@@ -466,6 +474,13 @@ class ChangeSearch:
         if r.changes_optimisation and r.accuracy.kind == "unknown":
             return False  # a larger batch without its loss compared
         return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis in LOSS_JUDGED_AXES)
+
+
+def _contains(wider: Candidate, c: Candidate) -> bool:
+    """Whether knob change ``wider`` sets every knob ``c`` sets, to the same value."""
+    if wider.rec.applies != "knob" or c.rec.applies != "knob" or not c.knobs:
+        return False
+    return all(key in wider.knobs and wider.knobs[key] == value for key, value in c.knobs.items())
 
 
 def alone(c: Candidate) -> dict[str, Any]:
