@@ -85,7 +85,8 @@ class FakeRuns:
         if knobs.dataloader.batch_scale:
             applied["samples_scale"] = knobs.dataloader.batch_scale
         if knobs.compile is not None:  # as the compile knob notes the module it took for the model
-            applied["compile"] = {"module": "Discriminator", "kwargs": {}, "compiled": "module"}
+            applied["compile"] = {"module": "Discriminator", "modules": ["Discriminator", "Generator"],
+                                  "kwargs": {}, "compiled": "module"}
         return TrialRun(knobs=knobs.name, repeat=repeat, ok=True, step_seconds=[step] * 4, seconds=1.0,
                         applied=applied, peak_memory_bytes=self.memory.get(knobs.name, self.memory["original"]),
                         memory_kind=self.memory_kind, warmup_seconds=self.warmup.get(knobs.name, 2 * step))
@@ -657,11 +658,12 @@ def test_a_change_slower_in_one_round_gets_more_rounds_and_one_slow_round_in_fiv
 def test_a_compile_recommendation_names_the_module_the_runs_compiled(script: Path) -> None:
     advice = run_advice(script, FakeRuns())
     compile_rec = next(r for r in advice.recommendations if r.key == "knob:compile")
-    assert compile_rec.detail.endswith("compile applied to Discriminator")
-    assert compile_rec.applied_to == "compile applied to Discriminator"
+    assert compile_rec.detail.endswith("compile applied to Discriminator and Generator")
+    assert compile_rec.applied_to == "compile applied to Discriminator and Generator"
     out = io.StringIO()
     render_advice_text(advice, out, width=200)
-    assert "compile applied to Discriminator (the first module with parameters a step called)" in out.getvalue()
+    assert "compile applied to Discriminator and Generator (the modules with parameters the loop itself called)" \
+        in out.getvalue()
 
 
 def test_changes_slower_together_than_the_best_alone_are_not_combined(script: Path) -> None:

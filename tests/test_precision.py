@@ -64,6 +64,25 @@ def test_the_loss_computed_after_an_autocast_forward_is_float32_and_close_to_flo
         assert abs(float(a) - float(b)) / float(b) < 0.01
 
 
+def test_autocast_covers_each_model_a_gan_iteration_calls() -> None:
+    # A generator and a discriminator, each called from the loop: both run their
+    # forward in the lower precision, not only the one called first.
+    generator, discriminator = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 1))
+    seen = {}
+    generator[0].register_forward_hook(lambda m, i, o: seen.update(G=o.dtype))
+    discriminator[0].register_forward_hook(lambda m, i, o: seen.update(D=o.dtype))
+    knobs = knob_set_from_dict({"name": "k", "autocast": {"dtype": "bfloat16"}}, "test")
+    applied = bootstrap.AppliedKnobs(knobs)
+    with knob_specs.AUTOCAST.patch(knobs.autocast, applied):
+        for _ in range(2):
+            fake = generator(torch.randn(2, 4))
+            score = discriminator(fake)
+            generator(torch.randn(2, 4))
+    assert seen == {"G": torch.bfloat16, "D": torch.bfloat16}
+    assert fake.dtype == score.dtype == torch.float32  # handed back in float32
+    assert applied.record["autocast"]["modules"] == ["Sequential", "Sequential"]
+
+
 def test_only_the_lower_precision_outputs_are_cast_and_containers_keep_their_type() -> None:
     Out = namedtuple("Out", "logits hidden")
     low = torch.ones(2, dtype=torch.bfloat16)

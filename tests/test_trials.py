@@ -280,12 +280,78 @@ def test_model_compiler_picks_the_top_level_model_and_unpatches(monkeypatch):
         nn.ReLU()(torch.zeros(1))  # no parameters: not the model
         model = _Net.make()
         model(torch.zeros(1, 2))
-        nn.Linear(2, 2)(torch.zeros(1, 2))  # a second model: left alone
+        assert nn.Module.__call__ is not original  # one iteration's models are still to come
+        model(torch.zeros(1, 2))  # the model again: its iteration is over
+        assert nn.Module.__call__ is original
+        nn.Linear(2, 2)(torch.zeros(1, 2))  # a module first called later: left alone
     finally:
         compiler.uninstall()
     assert compiled == [("Net", {"backend": "eager"})]
     assert nn.Module.__call__ is original
     assert applied.record["compile"]["module"].endswith("Net") and applied.record["compile"]["compiled"] == "module"
+
+
+def test_model_compiler_compiles_each_model_of_a_gan_iteration(monkeypatch):
+    # dcgan's loop: the discriminator on real data, the generator, the discriminator
+    # on the fakes. Both networks train; compiling only the first left the generator eager.
+    import torch
+    from torch import nn
+
+    compiled = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: compiled.append(type(self).__name__))
+    original = nn.Module.__call__
+    applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
+    compiler = knob_specs.ModelCompiler({"backend": "eager"}, applied)
+
+    class Generator(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 2))
+
+        def forward(self, z):
+            return self.main(z)
+
+    class Discriminator(Generator):
+        pass
+
+    netG, netD = Generator(), Discriminator()
+    compiler.install()
+    try:
+        for _ in range(2):
+            netD(torch.zeros(1, 2))
+            fake = netG(torch.zeros(1, 2))
+            netD(fake.detach())
+            nn.MSELoss()(fake, fake)  # a loss without parameters
+    finally:
+        compiler.uninstall()
+    assert compiled == ["Discriminator", "Generator"]  # not their Sequential or Linear layers
+    assert nn.Module.__call__ is original
+    assert [n.rsplit(".", 1)[-1] for n in applied.record["compile"]["modules"]] == ["Discriminator", "Generator"]
+    assert applied.record["compile"]["how"] == ["module", "module"]
+
+
+def test_model_compiler_stops_at_a_few_models_called_one_by_one(monkeypatch):
+    # A loop that calls its layers from the script (no model class) is not compiled
+    # layer by layer without end, and the patch does not stay on every call.
+    import torch
+    from torch import nn
+
+    from torchaxe.runtime.first_model import MOST_MODELS
+
+    compiled = []
+    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: compiled.append(self))
+    original = nn.Module.__call__
+    compiler = knob_specs.ModelCompiler({"backend": "eager"}, bootstrap.AppliedKnobs(KnobSet(name="x")))
+    layers = [_Net.make() for _ in range(MOST_MODELS + 3)]
+    compiler.install()
+    try:
+        x = torch.zeros(1, 2)
+        for layer in layers:
+            x = layer(x)
+        assert nn.Module.__call__ is original
+    finally:
+        compiler.uninstall()
+    assert compiled == layers[:MOST_MODELS]
 
 
 def test_a_sequential_model_runs_compiled(counting_backend):

@@ -500,7 +500,7 @@ class Advisor:
         rec.ratios = [round(r, 4) for r in arm.ratios]
         wrapped = _wrapped_modules(arm)
         if wrapped:
-            # "the model" is the first module with parameters called: say which one it was.
+            # "the model" is each module with parameters the loop called: say which ones.
             rec.detail = (rec.detail + "; " if rec.detail else "") + wrapped
             rec.applied_to = wrapped
         ratio = arm.ratio or 1.0
@@ -594,6 +594,6 @@ def _wrapped_modules(arm: ArmResult) -> str:
     model, as the run noted it: a script that trains two models (a GAN) learns which."""
     applied = next((r.applied for r in arm.runs if r.ok and r.applied), None) or {}
     notes = {key: applied.get(key) for key in ("compile", "autocast")}
-    parts = [f"{key} applied to {note['module']}" for key, note in notes.items()
-             if isinstance(note, dict) and note.get("module")]
+    parts = [f"{key} applied to {' and '.join(note.get('modules') or [note['module']])}"
+             for key, note in notes.items() if isinstance(note, dict) and note.get("module")]
     return ", ".join(parts)

@@ -89,7 +89,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             memory = rec.memory.text.removesuffix(" memory") if rec.memory and rec.status == "measured" else "-"
             where = f"\n  [dim]{rec.location}[/dim]" if rec.location else ""
             if rec.applied_to:
-                where += f"\n  [dim]{rec.applied_to} (the first module with parameters a step called)[/dim]"
+                where += f"\n  [dim]{rec.applied_to} (the modules with parameters the loop itself called)[/dim]"
             if rec.status == "measured" and rec.one_time_seconds:
                 where += f"\n  [dim]{one_time_text(rec.one_time_seconds, rec.break_even_steps)}[/dim]"
             accuracy = rec.accuracy.text if rec.accuracy.kind != "unknown" or rec.status == "measured" else "-"

@@ -399,6 +399,13 @@ def outputs_in_float32(value: Any, low: Any) -> Any:
     return value
 
 
+def _model_names(models: list[Any], module: Any) -> dict[str, Any]:
+    """A model-wrapping knob's note: the first model's class (``module``) and every
+    model's (``modules``), in the order the script first called them."""
+    names = [type(m).__qualname__ for m in models] or [type(module).__qualname__]
+    return {"module": names[0], "modules": names}
+
+
 class ModelAutocast(FirstModel):
     """Runs the model's forward under ``torch.autocast`` (mixed precision) without
     touching the script: "the model" is found as :class:`ModelCompiler` finds it, and
@@ -414,7 +421,7 @@ class ModelAutocast(FirstModel):
     The matmuls and convolutions of the forward keep the lower precision."""
 
     def __init__(self, dtype: str, applied: AppliedKnobs) -> None:
-        super().__init__(self.wrap)
+        super().__init__(self.wrap, every_model=True)
         self.dtype = dtype
         self.applied = applied
 
@@ -434,7 +441,7 @@ class ModelAutocast(FirstModel):
             return outputs_in_float32(out, dtype)
 
         set_forward(module, autocast_forward)
-        self.applied.note("autocast", {"module": type(module).__qualname__, "device_type": device_type,
+        self.applied.note("autocast", {**_model_names(self.models, module), "device_type": device_type,
                                        "dtype": self.dtype, "outputs": "float32"})
 
 
@@ -461,8 +468,9 @@ class AutocastKnob(Knob):
 
 @dataclass(frozen=True)
 class CompileKnobs:
-    """``torch.compile`` of the model: the first module with parameters that the
-    script calls from outside any other module (see runtime/first_model.py)."""
+    """``torch.compile`` of the model: each module with parameters that the script
+    calls from outside any other module in its first iteration (see
+    runtime/first_model.py)."""
 
     mode: str | None = None
     dynamic: bool | None = None
@@ -485,8 +493,8 @@ class ModelCompiler(FirstModel):
     "The model" is found as runtime/first_model.py describes. It is compiled in place
     with ``module.compile(**kwargs)`` (``torch.compile`` of its ``forward``, same
     object, same ``state_dict`` keys, so the script's optimizer, checkpoints and
-    ``.train()``/``.eval()`` calls all keep working). Only one model is compiled; a
-    second top-level model (a GAN's discriminator) is not.
+    ``.train()``/``.eval()`` calls all keep working). A script that trains several
+    models in one iteration (a GAN's generator and discriminator) has each compiled.
 
     A model that is one of torch's own layers or containers (an ``nn.Sequential``
     built in the script) has its ``forward`` compiled instead (see
@@ -495,13 +503,15 @@ class ModelCompiler(FirstModel):
     """
 
     def __init__(self, kwargs: dict[str, Any], applied: AppliedKnobs) -> None:
-        super().__init__(self.compile)
+        super().__init__(self.compile, every_model=True)
         self.kwargs = kwargs
         self.applied = applied
+        self._how: list[str] = []
 
     def compile(self, module: Any) -> None:
-        how = compile_in_place(module, **self.kwargs)
-        self.applied.note("compile", {"module": type(module).__qualname__, "kwargs": self.kwargs, "compiled": how})
+        self._how.append(compile_in_place(module, **self.kwargs))
+        self.applied.note("compile", {**_model_names(self.models, module), "kwargs": self.kwargs,
+                                      "compiled": self._how[0], "how": list(self._how)})
 
 
 class CompileKnob(Knob):
