@@ -66,3 +66,31 @@ def test_no_axis_package_imports_advise() -> None:
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.ImportFrom) and node.module:
                     assert not node.module.startswith("torchaxe.advise"), f"{path} imports {node.module}"
+
+
+def _batches(*sizes: int) -> dict:
+    return {"static": True, "batches": {"signatures": [{"shapes": [[n, 8], [n]], "dtypes": ["float32", "int64"],
+                                                        "count": 3} for n in sizes]}}
+
+
+def test_compile_is_static_when_the_epochs_smaller_last_batch_came_after_the_steps_watched() -> None:
+    from torchaxe.kernels import candidates as kernels
+
+    epoch = {"site": "train.py:9", "batch_size": 64, "samples": 1000, "drop_last": False, "last_batch_samples": 40}
+    profile = {**WAITING, "shapes": _batches(64), "ops": [{"name": "aten::bernoulli_", "self_seconds": 1.0}]}
+    (compiled,) = [c for c in shapes.candidates(profile, "cpu", {"loader_epochs": [epoch]}) if c.key == "knob:compile"]
+    assert compiled.knobs == {"compile": {"mode": "default", "dynamic": False}}
+    assert "last batch of 40" in compiled.rec.title and "drop_last=True" in compiled.rec.detail
+    # The last batch was among the steps watched (the shapes then vary), or the loader
+    # drops it, or no loader was noted: the compile candidate is the plain one.
+    for seen, epochs in ((_batches(64, 40), [epoch]), (_batches(64), [{**epoch, "last_batch_samples": None}]),
+                         (_batches(64), [])):
+        (plain,) = [c for c in shapes.candidates({**WAITING, "shapes": seen}, "cpu", {"loader_epochs": epochs})
+                    if c.key == "knob:compile"]
+        assert plain.knobs == {"compile": {"mode": "default"}}
+    # Another loader's batch size (an evaluation loader): not the training batches.
+    assert shapes.unseen_last_batch({"shapes": _batches(64)}, {"loader_epochs": [{**epoch, "batch_size": 32}]}) is None
+    # The compile of the dropout axis follows the same rule.
+    packed = [c for c in kernels.candidates(profile, "cpu", {"loader_epochs": [epoch]})
+              if c.key == "knob:compile-dropout-packed"]
+    assert packed and packed[0].knobs["compile"] == {"mode": "default", "dynamic": False}

@@ -189,6 +189,9 @@ def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built
     assert executed(context, str(tmp_path / "train.py"), _line_of(LOOP, "loss.backward")) is True
     assert built_loader(context, helper, built) is True
     assert built_loader(context, helper, not_built) is False
+    # Each loader's epoch, for the compile candidates (a smaller last batch recompiles).
+    assert context["settings"]["loader_epochs"] == [
+        {"site": f"{helper}:{built}", "batch_size": 4, "samples": 64, "drop_last": False, "last_batch_samples": None}]
 
     def finding(code: str, line: int) -> Finding:
         return Finding(code, "affinity", "", helper, line, 0, line, 1, "", "all")
@@ -210,3 +213,27 @@ def test_nothing_is_left_out_when_the_run_did_not_record_what_it_executed() -> N
     findings = [Finding("AX101", "affinity", "", "/x/y.py", 3, 0, 3, 1, "", "all"),
                 Finding("AX401", "data", "", "/x/y.py", 9, 0, 9, 1, "", "all")]
     assert run_by_the_job(findings, {}) == (findings, [])
+
+
+def test_a_loaders_epoch_says_how_many_samples_its_last_batch_holds() -> None:
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    from torchaxe.runtime.run_context import loader_epoch
+
+    data = TensorDataset(torch.zeros(10, 2))
+    assert loader_epoch(DataLoader(data, batch_size=4, shuffle=True)) == {
+        "batch_size": 4, "samples": 10, "drop_last": False, "last_batch_samples": 2}
+    assert loader_epoch(DataLoader(data, batch_size=4, drop_last=True))["last_batch_samples"] is None
+    assert loader_epoch(DataLoader(data, batch_size=5))["last_batch_samples"] is None
+    # This process's share under a DistributedSampler: 5 of the 10 samples on each of 2 ranks.
+    shared = DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=2, rank=0))
+    assert loader_epoch(shared)["samples"] == 5 and loader_epoch(shared)["last_batch_samples"] == 1
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    assert loader_epoch(DataLoader(Stream(), batch_size=2)) is None  # no length: unknown
+    assert loader_epoch(DataLoader(data, batch_size=None)) is None  # not batched by a size

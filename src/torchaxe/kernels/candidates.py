@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
-from torchaxe.shapes.candidates import COMPILE_ACCURACY_DETAIL, compile_knob
+from torchaxe.shapes.candidates import COMPILE_ACCURACY_DETAIL, compile_knob, last_batch_text, unseen_last_batch
 
 #: The operator torch's CPU dropout spends its time in (one Bernoulli draw an element).
 DROPOUT_DRAW = "aten::bernoulli_"
@@ -56,11 +56,16 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
     if not settings.get("compiled_graphs"):
         shapes = profile.get("shapes") or {}
         dynamic = True if shapes and not shapes.get("static", True) else None
+        last = unseen_last_batch(profile, settings) if dynamic is None else None
+        if last is not None:
+            dynamic = False
         out.append(knob_candidate(
             "knob:compile-dropout-packed", "compile",
-            "torch.compile(model) with packed dropout inside its graph" + (" (dynamic=True)" if dynamic else ""),
+            "torch.compile(model) with packed dropout inside its graph"
+            + ("" if dynamic is None else f" (dynamic={dynamic})"),
             {**compile_knob(mode="default", dynamic=dynamic), **packed}, group=GROUP, priority=2.0 + share,
             accuracy=Accuracy(kind="unknown", detail=f"{masks}, and {COMPILE_ACCURACY_DETAIL}"),
             detail=f"{spent}; compiled, the model would draw them with the compiler's own element-wise draw, "
-                   "slower on a CPU, so the packed draw is kept as one operator of the compiled graph"))
+                   "slower on a CPU, so the packed draw is kept as one operator of the compiled graph"
+                   + (f"; {last_batch_text(last)}" if last is not None else "")))
     return out

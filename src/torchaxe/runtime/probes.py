@@ -185,6 +185,7 @@ def _noting_builder(original: Callable) -> Callable:
     classes: list[str] = []
     run_context.EXECUTED["loader_sites"] = sites  # this run's, from the start
     run_context.EXECUTED["dataset_classes"] = classes
+    run_context.OBSERVED["loader_epochs"] = []
 
     def __init__(loader, *args, **kwargs):
         try:
@@ -194,6 +195,7 @@ def _noting_builder(original: Callable) -> Callable:
                     classes.append(place)
         except Exception:  # noqa: BLE001 - an observation must never break the user's run
             pass
+        builder = None
         try:
             frame = sys._getframe(1)
             found = 0
@@ -201,13 +203,19 @@ def _noting_builder(original: Callable) -> Callable:
                 name = frame.f_code.co_filename
                 if torch_root not in name:
                     site = f"{os.path.realpath(name)}:{frame.f_lineno}"
+                    builder = builder or site
                     if site not in sites:
                         sites.append(site)
                     found += 1
                 frame = frame.f_back
         except Exception:  # noqa: BLE001 - an observation must never break the user's run
             pass
-        return original(loader, *args, **kwargs)
+        result = original(loader, *args, **kwargs)
+        try:
+            run_context.note_loader(loader, builder)
+        except Exception:  # noqa: BLE001 - an observation must never break the user's run
+            pass
+        return result
 
     return __init__
 

@@ -70,8 +70,37 @@ def imported_files() -> list[str]:
     return sorted(out)
 
 
-#: What the model probe saw at the model's first call (see :class:`ModelProbe`).
+#: What the model probe saw at the model's first call (see :class:`ModelProbe`), and
+#: ``loader_epochs``, what each DataLoader's epoch holds (:func:`loader_epoch`).
 OBSERVED: dict[str, Any] = {}
+
+#: The most DataLoaders whose epochs are noted.
+_MOST_LOADERS = 8
+
+
+def loader_epoch(loader: Any) -> dict[str, Any] | None:
+    """A DataLoader's epoch as the batches it makes: batch size, samples per epoch
+    (this process's share, under a DistributedSampler), ``drop_last`` and the samples
+    of its last, smaller batch (None when every batch is full). None when the loader
+    does not batch by a size or its sampler has no length (an IterableDataset)."""
+    batch_size = getattr(loader, "batch_size", None)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        return None
+    try:
+        samples = len(loader.sampler)
+    except Exception:  # noqa: BLE001 - no length: the epoch cannot be known
+        return None
+    drop_last = bool(getattr(loader, "drop_last", False))
+    last = None if drop_last else (samples % batch_size or None)
+    return {"batch_size": batch_size, "samples": samples, "drop_last": drop_last, "last_batch_samples": last}
+
+
+def note_loader(loader: Any, site: str | None) -> None:
+    """Notes the epoch of a DataLoader just built at ``site`` (``path:line``)."""
+    epochs = OBSERVED.setdefault("loader_epochs", [])
+    epoch = loader_epoch(loader)
+    if epoch is not None and len(epochs) < _MOST_LOADERS:
+        epochs.append({"site": site, **epoch})
 
 #: What code the run executed, where it was recorded (absent: not recorded):
 #: ``step_functions``, real path -> [first line, last line] of each function a
@@ -228,8 +257,9 @@ def _compiled_graphs() -> int:
 
 
 def settings() -> dict[str, Any]:
-    """The process-wide switches that slow training when left on, and the speed-ups
-    the script already makes itself (its own compile, its own autocast)."""
+    """The process-wide switches that slow training when left on, the speed-ups the
+    script already makes itself (its own compile, its own autocast), and its
+    DataLoaders' epochs (``loader_epochs``, see :func:`loader_epoch`)."""
     out: dict[str, Any] = {
         "env": {k: os.environ[k] for k in SPEED_VARIABLES if k in os.environ},
         "gc_enabled": gc.isenabled(),
@@ -254,8 +284,9 @@ def settings() -> dict[str, Any]:
         except AttributeError:  # pragma: no cover - older torch
             pass
         out["compiled_graphs"] = _compiled_graphs()
-    if "autocast" in OBSERVED:
-        out["autocast"] = OBSERVED["autocast"]
+    for key in ("autocast", "loader_epochs"):
+        if key in OBSERVED:
+            out[key] = OBSERVED[key]
     return out
 
 

@@ -63,6 +63,30 @@ def bucketing_knob(batches: dict[str, Any], max_shapes: int = 4) -> dict[str, An
     return {"boundaries": list(boundaries), "dim": dim}
 
 
+def unseen_last_batch(profile: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The epoch of a DataLoader whose training batches the profile saw at full size
+    only, while its epoch ends in a smaller batch (``drop_last=False``) that came after
+    the steps watched: static so far, but compiled code compiles once more for it.
+    None when no such loader was noted (runtime/run_context.py ``loader_epochs``)."""
+    batches = (profile.get("shapes") or {}).get("batches") or {}
+    sizes = {sig["shapes"][0][0] for sig in batches.get("signatures") or []
+             if sig.get("shapes") and sig["shapes"][0]}
+    for epoch in settings.get("loader_epochs") or []:
+        last = epoch.get("last_batch_samples")
+        if last and epoch.get("batch_size") in sizes and last not in sizes:
+            return epoch
+    return None
+
+
+def last_batch_text(epoch: dict[str, Any]) -> str:
+    """The sentence that says what an epoch's smaller last batch does to compiled code."""
+    return (f"the last batch of each epoch has {epoch['last_batch_samples']} samples, not {epoch['batch_size']} "
+            f"({epoch['samples']} samples, drop_last=False), after the steps measured: compiled code compiles once "
+            f"more for it, which the measured one-time cost leaves out; dynamic=False compiles it as a graph of its "
+            f"own and keeps the full batches on their static kernels (torch would otherwise recompile the model for "
+            f"any batch size); DataLoader(..., drop_last=True) keeps every batch one size")
+
+
 def trial_settings(target: str, bucketing: dict[str, Any] | None = None,
                    backend: str = "inductor") -> list[dict[str, Any]]:
     """The named knob sets ``torchaxe shapes --try`` compares on ``target``, baseline
@@ -110,11 +134,19 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
                     kind="unknown", detail="padding changes results unless the script masks it; "
                     "the training loss is compared with the original's"), priority=1.9,
                 detail="few distinct shapes: each compiles once, then every batch reuses one of them"))
-        out.append(knob_candidate(
-            "knob:compile", "compile", "torch.compile(model)" + (" (shapes are static)" if not dynamic else ""),
-            compile_knob(mode="default"), group="compile", accuracy=compile_accuracy,
-            detail="fuses the model's operators into generated kernels; the first steps pay the compile time",
-            priority=2.0))
+        last = None if dynamic else unseen_last_batch(profile, settings)
+        detail = "fuses the model's operators into generated kernels; the first steps pay the compile time"
+        if last is not None:
+            out.append(knob_candidate(
+                "knob:compile", "compile",
+                f"torch.compile(model, dynamic=False) (shapes are static but for the epoch's last batch of "
+                f"{last['last_batch_samples']})", compile_knob(mode="default", dynamic=False), group="compile",
+                accuracy=compile_accuracy, detail=f"{detail}; {last_batch_text(last)}", priority=2.0))
+        else:
+            out.append(knob_candidate(
+                "knob:compile", "compile", "torch.compile(model)" + (" (shapes are static)" if not dynamic else ""),
+                compile_knob(mode="default"), group="compile", accuracy=compile_accuracy, detail=detail,
+                priority=2.0))
     if target == "cuda" and not dynamic and not settings.get("cudnn_benchmark"):
         out.append(knob_candidate(
             "knob:cudnn-benchmark", "compile", "torch.backends.cudnn.benchmark = True (static shapes)",
