@@ -792,3 +792,32 @@ def values_times_untransposed_weights(q, k, v):  # lookalike: attention
     w_ = torch.bmm(q.permute(0, 2, 1), k) * c ** -0.5
     w_ = F.softmax(w_, dim=2)
     return torch.bmm(v, w_)
+
+
+# ----------------------------------------------------------------------- one query against every key, as a product summed
+class ClassTokenAttention(nn.Module):  # formula: attention
+    def __init__(self, dim, heads=8):
+        super().__init__()
+        self.heads = heads
+        self.scale = (dim // heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        cls = q[:, :, :1]
+        weights = ((cls * k).sum(dim=-1) * self.scale).softmax(dim=-1)
+        return (weights.unsqueeze(2) @ v).transpose(1, 2).reshape(B, 1, C)
+
+
+def pooled_by_query_similarity(query, keys, values):  # lookalike: attention
+    # The weights are cosine similarities normalised by their sum, not a softmax.
+    sim = (query[:, None] * keys).sum(-1).relu()
+    return (sim / sim.sum(-1, keepdim=True)).unsqueeze(1) @ values
+
+
+def class_token_scores_by_first_key(q, k, v):  # lookalike: attention
+    # Every query scored against the first key only: weights over the queries.
+    scores = (q * k[:, :, :1]).sum(-1).softmax(dim=-1)
+    return scores.unsqueeze(2) @ v

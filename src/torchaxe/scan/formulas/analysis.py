@@ -340,7 +340,8 @@ def _analyse(ctx: FileContext) -> list[FormulaMatch]:
                 continue
             if _has_fused_call(ctx, root.scope, match.category, fused_seen) and not _other_layout(match):
                 continue
-            if (match.params.get("sign_folded") or match.params.get("fitted")) and not _ROTARY_NAME.search(scope_name):
+            if (match.params.get("sign_folded") or match.params.get("fitted")) and match.category == "rotary" \
+                    and not _ROTARY_NAME.search(scope_name):
                 # x * c + swap(x) * s, or a pair mix with a table viewed to fit: as likely
                 # a boost or a learned mix as a rotary.
                 continue

@@ -643,7 +643,8 @@ class AttentionMatcher(Matcher):
         if layout is None:
             return None
         p_node = weights_node
-        for s_node in sorted((n for n in walk(p_node) if n.op in ("matmul", "bmm", "einsum")), key=lambda n: -n.size):
+        for s_node in sorted((n for n in walk(p_node) if n.op in ("matmul", "bmm", "einsum") or P.product_sum(n)),
+                             key=lambda n: -n.size):
             s_raw = probing.tensor(s_node)
             if s_raw is None or s_raw.shape[-1:] != p.shape[-1:] or s_raw.numel() != p.numel():
                 continue
@@ -712,6 +713,19 @@ class AttentionMatcher(Matcher):
         return None
 
     def _split_qk(self, s_node: Node, s: torch.Tensor, probing: Probing):
+        if P.product_sum(s_node):
+            # (q[:, :, 0:1] * k).sum(-1): the scores of one query position (a class
+            # token) against every key, q @ k^T without its length-one dimension.
+            a_node, b_node = s_node.args[0].args
+            a, b = probing.tensor(a_node), probing.tensor(b_node)
+            if a is None or b is None or a.ndim < 3 or a.ndim != b.ndim:
+                return None
+            for q_node, k_node, q, k in ((a_node, b_node, a, b), (b_node, a_node, b, a)):
+                if q.shape[-2] == 1 and k.shape[-2] > 1 and q.shape[-1] == k.shape[-1]:
+                    ref = q @ k.transpose(-2, -1)
+                    if ref.numel() == s.numel() and probing.compare(s, ref.reshape(s.shape))[0]:
+                        return q_node, k_node, "BNSD"
+            return None
         if s_node.op == "einsum":
             if len(s_node.args) != 3:
                 return None

@@ -152,11 +152,24 @@ def norm(node: Node) -> bool:
 
 def attention(node: Node) -> bool:
     """A product of weights made with a softmax (or exp) from a second product: the
-    key transposed somewhere, an einsum, or (a key that arrives transposed) a
-    product inside the weights."""
+    key transposed somewhere, an einsum, (a key that arrives transposed) a product
+    inside the weights, or scores summed from an elementwise product (one query
+    against every key: ``(q[:, :, 0:1] * k).sum(-1)``)."""
     if node.op not in ("matmul", "bmm", "einsum") or not node.ops & {"softmax", "exp"}:
         return False
-    return bool(node.ops & (TRANSPOSES | {"einsum"})) or any(a.ops & V.MATMULS for a in node.args)
+    return bool(node.ops & (TRANSPOSES | {"einsum"})) or any(
+        a.ops & V.MATMULS or ({"mul", "sum"} <= a.ops and any(product_sum(n) for n in walk(a))) for a in node.args)
+
+
+def product_sum(node: Node) -> bool:
+    """``(a * b).sum(-1)``: a sum over the last dimension of a product of two tensors."""
+    if node.op != "sum" or not node.args or node.args[0].op != "mul" or len(node.args[0].args) != 2:
+        return False
+    kwargs = dict(node.kwargs)
+    dim = node.args[1] if len(node.args) == 2 and not kwargs else kwargs.get("dim") if len(node.args) == 1 else None
+    if dim is None or set(kwargs) - {"dim"}:
+        return False
+    return dim.op == CONST and dim.value == -1 and all(a.vars for a in node.args[0].args)
 
 
 def rotary(node: Node) -> bool:
