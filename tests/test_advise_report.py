@@ -47,6 +47,28 @@ def test_text_summary_names_the_winners_and_what_to_run_next(advice) -> None:
     assert "torchaxe apply -- " not in text  # apply takes no command
 
 
+def test_an_installed_packages_file_is_shown_from_the_package_down(advice, monkeypatch) -> None:
+    from torchaxe.report import advice_text
+
+    rec = advice.ranked()[0]
+    rec.location = "/home/u/venv/lib/python3.11/site-packages/torchvision/datasets/coco.py:43"
+    out = io.StringIO()
+    render_advice_text(advice, out)
+    text = out.getvalue()
+    assert "torchvision/datasets/coco.py:43" in text and "site-packages" not in text
+    assert max(len(line) for line in text.splitlines()) <= advice_text.REPORT_WIDTH  # a log: the fixed width
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback: os.terminal_size((180, 50)))
+    assert advice_text.report_width(Terminal()) == 180  # a wide terminal's own width
+    monkeypatch.setattr(shutil, "get_terminal_size", lambda fallback: os.terminal_size((60, 50)))
+    assert advice_text.report_width(Terminal()) == advice_text.REPORT_WIDTH
+    assert advice_text.report_width(Terminal(), 90) == 90
+
+
 def test_a_set_cut_to_its_best_change_is_not_called_all_of_them_together(script: Path) -> None:  # noqa: F811
     slower_together = run_advice(script, FakeRuns(times={"combined": 0.07}))  # compile alone: 0.05
     out = io.StringIO()

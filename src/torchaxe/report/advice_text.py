@@ -31,8 +31,37 @@ def together_text(together: dict) -> str:
     return f"{first} were not measured together (out of --budget)"
 
 
+#: The width of the report when it is not shown on a terminal (a log, a pipe), and the
+#: least width on a terminal.
+REPORT_WIDTH = 110
+#: Folders whose files are shown from the package down (``torchvision/datasets/coco.py``).
+_PACKAGE_FOLDERS = ("/site-packages/", "/dist-packages/")
+
+
+def shown_location(location: str) -> str:
+    """A location as the table shows it: an installed package's file from the package's
+    folder down, so that the table's narrow column keeps the part that says which."""
+    for folder in _PACKAGE_FOLDERS:
+        if folder in location:
+            return location.rsplit(folder, 1)[1]
+    return location
+
+
+def report_width(out: TextIO, width: int | None = None) -> int:
+    """``width`` if given; a terminal's own width (at least :data:`REPORT_WIDTH`);
+    else :data:`REPORT_WIDTH`."""
+    if width:
+        return width
+    isatty = getattr(out, "isatty", None)
+    if isatty is not None and isatty():
+        import shutil
+
+        return max(REPORT_WIDTH, shutil.get_terminal_size((REPORT_WIDTH, 24)).columns)
+    return REPORT_WIDTH
+
+
 def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | None = None) -> None:
-    console = Console(file=out, width=width or 110, highlight=False, soft_wrap=False)
+    console = Console(file=out, width=report_width(out, width), highlight=False, soft_wrap=False)
     base = advice.baseline
     console.print(f"[bold]torchaxe advise[/bold] {' '.join(advice.command)}  (target {advice.target})")
     peak, limit = base.get("peak_memory_bytes"), advice.memory_limit
@@ -74,8 +103,8 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         table.add_column("saved/step", justify="right", no_wrap=True)
         table.add_column("speedup", justify="right", no_wrap=True)
         table.add_column("memory", justify="right", no_wrap=True)
-        table.add_column("accuracy", overflow="fold", max_width=24)
-        table.add_column("status", overflow="fold", max_width=22)
+        table.add_column("accuracy", overflow="fold", max_width=20)
+        table.add_column("status", overflow="fold", max_width=20)
         for n, rec in enumerate(ranked[:top], 1):
             saved = duration(rec.measured_seconds_saved_per_step, 2) if rec.status == "measured" else "-"
             speedup = f"{rec.speedup:.2f}x" if rec.speedup else "-"
@@ -87,7 +116,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             kind = (f"[{rec.applies}{', unsafe' if rec.unsafe else ''}"
                     f"{', changes the optimisation' if rec.changes_optimisation else ''}] ")
             memory = rec.memory.text.removesuffix(" memory") if rec.memory and rec.status == "measured" else "-"
-            where = f"\n  [dim]{rec.location}[/dim]" if rec.location else ""
+            where = f"\n  [dim]{shown_location(rec.location)}[/dim]" if rec.location else ""
             if rec.applied_to:
                 where += f"\n  [dim]{rec.applied_to} (the modules with parameters the loop itself called)[/dim]"
             if rec.status == "measured" and rec.one_time_seconds:
