@@ -330,6 +330,70 @@ def test_model_compiler_compiles_each_model_of_a_gan_iteration(monkeypatch):
     assert applied.record["compile"]["how"] == ["module", "module"]
 
 
+def test_each_model_of_a_gan_iteration_compiles_once():
+    # While the first model's first call is traced, nn.Module.__call__ must be torch's
+    # own: a graph traced through the finder's patch is guarded on it and compiles
+    # again once the patch is gone (dcgan compiled each network twice).
+    import torch
+    from torch import nn
+
+    compiles = []
+
+    def backend(gm, inputs):
+        compiles.append(1)
+        return gm.forward
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 2))
+
+        def forward(self, x):
+            return self.main(x)
+
+    class Generator(Net):
+        def forward(self, z):
+            return torch.tanh(self.main(z))
+
+    torch._dynamo.reset()
+    netD, netG = Net(), Generator()
+    compiler = knob_specs.ModelCompiler({"backend": backend}, bootstrap.AppliedKnobs(KnobSet(name="x")))
+    compiler.install()
+    try:
+        for _ in range(3):
+            netD(torch.zeros(1, 2))
+            fake = netG(torch.ones(1, 2))
+            netD(fake.detach())
+    finally:
+        compiler.uninstall()
+        torch._dynamo.reset()
+    assert compiler.models == [netD, netG] and len(compiles) == 2
+
+
+def test_finders_installed_together_each_find_their_models_and_leave_torch_as_it_was():
+    import torch
+    from torch import nn
+
+    from torchaxe.runtime.first_model import FirstModel
+
+    original = nn.Module.__call__
+    seen: dict[str, list] = {"first": [], "every": []}
+    first = FirstModel(lambda m: seen["first"].append(m)).install()
+    every = FirstModel(lambda m: seen["every"].append(m), every_model=True).install()
+    a, b = nn.Linear(2, 2), nn.Linear(2, 2)
+    try:
+        a(torch.zeros(1, 2))
+        assert nn.Module.__call__ is not original  # the every-model finder still watches
+        b(torch.zeros(1, 2))
+        a(torch.zeros(1, 2))
+        assert nn.Module.__call__ is original
+    finally:
+        first.uninstall()
+        every.uninstall()
+    assert seen == {"first": [a], "every": [a, b]}
+    assert nn.Module.__call__ is original
+
+
 def test_model_compiler_stops_at_a_few_models_called_one_by_one(monkeypatch):
     # A loop that calls its layers from the script (no model class) is not compiled
     # layer by layer without end, and the patch does not stay on every call.

@@ -3,17 +3,21 @@
 "The model" is the first ``nn.Module`` with parameters that the script calls from
 outside any other module's forward (a loss function without parameters called first
 does not count). A temporary patch of ``nn.Module.__call__`` spots it at its first
-call, hands it to a callback *before* that call runs (so that what the callback
-installs -- compilation, autocast, tuned subgraphs -- sees that very call), and
-removes itself at once, so that later calls run torch's own ``__call__`` untouched.
-Several patches may be installed; each finds the model once. torch is imported only
-at ``install``.
+call and hands it to a callback *before* that call runs (so that what the callback
+installs -- compilation, autocast, tuned subgraphs -- sees that very call). torch is
+imported only at ``install``.
 
 A script may train several models in one iteration: a GAN calls its discriminator and
-its generator, each from the loop. With ``every_model=True`` the patch hands over each
+its generator, each from the loop. With ``every_model=True`` a finder hands over each
 top-level module with parameters that the script calls before it calls the first one
-again (one iteration's models, at most :data:`MOST_MODELS`), and removes itself at that
-second call.
+again (one iteration's models, at most :data:`MOST_MODELS`).
+
+Several finders may be active at once (compile, autocast, the run's own probe); one
+patch serves them all, the finder installed last told first, and it is removed when
+the last finder is done. While a top-level module runs, ``nn.Module.__call__`` is
+torch's own: its submodules' calls are not watched (they are not top-level), and what
+torch.compile traces and guards on in that first call is torch's call, so that the
+compiled code is not compiled again once the patch is gone.
 """
 
 from __future__ import annotations
@@ -27,9 +31,39 @@ from torchaxe.runtime.dynamo import compiling
 #: one from the loop (no model class) is not compiled layer by layer beyond these.
 MOST_MODELS = 4
 
+#: The finders the patch serves, in the order they were installed.
+_ACTIVE: list["FirstModel"] = []
+#: torch's own ``nn.Module.__call__`` while the patch is in place.
+_TORCH_CALL: list[Any] = []
+_LOCK = threading.RLock()
+
 
 def has_parameters(module: Any) -> bool:
     return next(module.parameters(), None) is not None
+
+
+def _watched_call(module, *args, **kwargs):
+    """``nn.Module.__call__`` while finders are active: a top-level call."""
+    from torch import nn
+
+    original = _TORCH_CALL[0] if _TORCH_CALL else nn.Module.__call__
+    if compiling():  # inside the script's own compiled graph: not ours to watch
+        return original(module, *args, **kwargs)
+    with _LOCK:
+        if _ACTIVE and has_parameters(module):
+            for finder in reversed(list(_ACTIVE)):
+                if finder._take(module):
+                    finder.on_model(module)
+        watching = bool(_ACTIVE)
+        if watching:
+            nn.Module.__call__ = original  # torch's own while the module runs
+    try:
+        return original(module, *args, **kwargs)
+    finally:
+        if watching:
+            with _LOCK:
+                if _ACTIVE:
+                    nn.Module.__call__ = _watched_call
 
 
 class FirstModel:
@@ -41,34 +75,21 @@ class FirstModel:
         self.model: Any = None
         #: Every model handed over, the first one first.
         self.models: list[Any] = []
-        self._original: Any = None
-        self._local = threading.local()
 
     def install(self) -> "FirstModel":
         from torch import nn
 
-        original = nn.Module.__call__
-        self._original = original
-        finder = self
-
-        def __call__(module, *args, **kwargs):
-            if compiling():  # inside the script's own compiled graph: not ours to watch
-                return original(module, *args, **kwargs)
-            depth = getattr(finder._local, "depth", 0)
-            if depth == 0 and finder._original is not None and has_parameters(module) and finder._take(module):
-                finder.on_model(module)
-            finder._local.depth = depth + 1
-            try:
-                return original(module, *args, **kwargs)
-            finally:
-                finder._local.depth = depth
-
-        nn.Module.__call__ = __call__
+        with _LOCK:
+            if not _ACTIVE:
+                _TORCH_CALL[:] = [nn.Module.__call__]
+                nn.Module.__call__ = _watched_call
+            if self not in _ACTIVE:
+                _ACTIVE.append(self)
         return self
 
     def _take(self, module: Any) -> bool:
-        """Whether ``module`` is a model to hand over; removes the patch when no more
-        are to be found."""
+        """Whether ``module`` is a model to hand over; stops watching when no more are
+        to be found."""
         if any(module is seen for seen in self.models):
             self.uninstall()  # the first model again (or a model called twice): one iteration has passed
             return False
@@ -80,8 +101,13 @@ class FirstModel:
         return True
 
     def uninstall(self) -> None:
-        if self._original is not None:
-            from torch import nn
+        from torch import nn
 
-            nn.Module.__call__ = self._original
-            self._original = None
+        with _LOCK:
+            if self not in _ACTIVE:
+                return
+            _ACTIVE.remove(self)
+            if not _ACTIVE and _TORCH_CALL:
+                if nn.Module.__call__ is _watched_call:
+                    nn.Module.__call__ = _TORCH_CALL[0]
+                _TORCH_CALL.clear()
