@@ -291,6 +291,26 @@ def test_model_compiler_picks_the_top_level_model_and_unpatches(monkeypatch):
     assert applied.record["compile"]["module"].endswith("Net") and applied.record["compile"]["compiled"] == "module"
 
 
+def _gan_classes():
+    """A generator and a discriminator: two model classes, each with a container inside."""
+    import torch
+    from torch import nn
+
+    class Generator(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 2))
+
+        def forward(self, z):
+            return torch.tanh(self.main(z))
+
+    class Discriminator(Generator):
+        def forward(self, x):
+            return self.main(x)
+
+    return Generator, Discriminator
+
+
 def test_model_compiler_compiles_each_model_of_a_gan_iteration(monkeypatch):
     # dcgan's loop: the discriminator on real data, the generator, the discriminator
     # on the fakes. Both networks train; compiling only the first left the generator eager.
@@ -303,17 +323,7 @@ def test_model_compiler_compiles_each_model_of_a_gan_iteration(monkeypatch):
     applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
     compiler = knob_specs.ModelCompiler({"backend": "eager"}, applied)
 
-    class Generator(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.main = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 2))
-
-        def forward(self, z):
-            return self.main(z)
-
-    class Discriminator(Generator):
-        pass
-
+    Generator, Discriminator = _gan_classes()
     netG, netD = Generator(), Discriminator()
     compiler.install()
     try:
@@ -335,7 +345,6 @@ def test_each_model_of_a_gan_iteration_compiles_once():
     # own: a graph traced through the finder's patch is guarded on it and compiles
     # again once the patch is gone (dcgan compiled each network twice).
     import torch
-    from torch import nn
 
     compiles = []
 
@@ -343,20 +352,9 @@ def test_each_model_of_a_gan_iteration_compiles_once():
         compiles.append(1)
         return gm.forward
 
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.main = nn.Sequential(nn.Linear(2, 4), nn.ReLU(), nn.Linear(4, 2))
-
-        def forward(self, x):
-            return self.main(x)
-
-    class Generator(Net):
-        def forward(self, z):
-            return torch.tanh(self.main(z))
-
+    Generator, Discriminator = _gan_classes()
     torch._dynamo.reset()
-    netD, netG = Net(), Generator()
+    netD, netG = Discriminator(), Generator()
     compiler = knob_specs.ModelCompiler({"backend": backend}, bootstrap.AppliedKnobs(KnobSet(name="x")))
     compiler.install()
     try:
