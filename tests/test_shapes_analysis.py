@@ -108,7 +108,7 @@ def test_a_smaller_last_batch_after_the_steps_watched_is_said_with_the_static_ve
     assert any("the last batch of each epoch has 8 samples, not 16" in r and "drop_last=True" in r
                for r in verdict.reasons)
     cpu = next(r for r in verdict.recommendations if r.target == "cpu" and r.kind == "compile")
-    assert "compiled once more for that batch" in cpu.reason
+    assert "compiled once more for that batch" in cpu.reason and cpu.setting.endswith("dynamic=False)")
     # drop_last=True, or a dataset the batch size divides: nothing to say.
     even = LoaderInfo(collate="torch.utils.data.default_collate", collate_location=None, batch_size=16,
                       drop_last=False, dataset_length=992, batches=batches)

@@ -195,10 +195,13 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
                                            "compiled kernel reused every step", "jit-compile-on", True))
                 picks[target] = "jit-compile-on"
             else:
-                recs.append(Recommendation(target, "compile", "model = torch.compile(model)",
+                recs.append(Recommendation(target, "compile", "model = torch.compile(model)" if not last_batch
+                                           else "model = torch.compile(model, dynamic=False)",
                                            "fixed shapes: one graph, compiled once, no recompilation" if not last_batch
                                            else "fixed shapes but the epoch's last batch: one graph, compiled "
-                                           "once more for that batch (drop_last=True avoids it)",
+                                           "once more for that batch, as a graph of its own with dynamic=False "
+                                           "(else torch recompiles for any batch size and runs the full batches "
+                                           "on that graph too); drop_last=True avoids it",
                                            "compile-static"))
                 picks[target] = "compile-static"
                 if target == "cuda":
