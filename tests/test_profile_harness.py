@@ -491,6 +491,30 @@ def test_host_tensor_tracking_stays_out_of_compiled_graphs():
     assert after(torch.zeros(4)).tolist() == [0.0, 1.0, 2.0, 3.0] and len(graphs) == 2
 
 
+def test_torchscript_compiles_the_wrapped_factories_as_torchs_own():
+    """``import torch.distributed.optim`` scripts functions that call ``torch.tensor``
+    (llm.c's train_gpt2.py imports it): with the factories wrapped, TorchScript must
+    still find their operators, and it forgets the wrappers once they are removed."""
+    import torch
+    from torch.jit import _builtins
+
+    from torchaxe.runtime.probes import CodeMap, HostSyncProbe
+
+    probe = HostSyncProbe(_sink(), CodeMap(), count_host_tensors=True)
+    probe.install()
+    try:
+        wrapper = torch.randint
+
+        @torch.jit.script
+        def draw(n: int) -> torch.Tensor:
+            return torch.randint(10, (n,)) + torch.tensor([1])
+
+        assert draw(3).shape == (3,)
+    finally:
+        probe.uninstall()
+    assert torch.randint is not wrapper and _builtins._find_builtin(wrapper) is None
+
+
 def test_a_read_in_a_framework_names_the_users_line_and_the_frameworks(tmp_path):
     """Inside a framework every read is under the user's ``trainer.train()`` line;
     each names the framework line that read it, the innermost installed package's

@@ -407,6 +407,35 @@ def _forget_compiler_lookups() -> None:
             pass
 
 
+def _script_builtins(saved: list[tuple[Any, str, Any, bool]], register: bool) -> None:
+    """TorchScript compiles a call of ``torch.randint`` to its operator by looking the
+    function up in its table of torch's own: the wrapper put in its place is not there,
+    and ``torch.jit.script`` then tries to compile the wrapper as Python and fails (a
+    script importing ``torch.distributed.optim`` scripts such functions). So each
+    factory wrapper stands in that table for the same operator as the function it
+    wraps while it is installed, and leaves it when it is removed (the table is keyed
+    by ``id``, which a dead wrapper's successor could take)."""
+    import torch
+
+    try:
+        from torch.jit import _builtins
+    except ImportError:  # pragma: no cover - a torch without TorchScript
+        return
+    try:
+        table = _builtins._get_builtin_table()
+        for owner, name, original, _ in saved:
+            if owner is not torch:
+                continue
+            wrapper = getattr(torch, name, None)
+            op = table.get(id(original))
+            if register and op is not None and wrapper is not original:
+                table[id(wrapper)] = op
+            elif not register and wrapper is not original:
+                table.pop(id(wrapper), None)
+    except Exception:  # noqa: BLE001 - without the table TorchScript is as it was; never break the run
+        pass
+
+
 def _held(ids: dict[int, Any], tensor: Any) -> bool:
     """Whether ``ids`` holds ``tensor`` or the tensor it is a view of (a hot path:
     one dict lookup, and a second for views)."""
@@ -480,8 +509,10 @@ class HostTensors:
             wrap = self._unary if name == "__neg__" else self._binary
             patch_attribute(self._saved, torch.Tensor, name, wrap(original, compiling))
         patch_attribute(self._saved, torch.Tensor, "to", self._moved(torch.Tensor.to, compiling))
+        _script_builtins(self._saved, register=True)
 
     def uninstall(self) -> None:
+        _script_builtins(self._saved, register=False)
         restore_patches(self._saved)
         self.ids.clear()
         _forget_compiler_lookups()
