@@ -159,6 +159,47 @@ def test_a_length_stated_in_the_command_holds_back_a_compile_it_does_not_pay_bac
     assert any(n.startswith("the job's length is read from the command (--max-steps 100)") for n in advice.notes)
 
 
+@pytest.mark.parametrize("command, expected", [
+    (["--epochs", "2"], (2.0, "--epochs 2")),
+    (["--num_train_epochs=3.0"], (3.0, "--num_train_epochs 3.0")),
+    (["--max-epochs", "5", "--warmup-epochs", "1"], (5.0, "--max-epochs 5")),  # warm-up epochs are not the length
+    (["--epoch", "3"], None),  # often the epoch to start from
+    (["--epochs", "2", "--epochs=3"], None),
+    (["--epochs", "many"], None),
+])
+def test_the_jobs_length_in_epochs_is_read_from_the_command(command, expected) -> None:
+    from torchaxe.advise.options import job_epochs_in
+
+    assert job_epochs_in(["python", "train.py", *command]) == expected
+
+
+def test_epochs_in_the_command_count_the_training_loaders_batches(script: Path) -> None:  # noqa: F811
+    # timm's train.py --epochs 2: 64 steps, yet a compile paying off after 1,158 was chosen.
+    from torchaxe.advise.options import AdviseOptions, job_steps_of_epochs
+    from torchaxe.advise.pipeline import Advisor
+
+    from test_advise import Clock, fake_profile
+    from torchaxe.advise.baseline import BaselineProfile
+
+    assert job_steps_of_epochs(2, {"samples": 1000, "batch_size": 16, "drop_last": False}, 1) == 126
+    assert job_steps_of_epochs(2, {"samples": 1000, "batch_size": 16, "drop_last": True}, 1) == 124
+    assert job_steps_of_epochs(1, {"samples": 1000, "batch_size": 16, "drop_last": False}, 4) == 16  # accumulation
+    profile = fake_profile(script, step=0.1)
+    profile["shapes"]["batches"] = {"signatures": [{"shapes": [[16, 3]], "dtypes": ["float32"], "count": 4}]}
+    epochs = [{"site": "train.py:40", "batch_size": 16, "samples": 512, "drop_last": True, "last_batch_samples": None},
+              {"site": "train.py:41", "batch_size": 64, "samples": 100, "drop_last": False, "last_batch_samples": 36}]
+    advice = Advisor(["python", str(script), "--epochs", "2"], AdviseOptions(target="cpu", budget=600.0),
+                     runner=FakeRuns(warmup={"knob:compile": 10.0}),
+                     profiler=lambda command, o, target, knobs=None: BaselineProfile(
+                         profile, {"modules": [], "settings": {"num_threads": 2, "allowed_cpus": 2,
+                                                               "loader_epochs": epochs}}, 2.0),
+                     clock=Clock()).run()
+    compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert not compiled.selected and "more than the job's 64 (--job-steps)" in compiled.held_back
+    assert any(n.startswith("the job's length is read from the command (--epochs 2): 64 steps of the loader built "
+                            "at train.py:40 (512 samples in batches of 16)") for n in advice.notes)
+
+
 def test_job_steps_must_be_positive() -> None:
     from torchaxe.advise.options import AdviseOptions
     from torchaxe.errors import TorchaxeError

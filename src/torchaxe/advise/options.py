@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from torchaxe.advise.stats import LOSS_TOLERANCE
 from torchaxe.errors import TorchaxeError
@@ -62,6 +63,8 @@ class AdviseOptions:
 
 #: Options of a training script that give its whole length in optimizer steps.
 _LENGTH_OPTIONS = re.compile(r"^--(max|num|total|train)[-_](steps|iters|iterations)$")
+#: Options that give it in epochs (``--epochs 2``, ``--num_train_epochs 3``, ``--max-epochs``).
+_EPOCH_OPTIONS = re.compile(r"^--((max|num|n|total|train)[-_]?)?(train[-_])?epochs$")
 
 
 def job_steps_in(command: Sequence[str]) -> tuple[int, str] | None:
@@ -82,3 +85,35 @@ def job_steps_in(command: Sequence[str]) -> tuple[int, str] | None:
         return None
     steps, words = next(iter(found.items()))
     return steps, words
+
+
+def job_epochs_in(command: Sequence[str]) -> tuple[float, str] | None:
+    """The job's length in epochs when the command states it (``--epochs 2``,
+    ``--num_train_epochs=3.0``): (epochs, the words read). None when it does not, or
+    states it twice differently."""
+    found: dict[float, str] = {}
+    args = list(command)
+    for i, arg in enumerate(args):
+        name, sep, value = arg.partition("=")
+        if not _EPOCH_OPTIONS.match(name):
+            continue
+        if not sep:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        try:
+            epochs = float(value)
+        except ValueError:
+            continue
+        if 0 < epochs < 1e6:
+            found[epochs] = f"{name} {value}"
+    if len(found) != 1:
+        return None
+    epochs, words = next(iter(found.items()))
+    return epochs, words
+
+
+def job_steps_of_epochs(epochs: float, epoch: dict[str, Any], batches_per_step: float) -> int:
+    """Optimizer steps in ``epochs`` epochs of a loader's ``epoch`` (its batch size,
+    samples, ``drop_last``), ``batches_per_step`` batches a step (accumulation)."""
+    whole, rest = divmod(epoch["samples"], epoch["batch_size"])
+    batches = whole + (1 if rest and not epoch.get("drop_last") else 0)
+    return max(1, math.ceil(epochs * batches / max(batches_per_step, 1.0)))

@@ -39,7 +39,7 @@ from torchaxe.advise.candidates import (Candidate, code_candidates, installed_ca
                                         run_by_the_job, script_speedups, stored_candidates)
 from torchaxe.advise.evidence import micro_benchmarks
 from torchaxe.advise.measure import ArmResult, Measurer, TogetherRunner
-from torchaxe.advise.options import AdviseOptions, job_steps_in
+from torchaxe.advise.options import AdviseOptions, job_epochs_in, job_steps_in, job_steps_of_epochs
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import LOSS_JUDGED_AXES, ChangeSearch
 from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta, loss_noise, measured_figures,
@@ -52,6 +52,7 @@ from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
 from torchaxe.runtime.trials import Runner, TrialRun, run_in_subprocess
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
+from torchaxe.shapes.candidates import training_epoch
 from torchaxe.units import bytes_text
 
 
@@ -178,6 +179,7 @@ class Advisor:
             advice.scanned["installed_findings"] = [f.to_dict() for f in extra.findings]
 
         settings = base.context.get("settings") or {}
+        self._job_epochs(base.profile, settings)
         checks, env_candidates = environment_checks(settings, base.profile, findings, self.target, folder)
         advice.environment = checks
 
@@ -515,6 +517,26 @@ class Advisor:
         self._compare_memory(rec, arm, base)
         self._compare_job_length(rec)
         rec.ranks = arm.rank_figures
+
+    def _job_epochs(self, profile: dict[str, Any], settings: dict[str, Any]) -> None:
+        """A command that gives the job's length in epochs (``--epochs 2``) gives it in
+        steps too, with the training loader's batches an epoch and the batches a step
+        the profile saw: a compile that the job never pays back is then held back."""
+        if self.options.job_steps is not None:
+            return
+        stated = job_epochs_in(self.command)
+        epoch = training_epoch(profile, settings) if stated is not None else None
+        if stated is None or epoch is None:
+            return
+        counts = sorted(s.get("batches") or 1 for s in profile.get("steps") or [] if s.get("phase") == "measured")
+        per_step = float(counts[len(counts) // 2]) if counts else 1.0
+        steps = job_steps_of_epochs(stated[0], epoch, per_step)
+        self.options = replace(self.options, job_steps=steps)
+        self.advice.notes.append(
+            f"the job's length is read from the command ({stated[1]}): {steps:,} steps of the loader built at "
+            f"{epoch.get('site') or 'its line'} ({epoch['samples']:,} samples in batches of {epoch['batch_size']}"
+            + (f", {per_step:g} batches a step" if per_step != 1 else "") + "); a change whose one-time cost is "
+            "not paid back within them is held back (--job-steps N says otherwise)")
 
     def _compare_job_length(self, rec: Recommendation) -> None:
         """With ``--job-steps``, a change whose one-time cost is not paid back by its

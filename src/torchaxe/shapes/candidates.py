@@ -63,14 +63,32 @@ def bucketing_knob(batches: dict[str, Any], max_shapes: int = 4) -> dict[str, An
     return {"boundaries": list(boundaries), "dim": dim}
 
 
+def _batch_sizes(profile: dict[str, Any]) -> set[int]:
+    """The leading sizes of the training batches the profile saw."""
+    batches = (profile.get("shapes") or {}).get("batches") or {}
+    return {sig["shapes"][0][0] for sig in batches.get("signatures") or [] if sig.get("shapes") and sig["shapes"][0]}
+
+
+def training_epoch(profile: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The epoch of the DataLoader the training steps drew from (runtime/run_context.py
+    ``loader_epochs``): the one whose batch size the profile's training batches had
+    (the largest data set among several), or the only loader when the batches were not
+    recorded. None when it cannot be told."""
+    epochs = [e for e in settings.get("loader_epochs") or [] if e.get("batch_size") and e.get("samples")]
+    sizes = _batch_sizes(profile)
+    if sizes:
+        epochs = [e for e in epochs if e["batch_size"] in sizes]
+    elif len(epochs) != 1:
+        return None
+    return max(epochs, key=lambda e: e["samples"]) if epochs else None
+
+
 def unseen_last_batch(profile: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any] | None:
     """The epoch of a DataLoader whose training batches the profile saw at full size
     only, while its epoch ends in a smaller batch (``drop_last=False``) that came after
     the steps watched: static so far, but compiled code compiles once more for it.
     None when no such loader was noted (runtime/run_context.py ``loader_epochs``)."""
-    batches = (profile.get("shapes") or {}).get("batches") or {}
-    sizes = {sig["shapes"][0][0] for sig in batches.get("signatures") or []
-             if sig.get("shapes") and sig["shapes"][0]}
+    sizes = _batch_sizes(profile)
     for epoch in settings.get("loader_epochs") or []:
         last = epoch.get("last_batch_samples")
         if last and epoch.get("batch_size") in sizes and last not in sizes:
