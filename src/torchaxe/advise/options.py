@@ -67,48 +67,48 @@ _LENGTH_OPTIONS = re.compile(r"^--(max|num|total|train)[-_](steps|iters|iteratio
 _EPOCH_OPTIONS = re.compile(r"^--((max|num|n|total|train)[-_]?)?(train[-_])?epochs$")
 
 
+def _stated(command: Sequence[str], names: re.Pattern, read: Any) -> tuple[Any, str] | None:
+    """The one value the options matching ``names`` give (``--name V`` or
+    ``--name=V``), as ``read(V)`` makes it (None: not a value), with the words read;
+    None when none does, or two differ."""
+    found: dict[Any, str] = {}
+    args = list(command)
+    for i, arg in enumerate(args):
+        name, sep, value = arg.partition("=")
+        if not names.match(name):
+            continue
+        if not sep:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        number = read(value)
+        if number is not None:
+            found[number] = f"{name} {value}"
+    return next(iter(found.items())) if len(found) == 1 else None
+
+
+def _positive_int(value: str) -> int | None:
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+def _epochs(value: str) -> float | None:
+    try:
+        epochs = float(value)
+    except ValueError:
+        return None
+    return epochs if 0 < epochs < 1e6 else None
+
+
 def job_steps_in(command: Sequence[str]) -> tuple[int, str] | None:
     """The job's length in steps when the command states it (``--max-steps 300``,
     ``--max_iters=5000``, ``--num-train-steps``-like names): (steps, the words
     read). None when it does not, or states it twice differently."""
-    found: dict[int, str] = {}
-    args = list(command)
-    for i, arg in enumerate(args):
-        name, sep, value = arg.partition("=")
-        if not _LENGTH_OPTIONS.match(name):
-            continue
-        if not sep:
-            value = args[i + 1] if i + 1 < len(args) else ""
-        if value.isdigit() and int(value) > 0:
-            found[int(value)] = f"{name} {value}"
-    if len(found) != 1:
-        return None
-    steps, words = next(iter(found.items()))
-    return steps, words
+    return _stated(command, _LENGTH_OPTIONS, _positive_int)
 
 
 def job_epochs_in(command: Sequence[str]) -> tuple[float, str] | None:
     """The job's length in epochs when the command states it (``--epochs 2``,
     ``--num_train_epochs=3.0``): (epochs, the words read). None when it does not, or
     states it twice differently."""
-    found: dict[float, str] = {}
-    args = list(command)
-    for i, arg in enumerate(args):
-        name, sep, value = arg.partition("=")
-        if not _EPOCH_OPTIONS.match(name):
-            continue
-        if not sep:
-            value = args[i + 1] if i + 1 < len(args) else ""
-        try:
-            epochs = float(value)
-        except ValueError:
-            continue
-        if 0 < epochs < 1e6:
-            found[epochs] = f"{name} {value}"
-    if len(found) != 1:
-        return None
-    epochs, words = next(iter(found.items()))
-    return epochs, words
+    return _stated(command, _EPOCH_OPTIONS, _epochs)
 
 
 def job_steps_of_epochs(epochs: float, epoch: dict[str, Any], batches_per_step: float) -> int:
