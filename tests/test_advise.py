@@ -127,7 +127,8 @@ def run_advice(script: Path, runs: FakeRuns, **options):
     profile["summary"]["host_rss_peak_bytes"] = options.pop("profile_peak", None)
     if "distributed" in options:  # the profile of one rank of a distributed run
         profile["distributed"] = options.pop("distributed")
-    context = {"modules": [], "settings": options.pop("settings", {"num_threads": 2, "allowed_cpus": 2})}
+    context = {"modules": [], "settings": options.pop("settings", {"num_threads": 2, "allowed_cpus": 2}),
+               **options.pop("context", {})}
     clock = options.pop("clock", None) or Clock()
     turns = options.pop("turns_runner", None)
     opts = AdviseOptions(target="cpu", budget=options.pop("budget", 600.0), **options)
@@ -1086,3 +1087,16 @@ def test_a_chosen_knob_another_chosen_change_already_makes_is_dropped(script: Pa
     assert recs["knob:compile-dropout-packed"].selected and not recs["knob:compile"].selected
     assert "knob:compile" not in advice.combined["keys"]
     assert any(n.startswith("knob:compile is not chosen on its own: knob:compile-dropout-packed") for n in advice.notes)
+
+
+def test_an_optimizer_call_the_run_never_made_is_listed_not_measured(script: Path) -> None:
+    # word_language_model builds its optimizer only under --use-optimizer: a fix of that
+    # call was measured as 1.02x on runs that never made it.
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "torch.optim.SGD" in text)
+    made = run_advice(script, FakeRuns(), context={"optimizer_sites": [f"{script.resolve()}:{line}"]})
+    assert any(r.key == "code:AX201" and r.status == "measured" for r in made.recommendations)
+    elsewhere = run_advice(script, FakeRuns(), context={"optimizer_sites": [f"{script.resolve()}:{line + 40}"]})
+    assert not any(r.key == "code:AX201" for r in elsewhere.recommendations)
+    assert any(n.startswith("1 optimizer finding(s) are listed but not measured: the run built no optimizer there")
+               for n in elsewhere.notes)
+    assert any(f["code"] == "AX201" for f in elsewhere.findings)  # still listed

@@ -150,6 +150,8 @@ import helper
 
 model = nn.Linear(8, 8)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+if model.in_features == 0:
+    optimizer = torch.optim.Adam(model.parameters())  # never built
 for (x,) in helper.make_loader():
     loss = helper.used(model(x)).pow(2).mean()
     optimizer.zero_grad()
@@ -165,7 +167,7 @@ def _line_of(text: str, needle: str) -> int:
 def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built(tmp_path: Path) -> None:
     from torchaxe.advise.candidates import run_by_the_job
     from torchaxe.findings import Finding
-    from torchaxe.runtime.run_context import built_loader, executed
+    from torchaxe.runtime.run_context import built_loader, built_optimizer, executed
 
     # The helper stands for an installed package: code the user's loop calls into.
     (tmp_path / "helper.py").write_text(HELPER)
@@ -189,6 +191,9 @@ def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built
     assert executed(context, str(tmp_path / "train.py"), _line_of(LOOP, "loss.backward")) is True
     assert built_loader(context, helper, built) is True
     assert built_loader(context, helper, not_built) is False
+    train = str((tmp_path / "train.py").resolve())
+    assert built_optimizer(context, train, _line_of(LOOP, "torch.optim.SGD")) is True
+    assert built_optimizer(context, train, _line_of(LOOP, "torch.optim.Adam")) is False
     # Each loader's epoch, for the compile candidates (a smaller last batch recompiles).
     assert context["settings"]["loader_epochs"] == [
         {"site": f"{helper}:{built}", "batch_size": 4, "samples": 64, "drop_last": False, "last_batch_samples": None}]

@@ -46,6 +46,7 @@ from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta,
                                    one_time_cost, promising)
 from torchaxe.environment.checks import environment_checks
 from torchaxe.errors import TorchaxeError
+from torchaxe.findings import Finding
 from torchaxe.memory.candidates import profile_peak
 from torchaxe.runtime import ranks
 from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
@@ -80,6 +81,8 @@ def scan_for_advice(folder: Path, project: Path, imported: Sequence[str], scan_i
 
 #: The share of the memory available that runs side by side may take.
 TURNS_MEMORY_SHARE = 0.6
+#: Rules whose finding is an optimizer call (measured only where the run made it).
+OPTIMIZER_RULES = ("AX201", "AX204")
 
 
 class Advisor:
@@ -198,6 +201,7 @@ class Advisor:
             if idle:
                 advice.notes.append(f"{len(findings) - len(measured_findings)} finding(s) in {len(idle)} file(s) the "
                                     f"run did not import (e.g. {idle[0]}) are listed but not measured")
+        measured_findings = self._built_optimizers(measured_findings, base.context)
         codes, advice_recs = code_candidates(measured_findings, base.profile, step)
         installed, idle = run_by_the_job(extra.findings if extra is not None else [], base.context)
         if idle:
@@ -517,6 +521,20 @@ class Advisor:
         self._compare_memory(rec, arm, base)
         self._compare_job_length(rec)
         rec.ranks = arm.rank_figures
+
+    def _built_optimizers(self, findings: list[Finding], context: dict[str, Any]) -> list[Finding]:
+        """Findings of optimizer calls the run made: a fix of a call it never made (in
+        a branch it did not take) cannot change its speed, and is listed only."""
+        from torchaxe.runtime.run_context import built_optimizer
+
+        unbuilt = [f for f in findings if f.code in OPTIMIZER_RULES
+                   and built_optimizer(context, f.path, f.line, f.end_line) is False]
+        if unbuilt:
+            first = unbuilt[0]
+            self.advice.notes.append(
+                f"{len(unbuilt)} optimizer finding(s) are listed but not measured: the run built no optimizer there "
+                f"(a branch it did not take; e.g. {first.path}:{first.line} {first.code})")
+        return [f for f in findings if f not in unbuilt]
 
     def _job_epochs(self, profile: dict[str, Any], settings: dict[str, Any]) -> None:
         """A command that gives the job's length in epochs (``--epochs 2``) gives it in

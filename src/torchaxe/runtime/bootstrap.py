@@ -112,9 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.context_out:
             args.context_out = str(rank_path(args.context_out, rank, world))
         if args.context_out:
-            from torchaxe.runtime.run_context import ModelProbe
+            from torchaxe.runtime.run_context import ModelProbe, OptimizerProbe
 
             stack.enter_context(installed(ModelProbe()))
+            stack.enter_context(installed(OptimizerProbe()))
         apply_knobs(stack, knobs, applied, before_torch=False)
     except TorchaxeError as exc:
         stack.close()

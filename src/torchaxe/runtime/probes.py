@@ -170,17 +170,11 @@ class CodeMap:
 # ----------------------------------------------------------------------- data wait
 
 
-#: How many frames outside torch are noted as the builders of a DataLoader (a subclass's
-#: ``__init__``, the function that called it, ...).
-LOADER_BUILDER_FRAMES = 3
-
-
 def _noting_builder(original: Callable) -> Callable:
     """``DataLoader.__init__`` noting, in the run's context, the lines outside torch
     that built the loader."""
     from torchaxe.runtime import run_context
 
-    torch_root = os.sep + "torch" + os.sep
     sites: list[str] = []
     classes: list[str] = []
     run_context.EXECUTED["loader_sites"] = sites  # this run's, from the start
@@ -197,17 +191,9 @@ def _noting_builder(original: Callable) -> Callable:
             pass
         builder = None
         try:
-            frame = sys._getframe(1)
-            found = 0
-            while frame is not None and found < LOADER_BUILDER_FRAMES:
-                name = frame.f_code.co_filename
-                if torch_root not in name:
-                    site = f"{os.path.realpath(name)}:{frame.f_lineno}"
-                    builder = builder or site
-                    if site not in sites:
-                        sites.append(site)
-                    found += 1
-                frame = frame.f_back
+            found = run_context.caller_sites(sys._getframe(1))
+            builder = found[0] if found else None
+            sites.extend(site for site in found if site not in sites)
         except Exception:  # noqa: BLE001 - an observation must never break the user's run
             pass
         result = original(loader, *args, **kwargs)

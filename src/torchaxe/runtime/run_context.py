@@ -193,10 +193,72 @@ def executed(context: dict[str, Any], path: str, line: int, end_line: int | None
     return any(first <= line and end <= last for first, last in functions.get(os.path.realpath(path), ()))
 
 
+#: How many frames outside torch are noted as the builders of a DataLoader or an
+#: optimizer (a subclass's ``__init__``, the function that called it, ...).
+BUILDER_FRAMES = 3
+
+
+def caller_sites(frame: Any, limit: int = BUILDER_FRAMES) -> list[str]:
+    """``path:line`` of the first ``limit`` frames outside torch from ``frame`` out:
+    the lines that built what torch's ``__init__`` is making."""
+    torch_root = os.sep + "torch" + os.sep
+    out: list[str] = []
+    while frame is not None and len(out) < limit:
+        name = frame.f_code.co_filename
+        if torch_root not in name:
+            out.append(f"{os.path.realpath(name)}:{frame.f_lineno}")
+        frame = frame.f_back
+    return out
+
+
+class OptimizerProbe:
+    """Notes, in the run's context (``optimizer_sites``), the lines outside torch that
+    built each ``torch.optim`` optimizer: a fix of an optimizer call the run never
+    made (a branch it did not take) cannot change its speed."""
+
+    def __init__(self) -> None:
+        self._original: Any = None
+
+    def install(self) -> "OptimizerProbe":
+        import torch
+
+        sites: list[str] = []
+        EXECUTED["optimizer_sites"] = sites
+        original = self._original = torch.optim.Optimizer.__init__
+
+        def __init__(optimizer, *args, **kwargs):
+            try:
+                for site in caller_sites(sys._getframe(1)):
+                    if site not in sites and len(sites) < 64:
+                        sites.append(site)
+            except Exception:  # noqa: BLE001 - an observation must never break the user's run
+                pass
+            return original(optimizer, *args, **kwargs)
+
+        torch.optim.Optimizer.__init__ = __init__
+        return self
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            import torch
+
+            torch.optim.Optimizer.__init__ = self._original
+            self._original = None
+
+
+def built_optimizer(context: dict[str, Any], path: str, line: int, end_line: int | None = None) -> bool | None:
+    """Whether an optimizer was built by the call at ``path:line`` (to ``end_line``):
+    None when optimizer sites were not recorded."""
+    return _built_at(context.get("optimizer_sites"), path, line, end_line)
+
+
 def built_loader(context: dict[str, Any], path: str, line: int, end_line: int | None = None) -> bool | None:
     """Whether a DataLoader was built by the call at ``path:line`` (to ``end_line``):
     None when loader sites were not recorded."""
-    sites = context.get("loader_sites")
+    return _built_at(context.get("loader_sites"), path, line, end_line)
+
+
+def _built_at(sites: list[str] | None, path: str, line: int, end_line: int | None) -> bool | None:
     if sites is None:
         return None
     real = os.path.realpath(path)
