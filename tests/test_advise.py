@@ -1100,3 +1100,13 @@ def test_an_optimizer_call_the_run_never_made_is_listed_not_measured(script: Pat
     assert any(n.startswith("1 optimizer finding(s) are listed but not measured: the run built no optimizer there")
                for n in elsewhere.notes)
     assert any(f["code"] == "AX201" for f in elsewhere.findings)  # still listed
+
+
+def test_the_command_to_apply_a_held_back_unsafe_fix_says_unsafe_fixes() -> None:
+    from torchaxe.advise.pipeline import apply_only
+    from torchaxe.advise.recommendation import Recommendation
+
+    unsafe = Recommendation(key="code:AX403", axis="data", title="t", applies="code", unsafe=True)
+    assert apply_only(unsafe) == "`torchaxe apply --only code:AX403 --unsafe-fixes`"
+    knob = Recommendation(key="knob:compile", axis="compile", title="t", applies="knob")
+    assert apply_only(knob) == "`torchaxe apply --only knob:compile`"

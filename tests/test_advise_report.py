@@ -286,3 +286,17 @@ def test_the_gain_achieved_says_which_figure_is_which(advice) -> None:
     render_advice_text(advice, out, width=200)
     assert ("Gain achieved since `torchaxe apply`: 0.99x, the median of the interleaved rounds (1.19x, 0.84x); "
             "step medians over all rounds: now 61.76 ms, original 57.72 ms") in out.getvalue()
+
+
+def test_a_one_time_cost_is_called_compiling_only_for_a_change_that_compiles() -> None:
+    from torchaxe.advise.recommendation import Recommendation
+    from torchaxe.report.advice_text import compiles, one_time_text
+
+    loader = Recommendation(key="code:AX403", axis="data", title="persistent_workers", applies="code")
+    compiled = Recommendation(key="knob:compile", axis="compile", title="torch.compile", applies="knob",
+                              knobs={"compile": {"mode": "default"}})
+    packed = Recommendation(key="knob:compile-dropout-packed", axis="compile", title="t", applies="knob",
+                            knobs={"compile": {}, "kernels": {"dropout": "packed"}})
+    assert not compiles(loader) and compiles(compiled) and compiles(packed)
+    assert one_time_text(9.9, None, compiles(loader)) == "costs 9.9 s once, in its first steps"
+    assert one_time_text(9.9, 40, compiles(compiled)).endswith("(compiling); pays off after 40 steps")

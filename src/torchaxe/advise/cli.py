@@ -227,7 +227,7 @@ def _render(result, fmt: str) -> str:
 @click.option("--unsafe-fixes", is_flag=True, help="Also apply code fixes that change numerics (marked unsafe).")
 @click.option("--only", "keys", multiple=True, metavar="KEY",
               help="Apply these recommendations (their `key`, e.g. code:AX110 or knob:compile) instead of the "
-                   "chosen ones. Repeatable.")
+                   "chosen ones; an unsafe code fix also needs --unsafe-fixes. Repeatable.")
 @click.option("--diff", is_flag=True, help="Show the code changes and the knobs; change nothing.")
 def apply(advice_path, unsafe_fixes, keys, diff):
     """Apply the changes `torchaxe advise` chose: code fixes and runtime knobs.

@@ -567,7 +567,7 @@ class Advisor:
             return
         pays = f"pays off only after {even:,} steps" if even is not None else "is never paid back (no step saved)"
         why = (f"its one-time cost ({once:.1f} s, before its first fast step) {pays}, more than the job's "
-               f"{steps:,} (--job-steps): not chosen; `torchaxe apply --only {rec.key}` applies it")
+               f"{steps:,} (--job-steps): not chosen; {apply_only(rec)} applies it")
         rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 
     def _compare_memory(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:
@@ -582,7 +582,7 @@ class Advisor:
         limit = self.options.memory_limit
         if limit is not None and peak[0] > limit:
             why = (f"its peak memory ({MEMORY_KINDS.get(peak[1], peak[1])}) {bytes_text(peak[0])} is above "
-                   f"--memory-limit ({bytes_text(limit)}): not chosen; `torchaxe apply --only {rec.key}` applies it")
+                   f"--memory-limit ({bytes_text(limit)}): not chosen; {apply_only(rec)} applies it")
             rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 
     def _compare_loss(self, rec: Recommendation, delta: float | None) -> None:
@@ -599,7 +599,7 @@ class Advisor:
             noise = self.noise.loss or 0.0
             rec.held_back = (f"its training loss differs from the original's by {delta:+.2%}, beyond the run-to-run "
                              f"loss noise ({noise:.2%}) by more than the {self.options.loss_tolerance:.1%} tolerance "
-                             f"(--loss-tolerance): not chosen; `torchaxe apply --only {rec.key}` applies it")
+                             f"(--loss-tolerance): not chosen; {apply_only(rec)} applies it")
 
     def _accuracy_notes(self, recs: Sequence[Recommendation]) -> None:
         """Say which changes were held back for their loss, with their cost, and which
@@ -622,6 +622,13 @@ class Advisor:
                 "no training loss was recorded (no scalar tensor had backward() called on it), so the accuracy of "
                 f"{', '.join(unjudged)} is unknown: mixed precision, TF32 and compressed gradients are not chosen "
                 "without it")
+
+
+def apply_only(rec: Recommendation) -> str:
+    """The command that applies one recommendation the advice did not choose (an unsafe
+    code fix needs ``--unsafe-fixes`` as well)."""
+    unsafe = " --unsafe-fixes" if rec.unsafe and rec.applies == "code" else ""
+    return f"`torchaxe apply --only {rec.key}{unsafe}`"
 
 
 def advise(command: Sequence[str], options: AdviseOptions | None = None, **kwargs: Any) -> Advice:

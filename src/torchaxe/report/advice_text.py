@@ -8,16 +8,25 @@ from typing import TextIO
 from rich.console import Console
 from rich.table import Table
 
-from torchaxe.advise.recommendation import Advice
+from torchaxe.advise.recommendation import Advice, Recommendation
 from torchaxe.advise.where import describe
 from torchaxe.runtime.candidate import MEMORY_KINDS
 from torchaxe.units import bytes_text, duration, mfu_sentence
 
 
-def one_time_text(seconds: float, break_even: int | None) -> str:
-    """A change's one-time cost (compiling) and when the job has paid it back."""
-    text = f"costs {seconds:.1f} s once, in its first steps (compiling)"
+def one_time_text(seconds: float, break_even: int | None, compiles: bool = True) -> str:
+    """A change's one-time cost (compiling, or another start-up such as loader
+    workers') and when the job has paid it back."""
+    text = f"costs {seconds:.1f} s once, in its first steps" + (" (compiling)" if compiles else "")
     return text + (f"; pays off after {break_even:,} steps" if break_even else "")
+
+
+def compiles(rec: Recommendation) -> bool:
+    """Whether a change compiles (its one-time cost is compiling): torch.compile, a
+    tuned subgraph, the NPU's online compilation."""
+    knobs = rec.knobs or {}
+    return bool(knobs.get("compile") or knobs.get("tune") or (knobs.get("npu") or {}).get("jit_compile")
+                or rec.axis == "compile")
 
 
 def together_text(together: dict) -> str:
@@ -120,7 +129,8 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             if rec.applied_to:
                 where += f"\n  [dim]{rec.applied_to} (the modules with parameters the loop itself called)[/dim]"
             if rec.status == "measured" and rec.one_time_seconds:
-                where += f"\n  [dim]{one_time_text(rec.one_time_seconds, rec.break_even_steps)}[/dim]"
+                where += (f"\n  [dim]{one_time_text(rec.one_time_seconds, rec.break_even_steps, compiles(rec))}"
+                          "[/dim]")
             accuracy = rec.accuracy.text if rec.accuracy.kind != "unknown" or rec.status == "measured" else "-"
             table.add_row(str(n), kind.replace("[", "\\[") + rec.title.replace("[", "\\[") + where, saved, speedup,
                           memory, accuracy, status)
