@@ -310,3 +310,15 @@ class GatedScaledRMSNorm(nn.Module):  # formula: rms_norm
         if self.gate is None:
             return out
         return out * (x * self.gate).sigmoid()
+
+
+class AdditiveAttentionScores(nn.Module):  # lookalike: rms_norm
+    # An L2 normalisation of scores that a stored size factor multiplies *inside*: the
+    # factor cancels out; this is no RMSNorm with a weight (SwiftFormer).
+    def __init__(self, dim):
+        super().__init__()
+        self.w_g = nn.Parameter(torch.randn(dim, 1))
+        self.scale_factor = dim ** -0.5
+
+    def forward(self, query):
+        return F.normalize(query @ self.w_g * self.scale_factor, dim=1)

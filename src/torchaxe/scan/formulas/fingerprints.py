@@ -23,6 +23,7 @@ import torch
 
 from torchaxe.scan.formulas import prefilter as P
 from torchaxe.scan.formulas import references as R
+from torchaxe.scan.formulas import vocabulary as V
 from torchaxe.scan.formulas.interpreter import Evaluator, broadcast_shape, is_tensor
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
@@ -136,6 +137,13 @@ def _float_constants(node: Node) -> list[tuple[float, Node]]:
     return [(n.value, n) for n in walk(node) if n.op == CONST and isinstance(n.value, float) and 0.0 < n.value < 0.5]
 
 
+def _reduced(root: Node) -> set[int]:
+    """The nodes a reduction of ``root`` reads: what they compute is normalised, not a
+    weight or factor of the result (the factor in ``F.normalize(q @ w * self.scale,
+    dim=1)`` cancels out whatever its value)."""
+    return {id(n) for r in walk(root) if r.op in V.REDUCTIONS for n in walk(r)}
+
+
 def _identify(probing: Probing, root: Node, avoid: Node, target: torch.Tensor, neutral: float) -> tuple[str, Node | None] | None:
     """Which subtree of ``root`` (not depending on ``avoid``) holds ``target``, a
     per-channel vector: ``("none", None)`` when it is the neutral value, ``("node",
@@ -143,9 +151,10 @@ def _identify(probing: Probing, root: Node, avoid: Node, target: torch.Tensor, n
     if probing.compare(target, torch.full_like(target, neutral))[0]:
         return "none", None
     dependent = depends_on(root, avoid)
+    reduced = _reduced(root)
     size = target.numel()
     for node in sorted(walk(root), key=lambda n: n.size):
-        if id(node) in dependent or not node.vars:
+        if id(node) in dependent or not node.vars or id(node) in reduced:
             continue
         value = probing.value(node)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -439,9 +448,10 @@ class NormMatcher(Matcher):
         A plain L2 normalisation has no such factor and stays unmatched. Returns the
         weight (as ``_identify`` does) and the factor's subtree."""
         dependent = depends_on(node, x_node)
+        reduced = _reduced(node)
         numbers: list[Node] = []
         for n in walk(node):
-            if n.op not in ("mul", "div") or id(n) not in dependent or len(n.args) != 2:
+            if n.op not in ("mul", "div") or id(n) not in dependent or len(n.args) != 2 or id(n) in reduced:
                 continue
             for other in n.args:
                 if id(other) in dependent or not other.vars or any(other is m for m in numbers):
