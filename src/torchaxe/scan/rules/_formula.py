@@ -108,9 +108,9 @@ class FormulaRule(Rule):
             message += " (the formula is assembled from several statements, so there is no automatic fix)"
             branches = _branches_left_out(ctx, match)
             if branches:
+                example = " (a mask as attn_mask= or is_causal=, for instance)" if match.category == "attention" else ""
                 message += (f"; the code also changes {branches} only on some runs, which the formula above and "
-                            "the replacement leave out: carry it over by hand (a mask as attn_mask= or "
-                            "is_causal=, for instance) or keep the hand-written form")
+                            f"the replacement leave out: carry it over by hand{example} or keep the hand-written form")
         if "torch_npu" in proposal.replacement and UNVERIFIED not in message:
             message += f"; {UNVERIFIED}"
         fix = ctx.fix(

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 from torchaxe.findings import Applicability
 from torchaxe.scan.rules._formula import (
     FormulaRule, Proposal, atom, eps_text, exact, functional, is_name, over_named_dim, torch_version_at_least,
 )
 from torchaxe.scan.rules.base import Invalid, Valid
 
+
+#: A weight named (``self.weight``, ``self.norm.g``, a parameter ``g``): F.rms_norm's
+#: weight argument. An expression (``gamma + 1.`` of a conditioning input) may be of
+#: another shape, (b, 1, d): a factor on the output instead.
+_STORED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 class HandWrittenRmsNorm(FormulaRule):
     """
@@ -99,6 +106,12 @@ class HandWrittenRmsNorm(FormulaRule):
             "        return output * self.weight\n",
         ),
         Invalid(
+            "import torch\ndef adaptive(x, cond_gamma, eps=1e-6):\n"
+            "    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (cond_gamma + 1.0)\n",
+            fixed="import torch\ndef adaptive(x, cond_gamma, eps=1e-6):\n"
+            "    return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * (cond_gamma + 1.0)\n",
+        ),
+        Invalid(
             "import torch\ndef rms(h, g, eps=1e-6):\n"
             "    return h / torch.sqrt((h * h).sum(-1, keepdim=True) / h.shape[-1] + eps) * g\n",
             fixed="import torch\ndef rms(h, g, eps=1e-6):\n"
@@ -146,6 +159,10 @@ class HandWrittenRmsNorm(FormulaRule):
                     "use torch_npu.npu_rms_norm", Applicability.DISPLAY_ONLY, edit=False,
                 )
             replacement = f"torch_npu.npu_rms_norm({x}, {weight}, epsilon={eps})[0]"
+            if not _STORED.match(weight):
+                # Computed in the forward: a factor on the output, as for F.rms_norm below.
+                replacement = (f"torch_npu.npu_rms_norm({x}, torch.ones({atom(x)}.shape[-1]), epsilon={eps})[0] * "
+                               f"{atom(weight)}")
             note = f"{replacement} computes it in one kernel (the first output of npu_rms_norm is the normalised tensor)"
             if outside:
                 note += f"; the hand-written form {where}, npu_rms_norm adds it inside"
@@ -155,8 +172,9 @@ class HandWrittenRmsNorm(FormulaRule):
         scalar = match.params.get("scalar_weight", False)
         size_of = x if is_name(x) else weight if is_name(weight) and not scalar else None
         shape = f"({atom(size_of)}.shape[-1],)" if size_of else "(x.shape[-1],)"
-        if scalar and weight:
-            # One number for every channel: a factor on the output, not F.rms_norm's weight.
+        if weight and (scalar or not _STORED.match(weight)):
+            # One number for every channel, or a weight computed in the forward (from a
+            # condition: (b, 1, d), not F.rms_norm's (d,)): a factor on the output.
             replacement = f"{fn}.rms_norm({x}, {shape}, None, {eps}) * {atom(weight)}"
         else:
             replacement = f"{fn}.rms_norm({x}, {shape}, {weight or 'None'}, {eps})"
