@@ -12,6 +12,7 @@ rule module (the leading underscore keeps the registry out).
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 
 from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext, child_nodes, fast_walk
@@ -75,8 +76,16 @@ def modulo_guard(test: ast.AST) -> str | None:
     return None
 
 
+#: A flag true on one iteration (``step % N == 0 or last_step``).
+_ONE_ITERATION_FLAG = re.compile(r"(^|_)(last|final|first)(_|$)", re.IGNORECASE)
+
+
 def _equality(node: ast.AST) -> bool:
-    """``step == last``: true on one value of a counter (not ``mode == "train"``)."""
+    """``step == last``: true on one value of a counter (not ``mode == "train"``), or a
+    flag named for one iteration (``last_step``, ``is_final``)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    if name is not None:
+        return bool(_ONE_ITERATION_FLAG.search(name))
     return (
         isinstance(node, ast.Compare)
         and len(node.ops) == 1

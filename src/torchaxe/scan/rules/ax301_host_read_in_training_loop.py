@@ -181,6 +181,18 @@ class HostReadInTrainingLoop(Rule):
             target="cuda",
         ),
         Valid(
+            # llm.c: evaluate every N steps and after the last one.
+            "for step in range(args.num_iterations + 1):\n"
+            "    last_step = step == args.num_iterations\n"
+            "    if (args.val_every > 0 and (step % args.val_every == 0 or last_step)) and val_loader is not None:\n"
+            "        with torch.no_grad():\n"
+            "            val_loss += model(*val_loader.next_batch()).item()\n"
+            "    loss = model(x, y)\n"
+            "    loss.backward()\n"
+            "    opt.step()\n",
+            target="cuda",
+        ),
+        Valid(
             "for x, y in loader:\n"
             "    loss = model(x, y)\n"
             "    loss.backward()\n"
