@@ -1072,6 +1072,24 @@ def test_a_round_side_by_side_that_does_not_fit_measures_the_changes_that_do(scr
     assert advice.partial
 
 
+def test_a_round_with_room_for_one_run_besides_the_original_runs_a_change(script: Path) -> None:
+    """With room for two runs, the original and a change, not the original and itself
+    (a round of those measures nothing: x-transformers' `--budget 2m` measured 0 of 2)."""
+    clock = Clock()
+    rounds: list[list[str]] = []
+
+    def side_by_side(knob_sets, command, options, repeat, *, turn_steps):
+        rounds.append([k.name for k in knob_sets])
+        clock.now += 10.0 * len(knob_sets)
+        return [runs(k, command, options, repeat) for k in knob_sets]
+
+    runs = TimedRuns(clock, 10.0)
+    advice = run_advice(script, runs, turns_runner=side_by_side, turns=True, profile_peak=1 << 20,
+                        budget=30.0, clock=clock)
+    assert rounds and len(rounds[0]) == 2 and "original" in rounds[0] and "original-again" not in rounds[0]
+    assert [r.key for r in advice.recommendations if r.status == "measured"]
+
+
 def test_a_chosen_knob_another_chosen_change_already_makes_is_dropped(script: Path) -> None:
     """On a cpu that spends its time drawing dropout masks, compile and compile with
     packed dropout (another group) both win; the set of the second already compiles,

@@ -30,6 +30,11 @@ def measured_losses(applied: dict[str, Any]) -> list[float]:
     return measured or losses
 
 
+#: The knob set of the original run again (the A/A arm: how far apart two runs of the
+#: unchanged script land).
+AGAIN = "original-again"
+
+
 @dataclass
 class ArmResult:
     name: str
@@ -231,8 +236,14 @@ class Measurer:
                 if base not in arms or fit < 2:
                     raise OutOfTime(label(repeat))
                 others = [a for a in arms if a is not base]
-                self.progress(f"{label(repeat)}: {fit - 1} of the {len(others)} changes fit the --budget left")
-                arms = [base, *others[:fit - 1]]
+                again = [a for a in others if a.knobs.name == AGAIN]
+                changes = [a for a in others if a.knobs.name != AGAIN]
+                # The original against itself only matters beside a change: with room
+                # for one run besides the original, that run is a change.
+                kept = changes[:1] if fit == 2 and changes else [*again, *changes][:fit - 1]
+                taken = sum(1 for a in kept if a.knobs.name != AGAIN)
+                self.progress(f"{label(repeat)}: {taken} of the {len(changes)} changes fit the --budget left")
+                arms = [base, *kept]
                 self.shortened = True
             self.progress(f"{label(repeat)}: {len(arms)} runs side by side, taking turns")
             # Who goes first rotates with the rounds.

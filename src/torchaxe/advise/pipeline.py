@@ -38,7 +38,7 @@ from torchaxe.advise.baseline import (DEFAULT_STEPS, MEASURE_WINDOW, TURNS_MEASU
 from torchaxe.advise.candidates import (Candidate, code_candidates, installed_candidates, knob_candidates,
                                         run_by_the_job, script_speedups, stored_candidates)
 from torchaxe.advise.evidence import micro_benchmarks
-from torchaxe.advise.measure import ArmResult, Measurer, TogetherRunner
+from torchaxe.advise.measure import AGAIN, ArmResult, Measurer, TogetherRunner
 from torchaxe.advise.options import AdviseOptions, job_epochs_in, job_steps_in, job_steps_of_epochs
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import LOSS_JUDGED_AXES, ChangeSearch
@@ -375,7 +375,7 @@ class Advisor:
         # same code land on this machine; a change must beat that to be chosen.
         # Under other seeds: how far its loss lands from the original's is the loss noise
         # a change that draws other random numbers (dropout under compile) is judged by.
-        same = self.arms.of("original-again", {"seed": {"offset": 1}})
+        same = self.arms.of(AGAIN, {"seed": {"offset": 1}})
         self.progress(f"measuring {len(arms)} changes against the original, {repeats} interleaved rounds")
         # The chosen changes are measured together afterwards: their rounds are kept
         # in reserve (the run times seen in the first round say whether they fit).
