@@ -1050,10 +1050,9 @@ def test_a_lone_undecided_change_gets_the_rounds_kept_for_measuring_changes_toge
     assert len(recs["code:AX110"].ratios) == 2
 
 
-def test_a_round_side_by_side_that_does_not_fit_measures_the_changes_that_do(script: Path) -> None:
-    """Runs take turns side by side; when the budget left cannot hold the whole first
-    round, the original and the first changes that fit are measured, not none."""
-    clock = Clock()
+def _side_by_side(clock: "Clock", runs: "TimedRuns"):
+    """A runner of a round's runs side by side, 10 s each on ``clock``, and the knob
+    sets of each round it ran."""
     rounds: list[list[str]] = []
 
     def side_by_side(knob_sets, command, options, repeat, *, turn_steps):
@@ -1061,7 +1060,15 @@ def test_a_round_side_by_side_that_does_not_fit_measures_the_changes_that_do(scr
         clock.now += 10.0 * len(knob_sets)
         return [runs(k, command, options, repeat) for k in knob_sets]
 
+    return rounds, side_by_side
+
+
+def test_a_round_side_by_side_that_does_not_fit_measures_the_changes_that_do(script: Path) -> None:
+    """Runs take turns side by side; when the budget left cannot hold the whole first
+    round, the original and the first changes that fit are measured, not none."""
+    clock = Clock()
     runs = TimedRuns(clock, 10.0)
+    rounds, side_by_side = _side_by_side(clock, runs)
     # The warm-up run (10 s) leaves 35 s: four 10-second runs fit (0.8 of a run each
     # counted), not the six of a full round.
     advice = run_advice(script, runs, turns_runner=side_by_side, turns=True, profile_peak=1 << 20,
@@ -1076,14 +1083,8 @@ def test_a_round_with_room_for_one_run_besides_the_original_runs_a_change(script
     """With room for two runs, the original and a change, not the original and itself
     (a round of those measures nothing: x-transformers' `--budget 2m` measured 0 of 2)."""
     clock = Clock()
-    rounds: list[list[str]] = []
-
-    def side_by_side(knob_sets, command, options, repeat, *, turn_steps):
-        rounds.append([k.name for k in knob_sets])
-        clock.now += 10.0 * len(knob_sets)
-        return [runs(k, command, options, repeat) for k in knob_sets]
-
     runs = TimedRuns(clock, 10.0)
+    rounds, side_by_side = _side_by_side(clock, runs)
     advice = run_advice(script, runs, turns_runner=side_by_side, turns=True, profile_peak=1 << 20,
                         budget=30.0, clock=clock)
     assert rounds and len(rounds[0]) == 2 and "original" in rounds[0] and "original-again" not in rounds[0]
