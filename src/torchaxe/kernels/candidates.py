@@ -1,4 +1,5 @@
-"""The kernel swaps worth measuring: on a CPU target, dropout with a packed-bits mask
+"""The kernel swaps worth measuring: fused optimizers where an installed package builds
+them unfused (cpu, cuda), and on a CPU target dropout with a packed-bits mask
 when the profiled run spent a visible share of its operator time drawing dropout
 masks (``aten::bernoulli_``). Where torch's own draw is fast (an MKL build on an Intel
 CPU), that share stays small and nothing is proposed. The masks differ from torch's,
@@ -33,7 +34,44 @@ def op_share(profile: dict[str, Any], name: str) -> float:
     return sum(op.get("self_seconds") or 0.0 for op in ops if op.get("name") == name) / total
 
 
+#: Folders of installed packages: an optimizer built there is out of a code fix's reach.
+_INSTALLED = ("/site-packages/", "/dist-packages/")
+
+
 def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
+    """The dropout candidates (:func:`dropout_candidates`), and ``knob:fused-optimizer``
+    (:func:`fused_optimizer_candidates`)."""
+    return dropout_candidates(profile, target, settings) + fused_optimizer_candidates(target, settings)
+
+
+def fused_optimizer_candidates(target: str, settings: dict[str, Any]) -> list[Candidate]:
+    """``knob:fused-optimizer`` on a cpu or cuda target when the run built a torch
+    optimizer that has a fused implementation, unfused, with no implementation chosen,
+    in an installed package (a framework's or library's optimizer factory: the scan's
+    AX201 fix reaches the user's own calls, not these)."""
+    from torchaxe.kernels.optimizer import FUSED_CLASSES
+
+    if target not in ("cpu", "cuda"):
+        return []
+    unfused = [o for o in settings.get("optimizers") or []
+               if o.get("class") in FUSED_CLASSES and str(o.get("module", "")).startswith("torch.optim")
+               and not o.get("fused") and not o.get("chosen") and any(f in (o.get("site") or "") for f in _INSTALLED)]
+    if not unfused:
+        return []
+    names = ", ".join(sorted({f"torch.optim.{o['class']}" for o in unfused}))
+    site = unfused[0]["site"]
+    for folder in _INSTALLED:
+        site = site.rsplit(folder, 1)[-1]
+    return [knob_candidate(
+        "knob:fused-optimizer", "fused_ops", f"{names} built with fused=True (built in {site})",
+        {"kernels": {"optimizer": "fused"}}, priority=0.9,
+        accuracy=Accuracy(kind="unknown", detail="the fused kernels round differently in the last bits; the "
+                                                 "training loss is compared with the original's"),
+        detail=f"the run built {names} unfused in an installed package ({site}), which no code fix edits: the "
+               "knob builds it with fused=True, one kernel per step for all parameters")]
+
+
+def dropout_candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
     """``knob:dropout-packed`` on a CPU target whose run drew dropout masks for at
     least ``MIN_SHARE`` of its operator time; with it ``knob:compile-dropout-packed``
     (torch.compile of the model with the packed draw inside its graph) unless the

@@ -214,7 +214,10 @@ def caller_sites(frame: Any, limit: int = BUILDER_FRAMES) -> list[str]:
 class OptimizerProbe:
     """Notes, in the run's context (``optimizer_sites``), the lines outside torch that
     built each ``torch.optim`` optimizer: a fix of an optimizer call the run never
-    made (a branch it did not take) cannot change its speed."""
+    made (a branch it did not take) cannot change its speed. And each optimizer
+    (``settings()["optimizers"]``): its class and module, the line that built it,
+    whether it is fused, and whether its caller chose an implementation (``fused``,
+    ``foreach`` or ``differentiable``)."""
 
     def __init__(self) -> None:
         self._original: Any = None
@@ -224,16 +227,28 @@ class OptimizerProbe:
 
         sites: list[str] = []
         EXECUTED["optimizer_sites"] = sites
+        built: list[dict[str, Any]] = []
+        OBSERVED["optimizers"] = built
         original = self._original = torch.optim.Optimizer.__init__
 
         def __init__(optimizer, *args, **kwargs):
+            found: list[str] = []
             try:
-                for site in caller_sites(sys._getframe(1)):
-                    if site not in sites and len(sites) < 64:
-                        sites.append(site)
+                found = caller_sites(sys._getframe(1))
+                sites.extend(site for site in found if site not in sites and len(sites) < 64)
             except Exception:  # noqa: BLE001 - an observation must never break the user's run
                 pass
-            return original(optimizer, *args, **kwargs)
+            result = original(optimizer, *args, **kwargs)
+            try:
+                if len(built) < 16:
+                    defaults = optimizer.defaults
+                    built.append({"class": type(optimizer).__name__, "module": type(optimizer).__module__,
+                                  "site": found[0] if found else None, "fused": bool(defaults.get("fused")),
+                                  "chosen": defaults.get("fused") is not None or defaults.get("foreach") is not None
+                                  or bool(defaults.get("differentiable"))})
+            except Exception:  # noqa: BLE001 - an observation must never break the user's run
+                pass
+            return result
 
         torch.optim.Optimizer.__init__ = __init__
         return self
@@ -346,7 +361,7 @@ def settings() -> dict[str, Any]:
         except AttributeError:  # pragma: no cover - older torch
             pass
         out["compiled_graphs"] = _compiled_graphs()
-    for key in ("autocast", "loader_epochs"):
+    for key in ("autocast", "loader_epochs", "optimizers"):
         if key in OBSERVED:
             out[key] = OBSERVED[key]
     return out
