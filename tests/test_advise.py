@@ -1129,3 +1129,12 @@ def test_the_command_to_apply_a_held_back_unsafe_fix_says_unsafe_fixes() -> None
     assert apply_only(unsafe) == "`torchaxe apply --only code:AX403 --unsafe-fixes`"
     knob = Recommendation(key="knob:compile", axis="compile", title="t", applies="knob")
     assert apply_only(knob) == "`torchaxe apply --only knob:compile`"
+
+
+def test_a_loss_that_differs_widely_between_the_originals_own_runs_is_said(script: Path) -> None:
+    # An unseeded script (pytorch/examples' regression): 139% apart, and anything within it passed.
+    loud = run_advice(script, FakeRuns(loss={"original-again": 1.5}), check_accuracy=True)
+    assert loud.baseline["loss_noise"] > 0.25
+    assert any("between its own runs (does the script seed its random state?)" in n for n in loud.notes)
+    quiet = run_advice(script, FakeRuns(), check_accuracy=True)
+    assert not any("seed its random state" in n for n in quiet.notes)

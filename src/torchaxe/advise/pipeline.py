@@ -81,6 +81,8 @@ def scan_for_advice(folder: Path, project: Path, imported: Sequence[str], scan_i
 
 #: The share of the memory available that runs side by side may take.
 TURNS_MEMORY_SHARE = 0.6
+#: The original's loss noise above which the accuracy check is said to judge little.
+LOUD_LOSS_NOISE = 0.25
 #: Rules whose finding is an optimizer call (measured only where the run made it).
 OPTIMIZER_RULES = ("AX201", "AX204")
 
@@ -463,6 +465,11 @@ class Advisor:
         self.noise.loss = loss_noise(base_arm, noise_arm)
         self.advice.baseline["loss_noise"] = self.noise.loss
         self.advice.baseline["loss_tolerance"] = self.options.loss_tolerance
+        if self.noise.loss is not None and self.noise.loss > LOUD_LOSS_NOISE:
+            self.advice.notes.append(
+                f"the original's training loss differs by {self.noise.loss:.0%} between its own runs (does the script "
+                "seed its random state?): a change to the numerics whose loss lands within that cannot be told from "
+                "chance, so the accuracy check judges little; a fixed seed (torch.manual_seed) makes it sharp")
 
     def _more_rounds(self, measurer: Measurer, base: ArmResult, noise_arm: ArmResult, arms: list[ArmResult],
                      reserve: int) -> bool:

@@ -99,8 +99,11 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                       "interleaved: a change must save more to be chosen)")
     if base.get("loss_tolerance") is not None:
         noise = base.get("loss_noise")
-        console.print(f"  loss noise         {'not recorded' if noise is None else f'{noise:.2%}'} (the "
-                      f"original's runs); changes to the numerics are chosen within it + {base['loss_tolerance']:.1%}")
+        if noise is None:
+            console.print("  loss noise         not recorded (no training loss in the original's runs)")
+        else:
+            console.print(f"  loss noise         {noise:.2%} (the original's runs); changes to the numerics are "
+                          f"chosen within it + {base['loss_tolerance']:.1%}")
     if advice.partial:
         console.print("  [yellow]partial advice:[/yellow] not everything planned was measured (see the notes below)")
     ranked = advice.ranked()
