@@ -77,8 +77,9 @@ def test_bootstrap_applies_every_knob(tmp_path):
     profile = json.loads(out.read_text())
     applied = profile["run"]["options"]["knobs"]
     # torch's own nn.Sequential: its forward is compiled (module.compile() would leave it eager).
-    assert applied["compile"] == {"module": "Sequential", "kwargs": {"backend": "eager", "fullgraph": False,
-                                                                     "dynamic": None}, "compiled": "forward"}
+    assert applied["compile"] == {"module": "Sequential", "modules": ["Sequential"],
+                                  "kwargs": {"backend": "eager", "fullgraph": False, "dynamic": None},
+                                  "compiled": "forward", "how": ["forward"]}
     assert applied["torch"] == {"matmul_precision": "medium", "num_threads": 1}
     assert applied["cpu_affinity"] == sorted(os.sched_getaffinity(0))[:1]
     assert applied["npu"] == {"jit_compile": False}
