@@ -5,7 +5,8 @@ The FLOPs of one step of the real run are counted once, by PyTorch's own counter
 counter slows the step it runs in, so a measured step is never counted. Forward and
 backward are both counted. Fused attention is counted as the fused kernel would
 compute it (two matrix products forward, five backward), including the CPU kernel
-``_scaled_dot_product_flash_attention_for_cpu`` that the counter has no formula for.
+``_scaled_dot_product_flash_attention_for_cpu`` that the counter has no formula for,
+and so is the CPU's fused recurrent layer (``mkldnn_rnn_layer``: an LSTM or GRU).
 
 The counted step runs with torch.compile told to run eagerly
 (``torch.compiler.set_stance("force_eager")``): the compiler does not trace under an
@@ -53,6 +54,31 @@ def _attention_mapping() -> dict[Any, Callable[..., int]]:
                           ("_scaled_dot_product_flash_attention_for_cpu_backward", backward),
                           ("_scaled_dot_product_fused_attention_overrideable", forward),
                           ("_scaled_dot_product_fused_attention_overrideable_backward", backward)):
+        op = getattr(aten, name, None)
+        if op is not None:
+            mapping[op] = formula
+    return {**mapping, **_recurrent_mapping(aten)}
+
+
+def _recurrent_mapping(aten: Any) -> dict[Any, Callable[..., int]]:
+    """The CPU's fused recurrent layer (oneDNN's ``mkldnn_rnn_layer``, which ``nn.LSTM``
+    and ``nn.GRU`` run on a CPU), which the counter has no formula for: the products of
+    every time step with the input and hidden weights, two FLOPs a multiply-add; the
+    backward computes the gradients of the inputs and of the weights, twice that. The
+    gates' element-wise work is left out, as the counter leaves it out elsewhere."""
+
+    def products(input_shape, w_ih_shape, w_hh_shape) -> int:
+        steps = input_shape[0] * input_shape[1]  # time x batch, either layout
+        return 2 * steps * (w_ih_shape[0] * w_ih_shape[1] + w_hh_shape[0] * w_hh_shape[1])
+
+    def forward(input_shape, weight0, weight1, *args, out_shape=None, **kwargs) -> int:
+        return products(input_shape, weight0, weight1)
+
+    def backward(input_shape, weight1, weight2, *args, out_shape=None, **kwargs) -> int:
+        return 2 * products(input_shape, weight1, weight2)
+
+    mapping: dict[Any, Callable[..., int]] = {}
+    for name, formula in (("mkldnn_rnn_layer", forward), ("mkldnn_rnn_layer_backward", backward)):
         op = getattr(aten, name, None)
         if op is not None:
             mapping[op] = formula
