@@ -311,10 +311,22 @@ def _gan_classes():
     return Generator, Discriminator
 
 
+def _gan_iterations(netD, netG, iterations: int) -> None:
+    """dcgan's loop: the discriminator on real data, the generator, the discriminator on
+    the fakes, and a loss without parameters."""
+    import torch
+    from torch import nn
+
+    for _ in range(iterations):
+        netD(torch.zeros(1, 2))
+        fake = netG(torch.ones(1, 2))
+        netD(fake.detach())
+        nn.MSELoss()(fake, fake)
+
+
 def test_model_compiler_compiles_each_model_of_a_gan_iteration(monkeypatch):
     # dcgan's loop: the discriminator on real data, the generator, the discriminator
     # on the fakes. Both networks train; compiling only the first left the generator eager.
-    import torch
     from torch import nn
 
     compiled = []
@@ -327,11 +339,7 @@ def test_model_compiler_compiles_each_model_of_a_gan_iteration(monkeypatch):
     netG, netD = Generator(), Discriminator()
     compiler.install()
     try:
-        for _ in range(2):
-            netD(torch.zeros(1, 2))
-            fake = netG(torch.zeros(1, 2))
-            netD(fake.detach())
-            nn.MSELoss()(fake, fake)  # a loss without parameters
+        _gan_iterations(netD, netG, 2)
     finally:
         compiler.uninstall()
     assert compiled == ["Discriminator", "Generator"]  # not their Sequential or Linear layers
@@ -358,10 +366,7 @@ def test_each_model_of_a_gan_iteration_compiles_once():
     compiler = knob_specs.ModelCompiler({"backend": backend}, bootstrap.AppliedKnobs(KnobSet(name="x")))
     compiler.install()
     try:
-        for _ in range(3):
-            netD(torch.zeros(1, 2))
-            fake = netG(torch.ones(1, 2))
-            netD(fake.detach())
+        _gan_iterations(netD, netG, 3)
     finally:
         compiler.uninstall()
         torch._dynamo.reset()
