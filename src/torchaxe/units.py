@@ -64,3 +64,16 @@ def mfu_sentence(table: float | None, measured: float | None) -> str | None:
     first = f"{100 * table:.1f}% of table peak" if table is not None else "table peak unknown"
     second = f"{100 * measured:.1f}% of measured peak" if measured is not None else "measured peak unknown"
     return f"MFU {first}, {second}"
+
+
+#: Folders of installed packages, whose files are shown from the package down.
+PACKAGE_FOLDERS = ("/site-packages/", "/dist-packages/")
+
+
+def package_path(location: str) -> str:
+    """A file (or ``file:line``) of an installed package shown from the package's folder
+    down (``torchvision/datasets/coco.py:43``); any other location as it is."""
+    for folder in PACKAGE_FOLDERS:
+        if folder in location:
+            return location.rsplit(folder, 1)[1]
+    return location

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
+from torchaxe.units import PACKAGE_FOLDERS, package_path
 from torchaxe.shapes.candidates import COMPILE_ACCURACY_DETAIL, compile_knob, last_batch_text, unseen_last_batch
 
 #: The operator torch's CPU dropout spends its time in (one Bernoulli draw an element).
@@ -34,10 +35,6 @@ def op_share(profile: dict[str, Any], name: str) -> float:
     return sum(op.get("self_seconds") or 0.0 for op in ops if op.get("name") == name) / total
 
 
-#: Folders of installed packages: an optimizer built there is out of a code fix's reach.
-_INSTALLED = ("/site-packages/", "/dist-packages/")
-
-
 def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
     """The dropout candidates (:func:`dropout_candidates`), and ``knob:fused-optimizer``
     (:func:`fused_optimizer_candidates`)."""
@@ -55,13 +52,11 @@ def fused_optimizer_candidates(target: str, settings: dict[str, Any]) -> list[Ca
         return []
     unfused = [o for o in settings.get("optimizers") or []
                if o.get("class") in FUSED_CLASSES and str(o.get("module", "")).startswith("torch.optim")
-               and not o.get("fused") and not o.get("chosen") and any(f in (o.get("site") or "") for f in _INSTALLED)]
+               and not o.get("fused") and not o.get("chosen") and any(f in (o.get("site") or "") for f in PACKAGE_FOLDERS)]
     if not unfused:
         return []
     names = ", ".join(sorted({f"torch.optim.{o['class']}" for o in unfused}))
-    site = unfused[0]["site"]
-    for folder in _INSTALLED:
-        site = site.rsplit(folder, 1)[-1]
+    site = package_path(unfused[0]["site"])
     return [knob_candidate(
         "knob:fused-optimizer", "fused_ops", f"{names} built with fused=True (built in {site})",
         {"kernels": {"optimizer": "fused"}}, priority=0.9,

@@ -11,7 +11,7 @@ from rich.table import Table
 from torchaxe.advise.recommendation import Advice, Recommendation
 from torchaxe.advise.where import describe
 from torchaxe.runtime.candidate import MEMORY_KINDS
-from torchaxe.units import bytes_text, duration, mfu_sentence
+from torchaxe.units import bytes_text, duration, mfu_sentence, package_path
 
 
 def one_time_text(seconds: float, break_even: int | None, compiles: bool = True) -> str:
@@ -43,19 +43,6 @@ def together_text(together: dict) -> str:
 #: The width of the report when it is not shown on a terminal (a log, a pipe), and the
 #: least width on a terminal.
 REPORT_WIDTH = 110
-#: Folders whose files are shown from the package down (``torchvision/datasets/coco.py``).
-_PACKAGE_FOLDERS = ("/site-packages/", "/dist-packages/")
-
-
-def shown_location(location: str) -> str:
-    """A location as the table shows it: an installed package's file from the package's
-    folder down, so that the table's narrow column keeps the part that says which."""
-    for folder in _PACKAGE_FOLDERS:
-        if folder in location:
-            return location.rsplit(folder, 1)[1]
-    return location
-
-
 def report_width(out: TextIO, width: int | None = None) -> int:
     """``width`` if given; a terminal's own width (at least :data:`REPORT_WIDTH`);
     else :data:`REPORT_WIDTH`."""
@@ -128,7 +115,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             kind = (f"[{rec.applies}{', unsafe' if rec.unsafe else ''}"
                     f"{', changes the optimisation' if rec.changes_optimisation else ''}] ")
             memory = rec.memory.text.removesuffix(" memory") if rec.memory and rec.status == "measured" else "-"
-            where = f"\n  [dim]{shown_location(rec.location)}[/dim]" if rec.location else ""
+            where = f"\n  [dim]{package_path(rec.location)}[/dim]" if rec.location else ""
             if rec.applied_to:
                 where += f"\n  [dim]{rec.applied_to} (the modules with parameters the loop itself called)[/dim]"
             if rec.status == "measured" and rec.one_time_seconds:
