@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
-from torchaxe.units import PACKAGE_FOLDERS, package_path
 from torchaxe.shapes.candidates import COMPILE_ACCURACY_DETAIL, compile_knob, last_batch_text, unseen_last_batch
+from torchaxe.units import PACKAGE_FOLDERS, package_path
 
 #: The operator torch's CPU dropout spends its time in (one Bernoulli draw an element).
 DROPOUT_DRAW = "aten::bernoulli_"

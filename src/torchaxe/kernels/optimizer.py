@@ -55,9 +55,8 @@ class FusedOptimizers:
     """Patches the fused-capable optimizers' ``__init__`` (see the module docstring);
     ``fused`` counts the optimizers built fused, by class name."""
 
-    def __init__(self, on_fused: Callable[[dict[str, int]], None] | None = None) -> None:
+    def __init__(self) -> None:
         self.fused: dict[str, int] = {}
-        self.on_fused = on_fused
         self._saved: list[tuple[type, Any]] = []
 
     def install(self) -> "FusedOptimizers":
@@ -74,7 +73,6 @@ class FusedOptimizers:
 
     def _wrap(self, cls: type, original: Callable, devices: tuple[str, ...]) -> Callable:
         fused = self.fused
-        on_fused = self.on_fused
 
         def __init__(optimizer, params, *args, **kwargs):
             chosen = {"fused", "foreach"} & set(kwargs) or kwargs.get("differentiable")
@@ -83,8 +81,6 @@ class FusedOptimizers:
                 if can_fuse(params, devices):
                     kwargs["fused"] = True
                     fused[cls.__name__] = fused.get(cls.__name__, 0) + 1
-                    if on_fused is not None:
-                        on_fused(dict(fused))
             return original(optimizer, params, *args, **kwargs)
 
         __init__.__wrapped__ = original  # type: ignore[attr-defined]

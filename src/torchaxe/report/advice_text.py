@@ -43,6 +43,8 @@ def together_text(together: dict) -> str:
 #: The width of the report when it is not shown on a terminal (a log, a pipe), and the
 #: least width on a terminal.
 REPORT_WIDTH = 110
+
+
 def report_width(out: TextIO, width: int | None = None) -> int:
     """``width`` if given; a terminal's own width (at least :data:`REPORT_WIDTH`);
     else :data:`REPORT_WIDTH`."""
