@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = (datetime.now(timezone.utc) - started).total_seconds()
     output = {"header": header, "seconds": elapsed, "results": results}
     save_result(args, "compile_mode" if args.target == "cpu" else f"compile_mode_{args.target}", output, argv,
-                device=torch.cuda.get_device_name() if args.target == "cuda" else None)
+                device=torch.cuda.get_device_name() if args.target == "cuda" else None, script="compile_mode")
     if args.json:
         print(json.dumps(output, indent=2))
     else:

@@ -170,7 +170,7 @@ def main() -> int:
         "side_by_side": {"tuned_over_best": side[0], "per_round": side[1]} if side else None,
         "targets": {"exposed_cut_at_least_half": bool(cut is not None and cut >= 0.5), "within_10pct_of_best": within},
         "seconds": time.perf_counter() - started, "text": text,
-    })
+    }, script="distributed")
     return 0
 
 

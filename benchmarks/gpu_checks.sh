@@ -34,8 +34,8 @@ TOTAL=${TOTAL:-540}
 TARGET=${TARGET:-cuda}
 E2E_BUDGET=${E2E_BUDGET:-150s}
 E2E_LIMIT=${E2E_LIMIT:-320}
-MFU_BUDGET=${MFU_BUDGET:-45s}
-MFU_LIMIT=${MFU_LIMIT:-170}
+MFU_BUDGET=${MFU_BUDGET:-90s}
+MFU_LIMIT=${MFU_LIMIT:-230}
 PARTS=${PARTS:-env tests prefetch e2e compile mfu}
 GPT_ARGS=${GPT_ARGS:---batch-size 32 --seq-len 256 --d-model 512 --n-layers 6 --n-heads 8 --vocab-size 8192 --steps 100000 --log-every 100000}
 mkdir -p "$OUT"

@@ -301,7 +301,14 @@ def measure_example(name: str, work: Path, args: argparse.Namespace) -> tuple[di
                        "--target", args.target, "--", *tuned_command, cwd=tuned)
     if advised.returncode != 0:
         return failed("advise", advised.stderr)
-    chosen = [r["key"] for r in json.loads(advised.stdout)["recommendations"] if r["selected"]]
+    advice_data = json.loads(advised.stdout)
+    chosen = [r["key"] for r in advice_data["recommendations"] if r["selected"]]
+    measured = [f"{r['key']} {r['speedup']:.2f}x" for r in advice_data["recommendations"]
+                if r["status"] == "measured" and r.get("speedup")]
+    log(f"{name}: advise measured {', '.join(measured) or 'nothing'}")
+    if not chosen:  # why: the budget, the noise, or nothing faster
+        for note in advice_data.get("notes", []):
+            log(f"{name}: advise's note: {note}")
     applied = torchaxe("apply", "--unsafe-fixes", "--advice", str(advice), cwd=tuned)
     if applied.returncode != 0:
         return failed("apply", applied.stderr)
@@ -385,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=2) if args.json else result["text"])
-    save_result(args, "mfu" if args.target == "cpu" else f"mfu_{args.target}", result, argv, device=device)
+    save_result(args, "mfu" if args.target == "cpu" else f"mfu_{args.target}", result, argv, device=device, script="mfu")
     return 0 if all(r["after"] is not None for r in results) else 1
 
 

@@ -164,9 +164,15 @@ def read_e2e_speedup(result: dict[str, Any]) -> Reading | None:
 
 def read_e2e_within(result: dict[str, Any]) -> Reading | None:
     side = result.get("side_by_side")
+    ex = result.get("exhaustive") or {}
+    chosen = result.get("chosen") or []
+    if ex.get("best_is_tuned") or (ex.get("best") and chosen and set(ex["best"].split("+")) == set(chosen)):
+        # The exhaustive best is the combination advise chose: a side-by-side run of the
+        # two only measured one configuration against itself.
+        again = f" (side by side {side['tuned_over_best']:.2f}: the same changes twice)" if side else ""
+        return Reading("the best combination itself" + again, _status(True))
     if side:
         return Reading(f"{side['tuned_over_best']:.2f} of the best (side by side)", _status(side["tuned_over_best"] >= 0.9))
-    ex = result.get("exhaustive") or {}
     if result.get("speedup") and ex.get("best_speedup"):
         share = result["speedup"] / ex["best_speedup"]
         return Reading(f"{share:.2f} of the best (own rounds)", _status(share >= 0.9))
