@@ -109,6 +109,24 @@ def test_pass_and_fail_follow_the_targets(summary, tmp_path):
     assert _row(rows, "advise end to end, CPU (")["commit"] == "`abc1234`"
 
 
+def test_the_best_combination_being_the_chosen_one_meets_the_within_target(summary, tmp_path):
+    # Two copies of one configuration differ by noise alone: that is no shortfall.
+    chosen = ["knob:tf32", "knob:autocast-bf16", "knob:compile"]
+    _saved(tmp_path, "end_to_end_cuda", {"speedup": 3.6, "chosen": chosen,
+                                         "side_by_side": {"tuned_over_best": 0.88},
+                                         "exhaustive": {"best": "knob:compile+knob:tf32+knob:autocast-bf16",
+                                                        "best_speedup": 4.2}})
+    row = _row(_rows(summary, tmp_path), "advise end to end, H200:")
+    assert row["status"] == "PASS"
+    assert row["value"] == "the best combination itself (side by side 0.88: the same changes twice)"
+    # A different best is judged by the side-by-side ratio.
+    _saved(tmp_path, "end_to_end_cuda", {"speedup": 3.6, "chosen": chosen[:2],
+                                         "side_by_side": {"tuned_over_best": 0.88},
+                                         "exhaustive": {"best": "+".join(chosen), "best_speedup": 4.2}})
+    row = _row(_rows(summary, tmp_path), "advise end to end, H200:")
+    assert row["status"] == "FAIL" and row["value"] == "0.88 of the best (side by side)"
+
+
 def test_the_real_scripts_row_needs_every_script_advised_and_the_median(summary, tmp_path):
     scripts = [{"name": "a", "speedup": 1.5, "advised": True}, {"name": "b", "speedup": 1.2, "advised": True},
                {"name": "c", "speedup": 1.4, "advised": True}]
