@@ -781,12 +781,73 @@ def test_a_transposed_key_is_rewritten_with_its_transpose(scan):
      "attn_mask=mask)"),
     ("torch.softmax((q @ k.transpose(-2, -1) * 0.125).masked_fill(mask, float('-inf')), dim=-1) @ v",
      "attn_mask=~mask)"),
+    # torch.where keeps the scores where its condition holds: that is SDPA's attn_mask.
+    ("torch.softmax(torch.where(mask, q @ k.transpose(-2, -1) * 0.125, float('-inf')), dim=-1) @ v",
+     "attn_mask=mask)"),
+    ("torch.softmax(torch.where(mask, float('-inf'), q @ k.transpose(-2, -1) * 0.125), dim=-1) @ v",
+     "attn_mask=~mask)"),
 ])
 def test_the_mask_is_passed_the_way_sdpa_reads_it(scan, body, says):
     finding = attention_finding(scan, f"import torch\ndef attend(q, k, v, mask):\n    return {body}\n", "cuda")
     assert finding.replacement.endswith(says)
     assert finding.fix.applicability is Applicability.UNSAFE and finding.fix.edits
-    assert ("is_causal=True" in finding.message) == ("masked_fill" in body)
+    # A boolean mask may be a causal one, which is_causal=True passes faster.
+    assert ("is_causal=True" in finding.message) == ("+ mask" not in body)
+
+
+def _run_attention(source: str, name: str, *args):
+    namespace: dict = {}
+    exec(compile(source, "<test>", "exec"), namespace)  # the test's own code
+    return namespace[name](*args)
+
+
+def test_a_float_bias_and_a_boolean_mask_both_reach_attn_mask(scan):
+    # MPT: a position bias added, then the padded positions filled. One attn_mask takes
+    # both; dropping either would change the result.
+    import torch
+
+    source = textwrap.dedent("""\
+        import torch
+        def attend(q, k, v, position_bias, attention_mask):
+            scores = torch.matmul(q, k.transpose(-1, -2)) * 0.125
+            scores = scores + position_bias
+            scores = scores.masked_fill(attention_mask, float("-inf"))
+            return torch.matmul(torch.softmax(scores, dim=-1), v)
+    """)
+    finding = attention_finding(scan, source, "cuda")
+    assert finding.replacement.endswith('attn_mask=torch.where(~attention_mask, position_bias, float("-inf")))')
+    assert not finding.fix.edits and "a boolean one" in finding.message
+    q, k, v = (torch.randn(2, 3, 5, 8, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(1, 3, 5, 5, dtype=torch.float64)
+    mask = torch.rand(2, 1, 5, 5) < 0.3
+    mask[..., 0] = False  # no row with every score dropped
+    fused = "import torch\nimport torch.nn.functional as F\ndef fused(q, k, v, position_bias, attention_mask):\n" \
+        f"    return {finding.replacement}\n"
+    expected = _run_attention(source, "attend", q, k, v, bias, mask)
+    assert torch.allclose(_run_attention(fused, "fused", q, k, v, bias, mask), expected)
+
+
+def test_scores_started_from_zeros_have_no_mask_of_them_and_the_where_mask_is_kept(scan):
+    # GPT-NeoX: baddbmm into a tensor of zeros, q and k flattened to (batch * heads, ...),
+    # then the causal mask applied with torch.where.
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        def attend(query, key, value, causal_mask, norm_factor):
+            b, h, lq, d = query.shape
+            lk = key.shape[-2]
+            query = query.reshape(b * h, lq, d)
+            key = key.reshape(b * h, lk, d)
+            scores = torch.zeros(b * h, lq, lk, dtype=query.dtype, device=key.device)
+            scores = torch.baddbmm(scores, query, key.transpose(1, 2), beta=1.0, alpha=norm_factor)
+            scores = scores.view(b, h, lq, lk)
+            mask_value = torch.tensor(torch.finfo(scores.dtype).min, dtype=scores.dtype).to(scores.device)
+            scores = torch.where(causal_mask, scores, mask_value)
+            return torch.matmul(F.softmax(scores, dim=-1), value)
+    """)
+    finding = attention_finding(scan, source, "cuda")
+    assert finding.replacement.endswith("attn_mask=causal_mask)")
+    assert "q and k are 3-D here and v is 4-D" in finding.message and not finding.fix.edits
 
 
 @pytest.mark.parametrize("imports,call,suppressed", [

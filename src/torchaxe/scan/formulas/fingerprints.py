@@ -29,7 +29,7 @@ from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
 from torchaxe.scan.formulas.probes import (
     CONFIRMATIONS, INT, PRIMARY, RESHAPES, SCALAR, Probe, data_vars, fitted_roles, fresh_full, half_width_roles,
-    make_env, scalar_value, single_count_roles, widened_roles,
+    make_env, scalar_value, scalarish, single_count_roles, widened_roles,
 )
 from torchaxe.scan.formulas.store import Match
 
@@ -579,6 +579,17 @@ _VALUE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] 
 }
 
 
+def _filler(node: Node, probing: Any) -> bool:
+    """Whether ``node`` is one value everywhere (a fill such as -inf or the dtype's
+    minimum, which may read the scores' dtype but not their values)."""
+    if node.is_const:
+        return True
+    if scalarish(node):
+        return True
+    t = probing.tensor(node)
+    return t is not None and t.numel() >= 1 and bool((t == t.flatten()[0]).all())
+
+
 class AttentionMatcher(Matcher):
     """softmax(q @ k^T * scale [+ mask]) [dropout] @ v, matmul or einsum forms."""
 
@@ -685,6 +696,10 @@ class AttentionMatcher(Matcher):
                 "rank": q.ndim if q is not None and not any(
                     id(n) in probing.evaluator.stand_ins for n in walk(q_node)) else 0,
             }
+            if q is not None and v.ndim != q.ndim and params["rank"]:
+                # q and k flattened to (batch * heads, ...) for bmm while v keeps its heads
+                # (GPT-NeoX): the fused call needs them in one shape.
+                params["v_rank"] = v.ndim
             if unnormalised:
                 params["chunked"] = True
             if qk_layout == "BNSD-kt-as-written":
@@ -694,9 +709,23 @@ class AttentionMatcher(Matcher):
                 params["mask_added"] = True  # a float mask added to the scores, as SDPA adds attn_mask
                 # 1 when added after the scale; 1/sqrt(d) for (q @ k^T + mask) / sqrt(d).
                 params["mask_weight"] = weight
+            # The boolean mask: masked_fill's condition (True where masked), or where's
+            # (True where the scores are kept, when they are its first branch). Beside a
+            # float mask added to the scores it is a second input, which SDPA's one
+            # attn_mask must fold in.
+            role = "fill_mask" if additive is not None else "mask"
             for mask_holder in walk(p_node):
+                if role in inputs:
+                    break
                 if mask_holder.op == "masked_fill" and len(mask_holder.args) >= 2:
-                    inputs.setdefault("mask", mask_holder.args[1])
+                    inputs[role] = mask_holder.args[1]
+                elif mask_holder.op == "where" and len(mask_holder.args) == 3:
+                    cond, kept, other = mask_holder.args
+                    if _filler(other, probing) and any(n is s_node for n in walk(kept)):
+                        inputs[role] = cond
+                        params["mask_keeps"] = True  # already True where attention is allowed
+                    elif _filler(kept, probing) and any(n is s_node for n in walk(other)):
+                        inputs[role] = cond
             scale_node = self._scale_node(p_node, s_node, scale, probing)
             if scale_node is not None:
                 inputs["scale"], params["scale_op"] = scale_node

@@ -10,6 +10,7 @@ handed back as separate roots so that math nested in an opaque call is still see
 from __future__ import annotations
 
 import ast
+import re
 from typing import TYPE_CHECKING, Callable
 
 from torchaxe.scan.formulas import vocabulary as V
@@ -33,6 +34,15 @@ FUNCTION = "<function>"
 SIZE_POWER_MARK = "@init"
 #: Callees whose name says they are dropout modules (``self.attn_dropout(p)``).
 _DROPOUT_HINTS = ("dropout", "drop")
+
+
+_ZEROS = re.compile(r"^(torch\.)?zeros(_like)?\(|^[\w.\[\]]+\.new_zeros\(")
+
+
+def _zeros(node: Node) -> bool:
+    """Whether ``node`` is a tensor of zeros: ``torch.zeros(...)``, ``x.new_zeros(...)``
+    (opaque calls, named by their text) or ``torch.zeros_like(x)``."""
+    return node.op == "zeros_like" or (node.is_var and bool(_ZEROS.match(str(node.value))))
 
 
 class ExpressionLowering:
@@ -330,7 +340,8 @@ class ExpressionLowering:
             scores = b.op("mul", (scores, alpha))
             built.append(scores)
         beta = kwargs.get("beta")
-        if beta is not None and beta.is_const and beta.value == 0:
+        if (beta is not None and beta.is_const and beta.value == 0) or _zeros(base):
+            # Nothing is added: the scores start from a tensor of zeros (GPT-NeoX), not a mask.
             result = scores
         else:
             term = base if beta is None or (beta.is_const and beta.value == 1) else b.op("mul", (beta, base))

@@ -329,6 +329,9 @@ class HandWrittenAttention(FormulaRule):
                     mask = f", pse={atom(bias)} / ({scale_text})"
                 bias_note = ("; its pse is a float bias added to the scores before the scale, as ALiBi or a relative "
                              "position bias is (4-D, BNSS or 1NSS)")
+                fill = match.inputs.get("fill_mask")
+                if fill:  # the boolean mask beside the bias: atten_mask is True where masked
+                    mask += f", atten_mask={'~(' + fill + ')' if params.get('mask_keeps') else fill}"
             elif params.get("masked"):
                 mask = ", atten_mask=<True where masked>"
             keep, dropout_note = "", ""
@@ -362,16 +365,23 @@ class HandWrittenAttention(FormulaRule):
         extra, advice = [], []
         guard = match.plan.guard if match.plan is not None else None
         guarded = False
+        folded_masks = False
         if params.get("masked"):
-            mask = match.inputs.get("mask")
+            mask, fill = match.inputs.get("mask"), match.inputs.get("fill_mask")
             if not mask:
                 advice.append("attn_mask=<the mask: a float mask is added to the scores as it is>" if params.get(
                     "mask_added") else "attn_mask=<the mask: True where attention is allowed>")
             elif params.get("mask_added") and abs(params.get("mask_weight", 1.0) - 1.0) > 1e-6:
                 # (q @ k^T + mask) / sqrt(d): the mask is scaled with the scores.
                 advice.append(f"attn_mask=<{mask}, scaled as the scores are>")
+            elif params.get("mask_added") and fill:
+                # A float bias and a boolean mask: SDPA takes one float attn_mask, the
+                # bias with -inf where the boolean mask drops a score.
+                keep = fill if params.get("mask_keeps") else _allowed(fill)
+                extra.append(f'attn_mask=torch.where({keep}, {mask}, float("-inf"))')
+                folded_masks = True
             else:
-                allowed = mask if params.get("mask_added") else _allowed(mask)
+                allowed = mask if params.get("mask_added") or params.get("mask_keeps") else _allowed(mask)
                 if guard is not None and guard in _names(mask):
                     # Applied only when the mask is not None: SDPA's attn_mask=None is no mask.
                     allowed = allowed if allowed == guard else f"None if {guard} is None else {allowed}"
@@ -398,10 +408,20 @@ class HandWrittenAttention(FormulaRule):
                      "dimension of 1 and enable_gqa=True (torch 2.5 or later) spreads it")
         elif not layout_ok:
             note += "; q, k and v must be transposed to (batch, heads, sequence, head_dim) first"
-        certain = not advice and layout_ok and scale is not None and not params.get("k_transposed")
-        if params.get("masked") and not params.get("mask_added"):
-            note += ("; attn_mask is True where attention is allowed, the opposite of masked_fill's mask (when it is "
-                     "the causal mask of a self-attention, is_causal=True instead lets cuda use its flash kernel)")
+        if params.get("v_rank"):
+            layout_ok = False
+            note += (f"; q and k are {params['rank']}-D here and v is {params['v_rank']}-D: pass all three in one "
+                     "shape, (batch, heads, sequence, head_dim), as before the code flattened them")
+        certain = not advice and layout_ok and scale is not None and not params.get("k_transposed") \
+            and not folded_masks
+        if folded_masks:
+            note += ("; the code adds a float mask and also drops scores with a boolean one: attn_mask takes both, "
+                     "as -inf where a score is dropped (a row with every score dropped gives NaN where the code "
+                     "gave a uniform row)")
+        elif params.get("masked") and not params.get("mask_added"):
+            note += ("; attn_mask is True where attention is allowed" + (
+                "" if params.get("mask_keeps") else ", the opposite of masked_fill's mask") + " (when it is the causal "
+                "mask of a self-attention, is_causal=True instead lets cuda use its flash kernel)")
         if params.get("dropout"):
             note += "; dropout_p must follow self.training"
         if advice:
