@@ -1138,3 +1138,34 @@ def test_a_loss_that_differs_widely_between_the_originals_own_runs_is_said(scrip
     assert any("between its own runs (does the script seed its random state?)" in n for n in loud.notes)
     quiet = run_advice(script, FakeRuns(), check_accuracy=True)
     assert not any("seed its random state" in n for n in quiet.notes)
+
+
+def test_no_run_starts_that_the_runs_so_far_say_ends_past_the_budget(script: Path) -> None:
+    # Runs take 10 s (compiled ones 40 s). With 8 s of the budget left, a 10-second run
+    # would end past it: it is not started.
+    clock = Clock()
+    runs = TimedRuns(clock, 10.0, by_name={"knob:compile": 40.0},
+                     times={"original-again": 0.088, "code:AX110": 0.092})
+    advice = run_advice(script, runs, repeats=2, budget=78.0, clock=clock)
+    assert clock.now <= 78.0
+    assert "code:AX110" not in runs.order
+    assert any(r.key == "code:AX110" and r.status == "not_measured" for r in advice.recommendations)
+
+
+def test_a_change_whose_own_runs_are_long_is_not_started_short_of_its_length(script: Path) -> None:
+    # The compiled runs take 40 s, every other run 10 s: a second compiled run is not
+    # started with 25 s left, where the median of all runs (10 s) would say it fits.
+    from torchaxe.advise.measure import Measurer
+    from torchaxe.runtime.knobs import knob_set_from_dict
+    from torchaxe.runtime.trials import TrialOptions
+
+    clock = Clock()
+    runs = TimedRuns(clock, 10.0, by_name={"compiled": 40.0})
+    measurer = Measurer(["python", str(script)], TrialOptions(steps=4), deadline=100.0, runner=runs, clock=clock)
+    base, (compiled, plain), complete = measurer.compare(
+        knob_set_from_dict({"name": "original"}, "t"),
+        [knob_set_from_dict({"name": "compiled"}, "t"), knob_set_from_dict({"name": "plain"}, "t")], repeats=2)
+    # Round 1: 10 + 40 + 10 = 60 s; round 2: the original (70 s) and then, with 30 s
+    # left, not the compiled run (40 s) but nothing after it either.
+    assert not complete
+    assert len(compiled.runs) == 1 and clock.now <= 100.0

@@ -112,6 +112,9 @@ class Measurer:
     #: Wall seconds of every run so far, to estimate whether the next one fits (of a
     #: round run together: its share of the round's).
     run_seconds: list[float] = field(default_factory=list)
+    #: The same by change: a change's own runs say how long its next one takes (a
+    #: compiled run can take several times the original's).
+    seconds_of: dict[str, list[float]] = field(default_factory=dict)
     #: When set, each round's runs are made at once, taking turns (else one by one).
     together: TogetherRunner | None = None
     #: The most runs memory allows side by side; a round of more runs goes one by one.
@@ -126,6 +129,12 @@ class Measurer:
     def expected_run_seconds(self) -> float:
         return Samples.of(self.run_seconds).median or 0.0
 
+    def expected_seconds_of(self, knobs: KnobSet) -> float:
+        """How long a run of ``knobs`` should take: the median of its own runs so far,
+        else of every run."""
+        own = Samples.of(self.seconds_of.get(knobs.name, [])).median
+        return own if own is not None else self.expected_run_seconds()
+
     def fits(self, runs: int) -> bool:
         """Whether ``runs`` more runs end before the deadline, at the run times so far."""
         left = self.remaining()
@@ -133,15 +142,20 @@ class Measurer:
 
     def _run(self, knobs: KnobSet, repeat: int, label: str) -> TrialRun:
         left = self.remaining()
-        # A run is not started when the runs so far say it would end past the deadline.
-        if left is not None and (left <= 0 or left < 0.8 * self.expected_run_seconds()):
+        # A run is not started when the runs so far say it would end past the deadline:
+        # its own runs when it had some, else all of them.
+        if left is not None and (left <= 0 or left < self.expected_seconds_of(knobs)):
             raise OutOfTime(label)
         self.progress(label)
         start = self.clock()
         run = self.runner(knobs, self.command, self.options, repeat)
-        self.run_seconds.append(run.seconds if run.seconds is not None else self.clock() - start)
+        self._took(knobs, run.seconds if run.seconds is not None else self.clock() - start)
         run.knobs = knobs.name
         return run
+
+    def _took(self, knobs: KnobSet, seconds: float) -> None:
+        self.run_seconds.append(seconds)
+        self.seconds_of.setdefault(knobs.name, []).append(seconds)
 
     def compare(self, baseline: KnobSet, arms: Sequence[KnobSet], repeats: int,
                 what: str = "measuring", warm: bool = False,
@@ -252,7 +266,7 @@ class Measurer:
             runs = together([a.knobs for a in order], repeat)
             for arm, latest in zip(order, runs):
                 latest.knobs = arm.knobs.name
-                self.run_seconds.append(latest.seconds or 0.0)
+                self._took(arm.knobs, latest.seconds or 0.0)
                 arm.runs.append(latest)
             against = base.runs[-1].median_per_sample_unit if base in arms else None
             for arm in arms:
