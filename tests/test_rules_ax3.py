@@ -229,6 +229,50 @@ def test_syncs_in_rare_branches_are_not_reported(scan):
     assert codes(scan(source, target="cuda", select=("AX3",))) == []
 
 
+def test_a_rare_flag_set_earlier_in_the_loop_makes_its_branch_rare(scan):
+    source = LOOP_HEAD + (
+        "    last_batch = step == len(loader) - 1\n"
+        "    is_console_step = (step % args.log_every == 0) or last_batch\n"
+        "    is_metric_step = (step % metric_every == 0) or is_console_step\n"
+        "    if is_metric_step:\n"
+        "        print(loss.item())\n"
+        "    g_regularize = step % args.g_reg_every == 0\n"
+        "    if g_regularize:\n"
+        "        print(float(loss))\n"
+        # A flag set two ways, one of them every step, is no guard.
+        "    show = step % 100 == 0\n"
+        "    if args.verbose:\n"
+        "        show = True\n"
+        "    if show:\n"
+        "        print(loss.item())\n"
+    )
+    assert [f.line for f in scan(source, target="cuda", select=("AX301",)).findings] == [18]
+
+
+def test_a_function_of_the_file_that_returns_numbers_is_not_a_tensor(scan):
+    # Named like a loss, but its returns are numbers; the other returns a tensor.
+    source = (
+        "import math\n"
+        "import torch\n"
+        "def get_loss_scale(args, batch):\n"
+        "    if args.mode == 'none':\n"
+        "        return 1.0\n"
+        "    return math.sqrt(batch.size / args.batch_size)\n"
+        "def compute_loss(out, y):\n"
+        "    return ((out - y) ** 2).mean()\n"
+        "for step, (x, y) in enumerate(loader):\n"
+        "    loss = compute_loss(model(x), y)\n"
+        "    loss_scale = get_loss_scale(args, x)\n"
+        "    if loss_scale != 1.0:\n"
+        "        loss = loss * loss_scale\n"
+        "    if compute_loss(model(x), y) > 3:\n"
+        "        print('large')\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+    )
+    assert [(f.code, f.line) for f in scan(source, target="cuda", select=("AX303",)).findings] == [("AX303", 14)]
+
+
 def test_frequent_branches_are_reported(scan):
     source = LOOP_HEAD + (
         "    if step % 2 == 0:\n"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext, child_nodes, fast_walk
 from torchaxe.scan.rules._dataloader import is_dataloader_call
@@ -46,7 +47,7 @@ def rarely_run(ctx: FileContext, loop: ast.AST, *nodes: ast.AST) -> bool:
         if isinstance(parent, ast.Assert) and child is parent.msg:
             return True
         if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
-            side = modulo_guard(parent.test)
+            side = modulo_guard(parent.test, lambda name: assigned_in(loop, name))
             body = parent.body if isinstance(parent.body, list) else [parent.body]
             in_body = any(child is s for s in body)
             if (side == "body" and in_body) or (side == "orelse" and not in_body):
@@ -54,17 +55,53 @@ def rarely_run(ctx: FileContext, loop: ast.AST, *nodes: ast.AST) -> bool:
     return False
 
 
-def modulo_guard(test: ast.AST) -> str | None:
+def assigned_in(scope: ast.AST, name: str) -> list[ast.expr]:
+    """The values a plain ``name = value`` gives ``name`` inside ``scope``; none when
+    the name is also bound otherwise there (a loop target, ``+=``), as then its value
+    is not one of them."""
+    values: list[ast.expr] = []
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            if len(node.targets) != 1:
+                return []
+            values.append(node.value)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            if node.value is None:
+                return []
+            values.append(node.value)
+        elif any(isinstance(t, ast.Name) and t.id == name for bound in _other_bindings(node) for t in ast.walk(bound)):
+            return []
+    return values
+
+
+def _other_bindings(node: ast.AST) -> list[ast.AST]:
+    """What ``node`` binds other than by a plain assignment."""
+    if isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor, ast.comprehension, ast.NamedExpr)):
+        return [node.target]
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        return [item.optional_vars for item in node.items if item.optional_vars is not None]
+    return []
+
+
+def modulo_guard(test: ast.AST, assigned: Callable[[str], list[ast.expr]] | None = None,
+                 depth: int = 0) -> str | None:
     """Which branch of an ``if`` on ``test`` is taken once every N steps: ``"body"``
-    for ``step % N == 0``, ``"orelse"`` for ``step % N`` or ``step % N != 0``."""
+    for ``step % N == 0``, ``"orelse"`` for ``step % N`` or ``step % N != 0``.
+    ``assigned``: a name's values, to read a flag set earlier (``is_log_step = step %
+    N == 0`` then ``if is_log_step:``)."""
+    if isinstance(test, ast.Name) and assigned is not None and depth < 4:
+        sides = {modulo_guard(v, assigned, depth + 1) for v in assigned(test.id) or [test]}
+        return sides.pop() if len(sides) == 1 else None
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return "body" if any(modulo_guard(v) == "body" for v in test.values) else None
+        return "body" if any(modulo_guard(v, assigned, depth) == "body" for v in test.values) else None
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
         # `step % N == 0 or step == last`: rare when every alternative is.
-        sides = [modulo_guard(v) == "body" or _equality(v) for v in test.values]
-        return "body" if all(sides) and any(modulo_guard(v) == "body" for v in test.values) else None
+        guards = [modulo_guard(v, assigned, depth) == "body" for v in test.values]
+        sides = [guard or _equality(v) or _set_to_equality(v, assigned, depth)
+                 for guard, v in zip(guards, test.values)]
+        return "body" if all(sides) and any(guards) else None
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return {"body": "orelse", "orelse": "body"}.get(modulo_guard(test.operand) or "")
+        return {"body": "orelse", "orelse": "body"}.get(modulo_guard(test.operand, assigned, depth) or "")
     if _sparse_modulo(test):
         return "orelse"
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
@@ -92,6 +129,14 @@ def _equality(node: ast.AST) -> bool:
         and isinstance(node.ops[0], ast.Eq)
         and not any(isinstance(n, ast.Constant) and isinstance(n.value, str) for n in (node.left, *node.comparators))
     )
+
+
+def _set_to_equality(node: ast.AST, assigned: Callable[[str], list[ast.expr]] | None, depth: int) -> bool:
+    """A name set to ``count == last`` (``last_batch = i == n - 1``) only."""
+    if not isinstance(node, ast.Name) or assigned is None or depth >= 4:
+        return False
+    values = assigned(node.id)
+    return bool(values) and all(_equality(v) for v in values)
 
 
 def _sparse_modulo(node: ast.AST) -> bool:
@@ -612,6 +657,12 @@ class Tensors:
             return False  # library functions are judged by what they are, not their name
         if isinstance(func, ast.Name):
             name = func.id
+            returns = _returns_of(self.ctx, name)
+            if returns is not None:
+                # The file's own function: what it returns, more than its name, says.
+                judged = self._returned(name, returns)
+                if judged is not None:
+                    return judged
         elif isinstance(func, ast.Attribute):
             name = func.attr
             if name == "forward":
@@ -619,6 +670,27 @@ class Tensors:
         else:
             return False
         return name in self.modules or _looks_like_model_or_loss(name)
+
+    def _returned(self, name: str, returns: list[ast.expr]) -> bool | None:
+        """Whether a function of this file returns a tensor: True when one of its
+        returns plausibly is one, False when none is and one is certainly a host value
+        (``return 1.0``), None when its returns say neither."""
+        cached = ("ax3.returned", name)
+        if cached in self.ctx.cache:
+            return self.ctx.cache[cached]
+        key = (id(returns), "returns")
+        if key in self._busy:
+            return None  # a function that calls itself
+        self._busy.add(key)
+        try:
+            inner = Tensors(self.ctx, [_function_of(self.ctx, name), self.ctx.tree])
+            inner._busy.add(key)
+            judged = True if any(inner.is_tensor(r) for r in returns) else \
+                False if any(inner.is_host(r) for r in returns) else None
+        finally:
+            self._busy.discard(key)
+        self.ctx.cache[cached] = judged
+        return judged
 
     def is_host(self, node: ast.AST | None) -> bool:
         """Whether ``node`` certainly evaluates to a host value (a number, a string,
@@ -668,6 +740,43 @@ def _is_type_test(test: ast.AST) -> bool:
         and (getattr(n.func, "id", "") == "isinstance" or getattr(n.func, "attr", "") == "is_tensor")
         for n in fast_walk(test)
     )
+
+
+def _function_of(ctx: FileContext, name: str) -> ast.FunctionDef | None:
+    """The module-level function ``name`` of the file, when it defines exactly one."""
+    key = "ax3.functions"
+    if key not in ctx.cache:
+        defs: dict[str, list[ast.FunctionDef]] = {}
+        for node in ctx.tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs.setdefault(node.name, []).append(node)
+        ctx.cache[key] = {n: d[0] for n, d in defs.items() if len(d) == 1}
+    return ctx.cache[key].get(name)
+
+
+def _returns_of(ctx: FileContext, name: str) -> list[ast.expr] | None:
+    """The values the file's module-level function ``name`` returns (its own
+    ``return``s, not those of functions inside it); None when the file has no such
+    function, or it yields."""
+    func = _function_of(ctx, name)
+    if func is None:
+        return None
+    key = ("ax3.returns", name)
+    if key not in ctx.cache:
+        values: list[ast.expr] | None = []
+        stack: list[ast.AST] = list(func.body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            if isinstance(node, (ast.Yield, ast.YieldFrom)):
+                values = None
+                break
+            if isinstance(node, ast.Return) and node.value is not None:
+                values.append(node.value)
+            stack.extend(ast.iter_child_nodes(node))
+        ctx.cache[key] = values
+    return ctx.cache[key]
 
 
 def tensors_at(ctx: FileContext) -> Tensors:
