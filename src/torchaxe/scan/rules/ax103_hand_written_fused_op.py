@@ -78,8 +78,10 @@ OPS = (
     ),
     FusedOp(
         "rotary embedding",
-        _names("apply_rotary_pos_emb", "apply_rotary_emb", "rotate_half", "apply_rope", "rope"),
-        ("npu_rotary_mul",),
+        # (Not ``rotate_half``: a helper of the rotation, whose caller AX119 reports.)
+        _names("apply_rotary_pos_emb", "apply_rotary_emb", "apply_rope", "rope"),
+        ("npu_rotary_mul", "apply_rotary_emb_qkv_", "apply_rotary_emb_kv_", "apply_rotary_emb_func",
+         "liger_rotary_pos_emb"),
         {"npu": "torch_npu.npu_rotary_mul(x, cos, sin)"},
     ),
     FusedOp(
@@ -104,7 +106,7 @@ _DEFINITION = re.compile(
 _PREFILTER = (
     "gelu", "GELU", "GeLU", "Gelu", "silu", "SiLU", "swish", "Swish", "mish", "Mish",
     "rms_norm", "rmsnorm", "RMSNorm", "RmsNorm", "T5LayerNorm", "ttention", "attn",
-    "scaled_dot_product", "rotary", "rotate_half", "apply_rope", "def rope(", "swiglu",
+    "scaled_dot_product", "rotary", "apply_rope", "def rope(", "swiglu",
     "SwiGLU", "swi_glu",
 )
 _SOFTMAX = ("softmax",)
@@ -185,7 +187,19 @@ class HandWrittenFusedOp(Rule):
             "    return torch.softmax(s, -1) @ v\n",
             target="cuda",
         ),
-        Invalid("import torch\ndef rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)\n", target="npu"),
+        Invalid("import torch\nfrom mylib import rotate\ndef apply_rotary_pos_emb(q, cos, sin):\n"
+                "    return q * cos + rotate(q) * sin\n", target="npu"),
+        # The rotation's helper alone is not the rotary embedding.
+        Valid("import torch\ndef rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)\n",
+              target="npu"),
+        # The fused operator picked in __init__, the hand-written form kept for old torch.
+        Valid("import torch\nclass MishActivation(torch.nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n        self.act = torch.nn.functional.mish\n"
+              "    def _mish_python(self, x):\n        return x * torch.tanh(torch.nn.functional.softplus(x))\n"
+              "    def forward(self, x):\n        return self.act(x)\n"),
+        # A subclass that only configures its parent computes nothing itself.
+        Valid("import torch\nclass SwiGLU(CustomGLU):\n    def __init__(self, dim=-1):\n"
+              "        super().__init__(torch.nn.SiLU(), dim)\n", target="npu"),
         # Recognised by meaning by AX110 (and reported there), so not reported by name.
         Valid(
             "import math, torch\ndef gelu(x):\n"
@@ -207,12 +221,16 @@ class HandWrittenFusedOp(Rule):
         if op is None or ctx.target not in op.replacement:
             return
         if isinstance(node, ast.ClassDef):
+            # What its methods compute; __init__ only builds the module.
             body = [n for stmt in node.body if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    for n in walk_scope(stmt)]
+                    and stmt.name != "__init__" for n in walk_scope(stmt)]
         else:
             body = list(walk_scope(node))
         called = called_names(body)
-        if any(c in called for c in op.fused_calls):
+        # A definition that calls the fused operator, or holds it to call later (an
+        # `__init__` picking `F.mish` and keeping the hand-written form for old torch),
+        # keeps the hand-written form as a fallback.
+        if any(c in called or c in _referenced(node) for c in op.fused_calls):
             return
         if not _does_math(body):
             return
@@ -226,12 +244,54 @@ class HandWrittenFusedOp(Rule):
             return  # the formula rules (AX110-AX119) report this math by meaning
         kind = "class" if isinstance(node, ast.ClassDef) else "function"
         replacement = op.replacement[ctx.target]
+        note = ""
+        if op.label == "SwiGLU" and ctx.target == "npu":
+            split = _split_halves(body)
+            if split is not None:
+                dim, gates_second = split
+                replacement = f"torch_npu.npu_swiglu(x, dim={dim})"
+                if gates_second:
+                    note = ("; npu_swiglu gates the first half (silu(first) * second) and this code gates the "
+                            "second: swap the halves where x is made (the two halves of the projection's "
+                            "weight) before using it")
         yield ctx.finding(
             self,
             node,
             f"{kind} {node.name} computes {op.label} by hand as a chain of small kernels; "
-            f"the fused operator on {ctx.target} is {replacement}"
+            f"the fused operator on {ctx.target} is {replacement}{note}"
             + (" (unverified on Ascend hardware)" if ctx.target == "npu" else ""),
             replacement=replacement,
             fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY, title=f"use {replacement}"),
         )
+
+
+def _split_halves(body: list[ast.AST]) -> tuple[str, bool] | None:
+    """``a, b = x.chunk(2, dim)`` (or ``torch.chunk(x, 2, dim)``) in ``body``: the
+    split's dim as written, and whether a call reads the second half alone (the
+    activation gating it: ``a * act(b)``) and none the first."""
+    for node in body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple)
+                and len(node.targets[0].elts) == 2 and all(isinstance(e, ast.Name) for e in node.targets[0].elts)
+                and isinstance(node.value, ast.Call)):
+            continue
+        call = node.value
+        func = call.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name != "chunk":
+            continue
+        positional = call.args[1:] if isinstance(func, ast.Attribute) else call.args[2:]
+        dim_node = next((k.value for k in call.keywords if k.arg == "dim"), positional[0] if positional else None)
+        dim = ast.unparse(dim_node) if dim_node is not None else "0"
+        first, second = (e.id for e in node.targets[0].elts)
+
+        def gated(half: str) -> bool:
+            return any(isinstance(n, ast.Call) and n is not call and len(n.args) == 1
+                       and isinstance(n.args[0], ast.Name) and n.args[0].id == half for n in body)
+
+        return dim, gated(second) and not gated(first)
+    return None
+
+
+def _referenced(node: ast.AST) -> set[str]:
+    """Attribute names read anywhere in ``node`` (``nn.functional.mish``)."""
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)}
