@@ -56,6 +56,28 @@ CALLS: dict[str, str] = {
 }
 
 
+def _last_two_swapped(node: ast.AST) -> ast.AST | None:
+    """``b`` of ``b.transpose(-1, -2)``, ``torch.transpose(b, -2, -1)``, ``b.mT`` or
+    ``b.t()`` (a 2-D ``b``); None for anything else."""
+    if isinstance(node, ast.Attribute) and node.attr == "mT":
+        return node.value
+    if not isinstance(node, ast.Call) or node.keywords or not isinstance(node.func, ast.Attribute):
+        return None
+    func, args = node.func, node.args
+    if func.attr == "t" and not args:
+        return func.value
+    if func.attr != "transpose":
+        return None
+    if len(args) == 3 and isinstance(func.value, ast.Name) and func.value.id == "torch":
+        tensor, args = args[0], args[1:]
+    elif len(args) == 2:
+        tensor = func.value
+    else:
+        return None
+    dims = {ast.literal_eval(a) if isinstance(a, (ast.Constant, ast.UnaryOp)) else None for a in args}
+    return tensor if dims == {-1, -2} else None
+
+
 def _params(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
     a = fn.args
     return tuple(p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs))
@@ -69,8 +91,8 @@ class NpuAffinityTable(Rule):
     affinity function or module: user functions and classes with the listed names and
     parameter lists (bounding-box coders, NMS, channel shuffle, Fairseq multi-head
     attention and dropout, Mish, DropPath, Focus, PSROIPool, ROIAlign, modulated
-    deformable convolution) and the calls `torch.matmul`, `torch.roll` and
-    `torch.nn.SiLU`.
+    deformable convolution) and the calls `torch.matmul` by a transposed second operand
+    (`matmul_transpose` takes it untransposed), `torch.roll` and `torch.nn.SiLU`.
 
     ## Why is this bad?
     These are written with many small generic operators; the listed `torch_npu`
@@ -120,6 +142,10 @@ class NpuAffinityTable(Rule):
             target="npu",
         ),
         Invalid("import torch\ny = torch.roll(x, 1, 0)\nact = torch.nn.SiLU()\n", target="npu", count=2),
+        Invalid("import torch\ns = torch.matmul(q, k.transpose(-1, -2))\nt = torch.matmul(a, b.mT)\n", target="npu",
+                count=2),
+        # matmul_transpose multiplies by the transpose of its second operand: a plain product is no fit.
+        Valid("import torch\ny = torch.matmul(w, v)\nz = torch.matmul(x, y.transpose(1, 2))\n", target="npu"),
         Valid("import torch\ndef channel_shuffle(x, groups, extra):\n    return x\n", target="npu"),
         Valid("import torch\ndef channel_shuffle(x, groups):\n    return x\n", target="cuda"),
         Valid("import torch\nclass DropPath(torch.nn.Module):\n    def forward(self, x, scale):\n        return x\n", target="npu"),
@@ -142,7 +168,14 @@ class NpuAffinityTable(Rule):
                     yield self._finding(ctx, node, f"class {node.name}", entry[1], display)
         elif isinstance(node, ast.Call):
             name = ctx.call_name(node)
-            if name in CALLS:
+            if name == "torch.matmul":
+                # matmul_transpose(a, b) is a @ b^T: it fits a product by a transposed
+                # second operand only, which it takes untransposed.
+                untransposed = _last_two_swapped(node.args[1]) if len(node.args) == 2 and not node.keywords else None
+                if untransposed is not None:
+                    a, b = (ctx.text(n) for n in (node.args[0], untransposed))
+                    yield self._finding(ctx, node, name, f"{CALLS[name]}({a}, {b})", display)
+            elif name in CALLS:
                 yield self._finding(ctx, node, name, CALLS[name], display)
 
     def _finding(self, ctx: FileContext, node: ast.AST, what: str, replacement: str, fix) -> Finding:
