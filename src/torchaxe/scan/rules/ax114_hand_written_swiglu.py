@@ -114,6 +114,15 @@ class HandWrittenSwiglu(FormulaRule):
             "    def forward(self, x):\n        return self.down(self.act_fn(self.up(x)))\n",
             target="npu",
         ),
+        # A gate on a recurrence's output (Mamba): one factor is no projection.
+        Valid(
+            "import torch\nfrom transformers.activations import ACT2FN\n\n\nclass Mixer(torch.nn.Module):\n"
+            "    def __init__(self, config):\n        super().__init__()\n"
+            "        self.act = ACT2FN[config.hidden_act]\n\n"
+            "    def forward(self, x):\n        h, gate = self.in_proj(x).chunk(2, dim=1)\n"
+            "        y = torch.cumsum(h, dim=-1) + h * self.D\n        return y * self.act(gate)\n",
+            target="npu",
+        ),
     )
 
     def check_module(self, ctx) -> Iterable[Finding]:
@@ -147,8 +156,10 @@ class HandWrittenSwiglu(FormulaRule):
             )
         return Proposal(
             f"torch_npu.npu_swiglu(torch.cat(({a}, {b}), -1), dim=-1)",
-            f"fuse the two projections that produce {a} and {b} into one linear layer and call "
-            "torch_npu.npu_swiglu(its output, dim=-1), which computes silu(first half) * second half in one kernel",
+            f"when {a} and {b} are two projections of one input, fuse them into one linear layer and call "
+            "torch_npu.npu_swiglu(its output, dim=-1), which computes silu(first half) * second half in one kernel "
+            "(where one of them is not a projection, as in a gated recurrence, the fused call needs the torch.cat "
+            "above and may not pay)",
             "merge the projections and use torch_npu.npu_swiglu",
             Applicability.DISPLAY_ONLY,
             edit=False,
@@ -197,8 +208,43 @@ def _config_gates(tree: ast.AST) -> Iterable[tuple[ast.BinOp, str]]:
                     continue
                 sides = [_activation_call(side, this, acts) for side in (node.left, node.right)]
                 other = node.right if sides[0] is not None else node.left
-                if sum(a is not None for a in sides) == 1 and not isinstance(other, ast.Constant):
+                # Both factors projections of the input (an MLP), not a gate on something
+                # else (Mamba's scan output, RWKV's mix): npu_swiglu needs both halves
+                # from one linear layer.
+                gated = (node.left if sides[0] is not None else node.right).args[0] \
+                    if sum(a is not None for a in sides) == 1 else None
+                if gated is not None and not isinstance(other, ast.Constant) and _projected(other, this, method) \
+                        and _projected(gated, this, method):
                     yield node, next(a for a in sides if a is not None)
+
+
+def _projected(node: ast.expr, me: str, method: ast.FunctionDef, depth: int = 0) -> bool:
+    """Whether ``node`` is the output of one of the module's layers (``self.up(x)``),
+    directly or through a name every assignment of the method sets so, or a half of one
+    (``a, b = self.proj(x).chunk(2, -1)``)."""
+    if depth > 3:
+        return False
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        if isinstance(node.func.value, ast.Name) and node.func.value.id == me:
+            return True  # self.up(x)
+        if node.func.attr in ("chunk", "split", "contiguous", "transpose", "view", "reshape", "float", "to"):
+            return _projected(node.func.value, me, method, depth + 1)
+    if isinstance(node, ast.Subscript):
+        return _projected(node.value, me, method, depth + 1)
+    if isinstance(node, ast.Name):
+        values = []
+        for stmt in fast_walk(method):
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                target = stmt.targets[0]
+                names = [target] if isinstance(target, ast.Name) else list(target.elts) \
+                    if isinstance(target, ast.Tuple) else []
+                if any(isinstance(t, ast.Name) and t.id == node.id for t in names):
+                    values.append(stmt.value)
+            elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign, ast.For)) and isinstance(
+                    getattr(stmt, "target", None), ast.Name) and stmt.target.id == node.id:
+                return False
+        return bool(values) and all(_projected(v, me, method, depth + 1) for v in values)
+    return False
 
 
 def _activation_call(node: ast.expr, me: str, acts: set[str]) -> str | None:
