@@ -88,6 +88,18 @@ class TensorToPythonInTrainingLoop(Rule):
         "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid-unnecessary-cpu-gpu-synchronization",
     )
     examples = (
+        # A progress line built of repeated formats, a tensor's elements unpacked into it.
+        Invalid(
+            "import torch\n"
+            "mloss = torch.zeros(3, device='cuda')\n"
+            "for i, (x, y) in enumerate(loader):\n"
+            "    loss, items = criterion(model(x), y)\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    mloss = (mloss * i + items) / (i + 1)\n"
+            "    pbar.set_description(('%10s' + '%10.4g' * 3) % (f'{i}', *mloss))\n",
+            target="cuda",
+        ),
         Invalid(
             "import torch\n"
             "for x, y in loader:\n"
@@ -195,7 +207,11 @@ class TensorToPythonInTrainingLoop(Rule):
         if loop is None or T.rarely_run(ctx, loop, node):
             return
         tensors = T.tensors_at(ctx)
-        culprit = next((c for c in candidates if not isinstance(c, ast.Starred) and tensors.is_tensor(c)), None)
+        # `*t` unpacks a tensor into its elements, each converted alike.
+        culprit = next((c for c in candidates if tensors.is_tensor(c.value if isinstance(c, ast.Starred) else c)),
+                       None)
+        if isinstance(culprit, ast.Starred):
+            culprit = culprit.value
         if culprit is None:
             return
         if isinstance(node, ast.FormattedValue):
@@ -218,11 +234,7 @@ class TensorToPythonInTrainingLoop(Rule):
         if isinstance(node, ast.FormattedValue):
             return [node.value]
         if isinstance(node, ast.BinOp):
-            if (
-                isinstance(node.op, ast.Mod)
-                and isinstance(node.left, ast.Constant)
-                and isinstance(node.left.value, str)
-            ):
+            if isinstance(node.op, ast.Mod) and _text(node.left):
                 return list(node.right.elts) if isinstance(node.right, ast.Tuple) else [node.right]
             return []
         assert isinstance(node, ast.Call)
@@ -245,3 +257,14 @@ class TensorToPythonInTrainingLoop(Rule):
         if (ctx.call_name(node) or "").startswith("math.") and node.args:
             return [node.args[0]]
         return []
+
+
+def _text(node: ast.AST) -> bool:
+    """A string written out: ``"%.3f"``, or built of such (``"%11s" * 2 + "%11.4g" * 5``)."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _text(node.left) and _text(node.right)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return (_text(node.left) and not _text(node.right)) or (_text(node.right) and not _text(node.left))
+    return False
