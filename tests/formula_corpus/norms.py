@@ -93,6 +93,21 @@ def layer_norm_one_expression(x, w, b, eps=1e-5):  # formula: layer_norm
     return (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True, correction=0) + eps) * w + b
 
 
+def layer_norm_sums(x, w, b):  # formula: layer_norm
+    # Means as sums over the size unpacked from x, the root as a power (llm.c's tutorial).
+    B, T, C = x.size()
+    mean = x.sum(-1, keepdim=True) / C
+    xshift = x - mean
+    var = (xshift**2).sum(-1, keepdim=True) / C
+    rstd = (var + 1e-5) ** -0.5
+    return xshift * rstd * w + b
+
+
+def sum_of_squares_root(x):  # lookalike: layer_norm
+    # A root of a sum of squares (an L2 length), nothing subtracted: no norm of x.
+    return (x.pow(2).sum(-1, keepdim=True) + 1e-6) ** 0.5
+
+
 def layer_norm_no_affine(x):  # formula: layer_norm
     mu = x.mean(dim=-1, keepdim=True)
     sigma2 = ((x - mu) ** 2).mean(dim=-1, keepdim=True)

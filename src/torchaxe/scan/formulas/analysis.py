@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from torchaxe.scan.context import fast_walk
 from torchaxe.scan.formulas import remote
-from torchaxe.scan.formulas import vocabulary as V
 from torchaxe.scan.formulas.inline import (
     FileUnit, Root, activation_attributes, activation_tables, has_activation_words, read_scope,
 )
 from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.lowering import SIZE_POWER_MARK
-from torchaxe.scan.formulas.prefilter import worth_evaluating
+from torchaxe.scan.formulas.prefilter import anchored, worth_evaluating
 from torchaxe.scan.formulas.spread import Plan
 from torchaxe.scan.formulas.spread import plan as spread_plan
 from torchaxe.scan.formulas.store import STORE, Match, decode, encode, file_key, root_key
@@ -46,6 +45,10 @@ _POWER = ("**", "pow(", "std(", "var(", "var_mean(", "square(", ".norm(")
 #: (``F.normalize(x, dim=-1) * self.scale * self.g``) or takes a power.
 NORMALIZE_WORDS = ("normalize",)
 _SCALE = _POWER + ("scale",)
+#: A sum counts only beside a square root written as a power (a norm whose mean is
+#: ``x.sum(-1) / C`` and whose root is ``** -0.5``, as llm.c writes LayerNorm).
+SUM_WORDS = ("sum",)
+_ROOT_POWER = ("** -0.5", "**-0.5", "** 0.5", "**0.5", "** (-0.5)", "**(-0.5)", "** (0.5)")
 #: Categories with a fused operator on npu only (torch has none for them).
 NPU_ONLY = frozenset({"swiglu", "rotary", "quick_gelu"})
 ALL_CATEGORIES = frozenset({"attention", "rotary", "swiglu", "layer_norm", "rms_norm", "softmax", "gelu_tanh",
@@ -182,6 +185,17 @@ def _word_offsets(words: tuple[str, ...], source: str, skip_definitions: bool = 
     return offsets
 
 
+def _text_offsets(texts: tuple[str, ...], source: str) -> list[int]:
+    """Offsets of every occurrence of one of ``texts``."""
+    offsets: list[int] = []
+    for text in texts:
+        pos = source.find(text)
+        while pos != -1:
+            offsets.append(pos)
+            pos = source.find(text, pos + len(text))
+    return offsets
+
+
 def _name_offsets(names: tuple[str, ...], source: str) -> list[int]:
     """Offsets where one of ``names`` is used as a value, not called (``rotate_fn =
     rotate_half``, ``map(l2norm, (q, k))``): the call through the alias is then read."""
@@ -233,17 +247,19 @@ def _plan(ctx: FileContext) -> tuple[list[tuple[ast.AST, ast.ClassDef | None]], 
     strong = _word_offsets(strong_words, source)
     weak = _word_offsets(WEAK_WORDS, source)
     scaled = _word_offsets(NORMALIZE_WORDS, source) if "normalize(" in source else []
+    summed = _word_offsets(SUM_WORDS, source) + _text_offsets(_ROOT_POWER, source) \
+        if any(p in source for p in _ROOT_POWER) else []
     definitions: list[tuple[ast.AST, ast.ClassDef | None]] | None = None
     if has_activation_words(source):
         definitions = list(_definitions(ctx.tree.body, None))
         strong.extend(_activation_calls(ctx, definitions))
-    if not strong and not weak and not scaled:
+    if not strong and not weak and not scaled and not summed:
         return [], [], set()
     starts = list(itertools.accumulate(map(len, ctx.lines)))
     hits = _to_lines(strong, starts)
     if definitions is None:
         definitions = list(_definitions(ctx.tree.body, None))
-    for offsets, evidence in ((weak, _POWER), (scaled, _SCALE)):
+    for offsets, evidence in ((weak, _POWER), (scaled, _SCALE), (summed, _ROOT_POWER)):
         if not offsets:
             continue
         weak_lines = _to_lines(offsets, starts)
@@ -324,7 +340,7 @@ def _analyse(ctx: FileContext) -> list[FormulaMatch]:
             roots.extend((r, "a lambda") for r in read_scope(unit, lam, cls))
         except RecursionError:
             continue
-    candidates = [(r, n) for r, n in roots if r.node.ops & V.ANCHORS and r.node.size >= 3 and r.node.vars]
+    candidates = [(r, n) for r, n in roots if r.node.size >= 3 and r.node.vars and anchored(r.node)]
     if not candidates:
         return []
     categories = categories_for(ctx.target)

@@ -189,9 +189,16 @@ TESTS: dict[str, Callable[[Node], bool]] = {
 }
 
 
+def anchored(node: Node) -> bool:
+    """Whether ``node`` holds an operation a formula is built around: one of the
+    anchors, or a sum beside a square root written as a power (LayerNorm as
+    ``x.sum(-1) / C`` and ``(var + eps) ** -0.5``)."""
+    return bool(node.ops & V.ANCHORS) or ({"pow", "sum"} <= node.ops and _has_square_root(node))
+
+
 def candidates(order: list[Node]) -> list[Node]:
     """The subtrees worth a look, largest first."""
-    found = [n for n in order if n.op not in (VAR, CONST) and n.size >= 3 and n.ops & V.ANCHORS]
+    found = [n for n in order if n.op not in (VAR, CONST) and n.size >= 3 and anchored(n)]
     found.sort(key=lambda n: -n.size)
     return found
 
