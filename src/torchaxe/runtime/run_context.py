@@ -78,6 +78,14 @@ OBSERVED: dict[str, Any] = {}
 _MOST_LOADERS = 8
 
 
+def partial_batch(samples: int | None, batch_size: int | None, drop_last: bool) -> int | None:
+    """Samples in an epoch's last, smaller batch: None when every batch is full, the
+    loader drops it, or the epoch's size is not known."""
+    if not batch_size or samples is None or drop_last:
+        return None
+    return samples % batch_size or None
+
+
 def loader_epoch(loader: Any) -> dict[str, Any] | None:
     """A DataLoader's epoch as the batches it makes: batch size, samples per epoch
     (this process's share, under a DistributedSampler), ``drop_last`` and the samples
@@ -91,8 +99,8 @@ def loader_epoch(loader: Any) -> dict[str, Any] | None:
     except Exception:  # noqa: BLE001 - no length: the epoch cannot be known
         return None
     drop_last = bool(getattr(loader, "drop_last", False))
-    last = None if drop_last else (samples % batch_size or None)
-    return {"batch_size": batch_size, "samples": samples, "drop_last": drop_last, "last_batch_samples": last}
+    return {"batch_size": batch_size, "samples": samples, "drop_last": drop_last,
+            "last_batch_samples": partial_batch(samples, batch_size, drop_last)}
 
 
 def note_loader(loader: Any, site: str | None) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchaxe.runtime.dynamo import OneShotModuleHook
+from torchaxe.runtime.run_context import partial_batch
 
 #: Distinct input signatures kept per operator; more marks it ``truncated``.
 MAX_OP_SIGNATURES = 512
@@ -260,9 +261,7 @@ class LoaderInfo:
     def remainder(self) -> int | None:
         """Samples in the last, partial batch of an epoch (None when there is none or
         it cannot be known)."""
-        if not self.batch_size or self.dataset_length is None or self.drop_last:
-            return None
-        return self.dataset_length % self.batch_size or None
+        return partial_batch(self.dataset_length, self.batch_size, bool(self.drop_last))
 
     def to_dict(self) -> dict[str, Any]:
         return {"collate_fn": self.collate, "collate_location": self.collate_location, "batch_size": self.batch_size,
