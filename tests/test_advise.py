@@ -217,6 +217,15 @@ def test_a_budget_that_fits_few_changes_says_how_much_would_fit_them_all(script:
                "them all, at 2 s per run" in n for n in advice.notes)
 
 
+def test_a_budget_that_holds_no_measurement_measures_nothing_and_says_so(script: Path) -> None:
+    # Runs of 2 s; 5 s left after the profile hold no warm-up, original and change.
+    runs = FakeRuns()
+    advice = run_advice(script, runs, budget=5.0)
+    assert runs.order == []  # not even the warm-up run
+    assert all(r.status == "not_measured" for r in advice.recommendations) and advice.partial
+    assert any("holds no measurement (one change takes three runs" in n for n in advice.notes)
+
+
 def test_interrupt_gives_partial_advice(script: Path) -> None:
     advice = run_advice(script, FakeRuns(interrupt_after=3))
     assert advice.partial
@@ -1169,3 +1178,32 @@ def test_a_change_whose_own_runs_are_long_is_not_started_short_of_its_length(scr
     # left, not the compiled run (40 s) but nothing after it either.
     assert not complete
     assert len(compiled.runs) == 1 and clock.now <= 100.0
+
+
+def test_a_compiled_change_first_run_is_expected_to_take_as_long_as_the_other_compiled_runs(script: Path) -> None:
+    # Two changes compile (50 s a run), the rest take 10 s: once one compiled run has
+    # been seen, the other's first run is not started with 30 s left.
+    from torchaxe.advise.measure import Measurer
+    from torchaxe.runtime.knobs import knob_set_from_dict
+    from torchaxe.runtime.trials import TrialOptions
+
+    clock = Clock()
+    runs = TimedRuns(clock, 10.0, by_name={"compiled": 50.0, "compiled-packed": 50.0})
+    measurer = Measurer(["python", str(script)], TrialOptions(steps=4), deadline=100.0, runner=runs, clock=clock)
+    base, (first, second), complete = measurer.compare(
+        knob_set_from_dict({"name": "original"}, "t"),
+        [knob_set_from_dict({"name": "compiled", "compile": {}}, "t"),
+         knob_set_from_dict({"name": "compiled-packed", "compile": {}, "kernels": {"dropout": "packed"}}, "t")],
+        repeats=1)
+    # 10 s (original) + 50 s (compiled) = 60 s; 40 s left: not the second compiled run.
+    assert not complete and len(first.runs) == 1 and not second.runs and clock.now <= 100.0
+
+
+def test_a_warm_up_no_slower_than_the_original_strays_from_itself_is_no_one_time_cost(script: Path) -> None:
+    # The original's second run (the A/A arm) took 3 s longer to warm up: a code fix
+    # 4 s slower there compiles nothing and costs nothing once; compile's 20 s does.
+    runs = FakeRuns(warmup={"original": 0.2, "original-again": 3.2, "code:AX110": 4.2, "knob:compile": 20.0})
+    advice = run_advice(script, runs)
+    by_key = {r.key: r for r in advice.recommendations}
+    assert by_key["code:AX110"].one_time_seconds is None
+    assert by_key["knob:compile"].one_time_seconds == pytest.approx(19.8)

@@ -134,6 +134,10 @@ def test_a_set_not_paid_back_within_the_jobs_steps_is_not_chosen(script: Path) -
     (["--num-train-steps", "10"], None),  # not a name read as the job's length
     (["--max-steps", "300", "--max_steps=400"], None),  # two lengths: neither
     (["--epochs", "3"], None),
+    # A section of a configuration (minGPT's --trainer.max_iters, Hydra's key=value).
+    (["--trainer.max_iters=300"], (300, "--trainer.max_iters 300")),
+    (["trainer.max_steps=100"], (100, "trainer.max_steps 100")),
+    (["trainer.max_steps", "100"], None),  # a bare word without "=" is no option
 ])
 def test_the_jobs_length_is_read_from_the_command(command, expected) -> None:
     from torchaxe.advise.options import job_steps_in
@@ -166,6 +170,7 @@ def test_a_length_stated_in_the_command_holds_back_a_compile_it_does_not_pay_bac
     (["--epoch", "3"], None),  # often the epoch to start from
     (["--epochs", "2", "--epochs=3"], None),
     (["--epochs", "many"], None),
+    (["trainer.max_epochs=3"], (3.0, "trainer.max_epochs 3")),
 ])
 def test_the_jobs_length_in_epochs_is_read_from_the_command(command, expected) -> None:
     from torchaxe.advise.options import job_epochs_in

@@ -64,12 +64,14 @@ def test_text_report_and_a_getitem_that_raises(tmp_path):
 
 
 def test_a_hung_loader_is_stopped_by_the_timeout(tmp_path):
-    proc = _run(["--steps", "50", "--timeout", "4", "--samples", "8", "--sample-timeout", "1", "--no-scan",
+    # The timeout leaves a busy machine time to start the script (torch's import alone
+    # can take seconds there) before the loader hangs.
+    proc = _run(["--steps", "50", "--timeout", "12", "--samples", "8", "--sample-timeout", "1", "--no-scan",
                  "--format", "json", "--", "python", str(SCRIPT), "--samples", "8", "--batch-size", "2",
                  "--hang-index", "6"], tmp_path)
     assert proc.returncode == 5, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["status"] == "timeout" and "--timeout 4" in report["error"]
+    assert report["status"] == "timeout" and "--timeout 12" in report["error"]
     stages = report["loaders"][0]["stages"]
     assert "did not return within 1 s" in stages["hung"]
 

@@ -115,6 +115,7 @@ class Measurer:
     #: The same by change: a change's own runs say how long its next one takes (a
     #: compiled run can take several times the original's).
     seconds_of: dict[str, list[float]] = field(default_factory=dict)
+    _compiling: set[str] = field(default_factory=set)
     #: When set, each round's runs are made at once, taking turns (else one by one).
     together: TogetherRunner | None = None
     #: The most runs memory allows side by side; a round of more runs goes one by one.
@@ -131,9 +132,17 @@ class Measurer:
 
     def expected_seconds_of(self, knobs: KnobSet) -> float:
         """How long a run of ``knobs`` should take: the median of its own runs so far,
-        else of every run."""
+        else, for a change that compiles, of the runs of the others that compile (each
+        pays for its compile), else of every run."""
         own = Samples.of(self.seconds_of.get(knobs.name, [])).median
-        return own if own is not None else self.expected_run_seconds()
+        if own is not None:
+            return own
+        if _compiles(knobs):
+            alike = Samples.of([t for name, times in self.seconds_of.items() if name in self._compiling
+                                for t in times]).median
+            if alike is not None:
+                return max(alike, self.expected_run_seconds())
+        return self.expected_run_seconds()
 
     def fits(self, runs: int) -> bool:
         """Whether ``runs`` more runs end before the deadline, at the run times so far."""
@@ -156,6 +165,8 @@ class Measurer:
     def _took(self, knobs: KnobSet, seconds: float) -> None:
         self.run_seconds.append(seconds)
         self.seconds_of.setdefault(knobs.name, []).append(seconds)
+        if _compiles(knobs):
+            self._compiling.add(knobs.name)
 
     def compare(self, baseline: KnobSet, arms: Sequence[KnobSet], repeats: int,
                 what: str = "measuring", warm: bool = False,
@@ -275,6 +286,12 @@ class Measurer:
                     arm.ratios.append(mine / against)
 
         return run
+
+
+def _compiles(knobs: KnobSet) -> bool:
+    """Whether a run of ``knobs`` compiles (torch.compile or tuned subgraphs), so that
+    its first run pays for that on top of the steps."""
+    return any(name in knobs.values for name in ("compile", "tune"))
 
 
 def _failed(arm: ArmResult) -> bool:

@@ -62,9 +62,12 @@ class AdviseOptions:
 
 
 #: Options of a training script that give its whole length in optimizer steps.
-_LENGTH_OPTIONS = re.compile(r"^--(max|num|total|train)[-_](steps|iters|iterations)$")
+#: A dotted prefix names a section of a configuration (``--trainer.max_iters=300``,
+#: Hydra's ``trainer.max_steps=300`` without the dashes).
+_PREFIX = r"^(?:--(?:[\w-]+\.)*|(?:[\w-]+\.)+)"
+_LENGTH_OPTIONS = re.compile(_PREFIX + r"(max|num|total|train)[-_](steps|iters|iterations)$")
 #: Options that give it in epochs (``--epochs 2``, ``--num_train_epochs 3``, ``--max-epochs``).
-_EPOCH_OPTIONS = re.compile(r"^--((max|num|n|total|train)[-_]?)?(train[-_])?epochs$")
+_EPOCH_OPTIONS = re.compile(_PREFIX + r"((max|num|n|total|train)[-_]?)?(train[-_])?epochs$")
 
 
 def _stated(command: Sequence[str], names: re.Pattern, read: Any) -> tuple[Any, str] | None:
@@ -78,6 +81,8 @@ def _stated(command: Sequence[str], names: re.Pattern, read: Any) -> tuple[Any, 
         if not names.match(name):
             continue
         if not sep:
+            if not name.startswith("--"):
+                continue  # a bare word without "=" is no option (Hydra's are key=value)
             value = args[i + 1] if i + 1 < len(args) else ""
         number = read(value)
         if number is not None:

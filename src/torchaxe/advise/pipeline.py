@@ -353,17 +353,23 @@ class Advisor:
         left = self.deadline - self.clock()
         fit = int((left - per_run) / per_run / repeats) - 1 - 2  # one warm-up run first
         ordered = sorted(candidates, key=lambda c: -c.priority)
-        chosen = ordered[:max(fit, 1)]
+        # One change needs a warm-up run, the original and the change at the least.
+        chosen = ordered[:max(fit, 1)] if left >= 3 * per_run else []
         for c in ordered[len(chosen):]:
             c.rec.status = "not_measured"
             c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + "(not measured: out of --budget)"
         if len(chosen) < len(ordered):
             # Profile, warm-up run, the rounds of every change with the A/A arm, the combined run.
             needed = (self.clock() - self.started) + per_run * (1 + repeats * (2 + len(ordered)) + 2 * repeats)
-            advice.notes.append(
-                f"the --budget fits {len(chosen)} of {len(ordered)} changes ({len(ordered) - len(chosen)} not "
-                f"measured, listed last); about --budget {math.ceil(needed / 60)}m would measure them all, at "
-                f"{per_run:.0f} s per run")
+            fits = (f"fits {len(chosen)} of {len(ordered)} changes ({len(ordered) - len(chosen)} not measured, "
+                    "listed last)" if chosen else
+                    f"left after the profile ({max(left, 0):.0f} s) holds no measurement (one change takes three "
+                    f"runs: a warm-up, the original and the change)")
+            advice.notes.append(f"the --budget {fits}; about --budget {math.ceil(needed / 60)}m would measure them "
+                                f"all, at {per_run:.0f} s per run")
+        if not chosen:
+            advice.partial = True
+            return
         arms = []
         for c in chosen:
             knobs = self.arms.of_change(c)
@@ -520,7 +526,7 @@ class Advisor:
         rec.speedup = 1.0 / ratio if ratio > 0 else None
         if base.median is not None:
             rec.measured_seconds_saved_per_step = base.median * (1.0 - ratio)
-        cost = one_time_cost(arm, base, rec.measured_seconds_saved_per_step or 0.0)
+        cost = one_time_cost(arm, base, rec.measured_seconds_saved_per_step or 0.0, same)
         rec.one_time_seconds, rec.break_even_steps = cost.get("one_time_seconds"), cost.get("break_even_steps")
         if self.options.check_accuracy and rec.accuracy.changes_numerics:
             # Against the original's own runs (same seed): the A/A arm ran under other seeds.

@@ -148,16 +148,20 @@ ONE_TIME_MIN_SECONDS = 1.0
 ONE_TIME_MIN_STEPS = 5
 
 
-def one_time_cost(arm: ArmResult, base: ArmResult, saved_per_step: float) -> dict[str, Any]:
+def one_time_cost(arm: ArmResult, base: ArmResult, saved_per_step: float,
+                  same: ArmResult | None = None) -> dict[str, Any]:
     """What a change costs once, before its first fast step -- compiling, mostly --
     as the extra wall time of its warm-up steps over the original's, and the steps
     after which the time it saves per step has paid that back (a short job may end
-    first). Empty when the warm-up took about as long as the original's."""
+    first). Empty when the warm-up took about as long as the original's, or than
+    twice as far as the original's own second run (``same``, the A/A arm) strayed from
+    it: a busy machine slows one warm-up more than another."""
     mine, original = arm.warmup_seconds, base.warmup_seconds
     if mine is None or original is None:
         return {}
     extra = mine - original
-    if extra < max(ONE_TIME_MIN_SECONDS, ONE_TIME_MIN_STEPS * (base.median or 0.0)):
+    strayed = abs(same.warmup_seconds - original) if same is not None and same.warmup_seconds is not None else 0.0
+    if extra < max(ONE_TIME_MIN_SECONDS, ONE_TIME_MIN_STEPS * (base.median or 0.0), 2 * strayed):
         return {}
     out: dict[str, Any] = {"one_time_seconds": extra}
     if saved_per_step > 0:
