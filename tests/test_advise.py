@@ -1207,3 +1207,20 @@ def test_a_warm_up_no_slower_than_the_original_strays_from_itself_is_no_one_time
     by_key = {r.key: r for r in advice.recommendations}
     assert by_key["code:AX110"].one_time_seconds is None
     assert by_key["knob:compile"].one_time_seconds == pytest.approx(19.8)
+
+
+def test_a_formula_in_code_no_step_ran_is_listed_not_measured(script: Path) -> None:
+    # The steps ran Net.forward (lines 28-30) and never the hand-written gelu (18-20):
+    # another model of the script uses it.
+    import os
+
+    runs = FakeRuns()
+    context = {"step_functions": {os.path.realpath(script): [[28, 40]]}}
+    advice = run_advice(script, runs, context=context)
+    gelu = next(r for r in advice.recommendations if r.key == "code:AX110")
+    assert gelu.status == "not_measured" and "no training step of this run ran this code" in gelu.detail
+    assert "code:AX110" not in runs.order
+    assert any("in code no training step of this run ran are listed but not measured" in n for n in advice.notes)
+    # With the gelu run by the steps, it is measured.
+    ran = run_advice(script, FakeRuns(), context={"step_functions": {os.path.realpath(script): [[18, 40]]}})
+    assert next(r for r in ran.recommendations if r.key == "code:AX110").status == "measured"

@@ -204,7 +204,15 @@ class Advisor:
                 advice.notes.append(f"{len(findings) - len(measured_findings)} finding(s) in {len(idle)} file(s) the "
                                     f"run did not import (e.g. {idle[0]}) are listed but not measured")
         measured_findings = self._built_optimizers(measured_findings, base.context)
+        measured_findings, unrun = self._run_in_steps(measured_findings, base.context, settings)
         codes, advice_recs = code_candidates(measured_findings, base.profile, step)
+        if unrun:
+            unrun_codes, unrun_advice = code_candidates(unrun, base.profile, step)
+            for c in unrun_codes:
+                c.rec.status = "not_measured"
+                c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + \
+                    "(not measured: no training step of this run ran this code)"
+            advice_recs += [c.rec for c in unrun_codes] + unrun_advice
         installed, idle = run_by_the_job(extra.findings if extra is not None else [], base.context)
         if idle:
             advice.notes.append(
@@ -534,6 +542,26 @@ class Advisor:
         self._compare_memory(rec, arm, base)
         self._compare_job_length(rec)
         rec.ranks = arm.rank_figures
+
+    def _run_in_steps(self, findings: list[Finding], context: dict[str, Any],
+                      settings: dict[str, Any]) -> tuple[list[Finding], list[Finding]]:
+        """Formula findings split into those in code a counted training step ran and
+        those in code none did (a model class the command line did not choose): a fix
+        there cannot change this run's speed, and is listed only. Not when the script
+        compiles its model itself: compiled code runs without the Python frames that
+        say what ran."""
+        from torchaxe.runtime.run_context import executed
+
+        if settings.get("compiled_graphs"):
+            return findings, []
+        unrun = [f for f in findings if f.code.startswith("AX1")
+                 and executed(context, f.path, f.line, f.end_line) is False]
+        if unrun:
+            first = unrun[0]
+            self.advice.notes.append(
+                f"{len(unrun)} finding(s) in code no training step of this run ran are listed but not measured "
+                f"(e.g. {first.path}:{first.line} {first.code}; another model or option of the script runs it)")
+        return [f for f in findings if f not in unrun], unrun
 
     def _built_optimizers(self, findings: list[Finding], context: dict[str, Any]) -> list[Finding]:
         """Findings of optimizer calls the run made: a fix of a call it never made (in
