@@ -554,28 +554,30 @@ class Advisor:
 
         if settings.get("compiled_graphs"):
             return findings, []
-        unrun = [f for f in findings if f.code.startswith("AX1")
-                 and executed(context, f.path, f.line, f.end_line) is False]
-        if unrun:
-            first = unrun[0]
-            self.advice.notes.append(
-                f"{len(unrun)} finding(s) in code no training step of this run ran are listed but not measured "
-                f"(e.g. {first.path}:{first.line} {first.code}; another model or option of the script runs it)")
-        return [f for f in findings if f not in unrun], unrun
+        return self._listed_only(
+            findings, lambda f: f.code.startswith("AX1") and executed(context, f.path, f.line, f.end_line) is False,
+            lambda n, first: f"{n} finding(s) in code no training step of this run ran are listed but not measured "
+            f"(e.g. {first.path}:{first.line} {first.code}; another model or option of the script runs it)")
 
     def _built_optimizers(self, findings: list[Finding], context: dict[str, Any]) -> list[Finding]:
         """Findings of optimizer calls the run made: a fix of a call it never made (in
         a branch it did not take) cannot change its speed, and is listed only."""
         from torchaxe.runtime.run_context import built_optimizer
 
-        unbuilt = [f for f in findings if f.code in OPTIMIZER_RULES
-                   and built_optimizer(context, f.path, f.line, f.end_line) is False]
-        if unbuilt:
-            first = unbuilt[0]
-            self.advice.notes.append(
-                f"{len(unbuilt)} optimizer finding(s) are listed but not measured: the run built no optimizer there "
-                f"(a branch it did not take; e.g. {first.path}:{first.line} {first.code})")
-        return [f for f in findings if f not in unbuilt]
+        return self._listed_only(
+            findings, lambda f: f.code in OPTIMIZER_RULES and built_optimizer(context, f.path, f.line,
+                                                                               f.end_line) is False,
+            lambda n, first: f"{n} optimizer finding(s) are listed but not measured: the run built no optimizer "
+            f"there (a branch it did not take; e.g. {first.path}:{first.line} {first.code})")[0]
+
+    def _listed_only(self, findings: list[Finding], idle: Callable[[Finding], bool],
+                     note: Callable[[int, Finding], str]) -> tuple[list[Finding], list[Finding]]:
+        """``findings`` split into those to measure and those ``idle`` says the run
+        cannot have been sped up by, with a note on the latter."""
+        left_out = [f for f in findings if idle(f)]
+        if left_out:
+            self.advice.notes.append(note(len(left_out), left_out[0]))
+        return [f for f in findings if f not in left_out], left_out
 
     def _job_epochs(self, profile: dict[str, Any], settings: dict[str, Any]) -> None:
         """A command that gives the job's length in epochs (``--epochs 2``) gives it in
