@@ -1224,3 +1224,12 @@ def test_a_formula_in_code_no_step_ran_is_listed_not_measured(script: Path) -> N
     # With the gelu run by the steps, it is measured.
     ran = run_advice(script, FakeRuns(), context={"step_functions": {os.path.realpath(script): [[18, 40]]}})
     assert next(r for r in ran.recommendations if r.key == "code:AX110").status == "measured"
+
+
+def test_the_loss_noise_line_says_why_it_is_missing(script: Path) -> None:
+    # Runs take 10 s: after the warm-up run, the original's first run does not fit.
+    clock = Clock()
+    advice = run_advice(script, TimedRuns(clock, 10.0), budget=15.0, clock=clock)
+    out = io.StringIO()
+    render_advice_text(advice, out, width=200)
+    assert "loss noise         not recorded (the original's runs did not fit the budget)" in out.getvalue()

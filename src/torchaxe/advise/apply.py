@@ -180,11 +180,6 @@ class ApplyResult:
     changes_optimisation: list[str] = field(default_factory=list)
 
 
-def _loss_change(rec: dict[str, Any]) -> str:
-    delta = (rec.get("accuracy") or {}).get("loss_delta")
-    return f"{rec['key']} (loss {delta:+.2%})" if isinstance(delta, (int, float)) else str(rec["key"])
-
-
 def advised_project(advice: dict[str, Any], folder: str | Path) -> Path:
     """The project advise found the script in (``scanned.project``: it may reach above
     an unmarked folder, see ``scan.discover.project_of``), else the folder's own."""
@@ -254,7 +249,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     result = ApplyResult()
     result.slower = [f"{r['key']} ({r['speedup']:.2f}x)" for r in chosen
                      if r.get("status") == "measured" and isinstance(r.get("speedup"), (int, float)) and r["speedup"] < 1]
-    result.held_back = [_loss_change(r) for r in chosen if r.get("held_back")]
+    result.held_back = [f"{r['key']} ({r['held_back']})" for r in chosen if r.get("held_back")]
     result.changes_optimisation = [r["key"] for r in chosen if r.get("changes_optimisation")]
     codes: list[str] = []
     for r in chosen:

@@ -266,9 +266,7 @@ def apply(advice_path, unsafe_fixes, keys, diff):
         click.echo(f"torchaxe apply: warning: advise measured these slower than the original: "
                    f"{', '.join(result.slower)}", err=True)
     if result.held_back:
-        click.echo(f"torchaxe apply: warning: advise held these back (training loss beyond the run-to-run noise "
-                   f"plus the tolerance, peak memory above --memory-limit, or a one-time cost not paid back within --job-steps): "
-                   f"{', '.join(result.held_back)}", err=True)
+        click.echo(f"torchaxe apply: warning: advise held these back: {'; '.join(result.held_back)}", err=True)
     if result.changes_optimisation:
         click.echo(f"torchaxe apply: warning: these change the optimisation (a larger micro-batch: fewer steps per "
                    f"epoch; check convergence and the learning rate): {', '.join(result.changes_optimisation)}",

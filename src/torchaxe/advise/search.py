@@ -138,7 +138,8 @@ class ChangeSearch:
         if not chosen:
             noise = (f"beyond the run-to-run noise (below the original's own rounds beyond chance, or faster in "
                      f"every round by more than the {self.noise:.0%} the original strayed)" if self.same_ratios else
-                     "beyond the run-to-run noise (not measured: the original's own runs did not fit the budget)")
+                     "beyond the run-to-run noise (not measured: the original's second run, which measures it, did "
+                     "not fit the budget)")
             self.notes.append(f"no change saved at least {MIN_GAIN:.0%} of the step on the median {noise}")
             self._refine([], candidates)
             return
@@ -340,8 +341,8 @@ class ChangeSearch:
         if left_out:
             names = sorted({c.key for v in left_out for c in v} - {c.key for v in tried for c in v})
             if names:
-                self.notes.append("not tried on top of the chosen changes (out of --budget): "
-                                  + ", ".join(names))
+                self.notes.append(("not tried on top of the chosen changes" if chosen else "not tried together")
+                                  + " (out of --budget): " + ", ".join(names))
         if not tried:
             return
         sets = [self._changes("chosen+" + "+".join(c.key.replace(":", "-") for c in v), chosen + v)

@@ -44,7 +44,7 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
     return [knob_candidate(
         "knob:dataloader", "data", f"DataLoader(num_workers={workers}, persistent_workers=True"
         + (", pin_memory=True)" if "pin_memory" in knobs else ")"), {"dataloader": knobs},
-        group="dataloader", priority=1.0 + 4 * wait, detail=f"the step waited for data {wait:.0%} of the time",
+        group="dataloader", priority=1.0 + 4 * wait, detail=f"in the profiled run the step waited for data {wait:.0%} of the time",
         accuracy=replace(LOADER_ACCURACY))]
 
 

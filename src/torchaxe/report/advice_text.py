@@ -89,7 +89,9 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     if base.get("loss_tolerance") is not None:
         noise = base.get("loss_noise")
         if noise is None:
-            console.print("  loss noise         not recorded (no training loss in the original's runs)")
+            why = ("no training loss in the original's runs" if "trial runs" in str(base.get("source") or "")
+                   else "the original's runs did not fit the budget")
+            console.print(f"  loss noise         not recorded ({why})")
         else:
             console.print(f"  loss noise         {noise:.2%} (the original's runs); changes to the numerics are "
                           f"chosen within it + {base['loss_tolerance']:.1%}")
