@@ -1233,3 +1233,5 @@ def test_the_loss_noise_line_says_why_it_is_missing(script: Path) -> None:
     out = io.StringIO()
     render_advice_text(advice, out, width=200)
     assert "loss noise         not recorded (the original's runs did not fit the budget)" in out.getvalue()
+    # Nor was its step time measured: the figure shown is the profiled run's.
+    assert "(the profiled run's, with op recording on some steps: slower than the script runs)" in out.getvalue()

@@ -66,9 +66,13 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     if base.get("over_memory_limit"):
         console.print(f"  [red]the original exceeds --memory-limit:[/red] peak {bytes_text(peak)} above "
                       f"{bytes_text(limit)}; only changes that fit are chosen")
+    profiled = "trial runs" not in str(base.get("source") or "trial runs")
     console.print(f"  original step time  median {duration(base.get('step_seconds_median'), 2)}"
                   + (f", data wait {base['data_wait_fraction']:.1%}" if base.get("data_wait_fraction") is not None
-                     else ""))
+                     else "")
+                  # Not measured in trial runs: the profiled run's, slowed by its op recording.
+                  + (" (the profiled run's, with op recording on some steps: slower than the script runs)"
+                     if profiled else ""))
     if peak is not None:
         console.print(f"  original peak memory {bytes_text(peak)} ({MEMORY_KINDS.get(base.get('memory_kind'), 'n/a')})"
                       + (f", --memory-limit {bytes_text(limit)}" if limit is not None else ""))
