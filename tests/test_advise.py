@@ -134,7 +134,7 @@ def run_advice(script: Path, runs: FakeRuns, **options):
     opts = AdviseOptions(target="cpu", budget=options.pop("budget", 600.0), **options)
     return Advisor(["python", str(script)], opts, runner=runs,
                    profiler=lambda command, o, target, knobs=None: BaselineProfile(profile, context, 2.0),
-                   clock=clock, turns=turns).run()
+                   clock=clock, turns=turns, load=lambda: None).run()
 
 
 def test_ranked_by_measured_saving_with_the_json_contract(script: Path) -> None:
@@ -1235,3 +1235,18 @@ def test_the_loss_noise_line_says_why_it_is_missing(script: Path) -> None:
     assert "loss noise         not recorded (the original's runs did not fit the budget)" in out.getvalue()
     # Nor was its step time measured: the figure shown is the profiled run's.
     assert "(the profiled run's, with op recording on some steps: slower than the script runs)" in out.getvalue()
+
+
+def test_a_busy_machine_is_said(script: Path) -> None:
+    profile = fake_profile(script)
+    context = {"modules": [], "settings": {"num_threads": 2, "allowed_cpus": 2}}
+
+    def advise(load):
+        return Advisor(["python", str(script)], AdviseOptions(target="cpu", budget=600.0), runner=FakeRuns(),
+                       profiler=lambda command, o, target, knobs=None: BaselineProfile(profile, context, 2.0),
+                       clock=Clock(), load=lambda: load).run()
+
+    busy = advise(3.9)
+    assert any(n.startswith("the machine was busy (1-minute load 3.9 on 2 core(s) at the end)") for n in busy.notes)
+    assert not any("the machine was busy" in n for n in advise(2.1).notes)
+    assert not any("the machine was busy" in n for n in advise(None).notes)

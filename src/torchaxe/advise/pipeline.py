@@ -87,6 +87,18 @@ LOUD_LOSS_NOISE = 0.25
 OPTIMIZER_RULES = ("AX201", "AX204")
 
 
+#: A load average above this many times the cores the script may use says the machine
+#: was busy with more than advise's own runs.
+BUSY_LOAD = 1.5
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return None
+
+
 class Advisor:
     """One ``advise`` run, phase by phase: baseline, candidates, each measured alone,
     the search over them, the advice. Collaborators are injectable for tests:
@@ -96,7 +108,7 @@ class Advisor:
     def __init__(self, command: Sequence[str], options: AdviseOptions, *,
                  progress: Callable[[str], None] = lambda line: None, runner: Runner | None = None,
                  profiler: ProfileRunner | None = None, clock: Callable[[], float] = time.monotonic,
-                 turns: TurnsRunner | None = None) -> None:
+                 turns: TurnsRunner | None = None, load: Callable[[], float | None] | None = None) -> None:
         from torchaxe.backends import resolve_target
         from torchaxe.runtime.command import check_module
         from torchaxe.runtime.torchrun import parse_script
@@ -118,6 +130,10 @@ class Advisor:
         self.profiler = profiler or profile_in_subprocess
         self.clock = clock
         self.started = clock()
+        #: The machine's 1-minute load average (None: unknown); the runs a busy machine
+        #: makes are slowed unevenly, which advise says.
+        self.load = load if load is not None else _load_average
+        self.cores: int | None = None
         self.deadline = self.started + options.budget
         self.workdir = Path(tempfile.mkdtemp(prefix="torchaxe-advise-"))
         #: How far apart two runs of the unchanged script landed (the A/A arm).
@@ -146,7 +162,19 @@ class Advisor:
         finally:
             self.advice.elapsed_seconds = self.clock() - self.started
             shutil.rmtree(self.workdir, ignore_errors=True)
+            self._busy_note()
         return self.advice
+
+    def _busy_note(self) -> None:
+        """A note when other processes kept the machine busy: the runs (one at a time,
+        each on the cores the script may use) load it about one core's worth per core;
+        half again as much is someone else's work, which slows runs unevenly."""
+        load, cores = self.load(), self.cores or os.cpu_count()
+        if load is not None and cores and load > BUSY_LOAD * cores:
+            self.advice.notes.append(
+                f"the machine was busy (1-minute load {load:.1f} on {cores} core(s) at the end): other processes "
+                "slow runs unevenly, so the figures are noisier than on a quiet machine; run advise again when it "
+                "is quieter to confirm them")
 
     def _run(self) -> None:
         advice = self.advice
@@ -184,6 +212,7 @@ class Advisor:
             advice.scanned["installed_findings"] = [f.to_dict() for f in extra.findings]
 
         settings = base.context.get("settings") or {}
+        self.cores = settings.get("allowed_cpus")
         self._job_epochs(base.profile, settings)
         checks, env_candidates = environment_checks(settings, base.profile, findings, self.target, folder)
         advice.environment = checks
