@@ -273,6 +273,27 @@ def test_a_function_of_the_file_that_returns_numbers_is_not_a_tensor(scan):
     assert [(f.code, f.line) for f in scan(source, target="cuda", select=("AX303",)).findings] == [("AX303", 14)]
 
 
+def test_functions_of_the_file_that_call_each_other_are_judged_without_end(scan):
+    source = (
+        "import torch\n"
+        "def f(x):\n"
+        "    if x is None:\n"
+        "        return 1.0\n"
+        "    return g(x)\n"
+        "def g(x):\n"
+        "    return f(x) * 2\n"
+        "for x, y in loader:\n"
+        "    loss = criterion(model(x), y)\n"
+        "    if f(x) > 1:\n"
+        "        print(loss.item())\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+    )
+    report = scan(source, target="cuda", select=("AX3",))
+    assert not report.diagnostics, report.diagnostics  # not "nested too deeply"
+    assert [(f.code, f.line) for f in report.findings] == [("AX301", 11)]
+
+
 def test_frequent_branches_are_reported(scan):
     source = LOOP_HEAD + (
         "    if step % 2 == 0:\n"

@@ -678,17 +678,18 @@ class Tensors:
         cached = ("ax3.returned", name)
         if cached in self.ctx.cache:
             return self.ctx.cache[cached]
-        key = (id(returns), "returns")
-        if key in self._busy:
-            return None  # a function that calls itself
-        self._busy.add(key)
+        # The functions being judged, for the whole file: one that calls itself, or
+        # two that call each other, add no evidence on the way round.
+        judging: set[str] = self.ctx.cache.setdefault("ax3.judging", set())
+        if name in judging:
+            return None
+        judging.add(name)
         try:
             inner = Tensors(self.ctx, [_function_of(self.ctx, name), self.ctx.tree])
-            inner._busy.add(key)
             judged = True if any(inner.is_tensor(r) for r in returns) else \
                 False if any(inner.is_host(r) for r in returns) else None
         finally:
-            self._busy.discard(key)
+            judging.discard(name)
         self.ctx.cache[cached] = judged
         return judged
 
