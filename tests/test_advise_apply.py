@@ -205,18 +205,24 @@ def test_bad_budget_is_one_line(budget: str, tmp_path: Path) -> None:
 
 
 def test_advise_end_to_end_measures_a_real_fix(tmp_path: Path) -> None:
-    """Real subprocess runs: a wide hand-written GELU dominates the step; F.gelu is several times faster.
-    Five rounds: on a loaded machine (the suite runs in parallel) the original strays far
-    from itself, and three rounds leave the rank test against it too little to go on."""
+    """Real subprocess runs: a wide hand-written exact GELU is most of the step; F.gelu
+    is about four times faster on an AVX2 CPU (the whole step about 1.7x; the tanh
+    form's fused kernel gains too little there to stand out of a loaded machine's
+    noise). Five rounds: on a loaded machine (the suite runs in parallel) the original
+    strays far from itself, and three rounds leave the rank test against it too little
+    to go on."""
     script = tmp_path / "train.py"
-    shutil.copy(SCRIPTS / "advise_train.py", script)
+    tanh = "0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))"
+    text = (SCRIPTS / "advise_train.py").read_text()
+    assert tanh in text
+    script.write_text(text.replace(tanh, "x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))"))
     result = torchaxe("advise", "--budget", "5m", "--repeats", "5", "--steps", "4", "--warmup", "1",
                       "--skip", "knob:", "--skip", "env:", "--format", "json", "--save", str(tmp_path / "a.json"),
                       "--", "python", str(script), env={"ADVISE_WIDTH": "4096", "OMP_NUM_THREADS": "1"},
                       cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    gelu = next(r for r in data["recommendations"] if r["key"] == "code:AX110")
+    gelu = next(r for r in data["recommendations"] if r["key"] == "code:AX111")
     assert gelu["status"] == "measured", gelu
     assert gelu["speedup"] > 1.1
     # Chosen whenever its rounds beat the original's own spread; under a loaded machine
@@ -226,7 +232,7 @@ def test_advise_end_to_end_measures_a_real_fix(tmp_path: Path) -> None:
     baseline = data["baseline"]
     assert gelu["selected"] or not clear_gain(gelu["ratios"], baseline["run_to_run_noise"],
                                               baseline.get("aa_ratios") or [])
-    assert "torch.tanh" in script.read_text()  # measured, not applied
+    assert "torch.erf(x" in script.read_text()  # measured, not applied
     assert json.loads((tmp_path / "a.json").read_text())["schema"] == "torchaxe.advice/1"
 
 

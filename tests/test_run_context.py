@@ -211,6 +211,52 @@ def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built
     assert [(f.code, f.line) for f in idle] == [("AX102", unused), ("AX401", not_built), ("AX404", never_read)]
 
 
+RELATIVE = """
+import torch
+from torch import nn
+
+
+def act(x):
+    return x * torch.sigmoid(x)
+
+
+def unused(x):
+    return x * torch.sigmoid(1.702 * x)
+
+
+model = nn.Linear(8, 8)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(8):
+    loss = act(model(torch.randn(4, 8))).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_a_script_named_by_a_relative_path_is_known_to_have_run_its_functions(tmp_path: Path) -> None:
+    """`python train.py` from the script's folder: its functions' code carries the
+    absolute path (as under Python itself), so a finding in them is measured. The
+    loop's own code runs at module level: the lines of a function it never called are
+    not among the lines it ran."""
+    from torchaxe.runtime.run_context import executed
+
+    (tmp_path / "train.py").write_text(RELATIVE)
+    knobs = tmp_path / "knobs.json"
+    knobs.write_text(json.dumps({"name": "plain"}))
+    out = tmp_path / "context.json"
+    done = subprocess.run([sys.executable, "-m", "torchaxe.runtime.bootstrap", str(knobs), "--out",
+                           str(tmp_path / "p.json"), "--steps", "2", "--warmup", "1", "--target", "cpu", "--ops",
+                           "--context-out", str(out), "--", "python", "train.py"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.exists(), done.stderr[-2000:]
+    context = json.loads(out.read_text())
+    script = str(tmp_path / "train.py")
+    assert executed(context, script, _line_of(RELATIVE, "x * torch.sigmoid(x)")) is True
+    assert executed(context, script, _line_of(RELATIVE, "torch.sigmoid(1.702")) is False
+    assert executed(context, script, _line_of(RELATIVE, "loss.backward")) is True
+
+
 def test_nothing_is_left_out_when_the_run_did_not_record_what_it_executed() -> None:
     from torchaxe.advise.candidates import run_by_the_job
     from torchaxe.findings import Finding

@@ -106,7 +106,9 @@ def run_main(path: str) -> None:
     replacement text while ``__file__`` and tracebacks keep the real path."""
     replacement = _active.get(_key(path))
     if replacement is None:
-        runpy.run_path(path, run_name="__main__")
+        # Absolute, as `python train.py` makes ``__file__`` and the code's file names
+        # since Python 3.9: what ran is then known by path whatever the working folder.
+        runpy.run_path(os.path.abspath(path), run_name="__main__")
         return
     loader = OverlayLoader("__main__", os.path.abspath(path), replacement)
     module = types.ModuleType("__main__")

@@ -111,8 +111,8 @@ def note_loader(loader: Any, site: str | None) -> None:
         epochs.append({"site": site, **epoch})
 
 #: What code the run executed, where it was recorded (absent: not recorded):
-#: ``step_functions``, real path -> [first line, last line] of each function a
-#: counted training step called (runtime/opstats.py), and ``loader_sites``, the
+#: ``step_functions``, real path -> [first line, last line] runs of the lines of the
+#: functions a counted training step called or ran inside (runtime/opstats.py), and ``loader_sites``, the
 #: ``path:line`` of the frames outside torch that built each DataLoader
 #: (runtime/probes.py), and ``dataset_classes``, ``path:first:last`` of the classes of
 #: the datasets the loaders were built on (and the datasets those wrap). advise leaves
@@ -169,10 +169,13 @@ def used_dataset(context: dict[str, Any], path: str, line: int, end_line: int | 
 
 
 def function_ranges(codes: Any) -> dict[str, list[list[int]]]:
-    """The line ranges of code objects, by real path of their file: torch's,
-    torchaxe's and frozen or generated code left out."""
+    """The lines the code objects are made of, as sorted ``[first, last]`` runs by real
+    path of their file: torch's, torchaxe's and frozen or generated code left out.
+    A code object's own lines only: the body of a function defined in it is another
+    code object (the module's code holds every line of the file between its first and
+    last, the functions it never called included)."""
     own = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out: dict[str, list[list[int]]] = {}
+    lines_of: dict[str, set[int]] = {}
     real_paths: dict[str, str | None] = {}
     for code in codes:
         name = code.co_filename
@@ -183,22 +186,29 @@ def function_ranges(codes: Any) -> dict[str, list[list[int]]]:
         real = real_paths[name]
         if real is None:
             continue
-        lines = [line for _, _, line in code.co_lines() if line is not None]
-        first = code.co_firstlineno
-        out.setdefault(real, []).append([first, max(lines, default=first)])
-    for ranges in out.values():
-        ranges.sort()
+        lines = lines_of.setdefault(real, set())
+        lines.add(code.co_firstlineno)
+        lines.update(line for _, _, line in code.co_lines() if line is not None)
+    out: dict[str, list[list[int]]] = {}
+    for real, lines in lines_of.items():
+        runs: list[list[int]] = []
+        for line in sorted(lines):
+            if runs and line == runs[-1][1] + 1:
+                runs[-1][1] = line
+            else:
+                runs.append([line, line])
+        out[real] = runs
     return out
 
 
 def executed(context: dict[str, Any], path: str, line: int, end_line: int | None = None) -> bool | None:
-    """Whether the run executed the code at ``path:line`` (to ``end_line``) in a counted
+    """Whether the run executed code at ``path:line`` (to ``end_line``) in a counted
     step (``step_functions``): None when that was not recorded."""
     functions = context.get("step_functions")
     if functions is None:
         return None
     end = end_line or line
-    return any(first <= line and end <= last for first, last in functions.get(os.path.realpath(path), ()))
+    return any(first <= end and line <= last for first, last in functions.get(os.path.realpath(path), ()))
 
 
 #: How many frames outside torch are noted as the builders of a DataLoader or an
