@@ -31,18 +31,23 @@ for step in range(6):
 """
 
 
-def run_context_of(tmp_path: Path, compile: bool, autocast: bool) -> dict:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT.format(compile=compile, autocast=autocast))
+def bootstrap_context(tmp_path: Path, script: str, *options: str, warmup: int = 1) -> dict:
+    """The run context of ``python SCRIPT`` run from ``tmp_path`` under the bootstrap."""
     knobs = tmp_path / "knobs.json"
     knobs.write_text(json.dumps({"name": "plain"}))
     context = tmp_path / "context.json"
     done = subprocess.run([sys.executable, "-m", "torchaxe.runtime.bootstrap", str(knobs), "--out",
-                           str(tmp_path / "p.json"), "--steps", "2", "--warmup", "1", "--target", "cpu",
-                           "--context-out", str(context), "--", "python", str(script)],
+                           str(tmp_path / "p.json"), "--steps", "2", "--warmup", str(warmup), "--target", "cpu",
+                           *options, "--context-out", str(context), "--", "python", script],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert context.exists(), done.stderr
-    return json.loads(context.read_text())["settings"]
+    assert context.exists(), done.stderr[-2000:]
+    return json.loads(context.read_text())
+
+
+def run_context_of(tmp_path: Path, compile: bool, autocast: bool) -> dict:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(compile=compile, autocast=autocast))
+    return bootstrap_context(tmp_path, str(script))["settings"]
 
 
 def test_a_plain_script_neither_compiles_nor_autocasts(tmp_path: Path) -> None:
@@ -172,15 +177,7 @@ def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built
     # The helper stands for an installed package: code the user's loop calls into.
     (tmp_path / "helper.py").write_text(HELPER)
     (tmp_path / "train.py").write_text(LOOP)
-    knobs = tmp_path / "knobs.json"
-    knobs.write_text(json.dumps({"name": "plain"}))
-    out = tmp_path / "context.json"
-    done = subprocess.run([sys.executable, "-m", "torchaxe.runtime.bootstrap", str(knobs), "--out",
-                           str(tmp_path / "p.json"), "--steps", "2", "--warmup", "2", "--target", "cpu", "--ops",
-                           "--context-out", str(out), "--", "python", str(tmp_path / "train.py")],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert out.exists(), done.stderr[-2000:]
-    context = json.loads(out.read_text())
+    context = bootstrap_context(tmp_path, str(tmp_path / "train.py"), "--ops", warmup=2)
     helper = str((tmp_path / "helper.py").resolve())
     used, unused = _line_of(HELPER, "0.5 * (1.0"), _line_of(HELPER, "sigmoid(1.702")
     built, not_built = _line_of(HELPER, "batch_size=4"), _line_of(HELPER, "batch_size=8")
@@ -242,15 +239,7 @@ def test_a_script_named_by_a_relative_path_is_known_to_have_run_its_functions(tm
     from torchaxe.runtime.run_context import executed
 
     (tmp_path / "train.py").write_text(RELATIVE)
-    knobs = tmp_path / "knobs.json"
-    knobs.write_text(json.dumps({"name": "plain"}))
-    out = tmp_path / "context.json"
-    done = subprocess.run([sys.executable, "-m", "torchaxe.runtime.bootstrap", str(knobs), "--out",
-                           str(tmp_path / "p.json"), "--steps", "2", "--warmup", "1", "--target", "cpu", "--ops",
-                           "--context-out", str(out), "--", "python", "train.py"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert out.exists(), done.stderr[-2000:]
-    context = json.loads(out.read_text())
+    context = bootstrap_context(tmp_path, "train.py", "--ops")
     script = str(tmp_path / "train.py")
     assert executed(context, script, _line_of(RELATIVE, "x * torch.sigmoid(x)")) is True
     assert executed(context, script, _line_of(RELATIVE, "torch.sigmoid(1.702")) is False
