@@ -486,18 +486,32 @@ def test_a_torch_container_of_a_stopped_scripts_modules_compiles(tmp_path, count
     assert torch.allclose(blocks(x), expected) and len(counting_backend.runs) == 1
 
 
-def test_a_ddp_wrapper_keeps_module_compile(monkeypatch):
-    # The compiler handles DDP from nn.Module's call (splitting the graph at its buckets).
+def test_a_ddp_wrapper_has_the_module_inside_it_compiled(tmp_path, counting_backend):
+    # torch's guide: compile the module DDP wraps, not the wrapper (rule AX606 says
+    # the same of the script's own code). One-rank gloo group: a real DDP.
+    import torch
+    import torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
-    compiled = []
-    monkeypatch.setattr(nn.Module, "compile", lambda self, **kw: compiled.append(type(self).__name__))
-    applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
-    compiler = knob_specs.ModelCompiler({"backend": "eager"}, applied)
-    wrapper = DistributedDataParallel.__new__(DistributedDataParallel)  # no process group needed
-    compiler.compile(wrapper)
-    assert compiled == ["DistributedDataParallel"] and applied.record["compile"]["compiled"] == "module"
+    from torchaxe.runtime.compile_module import is_compiled_in_place
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        inner = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+        wrapper = DistributedDataParallel(inner)
+        x = torch.randn(3, 4)
+        expected = wrapper(x)
+        applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
+        knob_specs.ModelCompiler({"backend": counting_backend}, applied).compile(wrapper)
+        out = wrapper(x)
+        out.sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert is_compiled_in_place(inner) and not is_compiled_in_place(wrapper)
+    assert torch.allclose(out, expected) and len(counting_backend.runs) >= 1
+    assert inner[0].weight.grad is not None
 
 
 # ------------------------------------------------------------ CLI usage errors

@@ -36,11 +36,26 @@ def is_torch_layer(module: Any) -> bool:
     return (getattr(forward, "__module__", None) or "").startswith("torch.nn.modules.")
 
 
+def inner_of_wrapper(module: Any) -> Any:
+    """The module a ``DistributedDataParallel`` wrapper holds (``module.module``), else
+    ``module``. torch's guide on where to apply torch.compile says it does not handle
+    the distributed wrappers well and to compile the module inside (as rule AX606
+    says of the scripts' own code); DDP's forward marks itself active around the
+    inner call, so the compiler still splits the graph at DDP's buckets."""
+    from torch import nn
+
+    inner = getattr(module, "module", None)
+    if isinstance(module, nn.parallel.DistributedDataParallel) and isinstance(inner, nn.Module):
+        return inner
+    return module
+
+
 def compile_in_place(module: Any, **kwargs: Any) -> str:
     """Compile ``module`` in place with ``torch.compile(**kwargs)``; returns how:
     :data:`MODULE` (``module.compile``) or :data:`FORWARD` (its forward, for torch's
-    own layers). Wrappers such as DDP keep ``module.compile()``, which the compiler
-    handles (DDP's bucket-aware graph splitting included)."""
+    own layers). A ``DistributedDataParallel`` wrapper has the module inside it
+    compiled (:func:`inner_of_wrapper`)."""
+    module = inner_of_wrapper(module)
     if not is_torch_layer(module):
         module.compile(**kwargs)
         return MODULE
