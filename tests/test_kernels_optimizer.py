@@ -81,12 +81,20 @@ def test_a_fused_optimizer_is_proposed_where_an_installed_package_built_it_unfus
     assert found.key == "knob:fused-optimizer" and found.knobs == {"kernels": {"optimizer": "fused"}}
     assert "timm/optim/_optim_factory.py:1107" in found.rec.title and "site-packages" not in found.rec.title
     assert kernels.fused_optimizer_candidates("cuda", _built(timm))
-    # The user's own call is the scan's (a code fix); a choice made, or the npu: nothing.
-    assert not kernels.fused_optimizer_candidates("cpu", _built("/home/u/train.py:40"))
+    # The user's own call is the scan's when it has a fix there; a choice made, or the npu: nothing.
+    assert not kernels.fused_optimizer_candidates("cpu", _built("/home/u/train.py:40"), [("/home/u/train.py", 39, 41)])
     assert not kernels.fused_optimizer_candidates("cpu", _built(timm, chosen=True))
     assert not kernels.fused_optimizer_candidates("cpu", _built(timm, fused=True))
     assert not kernels.fused_optimizer_candidates("npu", _built(timm))
     assert not kernels.fused_optimizer_candidates("cpu", _built(timm, **{"class": "RMSprop"}))
+
+
+def test_a_fused_optimizer_is_proposed_where_the_users_call_has_no_code_fix() -> None:
+    # nanoGPT's and llama2.c's AdamW(..., **extra_args), whose dict asks for fused=True
+    # on cuda only: the scan reads no keywords to fix, the run built it unfused on cpu.
+    (found,) = kernels.fused_optimizer_candidates("cpu", _built("/home/u/model.py:292"), [("/home/u/train.py", 39, 41)])
+    assert found.knobs == {"kernels": {"optimizer": "fused"}}
+    assert "/home/u/model.py:292" in found.rec.title and "no fix to make" in found.rec.detail
 
 
 def test_advise_measures_the_fused_optimizer_knob() -> None:
@@ -98,3 +106,24 @@ def test_advise_measures_the_fused_optimizer_knob() -> None:
                 if c.key == "knob:fused-optimizer"]
     # The fragment is a valid knob set that `torchaxe apply` writes and `run` applies.
     assert knob_set_from_dict({"name": "x", **fused.knobs}, "test").kernels.optimizer == "fused"
+
+
+def test_advise_offers_the_fused_optimizer_knob_only_where_the_scan_has_no_fix(tmp_path) -> None:
+    # The script's SGD call is AX201's (a code fix); an AdamW built in a file of the
+    # user's that the scan has no fix for (keywords spread from a dict) is the knob's.
+    import shutil
+
+    from test_advise import SCRIPTS, FakeRuns, run_advice
+
+    script = tmp_path / "train.py"
+    shutil.copy(SCRIPTS / "advise_train.py", script)
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "torch.optim.SGD" in text)
+    keys = {}
+    for site in (f"{script}:{line}", f"{tmp_path / 'model.py'}:292"):
+        settings = {"num_threads": 2, "allowed_cpus": 2,
+                    "optimizers": [{"class": "SGD", "module": "torch.optim.sgd", "site": site, "fused": False,
+                                    "chosen": False}]}
+        advice = run_advice(script, FakeRuns(), settings=settings)
+        keys[site.rpartition("/")[2]] = {r.key for r in advice.recommendations}
+    assert "code:AX201" in keys[f"train.py:{line}"] and "knob:fused-optimizer" not in keys[f"train.py:{line}"]
+    assert "knob:fused-optimizer" in keys["model.py:292"]

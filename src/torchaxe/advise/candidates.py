@@ -29,7 +29,7 @@ from torchaxe.data.candidates import stored_candidates as data_stored_candidates
 from torchaxe.distributed.candidates import candidates as distributed_candidates
 from torchaxe.errors import TorchaxeError
 from torchaxe.findings import Applicability, Finding
-from torchaxe.kernels.candidates import candidates as kernels_candidates
+from torchaxe.kernels.candidates import candidates as kernels_candidates, fused_optimizer_candidates
 from torchaxe.memory.candidates import candidates as memory_candidates
 from torchaxe.precision.candidates import candidates as precision_candidates
 from torchaxe.precision.candidates import own_speedups as precision_own_speedups
@@ -202,13 +202,17 @@ RUN_CANDIDATES = (shapes_candidates, precision_candidates, kernels_candidates, b
 
 def knob_candidates(target: str, profile: dict[str, Any], settings: dict[str, Any], *,
                     memory_limit: int | None = None, allow_batch_change: bool = False,
-                    notes: list[str] | None = None) -> list[Candidate]:
+                    notes: list[str] | None = None, optimizer_fixes: Sequence[Finding] = ()) -> list[Candidate]:
     """Runtime settings worth measuring on this target, given what the run showed:
     what each axis proposes (compile modes and bucketing, precision, binding, loader
-    settings), then the distributed axis's (DDP's settings, the npu communication
-    settings; none unless the run was distributed), then the memory axis's, which
-    also depend on the memory limit and on whether a larger micro-batch is allowed."""
+    settings), fused optimizers where no code fix (``optimizer_fixes``, the scan's)
+    reaches the call, then the distributed axis's (DDP's settings, the npu
+    communication settings; none unless the run was distributed), then the memory
+    axis's, which also depend on the memory limit and on whether a larger
+    micro-batch is allowed."""
     out = [c for propose in RUN_CANDIDATES for c in propose(profile, target, settings)]
+    out += fused_optimizer_candidates(target, settings, [(os.path.realpath(f.path), f.line, f.end_line or f.line)
+                                                         for f in optimizer_fixes])
     out += distributed_candidates(profile, target, settings, notes=notes)
     return out + memory_candidates(profile, target, settings, memory_limit=memory_limit,
                                    allow_batch_change=allow_batch_change, notes=notes)

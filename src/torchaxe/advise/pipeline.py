@@ -253,7 +253,8 @@ class Advisor:
         micro_benchmarks(codes + replaced, self.target, lambda: self.clock() > self.deadline, self.progress)
         candidates = codes + replaced + knob_candidates(
             self.target, base.profile, settings, memory_limit=self.options.memory_limit,
-            allow_batch_change=self.options.allow_batch_change, notes=advice.notes) + env_candidates
+            allow_batch_change=self.options.allow_batch_change, notes=advice.notes,
+            optimizer_fixes=[f for f in findings if f.code in OPTIMIZER_RULES]) + env_candidates
         advice.notes.extend(script_speedups(settings, self.target))
         static = bool((advice.profile or {}).get("static_shapes"))
         candidates += stored_candidates(self.command, static, advice.notes)

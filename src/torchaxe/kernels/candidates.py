@@ -12,7 +12,8 @@ dropout is measured as one more candidate of the same group (the faster one is k
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Sequence
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
 from torchaxe.shapes.candidates import COMPILE_ACCURACY_DETAIL, compile_knob, last_batch_text, unseen_last_batch
@@ -36,34 +37,63 @@ def op_share(profile: dict[str, Any], name: str) -> float:
 
 
 def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
-    """The dropout candidates (:func:`dropout_candidates`), and ``knob:fused-optimizer``
+    """The dropout candidates (:func:`dropout_candidates`); ``knob:fused-optimizer``
+    needs the scan's optimizer fixes and is asked for apart
     (:func:`fused_optimizer_candidates`)."""
-    return dropout_candidates(profile, target, settings) + fused_optimizer_candidates(target, settings)
+    return dropout_candidates(profile, target, settings)
 
 
-def fused_optimizer_candidates(target: str, settings: dict[str, Any]) -> list[Candidate]:
+def _fixed_by(site: str, fixes: Sequence[tuple[str, int, int]]) -> bool:
+    """Whether a code fix (``(real path, first line, last line)``) covers ``site``
+    (``path:line``)."""
+    path, _, number = site.rpartition(":")
+    if not number.isdigit():
+        return False
+    real, line = os.path.realpath(path), int(number)
+    return any(real == fixed and first <= line <= last for fixed, first, last in fixes)
+
+
+def _local(site: str) -> str:
+    """``path:line`` with the path relative to the working folder when it is inside."""
+    path, _, line = site.rpartition(":")
+    relative = os.path.relpath(path)
+    return f"{path if relative.startswith('..') else relative}:{line}"
+
+
+def fused_optimizer_candidates(target: str, settings: dict[str, Any],
+                               fixes: Sequence[tuple[str, int, int]] = ()) -> list[Candidate]:
     """``knob:fused-optimizer`` on a cpu or cuda target when the run built a torch
     optimizer that has a fused implementation, unfused, with no implementation chosen,
-    in an installed package (a framework's or library's optimizer factory: the scan's
-    AX201 fix reaches the user's own calls, not these)."""
+    where no code fix reaches it: in an installed package (a framework's or library's
+    optimizer factory), or in the user's code where the scan proposed no fix
+    (``fixes``: the lines of the scan's optimizer fixes), such as nanoGPT's and
+    llama2.c's ``AdamW(..., **extra_args)``, whose keywords ask for ``fused=True``
+    on cuda only."""
     from torchaxe.kernels.optimizer import FUSED_CLASSES
 
     if target not in ("cpu", "cuda"):
         return []
     unfused = [o for o in settings.get("optimizers") or []
                if o.get("class") in FUSED_CLASSES and str(o.get("module", "")).startswith("torch.optim")
-               and not o.get("fused") and not o.get("chosen") and any(f in (o.get("site") or "") for f in PACKAGE_FOLDERS)]
+               and not o.get("fused") and not o.get("chosen") and o.get("site")
+               and not _fixed_by(o["site"], fixes)]
     if not unfused:
         return []
     names = ", ".join(sorted({f"torch.optim.{o['class']}" for o in unfused}))
-    site = package_path(unfused[0]["site"])
+    site = unfused[0]["site"]
+    installed = any(f in site for f in PACKAGE_FOLDERS)
+    shown = package_path(site) if installed else _local(site)
+    where = (f"in an installed package ({shown}), which no code fix edits" if installed else
+             f"at {shown}, where the scan has no fix to make (its keywords come from elsewhere, or the call is "
+             "not one it reads)")
     return [knob_candidate(
-        "knob:fused-optimizer", "fused_ops", f"{names} built with fused=True (built in {site})",
+        "knob:fused-optimizer", "fused_ops", f"{names} built with fused=True (built {'in' if installed else 'at'} "
+        f"{shown})",
         {"kernels": {"optimizer": "fused"}}, priority=0.9,
         accuracy=Accuracy(kind="unknown", detail="the fused kernels round differently in the last bits; the "
                                                  "training loss is compared with the original's"),
-        detail=f"the run built {names} unfused in an installed package ({site}), which no code fix edits: the "
-               "knob builds it with fused=True, one kernel per step for all parameters")]
+        detail=f"the run built {names} unfused {where}: the knob builds it with fused=True, one kernel per step "
+               "for all parameters")]
 
 
 def dropout_candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
