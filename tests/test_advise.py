@@ -1250,3 +1250,18 @@ def test_a_busy_machine_is_said(script: Path) -> None:
     assert any(n.startswith("the machine was busy (1-minute load 3.9 on 2 core(s) at the end)") for n in busy.notes)
     assert not any("the machine was busy" in n for n in advise(2.1).notes)
     assert not any("the machine was busy" in n for n in advise(None).notes)
+
+
+def test_persistent_workers_for_a_loader_without_workers_in_the_run_is_listed_not_measured(script: Path) -> None:
+    # num_workers comes from the environment: 0 in this run, so AX403's fix changes nothing.
+    import os
+
+    with script.open("a") as out:
+        out.write("loader = torch.utils.data.DataLoader(x, num_workers=int(os.environ.get('WORKERS', '0')))\n")
+    line = len(script.read_text().splitlines())
+    site = f"{os.path.realpath(script)}:{line}"
+    idle = run_advice(script, FakeRuns(), context={"loader_workers": {site: 0}})
+    assert "code:AX403" not in {r.key for r in idle.recommendations}
+    assert any("no worker processes in this run" in n for n in idle.notes)
+    busy = run_advice(script, FakeRuns(), context={"loader_workers": {site: 2}})
+    assert "code:AX403" in {r.key for r in busy.recommendations}

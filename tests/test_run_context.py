@@ -172,7 +172,7 @@ def _line_of(text: str, needle: str) -> int:
 def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built(tmp_path: Path) -> None:
     from torchaxe.advise.candidates import run_by_the_job
     from torchaxe.findings import Finding
-    from torchaxe.runtime.run_context import built_loader, built_optimizer, executed
+    from torchaxe.runtime.run_context import built_loader, built_optimizer, executed, loader_workers
 
     # The helper stands for an installed package: code the user's loop calls into.
     (tmp_path / "helper.py").write_text(HELPER)
@@ -187,6 +187,7 @@ def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built
     # The loop itself was running when the step began: its lines count as executed.
     assert executed(context, str(tmp_path / "train.py"), _line_of(LOOP, "loss.backward")) is True
     assert built_loader(context, helper, built) is True
+    assert loader_workers(context, helper, built) == 0 and loader_workers(context, helper, not_built) is None
     assert built_loader(context, helper, not_built) is False
     train = str((tmp_path / "train.py").resolve())
     assert built_optimizer(context, train, _line_of(LOOP, "torch.optim.SGD")) is True
@@ -223,6 +224,7 @@ def unused(x):
 
 model = nn.Linear(8, 8)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+spare = torch.utils.data.DataLoader(list(range(8)), num_workers=2)  # built, never read
 for step in range(8):
     loss = act(model(torch.randn(4, 8))).pow(2).mean()
     optimizer.zero_grad()
@@ -236,7 +238,7 @@ def test_a_script_named_by_a_relative_path_is_known_to_have_run_its_functions(tm
     absolute path (as under Python itself), so a finding in them is measured. The
     loop's own code runs at module level: the lines of a function it never called are
     not among the lines it ran."""
-    from torchaxe.runtime.run_context import executed
+    from torchaxe.runtime.run_context import executed, loader_workers
 
     (tmp_path / "train.py").write_text(RELATIVE)
     context = bootstrap_context(tmp_path, "train.py", "--ops")
@@ -244,6 +246,10 @@ def test_a_script_named_by_a_relative_path_is_known_to_have_run_its_functions(tm
     assert executed(context, script, _line_of(RELATIVE, "x * torch.sigmoid(x)")) is True
     assert executed(context, script, _line_of(RELATIVE, "torch.sigmoid(1.702")) is False
     assert executed(context, script, _line_of(RELATIVE, "loss.backward")) is True
+    # How many workers the loaders built there had (AX403 on a loader without any
+    # workers in the run is listed only).
+    assert loader_workers(context, script, _line_of(RELATIVE, "num_workers=2")) == 2
+    assert loader_workers(context, script, _line_of(RELATIVE, "loss.backward")) is None
 
 
 def test_nothing_is_left_out_when_the_run_did_not_record_what_it_executed() -> None:

@@ -233,6 +233,7 @@ class Advisor:
                 advice.notes.append(f"{len(findings) - len(measured_findings)} finding(s) in {len(idle)} file(s) the "
                                     f"run did not import (e.g. {idle[0]}) are listed but not measured")
         measured_findings = self._built_optimizers(measured_findings, base.context)
+        measured_findings = self._loaders_with_workers(measured_findings, base.context)
         measured_findings, unrun = self._run_in_steps(measured_findings, base.context, settings)
         codes, advice_recs = code_candidates(measured_findings, base.profile, step)
         if unrun:
@@ -599,6 +600,18 @@ class Advisor:
                                                                                f.end_line) is False,
             lambda n, first: f"{n} optimizer finding(s) are listed but not measured: the run built no optimizer "
             f"there (a branch it did not take; e.g. {first.path}:{first.line} {first.code})")[0]
+
+    def _loaders_with_workers(self, findings: list[Finding], context: dict[str, Any]) -> list[Finding]:
+        """AX403 findings on a loader that had no worker processes in the run (its
+        ``num_workers`` expression was 0): keeping workers alive that the run never
+        starts cannot change its speed, and the finding is listed only."""
+        from torchaxe.runtime.run_context import loader_workers
+
+        return self._listed_only(
+            findings, lambda f: f.code == "AX403" and loader_workers(context, f.path, f.line, f.end_line) == 0,
+            lambda n, first: f"{n} persistent-workers finding(s) are listed but not measured: the loaders built "
+            f"there had no worker processes in this run (num_workers 0; e.g. {first.path}:{first.line} "
+            f"{first.code})")[0]
 
     def _listed_only(self, findings: list[Finding], idle: Callable[[Finding], bool],
                      note: Callable[[int, Finding], str]) -> tuple[list[Finding], list[Finding]]:

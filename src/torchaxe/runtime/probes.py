@@ -179,6 +179,8 @@ def _noting_builder(original: Callable) -> Callable:
     classes: list[str] = []
     run_context.EXECUTED["loader_sites"] = sites  # this run's, from the start
     run_context.EXECUTED["dataset_classes"] = classes
+    workers: dict[str, int] = {}
+    run_context.EXECUTED["loader_workers"] = workers
     run_context.OBSERVED["loader_epochs"] = []
 
     def __init__(loader, *args, **kwargs):
@@ -190,6 +192,7 @@ def _noting_builder(original: Callable) -> Callable:
         except Exception:  # noqa: BLE001 - an observation must never break the user's run
             pass
         builder = None
+        found: list[str] = []
         try:
             found = run_context.caller_sites(sys._getframe(1))
             builder = found[0] if found else None
@@ -198,6 +201,10 @@ def _noting_builder(original: Callable) -> Callable:
             pass
         result = original(loader, *args, **kwargs)
         try:
+            count = getattr(loader, "num_workers", None)
+            if isinstance(count, int):
+                for site in found:
+                    workers[site] = max(workers.get(site, 0), count)
             run_context.note_loader(loader, builder)
         except Exception:  # noqa: BLE001 - an observation must never break the user's run
             pass

@@ -115,8 +115,10 @@ def note_loader(loader: Any, site: str | None) -> None:
 #: functions a counted training step called or ran inside (runtime/opstats.py), and ``loader_sites``, the
 #: ``path:line`` of the frames outside torch that built each DataLoader
 #: (runtime/probes.py), and ``dataset_classes``, ``path:first:last`` of the classes of
-#: the datasets the loaders were built on (and the datasets those wrap). advise leaves
-#: out findings in installed packages whose code the run never executed.
+#: the datasets the loaders were built on (and the datasets those wrap), and
+#: ``loader_workers``, ``path:line`` of those frames -> the most worker processes a
+#: loader built there had. advise leaves out findings in installed packages whose
+#: code the run never executed.
 EXECUTED: dict[str, Any] = {}
 
 #: How deep wrapped datasets are followed (Subset of a ConcatDataset of ...).
@@ -289,6 +291,20 @@ def built_loader(context: dict[str, Any], path: str, line: int, end_line: int | 
     """Whether a DataLoader was built by the call at ``path:line`` (to ``end_line``):
     None when loader sites were not recorded."""
     return _built_at(context.get("loader_sites"), path, line, end_line)
+
+
+def loader_workers(context: dict[str, Any], path: str, line: int, end_line: int | None = None) -> int | None:
+    """The most worker processes a DataLoader built by the call at ``path:line`` (to
+    ``end_line``) had in the run: None when that was not recorded or no loader was
+    built there."""
+    counts = context.get("loader_workers")
+    if not isinstance(counts, dict):
+        return None
+    real, end = os.path.realpath(path), end_line or line
+    found = [n for site, n in counts.items() if isinstance(n, int)
+             for where, _, number in [site.rpartition(":")]
+             if where == real and number.isdigit() and line <= int(number) <= end]
+    return max(found) if found else None
 
 
 def _built_at(sites: list[str] | None, path: str, line: int, end_line: int | None) -> bool | None:
