@@ -209,3 +209,18 @@ class GELUWithConstants(nn.Module):  # formula: gelu_tanh
 
     def forward(self, x):
         return 0.5 * x * (1 + torch.tanh(self.kappa * (x + self.beta * x * x * x)))
+
+
+def gelu_function_attribute(x):  # formula: gelu_tanh
+    if not hasattr(gelu_function_attribute, "_a"):
+        gelu_function_attribute._a = math.sqrt(2 / math.pi)
+    return 0.5 * x * (1 + torch.tanh(gelu_function_attribute._a * (x + 0.044715 * torch.pow(x, 3))))
+
+
+def gelu_rescaled_attribute(x):  # lookalike: gelu_tanh
+    # The attribute is set twice (the second time to another scale): no constant.
+    if not hasattr(gelu_rescaled_attribute, "_a"):
+        gelu_rescaled_attribute._a = math.sqrt(2 / math.pi)
+    out = 0.5 * x * (1 + torch.tanh(gelu_rescaled_attribute._a * (x + 0.044715 * torch.pow(x, 3))))
+    gelu_rescaled_attribute._a = 1.5
+    return out

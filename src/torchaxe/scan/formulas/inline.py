@@ -122,6 +122,7 @@ class FileUnit:
     _module_constants: dict[str, float | str] | None = None
     _class_constants: dict[int, dict[str, float | str]] = field(default_factory=dict)
     _class_size_powers: dict[int, dict[str, tuple[str, float]]] = field(default_factory=dict)
+    _function_constants: dict[str, dict[str, float | str]] = field(default_factory=dict)
     _class_activations: dict[int, dict[str, Activation]] = field(default_factory=dict)
     _attribute_writes: dict[str, int] | None = None
 
@@ -174,6 +175,24 @@ class FileUnit:
             found = {name: value for name, value in self._constants(pairs, cls, cls).items()
                      if writes.get(name, 0) <= 1}
             self._class_constants[id(cls)] = found
+        return found
+
+    def function_constants(self, name: str) -> dict[str, float | str]:
+        """Attributes the file sets once, to a number or a string, on its module-level
+        function ``name``: fairseq's ``gelu_accurate._a = math.sqrt(2 / math.pi)``,
+        set at the first call and read by the formula after."""
+        found = self._function_constants.get(name)
+        if found is None:
+            self._function_constants[name] = {}  # while reading them, they see none
+            pairs: list[tuple[str, ast.expr | None]] = []
+            for stmt in ast.walk(self.tree):
+                if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                    for t in targets:
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == name:
+                            value = stmt.value if isinstance(stmt, ast.Assign) and len(targets) == 1 else None
+                            pairs.append((t.attr, value))
+            found = self._function_constants[name] = self._constants(pairs, self.tree, None) if pairs else {}
         return found
 
     def class_size_powers(self, cls: ast.ClassDef) -> dict[str, tuple[str, float]]:

@@ -121,6 +121,11 @@ class ExpressionLowering:
                     return self.b.op("pow", (self.b.var(f"self.{node.attr}.{power[0]}{SIZE_POWER_MARK}"),
                                              self.b.const(power[1])))
             return self.opaque(node)  # self.eps, self.weight, self.config.eps
+        if isinstance(node.value, ast.Name) and node.value.id in self.scope.unit.functions \
+                and self.scope.lookup(node.value.id) is None:
+            constant = self.scope.unit.function_constants(node.value.id).get(node.attr)
+            if constant is not None:
+                return self.b.const(constant)  # gelu_accurate._a = math.sqrt(2 / math.pi)
         attr = V.ATTRIBUTES.get(node.attr)
         if attr is None:
             return self.opaque(node)
