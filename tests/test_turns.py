@@ -155,7 +155,7 @@ def test_a_round_made_at_once_gives_ratios_against_its_own_original_run() -> Non
     made: list[list[str]] = []
     medians = {"original": [0.10, 0.20], "fast": [0.05, 0.10], "same": [0.10, 0.22]}
 
-    def together(knob_sets, repeat):
+    def together(knob_sets, repeat, options):
         made.append([k.name for k in knob_sets])
         return [TrialRun(knobs=k.name, repeat=repeat, ok=True, step_seconds=[medians[k.name][repeat - 1]],
                          seconds=1.0) for k in knob_sets]
@@ -177,12 +177,66 @@ def test_a_round_memory_cannot_hold_at_once_goes_one_by_one() -> None:
         order.append(knob_set.name)
         return TrialRun(knobs=knob_set.name, repeat=repeat, ok=True, step_seconds=[0.1], seconds=1.0)
 
-    def together(knob_sets, repeat):
+    def together(knob_sets, repeat, options):
         raise AssertionError("three runs do not fit beside each other")
 
     measurer = Measurer(["python", "x.py"], TrialOptions(), runner=one, together=together, together_limit=2)
     measurer.compare(knobs("original"), [knobs("a"), knobs("b")], 1)
     assert order == ["original", "a", "b"]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _slow_compile(clock: _Clock, given: list[float | None], took: float):
+    """A runner whose compiled change takes ``took`` seconds: the harness stops it at
+    its --timeout (status timeout, no step measured) when that comes first."""
+    def run(knob_set, command, options, repeat, env=None):
+        given.append(options.timeout)
+        seconds = took if knob_set.name == "compiled" else 10.0
+        if options.timeout is not None and seconds > options.timeout:
+            clock.now += options.timeout
+            return TrialRun(knobs=knob_set.name, repeat=repeat, ok=False, status="timeout",
+                            error="no measured steps: stopped at --timeout", seconds=options.timeout)
+        clock.now += seconds
+        return TrialRun(knobs=knob_set.name, repeat=repeat, ok=True, step_seconds=[0.1], seconds=seconds)
+    return run
+
+
+def test_a_first_compile_longer_than_the_runs_before_it_stops_at_the_deadline() -> None:
+    # 100 s of budget; the original takes 10 s a run, the compiled change's first run
+    # 500 s (nothing said so before it started): it is stopped when the budget ends.
+    clock, given = _Clock(), []
+    measurer = Measurer(["python", "x.py"], TrialOptions(timeout=1000.0), deadline=100.0, clock=clock,
+                        runner=_slow_compile(clock, given, 500.0))
+    base, (compiled,), complete = measurer.compare(knobs("original"), [knobs("compiled")], 2)
+    assert not complete and not compiled.runs and clock.now <= 100.0
+    assert given[0] == 100.0 and given[1] == pytest.approx(90.0)
+    # Runs that end in time keep the --timeout they were given.
+    clock, given = _Clock(), []
+    fast = Measurer(["python", "x.py"], TrialOptions(timeout=50.0), deadline=1000.0, clock=clock,
+                    runner=_slow_compile(clock, given, 20.0))
+    _, (done,), complete = fast.compare(knobs("original"), [knobs("compiled")], 1)
+    assert complete and done.ratios and set(given) == {50.0}
+
+
+def test_a_round_side_by_side_stopped_by_the_deadline_gives_no_ratio() -> None:
+    clock, given = _Clock(), []
+    run = _slow_compile(clock, given, 500.0)
+
+    def together(knob_sets, repeat, options):
+        return [run(k, [], options, repeat) for k in knob_sets]
+
+    measurer = Measurer(["python", "x.py"], TrialOptions(timeout=1000.0), deadline=100.0, clock=clock,
+                        runner=run, together=together)
+    base, (compiled,), complete = measurer.compare(knobs("original"), [knobs("compiled")], 1)
+    assert not complete and not compiled.ratios and not compiled.runs
+    assert given[0] == 50.0  # each of the two runs side by side: half of what is left
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ measured so far is kept.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from torchaxe.runtime.knobs import KnobSet
@@ -92,9 +92,12 @@ class ArmResult:
         return sum(waits) / sum(steps) if steps and sum(steps) > 0 else None
 
 
-#: ``(knob_sets, repeat)``: one run of each at once, side by side taking turns
-#: (``runtime/turns.py``), in the order given.
-TogetherRunner = Callable[[Sequence[KnobSet], int], list[TrialRun]]
+#: ``(knob_sets, repeat, options)``: one run of each at once, side by side taking
+#: turns (``runtime/turns.py``), in the order given, each under ``options``.
+TogetherRunner = Callable[[Sequence[KnobSet], int, TrialOptions], list[TrialRun]]
+
+#: The least --timeout a run is given when the deadline bounds it.
+MIN_BOUNDED_TIMEOUT = 1.0
 
 
 class OutOfTime(Exception):
@@ -149,6 +152,20 @@ class Measurer:
         left = self.remaining()
         return left is None or left >= runs * self.expected_run_seconds()
 
+    def bounded(self, runs: int = 1) -> tuple[TrialOptions, bool]:
+        """The trial options for ``runs`` runs made now (side by side, each given the
+        others' share of the time too), their --timeout cut to end by the deadline: a
+        run longer than the runs before it said (a first compile) stops there instead
+        of overrunning the --budget. And whether the deadline cut it."""
+        left = self.remaining()
+        timeout = self.options.timeout
+        if left is None:
+            return self.options, False
+        share = max(left / max(runs, 1), MIN_BOUNDED_TIMEOUT)
+        if timeout is not None and timeout <= share:
+            return self.options, False
+        return replace(self.options, timeout=share), True
+
     def _run(self, knobs: KnobSet, repeat: int, label: str) -> TrialRun:
         left = self.remaining()
         # A run is not started when the runs so far say it would end past the deadline:
@@ -157,9 +174,12 @@ class Measurer:
             raise OutOfTime(label)
         self.progress(label)
         start = self.clock()
-        run = self.runner(knobs, self.command, self.options, repeat)
+        options, bounded = self.bounded()
+        run = self.runner(knobs, self.command, options, repeat)
         self._took(knobs, run.seconds if run.seconds is not None else self.clock() - start)
         run.knobs = knobs.name
+        if bounded and cut_short(run):
+            raise OutOfTime(label)
         return run
 
     def _took(self, knobs: KnobSet, seconds: float) -> None:
@@ -274,10 +294,14 @@ class Measurer:
             # Who goes first rotates with the rounds.
             shift = repeat % len(arms)
             order = arms[shift:] + arms[:shift]
-            runs = together([a.knobs for a in order], repeat)
+            options, bounded = self.bounded(len(order))
+            runs = together([a.knobs for a in order], repeat, options)
+            for arm, latest in zip(order, runs):
+                self._took(arm.knobs, latest.seconds or 0.0)
+            if bounded and any(cut_short(r) for r in runs):
+                raise OutOfTime(label(repeat))  # the deadline stopped the round: no ratio from it
             for arm, latest in zip(order, runs):
                 latest.knobs = arm.knobs.name
-                self._took(arm.knobs, latest.seconds or 0.0)
                 arm.runs.append(latest)
             against = base.runs[-1].median_per_sample_unit if base in arms else None
             for arm in arms:
@@ -286,6 +310,11 @@ class Measurer:
                     arm.ratios.append(mine / against)
 
         return run
+
+
+def cut_short(run: TrialRun) -> bool:
+    """Whether ``run`` failed for its --timeout (stopped by the harness, or killed)."""
+    return not run.ok and (run.status == "timeout" or (run.error or "").startswith("timeout"))
 
 
 def _compiles(knobs: KnobSet) -> bool:

@@ -51,7 +51,7 @@ from torchaxe.memory.candidates import profile_peak
 from torchaxe.runtime import ranks
 from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
-from torchaxe.runtime.trials import Runner, TrialRun, run_in_subprocess
+from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
 from torchaxe.shapes.candidates import training_epoch
 from torchaxe.units import bytes_text
@@ -373,8 +373,8 @@ class Advisor:
         if self.turn_steps and self.turns is not None:
             turns, command, turn_steps = self.turns, self.command, self.turn_steps
 
-            def in_turns(knob_sets: Sequence[KnobSet], repeat: int) -> list[TrialRun]:
-                return turns(knob_sets, command, options, repeat, turn_steps=turn_steps)
+            def in_turns(knob_sets: Sequence[KnobSet], repeat: int, bounded: TrialOptions) -> list[TrialRun]:
+                return turns(knob_sets, command, bounded, repeat, turn_steps=turn_steps)
 
             together = in_turns
 
