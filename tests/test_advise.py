@@ -1265,3 +1265,21 @@ def test_persistent_workers_for_a_loader_without_workers_in_the_run_is_listed_no
     assert any("no worker processes in this run" in n for n in idle.notes)
     busy = run_advice(script, FakeRuns(), context={"loader_workers": {site: 2}})
     assert "code:AX403" in {r.key for r in busy.recommendations}
+
+
+def test_a_loader_that_fed_no_training_step_is_listed_not_measured(script: Path) -> None:
+    # The run built the loader and read it only for evaluation: its workers cannot
+    # change the training steps measured.
+    import os
+
+    with script.open("a") as out:
+        out.write("val_loader = torch.utils.data.DataLoader(x, batch_size=64)\n")
+    line = len(script.read_text().splitlines())
+    site = f"{os.path.realpath(script)}:{line}"
+    seen = run_advice(script, FakeRuns(), context={"loader_sites": [site]})
+    assert "code:AX401" in {r.key for r in seen.recommendations}  # not recorded: measured
+    idle = run_advice(script, FakeRuns(), context={"loader_sites": [site], "training_loader_sites": []})
+    assert "code:AX401" not in {r.key for r in idle.recommendations}
+    assert any("fed no training step of the run" in n for n in idle.notes)
+    fed = run_advice(script, FakeRuns(), context={"loader_sites": [site], "training_loader_sites": [site]})
+    assert "code:AX401" in {r.key for r in fed.recommendations}

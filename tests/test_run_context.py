@@ -225,11 +225,16 @@ def unused(x):
 model = nn.Linear(8, 8)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 spare = torch.utils.data.DataLoader(list(range(8)), num_workers=2)  # built, never read
-for step in range(8):
-    loss = act(model(torch.randn(4, 8))).pow(2).mean()
+train_loader = torch.utils.data.DataLoader(torch.randn(64, 8), batch_size=4)
+val_loader = torch.utils.data.DataLoader(torch.randn(8, 8), batch_size=4)
+for step, x in enumerate(train_loader):
+    loss = act(model(x)).pow(2).mean()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
+    with torch.no_grad():
+        for v in val_loader:
+            model(v)
 """
 
 
@@ -238,10 +243,10 @@ def test_a_script_named_by_a_relative_path_is_known_to_have_run_its_functions(tm
     absolute path (as under Python itself), so a finding in them is measured. The
     loop's own code runs at module level: the lines of a function it never called are
     not among the lines it ran."""
-    from torchaxe.runtime.run_context import executed, loader_workers
+    from torchaxe.runtime.run_context import executed, fed_training, loader_workers
 
     (tmp_path / "train.py").write_text(RELATIVE)
-    context = bootstrap_context(tmp_path, "train.py", "--ops")
+    context = bootstrap_context(tmp_path, "train.py", "--ops", "--shapes")
     script = str(tmp_path / "train.py")
     assert executed(context, script, _line_of(RELATIVE, "x * torch.sigmoid(x)")) is True
     assert executed(context, script, _line_of(RELATIVE, "torch.sigmoid(1.702")) is False
@@ -250,6 +255,10 @@ def test_a_script_named_by_a_relative_path_is_known_to_have_run_its_functions(tm
     # workers in the run is listed only).
     assert loader_workers(context, script, _line_of(RELATIVE, "num_workers=2")) == 2
     assert loader_workers(context, script, _line_of(RELATIVE, "loss.backward")) is None
+    # Which loaders fed training steps (a backward pass after their batch): not the
+    # evaluation loader read under no_grad inside each step.
+    assert fed_training(context, script, _line_of(RELATIVE, "train_loader =")) is True
+    assert fed_training(context, script, _line_of(RELATIVE, "val_loader =")) is False
 
 
 def test_nothing_is_left_out_when_the_run_did_not_record_what_it_executed() -> None:

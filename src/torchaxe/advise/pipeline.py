@@ -234,6 +234,7 @@ class Advisor:
                                     f"run did not import (e.g. {idle[0]}) are listed but not measured")
         measured_findings = self._built_optimizers(measured_findings, base.context)
         measured_findings = self._loaders_with_workers(measured_findings, base.context)
+        measured_findings = self._training_loaders(measured_findings, base.context)
         measured_findings, unrun = self._run_in_steps(measured_findings, base.context, settings)
         codes, advice_recs = code_candidates(measured_findings, base.profile, step)
         if unrun:
@@ -600,6 +601,20 @@ class Advisor:
                                                                                f.end_line) is False,
             lambda n, first: f"{n} optimizer finding(s) are listed but not measured: the run built no optimizer "
             f"there (a branch it did not take; e.g. {first.path}:{first.line} {first.code})")[0]
+
+    def _training_loaders(self, findings: list[Finding], context: dict[str, Any]) -> list[Finding]:
+        """DataLoader findings (AX401-AX403) on a loader the run built but whose batches
+        fed no training step (an evaluation loader): its time is not in the steps
+        measured, and the finding is listed only."""
+        from torchaxe.runtime.run_context import built_loader, fed_training
+
+        return self._listed_only(
+            findings, lambda f: f.code in ("AX401", "AX402", "AX403")
+            and built_loader(context, f.path, f.line, f.end_line) is True
+            and fed_training(context, f.path, f.line, f.end_line) is False,
+            lambda n, first: f"{n} DataLoader finding(s) are listed but not measured: the loaders built there fed "
+            f"no training step of the run (an evaluation loader, say; its passes are not in the steps measured; "
+            f"e.g. {first.path}:{first.line} {first.code})")[0]
 
     def _loaders_with_workers(self, findings: list[Finding], context: dict[str, Any]) -> list[Finding]:
         """AX403 findings on a loader that had no worker processes in the run (its

@@ -17,6 +17,7 @@ import os
 import sys
 import sysconfig
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -170,6 +171,19 @@ class CodeMap:
 # ----------------------------------------------------------------------- data wait
 
 
+#: The lines outside torch that built each DataLoader of the run (``_noting_builder``).
+_LOADER_SITES: "weakref.WeakKeyDictionary[Any, list[str]]" = weakref.WeakKeyDictionary()
+
+
+def _sites_of(loader: Any) -> list[str] | None:
+    """The lines that built ``loader``, when noted (a loader class that cannot be
+    weakly referenced or hashed is not)."""
+    try:
+        return _LOADER_SITES.get(loader)
+    except TypeError:
+        return None
+
+
 def _noting_builder(original: Callable) -> Callable:
     """``DataLoader.__init__`` noting, in the run's context, the lines outside torch
     that built the loader."""
@@ -205,6 +219,7 @@ def _noting_builder(original: Callable) -> Callable:
             if isinstance(count, int):
                 for site in found:
                     workers[site] = max(workers.get(site, 0), count)
+            _LOADER_SITES[loader] = found
             run_context.note_loader(loader, builder)
         except Exception:  # noqa: BLE001 - an observation must never break the user's run
             pass
@@ -235,13 +250,23 @@ class DataWaitProbe:
         self._local = threading.local()
         #: Per loader iterator: its last batch's signature and the backward passes seen when it came.
         self._pending: dict[int, tuple[tuple, int]] = {}
+        #: Per loader iterator: the lines that built its loader.
+        self._iterator_sites: dict[int, list[str]] = {}
+        #: The lines that built a loader whose batches fed a training step (a backward
+        #: pass followed them), kept in the run's context; None without ``batch_shapes``.
+        self._training_sites: list[str] | None = None
         self._grad_enabled: Callable[[], bool] = lambda: True
 
     def install(self) -> None:
         import torch
         from torch.utils.data import dataloader
 
+        from torchaxe.runtime import run_context
+
         self._grad_enabled = torch.is_grad_enabled
+        if self.batch_shapes is not None:
+            self._training_sites = []
+            run_context.EXECUTED["training_loader_sites"] = self._training_sites
 
         self._patch(dataloader._BaseDataLoaderIter, "__next__", self._timed_next)
         self._patch(dataloader.DataLoader, "__iter__", self._timed_iter)
@@ -279,6 +304,10 @@ class DataWaitProbe:
                 sink.add_data_wait(clock() - start, 1 if fetched else 0)
                 if fetched and shapes is not None:
                     self._batch(id(loader_or_iter), result)
+                elif not counts_batch and shapes is not None:
+                    sites = _sites_of(loader_or_iter)
+                    if sites:
+                        self._iterator_sites[id(result)] = sites
 
         return timed
 
@@ -290,6 +319,9 @@ class DataWaitProbe:
         pending = self._pending.pop(key, None)
         if pending is not None and self.sink.backward_calls > pending[1]:
             self.batch_shapes.add_signature(pending[0])
+            training = self._training_sites
+            if training is not None:
+                training.extend(s for s in self._iterator_sites.get(key, ()) if s not in training)
 
     def settle_batches(self) -> None:
         """Count the batches still waiting whose backward pass came."""

@@ -117,8 +117,9 @@ def note_loader(loader: Any, site: str | None) -> None:
 #: (runtime/probes.py), and ``dataset_classes``, ``path:first:last`` of the classes of
 #: the datasets the loaders were built on (and the datasets those wrap), and
 #: ``loader_workers``, ``path:line`` of those frames -> the most worker processes a
-#: loader built there had. advise leaves out findings in installed packages whose
-#: code the run never executed.
+#: loader built there had, and ``training_loader_sites``, those frames of the loaders
+#: whose batches fed a training step (recorded with the batch shapes). advise leaves
+#: out findings in installed packages whose code the run never executed.
 EXECUTED: dict[str, Any] = {}
 
 #: How deep wrapped datasets are followed (Subset of a ConcatDataset of ...).
@@ -291,6 +292,12 @@ def built_loader(context: dict[str, Any], path: str, line: int, end_line: int | 
     """Whether a DataLoader was built by the call at ``path:line`` (to ``end_line``):
     None when loader sites were not recorded."""
     return _built_at(context.get("loader_sites"), path, line, end_line)
+
+
+def fed_training(context: dict[str, Any], path: str, line: int, end_line: int | None = None) -> bool | None:
+    """Whether a DataLoader built by the call at ``path:line`` (to ``end_line``) gave
+    batches that a training step's backward pass followed: None when not recorded."""
+    return _built_at(context.get("training_loader_sites"), path, line, end_line)
 
 
 def loader_workers(context: dict[str, Any], path: str, line: int, end_line: int | None = None) -> int | None:
