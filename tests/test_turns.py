@@ -254,6 +254,38 @@ def test_real_runs_take_turns_through_the_harness(tmp_path, monkeypatch) -> None
     assert runs[1].median >= 0.3 > runs[0].median
 
 
+WRITER = """
+import torch
+from torch import nn
+
+model = nn.Linear(4, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(40):
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    with open("log.txt", "a") as log:
+        log.write(f"step {step}\\n")
+    torch.save(model.state_dict(), "ckpt.pt")
+"""
+
+
+@pytest.mark.slow
+def test_runs_side_by_side_leave_the_users_files_as_they_were(tmp_path, monkeypatch) -> None:
+    # Three runs append to the user's log and write a checkpoint, taking turns: each
+    # would back up what the one before it had already written, and the last to end
+    # would put that back.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(WRITER)
+    (tmp_path / "log.txt").write_text("the user's own log\n")
+    options = TrialOptions(steps=6, warmup=1, timeout=120, target="cpu")
+    runs = run_in_turns([knobs(f"run{n}") for n in range(3)], [sys.executable, "train.py"], options, 1,
+                        turn_steps=2)
+    assert all(r.ok for r in runs), [r.error for r in runs]
+    assert (tmp_path / "log.txt").read_text() == "the user's own log\n"
+    assert not (tmp_path / "ckpt.pt").exists()
+
+
 def test_the_noise_benchmark_reports_how_far_identical_runs_land_from_one() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from turns_noise import spread

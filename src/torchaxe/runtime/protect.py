@@ -13,7 +13,10 @@ caches and anything outside the two folders are not touched, and neither is
 a file written by a worker started with ``spawn`` (it has no hook).
 
 The manifest is one JSON object per line, written as each file is first met, so a run
-that is killed still leaves what is needed to restore.
+that is killed still leaves what is needed to restore. Processes that run at the same
+time (a torchrun job's ranks, runs taking turns) share one folder: the first record of
+a path holds the state before any of them wrote it, and the folder is restored once
+all of them have ended.
 """
 
 from __future__ import annotations

@@ -377,11 +377,14 @@ class Launched:
 
 def launch_bootstrap(knobs: KnobSet, command: Sequence[str], options: TrialOptions, folder: Path, *,
                      extra: Sequence[str] = (), context: bool = False, limit: float | None = None,
-                     env: dict[str, str] | None = None) -> Launched:
+                     env: dict[str, str] | None = None, guard: Path | None = None) -> Launched:
     """Run the command once under ``knobs`` through the bootstrap, with its files in
     ``folder``; the files the script writes are put back afterwards. A torchrun job's
     ranks each write their profile; when the job spans nodes (``runtime/nodes.py``),
-    the followers run it too and their ranks' profiles are gathered into ``folder``."""
+    the followers run it too and their ranks' profiles are gathered into ``folder``.
+    ``guard``: the write guard's folder shared with runs made at the same time (see
+    :func:`runtime.turns.run_in_turns`), whose caller puts the files back once they
+    have all ended; by default the run's own, restored when it ends."""
     from dataclasses import asdict
 
     from torchaxe.runtime import nodes
@@ -392,7 +395,8 @@ def launch_bootstrap(knobs: KnobSet, command: Sequence[str], options: TrialOptio
     profile_path = folder / "profile.json"
     stderr_path = folder / "stderr.txt"
     context_path = folder / "context.json" if context else None
-    guard = folder / "writes"
+    shared = guard is not None
+    guard = guard if guard is not None else folder / "writes"
     argv = bootstrap_argv(str(knobs_path), str(profile_path), command, options)
     cut = argv.index("--")
     added = [*extra, "--protect-writes", str(guard)] + (["--context-out", str(context_path)] if context else [])
@@ -408,7 +412,8 @@ def launch_bootstrap(knobs: KnobSet, command: Sequence[str], options: TrialOptio
                                       stdout=subprocess.DEVNULL, stderr=err,
                                       limit=limit)
     seconds = time.perf_counter() - started
-    restore(guard)  # the files the script wrote, as they were before this run
+    if not shared:
+        restore(guard)  # the files the script wrote, as they were before this run
     problems: list[str] = []
     if leader is not None and number is not None:
         problems = leader.collect(number, profile_path, (limit or 600.0) + nodes.RESULT_GRACE_SECONDS)
@@ -433,12 +438,13 @@ def follower_run(message: dict[str, Any], command: Sequence[str]) -> dict[str, A
 
 
 def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOptions, repeat: int,
-                      env: dict[str, str] | None = None) -> TrialRun:
+                      env: dict[str, str] | None = None, guard: Path | None = None) -> TrialRun:
     """Run the command once under ``knobs`` through the bootstrap (``env``: variables
-    added to the run's environment); the script's stdout is discarded, its stderr
-    kept for the error report."""
+    added to the run's environment; ``guard``: a write guard shared with other runs,
+    see :func:`launch_bootstrap`); the script's stdout is discarded, its stderr kept
+    for the error report."""
     with tempfile.TemporaryDirectory(prefix="torchaxe-trial-") as tmp:
-        done = launch_bootstrap(knobs, command, options, Path(tmp), env=env)
+        done = launch_bootstrap(knobs, command, options, Path(tmp), env=env, guard=guard)
         returncode, killed, stderr_text = done.returncode, done.killed, done.stderr
         tail = "\n".join(stderr_text.rstrip().splitlines()[-STDERR_TAIL_LINES:])
         run = TrialRun(knobs=knobs.name, repeat=repeat, ok=False, returncode=returncode, seconds=done.seconds)

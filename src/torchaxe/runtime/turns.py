@@ -292,52 +292,74 @@ def run_in_turns(knob_sets: Sequence["KnobSet"], command: Sequence[str], options
                  turn_steps: int, runner: TurnRunner | None = None) -> list["TrialRun"]:
     """One run of each knob set, side by side, taking turns of ``turn_steps``
     measured steps once warm, in the order given (callers rotate it by round). Each
-    run's limit grows with the others' share of the time."""
+    run's limit grows with the others' share of the time.
+
+    The runs share one write guard (``runtime/protect.py``), and the files the script
+    writes are put back once all of them have ended: with a guard each, a run would
+    back up a file another had already rewritten, and put that back."""
+    from functools import partial
+
+    from torchaxe.runtime.protect import restore
     from torchaxe.runtime.trials import run_in_subprocess
 
-    run = runner or run_in_subprocess
     count = len(knob_sets)
     if options.timeout is not None:
         options = replace(options, timeout=options.timeout * max(count, 1))
     results: list["TrialRun | None"] = [None] * count
     errors: list[BaseException | None] = [None] * count
     with tempfile.TemporaryDirectory(prefix="torchaxe-turns-") as tmp:
-        path = str(Path(tmp) / "turns.sock")
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(path)
-        server.listen(count)
-        server.setblocking(False)
-
-        def one(number: int) -> None:
-            env = {ENV: TurnPlan(path, turn_steps, number).to_env()}
-            try:
-                results[number] = run(knob_sets[number], command, options, repeat, env)
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
-                errors[number] = exc
-
-        threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(count)]
-        coordinator = _Coordinator(server, count, lambda n: threads[n].is_alive())
-        started = time.perf_counter()
+        guard = Path(tmp) / "writes"
+        run = runner or partial(run_in_subprocess, guard=guard)
         try:
-            # One warms up at a time (start-up, compilation): only one run computes at
-            # any moment, the others wait, as in their turns.
-            for number, thread in enumerate(threads):
-                thread.start()
-                coordinator.ready(number)
-            coordinator.cycle(range(count))
+            _run_round(run, knob_sets, command, options, repeat, turn_steps, tmp, results, errors)
         finally:
-            coordinator.close()
-            server.close()
-            for thread in threads:
-                thread.join()
+            restore(guard)  # the files the script wrote, as they were before the round
     for exc in errors:
         if exc is not None:
             raise exc
-    share = (time.perf_counter() - started) / max(count, 1)
     out = []
-    for number, result in enumerate(results):
+    for result in results:
         assert result is not None
-        result.seconds = share  # the round's wall time, shared: what one more arm costs
-        result.turns = coordinator.given[number]
         out.append(result)
     return out
+
+
+def _run_round(run: TurnRunner, knob_sets: Sequence["KnobSet"], command: Sequence[str], options: "TrialOptions",
+               repeat: int, turn_steps: int, tmp: str, results: list["TrialRun | None"],
+               errors: list[BaseException | None]) -> None:
+    """The runs of :func:`run_in_turns`, their results and errors put in ``results``
+    and ``errors``; each run's ``seconds`` is its share of the round's wall time."""
+    count = len(knob_sets)
+    path = str(Path(tmp) / "turns.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(count)
+    server.setblocking(False)
+
+    def one(number: int) -> None:
+        env = {ENV: TurnPlan(path, turn_steps, number).to_env()}
+        try:
+            results[number] = run(knob_sets[number], command, options, repeat, env)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            errors[number] = exc
+
+    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(count)]
+    coordinator = _Coordinator(server, count, lambda n: threads[n].is_alive())
+    started = time.perf_counter()
+    try:
+        # One warms up at a time (start-up, compilation): only one run computes at
+        # any moment, the others wait, as in their turns.
+        for number, thread in enumerate(threads):
+            thread.start()
+            coordinator.ready(number)
+        coordinator.cycle(range(count))
+    finally:
+        coordinator.close()
+        server.close()
+        for thread in threads:
+            thread.join()
+    share = (time.perf_counter() - started) / max(count, 1)
+    for number, result in enumerate(results):
+        if result is not None:
+            result.seconds = share  # the round's wall time, shared: what one more arm costs
+            result.turns = coordinator.given[number]
