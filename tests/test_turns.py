@@ -215,7 +215,7 @@ def test_a_first_compile_longer_than_the_runs_before_it_stops_at_the_deadline() 
     measurer = Measurer(["python", "x.py"], TrialOptions(timeout=1000.0), deadline=100.0, clock=clock,
                         runner=_slow_compile(clock, given, 500.0))
     base, (compiled,), complete = measurer.compare(knobs("original"), [knobs("compiled")], 2)
-    assert not complete and not compiled.runs and clock.now <= 100.0
+    assert not complete and not compiled.runs and clock.now <= 100.0 and measurer.stopped == ["compiled"]
     assert given[0] == 100.0 and given[1] == pytest.approx(90.0)
     # Runs that end in time keep the --timeout they were given.
     clock, given = _Clock(), []
@@ -225,7 +225,7 @@ def test_a_first_compile_longer_than_the_runs_before_it_stops_at_the_deadline() 
     assert complete and done.ratios and set(given) == {50.0}
 
 
-def test_a_round_side_by_side_stopped_by_the_deadline_gives_no_ratio() -> None:
+def test_a_round_side_by_side_stopped_by_the_deadline_keeps_the_runs_that_ended() -> None:
     clock, given = _Clock(), []
     run = _slow_compile(clock, given, 500.0)
 
@@ -234,9 +234,11 @@ def test_a_round_side_by_side_stopped_by_the_deadline_gives_no_ratio() -> None:
 
     measurer = Measurer(["python", "x.py"], TrialOptions(timeout=1000.0), deadline=100.0, clock=clock,
                         runner=run, together=together)
-    base, (compiled,), complete = measurer.compare(knobs("original"), [knobs("compiled")], 1)
-    assert not complete and not compiled.ratios and not compiled.runs
-    assert given[0] == 50.0  # each of the two runs side by side: half of what is left
+    base, (compiled, fused), complete = measurer.compare(knobs("original"), [knobs("compiled"), knobs("fused")], 1)
+    # The compiled run was stopped: no failure, no ratio; the fused one ended in time.
+    assert not complete and not compiled.ratios and not compiled.runs and compiled.error is None
+    assert fused.ratios == [1.0] and measurer.stopped == ["compiled"]
+    assert given[0] == pytest.approx(100.0 / 3)  # each of the three runs side by side: a third of what is left
 
 
 @pytest.mark.slow

@@ -126,6 +126,8 @@ class Measurer:
     #: A round of runs side by side left changes out to fit the deadline (since the
     #: comparison began).
     shortened: bool = False
+    #: The knob sets of the runs the deadline stopped before a measured step.
+    stopped: list[str] = field(default_factory=list)
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock()
@@ -179,6 +181,7 @@ class Measurer:
         self._took(knobs, run.seconds if run.seconds is not None else self.clock() - start)
         run.knobs = knobs.name
         if bounded and cut_short(run):
+            self.stopped.append(knobs.name)
             raise OutOfTime(label)
         return run
 
@@ -298,13 +301,22 @@ class Measurer:
             runs = together([a.knobs for a in order], repeat, options)
             for arm, latest in zip(order, runs):
                 self._took(arm.knobs, latest.seconds or 0.0)
-            if bounded and any(cut_short(r) for r in runs):
-                raise OutOfTime(label(repeat))  # the deadline stopped the round: no ratio from it
+            # Runs the deadline stopped before a measured step are no failures of their
+            # change: left out of the round (without the original's, nothing is kept).
+            cut = {id(arm) for arm, latest in zip(order, runs) if bounded and cut_short(latest)}
+            self.stopped.extend(arm.knobs.name for arm in order if id(arm) in cut)
+            if id(base) in cut:
+                raise OutOfTime(label(repeat))
+            if cut:
+                self.shortened = True
             for arm, latest in zip(order, runs):
-                latest.knobs = arm.knobs.name
-                arm.runs.append(latest)
+                if id(arm) not in cut:
+                    latest.knobs = arm.knobs.name
+                    arm.runs.append(latest)
             against = base.runs[-1].median_per_sample_unit if base in arms else None
             for arm in arms:
+                if id(arm) in cut or not arm.runs:
+                    continue
                 mine = arm.runs[-1].median_per_sample_unit
                 if arm is not base and arm.runs[-1].ok and mine and against:
                     arm.ratios.append(mine / against)

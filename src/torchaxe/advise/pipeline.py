@@ -439,6 +439,12 @@ class Advisor:
         if not complete:
             advice.partial = True
             advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer rounds")
+        if measurer.stopped:
+            names = sorted(set(measurer.stopped))
+            advice.notes.append(
+                f"the end of the --budget stopped {len(measurer.stopped)} run(s) before their first measured step "
+                f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}; a first compile, a slow start or an "
+                "evaluation pass before the steps): a larger --budget measures them")
         if base_arm.median is not None:
             advice.baseline["step_seconds_median"] = base_arm.median
             advice.baseline["source"] = "trial runs of the original, interleaved with the changes"
