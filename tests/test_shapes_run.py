@@ -321,3 +321,35 @@ def test_torch_traces_with_and_without_shapes(tmp_path, capsys):
     bare = chrome_trace(tmp_path / "bare.json", [4, 4, 4, 6, 8], record_shapes=False)
     assert main(["shapes", "--from-trace", bare]) == 2
     assert "the trace has no input shapes" in capsys.readouterr().err
+
+
+TWO_LOADERS = """\
+import torch
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
+
+data = TensorDataset(torch.randn(100, 6))
+# Training draws 6,400 samples with replacement in batches of 64; evaluation reads the
+# same dataset in batches of 100.
+train = DataLoader(data, batch_size=64, sampler=RandomSampler(data, replacement=True, num_samples=6400))
+evaluation = DataLoader(data, batch_size=100)
+model = torch.nn.Linear(6, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step, (x,) in enumerate(train):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step % 3 == 0:
+        for (v,) in evaluation:
+            model(v)
+"""
+
+
+def test_two_loaders_over_one_dataset_are_two_and_an_epoch_is_the_samplers(tmp_path):
+    observation, _ = run(tmp_path, TWO_LOADERS, steps=6)
+    by_size = {info.batch_size: info for info in observation.loaders}
+    assert set(by_size) == {64, 100}
+    # 6,400 samples drawn in batches of 64: no smaller last batch (the dataset's 100
+    # samples would say 36).
+    assert by_size[64].dataset_length == 6400 and by_size[64].remainder is None
+    assert by_size[100].dataset_length == 100 and by_size[100].remainder is None

@@ -246,7 +246,8 @@ def user_line(codes: Any) -> tuple[str | None, str | None]:
 
 @dataclass
 class LoaderInfo:
-    """One DataLoader (one data set and collate function) and the batches it gave."""
+    """One DataLoader (one data set, collate function and batch sampler) and the batches it
+    gave; ``dataset_length``: the samples of an epoch (its sampler's count when it has one)."""
 
     collate: str
     collate_location: str | None
@@ -357,15 +358,21 @@ class LoaderProbe:
     def _info(self, iterator: Any) -> LoaderInfo:
         dataset = getattr(iterator, "_dataset", None)
         collate = getattr(iterator, "_collate_fn", None)
-        key = (id(dataset), id(collate))
+        sampler = getattr(iterator, "_index_sampler", None)
+        # The loader's own batch sampler tells two loaders over one dataset apart (an
+        # evaluation loader beside the training one); it is the same for every epoch.
+        key = (id(dataset), id(collate), id(sampler))
         info = self.loaders.get(key)
         if info is None:
             name, location = describe_callable(collate, self.codes) if collate is not None else ("(none)", None)
-            sampler = getattr(iterator, "_index_sampler", None)
-            batch_size = getattr(sampler, "batch_size", None) if getattr(iterator, "_auto_collation", False) else None
+            batched = getattr(iterator, "_auto_collation", False)
+            batch_size = getattr(sampler, "batch_size", None) if batched else None
             try:
-                length = len(dataset)  # type: ignore[arg-type]
-            except TypeError:
+                # The samples of an epoch are the sampler's (one drawing with replacement
+                # sets its own count, a DistributedSampler this rank's share), else the dataset's.
+                inner = getattr(sampler, "sampler", None) if batched else sampler
+                length = len(inner if inner is not None else dataset)  # type: ignore[arg-type]
+            except Exception:  # noqa: BLE001 - no length (an iterable dataset, a sampler without one)
                 length = None
             info = self.loaders[key] = LoaderInfo(
                 collate=name, collate_location=location, batch_size=batch_size if isinstance(batch_size, int) else None,
