@@ -51,15 +51,25 @@ for x, y in loader:
 MASKED = """\
 import torch
 torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        keep = x[:, 0] > 0
+        picked = x[keep]  # mask
+        n = int((x[:, 1] > 0).sum().item())  # item
+        padding = torch.zeros(n)
+        return self.linear(picked).mean() + padding.sum()
+
+
+model = Net()
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(12):
-    x = torch.randn(16, 4)
-    keep = x[:, 0] > 0
-    picked = x[keep]  # mask
-    n = int((x[:, 1] > 0).sum().item())  # item
-    padding = torch.zeros(n)
-    loss = model(picked).mean() + padding.sum()
+    loss = model(torch.randn(16, 4))
     opt.zero_grad()
     loss.backward()
     opt.step()
@@ -192,12 +202,40 @@ def test_a_module_called_at_several_places_with_fixed_shapes_is_static(tmp_path)
 def test_boolean_mask_and_item_sizes_are_found_with_their_lines(tmp_path):
     observation, analysis = run(tmp_path, MASKED)
     kinds = {c.kind: c for c in analysis.causes}
-    assert kinds["boolean-mask"].location.endswith("train.py:8")
+    line = {text.split("#")[-1].strip(): n for n, text in enumerate(MASKED.splitlines(), 1) if "  # " in text}
+    assert kinds["boolean-mask"].location.endswith(f"train.py:{line['mask']}")
     assert kinds["boolean-mask"].code == "picked = x[keep]  # mask"
-    assert "item" in kinds and kinds["item"].location.endswith("train.py:9")
+    assert "item" in kinds and kinds["item"].location.endswith(f"train.py:{line['item']}")
     verdict = decide(analysis)
     assert verdict.verdict == "dynamic"
     assert any(r.kind == "data-dependent" and "torch.where" in r.setting for r in verdict.recommendations)
+
+
+OUTSIDE_THE_MODEL = """\
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for episode in range(12):
+    # One fixed-size call of the model per time step; the episode's length varies, and
+    # so do the loss's terms (REINFORCE's returns) and the checkpoint's copies.
+    terms = [model(torch.randn(1, 4)).log_softmax(-1)[0, 0] for _ in range(3 + episode % 4)]
+    returns = torch.randn(len(terms))
+    loss = -(torch.stack(terms) * (returns - returns.mean()) / (returns.std() + 1e-6)).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if episode % 5 == 4:
+        saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+"""
+
+
+def test_shapes_that_change_only_outside_the_model_leave_it_static(tmp_path):
+    # torch.compile(model) compiles the model's forward and backward: the loss over a
+    # varying number of terms and the checkpoint's copies are not in them.
+    _, analysis = run(tmp_path, OUTSIDE_THE_MODEL, steps=10)
+    verdict = decide(analysis)
+    assert verdict.verdict == "static", verdict.reasons
 
 
 def test_no_step_says_step_marker(tmp_path):

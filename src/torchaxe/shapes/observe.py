@@ -52,11 +52,13 @@ def observe(command: list[str], steps: int = 20, timeout: float | None = None, s
     loaders = LoaderProbe(codes, recorder)
     loaders.install()
     try:
+        recorder.watch_modules()
         recorder.__enter__()
         try:
             profile = _harness(options, recorder).run(script)
         finally:
             recorder.__exit__(None, None, None)
+            recorder.unwatch_modules()
     finally:
         loaders.uninstall()
     if not profile.steps:
@@ -75,8 +77,8 @@ def observe(command: list[str], steps: int = 20, timeout: float | None = None, s
             hint += "; if one call of a function of yours is one training step, pass --step-marker MODULE:FUNCTION"
         raise NoStepsError(f"{hint} (shapes are recorded per training step)")
     # Training's operators; an inference-only script has only the others.
-    ops = recorder.ops or recorder.eval_ops
-    return Observation(profile=profile, ops=list(ops.values()), sites=list(recorder.sites.values()),
+    ops = recorder.training_ops() or list(recorder.eval_ops.values())
+    return Observation(profile=profile, ops=ops, sites=list(recorder.sites.values()),
                        loaders=[info for info in loaders.loaders.values() if info.batches],
                        complete_steps=recorder.complete_steps)
 

@@ -87,6 +87,30 @@ class OpTally:
             calls = self.steps[step] = []
         calls.append(sig_id)
 
+    def varies(self) -> bool:
+        """Whether the shapes it was called with differ from one step to another (or
+        outgrew the tally); not how many times a step called it."""
+        return self.truncated or len({frozenset(calls) for calls in self.steps.values()}) > 1
+
+    def merged(self, other: "OpTally") -> "OpTally":
+        """This tally and ``other`` (the same operator, counted apart) as one: each
+        step's calls are this tally's, then the other's."""
+        out = OpTally(self.name)
+        steps = sorted(set(self.steps) | set(other.steps))
+        for tally in (self, other):
+            out.truncated = out.truncated or tally.truncated
+        by_id = [{i: sig for sig, i in tally.ids.items()} for tally in (self, other)]
+        for step in steps:
+            for tally, names in zip((self, other), by_id):
+                for sig_id in tally.steps.get(step, ()):
+                    if sig_id < 0:
+                        out.calls += 1
+                        out.truncated = True
+                        out.steps.setdefault(step, []).append(-1)
+                    else:
+                        out.add(names[sig_id], step)
+        return out
+
 
 @dataclass
 class DataDependentSite:
@@ -157,6 +181,16 @@ def make_op_recorder(codes: Any):
             #: optimizer's update): apart, so that a validation pass over other
             #: lengths does not make training's shapes look dynamic.
             self.eval_ops: dict[str, OpTally] = {}
+            #: Training's calls apart by where they ran: inside a module's forward
+            #: (``ops``), in the backward pass, and with gradients on outside every
+            #: module (the loss, bookkeeping, ``state_dict()``), which torch.compile of
+            #: the model does not compile (see :meth:`training_ops`).
+            self.backward_ops: dict[str, OpTally] = {}
+            self.outside_ops: dict[str, OpTally] = {}
+            #: Modules whose forward is running (global module hooks, :meth:`watch_modules`).
+            self.depth = 0
+            self.saw_module = False
+            self._module_hooks: list = []
             self.sites: dict[tuple[str, str | None], DataDependentSite] = {}
             self._names: dict[Any, str] = {}
 
@@ -178,7 +212,12 @@ def make_op_recorder(codes: Any):
                 first = out[0] if isinstance(out, (tuple, list)) and out else out
                 if isinstance(first, tensor_type):
                     signature = (("out",) + tuple(first.shape),)
-            ops = self.ops if grad_enabled() or in_backward() is not None else self.eval_ops
+            if in_backward() is not None:
+                ops = self.backward_ops
+            elif not grad_enabled():
+                ops = self.eval_ops
+            else:
+                ops = self.ops if self.depth > 0 else self.outside_ops
             tally = ops.get(name)
             if tally is None:
                 tally = ops[name] = OpTally(name)
@@ -196,6 +235,44 @@ def make_op_recorder(codes: Any):
             elif name == ITEM_OP and args and isinstance(args[0], tensor_type) and args[0].dtype in int_dtypes:
                 self._site("item", name).sizes[int(out)] += 1
             return out
+
+        def watch_modules(self) -> None:
+            """Count the modules whose forward is running (global forward hooks)."""
+            from torch.nn.modules import module as module_mod
+
+            def enter(module, args):
+                self.depth += 1
+                self.saw_module = True
+
+            def leave(module, args, output):
+                self.depth = max(self.depth - 1, 0)
+
+            self._module_hooks = [module_mod.register_module_forward_pre_hook(enter),
+                                  module_mod.register_module_forward_hook(leave, always_call=True)]
+
+        def unwatch_modules(self) -> None:
+            for handle in self._module_hooks:
+                handle.remove()
+            self._module_hooks = []
+
+        def training_ops(self) -> list[OpTally]:
+            """Training's operators, as torch.compile of the model sees them: those
+            inside its modules' forward and, when any of those saw its shapes change,
+            the backward's. When every one of them saw the same shapes each step, the
+            model's backward did too, and a backward operator whose shapes change is
+            the backward of code outside the model (a loss over a varying number of
+            terms). A script whose model is no module counts every call."""
+            if not self.saw_module:
+                parts = [self.ops, self.backward_ops, self.outside_ops]
+            elif any(t.varies() for t in self.ops.values()):
+                parts = [self.ops, self.backward_ops]
+            else:
+                parts = [self.ops, {n: t for n, t in self.backward_ops.items() if not t.varies()}]
+            out: dict[str, OpTally] = {}
+            for part in parts:
+                for name, tally in part.items():
+                    out[name] = out[name].merged(tally) if name in out else tally
+            return list(out.values())
 
         @property
         def complete_steps(self) -> int:

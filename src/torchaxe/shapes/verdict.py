@@ -134,7 +134,8 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
                        f"{analysis.steps} steps")
     else:
         widest = max((d.distinct for s in dynamic_ops + dynamic_modules + varying_batches for d in s.dims), default=0)
-        late = [s for s in dynamic_ops if s.late and not set(s.causes) <= partial_only]
+        # Late shapes count unless the epoch's smaller last batch is all that caused them.
+        late = [s for s in dynamic_ops if s.late and not (s.causes and set(s.causes) <= partial_only)]
         truncated = [s for s in dynamic_ops + dynamic_modules if s.truncated]
         reasons.append(f"{len(dynamic_ops)} of {len(ops)} operators and {len(dynamic_modules)} of {len(modules)} "
                        f"modules saw more than one input shape over {analysis.steps} steps")
@@ -151,7 +152,9 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
                 reasons.append(f"data-dependent sizes: {c.message}")
         else:
             verdict = "mixed"
-            reasons.append(f"but every dimension took at most {widest} sizes and the set settled early: "
+            varied = (f"every dimension took at most {widest} sizes" if widest else
+                      "the number or rank of their tensors changed, no dimension's size")
+            reasons.append(f"but {varied} and the set settled early: "
                            f"compiling a few shapes once each may pay off; measure (--try)")
         for cause in analysis.causes:
             if cause.kind in ("partial-batch", "collate", "batch-size"):
