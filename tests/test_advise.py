@@ -1283,3 +1283,25 @@ def test_a_loader_that_fed_no_training_step_is_listed_not_measured(script: Path)
     assert any("fed no training step of the run" in n for n in idle.notes)
     fed = run_advice(script, FakeRuns(), context={"loader_sites": [site], "training_loader_sites": [site]})
     assert "code:AX401" in {r.key for r in fed.recommendations}
+
+
+def test_the_loss_noise_of_a_signed_loss_near_zero_is_relative_to_its_size() -> None:
+    # REINFORCE's loss: log-probability times a normalised return, steps of about 1
+    # either side of zero whose mean is near 0. Two runs 0.02 apart are 2% apart of a
+    # loss of size 1, not hundreds of percent of its near-zero mean.
+    from torchaxe.advise.measure import ArmResult
+    from torchaxe.advise.stats import loss_delta, loss_noise
+    from torchaxe.runtime.trials import TrialRun
+
+    def arm(name: str, steps: list[float]) -> ArmResult:
+        run = TrialRun(knobs=name, repeat=1, ok=True, step_seconds=[0.1] * len(steps))
+        run.applied = {"loss": steps}
+        return ArmResult(name, None, runs=[run])
+
+    first = arm("original", [1.0, -0.99, 1.01, -1.0])
+    second = arm("original-again", [1.02, -0.99, 1.01, -1.0])
+    assert first.losses and second.losses, "the arms must carry their losses"
+    assert loss_noise(first, second) == pytest.approx(0.005 / 1.0025)  # the size: both runs' mean |loss|
+    assert loss_delta(second, first) == pytest.approx(0.005)  # the original's size: 1.0
+    # A loss that is never negative keeps the figure it had: relative to its mean.
+    assert loss_noise(arm("a", [2.0, 2.0]), arm("b", [2.1, 2.1])) == pytest.approx(0.1 / 2.05)

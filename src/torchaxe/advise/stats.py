@@ -115,31 +115,40 @@ def _mean_losses(runs: Sequence[Sequence[float]], n: int) -> list[float]:
     return [statistics.fmean(r[:n]) for r in runs]
 
 
+def _loss_scale(runs: Sequence[Sequence[float]], n: int) -> float:
+    """The size of a loss: the mean of its steps' absolute values. For a loss that is
+    never negative (cross-entropy, a squared error) that is its mean; a signed loss
+    that averages near zero (REINFORCE's log-probability times a normalised return)
+    keeps the size of its steps, not of their near-zero sum."""
+    return max(statistics.fmean(abs(v) for r in runs for v in r[:n]), 1e-12)
+
+
 def loss_noise(*originals: ArmResult) -> float | None:
     """How far apart the runs of the unchanged script landed in training loss: the
     largest difference between two runs' mean loss (over the steps every run
-    recorded, same seed), relative to the mean of them all. 0.0 for a deterministic
-    run; None with fewer than two runs that recorded a loss."""
+    recorded, same seed), relative to the loss's size (:func:`_loss_scale`). 0.0 for
+    a deterministic run; None with fewer than two runs that recorded a loss."""
     runs = [losses for arm in originals for losses in arm.losses if losses]
     n = _common_steps(runs)
     if len(runs) < 2 or not n:
         return None
     means = _mean_losses(runs, n)
-    return (max(means) - min(means)) / max(abs(statistics.fmean(means)), 1e-12)
+    return (max(means) - min(means)) / _loss_scale(runs, n)
 
 
 def loss_delta(arm: ArmResult, *originals: ArmResult) -> float | None:
     """The relative difference of a change's mean training loss from the original's,
     signed (above 0: higher loss): the loss of every run averaged over the steps that
     all of them recorded (same seed, so the same batches), then over the runs of each
-    side. None when either side recorded no loss."""
+    side, relative to the original's loss size (:func:`_loss_scale`). None when either
+    side recorded no loss."""
     changed = [losses for losses in arm.losses if losses]
     same = [losses for o in originals for losses in o.losses if losses]
     n = _common_steps(changed + same)
     if not changed or not same or not n:
         return None
     reference = statistics.fmean(_mean_losses(same, n))
-    return (statistics.fmean(_mean_losses(changed, n)) - reference) / max(abs(reference), 1e-12)
+    return (statistics.fmean(_mean_losses(changed, n)) - reference) / _loss_scale(same, n)
 
 
 #: A change's warm-up steps must take this much longer than the original's (seconds,
