@@ -275,3 +275,19 @@ def test_errors_are_torchaxe_errors():
     from torchaxe.data.decoders import ImageDecodeError
 
     assert issubclass(ImageDecodeError, TorchaxeError)
+
+
+def test_a_dataset_in_memory_is_not_told_its_transforms_dominate():
+    # A dataset of its own that reads no file and decodes nothing: __getitem__'s time is
+    # its indexing, and two workers beside training on two cores are one too many.
+    stages = _stages(per_sample=0.01, read=0.0, decode=0.0)
+    verdict = judge(_report(_record(dataset_type="Synthetic", num_workers=2), wait=0.05, compute=0.05, cores=2,
+                            stages=stages))
+    assert verdict.data_bound
+    assert not any("transforms dominate" in s for s in verdict.suggestions)
+    assert any(s.startswith("__getitem__ dominates, on data in memory") for s in verdict.suggestions)
+    assert any(r.startswith("per sample: read 0.00 ms, decode 0.00 ms, __getitem__ 10.0 ms") for r in verdict.reasons)
+    assert any(s.startswith("num_workers=1 (one core left") for s in verdict.suggestions), verdict.suggestions
+    # Files read and decoded: the rest is the transforms'.
+    files = judge(_report(_record(), stages=_stages(per_sample=0.02, read=0.001, decode=0.001)))
+    assert any("transforms dominate" in s for s in files.suggestions)

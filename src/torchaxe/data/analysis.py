@@ -370,13 +370,21 @@ def judge(report: DataReport) -> Verdict:
             suggestions.append("persistent_workers=True (keeps the workers between epochs)")
     if workers + 1 > cores and workers:
         reasons.append(f"{workers} workers and the training process share {cores} cores")
+        if data_bound and cores > 1 and not any(x.startswith("num_workers=") for x in suggestions):
+            suggestions.append(f"num_workers={cores - 1} (one core left to the training process)")
     if stages is not None and stages.per_sample_seconds:
         st = stages.stage_seconds()
         total = stages.per_sample_seconds
+        # Nothing read from a file or decoded: what __getitem__ does is its own Python
+        # work on data in memory (indexing), not a transform.
+        in_memory = not (st.get("read") or st.get("decode"))
+        label = {"transform": "__getitem__" if in_memory else "transform"}
         parts = [(name, st[name]) for name in ("read", "decode", "transform") if st.get(name) is not None]
         if parts:
-            top_name, top = max(parts, key=lambda kv: kv[1])
-            reasons.append("per sample: " + ", ".join(f"{n} {ms(v)}" for n, v in parts) + f" of {ms(total)}"
+            top_name, top = max(parts + ([("collate", st["collate"])] if st.get("collate") is not None else []),
+                                key=lambda kv: kv[1])
+            reasons.append("per sample: " + ", ".join(f"{label.get(n, n)} {ms(v)}" for n, v in parts)
+                           + f" of {ms(total)}"
                            + (f"; collate {ms(st['collate'])}" if st.get("collate") is not None else ""))
             if data_bound and top_name == "decode" and top >= 0.3 * total:
                 fastest = report.decoders.fastest if report.decoders is not None else None
@@ -386,8 +394,12 @@ def judge(report: DataReport) -> Verdict:
                                        f"{fastest.agreement()}")
             if data_bound and top_name == "read" and top >= 0.3 * total:
                 suggestions.append("file reads dominate: faster or local storage, larger files (shards), or caching")
-            if data_bound and top_name == "transform" and top >= 0.5 * total:
+            if data_bound and top_name == "transform" and top >= 0.5 * total and not in_memory:
                 suggestions.append("transforms dominate: vectorise them per batch, or move them to the device")
+            elif data_bound and top_name == "transform" and top >= 0.5 * total:
+                suggestions.append("__getitem__ dominates, on data in memory: index a whole batch at once (a "
+                                   "BatchSampler as the sampler with batch_size=None, and a __getitem__ that takes "
+                                   "a list of indices)")
     copies = report.copies
     share = copies.get("host_to_device_fraction")
     if copies.get("applicable") and share is not None and share >= 0.05:
