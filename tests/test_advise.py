@@ -281,6 +281,9 @@ def test_a_change_whose_loss_is_far_beyond_the_noise_is_held_back_with_its_cost(
     assert "1.67x" in row and "loss +5.40%" in row and "measured, held back" in row
     assert "loss noise         0.00% (the original's runs); changes to the numerics are chosen within it + 2.0%" \
         in out.getvalue()
+    # Each held-back change says why under the table (its loss, here; a one-time cost or
+    # the memory limit for others).
+    assert "knob:autocast-bf16: its training loss differs from the original's by +5.40%" in out.getvalue()
     html = render_advice_html(advice)
     assert "held back: its training loss differs from the original&#39;s by +5.40%" in html
 

@@ -140,9 +140,11 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         if any(r.memory for r in ranked[:top]):
             console.print("  memory: the change of the peak memory against the original's, measured in the same "
                           "rounds (-35%: 35% less)")
-        if any(r.held_back for r in ranked[:top]):
-            console.print("  held back: its training loss is beyond the noise plus the tolerance, or its peak memory "
-                          "above --memory-limit; not chosen, yours to decide (see the notes)")
+        held = [r for r in ranked[:top] if r.held_back]
+        if held:
+            console.print("  held back (not chosen, yours to decide):")
+            for r in held:
+                console.print(f"    {r.key}: {r.held_back}".replace("[", "\\["))
         if any(r.changes_optimisation for r in ranked[:top]):
             console.print("  changes the optimisation: a larger micro-batch, ranked by samples per second; fewer "
                           "optimizer steps per epoch, so check convergence before keeping it")
