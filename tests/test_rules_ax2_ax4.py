@@ -498,3 +498,12 @@ def test_optimizer_keywords_from_a_dict_on_npu():
     assert findings[12].fix.applicability == Applicability.DISPLAY_ONLY
     assert findings[36].fix.applicability == Applicability.UNSAFE
     assert "NpuFusedAdam(params, **settings)" in _fix(OPTIMIZER_FACTORY, "npu", ("AX201",))
+
+
+def test_the_unfused_optimizer_message_names_the_torch_release_not_its_build():
+    # Scanning for cuda with a CPU build installed: "torch 2.13.0", not "2.13.0+cpu".
+    source = "import torch\nopt = torch.optim.AdamW(params)\n"
+    report = scan_source(source, "t.py", ScanOptions(target="cuda", select=("AX201",), capabilities={
+        "torch_version": "2.13.0+cpu", "fused_optimizers": ["AdamW"], "cpus": 4}))
+    (finding,) = report.findings
+    assert "(torch 2.13.0 supports it)" in finding.message and "+cpu" not in finding.message

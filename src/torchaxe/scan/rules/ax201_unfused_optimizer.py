@@ -151,7 +151,7 @@ class UnfusedOptimizer(Rule):
             self,
             node,
             f"torch.optim.{cls} runs unfused on {ctx.target}: fused=True updates all parameters "
-            f"in one kernel per step (torch {ctx.capabilities.get('torch_version') or '2.x'} supports it)",
+            f"in one kernel per step (torch {_release(ctx.capabilities.get('torch_version'))} supports it)",
             replacement=f"torch.optim.{cls}(..., fused=True)",
             fix=ctx.fix(self, edits, title="pass fused=True"),
         )
@@ -260,3 +260,9 @@ def _literal_keys(value: ast.expr, spread_ok: str | None) -> set[str] | None:
 
 def _is_true(keyword: ast.keyword | None) -> bool:
     return keyword is not None and isinstance(keyword.value, ast.Constant) and keyword.value.value is True
+
+
+def _release(version: str | None) -> str:
+    """The installed torch's release without its build label (``2.13.0``, not
+    ``2.13.0+cpu``): the scan's target may be another device than the build's."""
+    return (version or "2.x").split("+")[0]
