@@ -651,3 +651,11 @@ def test_a_function_calling_itself_is_no_training_step(scan):
         "    print(h[0].sum().item())\n"
     )
     assert codes(scan(source, target="cuda", select=("AX3",))) == []
+
+
+def test_the_device_accumulation_names_the_tensor_read(scan):
+    # DCGAN's `D_x = output.mean().item()`: the advice accumulates what was read.
+    source = LOOP_HEAD + "    D_x = model(x).mean().item()\n    total += loss.item()\n"
+    found = [f for f in scan(source, target="cuda", select=("AX301",)).findings]
+    assert [f.replacement.split("  #")[0] for f in found] == ["total += model(x).mean().detach()",
+                                                             "total += loss.detach()"]

@@ -235,7 +235,9 @@ class HostReadInTrainingLoop(Rule):
         if tensors.is_host(receiver):
             return
         what = T.describe(ctx, node)
-        value = receiver.id if isinstance(receiver, ast.Name) else "loss"
+        # The tensor read, as written (``output.mean()``), when it is short enough to show.
+        text = ctx.text(receiver)
+        value = text if len(text) <= 40 and "\n" not in text else "loss"
         yield ctx.finding(
             self,
             node,
