@@ -171,7 +171,11 @@ def test_run_applies_the_knobs_and_passes_the_exit_code(tmp_path: Path) -> None:
     assert "threads 1 var on" in result.stdout
     assert result.returncode == 3
     shown = torchaxe("run", "--show", "--", "python", str(tmp_path / "train.py"), cwd=tmp_path)
-    assert json.loads(shown.stdout)["env"] == {"MY_VAR": "on"}
+    assert json.loads(shown.stdout)["env"] == {"MY_VAR": "on"} and "no `run` knobs" not in shown.stderr
+    # Without the file: the same empty knob set, and a line saying there was none.
+    (tmp_path / "torchaxe.toml").unlink()
+    bare = torchaxe("run", "--show", "--", "python", str(tmp_path / "train.py"), cwd=tmp_path)
+    assert json.loads(bare.stdout) == {"name": "run"} and "no `run` knobs found" in bare.stderr
 
 
 def test_run_of_a_script_without_an_optimizer_step_exits_as_the_script_did(tmp_path: Path) -> None:

@@ -338,6 +338,10 @@ def run(target, show, command):
             loader_note = f"tuned DataLoader setting from the knowledge base: {stored['dataloader']}"
     knobs = knob_set_from_dict({"name": "run", **raw}, str(source or "torchaxe.toml"))
     if show:
+        if source is None and not loader_note:
+            click.echo("torchaxe run: no `run` knobs found (torchaxe.toml): the script would run as it is", err=True)
+        elif loader_note:
+            click.echo(f"torchaxe run: {loader_note}", err=True)
         click.echo(json.dumps(knobs.to_dict(), indent=2, sort_keys=True))
         return
     if loader_note:
