@@ -128,10 +128,14 @@ def test_boolean_mask_sizes_make_it_dynamic_with_the_line():
 
 def test_static_everywhere():
     op = tally("aten.mm.default", {s: [((4, 8), (8, 8))] for s in range(1, 6)})
-    verdict = decide(analyse(observation([op], steps=5)))
+    conv = tally("aten.convolution.default", {s: [((4, 3, 8, 8), (8, 3, 3, 3))] for s in range(1, 6)})
+    verdict = decide(analyse(observation([op, conv], steps=5)))
     assert verdict.verdict == "static" and verdict.picks["cpu"] == "compile-static"
     assert any(r.target == "cuda" and "cudnn.benchmark = True" in r.setting for r in verdict.recommendations)
     assert any(r.target == "npu" and "jit_compile=True" in r.setting for r in verdict.recommendations)
+    # Without a convolution cuDNN has no algorithm to choose: no cudnn.benchmark advice.
+    linear = decide(analyse(observation([op], steps=5)))
+    assert linear.verdict == "static" and not any(r.kind == "cudnn" for r in linear.recommendations)
 
 
 def test_a_recurrent_model_with_varying_lengths_stays_eager_on_cpu_and_cuda():

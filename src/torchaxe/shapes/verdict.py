@@ -178,6 +178,9 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
     cheap_buckets = [b for b in buckets if b.chosen.extra_fraction <= MAX_BUCKET_PADDING]
     dims_text = _dims_text(analysis)
     recurrent = sorted({f"{s.name} ({s.type})" for s in modules if s.type in RECURRENT_MODULES})
+    # cudnn.benchmark chooses convolution algorithms: a model without convolutions has none to choose.
+    convolutions = any("convolution" in s.name for s in ops) or any(
+        s.type.startswith(("Conv", "LazyConv")) for s in modules)
     if recurrent and verdict != "static":
         reasons.append(f"recurrent layers ({', '.join(recurrent)}): torch.compile does not trace into them "
                        f"(torch._dynamo.config.allow_rnn is False), so compiling gains little and still "
@@ -207,7 +210,7 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
                                            "on that graph too); drop_last=True avoids it",
                                            "compile-static"))
                 picks[target] = "compile-static"
-                if target == "cuda":
+                if target == "cuda" and convolutions:
                     recs.append(Recommendation(target, "cudnn", "torch.backends.cudnn.benchmark = True",
                                                "fixed shapes: cuDNN picks its fastest convolution algorithm once "
                                                "per shape, so once; mode=\"reduce-overhead\" (CUDA graphs) also "
@@ -246,7 +249,7 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
                                            "marks only the dimensions that vary as symbolic; the rest stay "
                                            "specialised", "compile-dynamic"))
                 picks.setdefault(target, "compile-dynamic")
-                if target == "cuda":
+                if target == "cuda" and convolutions:
                     recs.append(Recommendation(target, "cudnn", "leave torch.backends.cudnn.benchmark off",
                                                "it benchmarks the convolution algorithms again for every new shape"))
             else:
