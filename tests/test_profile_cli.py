@@ -288,3 +288,15 @@ def test_two_ranks_under_torchrun_and_merge(tmp_path):
     assert merged.returncode == 0, merged.stderr
     assert "2 of 2 ranks" in merged.stdout
     assert "slowest rank 1: median time outside backward" in merged.stdout
+
+
+def test_the_lines_that_read_tensors_back_say_they_count_the_whole_run(tmp_path, capsys):
+    # A warm-up step that reads many values (an evaluation at step 0) is in the lines'
+    # counts but not in the per-step figure: the summary says so.
+    script = write_script(tmp_path, PRELUDE + "for i in range(6):\n    loss = step()\n    if i == 0:\n"
+                                            "        [loss.item() for _ in range(50)]\n")
+    code = main(["profile", "--steps", "3", "--warmup", "1", "--target", "cpu", "-o", str(tmp_path / "p.json"),
+                 "--", "python", str(script)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "by line, over the whole run (warm-up steps included):" in err

@@ -58,6 +58,9 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
         note = " (on cpu: reads that would synchronise a device; host-only tensors left out)" \
             if run.target == "cpu" else ""
         out.write(f"  host syncs  {syncs} per step{note}\n")
+    if profile.host_syncs:
+        # A warm-up step's reads (an evaluation pass at step 0) are in the counts, not in the per-step figure.
+        out.write("                by line, over the whole run (warm-up steps included):\n")
     for site in profile.host_syncs[:TOP_SYNCS]:
         code = f"  {site.code}" if site.code else ""
         via = f"  (read in {site.via})" if site.via else ""
