@@ -159,7 +159,8 @@ def test_a_length_stated_in_the_command_holds_back_a_compile_it_does_not_pay_bac
                          profile, {"modules": [], "settings": {"num_threads": 2, "allowed_cpus": 2}}, 2.0),
                      clock=Clock()).run()
     compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
-    assert not compiled.selected and "more than the job's 100 (--job-steps)" in compiled.held_back
+    assert not compiled.selected
+    assert "more than the job's 100 (read from the command: --max-steps 100)" in compiled.held_back
     assert any(n.startswith("the job's length is read from the command (--max-steps 100)") for n in advice.notes)
 
 
@@ -200,7 +201,7 @@ def test_epochs_in_the_command_count_the_training_loaders_batches(script: Path) 
                                                                "loader_epochs": epochs}}, 2.0),
                      clock=Clock()).run()
     compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
-    assert not compiled.selected and "more than the job's 64 (--job-steps)" in compiled.held_back
+    assert not compiled.selected and "more than the job's 64 (read from the command: --epochs 2)" in compiled.held_back
     assert any(n.startswith("the job's length is read from the command (--epochs 2): 64 steps of the loader built "
                             "at train.py:40 (512 samples in batches of 16)") for n in advice.notes)
 

@@ -117,10 +117,13 @@ class Advisor:
         self.job, self.script = parse_script(command)
         check_module(self.script)
         stated = job_steps_in(self.command) if options.job_steps is None else None
+        #: Where the job's length in steps came from, as the advice names it.
+        self.job_source = "--job-steps"
         if stated is not None:
             # The command says how long the job is: a compile that it never pays back
             # is held back as with --job-steps.
             options = replace(options, job_steps=stated[0])
+            self.job_source = f"read from the command: {stated[1]}"
         self.options = options
         self.target = resolve_target(options.target)
         self.progress = progress
@@ -471,7 +474,7 @@ class Advisor:
                               run_seconds=self.run_seconds, progress=self.progress,
                               memory_limit=self.options.memory_limit,
                               original_over_limit=bool(advice.baseline.get("over_memory_limit")),
-                              job_steps=self.options.job_steps)
+                              job_steps=self.options.job_steps, job_source=self.job_source)
         try:
             search.run([c for c, _ in arms])
             for c, _ in arms:
@@ -657,6 +660,7 @@ class Advisor:
         per_step = float(counts[len(counts) // 2]) if counts else 1.0
         steps = job_steps_of_epochs(stated[0], epoch, per_step)
         self.options = replace(self.options, job_steps=steps)
+        self.job_source = f"read from the command: {stated[1]}"
         self.advice.notes.append(
             f"the job's length is read from the command ({stated[1]}): {steps:,} steps of the loader built at "
             f"{epoch.get('site') or 'its line'} ({epoch['samples']:,} samples in batches of {epoch['batch_size']}"
@@ -674,7 +678,7 @@ class Advisor:
             return
         pays = f"pays off only after {even:,} steps" if even is not None else "is never paid back (no step saved)"
         why = (f"its one-time cost ({once:.1f} s, before its first fast step) {pays}, more than the job's "
-               f"{steps:,} (--job-steps): not chosen; {apply_only(rec)} applies it")
+               f"{steps:,} ({self.job_source}): not chosen; {apply_only(rec)} applies it")
         rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 
     def _compare_memory(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:

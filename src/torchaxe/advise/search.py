@@ -39,7 +39,8 @@ class ChangeSearch:
                  loss_tolerance: float = LOSS_TOLERANCE,
                  run_seconds: dict[str, float] | None = None,
                  progress: Callable[[str], None] = lambda line: None, memory_limit: int | None = None,
-                 original_over_limit: bool = False, job_steps: int | None = None) -> None:
+                 original_over_limit: bool = False, job_steps: int | None = None,
+                 job_source: str = "--job-steps") -> None:
         self.measurer = measurer
         #: How far the original strayed from itself, and the A/A arm's per-round ratios.
         self.noise = noise.spread
@@ -67,6 +68,7 @@ class ChangeSearch:
         #: The job's length in steps (--job-steps): a set whose one-time cost it does
         #: not pay back is not chosen (None: no length given).
         self.job_steps = job_steps
+        self.job_source = job_source
 
     def _over_limit(self, arm: ArmResult) -> int | None:
         """The peak memory of a measured set when it exceeds the limit; None otherwise."""
@@ -216,7 +218,7 @@ class ChangeSearch:
             once, even = late
             pays = f"pays off only after {even:,} steps" if even is not None else "is never paid back"
             self.notes.append(f"the {len(chosen)} chosen changes together cost {once:.1f} s once, before their first "
-                              f"fast step, which {pays}, more than the job's {self.job_steps:,} (--job-steps): "
+                              f"fast step, which {pays}, more than the job's {self.job_steps:,} ({self.job_source}): "
                               f"only {best.rec.key} is kept")
         elif loss is not None:
             self.notes.append(f"the {len(chosen)} chosen changes together changed the training loss by {loss:+.2%}, "
