@@ -307,10 +307,7 @@ def loader_workers(context: dict[str, Any], path: str, line: int, end_line: int 
     counts = context.get("loader_workers")
     if not isinstance(counts, dict):
         return None
-    real, end = os.path.realpath(path), end_line or line
-    found = [n for site, n in counts.items() if isinstance(n, int)
-             for where, _, number in [site.rpartition(":")]
-             if where == real and number.isdigit() and line <= int(number) <= end]
+    found = [n for site, n in counts.items() if isinstance(n, int) and _built_at([site], path, line, end_line)]
     return max(found) if found else None
 
 
