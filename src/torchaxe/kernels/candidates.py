@@ -43,16 +43,6 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
     return dropout_candidates(profile, target, settings)
 
 
-def _fixed_by(site: str, fixes: Sequence[tuple[str, int, int]]) -> bool:
-    """Whether a code fix (``(real path, first line, last line)``) covers ``site``
-    (``path:line``)."""
-    path, _, number = site.rpartition(":")
-    if not number.isdigit():
-        return False
-    real, line = os.path.realpath(path), int(number)
-    return any(real == fixed and first <= line <= last for fixed, first, last in fixes)
-
-
 def _local(site: str) -> str:
     """``path:line`` with the path relative to the working folder when it is inside."""
     path, _, line = site.rpartition(":")
@@ -70,13 +60,14 @@ def fused_optimizer_candidates(target: str, settings: dict[str, Any],
     llama2.c's ``AdamW(..., **extra_args)``, whose keywords ask for ``fused=True``
     on cuda only."""
     from torchaxe.kernels.optimizer import FUSED_CLASSES
+    from torchaxe.runtime.run_context import site_within
 
     if target not in ("cpu", "cuda"):
         return []
     unfused = [o for o in settings.get("optimizers") or []
                if o.get("class") in FUSED_CLASSES and str(o.get("module", "")).startswith("torch.optim")
                and not o.get("fused") and not o.get("chosen") and o.get("site")
-               and not _fixed_by(o["site"], fixes)]
+               and not any(site_within(o["site"], *fix) for fix in fixes)]
     if not unfused:
         return []
     names = ", ".join(sorted({f"torch.optim.{o['class']}" for o in unfused}))

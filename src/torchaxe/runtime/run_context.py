@@ -307,20 +307,21 @@ def loader_workers(context: dict[str, Any], path: str, line: int, end_line: int 
     counts = context.get("loader_workers")
     if not isinstance(counts, dict):
         return None
-    found = [n for site, n in counts.items() if isinstance(n, int) and _built_at([site], path, line, end_line)]
+    found = [n for site, n in counts.items() if isinstance(n, int) and site_within(site, path, line, end_line)]
     return max(found) if found else None
+
+
+def site_within(site: str, path: str, line: int, end_line: int | None = None) -> bool:
+    """Whether ``site`` (``real path:line``, as the run notes its build sites) lies in
+    ``path`` between ``line`` and ``end_line``."""
+    where, _, number = site.rpartition(":")
+    return where == os.path.realpath(path) and number.isdigit() and line <= int(number) <= (end_line or line)
 
 
 def _built_at(sites: list[str] | None, path: str, line: int, end_line: int | None) -> bool | None:
     if sites is None:
         return None
-    real = os.path.realpath(path)
-    end = end_line or line
-    for site in sites:
-        where, _, number = site.rpartition(":")
-        if where == real and number.isdigit() and line <= int(number) <= end:
-            return True
-    return False
+    return any(site_within(site, path, line, end_line) for site in sites)
 
 
 def _autocast_dtype(torch: Any, device_type: str) -> str | None:

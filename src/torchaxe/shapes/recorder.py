@@ -95,10 +95,8 @@ class OpTally:
     def merged(self, other: "OpTally") -> "OpTally":
         """This tally and ``other`` (the same operator, counted apart) as one: each
         step's calls are this tally's, then the other's."""
-        out = OpTally(self.name)
+        out = OpTally(self.name, truncated=self.truncated or other.truncated)
         steps = sorted(set(self.steps) | set(other.steps))
-        for tally in (self, other):
-            out.truncated = out.truncated or tally.truncated
         by_id = [{i: sig for sig, i in tally.ids.items()} for tally in (self, other)]
         for step in steps:
             for tally, names in zip((self, other), by_id):
