@@ -224,6 +224,25 @@ def test_persistent_workers_parenthesises_low_precedence_expressions():
     assert "persistent_workers=(a if b else c) > 0" in fixed
 
 
+@pytest.mark.parametrize(
+    ("sampler", "flagged"),
+    [
+        ("RandomSampler(ds, replacement=True, num_samples=int(1e10))", False),  # minGPT's trainer
+        ("RandomSampler(ds, True, 10**9)", False),
+        ("RandomSampler(ds, replacement=True, num_samples=1000)", True),  # epochs of 1,000 samples
+        ("RandomSampler(ds, num_samples=int(1e10))", True),  # without replacement it cannot draw that many
+        ("RandomSampler(ds, replacement=True, num_samples=n)", True),  # unknown length
+    ],
+)
+def test_persistent_workers_not_asked_of_a_loader_with_an_endless_sampler(sampler, flagged):
+    source = (
+        "from torch.utils.data import DataLoader, RandomSampler\n"
+        f"sampler = {sampler}\n"
+        "loader = DataLoader(ds, sampler=sampler, batch_size=8, num_workers=4)\n"
+    )
+    assert [f.code for f in _scan(source, select=("AX403",))] == (["AX403"] if flagged else [])
+
+
 def test_loader_positions_match_the_installed_torch():
     import inspect
 

@@ -388,8 +388,23 @@ def test_ax305_from_numpy_only_in_loops(scan):
     assert codes(scan(once, target="cuda", select=("AX305",))) == []
     (finding,) = scan(looped, target="cuda", select=("AX305",)).findings
     assert "pin_memory()" in finding.message and "non_blocking=True" in finding.message
-    assert "every iteration" in finding.message
+    assert "on every iteration of `for a in arrays`" in finding.message
     assert finding.fix.applicability is Applicability.DISPLAY_ONLY
+
+
+def test_ax305_names_the_loop_that_repeats_the_copy(scan):
+    # an epoch loop's iteration is not a training step: the message names the loop
+    source = (
+        "import torch\n"
+        "for epoch in range(args.epochs):\n"
+        "    train(epoch)\n"
+        "    sample = torch.randn(64, 20).to(device)\n"
+        "while running:\n"
+        "    x = torch.zeros(8).cuda()\n"
+    )
+    first, second = scan(source, target="cuda", select=("AX305",)).findings
+    assert "on every iteration of `for epoch in range(args.epochs)`" in first.message
+    assert "on every iteration of `while running`" in second.message
 
 
 # ------------------------------------------------------------------ AX306
@@ -496,7 +511,7 @@ def test_ax305_fix_safety_follows_exactness(scan, factory, safety):
 def test_ax305_comprehensions_count_as_loops(scan):
     source = "import torch\nxs = [torch.from_numpy(a).cuda() for a in arrays]\nys = [torch.tensor(a).cuda() for a in arrays]\n"
     found = scan(source, target="cuda", select=("AX305",)).findings
-    assert len(found) == 2 and all("every iteration" in f.message for f in found)
+    assert len(found) == 2 and all("for every element of the comprehension" in f.message for f in found)
 
 
 # ------------------------------------------------------------------ steps taken by helpers

@@ -88,15 +88,28 @@ def _factory_of(ctx: FileContext, node: ast.AST) -> tuple[ast.Call, str] | None:
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
-def _in_loop(ctx: FileContext) -> bool:
-    """Whether the visited node runs repeatedly: in a loop or a comprehension of
-    the same function."""
+def _enclosing_loop(ctx: FileContext) -> ast.AST | None:
+    """The loop or comprehension of the same function that runs the visited node
+    repeatedly, or None."""
     for parent in reversed(ctx.parents):
         if isinstance(parent, T.BOUNDARY_TYPES):
-            return False
+            return None
         if isinstance(parent, (*LOOP_TYPES, *_COMPREHENSIONS)):
-            return True
-    return False
+            return parent
+    return None
+
+
+def _repeated(ctx: FileContext, loop: ast.AST | None) -> str:
+    """How often the visited node runs, for the message: which loop repeats it (an
+    epoch loop's iteration is not a step, so the loop is named)."""
+    if loop is None:
+        return ""
+    if isinstance(loop, (ast.For, ast.AsyncFor)):
+        head = f"for {T.describe(ctx, loop.target, 20)} in {T.describe(ctx, loop.iter, 30)}"
+        return f" on every iteration of `{head}`"
+    if isinstance(loop, ast.While):
+        return f" on every iteration of `while {T.describe(ctx, loop.test, 30)}`"
+    return " for every element of the comprehension"
 
 
 class HostTensorMovedToDevice(Rule):
@@ -242,7 +255,8 @@ class HostTensorMovedToDevice(Rule):
         factory, short = found
         if T.has_double_star(factory) or any(T.keyword(factory, k) for k in ("out", "pin_memory", "generator")):
             return  # a generator fixes the device it draws on
-        in_loop = _in_loop(ctx)
+        loop = _enclosing_loop(ctx)
+        in_loop = loop is not None
         if short == FROM_NUMPY and not in_loop:
             return  # one copy at start-up; nothing to gain
         made_on = T.keyword(factory, "device")
@@ -251,7 +265,7 @@ class HostTensorMovedToDevice(Rule):
         if made_on is not None and short in RANDOM:
             return  # drawn on the CPU on purpose: the same numbers on every device
         dev = T.DEVICE_WORD[ctx.target]
-        every = " on every iteration" if in_loop else ""
+        every = _repeated(ctx, loop)
         move = T.describe(ctx, node, 60)
         device_text = _device_text(ctx, node, device)
 

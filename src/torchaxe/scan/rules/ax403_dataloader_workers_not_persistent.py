@@ -13,6 +13,12 @@ from torchaxe.scan.rules.base import Invalid, Rule, Valid
 #: Expressions that can take ``> 0`` without parentheses.
 _ATOMS = (ast.Name, ast.Attribute, ast.Subscript, ast.Call, ast.Constant, ast.BinOp)
 
+_RANDOM_SAMPLERS = frozenset({"torch.utils.data.RandomSampler", "torch.utils.data.sampler.RandomSampler"})
+
+#: A sampler drawing at least this many samples is taken for endless: its one pass is
+#: the whole run (minGPT's ``RandomSampler(..., replacement=True, num_samples=int(1e10))``).
+ENDLESS_SAMPLES = 10**8
+
 
 class DataLoaderWorkersNotPersistent(Rule):
     """
@@ -44,7 +50,9 @@ class DataLoaderWorkersNotPersistent(Rule):
     epoch; and the workers' memory stays held between passes. When `num_workers` is
     an expression the fix writes `persistent_workers=<num_workers> > 0`, because
     the loader refuses `persistent_workers=True` with zero workers. Calls with
-    `*args`/`**kwargs` or a non-literal `persistent_workers` are not flagged.
+    `*args`/`**kwargs` or a non-literal `persistent_workers` are not flagged, nor is
+    a loader whose sampler draws with replacement a literal `num_samples` of 10^8 or
+    more (an endless stream iterated once, as minGPT's trainer builds it).
 
     ## References
     - https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader
@@ -88,6 +96,12 @@ class DataLoaderWorkersNotPersistent(Rule):
         Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=0)\n"),
         Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=4, **extra)\n"),
         Valid("from somewhere import DataLoader\nloader = DataLoader(ds, num_workers=4)\n"),
+        Valid(
+            "import torch\n"
+            "from torch.utils.data import DataLoader\n"
+            "sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=int(1e10))\n"
+            "loader = DataLoader(ds, sampler=sampler, num_workers=4)\n"
+        ),
         Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=4)  # noqa: AX403\n"),
     )
 
@@ -101,6 +115,8 @@ class DataLoaderWorkersNotPersistent(Rule):
         persistent = loader.literal("persistent_workers")
         if persistent is not MISSING and persistent is not False:
             return
+        if _endless_sampler(ctx, loader.argument("sampler")):
+            return  # one pass is the whole run: nothing restarts
         if workers is NOT_LITERAL:
             expr = loader.argument("num_workers")
             assert expr is not None
@@ -131,6 +147,39 @@ class DataLoaderWorkersNotPersistent(Rule):
                 title=f"pass persistent_workers={value}",
             ),
         )
+
+
+def _endless_sampler(ctx: FileContext, node: ast.expr | None) -> bool:
+    """Whether ``node`` builds (or names a single assignment that builds) a
+    ``RandomSampler(..., replacement=True, num_samples=N)`` with N of at least
+    :data:`ENDLESS_SAMPLES`."""
+    if isinstance(node, ast.Name):
+        node = ctx.single_assignments().get(node.id)
+    if not isinstance(node, ast.Call) or ctx.call_name(node) not in _RANDOM_SAMPLERS:
+        return False
+    keywords = {k.arg: k.value for k in node.keywords}
+    replacement = keywords.get("replacement", node.args[1] if len(node.args) > 1 else None)
+    samples = keywords.get("num_samples", node.args[2] if len(node.args) > 2 else None)
+    if not (isinstance(replacement, ast.Constant) and replacement.value is True) or samples is None:
+        return False
+    count = _number(samples)
+    return count is not None and count >= ENDLESS_SAMPLES
+
+
+def _number(node: ast.expr) -> float | None:
+    """The value of a constant number written as a literal, ``int(...)``/``float(...)``
+    of one, or a product or power of them (``int(1e10)``, ``10**9``); None otherwise."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return float(node.value)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("int", "float"):
+        if len(node.args) == 1 and not node.keywords:
+            return _number(node.args[0])
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Pow)):
+        left, right = _number(node.left), _number(node.right)
+        if left is None or right is None or (isinstance(node.op, ast.Pow) and right > 64):
+            return None
+        return left * right if isinstance(node.op, ast.Mult) else left**right
+    return None
 
 
 def _positive_int(value: object) -> bool:
