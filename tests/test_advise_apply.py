@@ -152,6 +152,23 @@ def test_apply_from_another_folder_finds_the_script_where_advise_ran(script: Pat
         apply_advice(gone)
 
 
+def test_apply_fails_when_it_can_apply_none_of_the_changes_asked_for(script: Path, tmp_path: Path) -> None:  # noqa: F811
+    path = advice_file(script, tmp_path)
+    advice = json.loads(path.read_text())
+    fix = next(r["key"] for r in advice["recommendations"] if r.get("applies") == "code" and r.get("selected"))
+    first = torchaxe("apply", "--advice", str(path), "--only", fix, cwd=script.parent)
+    assert first.returncode == 0 and "changed 1 file(s)" in first.stderr
+    again = torchaxe("apply", "--advice", str(path), "--only", fix, cwd=script.parent)
+    assert again.returncode == 1 and again.stderr.count("\n") == 1
+    assert "nothing applied" in again.stderr and "already applied" in again.stderr
+    # advise chose nothing: nothing to do is not a failure
+    for rec in advice["recommendations"]:
+        rec["selected"] = False
+    path.write_text(json.dumps(advice))
+    none = torchaxe("apply", "--advice", str(path), cwd=script.parent)
+    assert none.returncode == 0 and "advise chose no change" in none.stderr
+
+
 def test_bad_advice_file_is_one_line(tmp_path: Path) -> None:
     result = torchaxe("apply", "--advice", str(tmp_path / "missing.json"))
     assert result.returncode == 2

@@ -178,6 +178,8 @@ class ApplyResult:
     held_back: list[str] = field(default_factory=list)
     #: Applied changes that change the optimisation (a larger micro-batch).
     changes_optimisation: list[str] = field(default_factory=list)
+    #: The recommendations asked for (chosen by advise, or named with --only).
+    asked: list[str] = field(default_factory=list)
 
 
 def advised_project(advice: dict[str, Any], folder: str | Path) -> Path:
@@ -246,7 +248,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
         if key not in known:
             raise TorchaxeError(f"--only {key}: no such recommendation in the advice (see its `key` fields)")
     chosen = [r for r in recs if (r.get("key") in keys if keys else r.get("selected"))]
-    result = ApplyResult()
+    result = ApplyResult(asked=[r["key"] for r in chosen])
     result.slower = [f"{r['key']} ({r['speedup']:.2f}x)" for r in chosen
                      if r.get("status") == "measured" and isinstance(r.get("speedup"), (int, float)) and r["speedup"] < 1]
     result.held_back = [f"{r['key']} ({r['held_back']})" for r in chosen if r.get("held_back")]

@@ -223,6 +223,12 @@ def _render(result, fmt: str) -> str:
     return buffer.getvalue()
 
 
+class NothingApplied(TorchaxeError):
+    """``apply`` was asked for changes and could apply none of them."""
+
+    exit_code = 1
+
+
 @click.command("apply", context_settings=CONTEXT)
 @click.option("--advice", "advice_path", type=click.Path(dir_okay=False), default=DEFAULT_ADVICE, show_default=True,
               help="The advice file `torchaxe advise` wrote.")
@@ -241,6 +247,10 @@ def apply(advice_path, unsafe_fixes, keys, diff):
     (torch.compile, mixed precision, DataLoader settings, environment variables) go
     to the `run` table of torchaxe.toml, which `torchaxe run` applies with no code
     change.
+
+    Exits 0 when it applied the changes, or when advise chose none; 1 when it was
+    asked for changes and could apply none of them (unsafe without --unsafe-fixes,
+    already applied, or only in installed packages); 2 for a usage error.
 
     \b
     Examples:
@@ -285,13 +295,19 @@ def apply(advice_path, unsafe_fixes, keys, diff):
         if not diff:
             click.echo("torchaxe apply: run them with `torchaxe run -- " + " ".join(advice["command"]) + "`", err=True)
     if not result.changed_files and not result.knobs:
+        if not result.asked:
+            click.echo("torchaxe apply: nothing to apply: advise chose no change (its table lists what it measured; "
+                       "`--only KEY` applies one of them)", err=True)
+            return
         if result.skipped_unsafe:
-            click.echo("torchaxe apply: nothing applied: every chosen change is unsafe (it may change numerics); "
-                       "add --unsafe-fixes to apply it", err=True)
-        elif keys:
-            click.echo(f"torchaxe apply: nothing to apply for --only {' '.join(keys)}", err=True)
+            reason = ("every chosen change is unsafe (it may change numerics); add --unsafe-fixes to apply it"
+                      if not keys else f"--only {' '.join(keys)} is unsafe (it may change numerics); add --unsafe-fixes")
+        elif result.skipped_outside and not any(not k.startswith("code:") for k in result.asked):
+            reason = "the chosen fixes are in installed packages, which are not edited"
         else:
-            click.echo("torchaxe apply: nothing to apply (no chosen change; see `--only`)", err=True)
+            reason = (f"the fixes of {', '.join(result.asked)} find nothing left to change in the files "
+                      "(already applied, or the code changed since advise)")
+        raise NothingApplied(f"nothing applied: {reason}")
 
 
 @click.command("run", context_settings=CONTEXT)
