@@ -195,6 +195,22 @@ def test_run_applies_the_knobs_and_passes_the_exit_code(tmp_path: Path) -> None:
     assert json.loads(bare.stdout) == {"name": "run"} and "no `run` knobs found" in bare.stderr
 
 
+def test_run_with_only_a_tuned_loader_setting_names_it_and_nothing_else(tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    import torchaxe.data.tuning as tuning
+    from torchaxe.advise.cli import run
+
+    (tmp_path / "train.py").write_text("print('ran')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tuning, "stored_loader_knobs", lambda command: {"dataloader": {"num_workers": 1}})
+    for show in ([], ["--show"]):
+        result = CliRunner().invoke(run, [*show, "--", "python", "train.py"])
+        assert result.exit_code == 0, result.output
+        assert "tuned DataLoader setting from the knowledge base" in result.stderr
+        assert "no `run` knobs" not in result.stderr and "None" not in result.stderr
+
+
 def test_run_of_a_script_without_an_optimizer_step_exits_as_the_script_did(tmp_path: Path) -> None:
     # No torch.optim optimizer: torchaxe sees no step, which is not the script's failure.
     (tmp_path / "train.py").write_text(

@@ -353,19 +353,16 @@ def run(target, show, command):
             raw = {**raw, "dataloader": stored["dataloader"]}
             loader_note = f"tuned DataLoader setting from the knowledge base: {stored['dataloader']}"
     knobs = knob_set_from_dict({"name": "run", **raw}, str(source or "torchaxe.toml"))
-    if show:
-        if source is None and not loader_note:
-            click.echo("torchaxe run: no `run` knobs found (torchaxe.toml): the script would run as it is", err=True)
-        elif loader_note:
-            click.echo(f"torchaxe run: {loader_note}", err=True)
-        click.echo(json.dumps(knobs.to_dict(), indent=2, sort_keys=True))
-        return
     if loader_note:
         click.echo(f"torchaxe run: {loader_note}", err=True)
     if source is None and not loader_note:
-        click.echo("torchaxe run: no `run` knobs found (torchaxe.toml): running the script as it is", err=True)
-    else:
+        doing = "the script would run" if show else "running the script"
+        click.echo(f"torchaxe run: no `run` knobs found (torchaxe.toml): {doing} as it is", err=True)
+    elif source is not None and not show:
         click.echo(f"torchaxe run: knobs from {source}: {knobs.summary}", err=True)
+    if show:
+        click.echo(json.dumps(knobs.to_dict(), indent=2, sort_keys=True))
+        return
     with tempfile.TemporaryDirectory(prefix="torchaxe-run-") as tmp:
         path = Path(tmp) / "knobs.json"
         path.write_text(json.dumps(knobs.to_dict()), encoding="utf-8")
