@@ -586,6 +586,56 @@ for _ in range(3):
     assert all(w.filename == str(path) and w.lineno == line_of(path, "ITEM") for w in ours)
 
 
+def test_passes_without_gradients_are_counted_and_timed_apart_from_training(tmp_path):
+    # An evaluation after every step (a decorated function and an inference_mode block);
+    # gradient clipping's and a hand-written update's no_grad call no module and do not count.
+    source = PRELUDE + """
+@torch.no_grad()
+def evaluate():
+    model.eval()
+    out = model(x)
+    model.train()
+    return out
+for _ in range(6):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.0 * p.grad
+    opt.step()
+    evaluate()
+    with torch.inference_mode():
+        with torch.no_grad():  # nested: one pass
+            model(x)
+            model(x)
+    with torch.inference_mode(False):
+        model(x)
+"""
+    profile = run_script(tmp_path, source, steps=4, warmup=1)
+    measured = [s for s in profile.steps if s.phase == "measured"]
+    assert [s.no_grad_passes for s in measured] == [2, 2, 2, 2]
+    assert all(0 < s.no_grad_seconds < s.seconds for s in measured)
+    summary = profile.summary
+    assert summary.no_grad_passes_per_step == 2 and 0 < summary.no_grad_fraction < 1
+    again = type(profile).from_dict(profile.to_dict())
+    assert again.steps[-1].no_grad_passes == 2 and again.summary.no_grad_fraction == summary.no_grad_fraction
+
+    import io
+
+    from torchaxe.report.profile_text import render_profile_summary
+
+    text = io.StringIO()
+    render_profile_summary(profile, None, text)
+    assert "no-grad     2.0 passes per step without gradients" in text.getvalue()
+    plain = run_script(tmp_path, PRELUDE + "for _ in range(4):\n    step()\n", steps=2, warmup=1)
+    assert plain.summary.no_grad_passes_per_step == 0
+    text = io.StringIO()
+    render_profile_summary(plain, None, text)
+    assert "no-grad" not in text.getvalue()
+
+
 def test_probes_are_removed_afterwards(tmp_path):
     import gc
 
@@ -594,13 +644,16 @@ def test_probes_are_removed_afterwards(tmp_path):
     from torch.nn.modules import module
     from torch.optim import optimizer
 
-    before = (torch.Tensor.__dict__.get("item"), dataloader._BaseDataLoaderIter.__next__,
-              dataloader.DataLoader.__iter__, len(gc.callbacks), len(module._global_forward_pre_hooks),
-              len(optimizer._global_optimizer_post_hooks), sys.gettrace())
-    run_script(tmp_path, PRELUDE + "for _ in range(3):\n    step().item()\n", steps=1, warmup=0, shapes=True)
-    after = (torch.Tensor.__dict__.get("item"), dataloader._BaseDataLoaderIter.__next__,
-             dataloader.DataLoader.__iter__, len(gc.callbacks), len(module._global_forward_pre_hooks),
-             len(optimizer._global_optimizer_post_hooks), sys.gettrace())
+    def probed():
+        return (torch.Tensor.__dict__.get("item"), dataloader._BaseDataLoaderIter.__next__,
+                dataloader.DataLoader.__iter__, len(gc.callbacks), len(module._global_forward_pre_hooks),
+                len(optimizer._global_optimizer_post_hooks), sys.gettrace(), torch.no_grad.__enter__,
+                torch.inference_mode.__exit__)
+
+    before = probed()
+    run_script(tmp_path, PRELUDE + "for _ in range(3):\n    step().item()\n    with torch.no_grad():\n        model(x)\n",
+               steps=1, warmup=0, shapes=True)
+    after = probed()
     assert before == after
     assert "item" not in torch.Tensor.__dict__ and "__bool__" not in torch.Tensor.__dict__
 

@@ -51,6 +51,9 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
         spread = f"; IQR {percent(s.step_seconds_spread)} of median" if s.step_seconds_spread is not None else ""
         out.write(f"  step time   median {duration(s.step_seconds_median)}, p90 {duration(s.step_seconds_p90)} "
                   f"(min {duration(s.step_seconds_min)}, max {duration(s.step_seconds_max)}{spread})\n")
+        if s.no_grad_passes_per_step and s.no_grad_fraction is not None:
+            out.write(f"  no-grad     {s.no_grad_passes_per_step:.1f} passes per step without gradients (evaluation or "
+                      f"generation under no_grad/inference_mode): {percent(s.no_grad_fraction)} of step time\n")
         if s.data_wait_fraction is not None or run.source == "harness":
             out.write(f"  data wait   {percent(s.data_wait_fraction)} of step time "
                       f"(median {duration(s.data_wait_seconds_median)} per step)\n")

@@ -185,6 +185,8 @@ class StepRecorder:
         self._gc = 0.0
         self._gc_count = 0
         self._comm: float | None = None
+        self._no_grad = 0.0
+        self._no_grad_passes = 0
 
     # -- what the probes report
 
@@ -205,6 +207,10 @@ class StepRecorder:
 
     def add_comm(self, seconds: float) -> None:
         self._comm = (self._comm or 0.0) + seconds
+
+    def add_no_grad(self, seconds: float) -> None:
+        self._no_grad += seconds
+        self._no_grad_passes += 1
 
     def measuring(self) -> bool:
         """Whether the step under way is a measured one."""
@@ -297,6 +303,8 @@ class StepRecorder:
             host_rss_bytes=self.rss(),
             start_seconds=self._start - self.origin,
             comm_seconds=self._comm,
+            no_grad_seconds=self._no_grad,
+            no_grad_passes=self._no_grad_passes,
         ))
         window = self.window
         counter = self.python_calls
@@ -632,7 +640,7 @@ class Harness:
         from torchaxe.backends import get_backend
         from torchaxe.runtime.probes import (
             BackwardProbe, ChildProcessProbe, CodeMap, DataWaitProbe, FirstForwardProbe, GcProbe, HostMemory,
-            HostSyncProbe, ModuleShapeProbe, ShapeTallier,
+            HostSyncProbe, ModuleShapeProbe, NoGradPassProbe, ShapeTallier,
         )
 
         options = self.options
@@ -672,7 +680,8 @@ class Harness:
         data_wait = DataWaitProbe(recorder, clock, batch_shapes)
         children = ChildProcessProbe()
         probes: list[Any] = [data_wait, BackwardProbe(recorder, clock), syncs,
-                             GcProbe(recorder, clock), FirstForwardProbe(recorder), comm, children]
+                             GcProbe(recorder, clock), FirstForwardProbe(recorder), comm, children,
+                             NoGradPassProbe(recorder, clock)]
         if module_shapes is not None:
             probes.append(module_shapes)
         if optimizer_steps is not None and backward_steps is not None:

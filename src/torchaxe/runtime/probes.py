@@ -76,6 +76,7 @@ class StepSink(Protocol):
     def add_sync(self) -> None: ...
     def add_gc(self, seconds: float) -> None: ...
     def add_comm(self, seconds: float) -> None: ...
+    def add_no_grad(self, seconds: float) -> None: ...
     def check_stop(self) -> None: ...
 
 
@@ -847,6 +848,81 @@ class ChildProcessProbe:
 
             process.BaseProcess.start = self._original  # type: ignore[method-assign]
             self._original = None
+
+
+class NoGradPassProbe:
+    """Times the passes a step makes without gradients: the spans of
+    ``torch.no_grad()`` and ``torch.inference_mode()`` (as ``with`` blocks or
+    decorators) in which a module with parameters was called, such as an evaluation
+    pass after every optimizer step, or a generator run for the next one. Spans that
+    call no module (the optimizer's own ``no_grad``, gradient clipping, a hand-written
+    update) do not count. A global module pre-hook is registered for the outermost
+    span only until its first module call."""
+
+    def __init__(self, sink: StepSink, clock: Callable[[], float]) -> None:
+        self.sink = sink
+        self.clock = clock
+        self._originals: list[tuple[type, Callable, Callable]] = []
+        self._local = threading.local()
+
+    def install(self) -> None:
+        import functools
+
+        import torch
+
+        from torchaxe.runtime.dynamo import add_global_forward_pre_hook, compiling
+
+        sink, clock, local = self.sink, self.clock, self._local
+
+        def module_called(module: Any, args: Any) -> None:
+            if compiling():
+                return
+            handle = getattr(local, "handle", None)
+            if handle is None or next(module.parameters(), None) is None:
+                return
+            local.modules = True
+            local.handle = None
+            handle.remove()
+
+        for cls in (torch.no_grad, torch.inference_mode):
+            enter, exit_ = cls.__enter__, cls.__exit__
+
+            def patched_enter(self: Any, *args: Any, _enter: Callable = enter) -> Any:
+                result = _enter(self, *args)
+                if compiling() or not getattr(self, "mode", True):  # inference_mode(False) keeps gradients
+                    return result
+                depth = getattr(local, "depth", 0)
+                local.depth = depth + 1
+                if depth == 0:
+                    local.start = clock()
+                    local.modules = False
+                    local.handle = add_global_forward_pre_hook(module_called)
+                return result
+
+            def patched_exit(self: Any, *args: Any, _exit: Callable = exit_) -> Any:
+                if compiling() or not getattr(self, "mode", True) or not getattr(local, "depth", 0):
+                    return _exit(self, *args)
+                local.depth -= 1
+                if local.depth == 0:
+                    handle, local.handle = getattr(local, "handle", None), None
+                    if handle is not None:
+                        handle.remove()
+                    if local.modules:
+                        sink.add_no_grad(clock() - local.start)
+                return _exit(self, *args)
+
+            functools.update_wrapper(patched_enter, enter)
+            functools.update_wrapper(patched_exit, exit_)
+            self._originals.append((cls, enter, exit_))
+            cls.__enter__, cls.__exit__ = patched_enter, patched_exit
+
+    def uninstall(self) -> None:
+        for cls, enter, exit_ in self._originals:
+            cls.__enter__, cls.__exit__ = enter, exit_
+        self._originals = []
+        handle, self._local.handle = getattr(self._local, "handle", None), None
+        if handle is not None:
+            handle.remove()
 
 
 class GcProbe:

@@ -194,6 +194,10 @@ class StepRecord:
     start_seconds: float | None = None
     #: Host time in the script's own torch.distributed collectives (distributed runs).
     comm_seconds: float | None = None
+    #: Passes without gradients (``torch.no_grad``/``inference_mode`` spans that called a
+    #: module with parameters: evaluation, generation) and their time.
+    no_grad_seconds: float | None = None
+    no_grad_passes: int | None = None
 
     def own_work_seconds(self) -> float | None:
         """The step's time outside ``backward()`` and outside the script's own
@@ -219,6 +223,8 @@ class StepRecord:
             "host_rss_bytes": self.host_rss_bytes,
             "start_seconds": self.start_seconds,
             "comm_seconds": self.comm_seconds,
+            "no_grad_seconds": self.no_grad_seconds,
+            "no_grad_passes": self.no_grad_passes,
         }
 
     @classmethod
@@ -238,6 +244,8 @@ class StepRecord:
             host_rss_bytes=r.int("host_rss_bytes", optional=True),
             start_seconds=r.float("start_seconds", optional=True, minimum=None),
             comm_seconds=r.float("comm_seconds", optional=True),
+            no_grad_seconds=r.float("no_grad_seconds", optional=True),
+            no_grad_passes=r.int("no_grad_passes", optional=True),
         )
 
 
@@ -781,6 +789,10 @@ class Summary:
     mfu_measured: float | None = None
     #: Activation memory of one step, estimated from what autograd saved for backward.
     activation_bytes_estimate: int | None = None
+    #: Passes without gradients (evaluation, generation) per step (mean), and their
+    #: share of the step time.
+    no_grad_passes_per_step: float | None = None
+    no_grad_fraction: float | None = None
 
     @classmethod
     def of(cls, steps: list[StepRecord], host_rss_peak_bytes: int | None = None,
@@ -792,6 +804,8 @@ class Summary:
         gcs = Samples.of(s.gc_seconds for s in measured)
         backwards = Samples.of(s.backward_seconds for s in measured)
         outside = Samples.of(s.seconds - s.backward_seconds for s in measured if s.backward_seconds is not None)
+        no_grad = Samples.of(s.no_grad_seconds for s in measured)
+        passes = Samples.of(s.no_grad_passes for s in measured)
         total = seconds.total
 
         def fraction(part: Samples) -> float | None:
@@ -834,6 +848,8 @@ class Summary:
             mfu_table=achieved / table if achieved and table else None,
             mfu_measured=achieved / probe if achieved and probe else None,
             activation_bytes_estimate=flops.activation_bytes if flops is not None else None,
+            no_grad_passes_per_step=passes.mean if len(passes) == len(seconds) else None,
+            no_grad_fraction=fraction(no_grad),
         )
 
     def to_dict(self) -> dict[str, Any]:
