@@ -17,7 +17,7 @@ from torchaxe.scan.context import FileContext
 from torchaxe.scan.formulas.analysis import formula_matches
 from torchaxe.scan.formulas.inline import FileUnit, read_scope
 from torchaxe.scan.formulas.ir import Builder, normalised
-from torchaxe.scan.formulas.probes import infer_roles
+from torchaxe.scan.formulas.probes import infer_roles, scalar_value
 from torchaxe.scan.formulas.store import FingerprintStore
 
 
@@ -1193,3 +1193,44 @@ def test_values_first_attention_keeps_the_query_positions_first(scan, target, re
             return torch.bmm(v, w_.permute(0, 2, 1))
     """)
     assert attention_finding(scan, source, target).replacement == replacement
+
+
+@pytest.mark.parametrize("dim, found", [(2, ["attention"]), (-1, ["attention"]), (1, [])])
+def test_a_fused_projection_split_along_a_dimension_counted_from_the_front(dim, found):
+    # MPT: q, k, v = self.Wqkv(x).chunk(3, dim=2) of a (batch, sequence, 3 * width)
+    # projection; dimension 2 is taken for the last of a three-dimensional tensor.
+    # Split along dimension 1 (the sequence), the pieces are not heads of one token.
+    source = f"""
+import torch
+class Attention(torch.nn.Module):
+    def forward(self, x):
+        b, s = x.shape[:2]
+        q, k, v = self.Wqkv(x).chunk(3, dim={dim})
+        q = q.reshape(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.reshape(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        v = v.reshape(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        w = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * self.softmax_scale, dim=-1)
+        return torch.matmul(w, v)
+"""
+    assert [m.category for m in matches(source) if m.category == "attention"] == found
+
+
+def test_heads_folded_into_the_batch_by_a_count_from_inputs_that_hold_them():
+    # Bloom: q (batch, heads, sequence, width) reshaped to (batch * self.num_heads, -1,
+    # width), scores from alibi.baddbmm(batch1=, batch2=), viewed back to four dimensions.
+    source = """
+import torch
+import torch.nn.functional as F
+class Attention(torch.nn.Module):
+    def forward(self, hidden_states, alibi):
+        batch_size, q_length, _ = hidden_states.shape
+        q, k, v = self._split_heads(self.query_key_value(hidden_states))
+        q = q.reshape(batch_size * self.num_heads, -1, self.head_dim)
+        k = k.reshape(batch_size * self.num_heads, -1, self.head_dim).transpose(-1, -2)
+        v = v.reshape(batch_size * self.num_heads, -1, self.head_dim)
+        scores = alibi.baddbmm(batch1=q, batch2=k, beta=1.0, alpha=self.inv_norm_factor)
+        weights = F.softmax(scores.view(batch_size, self.num_heads, q_length, -1), dim=-1)
+        return torch.bmm(weights.view(batch_size * self.num_heads, q_length, -1), v)
+"""
+    [found] = [m for m in matches(source) if m.category == "attention"]
+    assert found.params["masked"] and found.params["scale"] == pytest.approx(scalar_value("self.inv_norm_factor"))

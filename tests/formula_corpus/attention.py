@@ -821,3 +821,48 @@ def class_token_scores_by_first_key(q, k, v):  # lookalike: attention
     # Every query scored against the first key only: weights over the queries.
     scores = (q * k[:, :, :1]).sum(-1).softmax(dim=-1)
     return scores.unsqueeze(2) @ v
+
+
+# ----------------------------------------------------------------------- a fused projection split along a dimension counted from the front
+class FusedProjectionAttention(nn.Module):  # formula: attention
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.head_width = width // heads
+        self.temperature = self.head_width ** -0.5
+        self.project = nn.Linear(width, 3 * width)
+
+    def forward(self, x):
+        batch, length = x.shape[:2]
+        q, k, v = self.project(x).chunk(3, dim=2)
+        q = q.view(batch, length, self.heads, self.head_width).transpose(1, 2)
+        k = k.view(batch, length, self.heads, self.head_width).transpose(1, 2)
+        v = v.view(batch, length, self.heads, self.head_width).transpose(1, 2)
+        weights = torch.softmax(q @ k.transpose(-1, -2) * self.temperature, dim=-1)
+        return (weights @ v).transpose(1, 2).reshape(batch, length, -1)
+
+
+def split_projection_normalised_over_queries(x):  # lookalike: attention
+    # A fused projection split along dimension 2 as attention splits it, but the
+    # softmax normalises each key's column over the queries: not attention weights.
+    q, k, v = x.chunk(3, dim=2)
+    return torch.softmax(q @ k.transpose(-1, -2), dim=-2) @ v
+
+
+# ----------------------------------------------------------------------- heads folded into the batch by a count, from inputs that already hold them
+class FoldedHeadsBiasedAttention(nn.Module):  # formula: attention
+    def __init__(self, heads, head_width):
+        super().__init__()
+        self.heads = heads
+        self.head_width = head_width
+        self.inverse_root = head_width ** -0.5
+
+    def forward(self, q, k, v, bias):
+        # q, k, v: (batch, heads, length, head_width); bias: (batch * heads, 1, length)
+        batch, _, length, _ = q.shape
+        q = q.reshape(batch * self.heads, -1, self.head_width)
+        k = k.reshape(batch * self.heads, -1, self.head_width).transpose(-1, -2)
+        v = v.reshape(batch * self.heads, -1, self.head_width)
+        scores = torch.baddbmm(bias, q, k, alpha=self.inverse_root)
+        weights = F.softmax(scores.view(batch, self.heads, length, -1), dim=-1)
+        return torch.bmm(weights.view(batch * self.heads, length, -1), v)

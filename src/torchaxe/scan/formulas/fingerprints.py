@@ -29,7 +29,7 @@ from torchaxe.scan.formulas.ir import CONST, VAR, Node, walk
 from torchaxe.scan.formulas.prefilter import dominator, dominators, ops_outside
 from torchaxe.scan.formulas.probes import (
     CONFIRMATIONS, INT, PRIMARY, RESHAPES, SCALAR, Probe, data_vars, fitted_roles, fresh_full, half_width_roles,
-    make_env, scalar_value, scalarish, single_count_roles, widened_roles,
+    make_env, scalar_value, scalarish, single_count_roles, sized_count_roles, widened_roles,
 )
 from torchaxe.scan.formulas.store import Match
 
@@ -1189,7 +1189,8 @@ def compute(root: Node, roles: dict[str, str], categories: frozenset[str]) -> li
             widened = widened_roles(root, roles)
             fitted = fitted_roles(root, roles, _sizes) if failed else None
             guesses = (half_width_roles(root, roles) if failed else None, widened, single_count_roles(roles),
-                       single_count_roles(widened) if widened is not None else None, fitted)
+                       single_count_roles(widened) if widened is not None else None, fitted,
+                       sized_count_roles(roles) if failed else None)
             for second in guesses:
                 if second is not None and unmatched:
                     more = _match(root, Probing(second, PRIMARY), unmatched, order)

@@ -171,7 +171,12 @@ def infer_roles(root: Node) -> dict[str, str]:
     arithmetic: set[str] = set()
     ranks: dict[str, set[int]] = {}
     masked: list[Node] = []
+    #: Variables passed as one of several sizes to a view (``q.reshape(b * h, -1,
+    #: self.head_width)``): a single size each, not a whole shape.
+    single_sizes: set[str] = set()
     for node in walk(root):
+        if node.op in ("reshape", "view") and len(node.args) >= 3:
+            single_sizes.update(a.value for a in node.args[1:] if a.op == VAR)
         if node.op in ("add", "sub", "mul", "div", "floordiv", "mod", "pow"):
             arithmetic.update(a.value for a in node.args if a.op == VAR)
         elif node.op in _EINOPS:
@@ -275,8 +280,10 @@ def infer_roles(root: Node) -> dict[str, str]:
             role = BOUND
         elif name in ints and name in arithmetic:
             role = COUNT  # a size that is also computed with (C // self.n_head)
-        elif name in ints and name not in dims:
+        elif name in ints and name not in dims and name not in single_sizes:
             role = SHAPE  # x.view(self.shape): a whole shape
+        elif name in single_sizes and name not in dims:
+            role = SIZE
         elif name in ints:
             role = INT
         else:
@@ -509,13 +516,20 @@ def widened_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
             continue
         count = node.args[1]
         dim = node.args[2] if len(node.args) > 2 else node.kwarg("dim")
-        if count.op != CONST or count.value not in (2, 3) or dim is None or dim.op != CONST or dim.value != -1:
+        if count.op != CONST or count.value not in (2, 3) or dim is None or dim.op != CONST:
             continue
         name = source.value
-        if roles.get(name) in (FULL, CUBE):
+        if roles.get(name) not in (FULL, CUBE):
+            continue
+        if dim.value == -1:
             # Unsqueezed before it meets the data: one dimension fewer than the data.
             base = CUBE if added and roles[name] == FULL else roles[name]
             changed[name] = f"{base}{WIDE}{count.value}"
+        elif dim.value in _LAST_OF_RANK and not added:
+            # Split along a dimension counted from the front: taken for the last one of
+            # a tensor of that rank (MPT's ``self.Wqkv(x).chunk(3, dim=2)`` of a
+            # (batch, sequence, 3 * width) projection).
+            changed[name] = f"{_LAST_OF_RANK[dim.value]}{WIDE}{count.value}"
     for name, cuts in halves.items():
         bounds = {b for side, b in cuts if side == "below"} & {b for side, b in cuts if side == "above"}
         if bounds and roles.get(name) in (FULL, CUBE) and name not in changed:
@@ -549,6 +563,16 @@ def single_count_roles(roles: dict[str, str]) -> dict[str, str] | None:
     one, so that sizes computed from them (``width // (3 * self.n_heads)``) are not
     zero on the probes' small sides."""
     changed = {name: ONE for name, role in roles.items() if role == COUNT}
+    return {**roles, **changed} if changed else None
+
+
+def sized_count_roles(roles: dict[str, str]) -> dict[str, str] | None:
+    """Another guess when the tree does not evaluate: counts (a number of heads) as
+    large as the probes' side, for a tree whose inputs already hold the heads as a
+    dimension and are folded with the count into the batch (Bloom's
+    ``q.reshape(batch * self.num_heads, -1, self.head_dim)`` of a (batch, heads,
+    sequence, width) tensor)."""
+    changed = {name: SIZE for name, role in roles.items() if role == COUNT}
     return {**roles, **changed} if changed else None
 
 
@@ -612,6 +636,9 @@ def _fitted_shape(role: str, n: int) -> tuple[int, ...]:
 ONE = "one"
 #: Operations that keep the last dimension of their input.
 _WIDTH_KEEPING = frozenset({"unsqueeze", "cast", "contiguous", "detach", "clone"})
+#: The widened role of a tensor split along dimension ``d`` counted from the front,
+#: taken for its last: a cube for 2, a full tensor for 3.
+_LAST_OF_RANK = {2: CUBE, 3: FULL}
 #: Marks a widened role: ``"full*2"`` is a full tensor twice as wide in its last dimension.
 WIDE = "*"
 
