@@ -125,6 +125,7 @@ def run_advice(script: Path, runs: FakeRuns, **options):
     for step in profile["steps"]:
         step["batches"] = batches
     profile["summary"]["host_rss_peak_bytes"] = options.pop("profile_peak", None)
+    profile["summary"].update(options.pop("summary", {}))
     if "distributed" in options:  # the profile of one rank of a distributed run
         profile["distributed"] = options.pop("distributed")
     context = {"modules": [], "settings": options.pop("settings", {"num_threads": 2, "allowed_cpus": 2}),
@@ -1308,3 +1309,11 @@ def test_the_loss_noise_of_a_signed_loss_near_zero_is_relative_to_its_size() -> 
     assert loss_delta(second, first) == pytest.approx(0.005)  # the original's size: 1.0
     # A loss that is never negative keeps the figure it had: relative to its mean.
     assert loss_noise(arm("a", [2.0, 2.0]), arm("b", [2.1, 2.1])) == pytest.approx(0.1 / 2.05)
+
+
+def test_a_step_spent_largely_on_passes_without_gradients_is_said(script: Path) -> None:
+    evaluated = run_advice(script, FakeRuns(), summary={"no_grad_passes_per_step": 2.0, "no_grad_fraction": 0.45})
+    [note] = [n for n in evaluated.notes if "without gradients" in n]
+    assert "2.0 pass(es)" in note and "45% of the step time" in note and "evaluating less often" in note
+    light = run_advice(script, FakeRuns(), summary={"no_grad_passes_per_step": 1.0, "no_grad_fraction": 0.05})
+    assert not any("without gradients" in n for n in light.notes)

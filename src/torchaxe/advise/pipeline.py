@@ -90,6 +90,9 @@ OPTIMIZER_RULES = ("AX201", "AX204")
 #: A load average above this many times the cores the script may use says the machine
 #: was busy with more than advise's own runs.
 BUSY_LOAD = 1.5
+#: A note says so when passes without gradients (evaluation inside the step) take at
+#: least this share of the step time.
+NO_GRAD_NOTE_SHARE = 0.2
 
 
 def _load_average() -> float | None:
@@ -198,6 +201,12 @@ class Advisor:
                            "steps_per_turn": self.turn_steps or None}
         advice.profile = plot_data(base.profile)
         advice.flops = base.profile.get("flops")
+        passes, share = summary.get("no_grad_passes_per_step"), summary.get("no_grad_fraction")
+        if passes and share is not None and share >= NO_GRAD_NOTE_SHARE:
+            advice.notes.append(
+                f"each step also runs {passes:.1f} pass(es) without gradients (evaluation or generation under "
+                f"no_grad/inference_mode), {100 * share:.0f}% of the step time: every speedup here includes them; "
+                "evaluating less often would save more than most changes, and only you can decide it")
         advice.distributed = base.distributed
 
         from torchaxe.scan.discover import project_of
