@@ -1234,3 +1234,32 @@ class Attention(torch.nn.Module):
 """
     [found] = [m for m in matches(source) if m.category == "attention"]
     assert found.params["masked"] and found.params["scale"] == pytest.approx(scalar_value("self.inv_norm_factor"))
+
+
+def test_a_small_scan_whose_formula_results_are_stored_stays_in_this_process(tmp_path, monkeypatch):
+    # Starting workers costs more than a warm scan of a small project: --jobs 2 then
+    # scans here. Files no formula rule looks at need no stored result.
+    import torchaxe.scan.engine as engine
+    from torchaxe.scan.formulas import analysis
+
+    monkeypatch.setattr(analysis, "STORE", FingerprintStore(use_disk=False))
+    gelu = "import torch\ndef act(x):\n    return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x ** 3)))\n"
+    for i in range(60):  # more than one chunk of files
+        (tmp_path / f"m{i:03}.py").write_text((gelu, "import torch\nopt = torch.optim.AdamW(p)\n")[i % 2]
+                                              + f"# file {i}\n")
+
+    class NoPool:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("workers started")
+
+    monkeypatch.setattr(engine, "ProcessPoolExecutor", NoPool)
+    options = engine.ScanOptions(target="cpu", capabilities={"fused_optimizers": ["AdamW"]})
+    with pytest.raises(AssertionError, match="workers started"):  # cold: the work is worth sharing
+        engine.scan_paths([tmp_path], engine.ScanOptions(**{**options.__dict__, "jobs": 2}))
+    serial = engine.scan_paths([tmp_path], engine.ScanOptions(**{**options.__dict__, "jobs": 1}))
+    warm = engine.scan_paths([tmp_path], engine.ScanOptions(**{**options.__dict__, "jobs": 2}))
+    assert [f.to_dict() for f in warm.findings] == [f.to_dict() for f in serial.findings]
+    assert sum(f.code == "AX110" for f in warm.findings) == 30
+    monkeypatch.setattr(engine, "WARM_IN_PROCESS_BYTES", 0)  # a large project: workers again
+    with pytest.raises(AssertionError, match="workers started"):
+        engine.scan_paths([tmp_path], engine.ScanOptions(**{**options.__dict__, "jobs": 2}))

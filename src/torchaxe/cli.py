@@ -138,7 +138,9 @@ def _scan_options(f: Callable) -> Callable:
         click.option("--exclude", multiple=True, metavar="GLOB",
                      help="Skip files and folders matching this pattern (added to .git, .venv, build, ...)."),
         click.option("--jobs", "-j", type=click.IntRange(min=0), default=None,
-                     help="Worker processes (0 = choose from the number of files and cores)."),
+                     help="Worker processes, at most (0 = choose from the number of files and cores). A scan "
+                          "of under 4 MB whose formula results are stored from an earlier scan runs in one "
+                          "process: starting workers would cost more than they save."),
         click.option("--package", "packages", multiple=True, metavar="NAME",
                      help="Also scan the sources of an installed distribution (third-party code). Repeatable."),
     ]

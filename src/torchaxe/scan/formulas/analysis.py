@@ -15,7 +15,7 @@ import itertools
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from torchaxe.scan.context import fast_walk
 from torchaxe.scan.formulas import remote
@@ -149,13 +149,6 @@ def formula_matches(ctx: FileContext) -> list[FormulaMatch]:
             STORE.put_file(key, [m.to_data() for m in cached])
         ctx.cache[_CACHE_KEY] = cached
     return cached
-
-
-def all_stored(sources: Iterable[str], target: str) -> bool:
-    """Whether every one of these files' formula results is already stored, so that
-    scanning them evaluates nothing (and needs no torch). Stops at the first file that
-    is not, so a cold scan reads one file here, not all of them."""
-    return all(STORE.get_file(file_key(source, target)) is not None for source in sources)
 
 
 def covers(ctx: FileContext, definition: ast.AST) -> bool:

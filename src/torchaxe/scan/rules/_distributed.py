@@ -202,7 +202,10 @@ def function_of(parents: list[ast.AST], tree: ast.Module) -> ast.AST:
 def parent_map(scope: ast.AST) -> dict[int, ast.AST]:
     """Each node's parent under ``scope``, by the node's id."""
     parents: dict[int, ast.AST] = {}
-    for node in fast_walk(scope):
-        for child in child_nodes(node):
+    queue = [scope]
+    for node in queue:  # one pass: the queue grows as the children are met
+        children = child_nodes(node)
+        for child in children:
             parents[id(child)] = node
+        queue.extend(children)
     return parents

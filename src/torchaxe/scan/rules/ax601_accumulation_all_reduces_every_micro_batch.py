@@ -279,11 +279,15 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             # The files this one imports may hold the training loop (``main.py``
             # builds DDP and calls ``engine.train_one_epoch``).
             ctx.facts[DISTRIBUTED] = imported_module_names(ctx.tree)
-        if not any(isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
-                   or _scaler_update(n) is not None for n in ctx.nodes(ast.Call)):
+        calls = [n for n in ctx.nodes(ast.Call) if isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+                 or _scaler_update(n) is not None]
+        if not calls:
             return
-        parents = parent_map(ctx.tree)
-        for scope, statement in statements(ctx.tree):
+        # The parents of the top-level statements that hold a backward (all the rule
+        # climbs through), unless the file turns synchronisation off somewhere: then
+        # the calls of a function may be anywhere.
+        parents = parent_map(ctx.tree) if _file_turns_sync_off(ctx) else _parents_around(ctx.tree, calls)
+        for scope, statement in _backward_statements(ctx.tree, calls, parents):
             backward = _backward_call(statement)
             if backward is None or _sync_handled(ctx, scope, parents):
                 continue
@@ -383,7 +387,8 @@ def _sync_handled(ctx: FileContext, scope: ast.AST, parents: dict) -> bool:
     key = ("ax601.sync_handled", id(scope))
     if key in ctx.cache:
         return ctx.cache[key]
-    handled = _turns_sync_off(scope)
+    # Nothing in the file turns it off: no walk of the scope (the module, for a loop at top level).
+    handled = _file_turns_sync_off(ctx) and _turns_sync_off(scope)
     if not handled and _file_turns_sync_off(ctx):
         handled = True
         if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -394,11 +399,26 @@ def _sync_handled(ctx: FileContext, scope: ast.AST, parents: dict) -> bool:
 
 
 def _file_turns_sync_off(ctx: FileContext) -> bool:
-    """``_turns_sync_off`` of the whole file, once per file."""
+    """``_turns_sync_off`` of the whole file, once per file (not walked when no word of
+    ``_SYNC_OFF`` is in its text)."""
     key = "ax601.file_sync_off"
     if key not in ctx.cache:
-        ctx.cache[key] = _turns_sync_off(ctx.tree)
+        ctx.cache[key] = any(word in ctx.source for word in _SYNC_OFF) and _turns_sync_off(ctx.tree)
     return ctx.cache[key]
+
+
+def _parents_around(tree: ast.AST, calls: list[ast.Call]) -> dict[int, ast.AST]:
+    """:func:`parent_map` of the top-level statements that hold one of ``calls``
+    (each one's parent the module), the rest of the file left out."""
+    lines = sorted({call.lineno for call in calls})
+    parents: dict[int, ast.AST] = {}
+    for top in getattr(tree, "body", []):
+        first = min([top.lineno, *(d.lineno for d in getattr(top, "decorator_list", []))])
+        last = getattr(top, "end_lineno", None) or top.lineno
+        if any(first <= line <= last for line in lines):
+            parents[id(top)] = tree
+            parents.update(parent_map(top))
+    return parents
 
 
 def _calls_by_name(ctx: FileContext) -> dict[str, list[ast.Call]]:
@@ -435,6 +455,25 @@ def _block_of(statement: ast.stmt, parents: dict) -> tuple[list[ast.stmt] | None
                 if s is statement:
                     return block, i
     return None, -1
+
+
+def _backward_statements(tree: ast.AST, calls: list[ast.Call], parents: dict) -> list[tuple[ast.AST, ast.stmt]]:
+    """(the innermost function holding it, or the module; the statement) for each
+    simple statement that holds one of ``calls``, once each, in source order: what
+    ``statements`` would give for them, found from the calls up, not by walking the
+    whole file."""
+    found: dict[int, tuple[ast.AST, ast.stmt]] = {}
+    for call in calls:
+        node: ast.AST | None = call
+        while node is not None and not isinstance(node, ast.stmt):
+            node = parents.get(id(node))
+        if not isinstance(node, (ast.Expr, ast.Assign)) or id(node) in found:
+            continue
+        statement, scope = node, parents.get(id(node))
+        while scope is not None and not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            scope = parents.get(id(scope))
+        found[id(statement)] = (scope if scope is not None else tree, statement)
+    return sorted(found.values(), key=lambda pair: (pair[1].lineno, pair[1].col_offset))
 
 
 def _backward_call(statement: ast.stmt) -> ast.Call | None:
