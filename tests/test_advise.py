@@ -1031,7 +1031,7 @@ def test_on_a_cpu_each_round_runs_side_by_side_taking_turns_unless_told_not_to(s
     runs = FakeRuns()
     rounds: list[tuple[list[str], int]] = []
 
-    def side_by_side(knob_sets, command, options, repeat, *, turn_steps):
+    def side_by_side(knob_sets, command, options, repeat, *, turn_steps, one_deadline=False):
         rounds.append(([k.name for k in knob_sets], turn_steps))
         assert options.steps == 20  # two seconds of 0.1 s steps
         return [runs(k, command, options, repeat) for k in knob_sets]
@@ -1068,7 +1068,7 @@ def _side_by_side(clock: "Clock", runs: "TimedRuns"):
     sets of each round it ran."""
     rounds: list[list[str]] = []
 
-    def side_by_side(knob_sets, command, options, repeat, *, turn_steps):
+    def side_by_side(knob_sets, command, options, repeat, *, turn_steps, one_deadline=False):
         rounds.append([k.name for k in knob_sets])
         clock.now += 10.0 * len(knob_sets)
         return [runs(k, command, options, repeat) for k in knob_sets]
@@ -1317,3 +1317,25 @@ def test_a_step_spent_largely_on_passes_without_gradients_is_said(script: Path) 
     assert "2.0 pass(es)" in note and "45% of the step time" in note and "evaluating less often" in note
     light = run_advice(script, FakeRuns(), summary={"no_grad_passes_per_step": 1.0, "no_grad_fraction": 0.05})
     assert not any("without gradients" in n for n in light.notes)
+
+
+@pytest.mark.parametrize("left", [0.5, 2.0, 12.0, 29.0, 30.0, 95.0])
+@pytest.mark.parametrize("runs", [1, 2, 7])
+def test_a_bounded_run_and_the_grace_to_stop_it_end_within_the_budget(left, runs) -> None:
+    # Runs side by side each get the round's time (run_in_turns multiplies the share
+    # back); a run stopped in a first compile or waiting for its turn may take all the
+    # grace the harness allows after its timeout.
+    from torchaxe.advise.measure import MIN_BOUNDED_TIMEOUT, Measurer
+    from torchaxe.runtime.harness import HarnessOptions
+    from torchaxe.runtime.trials import TrialOptions
+
+    measurer = Measurer(["python", "x.py"], TrialOptions(), deadline=100.0 + left, clock=lambda: 100.0)
+    options, bounded = measurer.bounded(runs)
+    assert bounded
+    timeout = options.timeout * runs
+    grace = HarnessOptions(timeout=timeout).grace_seconds
+    if left >= MIN_BOUNDED_TIMEOUT + 1:
+        assert timeout + grace <= left + 1e-9
+        assert timeout >= min(left - 10.0, left / 1.5, left - 1) - 1e-9  # no more left unused than the grace
+    else:  # too little left for any run: the least timeout, not a share of it
+        assert timeout == MIN_BOUNDED_TIMEOUT

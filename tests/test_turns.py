@@ -53,9 +53,12 @@ class FakeRuns:
         self.busy = 0
         self.most_busy = 0
         self.lock = threading.Lock()
+        #: the --timeout each run was given
+        self.timeouts: dict[str, float | None] = {}
 
     def __call__(self, knob_set, command, options, repeat, env) -> TrialRun:
         name = knob_set.name
+        self.timeouts[name] = options.timeout
         if name in self.fail_before:
             return TrialRun(knobs=name, repeat=repeat, ok=False, error="crashed at import")
         client = TurnClient(TurnPlan.from_env(env[ENV]))
@@ -109,6 +112,23 @@ def test_runs_take_turns_one_at_a_time_in_order() -> None:
     assert [r.turns for r in runs] == [3, 3, 3] and all(r.ok for r in runs)
     # The round's wall time is shared among its runs.
     assert runs[0].seconds == runs[1].seconds == runs[2].seconds > 0
+
+
+def test_a_run_started_after_the_others_warm_up_has_what_is_left_of_the_rounds_limit() -> None:
+    # Runs start one after another (each warms up alone): a --timeout counted from each
+    # run's own start would let the last end past the round's limit (10 s a run, 3 runs).
+    fake = FakeRuns(steps=2)
+    run_in_turns([knobs("a" * 20), knobs("b" * 20), knobs("c")], ["python", "x.py"], TrialOptions(timeout=10), 1,
+                 turn_steps=2, runner=fake, one_deadline=True)
+    a, b, c = (fake.timeouts[n] for n in ("a" * 20, "b" * 20, "c"))
+    assert a == pytest.approx(30, abs=0.05)
+    # each 0.2 s warm-up of the runs before comes off the next one's limit
+    assert a - b >= 0.2 and b - c >= 0.2 and c < 29.7
+    # trial --turns: a --timeout per run, from its own start, as its help says
+    fake = FakeRuns(steps=2)
+    run_in_turns([knobs("a" * 20), knobs("c")], ["python", "x.py"], TrialOptions(timeout=10), 1, turn_steps=2,
+                 runner=fake)
+    assert set(fake.timeouts.values()) == {20}
 
 
 def test_a_run_that_fails_before_its_first_turn_or_dies_in_one_does_not_hold_the_others() -> None:
@@ -216,7 +236,8 @@ def test_a_first_compile_longer_than_the_runs_before_it_stops_at_the_deadline() 
                         runner=_slow_compile(clock, given, 500.0))
     base, (compiled,), complete = measurer.compare(knobs("original"), [knobs("compiled")], 2)
     assert not complete and not compiled.runs and clock.now <= 100.0 and measurer.stopped == ["compiled"]
-    assert given[0] == 100.0 and given[1] == pytest.approx(90.0)
+    # Each --timeout leaves the 10 s the harness may take to stop a run after it.
+    assert given[0] == 90.0 and given[1] == pytest.approx(80.0)
     # Runs that end in time keep the --timeout they were given.
     clock, given = _Clock(), []
     fast = Measurer(["python", "x.py"], TrialOptions(timeout=50.0), deadline=1000.0, clock=clock,
@@ -238,7 +259,8 @@ def test_a_round_side_by_side_stopped_by_the_deadline_keeps_the_runs_that_ended(
     # The compiled run was stopped: no failure, no ratio; the fused one ended in time.
     assert not complete and not compiled.ratios and not compiled.runs and compiled.error is None
     assert fused.ratios == [1.0] and measurer.stopped == ["compiled"]
-    assert given[0] == pytest.approx(100.0 / 3)  # each of the three runs side by side: a third of what is left
+    # each of the three runs side by side: a third of what is left less the grace to stop them
+    assert given[0] == pytest.approx(90.0 / 3)
 
 
 @pytest.mark.slow

@@ -69,8 +69,9 @@ def parse_fraction(text: str, option: str) -> float:
 @click.command("advise", context_settings=CONTEXT)
 @click.option("--budget", default="10m", show_default=True, metavar="DURATION",
               help="Wall-clock time for profiling and measuring (90s, 10m, 1h). A run starts only when the "
-                   "runs so far say it ends in time (a change's first run, a compile say, can end past it); "
-                   "changes that do not fit are listed unmeasured.")
+                   "runs so far say it ends in time, and is stopped early enough to have ended by the "
+                   "budget's end (a first compile longer than expected is stopped there and listed as not "
+                   "measured); changes that do not fit are listed unmeasured.")
 @click.option("--target", type=click.Choice(TARGET_CHOICES, case_sensitive=False), default="auto",
               show_default=True, help="Device backend; auto picks what this machine has.")
 @click.option("--format", "fmt", type=click.Choice(("text", "json", "html")), default="text", show_default=True,

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from torchaxe.runtime.harness import GRACE_MAX_SECONDS
 from torchaxe.runtime.knobs import KnobSet
 from torchaxe.runtime.stats import Samples
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, interleave, run_in_subprocess
@@ -163,7 +164,7 @@ class Measurer:
         timeout = self.options.timeout
         if left is None:
             return self.options, False
-        share = max(left / max(runs, 1), MIN_BOUNDED_TIMEOUT)
+        share = max(before_grace(left), MIN_BOUNDED_TIMEOUT) / max(runs, 1)
         if timeout is not None and timeout <= share:
             return self.options, False
         return replace(self.options, timeout=share), True
@@ -322,6 +323,18 @@ class Measurer:
                     arm.ratios.append(mine / against)
 
         return run
+
+
+def before_grace(left: float) -> float:
+    """The longest --timeout whose run still ends within ``left`` seconds when it
+    takes all the grace the harness allows it to stop after its timeout (half the
+    timeout, between 1 and 10 s: ``HarnessOptions.grace_seconds``). A run stopped in
+    a first compile, or waiting for its turn, may need it; the --budget is kept."""
+    if left >= 3 * GRACE_MAX_SECONDS:
+        return left - GRACE_MAX_SECONDS  # a grace of the most
+    if left >= 3:
+        return left / 1.5  # a grace of half the timeout
+    return left - 1  # a grace of the least
 
 
 def cut_short(run: TrialRun) -> bool:

@@ -387,7 +387,8 @@ class Advisor:
             turns, command, turn_steps = self.turns, self.command, self.turn_steps
 
             def in_turns(knob_sets: Sequence[KnobSet], repeat: int, bounded: TrialOptions) -> list[TrialRun]:
-                return turns(knob_sets, command, bounded, repeat, turn_steps=turn_steps)
+                # advise's --budget holds for every run of the round, however late it starts
+                return turns(knob_sets, command, bounded, repeat, turn_steps=turn_steps, one_deadline=True)
 
             together = in_turns
 

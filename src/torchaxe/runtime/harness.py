@@ -72,6 +72,10 @@ def current_phase() -> str | None:
     return _PHASE[0]
 
 
+#: The most time a script is given to stop after its --timeout before it is abandoned.
+GRACE_MAX_SECONDS = 10.0
+
+
 @dataclass(frozen=True)
 class HarnessOptions:
     """What to measure. ``steps=None`` lets the script run to its end."""
@@ -113,7 +117,7 @@ class HarnessOptions:
     def grace_seconds(self) -> float:
         if self.grace is not None:
             return self.grace
-        return min(10.0, max(1.0, 0.5 * (self.timeout or self.first_step_timeout or 0.0)))
+        return min(GRACE_MAX_SECONDS, max(1.0, 0.5 * (self.timeout or self.first_step_timeout or 0.0)))
 
     @property
     def steps_before_measuring(self) -> int:

@@ -38,6 +38,8 @@ ENV = "TORCHAXE_TURNS"
 TURN_SECONDS = 0.5
 #: How often the coordinator looks at runs that have not connected yet.
 POLL_SECONDS = 0.1
+#: The least --timeout a run of a round is given, however little of the round's is left.
+LEAST_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)
@@ -289,10 +291,13 @@ class _Coordinator:
 
 
 def run_in_turns(knob_sets: Sequence["KnobSet"], command: Sequence[str], options: "TrialOptions", repeat: int, *,
-                 turn_steps: int, runner: TurnRunner | None = None) -> list["TrialRun"]:
+                 turn_steps: int, runner: TurnRunner | None = None, one_deadline: bool = False) -> list["TrialRun"]:
     """One run of each knob set, side by side, taking turns of ``turn_steps``
     measured steps once warm, in the order given (callers rotate it by round). Each
-    run's limit grows with the others' share of the time.
+    run's limit grows with the others' share of the time; with ``one_deadline`` (a
+    budget that must hold, as advise's) that limit counts from the round's start for
+    every run, so that a run started once the others have warmed up still ends with
+    the round.
 
     The runs share one write guard (``runtime/protect.py``), and the files the script
     writes are put back once all of them have ended: with a guard each, a run would
@@ -311,7 +316,7 @@ def run_in_turns(knob_sets: Sequence["KnobSet"], command: Sequence[str], options
         guard = Path(tmp) / "writes"
         run = runner or partial(run_in_subprocess, guard=guard)
         try:
-            _run_round(run, knob_sets, command, options, repeat, turn_steps, tmp, results, errors)
+            _run_round(run, knob_sets, command, options, repeat, turn_steps, tmp, results, errors, one_deadline)
         finally:
             restore(guard)  # the files the script wrote, as they were before the round
     for exc in errors:
@@ -326,7 +331,7 @@ def run_in_turns(knob_sets: Sequence["KnobSet"], command: Sequence[str], options
 
 def _run_round(run: TurnRunner, knob_sets: Sequence["KnobSet"], command: Sequence[str], options: "TrialOptions",
                repeat: int, turn_steps: int, tmp: str, results: list["TrialRun | None"],
-               errors: list[BaseException | None]) -> None:
+               errors: list[BaseException | None], one_deadline: bool = False) -> None:
     """The runs of :func:`run_in_turns`, their results and errors put in ``results``
     and ``errors``; each run's ``seconds`` is its share of the round's wall time."""
     count = len(knob_sets)
@@ -336,16 +341,22 @@ def _run_round(run: TurnRunner, knob_sets: Sequence["KnobSet"], command: Sequenc
     server.listen(count)
     server.setblocking(False)
 
+    started = time.perf_counter()
+
     def one(number: int) -> None:
         env = {ENV: TurnPlan(path, turn_steps, number).to_env()}
+        own = options
+        if one_deadline and options.timeout is not None:
+            # The round's limit counts from the round's start: a run started once the
+            # runs before it have warmed up has what is left of it.
+            own = replace(options, timeout=max(options.timeout - (time.perf_counter() - started), LEAST_TIMEOUT))
         try:
-            results[number] = run(knob_sets[number], command, options, repeat, env)
+            results[number] = run(knob_sets[number], command, own, repeat, env)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             errors[number] = exc
 
     threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(count)]
     coordinator = _Coordinator(server, count, lambda n: threads[n].is_alive())
-    started = time.perf_counter()
     try:
         # One warms up at a time (start-up, compilation): only one run computes at
         # any moment, the others wait, as in their turns.
