@@ -132,8 +132,9 @@ def run_advice(script: Path, runs: FakeRuns, **options):
                **options.pop("context", {})}
     clock = options.pop("clock", None) or Clock()
     turns = options.pop("turns_runner", None)
+    args = options.pop("args", ())
     opts = AdviseOptions(target="cpu", budget=options.pop("budget", 600.0), **options)
-    return Advisor(["python", str(script)], opts, runner=runs,
+    return Advisor(["python", str(script), *args], opts, runner=runs,
                    profiler=lambda command, o, target, knobs=None: BaselineProfile(profile, context, 2.0),
                    clock=clock, turns=turns, load=lambda: None).run()
 
@@ -815,6 +816,9 @@ def test_a_script_shorter_than_the_runs_asked_for_is_said_so(script: Path) -> No
 
     advice = run_advice(script, ShortRuns())
     assert any("the script ended before 10 + 8 steps: its runs measured only 3 step(s)" in n for n in advice.notes)
+    # The command states the job's length: the note names that argument.
+    stated = run_advice(script, ShortRuns(), args=("--max_train_steps", "40"))
+    assert any("give it more steps (raise its `--max_train_steps 40`)" in n for n in stated.notes)
 
 
 def test_steps_per_run_stop_where_the_profiled_script_ended(script: Path) -> None:

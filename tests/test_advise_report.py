@@ -131,7 +131,11 @@ def test_a_set_not_paid_back_within_the_jobs_steps_is_not_chosen(script: Path) -
 @pytest.mark.parametrize("command, expected", [
     (["--max-steps", "300"], (300, "--max-steps 300")),
     (["--max_iters=5000", "--lr", "3e-4"], (5000, "--max_iters 5000")),
-    (["--num-train-steps", "10"], None),  # not a name read as the job's length
+    (["--num-train-steps", "10"], (10, "--num-train-steps 10")),
+    (["--max_train_steps", "40"], (40, "--max_train_steps 40")),  # transformers' no-trainer examples
+    (["--num_training_steps=7"], (7, "--num_training_steps 7")),
+    (["--eval-steps", "10"], None),  # not the job's length
+    (["--max-steps-per-epoch", "10"], None),
     (["--max-steps", "300", "--max_steps=400"], None),  # two lengths: neither
     (["--epochs", "3"], None),
     # A section of a configuration (minGPT's --trainer.max_iters, Hydra's key=value).

@@ -65,7 +65,7 @@ class AdviseOptions:
 #: A dotted prefix names a section of a configuration (``--trainer.max_iters=300``,
 #: Hydra's ``trainer.max_steps=300`` without the dashes).
 _PREFIX = r"^(?:--(?:[\w-]+\.)*|(?:[\w-]+\.)+)"
-_LENGTH_OPTIONS = re.compile(_PREFIX + r"(max|num|total|train)[-_](steps|iters|iterations)$")
+_LENGTH_OPTIONS = re.compile(_PREFIX + r"(max|num|total|train)([-_]train(ing)?)?[-_](steps|iters|iterations)$")
 #: Options that give it in epochs (``--epochs 2``, ``--num_train_epochs 3``, ``--max-epochs``).
 _EPOCH_OPTIONS = re.compile(_PREFIX + r"((max|num|n|total|train)[-_]?)?(train[-_])?epochs$")
 

@@ -470,10 +470,12 @@ class Advisor:
         short = [len(r.step_seconds) for r in base_arm.runs if r.ok and r.status == "completed"
                  and len(r.step_seconds) < self.steps]
         if short:
+            length = job_steps_in(self.command) or job_epochs_in(self.command)
+            more = (f"raise its `{length[1]}`" if length is not None
+                    else "its own --steps, --epochs or --max-iters argument, say")
             advice.notes.append(
                 f"the script ended before {self.options.warmup} + {self.steps} steps: its runs measured only "
-                f"{min(short)} step(s) each after the warm-up; give it more steps (its own --steps, --epochs or "
-                f"--max-iters argument) for steadier figures")
+                f"{min(short)} step(s) each after the warm-up; give it more steps ({more}) for steadier figures")
         self._set_memory(base_arm, base)
         for (c, _), arm in zip(arms, results):
             self._record(c.rec, arm, base_arm, noise_arm)
