@@ -113,9 +113,9 @@ def parse_fraction(text: str, option: str) -> float:
 @click.option("--job-steps", type=int, default=None, metavar="N",
               help="How many steps your real training job runs. A change with a one-time cost (compiling) that "
                    "its measured saving per step does not pay back within N steps is held back: listed with its "
-                   "cost, not chosen. Default: the length the command states (--max-steps N, --max_iters=N, --max_train_steps N, "
-                   "..., or --epochs N times the training loader's batches an epoch), else no limit (a long "
-                   "job).")
+                   "cost, not chosen. Default: the length the command states (--max-steps N, --max_iters=N, "
+                   "--max_train_steps N, ..., or --epochs N times the training loader's batches an epoch), else "
+                   "no limit (a long job).")
 @click.option("--allow-batch-change", is_flag=True,
               help="Also try a larger micro-batch (the DataLoader's batch size doubled), ranked by samples per "
                    "second, when memory allows. It changes the optimisation (fewer steps per epoch): marked so "
