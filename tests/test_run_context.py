@@ -207,6 +207,12 @@ def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built
     assert [(f.code, f.line) for f in kept] == [("AX101", used), ("AX401", built), ("AX501", unused),
                                                 ("AX404", decoded)]
     assert [(f.code, f.line) for f in idle] == [("AX102", unused), ("AX401", not_built), ("AX404", never_read)]
+    # An optimizer call in a package that built no optimizer in the run (a framework's
+    # demo module the job imported) is left out; the one the run built is kept.
+    sgd, adam = _line_of(LOOP, "torch.optim.SGD"), _line_of(LOOP, "torch.optim.Adam")
+    kept, idle = run_by_the_job([Finding("AX201", "optimizer", "", train, line, 0, line, 1, "", "all")
+                                 for line in (sgd, adam)], context)
+    assert [f.line for f in kept] == [sgd] and [f.line for f in idle] == [adam]
 
 
 RELATIVE = """

@@ -128,6 +128,8 @@ _LOADER_CALL_RULES = ("AX401", "AX402", "AX403")
 _STEP_RULE_PREFIXES = ("AX1", "AX3")
 #: Rules whose findings are in a dataset's code.
 _DATASET_RULES = ("AX404",)
+#: Rules whose finding is an optimizer call: kept when the run built an optimizer there.
+_OPTIMIZER_CALL_RULES = ("AX201", "AX204")
 
 
 def run_by_the_job(findings: Sequence[Finding], context: dict[str, Any]) -> tuple[list[Finding], list[Finding]]:
@@ -135,14 +137,17 @@ def run_by_the_job(findings: Sequence[Finding], context: dict[str, Any]) -> tupl
     (or that the run could not tell about) and those it never ran: a DataLoader call
     that built no loader, a formula or a host sync in a function no counted training
     step called (a datamodule helper, a metric the job does not compute), an image
-    decode in a dataset class no loader of the run was built on."""
-    from torchaxe.runtime.run_context import built_loader, executed, used_dataset
+    decode in a dataset class no loader of the run was built on, an optimizer call
+    that built none (a framework's demo module the job imported but did not train)."""
+    from torchaxe.runtime.run_context import built_loader, built_optimizer, executed, used_dataset
 
     kept: list[Finding] = []
     idle: list[Finding] = []
     for f in findings:
         if f.code in _LOADER_CALL_RULES:
             ran = built_loader(context, f.path, f.line, f.end_line)
+        elif f.code in _OPTIMIZER_CALL_RULES:
+            ran = built_optimizer(context, f.path, f.line, f.end_line)
         elif f.code in _DATASET_RULES:
             # A dataset's __getitem__ may run in loader workers, out of the traced
             # step: what counts is whether a loader of the run was built on its class.
