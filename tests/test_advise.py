@@ -1343,3 +1343,17 @@ def test_a_bounded_run_and_the_grace_to_stop_it_end_within_the_budget(left, runs
         assert timeout >= min(left - 10.0, left / 1.5, left - 1) - 1e-9  # no more left unused than the grace
     else:  # too little left for any run: the least timeout, not a share of it
         assert timeout == MIN_BOUNDED_TIMEOUT
+
+
+def test_a_profiled_run_that_crashes_says_so_with_its_signal(tmp_path: Path, monkeypatch) -> None:
+    import torchaxe.advise.baseline as baseline
+    from torchaxe.advise.options import AdviseOptions
+    from torchaxe.errors import TorchaxeError
+    from torchaxe.runtime.trials import Launched
+
+    def crashed(knobs, command, options, folder, **kwargs):
+        return Launched(-11, False, 3.0, "", Path(folder) / "profile.json")
+
+    monkeypatch.setattr(baseline, "launch_bootstrap", crashed)
+    with pytest.raises(TorchaxeError, match=r"crashed \(SIGSEGV\) before its first step: no output"):
+        baseline.profile_in_subprocess(["python", "train.py"], AdviseOptions(target="cpu"), "cpu")

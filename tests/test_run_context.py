@@ -298,3 +298,45 @@ def test_a_loaders_epoch_says_how_many_samples_its_last_batch_holds() -> None:
 
     assert loader_epoch(DataLoader(Stream(), batch_size=2)) is None  # no length: unknown
     assert loader_epoch(DataLoader(data, batch_size=None)) is None  # not batched by a size
+
+
+DIRECT_FORWARD = """
+import torch
+from torch import nn
+
+class Layer(nn.Linear):
+    # pytorch/examples' forward-forward: each layer trains itself, calling its own
+    # forward directly; only the parameterless ReLU goes through nn.Module.__call__.
+    def __init__(self, a, b):
+        super().__init__(a, b)
+        self.relu = nn.ReLU()
+        self.opt = torch.optim.Adam(self.parameters(), lr=0.03)
+
+    def forward(self, x):
+        return self.relu(torch.mm(x / (x.norm(2, 1, keepdim=True) + 1e-4), self.weight.T) + self.bias)
+
+    def train_on(self, x, steps):
+        for _ in range(steps):
+            loss = torch.log1p(torch.exp(2.0 - self.forward(x).pow(2).mean(1))).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+
+torch.manual_seed(0)
+Layer(64, 32).train_on(torch.randn(128, 64), 12)
+"""
+
+
+def test_a_script_that_calls_its_layers_forward_directly_is_profiled_with_operators(tmp_path: Path) -> None:
+    # The model finder found nothing to take (no module with parameters called through
+    # nn.Module.__call__) and kept its patch in place, where torch.profiler's Python
+    # tracer met it: a segmentation fault. The finders give up when the first step ends.
+    (tmp_path / "train.py").write_text(DIRECT_FORWARD)
+    context = bootstrap_context(tmp_path, str(tmp_path / "train.py"), "--ops", warmup=2)
+    profile = json.loads((tmp_path / "p.json").read_text())
+    assert len([s for s in profile["steps"] if s["phase"] == "measured"]) == 2
+    assert context["settings"]["compiled_graphs"] == 0
+    mm = next(op for op in profile["ops"] if op["name"] == "aten::mm")
+    # with the user's code that called it: the Python tracer ran
+    assert any(source["function"] == "forward" and source["location"].startswith("train.py:")
+               for source in mm["sources"])

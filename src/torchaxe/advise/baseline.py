@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,13 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
         if not files:
             tail = [line for line in done.stderr.strip().splitlines() if line.strip()]
             problem = torchrun_failure(done.stderr) or (tail[-1] if tail else "no output")
+            if done.returncode is not None and done.returncode < 0:
+                try:
+                    name = signal.Signals(-done.returncode).name
+                except ValueError:
+                    name = f"signal {-done.returncode}"
+                raise TorchaxeError(f"the profiled run crashed ({name}) before its first step: {problem}; "
+                                    "`torchaxe profile` without --ops, or `python -X faulthandler`, shows where")
             raise TorchaxeError(f"the script failed before its first step: {problem}")
         # The first rank that ran on this node: its context (imported files, settings) was written here.
         contexts = {rank: rank_path(done.context_path, rank, len(files)) for rank in files}

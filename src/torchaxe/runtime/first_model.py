@@ -49,8 +49,14 @@ def _watched_call(module, *args, **kwargs):
     original = _TORCH_CALL[0] if _TORCH_CALL else nn.Module.__call__
     if compiling():  # inside the script's own compiled graph: not ours to watch
         return original(module, *args, **kwargs)
+    if not has_parameters(module):
+        # No model in it or below it: called as it is, without swapping the class's
+        # __call__ back and forth (a script that calls its layers' forward directly
+        # runs only such calls through the patch, every step; CPython 3.11 has crashed
+        # on that swapping under a profile function).
+        return original(module, *args, **kwargs)
     with _LOCK:
-        if _ACTIVE and has_parameters(module):
+        if _ACTIVE:
             for finder in reversed(list(_ACTIVE)):
                 if finder._take(module):
                     finder.on_model(module)
@@ -111,3 +117,17 @@ class FirstModel:
                 if nn.Module.__call__ is _watched_call:
                     nn.Module.__call__ = _TORCH_CALL[0]
                 _TORCH_CALL.clear()
+
+
+def patched() -> bool:
+    """Whether ``nn.Module.__call__`` is this module's patch now (a finder is watching)."""
+    return bool(_ACTIVE)
+
+
+def release_all() -> None:
+    """Stop every finder that has not found its model yet. Called when the first step
+    has ended: a model not called from the loop by then never will be (a script that
+    calls its layers' ``forward`` directly), and the patch of ``nn.Module.__call__``
+    must not meet torch.profiler's Python tracer (CPython 3.11 crashed there)."""
+    for finder in list(_ACTIVE):
+        finder.uninstall()

@@ -281,6 +281,9 @@ class StepRecorder:
         if not self.stepped.is_set():
             self.training.set()
             self.stepped.set()
+            from torchaxe.runtime.first_model import release_all
+
+            release_all()  # a model not called from the loop by the first step's end never will be
         now = self._synchronized_now()
         if self._start is None:
             self._begin(now, 1)

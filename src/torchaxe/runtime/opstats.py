@@ -161,6 +161,14 @@ class OpWindow:
     def start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
 
+        from torchaxe.runtime import first_model
+
+        if self.with_stack and first_model.patched():
+            # The Python tracer and the model finder's patch of nn.Module.__call__ do not
+            # mix (a segmentation fault on CPython 3.11): the operators without lines.
+            self.with_stack = False
+            self.note = ("operators recorded without the lines of your code that called them: the model was "
+                         "still being looked for when the recording began")
         kinds = [getattr(ProfilerActivity, name.upper()) for name in self.activities
                  if hasattr(ProfilerActivity, name.upper())]
         self._profiler = profile(activities=kinds, record_shapes=self.record_shapes, with_stack=self.with_stack)
