@@ -90,6 +90,17 @@ OPTIMIZER_RULES = ("AX201", "AX204")
 #: A load average above this many times the cores the script may use says the machine
 #: was busy with more than advise's own runs.
 BUSY_LOAD = 1.5
+#: The knobs that change only DDP's communication (a compression hook, the bucket size,
+#: the static graph's bucket order, views into the buckets, the buffers' broadcast):
+#: their saving is bounded by its time (find_unused_parameters=False also saves a
+#: graph traversal on the host, and is not).
+DDP_COMM_KNOBS = ("knob:ddp-comm-", "knob:ddp-bucket-cap-", "knob:ddp-static-graph", "knob:ddp-bucket-view",
+                  "knob:ddp-broadcast-buffers-false")
+#: How far a DDP change's measured saving may exceed the original's communication time
+#: a step (times, plus seconds) before it is taken for noise: the exchange's own overlap
+#: with backward and its host-side work leave some room.
+COMM_SAVING_MARGIN = 1.5
+COMM_SAVING_SLACK = 0.002
 #: A note says so when passes without gradients (evaluation inside the step) take at
 #: least this share of the step time.
 NO_GRAD_NOTE_SHARE = 0.2
@@ -594,7 +605,27 @@ class Advisor:
             self._compare_loss(rec, loss_delta(arm, base))
         self._compare_memory(rec, arm, base)
         self._compare_job_length(rec)
+        self._compare_communication(rec, base)
         rec.ranks = arm.rank_figures
+
+    def _compare_communication(self, rec: Recommendation, base: ArmResult) -> None:
+        """A change to DDP's gradient exchange (its hook, buckets, static graph) can save
+        at most the time the exchange takes: a measured saving far beyond the original's
+        communication a step is the machine's swings, not the change, and is held back."""
+        if not rec.key.startswith(DDP_COMM_KNOBS) or not rec.measured_seconds_saved_per_step:
+            return
+        comms = [row.get("comm_seconds_per_step") for row in base.rank_figures or []]
+        comms = [c for c in comms if isinstance(c, (int, float))]
+        if not comms:
+            return
+        bound = COMM_SAVING_MARGIN * max(comms)
+        saved = rec.measured_seconds_saved_per_step
+        if saved <= bound + COMM_SAVING_SLACK:
+            return
+        why = (f"it measured {saved * 1e3:.2f} ms saved a step, more than the gradient exchange it changes takes "
+               f"({max(comms) * 1e3:.2f} ms a step in the original's runs): the machine's swings, not the change; "
+               f"not chosen; {apply_only(rec)} applies it")
+        rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 
     def _run_in_steps(self, findings: list[Finding], context: dict[str, Any],
                       settings: dict[str, Any]) -> tuple[list[Finding], list[Finding]]:
