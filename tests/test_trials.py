@@ -510,6 +510,8 @@ def test_a_ddp_wrapper_has_the_module_inside_it_compiled(tmp_path, counting_back
     finally:
         dist.destroy_process_group()
     assert is_compiled_in_place(inner) and not is_compiled_in_place(wrapper)
+    # and the run's note names what was compiled: the module inside the wrapper
+    assert applied.record["compile"]["module"] == "Sequential (inside DistributedDataParallel)"
     assert torch.allclose(out, expected) and len(counting_backend.runs) >= 1
     assert inner[0].weight.grad is not None
 

@@ -401,8 +401,17 @@ def outputs_in_float32(value: Any, low: Any) -> Any:
 
 def _model_names(models: list[Any], module: Any) -> dict[str, Any]:
     """A model-wrapping knob's note: the first model's class (``module``) and every
-    model's (``modules``), in the order the script first called them."""
-    names = [type(m).__qualname__ for m in models] or [type(module).__qualname__]
+    model's (``modules``), in the order the script first called them; a
+    ``DistributedDataParallel`` wrapper by the module inside it, which is what the
+    compile knob compiles (``compile_module.inner_of_wrapper``)."""
+    from torchaxe.runtime.compile_module import inner_of_wrapper
+
+    def name(m: Any) -> str:
+        inner = inner_of_wrapper(m)
+        own = type(inner).__qualname__
+        return own if inner is m else f"{own} (inside {type(m).__qualname__})"
+
+    names = [name(m) for m in models] or [name(module)]
     return {"module": names[0], "modules": names}
 
 
