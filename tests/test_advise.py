@@ -84,6 +84,8 @@ class FakeRuns:
         applied = {"loss": losses} if knobs.observe_loss else {}
         if knobs.dataloader.batch_scale:
             applied["samples_scale"] = knobs.dataloader.batch_scale
+        if knobs.autocast is not None:  # as the autocast knob notes the model it wrapped
+            applied["autocast"] = {"module": "Net", "modules": ["Net"], "device_type": "cpu"}
         if knobs.compile is not None:  # as the compile knob notes the module it took for the model
             applied["compile"] = {"module": "Discriminator", "modules": ["Discriminator", "Generator"],
                                   "kwargs": {}, "compiled": "module"}
@@ -380,7 +382,7 @@ def test_without_a_recorded_loss_precision_is_not_chosen_and_the_advice_says_why
     class NoLoss(FakeRuns):
         def __call__(self, knobs, command, options, repeat):
             run = super().__call__(knobs, command, options, repeat)
-            run.applied = {"loss": []}
+            run.applied = {**run.applied, "loss": []}
             return run
 
     advice = run_advice(script, NoLoss(times={"knob:autocast-bf16": 0.06}))
@@ -1382,3 +1384,19 @@ def test_a_profiled_run_that_crashes_says_so_with_its_signal(tmp_path: Path, mon
     monkeypatch.setattr(baseline, "launch_bootstrap", crashed)
     with pytest.raises(TorchaxeError, match=r"crashed \(SIGSEGV\) before its first step: no output"):
         baseline.profile_in_subprocess(["python", "train.py"], AdviseOptions(target="cpu"), "cpu")
+
+
+def test_a_compile_that_found_no_model_is_not_measured(script: Path) -> None:
+    # forward-forward: the loop calls each layer's forward directly; the compile knob
+    # wraps nothing, and the runs' noise is not its speedup.
+    class NoModel(FakeRuns):
+        def __call__(self, knobs, command, options, repeat):
+            run = super().__call__(knobs, command, options, repeat)
+            run.applied.pop("compile", None)
+            run.applied["name"] = knobs.name
+            return run
+
+    advice = run_advice(script, NoModel())
+    compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert compiled.status == "not_measured" and not compiled.selected
+    assert "compile found no model to apply to" in compiled.detail

@@ -587,6 +587,17 @@ class Advisor:
         if not arm.ratios:
             rec.status = "not_measured"
             return
+        wrapping = [key for key in ("compile", "autocast") if (rec.knobs or {}).get(key)]
+        noted = [r.applied for r in arm.runs if r.ok and r.applied]
+        if wrapping and noted and not any(isinstance(a.get(key), dict) for a in noted for key in wrapping):
+            # No model was called from the loop through nn.Module.__call__ (a script that
+            # calls its layers' forward directly): the knob wrapped nothing, and its
+            # "speedup" would be the runs' noise.
+            rec.status = "not_measured"
+            rec.detail = (rec.detail + " " if rec.detail else "") + (
+                f"(not measured: {' and '.join(wrapping)} found no model to apply to; the loop calls no module "
+                "with parameters itself, e.g. it calls a layer's forward directly)")
+            return
         rec.status = "measured"
         rec.ratios = [round(r, 4) for r in arm.ratios]
         wrapped = _wrapped_modules(arm)
