@@ -340,3 +340,46 @@ def test_a_script_that_calls_its_layers_forward_directly_is_profiled_with_operat
     # with the user's code that called it: the Python tracer ran
     assert any(source["function"] == "forward" and source["location"].startswith("train.py:")
                for source in mm["sources"])
+
+
+REBUILT = """
+import sys
+sys.path.insert(0, {packages!r})
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from wrapper import prepare
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+train_loader = DataLoader(data, batch_size=8)  # the user's line
+eval_loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8)  # evaluation
+train = prepare(train_loader)
+for x, y in train:
+    loss = (model(x) - y).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+with torch.no_grad():
+    for (x,) in eval_loader:
+        model(x)
+"""
+
+
+def test_a_loader_a_package_rebuilds_counts_for_the_users_line(tmp_path: Path) -> None:
+    # accelerate's prepare(train_loader) builds a new DataLoader over the same dataset
+    # inside the package: its batches fed training, and so did the user's loader line.
+    from torchaxe.runtime.run_context import fed_training
+
+    packages = tmp_path / "site-packages"
+    packages.mkdir()
+    (packages / "wrapper.py").write_text(
+        "from torch.utils.data import DataLoader\n"
+        "def prepare(loader):\n"
+        "    return DataLoader(loader.dataset, batch_size=loader.batch_size)\n")
+    script = REBUILT.format(packages=str(packages))
+    (tmp_path / "train.py").write_text(script)
+    context = bootstrap_context(tmp_path, str(tmp_path / "train.py"), "--shapes", warmup=1)
+    train = str((tmp_path / "train.py").resolve())
+    assert fed_training(context, train, _line_of(script, "the user's line")) is True
+    assert fed_training(context, train, _line_of(script, "# evaluation")) is False

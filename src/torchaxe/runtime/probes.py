@@ -185,6 +185,26 @@ def _sites_of(loader: Any) -> list[str] | None:
         return None
 
 
+def _rebuilt_from(loader: Any, found: list[str]) -> list[str]:
+    """The lines that built the loaders ``loader`` was rebuilt from: a loader an
+    installed package builds over the dataset of a loader built before
+    (``accelerator.prepare(train_loader)``, a trainer adding a distributed sampler) is
+    that loader for the run's purposes, so that batches it feeds to training count for
+    the line the user wrote. Nothing for a loader built by the user's own code."""
+    if not found or not any(part in found[0] for part in _PACKAGE_DIRS):
+        return []
+    dataset = getattr(loader, "dataset", None)
+    inherited: list[str] = []
+    for other, sites in list(_LOADER_SITES.items()):
+        if other is not loader and dataset is not None and getattr(other, "dataset", None) is dataset:
+            inherited.extend(site for site in sites if site not in found and site not in inherited)
+    return inherited
+
+
+#: Parts of the path of an installed package's file.
+_PACKAGE_DIRS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+
+
 def _noting_builder(original: Callable) -> Callable:
     """``DataLoader.__init__`` noting, in the run's context, the lines outside torch
     that built the loader."""
@@ -220,7 +240,7 @@ def _noting_builder(original: Callable) -> Callable:
             if isinstance(count, int):
                 for site in found:
                     workers[site] = max(workers.get(site, 0), count)
-            _LOADER_SITES[loader] = found
+            _LOADER_SITES[loader] = found + _rebuilt_from(loader, found)
             run_context.note_loader(loader, builder)
         except Exception:  # noqa: BLE001 - an observation must never break the user's run
             pass
