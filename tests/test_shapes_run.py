@@ -391,3 +391,17 @@ def test_two_loaders_over_one_dataset_are_two_and_an_epoch_is_the_samplers(tmp_p
     # samples would say 36).
     assert by_size[64].dataset_length == 6400 and by_size[64].remainder is None
     assert by_size[100].dataset_length == 100 and by_size[100].remainder is None
+
+
+def test_under_torchrun_only_rank_0_writes_the_report(tmp_path, capsys, monkeypatch):
+    # every rank records its shapes; two ranks printing the same report (or writing one
+    # --out file at once) is one too many
+    script = write_script(tmp_path, FIXED)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    out = tmp_path / "report.txt"
+    assert main(["shapes", "--steps", "4", "--target", "cpu", "-o", str(out), "--", "python", str(script)]) == 0
+    assert not out.exists() and capsys.readouterr().out == ""
+    monkeypatch.setenv("RANK", "0")
+    assert main(["shapes", "--steps", "4", "--target", "cpu", "-o", str(out), "--", "python", str(script)]) == 0
+    assert "verdict: STATIC" in out.read_text()

@@ -4,6 +4,7 @@ mode suits it."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 import click
@@ -103,9 +104,21 @@ def shapes(steps, max_shapes, target, timeout, step_marker, try_, try_steps, try
         in_ranks(command)
         report, code = _run(list(command), steps, max_shapes, resolved, timeout, step_marker, try_, try_steps,
                             try_warmup, repeats, compile_backend)
+        if _other_rank():
+            # Under torchrun every rank records its shapes; rank 0 reports them (the ranks
+            # run the same model on batches of one shape: one report, not one per rank).
+            sys.exit(code)
     text = to_json(report) if fmt == "json" else _text(report, render_text)
     write_output(text, out, "--out")
     sys.exit(code)
+
+
+def _other_rank() -> bool:
+    """Whether this process is a rank other than 0 of a torchrun job."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) != 0
+    except ValueError:
+        return False
 
 
 def _text(report, render) -> str:
