@@ -52,8 +52,7 @@ def _watched_call(module, *args, **kwargs):
     if not has_parameters(module):
         # No model in it or below it: called as it is, without swapping the class's
         # __call__ back and forth (a script that calls its layers' forward directly
-        # runs only such calls through the patch, every step; CPython 3.11 has crashed
-        # on that swapping under a profile function).
+        # runs only such calls through the patch until the finders give up).
         return original(module, *args, **kwargs)
     with _LOCK:
         if _ACTIVE:
