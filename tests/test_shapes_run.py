@@ -405,3 +405,26 @@ def test_under_torchrun_only_rank_0_writes_the_report(tmp_path, capsys, monkeypa
     monkeypatch.setenv("RANK", "0")
     assert main(["shapes", "--steps", "4", "--target", "cpu", "-o", str(out), "--", "python", str(script)]) == 0
     assert "verdict: STATIC" in out.read_text()
+
+
+@pytest.mark.parametrize("args, found", [
+    (["--compile=False"], "--compile=False"),
+    (["--batch", "8", "--compile", "False"], "--compile False"),
+    (["--compile"], "--compile"),
+    (["--use-compile", "--lr", "1"], "--use-compile"),
+    (["--compiled-model", "x"], None),
+    (["compile=False"], None),
+])
+def test_the_scripts_own_compile_switch_is_found(args, found):
+    from torchaxe.shapes.cli import own_compile_flag
+
+    assert own_compile_flag(["python", "train.py", *args]) == found
+
+
+def test_the_compile_advice_points_at_the_scripts_own_switch(tmp_path, capsys):
+    # nanoGPT runs with --compile=False: the advice is to turn that on, not to edit the code
+    script = write_script(tmp_path, FIXED)
+    out = tmp_path / "report.txt"
+    assert main(["shapes", "--steps", "4", "--target", "cpu", "-o", str(out), "--", "python", str(script),
+                 "--compile=False"]) == 0
+    assert "its own switch for it (--compile=False in this command)" in out.read_text()

@@ -113,6 +113,20 @@ def shapes(steps, max_shapes, target, timeout, step_marker, try_, try_steps, try
     sys.exit(code)
 
 
+def own_compile_flag(command) -> str | None:
+    """The script's own compile switch as the command gives it (nanoGPT's
+    ``--compile=False``, ``--compile False``, a bare ``--compile``), or None."""
+    args = list(command)
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name.lstrip("-").replace("-", "_") in ("compile", "use_compile", "torch_compile") and arg.startswith("-"):
+            if eq:
+                return arg
+            following = args[i + 1] if i + 1 < len(args) else ""
+            return f"{arg} {following}" if following and not following.startswith("-") else arg
+    return None
+
+
 def _other_rank() -> bool:
     """Whether this process is a rank other than 0 of a torchrun job."""
     try:
@@ -151,6 +165,12 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
         observation = observe(command, steps=steps, timeout=timeout, step_marker=step_marker, target="auto")
     analysis = analyse(observation)
     verdict = decide(analysis, max_shapes)
+    own = own_compile_flag(command)
+    if own is not None:
+        for rec in verdict.recommendations:
+            if rec.kind == "compile" and "torch.compile(" in rec.setting:
+                rec.reason += (f"; the script has its own switch for it ({own} in this command): set that instead "
+                               "of editing the code")
     # the harness's notes on step-time statistics do not concern shapes
     warnings = [w for w in observation.profile.warnings
                 if not w.startswith(("step time varies", "only ", "no measured steps"))]
