@@ -128,8 +128,9 @@ _LOADER_CALL_RULES = ("AX401", "AX402", "AX403")
 _STEP_RULE_PREFIXES = ("AX1", "AX3")
 #: Rules whose findings are in a dataset's code.
 _DATASET_RULES = ("AX404",)
-#: Rules whose finding is an optimizer call: kept when the run built an optimizer there.
-_OPTIMIZER_CALL_RULES = ("AX201", "AX204")
+#: Rules whose finding is an optimizer call: kept (and measured) only where the run
+#: built an optimizer.
+OPTIMIZER_RULES = ("AX201", "AX204")
 
 
 def run_by_the_job(findings: Sequence[Finding], context: dict[str, Any]) -> tuple[list[Finding], list[Finding]]:
@@ -146,7 +147,7 @@ def run_by_the_job(findings: Sequence[Finding], context: dict[str, Any]) -> tupl
     for f in findings:
         if f.code in _LOADER_CALL_RULES:
             ran = built_loader(context, f.path, f.line, f.end_line)
-        elif f.code in _OPTIMIZER_CALL_RULES:
+        elif f.code in OPTIMIZER_RULES:
             ran = built_optimizer(context, f.path, f.line, f.end_line)
         elif f.code in _DATASET_RULES:
             # A dataset's __getitem__ may run in loader workers, out of the traced

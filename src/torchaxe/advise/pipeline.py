@@ -35,8 +35,8 @@ from typing import Any, Callable, Sequence
 from torchaxe.advise.arms import ArmKnobs
 from torchaxe.advise.baseline import (DEFAULT_STEPS, MEASURE_WINDOW, TURNS_MEASURE_WINDOW, BaselineProfile,
                                       ProfileRunner, check_profile, plot_data, profile_in_subprocess)
-from torchaxe.advise.candidates import (Candidate, code_candidates, installed_candidates, knob_candidates,
-                                        run_by_the_job, script_speedups, stored_candidates)
+from torchaxe.advise.candidates import (OPTIMIZER_RULES, Candidate, code_candidates, installed_candidates,
+                                        knob_candidates, run_by_the_job, script_speedups, stored_candidates)
 from torchaxe.advise.evidence import micro_benchmarks
 from torchaxe.advise.measure import AGAIN, ArmResult, Measurer, TogetherRunner
 from torchaxe.advise.options import AdviseOptions, job_epochs_in, job_steps_in, job_steps_of_epochs
@@ -83,8 +83,6 @@ def scan_for_advice(folder: Path, project: Path, imported: Sequence[str], scan_i
 TURNS_MEMORY_SHARE = 0.6
 #: The original's loss noise above which the accuracy check is said to judge little.
 LOUD_LOSS_NOISE = 0.25
-#: Rules whose finding is an optimizer call (measured only where the run made it).
-OPTIMIZER_RULES = ("AX201", "AX204")
 
 
 #: A load average above this many times the cores the script may use says the machine
