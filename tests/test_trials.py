@@ -486,34 +486,65 @@ def test_a_torch_container_of_a_stopped_scripts_modules_compiles(tmp_path, count
     assert torch.allclose(blocks(x), expected) and len(counting_backend.runs) == 1
 
 
-def test_a_ddp_wrapper_has_the_module_inside_it_compiled(tmp_path, counting_backend):
+DDP_COMPILE_CHECK = """
+import datetime, json, sys
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from torchaxe.runtime import bootstrap, knob_specs
+from torchaxe.runtime.compile_module import is_compiled_in_place
+from torchaxe.runtime.knobs import KnobSet
+
+runs = []
+
+
+def counting_backend(gm, inputs):
+    def run(*args):
+        runs.append(1)
+        return gm.forward(*args)
+    return run
+
+
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=60))
+try:
+    torch.manual_seed(0)
+    inner = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    wrapper = DistributedDataParallel(inner)
+    x = torch.randn(3, 4)
+    expected = wrapper(x)
+    applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
+    knob_specs.ModelCompiler({"backend": counting_backend}, applied).compile(wrapper)
+    out = wrapper(x)
+    out.sum().backward()
+finally:
+    dist.destroy_process_group()
+json.dump({"inner": is_compiled_in_place(inner), "wrapper": is_compiled_in_place(wrapper),
+           "module": applied.record["compile"]["module"], "same": bool(torch.allclose(out, expected)),
+           "runs": len(runs), "grad": inner[0].weight.grad is not None}, sys.stdout)
+"""
+
+
+def test_a_ddp_wrapper_has_the_module_inside_it_compiled():
     # torch's guide: compile the module DDP wraps, not the wrapper (rule AX606 says
-    # the same of the script's own code). One-rank gloo group: a real DDP.
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel
+    # the same of the script's own code). One-rank gloo group: a real DDP. In its own
+    # process, as under torchrun: a gloo group in a test worker that earlier tests
+    # have used can wait forever in native code.
+    import os
+    import subprocess
+    from pathlib import Path
 
-    from torchaxe.runtime.compile_module import is_compiled_in_place
-
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        inner = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
-        wrapper = DistributedDataParallel(inner)
-        x = torch.randn(3, 4)
-        expected = wrapper(x)
-        applied = bootstrap.AppliedKnobs(KnobSet(name="x"))
-        knob_specs.ModelCompiler({"backend": counting_backend}, applied).compile(wrapper)
-        out = wrapper(x)
-        out.sum().backward()
-    finally:
-        dist.destroy_process_group()
-    assert is_compiled_in_place(inner) and not is_compiled_in_place(wrapper)
+    src = Path(__file__).resolve().parent.parent / "src"
+    proc = subprocess.run([sys.executable, "-c", DDP_COMPILE_CHECK], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, "PYTHONPATH": str(src)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["inner"] and not result["wrapper"]
     # and the run's note names what was compiled: the module inside the wrapper
-    assert applied.record["compile"]["module"] == "Sequential (inside DistributedDataParallel)"
-    assert torch.allclose(out, expected) and len(counting_backend.runs) >= 1
-    assert inner[0].weight.grad is not None
+    assert result["module"] == "Sequential (inside DistributedDataParallel)"
+    assert result["same"] and result["runs"] >= 1 and result["grad"]
 
 
 # ------------------------------------------------------------ CLI usage errors
