@@ -636,6 +636,51 @@ for _ in range(6):
     assert "no-grad" not in text.getvalue()
 
 
+def test_the_optimizers_step_is_timed_in_each_step(tmp_path):
+    # What a fused optimizer could save at most: every optimizer's step() (a GAN's two).
+    source = PRELUDE + """
+import time
+class SlowSGD(torch.optim.SGD):
+    def step(self, closure=None):
+        time.sleep(0.02)
+        return super().step(closure)
+opt = SlowSGD(model.parameters(), lr=0.01)
+other = SlowSGD([torch.nn.Parameter(torch.ones(1))], lr=0.01)
+for _ in range(6):
+    step()
+    other.step()
+"""
+    profile = run_script(tmp_path, source, steps=3, warmup=1)
+    measured = [s for s in profile.steps if s.phase == "measured"]
+    assert all(0.04 <= s.optimizer_seconds < s.seconds for s in measured), [s.optimizer_seconds for s in measured]
+    assert 0.04 <= profile.summary.optimizer_seconds_median and 0 < profile.summary.optimizer_fraction < 1
+    again = type(profile).from_dict(profile.to_dict())
+    assert again.steps[-1].optimizer_seconds == measured[-1].optimizer_seconds
+
+    import io
+
+    from torchaxe.report.profile_text import render_profile_summary
+
+    text = io.StringIO()
+    render_profile_summary(profile, None, text)
+    assert "of step time in optimizer.step()" in text.getvalue()
+    # A loop that updates its parameters by hand has no optimizer time to show.
+    manual = PRELUDE + """
+for _ in range(6):
+    loss = model(x).pow(2).mean()
+    model.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.01 * p.grad
+"""
+    profile = run_script(tmp_path, manual, steps=3, warmup=1)
+    assert profile.summary.steps_measured == 3 and profile.summary.optimizer_seconds_median is None
+    text = io.StringIO()
+    render_profile_summary(profile, None, text)
+    assert "optimizer.step()" not in text.getvalue()
+
+
 def test_probes_are_removed_afterwards(tmp_path):
     import gc
 
@@ -647,7 +692,8 @@ def test_probes_are_removed_afterwards(tmp_path):
     def probed():
         return (torch.Tensor.__dict__.get("item"), dataloader._BaseDataLoaderIter.__next__,
                 dataloader.DataLoader.__iter__, len(gc.callbacks), len(module._global_forward_pre_hooks),
-                len(optimizer._global_optimizer_post_hooks), sys.gettrace(), torch.no_grad.__enter__,
+                len(optimizer._global_optimizer_post_hooks), len(optimizer._global_optimizer_pre_hooks),
+                sys.gettrace(), torch.no_grad.__enter__,
                 torch.inference_mode.__exit__)
 
     before = probed()

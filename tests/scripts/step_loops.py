@@ -9,6 +9,8 @@
 - ``accumulate``: no optimizer, 4 micro-batches from a DataLoader per update;
 - ``gan``: a generator and a discriminator, each with its own ``torch.optim.Adam``;
 - ``gan-by-hand``: the same two models updated by hand;
+- ``subclass``: an optimizer class whose ``step()`` calls its parent's (``SGD``,
+  whose ``step()`` an earlier plain ``SGD`` had torch hook too);
 - ``lbfgs``: ``torch.optim.LBFGS`` whose closure runs several backward passes a step;
 - ``recursive``: no training, a function that calls itself once an iteration (the
   test marks it with ``--step-marker``);
@@ -76,6 +78,21 @@ elif MODE == "accumulate":
                     p -= LR * p.grad
             model.zero_grad(set_to_none=True)
             updates += 1
+elif MODE == "subclass":
+    class ClippedSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            for group in self.param_groups:
+                nn.utils.clip_grad_norm_(group["params"], 0.25)
+            return super().step(closure)
+
+    model = mlp()
+    torch.optim.SGD(mlp().parameters(), lr=LR)
+    optimizer = ClippedSGD(model.parameters(), lr=LR)
+    for _ in range(ITERATIONS):
+        optimizer.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        updates += 1
 elif MODE in ("gan", "gan-by-hand"):
     generator, discriminator = mlp(4, 8), mlp(8, 1)
     by_hand = MODE == "gan-by-hand"

@@ -92,6 +92,20 @@ class ArmResult:
         steps = [s for r in self.runs if r.ok for s in r.step_seconds]
         return sum(waits) / sum(steps) if steps and sum(steps) > 0 else None
 
+    @property
+    def data_wait_seconds_median(self) -> float | None:
+        """The median time a step waited for data, over the runs that went through."""
+        return Samples.of(w for r in self.runs if r.ok for w in r.data_wait_seconds).median
+
+    @property
+    def optimizer_seconds_median(self) -> float | None:
+        """The median time a step spent in optimizers' ``step()``; None unless an
+        optimizer stepped in every measured step of every run that went through."""
+        times = [t for r in self.runs if r.ok for t in r.optimizer_seconds]
+        if not times or None in times or len(times) != sum(len(r.step_seconds) for r in self.runs if r.ok):
+            return None
+        return Samples.of(times).median
+
 
 #: ``(knob_sets, repeat, options)``: one run of each at once, side by side taking
 #: turns (``runtime/turns.py``), in the order given, each under ``options``.

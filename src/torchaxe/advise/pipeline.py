@@ -94,11 +94,18 @@ BUSY_LOAD = 1.5
 #: graph traversal on the host, and is not).
 DDP_COMM_KNOBS = ("knob:ddp-comm-", "knob:ddp-bucket-cap-", "knob:ddp-static-graph", "knob:ddp-bucket-view",
                   "knob:ddp-broadcast-buffers-false")
-#: How far a DDP change's measured saving may exceed the original's communication time
-#: a step (times, plus seconds) before it is taken for noise: the exchange's own overlap
-#: with backward and its host-side work leave some room.
-COMM_SAVING_MARGIN = 1.5
-COMM_SAVING_SLACK = 0.002
+#: The changes that make optimizers' ``step()`` faster (a fused or foreach
+#: implementation): their saving is bounded by the time in ``step()``, where that time
+#: is the optimizer's whole cost (the cpu: on a device the host only launches kernels).
+OPTIMIZER_KNOBS = ("knob:fused-optimizer",) + tuple(f"code:{code}" for code in OPTIMIZER_RULES)
+#: The loader changes (worker processes): bounded by the time the step waited for data
+#: (not when they pin memory, which speeds up the copy to the device after the wait).
+LOADER_KNOBS = ("knob:dataloader",)
+#: How far a bounded change's measured saving may exceed the time of what it changes a
+#: step (times, plus seconds) before it is taken for noise: the exchange's overlap with
+#: backward, host-side work around the part timed, leave some room.
+SAVING_MARGIN = 1.5
+SAVING_SLACK = 0.002
 #: A note says so when passes without gradients (evaluation inside the step) take at
 #: least this share of the step time.
 NO_GRAD_NOTE_SHARE = 0.2
@@ -614,25 +621,37 @@ class Advisor:
             self._compare_loss(rec, loss_delta(arm, base))
         self._compare_memory(rec, arm, base)
         self._compare_job_length(rec)
-        self._compare_communication(rec, base)
+        self._compare_bound(rec, base)
         rec.ranks = arm.rank_figures
 
-    def _compare_communication(self, rec: Recommendation, base: ArmResult) -> None:
-        """A change to DDP's gradient exchange (its hook, buckets, static graph) can save
-        at most the time the exchange takes: a measured saving far beyond the original's
-        communication a step is the machine's swings, not the change, and is held back."""
-        if not rec.key.startswith(DDP_COMM_KNOBS) or not rec.measured_seconds_saved_per_step:
-            return
-        comms = [row.get("comm_seconds_per_step") for row in base.rank_figures or []]
-        comms = [c for c in comms if isinstance(c, (int, float))]
-        if not comms:
-            return
-        bound = COMM_SAVING_MARGIN * max(comms)
+    def _saving_bound(self, rec: Recommendation, base: ArmResult) -> tuple[float, str] | None:
+        """The most a change can save a step, from the original's own runs, and what that
+        time is; None when the change has no such bound or the runs did not time it."""
+        if rec.key.startswith(DDP_COMM_KNOBS):
+            comms = [row.get("comm_seconds_per_step") for row in base.rank_figures or []]
+            comms = [c for c in comms if isinstance(c, (int, float))]
+            return (max(comms), "the gradient exchange it changes takes") if comms else None
+        if rec.key.startswith(OPTIMIZER_KNOBS) and self.target == "cpu":
+            seconds = base.optimizer_seconds_median
+            return (seconds, "the optimizer's step() it changes takes") if seconds is not None else None
+        if rec.key.startswith(LOADER_KNOBS) and not (rec.knobs or {}).get("dataloader", {}).get("pin_memory"):
+            seconds = base.data_wait_seconds_median
+            return (seconds, "the step waited for data") if seconds is not None else None
+        return None
+
+    def _compare_bound(self, rec: Recommendation, base: ArmResult) -> None:
+        """A change to one part of the step (DDP's gradient exchange, the optimizer's
+        update, the loader) can save at most the time that part takes: a measured saving
+        far beyond the original's time for it is the machine's swings, not the change,
+        and is held back."""
         saved = rec.measured_seconds_saved_per_step
-        if saved <= bound + COMM_SAVING_SLACK:
+        if not saved:
             return
-        why = (f"it measured {saved * 1e3:.2f} ms saved a step, more than the gradient exchange it changes takes "
-               f"({max(comms) * 1e3:.2f} ms a step in the original's runs): the machine's swings, not the change; "
+        bound = self._saving_bound(rec, base)
+        if bound is None or saved <= SAVING_MARGIN * bound[0] + SAVING_SLACK:
+            return
+        why = (f"it measured {saved * 1e3:.2f} ms saved a step, more than {bound[1]} "
+               f"({bound[0] * 1e3:.2f} ms a step in the original's runs): the machine's swings, not the change; "
                f"not chosen; {apply_only(rec)} applies it")
         rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 

@@ -54,6 +54,9 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
         if s.no_grad_passes_per_step and s.no_grad_fraction is not None:
             out.write(f"  no-grad     {s.no_grad_passes_per_step:.1f} passes per step without gradients (evaluation or "
                       f"generation under no_grad/inference_mode): {percent(s.no_grad_fraction)} of step time\n")
+        if s.optimizer_seconds_median is not None and s.optimizer_fraction is not None:
+            out.write(f"  optimizer   {percent(s.optimizer_fraction)} of step time in optimizer.step() "
+                      f"(median {duration(s.optimizer_seconds_median)} per step)\n")
         if s.data_wait_fraction is not None or run.source == "harness":
             out.write(f"  data wait   {percent(s.data_wait_fraction)} of step time "
                       f"(median {duration(s.data_wait_seconds_median)} per step)\n")

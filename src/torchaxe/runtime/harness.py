@@ -191,6 +191,7 @@ class StepRecorder:
         self._comm: float | None = None
         self._no_grad = 0.0
         self._no_grad_passes = 0
+        self._optimizer: float | None = None
 
     # -- what the probes report
 
@@ -215,6 +216,9 @@ class StepRecorder:
     def add_no_grad(self, seconds: float) -> None:
         self._no_grad += seconds
         self._no_grad_passes += 1
+
+    def add_optimizer(self, seconds: float) -> None:
+        self._optimizer = (self._optimizer or 0.0) + seconds
 
     def measuring(self) -> bool:
         """Whether the step under way is a measured one."""
@@ -312,6 +316,7 @@ class StepRecorder:
             comm_seconds=self._comm,
             no_grad_seconds=self._no_grad,
             no_grad_passes=self._no_grad_passes,
+            optimizer_seconds=self._optimizer,
         ))
         window = self.window
         counter = self.python_calls
@@ -679,7 +684,7 @@ class Harness:
         marker = StepMarker.parse(options.step_marker) if options.step_marker else None
         # Step sources: the marker alone when given; else the optimizer, with the
         # backward pass as the fallback (wrapped outside BackwardProbe's timing).
-        optimizer_steps = None if marker else OptimizerStepProbe(recorder)
+        optimizer_steps = None if marker else OptimizerStepProbe(recorder, recorder.clock)
         backward_steps = None if marker else BackwardStepProbe(recorder)
         from torchaxe.runtime.comm import CommProbe
 

@@ -198,6 +198,8 @@ class StepRecord:
     #: module with parameters: evaluation, generation) and their time.
     no_grad_seconds: float | None = None
     no_grad_passes: int | None = None
+    #: Host time inside ``torch.optim`` optimizers' ``step()`` (every optimizer's).
+    optimizer_seconds: float | None = None
 
     def own_work_seconds(self) -> float | None:
         """The step's time outside ``backward()`` and outside the script's own
@@ -225,6 +227,7 @@ class StepRecord:
             "comm_seconds": self.comm_seconds,
             "no_grad_seconds": self.no_grad_seconds,
             "no_grad_passes": self.no_grad_passes,
+            "optimizer_seconds": self.optimizer_seconds,
         }
 
     @classmethod
@@ -246,6 +249,7 @@ class StepRecord:
             comm_seconds=r.float("comm_seconds", optional=True),
             no_grad_seconds=r.float("no_grad_seconds", optional=True),
             no_grad_passes=r.int("no_grad_passes", optional=True),
+            optimizer_seconds=r.float("optimizer_seconds", optional=True),
         )
 
 
@@ -793,6 +797,10 @@ class Summary:
     #: share of the step time.
     no_grad_passes_per_step: float | None = None
     no_grad_fraction: float | None = None
+    #: Host time in optimizers' ``step()`` a step (median) and its share of the step
+    #: time; null when no ``torch.optim`` optimizer stepped in every measured step.
+    optimizer_seconds_median: float | None = None
+    optimizer_fraction: float | None = None
 
     @classmethod
     def of(cls, steps: list[StepRecord], host_rss_peak_bytes: int | None = None,
@@ -806,6 +814,7 @@ class Summary:
         outside = Samples.of(s.seconds - s.backward_seconds for s in measured if s.backward_seconds is not None)
         no_grad = Samples.of(s.no_grad_seconds for s in measured)
         passes = Samples.of(s.no_grad_passes for s in measured)
+        optimizer = Samples.of(s.optimizer_seconds for s in measured)
         total = seconds.total
 
         def fraction(part: Samples) -> float | None:
@@ -850,6 +859,8 @@ class Summary:
             activation_bytes_estimate=flops.activation_bytes if flops is not None else None,
             no_grad_passes_per_step=passes.mean if len(passes) == len(seconds) else None,
             no_grad_fraction=fraction(no_grad),
+            optimizer_seconds_median=optimizer.median if len(optimizer) == len(seconds) else None,
+            optimizer_fraction=fraction(optimizer),
         )
 
     def to_dict(self) -> dict[str, Any]:

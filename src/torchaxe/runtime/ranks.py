@@ -61,20 +61,23 @@ class JobSteps:
     data_wait_seconds: list[float]
     #: Per step, the rank that was slowest.
     slowest: list[int]
+    #: Per step, that rank's time in optimizers' ``step()`` (None: no optimizer stepped).
+    optimizer_seconds: list[float | None]
 
 
 def job_steps(profiles: dict[int, Profile]) -> JobSteps:
     """Step ``i`` of the job is the slowest rank's step ``i`` (over the steps every rank measured)."""
     measured = {rank: p.measured_steps for rank, p in profiles.items()}
     count = min((len(steps) for steps in measured.values()), default=0)
-    seconds, waits, slowest = [], [], []
+    seconds, waits, slowest, optimizer = [], [], [], []
     for i in range(count):
         rank = max(measured, key=lambda r: (measured[r][i].seconds, -r))
         step = measured[rank][i]
         seconds.append(step.seconds)
         waits.append(step.data_wait_seconds or 0.0)
         slowest.append(rank)
-    return JobSteps(seconds, waits, slowest)
+        optimizer.append(step.optimizer_seconds)
+    return JobSteps(seconds, waits, slowest, optimizer)
 
 
 def _fraction(part: float | None, whole: float | None) -> float | None:

@@ -40,18 +40,37 @@ MAX_LEAVES = 20_000
 
 class OptimizerStepProbe:
     """A step ends whenever the run's optimizer finishes ``step()``. With several
-    optimizers (a GAN's two), the first one to step marks the boundaries."""
+    optimizers (a GAN's two), the first one to step marks the boundaries. Every
+    optimizer's ``step()`` is timed on the host (``add_optimizer``): what a fused
+    optimizer could save at most, where the device is the host."""
 
-    def __init__(self, recorder: Any) -> None:
+    def __init__(self, recorder: Any, clock: Callable[[], float] | None = None) -> None:
+        import time
+
         self.recorder = recorder
-        self._handle = None
+        self.clock = clock or time.perf_counter
+        self._handles: list[Any] = []
         self._optimizer: Any = None
+        #: By optimizer: how deep its step() calls are nested, and when the outermost began.
+        self._started: dict[int, tuple[int, float | None]] = {}
         self.calls = 0
 
     def install(self) -> None:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        def hook(optimizer, args, kwargs):
+        def before(optimizer, args, kwargs):
+            # A subclass's step() that calls its parent's (both hooked) nests: only the
+            # outermost call is the optimizer's step.
+            depth, started = self._started.get(id(optimizer), (0, None))
+            self._started[id(optimizer)] = (depth + 1, self.clock() if depth == 0 else started)
+
+        def after(optimizer, args, kwargs):
+            depth, started = self._started.pop(id(optimizer), (1, None))
+            if depth > 1:
+                self._started[id(optimizer)] = (depth - 1, started)
+                return
+            if started is not None:
+                self.recorder.add_optimizer(self.clock() - started)
             current = self._optimizer() if self._optimizer is not None else None
             if current is None:
                 self._optimizer = weakref.ref(optimizer)
@@ -60,12 +79,12 @@ class OptimizerStepProbe:
             self.calls += 1
             self.recorder.step_end("optimizer")
 
-        self._handle = register_optimizer_step_post_hook(hook)
+        self._handles = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
 
     def uninstall(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
 
 # -------------------------------------------------------------------------- backward

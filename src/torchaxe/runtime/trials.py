@@ -92,6 +92,8 @@ class TrialRun:
     applied: dict[str, Any] | None = None  # run.options.knobs of the profile
     #: Per measured step, time blocked on the DataLoader (same order as step_seconds).
     data_wait_seconds: list[float] = field(default_factory=list)
+    #: Per measured step, host time in optimizers' ``step()`` (None: none stepped).
+    optimizer_seconds: list[float | None] = field(default_factory=list)
     #: The run's peak memory: the device allocator's peak where the run had a device
     #: (``memory_kind`` ``device``), else the process's peak resident set (``host_rss``).
     peak_memory_bytes: int | None = None
@@ -466,6 +468,7 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
         run.applied = ranks.first_rank(profiles).run.options.get("knobs")
         run.step_seconds = job.seconds
         run.data_wait_seconds = job.data_wait_seconds
+        run.optimizer_seconds = job.optimizer_seconds
         warmup = [step.seconds for step in profile.steps if step.phase == "warmup"]
         run.warmup_seconds = sum(warmup) if warmup else None
         peaks = [peak_memory(p) for p in profiles.values()]
