@@ -113,6 +113,13 @@ def test_a_smaller_last_batch_after_the_steps_watched_is_said_with_the_static_ve
     even = LoaderInfo(collate="torch.utils.data.default_collate", collate_location=None, batch_size=16,
                       drop_last=False, dataset_length=992, batches=batches)
     assert not any("last batch" in r for r in decide(analyse(observation([op], [even], steps=5))).reasons)
+    # A job of 40 steps (its command says --max_iters 40) never reaches batch 63: nor then.
+    short = decide(analyse(observation([op], [loader], steps=5)), job_batches=40)
+    assert not any("last batch" in r for r in short.reasons)
+    assert "dynamic=False" not in next(r for r in short.recommendations if r.target == "cpu"
+                                       and r.kind == "compile").setting
+    assert any("last batch" in r for r in decide(analyse(observation([op], [loader], steps=5)),
+                                                job_batches=63).reasons)
 
 
 def test_boolean_mask_sizes_make_it_dynamic_with_the_line():

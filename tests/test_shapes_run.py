@@ -416,9 +416,23 @@ def test_under_torchrun_only_rank_0_writes_the_report(tmp_path, capsys, monkeypa
     (["compile=False"], None),
 ])
 def test_the_scripts_own_compile_switch_is_found(args, found):
-    from torchaxe.shapes.cli import own_compile_flag
+    from torchaxe.runtime.job_command import compile_switch_in
 
-    assert own_compile_flag(["python", "train.py", *args]) == found
+    assert compile_switch_in(["python", "train.py", *args]) == found
+
+
+def test_the_jobs_batches_come_from_its_stated_length_and_the_batches_a_step_draws():
+    from torchaxe.runtime.profile import StepRecord
+    from torchaxe.shapes.cli import job_batches
+
+    class Profile:
+        steps = [StepRecord(index=1, seconds=0.1, phase="warmup", batches=9)] + [
+            StepRecord(index=i, seconds=0.1, batches=2) for i in range(2, 6)]
+
+    assert job_batches(["python", "train.py", "--max_iters=40"], Profile) == 80  # two micro-batches a step
+    assert job_batches(["python", "train.py", "--epochs", "2"], Profile) is None
+    Profile.steps = [StepRecord(index=i, seconds=0.1, batches=0) for i in range(1, 5)]  # batches made by hand
+    assert job_batches(["python", "train.py", "--max_iters=40"], Profile) is None
 
 
 def test_the_compile_advice_points_at_the_scripts_own_switch(tmp_path, capsys):

@@ -39,7 +39,7 @@ from torchaxe.advise.candidates import (OPTIMIZER_RULES, Candidate, code_candida
                                         knob_candidates, run_by_the_job, script_speedups, stored_candidates)
 from torchaxe.advise.evidence import micro_benchmarks
 from torchaxe.advise.measure import AGAIN, ArmResult, Measurer, TogetherRunner
-from torchaxe.advise.options import AdviseOptions, job_epochs_in, job_steps_in, job_steps_of_epochs
+from torchaxe.advise.options import AdviseOptions
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import LOSS_JUDGED_AXES, ChangeSearch
 from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta, loss_noise, measured_figures,
@@ -50,6 +50,7 @@ from torchaxe.findings import Finding
 from torchaxe.memory.candidates import profile_peak
 from torchaxe.runtime import ranks
 from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
+from torchaxe.runtime.job_command import job_epochs_in, job_steps_in, job_steps_of_epochs
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
@@ -720,14 +721,20 @@ class Advisor:
     def _job_epochs(self, profile: dict[str, Any], settings: dict[str, Any]) -> None:
         """A command that gives the job's length in epochs (``--epochs 2``) gives it in
         steps too, with the training loader's batches an epoch and the batches a step
-        the profile saw: a compile that the job never pays back is then held back."""
+        the profile saw: a compile that the job never pays back is then held back. Not
+        when the steps drew no batch from a loader."""
         if self.options.job_steps is not None:
             return
         stated = job_epochs_in(self.command)
         epoch = training_epoch(profile, settings) if stated is not None else None
         if stated is None or epoch is None:
             return
-        counts = sorted(s.get("batches") or 1 for s in profile.get("steps") or [] if s.get("phase") == "measured")
+        counts = sorted(s["batches"] for s in profile.get("steps") or []
+                        if s.get("phase") == "measured" and s.get("batches") is not None)
+        if counts and not counts[len(counts) // 2]:
+            # The steps draw no batch (the script took its data once, then trains each
+            # layer for --epochs passes over it): the loader's epochs do not count them.
+            return
         per_step = float(counts[len(counts) // 2]) if counts else 1.0
         steps = job_steps_of_epochs(stated[0], epoch, per_step)
         self.options = replace(self.options, job_steps=steps)

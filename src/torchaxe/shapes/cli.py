@@ -113,18 +113,17 @@ def shapes(steps, max_shapes, target, timeout, step_marker, try_, try_steps, try
     sys.exit(code)
 
 
-def own_compile_flag(command) -> str | None:
-    """The script's own compile switch as the command gives it (nanoGPT's
-    ``--compile=False``, ``--compile False``, a bare ``--compile``), or None."""
-    args = list(command)
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name.lstrip("-").replace("-", "_") in ("compile", "use_compile", "torch_compile") and arg.startswith("-"):
-            if eq:
-                return arg
-            following = args[i + 1] if i + 1 < len(args) else ""
-            return f"{arg} {following}" if following and not following.startswith("-") else arg
-    return None
+def job_batches(command, profile) -> int | None:
+    """The batches the whole job draws from its training loader, when the command
+    states its length in steps (``--max_iters 300``): the steps times the batches a
+    measured step drew (the median). None when it does not say, or steps draw none."""
+    from torchaxe.runtime.job_command import job_steps_in
+
+    stated = job_steps_in(command)
+    counts = sorted(s.batches for s in profile.steps if s.phase == "measured" and s.batches is not None)
+    if stated is None or not counts or not counts[len(counts) // 2]:
+        return None
+    return stated[0] * counts[len(counts) // 2]
 
 
 def _other_rank() -> bool:
@@ -145,6 +144,7 @@ def _text(report, render) -> str:
 
 def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_steps, try_warmup, repeats, backend):
     from torchaxe.runtime.command import check_module, parse_command
+    from torchaxe.runtime.job_command import compile_switch_in
     from torchaxe.shapes.analysis import analyse
     from torchaxe.shapes.observe import observe
     from torchaxe.shapes.report import build_report
@@ -164,8 +164,8 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
         # recorded on whatever device this machine has; the advice is for --target
         observation = observe(command, steps=steps, timeout=timeout, step_marker=step_marker, target="auto")
     analysis = analyse(observation)
-    verdict = decide(analysis, max_shapes)
-    own = own_compile_flag(command)
+    verdict = decide(analysis, max_shapes, job_batches(command, observation.profile))
+    own = compile_switch_in(command)
     if own is not None:
         for rec in verdict.recommendations:
             if rec.kind == "compile" and "torch.compile(" in rec.setting:

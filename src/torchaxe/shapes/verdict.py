@@ -114,9 +114,10 @@ def _dims_text(analysis: ShapeAnalysis) -> str:
     return "; ".join(spots) if spots else "the varying dimensions of the model's inputs"
 
 
-def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
+def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None = None) -> Verdict:
     """The verdict with its reasons, the recommendations for every target and the
-    bucketing plans."""
+    bucketing plans. ``job_batches``: the batches the whole job draws, when its command
+    says (``--max_iters 300``): an epoch's last batch that comes after them never runs."""
     ops = analysis.of_kind("op")
     modules = analysis.of_kind("module")
     batches = analysis.of_kind("batch")
@@ -164,7 +165,9 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4) -> Verdict:
     # of a long epoch): static so far, but compiled code compiles once more for it.
     seen_partial = {c.id.split(":")[0] for c in analysis.causes if c.kind == "partial-batch"}
     unseen_partial = [(i, loader) for i, loader in enumerate(analysis.loaders)
-                      if loader.remainder and f"loader{i}" not in seen_partial]
+                      if loader.remainder and f"loader{i}" not in seen_partial
+                      and not (job_batches is not None and loader.batch_size
+                               and job_batches <= loader.dataset_length // loader.batch_size)]
     last_batch = ""
     for _, loader in unseen_partial[:1]:
         last_batch = (f"the last batch of each epoch has {loader.remainder} samples, not {loader.batch_size} "
