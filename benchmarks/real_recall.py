@@ -64,6 +64,7 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "gelu_erf": ("AX111",),
     "quick_gelu": ("AX112",),
     "silu": ("AX113",),
+    "mish": ("AX120",),
     "swiglu": ("AX114",),
     # benchmarks/real_corpus_review.toml: operators named after a fused one (AX103), read
     # by name; and the host syncs of training loops (AX301-AX304).

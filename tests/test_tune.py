@@ -306,6 +306,33 @@ def test_the_scanner_replacements_swap_in_and_match_eager():
     assert torch.allclose(block(x), swapped(x), atol=1e-5)
 
 
+def test_a_hand_written_mish_is_swapped_for_f_mish(tmp_path):
+    source = (
+        "import torch\nimport torch.nn.functional as F\n\n\n"
+        "class Mish(torch.nn.Module):\n    def forward(self, x):\n        return x * torch.tanh(F.softplus(x))\n\n\n"
+        "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(8, 8)\n        self.act = Mish()\n\n"
+        "    def forward(self, x):\n        return self.act(self.fc(x))\n")
+    path = tmp_path / "mish_net.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("mish_net_for_tests", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        torch.manual_seed(0)
+        net = module.Net()
+        plan = plan_for(net)
+        assert [s.category for s in plan.swaps] == ["mish"]
+        x = torch.randn(4, 8)
+        expected = net(x)
+        assert apply_plan(net, plan) == ["mish in Mish.forward"]
+        assert "mish" in net.act.forward.__func__.__torchaxe_replaces__
+        assert torch.allclose(net(x), expected, atol=1e-6)
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
 def test_the_compile_strategies_compile_torchs_own_layers(counting_backend):
     # module.compile() leaves nn.Linear, nn.LayerNorm, nn.Sequential eager without a
     # word: a tuned head or norm measured 1.00x, the eager module timed twice.

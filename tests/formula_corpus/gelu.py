@@ -131,7 +131,7 @@ def gelu_cdf_only(x):  # lookalike: gelu_tanh
     return 0.5 * (1.0 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def mish(x):  # lookalike: gelu_tanh
+def mish(x):  # formula: mish
     return x * torch.tanh(F.softplus(x))
 
 

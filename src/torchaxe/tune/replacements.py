@@ -1,6 +1,6 @@
 """The scanner's replacements, swapped in at run time.
 
-The formula rules (AX110-AX119) recognise hand-written GELUs, norms and attention in
+The formula rules (AX110-AX120) recognise hand-written GELUs, norms and attention in
 the source of a module's class by their values; ``swaps.py`` says which of them a
 fused operator can replace at run time (a *whole* function that computes the
 formula). For the tuner's subgraphs the function is replaced without touching the
@@ -111,6 +111,8 @@ def fused_function(swap: FunctionSwap, fn: Callable) -> Callable:
             return F.gelu(x)
         if category == "silu":
             return F.silu(x)
+        if category == "mish":
+            return F.mish(x)
         eps = float(value("eps", a, 1e-5))
         weight = value("weight", a)
         if category == "rms_norm":

@@ -1,6 +1,6 @@
 """Which recognised formulas of a file can be swapped for a fused operator at run time.
 
-The formula rules (AX110-AX119) recognise hand-written GELUs, norms and attention by
+The formula rules (AX110-AX120) recognise hand-written GELUs, norms and attention by
 their values. Where a rule found that a *whole* function computes the formula (its
 body is one ``return`` of the matched expression, every input a parameter, an
 attribute of one, or a constant), that function can be replaced by the fused
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 #: Categories with a fused operator that can be called in place of the function.
-SUPPORTED = ("gelu_tanh", "gelu_erf", "silu", "rms_norm", "layer_norm")
+SUPPORTED = ("gelu_tanh", "gelu_erf", "silu", "mish", "rms_norm", "layer_norm")
 
 
 @dataclass(frozen=True)

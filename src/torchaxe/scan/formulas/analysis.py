@@ -52,7 +52,7 @@ _ROOT_POWER = ("** -0.5", "**-0.5", "** 0.5", "**0.5", "** (-0.5)", "**(-0.5)", 
 #: Categories with a fused operator on npu only (torch has none for them).
 NPU_ONLY = frozenset({"swiglu", "rotary", "quick_gelu"})
 ALL_CATEGORIES = frozenset({"attention", "rotary", "swiglu", "layer_norm", "rms_norm", "softmax", "gelu_tanh",
-                            "gelu_erf", "quick_gelu", "silu"})
+                            "gelu_erf", "quick_gelu", "silu", "mish"})
 _CACHE_KEY = "formulas.matches"
 #: A scope that already calls the fused operator keeps the hand-written form as a
 #: fallback (``if self.flash: F.scaled_dot_product_attention(...) else: ...``).
@@ -61,7 +61,7 @@ FUSED_CALLS = {
     "attention": (".scaled_dot_product_attention(", ".npu_fusion_attention(", "flash_attn_func(",
                   ".memory_efficient_attention("),
     "gelu_tanh": (".gelu(",), "gelu_erf": (".gelu(",), "quick_gelu": (".fast_gelu(",),
-    "silu": (".silu(",), "swiglu": (".npu_swiglu(",), "rms_norm": (".rms_norm(", ".npu_rms_norm("),
+    "silu": (".silu(",), "mish": (".mish(",), "swiglu": (".npu_swiglu(",), "rms_norm": (".rms_norm(", ".npu_rms_norm("),
     "layer_norm": (".layer_norm(",), "rotary": (".npu_rotary_mul(",), "softmax": (),
 }
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -34,7 +34,7 @@ from torchaxe.scan.formulas.probes import (
 from torchaxe.scan.formulas.store import Match
 
 CATEGORIES = ("attention", "rotary", "swiglu", "layer_norm", "rms_norm", "softmax", "gelu_tanh", "gelu_erf",
-              "quick_gelu", "silu")
+              "quick_gelu", "silu", "mish")
 
 
 # ------------------------------------------------------------------ probing
@@ -204,11 +204,12 @@ _UNARY: tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor], str], ...] = (
     ("gelu_erf", R.gelu_erf, "0.5*x*(1 + erf(x/sqrt(2)))"),
     ("quick_gelu", R.quick_gelu, "x*sigmoid(1.702*x)"),
     ("silu", R.silu, "x*sigmoid(x)"),
+    ("mish", R.mish, "x*tanh(softplus(x))"),
 )
 
 
 class ActivationMatcher(Matcher):
-    """GELU (tanh and erf), quick GELU and SiLU written out elementwise."""
+    """GELU (tanh and erf), quick GELU, SiLU and Mish written out elementwise."""
 
     categories = tuple(c for c, _, _ in _UNARY)
 
@@ -1255,7 +1256,7 @@ def _match(root: Node, primary: Probing, categories: frozenset[str], order: list
     return found
 
 
-_ELEMENTWISE = frozenset({"gelu_tanh", "gelu_erf", "quick_gelu", "silu"})
+_ELEMENTWISE = frozenset({"gelu_tanh", "gelu_erf", "quick_gelu", "silu", "mish"})
 _ARITHMETIC = frozenset({"add", "sub", "mul", "div", "pow", "neg", "reciprocal"})
 
 

@@ -185,7 +185,7 @@ def swiglu(node: Node) -> bool:
 TESTS: dict[str, Callable[[Node], bool]] = {
     "attention": attention, "rotary": rotary, "swiglu": swiglu, "layer_norm": norm, "rms_norm": norm,
     "softmax": softmax, "gelu_tanh": activation, "gelu_erf": activation, "quick_gelu": activation,
-    "silu": activation,
+    "silu": activation, "mish": activation,
 }
 
 

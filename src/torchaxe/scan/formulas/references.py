@@ -35,6 +35,10 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     return x * torch.sigmoid(x)
 
 
+def mish(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.tanh(torch.nn.functional.softplus(x))
+
+
 def swiglu(z: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """torch_npu.npu_swiglu's documented formula: halves A, B of z along dim, silu(A) * B."""
     a, b = z.chunk(2, dim)
@@ -183,6 +187,7 @@ FORMS: dict[str, VerifyForm] = {
         VerifyForm("quick_gelu", "x * sigmoid(1.702 * x)", (8, 256, 1024), _one, quick_gelu, None, None,
                    "torch_npu.fast_gelu(x)", fast_gelu_documented),
         VerifyForm("silu", "x * sigmoid(x)", (8, 256, 1024), _one, silu, "F.silu(x)", F.silu),
+        VerifyForm("mish", "x * tanh(softplus(x))", (8, 256, 1024), _one, mish, "F.mish(x)", F.mish),
         VerifyForm("swiglu", "a, b = x.chunk(2, -1); a * sigmoid(a) * b", (8, 256, 2048), _one, _swiglu_hand,
                    "F.silu(a) * b", lambda x: F.silu(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1],
                    "torch_npu.npu_swiglu(x, dim=-1)"),

@@ -26,7 +26,7 @@ from torchaxe.console import CONTEXT, progress_printer
 def verify(codes, device, dtype, shape, repeats, fmt):
     """Measure each formula rule's fix: hand-written form against replacement.
 
-    For the formula rules (AX110-AX119, or the CODES given, prefixes allowed) runs the
+    For the formula rules (AX110-AX120, or the CODES given, prefixes allowed) runs the
     hand-written reference form and the fused replacement on the same random inputs
     and prints the max absolute and relative difference, whether it is within the
     dtype's tolerance, and the speedup (median of interleaved runs) on this device.

@@ -1,4 +1,4 @@
-"""Shared machinery of the formula rules (AX110-AX119): each rule reports the
+"""Shared machinery of the formula rules (AX110-AX120): each rule reports the
 matches of one category that ``torchaxe.scan.formulas.analysis`` found in the file
 and proposes the fused replacement for the target.
 
@@ -320,6 +320,15 @@ def functional(ctx: FileContext, line: int | None = None) -> tuple[str, tuple[st
     if "F" not in ctx.imports and "F" not in taken:
         return "F", ("import torch.nn.functional as F",)
     return "torch.nn.functional", ("import torch",)
+
+
+def fused_activation(ctx: FileContext, match: FormulaMatch, op: str) -> Proposal:
+    """The safe proposal of an activation with one fused functional call,
+    ``F.<op>(x)`` (SiLU, Mish): same function, one kernel each way."""
+    fn, imports = functional(ctx, match.node.lineno)
+    replacement = f"{fn}.{op}({match.inputs['x']})"
+    return Proposal(replacement, f"{replacement} computes it in one fused kernel, forward and backward",
+                    f"use F.{op}(x)", Applicability.SAFE, imports=imports)
 
 
 def torch_name(ctx: FileContext, line: int | None = None) -> tuple[str, tuple[str, ...]]:

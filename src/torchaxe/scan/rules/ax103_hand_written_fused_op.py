@@ -2,7 +2,7 @@
 fused implementation (GELU, SiLU, Mish, RMSNorm, attention, rotary embedding, SwiGLU).
 
 This is the name-level check; recognising the same math by meaning, whatever it is
-called, is the job of the formula rules (AX110-AX119): a definition in which one of
+called, is the job of the formula rules (AX110-AX120): a definition in which one of
 them found a formula is left to it.
 """
 
@@ -148,7 +148,7 @@ class HandWrittenFusedOp(Rule):
     ## Fix safety
     Display-only: which fused form is equivalent depends on the exact math (erf or tanh
     GELU, where the epsilon sits in a norm, the mask convention in attention), and a
-    replacement can change numerics. The formula rules (AX110-AX119) check equivalence
+    replacement can change numerics. The formula rules (AX110-AX120) check equivalence
     numerically; a definition in which they found the formula is not reported here
     again. NPU replacements are unverified on Ascend hardware.
 
@@ -173,8 +173,8 @@ class HandWrittenFusedOp(Rule):
     )
     examples = (
         Invalid(
-            "import torch\nimport torch.nn.functional as F\ndef mish(x):\n"
-            "    return x * torch.tanh(F.softplus(x))\n"
+            "import torch\nfrom kernels import softplus_approx\ndef mish(x):\n"
+            "    return x * torch.tanh(softplus_approx(x))\n"
         ),
         Invalid(
             "import torch\nclass RMSNorm(torch.nn.Module):\n    def forward(self, x):\n"
@@ -241,7 +241,7 @@ class HandWrittenFusedOp(Rule):
             if not (has_matmul and any(c in called for c in _SOFTMAX)):
                 return
         if covers(ctx, node):
-            return  # the formula rules (AX110-AX119) report this math by meaning
+            return  # the formula rules (AX110-AX120) report this math by meaning
         kind = "class" if isinstance(node, ast.ClassDef) else "function"
         replacement = op.replacement[ctx.target]
         note = ""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from torchaxe.findings import Applicability
-from torchaxe.scan.rules._formula import FormulaRule, Proposal, functional
+from torchaxe.scan.rules._formula import FormulaRule, fused_activation
 from torchaxe.scan.rules.base import Invalid, Valid
 
 
@@ -83,7 +83,4 @@ class HandWrittenSilu(FormulaRule):
     )
 
     def propose(self, ctx, match):
-        fn, imports = functional(ctx, match.node.lineno)
-        replacement = f"{fn}.silu({match.inputs['x']})"
-        return Proposal(replacement, f"{replacement} computes it in one fused kernel, forward and backward",
-                        "use F.silu(x)", Applicability.SAFE, imports=imports)
+        return fused_activation(ctx, match, "silu")
