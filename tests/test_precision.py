@@ -9,7 +9,7 @@ from collections import namedtuple
 
 import pytest
 
-from torchaxe.backends.cpu import native_bfloat16
+from torchaxe.backends.cpu import bfloat16_matrix_units, native_bfloat16
 from torchaxe.precision.candidates import candidates, own_speedups
 from torchaxe.runtime import bootstrap, knob_specs
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
@@ -163,6 +163,8 @@ def test_native_bfloat16_is_read_from_the_cpu_flags(tmp_path, text, expected) ->
     cpuinfo.write_text(text)
     assert native_bfloat16(cpuinfo) is expected
     assert native_bfloat16(tmp_path / "missing") is None
+    assert bfloat16_matrix_units(cpuinfo) is (None if expected is None else "amx_bf16" in text)
+    assert bfloat16_matrix_units(tmp_path / "missing") is None
 
 
 def test_bf16_is_not_offered_on_a_cpu_without_native_bfloat16() -> None:
@@ -174,6 +176,11 @@ def test_bf16_is_not_offered_on_a_cpu_without_native_bfloat16() -> None:
     for known in (True, None):
         assert "knob:autocast-bf16" in {c.key for c in candidates({}, "cpu", {"cpu_bfloat16": known})}
         assert own_speedups({"cpu_bfloat16": known}, "cpu") == []
+    # With matrix units (AMX) it is measured early, as on a device.
+    priority = {c.key: c.priority for c in candidates({}, "cpu", {"cpu_bfloat16": True})}
+    amx = {c.key: c.priority for c in candidates({}, "cpu", {"cpu_bfloat16": True, "cpu_bfloat16_matrix_units": True})}
+    assert amx["knob:autocast-bf16"] > priority["knob:autocast-bf16"]
+    assert amx["knob:autocast-bf16"] == {c.key: c.priority for c in candidates({}, "cuda", {})}["knob:autocast-bf16"]
     # A GPU's bfloat16 does not depend on the host's flags.
     assert "knob:autocast-bf16" in {c.key for c in candidates({}, "cuda", {"cpu_bfloat16": False})}
     assert own_speedups({"cpu_bfloat16": False}, "cuda") == []

@@ -35,10 +35,9 @@ class CpuBackend(Backend):
 BFLOAT16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
-def native_bfloat16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
-    """Whether this CPU computes in bfloat16 natively (True), or only by converting
-    to float32 and back, many times slower than float32 itself (False); None where
-    its flags cannot be read (no ``/proc/cpuinfo``)."""
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str] | None:
+    """The CPU's feature flags (x86 ``flags``, Arm ``Features``); None where they cannot
+    be read (no ``/proc/cpuinfo``)."""
     try:
         text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -48,6 +47,20 @@ def native_bfloat16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
         name, _, value = line.partition(":")
         if name.strip().lower() in ("flags", "features"):
             flags.update(value.split())
-    if not flags:
-        return None
-    return bool(flags & BFLOAT16_FLAGS)
+    return frozenset(flags) or None
+
+
+def native_bfloat16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU computes in bfloat16 natively (True), or only by converting
+    to float32 and back, many times slower than float32 itself (False); None where
+    its flags cannot be read (no ``/proc/cpuinfo``)."""
+    flags = cpu_flags(cpuinfo)
+    return None if flags is None else bool(flags & BFLOAT16_FLAGS)
+
+
+def bfloat16_matrix_units(cpuinfo: str | Path = "/proc/cpuinfo") -> bool | None:
+    """Whether this CPU has matrix units for bfloat16 (x86's AMX tiles, ``amx_bf16``),
+    which multiply bfloat16 matrices several times faster than its float32 vector
+    units; None where its flags cannot be read."""
+    flags = cpu_flags(cpuinfo)
+    return None if flags is None else "amx_bf16" in flags

@@ -26,8 +26,9 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
     out: list[Candidate] = []
     own_autocast = bool(settings.get("autocast"))
     # On a GPU or NPU lower precision is the largest change a budget can try (tensor
-    # cores), ahead of code fixes the profile found no time in; on a cpu it often is not.
-    device = target in ("cuda", "npu")
+    # cores), ahead of code fixes the profile found no time in; on a cpu it often is
+    # not, but for one with bfloat16 matrix units (AMX).
+    device = target in ("cuda", "npu") or (target == "cpu" and bool(settings.get("cpu_bfloat16_matrix_units")))
     precision = "lower precision in matmuls and convolutions, the outputs and the loss in float32"
     if target == "cuda" and settings.get("matmul_precision", "highest") == "highest":
         out.append(knob_candidate(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from torchaxe.atomic import write_text_atomic
-from torchaxe.backends.cpu import native_bfloat16
+from torchaxe.backends.cpu import bfloat16_matrix_units, native_bfloat16
 
 SCHEMA = "torchaxe.run-context/1"
 
@@ -383,6 +383,9 @@ def settings() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         # Whether bfloat16 autocast can pay off on this CPU (backends/cpu.py).
         "cpu_bfloat16": native_bfloat16(),
+        # Whether it has bfloat16 matrix units (AMX), where bf16 autocast is likely the
+        # largest change a budget can try.
+        "cpu_bfloat16_matrix_units": bfloat16_matrix_units(),
     }
     if hasattr(os, "sched_getaffinity"):
         out["allowed_cpus"] = len(os.sched_getaffinity(0))
