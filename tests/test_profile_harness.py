@@ -681,6 +681,25 @@ for _ in range(6):
     assert "optimizer.step()" not in text.getvalue()
 
 
+def test_torchs_device_context_still_puts_factories_on_its_device(tmp_path):
+    # transformers builds models under torch.device("meta"); torch fills the set of
+    # factories that context moves at its first use, by identity. Filled while the
+    # host-tensor probe's wrappers were in place, BERT's position_ids buffer came out
+    # as uninitialised memory.
+    import torch.utils._device as device_context
+
+    device_context._device_constructors.cache_clear()
+    source = PRELUDE + """
+with torch.device("meta"):
+    made = [torch.tensor([1, 2]), torch.arange(3), torch.zeros(2), torch.randint(5, (2,))]
+assert all(t.device.type == "meta" for t in made), [t.device for t in made]
+for _ in range(3):
+    step()
+"""
+    profile = run_script(tmp_path, source, steps=1, warmup=1)
+    assert profile.status in ("completed", "stopped"), profile.detail
+
+
 def test_probes_are_removed_afterwards(tmp_path):
     import gc
 

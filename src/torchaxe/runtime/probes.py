@@ -423,6 +423,21 @@ def _filters_changed() -> None:
             return
 
 
+def _remember_device_constructors() -> None:
+    """Have ``with torch.device(...)`` know torch's own factories before they are
+    wrapped. torch keeps the set of functions that context puts on its device in a
+    cache filled at its first use, by identity: filled while ``torch.tensor`` is a
+    wrapper, it holds the wrapper, and the original the wrapper calls is not put on
+    the device. transformers builds models under ``torch.device("meta")``: their
+    non-persistent buffers (BERT's ``position_ids``) then came out as uninitialised
+    memory."""
+    try:
+        from torch.utils._device import _device_constructors
+    except ImportError:  # another torch: nothing of the kind to fill
+        return
+    _device_constructors()
+
+
 #: torch functions that create a tensor on the host unless given a ``device``.
 HOST_FACTORIES = ("arange", "randint", "randperm", "rand", "randn", "zeros", "ones", "full", "empty", "tensor",
                   "as_tensor", "linspace", "from_numpy")
@@ -548,6 +563,7 @@ class HostTensors:
         import torch
 
         compiling = compiling_check()
+        _remember_device_constructors()
         for name in HOST_FACTORIES:
             if hasattr(torch, name):
                 patch_attribute(self._saved, torch, name, self._factory(getattr(torch, name), compiling))
@@ -571,7 +587,9 @@ class HostTensors:
             if compiling():
                 return original(*args, **kwargs)
             out = original(*args, **kwargs)
-            if kwargs.get("device") is None:
+            # Without a device argument, but on the default device a context or
+            # torch.set_default_device chose (a GPU, meta): not a host tensor.
+            if kwargs.get("device") is None and getattr(out, "is_cpu", False):
                 mark(out)
             return out
 
