@@ -283,8 +283,8 @@ def test_a_change_whose_loss_is_far_beyond_the_noise_is_held_back_with_its_cost(
     render_advice_text(advice, out, width=200)
     row = next(line for line in out.getvalue().splitlines() if "torch.autocast(bfloat16)" in line)
     assert "1.67x" in row and "loss +5.40%" in row and "measured, held back" in row
-    assert "loss noise         0.00% (the original's runs); changes to the numerics are chosen within it + 2.0%" \
-        in out.getvalue()
+    assert ("loss noise         0.00% (the original's runs, one under another seed; its own runs, same seed: "
+            "0.00%); changes to the numerics are chosen within it + 2.0%") in out.getvalue()
     # Each held-back change says why under the table (its loss, here; a one-time cost or
     # the memory limit for others).
     assert "knob:autocast-bf16: its training loss differs from the original's by +5.40%" in out.getvalue()
@@ -308,8 +308,23 @@ def test_the_tolerance_is_relative_to_the_noise_of_the_originals_runs(script: Pa
                             loss_tolerance=tolerance)
         bf16 = next(r for r in advice.recommendations if r.key == "knob:autocast-bf16")
         assert advice.baseline["loss_noise"] == pytest.approx(0.03 / 1.015, rel=1e-6)
+        assert advice.baseline["loss_noise_same_seed"] == 0.0  # the other seed alone moved it
+        assert not any("does not seem to fix its random state" in n for n in advice.notes)
         assert bf16.accuracy.loss_delta == pytest.approx(0.045)
         assert bf16.selected is chosen and (bf16.held_back is None) is chosen
+
+
+def test_an_unseeded_script_is_said_so_from_its_own_runs_losses(script: Path) -> None:
+    class Unseeded(FakeRuns):
+        def __call__(self, knobs, command, options, repeat):
+            run = super().__call__(knobs, command, options, repeat)
+            if knobs.name == "original" and repeat % 2:
+                run.applied["loss"] = [x * 1.03 for x in run.applied["loss"]]
+            return run
+
+    advice = run_advice(script, Unseeded(times={"knob:autocast-bf16": 0.06}, loss={"knob:autocast-bf16": 1.0}))
+    assert advice.baseline["loss_noise_same_seed"] > 0.02
+    assert any("does not seem to fix its random state" in n for n in advice.notes), advice.notes
 
 
 def test_changes_each_within_tolerance_but_beyond_it_together_are_not_kept_together(script: Path) -> None:

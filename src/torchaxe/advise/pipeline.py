@@ -84,6 +84,9 @@ def scan_for_advice(folder: Path, project: Path, imported: Sequence[str], scan_i
 TURNS_MEMORY_SHARE = 0.6
 #: The original's loss noise above which the accuracy check is said to judge little.
 LOUD_LOSS_NOISE = 0.25
+#: The original's own runs (same seed) this far apart in loss: the script draws its
+#: random numbers unseeded, and a note says so.
+UNSEEDED_LOSS_NOISE = 0.005
 
 
 #: A load average above this many times the cores the script may use says the machine
@@ -548,7 +551,16 @@ class Advisor:
             return
         self.noise.loss = loss_noise(base_arm, noise_arm)
         self.advice.baseline["loss_noise"] = self.noise.loss
+        # Apart: the original's own runs (same seed; 0 for a deterministic script),
+        # which the A/A arm's other seed widens.
+        self.advice.baseline["loss_noise_same_seed"] = loss_noise(base_arm)
         self.advice.baseline["loss_tolerance"] = self.options.loss_tolerance
+        same = self.advice.baseline["loss_noise_same_seed"]
+        if same is not None and same > UNSEEDED_LOSS_NOISE and not (self.noise.loss or 0) > LOUD_LOSS_NOISE:
+            self.advice.notes.append(
+                f"the original's own runs, started alike, landed {same:.1%} apart in training loss: the script does "
+                "not seem to fix its random state (torch.manual_seed), so each change's loss difference is partly "
+                "chance, as large as that")
         if self.noise.loss is not None and self.noise.loss > LOUD_LOSS_NOISE:
             self.advice.notes.append(
                 f"the original's training loss differs by {self.noise.loss:.0%} between its own runs (does the script "

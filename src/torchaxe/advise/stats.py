@@ -126,8 +126,10 @@ def _loss_scale(runs: Sequence[Sequence[float]], n: int) -> float:
 def loss_noise(*originals: ArmResult) -> float | None:
     """How far apart the runs of the unchanged script landed in training loss: the
     largest difference between two runs' mean loss (over the steps every run
-    recorded, same seed), relative to the loss's size (:func:`_loss_scale`). 0.0 for
-    a deterministic run; None with fewer than two runs that recorded a loss."""
+    recorded), relative to the loss's size (:func:`_loss_scale`). Runs of the same
+    seed land 0.0 apart for a deterministic script; advise adds a run under another
+    seed (the A/A arm), which is what a change of random draws alone does. None with
+    fewer than two runs that recorded a loss."""
     runs = [losses for arm in originals for losses in arm.losses if losses]
     n = _common_steps(runs)
     if len(runs) < 2 or not n:

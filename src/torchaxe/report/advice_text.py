@@ -97,8 +97,10 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                    else "the original's runs did not fit the budget")
             console.print(f"  loss noise         not recorded ({why})")
         else:
-            console.print(f"  loss noise         {noise:.2%} (the original's runs); changes to the numerics are "
-                          f"chosen within it + {base['loss_tolerance']:.1%}")
+            same = base.get("loss_noise_same_seed")
+            own = f"; its own runs, same seed: {same:.2%}" if same is not None else ""
+            console.print(f"  loss noise         {noise:.2%} (the original's runs, one under another seed{own}); "
+                          f"changes to the numerics are chosen within it + {base['loss_tolerance']:.1%}")
     if advice.partial:
         console.print("  [yellow]partial advice:[/yellow] not everything planned was measured (see the notes below)")
     ranked = advice.ranked()
