@@ -471,7 +471,18 @@ class Advisor:
         self._set_loss_noise(base_arm, noise_arm)
         if not complete:
             advice.partial = True
-            advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer rounds")
+            if not any(r.ok for r in base_arm.runs) and measurer.run_seconds:
+                left = measurer.remaining()
+                advice.notes.append(
+                    f"nothing was measured: the unmeasured first run of the original took "
+                    f"{measurer.run_seconds[0]:.0f} s"
+                    + (f", and the {max(left, 0):.0f} s of --budget left held no round of the original and one "
+                       f"change" if left is not None else "")
+                    + " (a slow start, or a busy machine: runs take longer than the profiled one); a larger "
+                      "--budget, or --skip for the slowest changes (knob:compile), measures them")
+            else:
+                advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer "
+                                    "rounds")
         if measurer.stopped:
             names = sorted(set(measurer.stopped))
             advice.notes.append(
