@@ -1263,3 +1263,15 @@ def test_a_small_scan_whose_formula_results_are_stored_stays_in_this_process(tmp
     monkeypatch.setattr(engine, "WARM_IN_PROCESS_BYTES", 0)  # a large project: workers again
     with pytest.raises(AssertionError, match="workers started"):
         engine.scan_paths([tmp_path], engine.ScanOptions(**{**options.__dict__, "jobs": 2}))
+
+
+def test_an_rms_norm_by_f_normalize_is_fixed_with_an_eps_that_keeps_zero_rows_zero(scan):
+    # x-transformers' RMSNorm: F.normalize clamps the norm at 1e-12; with eps 0 the
+    # fused kernel would turn a row of zeros into NaN.
+    source = ("import torch\nimport torch.nn.functional as F\n\n\nclass RMSNorm(torch.nn.Module):\n"
+              "    def __init__(self, dim):\n        super().__init__()\n        self.scale = dim ** 0.5\n"
+              "        self.g = torch.nn.Parameter(torch.ones(dim))\n\n"
+              "    def forward(self, x):\n        return F.normalize(x, dim=-1) * self.scale * self.g\n")
+    finding, = [f for f in scan(source, target="cuda").findings if f.code == "AX115"]
+    assert finding.replacement == "F.rms_norm(x, (x.shape[-1],), self.g, 1e-24)"
+    assert "a row of zeros stays zeros, not NaN" in finding.message

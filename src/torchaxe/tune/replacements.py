@@ -116,7 +116,8 @@ def fused_function(swap: FunctionSwap, fn: Callable) -> Callable:
         eps = float(value("eps", a, 1e-5))
         weight = value("weight", a)
         if category == "rms_norm":
-            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+            # No eps seen (F.normalize's clamp): zero rows stay zeros, not NaN.
+            return F.rms_norm(x, (x.shape[-1],), weight, eps or 1e-24)
         return F.layer_norm(x, (x.shape[-1],), weight, value("bias", a), eps)
 
     fused.__name__ = getattr(fn, "__name__", "fused")

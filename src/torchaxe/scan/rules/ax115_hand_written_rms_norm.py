@@ -16,6 +16,11 @@ from torchaxe.scan.rules.base import Invalid, Valid
 #: another shape, (b, 1, d): a factor on the output instead.
 _STORED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
+#: The eps a fix writes where the hand-written form has none that shows (a norm by
+#: F.normalize clamps at 1e-12): zero rows give zeros, and no other row changes.
+ZERO_EPS_TEXT = "1e-24"
+
+
 class HandWrittenRmsNorm(FormulaRule):
     """
     ## What it does
@@ -145,6 +150,11 @@ class HandWrittenRmsNorm(FormulaRule):
 
     def _propose(self, ctx, match):
         x, weight, eps = match.inputs["x"], match.inputs.get("weight"), eps_text(match)
+        # No eps to fit (F.normalize's clamp at 1e-12 is too small to see): a zero row
+        # would come out NaN from the fused kernel where F.normalize gives zeros.
+        zero_eps = eps is not None and "eps" not in match.inputs and float(match.params.get("eps", 0.0)) == 0.0
+        if zero_eps:
+            eps = ZERO_EPS_TEXT
         casts = match.params.get("casts", False)
         placement = match.params.get("eps_placement")
         outside = placement in ("outside", "clamped")
@@ -190,5 +200,7 @@ class HandWrittenRmsNorm(FormulaRule):
             note += " (the hand-written form normalises in another dtype and casts back; the fused kernel keeps the input dtype)"
         if outside:
             note += f"; the hand-written form {where}, F.rms_norm adds it inside (differs for tiny activations)"
+        if zero_eps:
+            note += f"; eps {ZERO_EPS_TEXT} where the hand-written form has none to see: a row of zeros stays zeros, not NaN"
         return Proposal(replacement, note, "use F.rms_norm", Applicability.SAFE if safe else Applicability.UNSAFE,
                         edit=not outside and size_of is not None, imports=imports)
