@@ -638,8 +638,9 @@ class Advisor:
         rec.speedup = 1.0 / ratio if ratio > 0 else None
         if base.median is not None:
             rec.measured_seconds_saved_per_step = base.median * (1.0 - ratio)
-        cost = one_time_cost(arm, base, rec.measured_seconds_saved_per_step or 0.0, same)
-        rec.one_time_seconds, rec.break_even_steps = cost.get("one_time_seconds"), cost.get("break_even_steps")
+        if _pays_once(rec.knobs or {}):
+            cost = one_time_cost(arm, base, rec.measured_seconds_saved_per_step or 0.0, same)
+            rec.one_time_seconds, rec.break_even_steps = cost.get("one_time_seconds"), cost.get("break_even_steps")
         if self.options.check_accuracy and rec.accuracy.changes_numerics:
             # Against the original's own runs (same seed): the A/A arm ran under other seeds.
             self._compare_loss(rec, loss_delta(arm, base))
@@ -834,6 +835,14 @@ class Advisor:
                 "no training loss was recorded (no scalar tensor had backward() called on it), so the accuracy of "
                 f"{', '.join(unjudged)} is unknown: mixed precision, TF32 and compressed gradients are not chosen "
                 "without it")
+
+
+def _pays_once(knobs: dict[str, Any]) -> bool:
+    """Whether a knob set does work once before its first fast step (compiling, tuning,
+    cudnn's or the NPU's search for kernels): only then is a slower warm-up its cost,
+    not the machine's (a thread count or a loader setting has none)."""
+    torch_knobs = knobs.get("torch") or {}
+    return any(knobs.get(key) for key in ("compile", "tune", "npu")) or bool(torch_knobs.get("cudnn_benchmark"))
 
 
 def apply_only(rec: Recommendation) -> str:
