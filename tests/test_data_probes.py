@@ -127,6 +127,15 @@ def test_verdict_data_bound_without_workers():
     assert any(r.startswith("per sample: read 1.00 ms, decode 6.00 ms") for r in verdict.reasons)
 
 
+def test_without_a_dataloader_the_verdict_says_the_wait_was_not_measured():
+    # llama2.c and nanoGPT make their batches themselves: no "not data-bound, 0.0%".
+    report = _report(_record(), wait=0.0, compute=0.05, stages=_stages())
+    report.loaders = []
+    verdict = judge(report)
+    assert verdict.level == "unknown" and not verdict.data_bound
+    assert verdict.headline.startswith("data wait not measured: no torch DataLoader was iterated")
+
+
 def test_verdict_for_a_tensor_dataset_says_what_is_true():
     report = _report(_record(dataset_type="TensorDataset"), wait=0.05, compute=0.05, cores=2,
                      stages=_stages(read=0.0, decode=0.0))
@@ -165,7 +174,7 @@ def test_verdict_without_steps_or_loaders():
     assert judge(empty).level == "unknown"
     no_loader = DataReport(command=[], target="cpu", status="stopped", detail="", steps=[StepSplit(1, 0.1, 0.0, 0.0)],
                            loaders=[], stages={}, copies={})
-    assert "no torch DataLoader" in judge(no_loader).reasons[0]
+    assert "no torch DataLoader" in judge(no_loader).headline and judge(no_loader).level == "unknown"
 
 
 def _finding(code, line, end_line=None, path="train.py", message="x: y"):

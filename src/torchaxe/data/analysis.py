@@ -328,9 +328,12 @@ def judge(report: DataReport) -> Verdict:
     suggestions: list[str] = []
     main = report.main_loader
     if main is None:
-        reasons.append("no torch DataLoader was iterated: the batches come from elsewhere (a tensor in memory, "
-                       "a custom iterator), so data wait is not measured here")
-        return Verdict(level, headline, reasons, suggestions)
+        # The wait is timed inside torch DataLoaders only: 0% here says nothing.
+        return Verdict("unknown", f"data wait not measured: no torch DataLoader was iterated (median {ms(compute)} "
+                       "per step)",
+                       ["the batches come from elsewhere (a tensor in memory, a function of the script such as "
+                        "get_batch, a custom iterator): the time they take is in the step, not told apart; "
+                        "`torchaxe profile` shows the step's lines by time"], suggestions)
     stages = report.stages.get(main.index)
     load = stages.per_batch_seconds if stages is not None else None
     cores = report.cores
