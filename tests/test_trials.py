@@ -124,6 +124,16 @@ def test_runs_are_interleaved_and_ratios_are_per_repeat():
     assert kb["runs"][0]["step_seconds"] == pytest.approx([0.0045, 0.005, 0.0055])
 
 
+def test_runs_of_one_set_far_apart_are_said_so():
+    # llama2.c on a busy machine: one run's median 2.18 s, the next 94 ms.
+    runner = fake_runner({"a": [2.18, 0.094], "b": [0.09, 0.09]})
+    report = run_trials(sets("a", "b"), ["t.py"], TrialOptions(repeats=2), runner=runner)
+    out = io.StringIO()
+    render_trial_report(report, out)
+    text = out.getvalue()
+    assert "a: its runs' median steps lay" in text and "(23.2x)" in text and "b: its runs'" not in text
+
+
 def test_a_failing_set_is_reported_and_the_others_still_run():
     calls = []
     runner = fake_runner({"a": [0.01] * 3, "b": [0.02] * 3, "c": [0.005] * 3}, fail={"b": 2}, calls=calls)

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import TextIO
 
+from torchaxe.runtime.stats import Samples
 from torchaxe.runtime.trials import TrialReport
 from torchaxe.units import duration
+
+#: Runs of one knob set whose median steps lie this many times apart: the note says
+#: something else slowed some of them.
+RUNS_APART = 1.5
 
 
 def _ratio_text(result, is_baseline: bool) -> str:
@@ -39,6 +44,11 @@ def render_trial_report(report: TrialReport, out: TextIO) -> None:
         if r.ok and r.samples.is_noisy():
             notes.append(f"{r.name}: step time varies (interquartile range "
                          f"{100 * (r.samples.relative_spread or 0):.0f}% of the median)")
+        medians = [m for m in (Samples.of(run.step_seconds).median for run in r.runs if run.ok) if m]
+        if len(medians) >= 2 and max(medians) > RUNS_APART * min(medians):
+            notes.append(f"{r.name}: its runs' median steps lay {duration(min(medians))} to {duration(max(medians))} "
+                         f"apart ({max(medians) / min(medians):.1f}x): something else slowed some of them (a busy "
+                         "machine, more threads than cores); run again, or with --turns")
         if i and r.ratio is not None and r.ratio.samples.min <= 1.0 <= r.ratio.samples.max:
             notes.append(f"{r.name}: the ratio's range crosses 1.00: not distinguishable from {baseline.name} "
                          "with these repeats")
