@@ -3,6 +3,8 @@ static findings with runtime evidence, and the new dataloader knob keys."""
 
 from __future__ import annotations
 
+import sys
+
 from types import SimpleNamespace
 
 import pytest
@@ -69,6 +71,35 @@ def test_loader_probe_records_settings_site_batches_and_waits(tmp_path):
     assert torch.utils.data.DataLoader.__init__.__name__ == "__init__"
     assert not hasattr(torch.utils.data.DataLoader.__init__, "__wrapped__")  # uninstalled
     assert "to" not in torch.Tensor.__dict__
+
+
+def test_a_loader_an_installed_package_rebuilds_is_the_users_loader(tmp_path):
+    # accelerate's prepare(train_loader) builds a new loader over the same dataset with
+    # a batch sampler of its own: "built, never iterated" was said of the user's line,
+    # and the rebuilt loader was sampled at batch size 1.
+    from torchaxe.runtime.probes import CodeMap
+
+    lib = tmp_path / "wrapping"  # beside the script, and taken for an installed package
+    lib.mkdir()
+    (lib / "__init__.py").write_text(
+        "from torch.utils.data import BatchSampler, DataLoader, SequentialSampler\n\n\n"
+        "def prepare(loader):\n"
+        "    sampler = BatchSampler(SequentialSampler(loader.dataset), loader.batch_size, False)\n"
+        "    return DataLoader(loader.dataset, batch_sampler=sampler)\n")
+    script = SCRIPT.format(workers=0, persistent=False).replace(
+        "for epoch in range(10):", "import wrapping\nloader = wrapping.prepare(loader)\nfor epoch in range(10):")
+    path = tmp_path / "train.py"
+    path.write_text(script)
+    try:
+        loaders = LoaderProbe(codes=CodeMap(library=(str(lib),)))
+        profile = Harness(HarnessOptions(steps=4, warmup=1, target="cpu"),
+                          probes=[loaders.attach]).run(parse_command(["python", str(path)]))
+    finally:
+        sys.modules.pop("wrapping", None)
+    assert profile.status == "stopped", profile.detail
+    [record] = loaders.records
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if "# LOADER" in text)
+    assert record.line == line and record.batch_size == 4 and record.batches_measured == 4
 
 
 def test_worker_processes_are_timed(tmp_path):

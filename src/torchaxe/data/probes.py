@@ -204,9 +204,20 @@ class LoaderProbe:
         if loader in self._by_loader:  # a subclass calling super().__init__
             return
         codes = self.codes
+        dataset = loader.dataset
+        builder = frame
+        while builder is not None and codes.kind(builder.f_code.co_filename) in ("internal", "tensor"):
+            builder = builder.f_back
+        if builder is not None and codes.kind(builder.f_code.co_filename) == "library":
+            # An installed package rebuilding a loader of the user's over its dataset
+            # (accelerate's prepare(), a trainer adding a sampler): the same loader for
+            # the report, with the settings and batch size the user wrote.
+            earlier = next((r for r in reversed(self.records) if r.dataset is dataset), None)
+            if earlier is not None:
+                self._by_loader[loader] = earlier
+                return
         while frame is not None and codes.kind(frame.f_code.co_filename) != "user":
             frame = frame.f_back
-        dataset = loader.dataset
         try:
             length = len(dataset)
         except Exception:
