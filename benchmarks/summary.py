@@ -291,7 +291,7 @@ ROWS: tuple[Row, ...] = (
         "real_recall_formulas", ">= 90% recall, 0 false positives",
         ("src/torchaxe/scan", "benchmarks/real_corpus_formulas.toml"), read_real_recall,
         command="python benchmarks/real_recall.py --manifest benchmarks/real_corpus_formulas.toml"),
-    Row("Scanner on a review corpus of 8 more repositories (AX103, AX116, AX30x; benchmarks/real_corpus_review.toml)",
+    Row("Scanner on a review corpus of 8 more repositories (AX103, AX116, AX120, AX30x; benchmarks/real_corpus_review.toml)",
         "real_recall_review", ">= 90% recall, 0 false positives",
         ("src/torchaxe/scan", "benchmarks/real_corpus_review.toml"), read_real_recall,
         command="python benchmarks/real_recall.py --manifest benchmarks/real_corpus_review.toml"),
