@@ -161,3 +161,17 @@ def test_a_recurrent_model_with_varying_lengths_stays_eager_on_cpu_and_cuda():
     assert any("Net.gru (GRU)" in r and "allow_rnn" in r for r in verdict.reasons)
     cpu = {r.kind for r in verdict.recommendations if r.target == "cpu"}
     assert cpu == {"compile"}  # keep eager: no compile-dynamic, mark_dynamic or bucketing advice beside it
+
+
+def test_a_batch_in_a_mapping_that_is_no_dict_is_read():
+    # transformers' BatchEncoding (DataCollatorWithPadding's batches) is a UserDict: its
+    # tensors went unread, and GLUE's padded batches had no cause.
+    from collections import UserDict
+
+    import torch
+
+    from torchaxe.runtime.probes import input_signature
+
+    batch = UserDict(input_ids=torch.zeros(8, 42, dtype=torch.long), attention_mask=torch.ones(8, 42))
+    assert input_signature(batch, torch.Tensor) == (((8, 42), "int64"), ((8, 42), "float32"))
+    assert input_signature((batch,), torch.Tensor) == (((8, 42), "int64"), ((8, 42), "float32"))

@@ -1040,9 +1040,12 @@ def _dtype_name(dtype: Any, cache: dict = {}) -> str:  # noqa: B006 - a delibera
 
 def input_signature(values: Any, tensor_type: type) -> tuple[tuple[tuple[int, ...] | None, str | None], ...]:
     """The shapes and dtypes of the tensors among ``values`` (a tuple of arguments or
-    one batch), one level into lists, tuples and dicts; other values are ``(None,
-    None)`` placeholders so that positions line up."""
-    if isinstance(values, dict):
+    one batch), one level into lists, tuples and mappings (a dict, or transformers'
+    ``BatchEncoding``, a ``UserDict``); other values are ``(None, None)`` placeholders
+    so that positions line up."""
+    from collections.abc import Mapping
+
+    if isinstance(values, Mapping):
         values = tuple(values.values())
     elif not isinstance(values, (tuple, list)):
         values = (values,)
@@ -1050,8 +1053,8 @@ def input_signature(values: Any, tensor_type: type) -> tuple[tuple[tuple[int, ..
     for value in values:
         if isinstance(value, tensor_type):
             out.append((tuple(value.shape), _dtype_name(value.dtype)))
-        elif isinstance(value, (tuple, list, dict)):
-            inner = value.values() if isinstance(value, dict) else value
+        elif isinstance(value, (tuple, list, Mapping)):
+            inner = value.values() if isinstance(value, Mapping) else value
             for item in inner:
                 if isinstance(item, tensor_type):
                     out.append((tuple(item.shape), _dtype_name(item.dtype)))
