@@ -229,6 +229,17 @@ def test_syncs_in_rare_branches_are_not_reported(scan):
     assert codes(scan(source, target="cuda", select=("AX3",))) == []
 
 
+def test_a_modulus_the_file_sets_to_a_small_constant_is_no_rare_branch(scan):
+    # llama2.c: `log_interval = 1` at the top, `if iter_num % log_interval == 0:` reads
+    # the loss every step.
+    body = ("    if step % log_interval == 0:\n"
+            "        lossf = loss.item()\n")
+    every_step = "log_interval = 1\n" + LOOP_HEAD + body
+    assert codes(scan(every_step, target="cuda", select=("AX301",))) == ["AX301"]
+    for rare in ("log_interval = 100\n", "log_interval = 1\nlog_interval = args.n\n", ""):
+        assert codes(scan(rare + LOOP_HEAD + body, target="cuda", select=("AX301",))) == [], rare
+
+
 def test_a_rare_flag_set_earlier_in_the_loop_makes_its_branch_rare(scan):
     source = LOOP_HEAD + (
         "    last_batch = step == len(loader) - 1\n"

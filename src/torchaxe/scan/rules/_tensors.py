@@ -47,7 +47,8 @@ def rarely_run(ctx: FileContext, loop: ast.AST, *nodes: ast.AST) -> bool:
         if isinstance(parent, ast.Assert) and child is parent.msg:
             return True
         if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
-            side = modulo_guard(parent.test, lambda name: assigned_in(loop, name))
+            side = modulo_guard(parent.test, lambda name: assigned_in(loop, name),
+                                module=lambda name: assigned_in(ctx.tree, name))
             body = parent.body if isinstance(parent.body, list) else [parent.body]
             in_body = any(child is s for s in body)
             if (side == "body" and in_body) or (side == "orelse" and not in_body):
@@ -84,28 +85,29 @@ def _other_bindings(node: ast.AST) -> list[ast.AST]:
 
 
 def modulo_guard(test: ast.AST, assigned: Callable[[str], list[ast.expr]] | None = None,
-                 depth: int = 0) -> str | None:
+                 depth: int = 0, module: Callable[[str], list[ast.expr]] | None = None) -> str | None:
     """Which branch of an ``if`` on ``test`` is taken once every N steps: ``"body"``
     for ``step % N == 0``, ``"orelse"`` for ``step % N`` or ``step % N != 0``.
     ``assigned``: a name's values, to read a flag set earlier (``is_log_step = step %
-    N == 0`` then ``if is_log_step:``)."""
+    N == 0`` then ``if is_log_step:``). ``module``: a name's values in the whole file,
+    to read N when it is a name (llama2.c's ``log_interval = 1``: every step)."""
     if isinstance(test, ast.Name) and assigned is not None and depth < 4:
-        sides = {modulo_guard(v, assigned, depth + 1) for v in assigned(test.id) or [test]}
+        sides = {modulo_guard(v, assigned, depth + 1, module) for v in assigned(test.id) or [test]}
         return sides.pop() if len(sides) == 1 else None
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
-        return "body" if any(modulo_guard(v, assigned, depth) == "body" for v in test.values) else None
+        return "body" if any(modulo_guard(v, assigned, depth, module) == "body" for v in test.values) else None
     if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.Or):
         # `step % N == 0 or step == last`: rare when every alternative is.
-        guards = [modulo_guard(v, assigned, depth) == "body" for v in test.values]
+        guards = [modulo_guard(v, assigned, depth, module) == "body" for v in test.values]
         sides = [guard or _equality(v) or _set_to_equality(v, assigned, depth)
                  for guard, v in zip(guards, test.values)]
         return "body" if all(sides) and any(guards) else None
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return {"body": "orelse", "orelse": "body"}.get(modulo_guard(test.operand, assigned, depth) or "")
-    if _sparse_modulo(test):
+        return {"body": "orelse", "orelse": "body"}.get(modulo_guard(test.operand, assigned, depth, module) or "")
+    if _sparse_modulo(test, module):
         return "orelse"
     if isinstance(test, ast.Compare) and len(test.ops) == 1:
-        if _sparse_modulo(test.left) or _sparse_modulo(test.comparators[0]):
+        if _sparse_modulo(test.left, module) or _sparse_modulo(test.comparators[0], module):
             if isinstance(test.ops[0], ast.Eq):
                 return "body"
             if isinstance(test.ops[0], ast.NotEq):
@@ -139,7 +141,7 @@ def _set_to_equality(node: ast.AST, assigned: Callable[[str], list[ast.expr]] | 
     return bool(values) and all(_equality(v) for v in values)
 
 
-def _sparse_modulo(node: ast.AST) -> bool:
+def _sparse_modulo(node: ast.AST, module: Callable[[str], list[ast.expr]] | None = None) -> bool:
     if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)):
         return False
     if isinstance(node.left, (ast.JoinedStr, ast.Constant)) and not isinstance(
@@ -147,9 +149,14 @@ def _sparse_modulo(node: ast.AST) -> bool:
     ):
         return False  # "%d" % x is formatting, not a step counter
     right = node.right
-    if isinstance(right, ast.Constant) and isinstance(right.value, int) and right.value < RARE_MODULUS:
+    values = module(right.id) if module is not None and isinstance(right, ast.Name) else [right]
+    if values and all(_small_modulus(v) for v in values):
         return False
     return True
+
+
+def _small_modulus(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, int) and node.value < RARE_MODULUS
 
 
 # ------------------------------------------------------------------- tensors

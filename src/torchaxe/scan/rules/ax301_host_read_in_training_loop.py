@@ -49,7 +49,8 @@ class HostReadInTrainingLoop(Rule):
 
     Not reported on the `cpu` target, where a tensor already lives in host memory and
     there is no queue to drain. Not reported when the read runs on a few steps only:
-    inside an `if step % N == 0:` branch (N a name, or a literal of 10 or more), an
+    inside an `if step % N == 0:` branch (N a literal of 10 or more, or a name the file
+    does not set only to smaller literals: `log_interval = 1` reads every step), an
     `except` handler or a `raise`; that is the remedy, not the problem. Evaluation
     loops (no `backward()`/`step()` in their own body) are not reported, even inside
     an epoch loop, nor are functions defined in the loop. Receivers known to be host
