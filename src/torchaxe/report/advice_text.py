@@ -186,9 +186,10 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             console.print(f"  {a['where_note']}")
     if advice.environment:
         console.print("[bold]Environment checks[/bold]")
+        by_key = {r.key: r for r in advice.recommendations}
         for check in advice.environment:
             where = f" ({check.location})" if check.location else ""
-            console.print(f"  - {check.name}: {check.message}{where}")
+            console.print(f"  - {check.name}: {check.message}{where}{_measured_text(by_key.get(check.recommendation))}")
     installed = advice.scanned.get("installed_findings") or []
     if installed:
         console.print(f"  {len(installed)} findings in installed packages the run imported (see the report)")
@@ -243,3 +244,12 @@ def _render_ranks(console: Console, advice: Advice) -> None:
     console.print(table)
     if view.get("slowest_rank") is not None:
         console.print(f"  slowest rank {view['slowest_rank']}: {view.get('slowest_reason')}")
+
+
+def _measured_text(rec) -> str:
+    """What the change an environment check points at measured, so the check and the
+    table agree (a thread count the check calls idle may measure slower)."""
+    if rec is None or rec.status != "measured" or not rec.speedup:
+        return ""
+    verdict = "chosen" if rec.selected else "not chosen"
+    return f"; {rec.key} measured {rec.speedup:.2f}x, {verdict}"
