@@ -50,7 +50,7 @@ from torchaxe.findings import Finding
 from torchaxe.memory.candidates import profile_peak
 from torchaxe.runtime import ranks
 from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
-from torchaxe.runtime.job_command import job_epochs_in, job_steps_in, job_steps_of_epochs
+from torchaxe.runtime.job_command import batches_per_step, job_epochs_in, job_steps_in, job_steps_of_epochs
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
@@ -753,13 +753,12 @@ class Advisor:
         epoch = training_epoch(profile, settings) if stated is not None else None
         if stated is None or epoch is None:
             return
-        counts = sorted(s["batches"] for s in profile.get("steps") or []
-                        if s.get("phase") == "measured" and s.get("batches") is not None)
-        if counts and not counts[len(counts) // 2]:
+        drawn = batches_per_step(s.get("batches") for s in profile.get("steps") or [] if s.get("phase") == "measured")
+        if drawn == 0:
             # The steps draw no batch (the script took its data once, then trains each
             # layer for --epochs passes over it): the loader's epochs do not count them.
             return
-        per_step = float(counts[len(counts) // 2]) if counts else 1.0
+        per_step = float(drawn) if drawn is not None else 1.0
         steps = job_steps_of_epochs(stated[0], epoch, per_step)
         self.options = replace(self.options, job_steps=steps)
         self.job_source = f"read from the command: {stated[1]}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 #: Options of a training script that give its whole length in optimizer steps.
 #: A dotted prefix names a section of a configuration (``--trainer.max_iters=300``,
@@ -78,6 +78,14 @@ def job_steps_of_epochs(epochs: float, epoch: dict[str, Any], batches_per_step: 
     whole, rest = divmod(epoch["samples"], epoch["batch_size"])
     batches = whole + (1 if rest and not epoch.get("drop_last") else 0)
     return max(1, math.ceil(epochs * batches / max(batches_per_step, 1.0)))
+
+
+def batches_per_step(counts: Iterable[int | None]) -> int | None:
+    """The batches a measured step drew from DataLoaders, the median over the steps
+    (``counts``, one per step; None where not recorded, left out); None when no step
+    recorded it. 0: the steps draw none (the script took its data once)."""
+    known = sorted(c for c in counts if c is not None)
+    return known[len(known) // 2] if known else None
 
 
 #: The script's own compile switch (nanoGPT's ``--compile``, ``--use_compile``, ...).

@@ -117,13 +117,13 @@ def job_batches(command, profile) -> int | None:
     """The batches the whole job draws from its training loader, when the command
     states its length in steps (``--max_iters 300``): the steps times the batches a
     measured step drew (the median). None when it does not say, or steps draw none."""
-    from torchaxe.runtime.job_command import job_steps_in
+    from torchaxe.runtime.job_command import batches_per_step, job_steps_in
 
     stated = job_steps_in(command)
-    counts = sorted(s.batches for s in profile.steps if s.phase == "measured" and s.batches is not None)
-    if stated is None or not counts or not counts[len(counts) // 2]:
+    per_step = batches_per_step(s.batches for s in profile.steps if s.phase == "measured")
+    if stated is None or not per_step:
         return None
-    return stated[0] * counts[len(counts) // 2]
+    return stated[0] * per_step
 
 
 def _other_rank() -> bool:
