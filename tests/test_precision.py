@@ -184,3 +184,102 @@ def test_bf16_is_not_offered_on_a_cpu_without_native_bfloat16() -> None:
     # A GPU's bfloat16 does not depend on the host's flags.
     assert "knob:autocast-bf16" in {c.key for c in candidates({}, "cuda", {"cpu_bfloat16": False})}
     assert own_speedups({"cpu_bfloat16": False}, "cuda") == []
+
+
+class Attention(nn.Module):
+    """A projection and torch's fused attention, as GPT-style models write it."""
+
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 2, -1).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def attention_dtypes(knob: dict) -> tuple[list[torch.dtype], torch.Tensor, dict]:
+    """The dtypes torch's fused attention saw its query in, under the autocast knob
+    ``knob``, and the model's output."""
+    seen: list[torch.dtype] = []
+    real = F.scaled_dot_product_attention
+
+    def recording(q, k, v, *args, **kwargs):
+        seen.append(q.dtype)
+        return real(q, k, v, *args, **kwargs)
+
+    F.scaled_dot_product_attention = recording
+    try:
+        knobs = knob_set_from_dict({"name": "k", "autocast": knob}, "test")
+        applied = bootstrap.AppliedKnobs(knobs)
+        model = Attention()
+        with knob_specs.AUTOCAST.patch(knobs.autocast, applied):
+            out = model(torch.randn(2, 8, 32))
+            out.sum().backward()
+            F.scaled_dot_product_attention(*(torch.randn(1, 1, 4, 8, dtype=torch.bfloat16) for _ in range(3)))
+        restored = F.scaled_dot_product_attention is recording
+    finally:
+        F.scaled_dot_product_attention = real
+    assert restored, "the knob left F.scaled_dot_product_attention patched"
+    return seen, out, applied.record
+
+
+def test_the_attention_option_keeps_fused_attention_in_float32_inside_autocast() -> None:
+    seen, out, record = attention_dtypes({"dtype": "bfloat16"})
+    assert seen == [torch.bfloat16, torch.bfloat16]  # autocast's own rule
+    seen, out, record = attention_dtypes({"dtype": "bfloat16", "attention": "float32"})
+    # Inside the model's autocast: float32; a call outside autocast is torch's own.
+    assert seen == [torch.float32, torch.bfloat16]
+    assert out.dtype == torch.float32  # the model's output, handed back in float32 as always
+    assert record["autocast_attention"]["dtype"] == "float32"
+
+
+def test_attention_in_float32_hands_back_the_querys_dtype_and_its_gradient_flows() -> None:
+    knobs = knob_set_from_dict({"name": "k", "autocast": {"dtype": "bfloat16", "attention": "float32"}}, "test")
+    patch = knob_specs.AttentionInFloat32(bootstrap.AppliedKnobs(knobs)).install()
+    try:
+        q, k, v = (torch.randn(1, 2, 6, 8, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        mask = torch.zeros(6, 6, dtype=torch.bfloat16)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out.float().sum().backward()
+    finally:
+        patch.uninstall()
+    assert out.dtype == torch.bfloat16 and q.grad is not None and q.grad.dtype == torch.bfloat16
+    with torch.no_grad():
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    assert torch.allclose(out.float(), expected, atol=1e-2)
+
+
+def test_a_bad_attention_option_is_one_clear_error() -> None:
+    from torchaxe.errors import TorchaxeError
+
+    with pytest.raises(TorchaxeError, match="autocast.attention"):
+        knob_set_from_dict({"name": "k", "autocast": {"dtype": "bfloat16", "attention": "fp8"}}, "test")
+    knobs = knob_set_from_dict({"name": "k", "autocast": {"dtype": "bfloat16", "attention": "float32"}}, "test")
+    assert knobs.autocast.to_dict() == {"dtype": "bfloat16", "attention": "float32"}
+    assert knob_set_from_dict({"name": "k", "autocast": {}}, "test").autocast.to_dict() == {"dtype": "bfloat16"}
+
+
+def attention_profile(share: float) -> dict:
+    """A profile's op table with ``share`` of its time in the cpu's fused attention."""
+    return {"ops": [{"name": "aten::mm", "kind": "op", "self_seconds": 1.0 - share},
+                    {"name": "aten::_scaled_dot_product_flash_attention_for_cpu_backward", "kind": "op",
+                     "self_seconds": share}]}
+
+
+def test_bf16_with_float32_attention_is_offered_where_a_cpu_run_spent_time_in_fused_attention() -> None:
+    amx = {"cpu_bfloat16": True, "cpu_bfloat16_matrix_units": True}
+    offered = {c.key: c for c in candidates(attention_profile(0.2), "cpu", amx)}
+    both = offered["knob:autocast-bf16-attention-fp32"]
+    assert both.knobs == {"autocast": {"dtype": "bfloat16", "attention": "float32"}}
+    assert both.group == offered["knob:autocast-bf16"].group == "precision"  # one of them is kept
+    assert "20% of its operator time" in both.rec.detail
+    # Not where attention took too little of the run, nor where bf16 is not tried, nor on a device.
+    assert "knob:autocast-bf16-attention-fp32" not in {c.key for c in candidates(attention_profile(0.01), "cpu", amx)}
+    assert "knob:autocast-bf16-attention-fp32" not in {c.key for c in candidates({}, "cpu", amx)}
+    assert not any(c.key == "knob:autocast-bf16-attention-fp32"
+                   for c in candidates(attention_profile(0.2), "cpu", {"cpu_bfloat16": False}))
+    assert not any(c.key == "knob:autocast-bf16-attention-fp32"
+                   for c in candidates(attention_profile(0.2), "cpu", {**amx, "autocast": {"dtype": "bfloat16"}}))
+    assert not any(c.key == "knob:autocast-bf16-attention-fp32" for c in candidates(attention_profile(0.2), "cuda", {}))

@@ -16,6 +16,7 @@ import os
 from typing import Any, Sequence
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
+from torchaxe.runtime.opstats import op_share
 from torchaxe.shapes.candidates import COMPILE_ACCURACY_DETAIL, compile_knob, last_batch_text, unseen_last_batch
 from torchaxe.units import PACKAGE_FOLDERS, package_path
 
@@ -25,15 +26,6 @@ DROPOUT_DRAW = "aten::bernoulli_"
 MIN_SHARE = 0.03
 #: The group of the dropout candidates: one of them goes into a combined run.
 GROUP = "dropout"
-
-
-def op_share(profile: dict[str, Any], name: str) -> float:
-    """The share of the profiled operators' own host time spent in operator ``name``."""
-    ops = [op for op in profile.get("ops") or [] if op.get("kind", "op") == "op"]
-    total = sum(op.get("self_seconds") or 0.0 for op in ops)
-    if total <= 0:
-        return 0.0
-    return sum(op.get("self_seconds") or 0.0 for op in ops if op.get("name") == name) / total
 
 
 def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:

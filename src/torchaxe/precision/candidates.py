@@ -1,6 +1,8 @@
 """The precision settings worth measuring on a target: TF32 matmuls on cuda, and
 mixed precision (bfloat16 everywhere, float16 on a device) unless the script already
-runs under autocast, or the target is a CPU that has no bfloat16 instructions. Each
+runs under autocast, or the target is a CPU that has no bfloat16 instructions; on a
+CPU whose run spent time in fused attention, bfloat16 with that attention in float32
+as well. Each
 changes the numerics, so advise compares each one's training loss with the
 original's before it may be chosen (docs/advise.md, Accuracy)."""
 
@@ -9,6 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
+from torchaxe.runtime.opstats import op_share
+
+#: torch's fused attention kernel on a CPU, forward and backward (profile op names).
+CPU_ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                 "aten::_scaled_dot_product_flash_attention_for_cpu_backward")
+#: Below this share of the operator time, where attention runs cannot change a step
+#: measurably.
+MIN_ATTENTION_SHARE = 0.03
 
 #: On a CPU without them bfloat16 runs emulated: on an AVX2 machine, small models'
 #: steps ran 7 to 19 times slower under bf16 autocast than in float32.
@@ -44,12 +54,33 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
             {"autocast": {"dtype": "bfloat16"}}, group="precision", accuracy=_numerics(precision),
             priority=1.5 if device else 1.0,
             detail="matmuls and convolutions in bfloat16 (fp32 range, 8-bit mantissa)"))
+        out += _attention_in_float32(profile, target, 1.45 if device else 0.95)
     if target in ("cuda", "npu") and not own_autocast:
         out.append(knob_candidate(
             "knob:autocast-fp16", "precision", "mixed precision: the model's forward under torch.autocast(float16)",
             {"autocast": {"dtype": "float16"}}, group="precision", accuracy=_numerics(precision), priority=1.3,
             detail="float16 needs a GradScaler for training: its loss is compared with the original's"))
     return out
+
+
+def _attention_in_float32(profile: dict[str, Any], target: str, priority: float) -> list[Candidate]:
+    """On a CPU, bf16 autocast with ``F.scaled_dot_product_attention`` kept in float32,
+    when the run spent a visible share of its operator time in torch's fused CPU
+    attention: its bfloat16 paths are slower than its float32 one for short sequences
+    and faster for long ones, so both are measured (one group: the faster is kept)."""
+    if target != "cpu":
+        return []
+    share = op_share(profile, *CPU_ATTENTION)
+    if share < MIN_ATTENTION_SHARE:
+        return []
+    return [knob_candidate(
+        "knob:autocast-bf16-attention-fp32", "precision",
+        "mixed precision: the model's forward under torch.autocast(bfloat16), its fused attention in float32",
+        {"autocast": {"dtype": "bfloat16", "attention": "float32"}}, group="precision", priority=priority,
+        accuracy=_numerics("lower precision in matmuls and convolutions, attention, the outputs and the loss in "
+                           "float32"),
+        detail=f"the run spent {share:.0%} of its operator time in torch's fused attention on the cpu, whose "
+               "bfloat16 kernels run slower than its float32 one on short sequences")]
 
 
 def own_speedups(settings: dict[str, Any], target: str) -> list[str]:

@@ -26,6 +26,16 @@ MAX_SOURCES = 5
 _PY_FRAME = re.compile(r"^(?P<file>.+)\((?P<line>\d+)\): (?P<function>.*)$")
 
 
+def op_share(profile: dict[str, Any], *names: str) -> float:
+    """The share of a Profile's (JSON) operators' own host time spent in the operators
+    ``names``; 0 where the profile has no op table."""
+    ops = [op for op in profile.get("ops") or [] if op.get("kind", "op") == "op"]
+    total = sum(op.get("self_seconds") or 0.0 for op in ops)
+    if total <= 0:
+        return 0.0
+    return sum(op.get("self_seconds") or 0.0 for op in ops if op.get("name") in names) / total
+
+
 @contextlib.contextmanager
 def _quiet_stderr() -> Iterator[None]:
     """Silence the C++ side's start/stop banner (kineto prints to file descriptor 2)."""
