@@ -175,3 +175,48 @@ def test_a_batch_in_a_mapping_that_is_no_dict_is_read():
     batch = UserDict(input_ids=torch.zeros(8, 42, dtype=torch.long), attention_mask=torch.ones(8, 42))
     assert input_signature(batch, torch.Tensor) == (((8, 42), "int64"), ((8, 42), "float32"))
     assert input_signature((batch,), torch.Tensor) == (((8, 42), "int64"), ((8, 42), "float32"))
+
+
+def chunked(lengths):
+    """A recurrent language model's operators over steps with these chunk lengths
+    (batch 20): the embedding sees (length, 20), the output layer (length * 20, 64)."""
+    emb = tally("aten.embedding.default", {s: [((100, 16), (n, 20))] for s, n in enumerate(lengths, 1)})
+    mm = tally("aten.mm.default", {s: [((n * 20, 16), (16, 64))] for s, n in enumerate(lengths, 1)})
+    return [emb, mm]
+
+
+def test_one_shorter_step_an_epoch_without_a_dataloader_is_the_last_chunk_not_dynamic():
+    # Two epochs of 24 chunks of 35 tokens, each ending on a chunk of 34 (BPTT over a
+    # token stream, no DataLoader): new shapes late in the run, but only that chunk.
+    lengths = ([35] * 23 + [34]) * 2
+    analysis = analyse(observation(chunked(lengths), steps=len(lengths)))
+    cause = next(c for c in analysis.causes if c.kind == "last-chunk")
+    assert "only 2 single steps (step 24, 48) of 47 had smaller sizes (35 -> 34)" in cause.message
+    assert all(d.cause == cause.id for s in analysis.subjects for d in s.dims)
+    verdict = decide(analysis)
+    assert verdict.verdict == "mixed"
+    assert any(r.kind == "drop-last" and "last, shorter chunk" in r.setting for r in verdict.recommendations)
+    npu = next(r for r in verdict.recommendations if r.target == "npu" and r.kind != "drop-last")
+    assert "jit_compile=False" not in npu.setting  # one more shape an epoch is no reason to turn it off
+
+
+def test_a_chunk_whose_calls_fall_in_two_steps_is_one_chunk():
+    # Steps told apart by the backward pass: the short chunk's forward is in step 20,
+    # its backward in the record of step 21, so two steps in a row differ.
+    forward = {s: 34 if s == 20 else 35 for s in range(1, 31)}
+    backward = {s: 34 if s == 21 else 35 for s in range(1, 31)}
+    emb = tally("aten.embedding.default", {s: [((100, 16), (n, 20))] for s, n in forward.items()})
+    mm = tally("aten.mm.default", {s: [((n * 20, 64), (64, 16))] for s, n in backward.items()})
+    analysis = analyse(observation([emb, mm], steps=30))
+    assert any(c.kind == "last-chunk" and "only one step (step 20)" in c.message for c in analysis.causes)
+    # Three steps in a row are not one chunk.
+    mm3 = tally("aten.mm.default", {s: [((34 * 20 if s in (21, 22) else 700, 64), (64, 16))] for s in range(1, 31)})
+    assert not any(c.kind == "last-chunk" for c in analyse(observation([emb, mm3], steps=30)).causes)
+
+
+def test_shapes_that_change_and_stay_or_grow_or_vary_often_are_not_a_last_chunk():
+    for lengths in ([35] * 12 + [64] * 12,  # a curriculum: longer from step 13 on
+                    [35] * 11 + [36] + [35] * 12,  # one step longer, not shorter
+                    [35, 34, 35, 35, 33, 35, 35, 30, 35, 35, 31, 35] * 2):  # a shorter step every few
+        analysis = analyse(observation(chunked(lengths), steps=len(lengths)))
+        assert not any(c.kind == "last-chunk" for c in analysis.causes), lengths

@@ -9,6 +9,9 @@ Every varying dimension is traced, where it can be, to a cause:
 - ``collate``: the collate function pads each batch to its own longest sample, so a
   non-batch dimension of the batches varies; bucketing is the fix;
 - ``batch-size``: the batch size varies otherwise (a batch sampler);
+- ``last-chunk``: without a DataLoader telling it, one step an epoch is shorter than
+  all the others (a stream cut into chunks of a fixed length with a remainder: a
+  language model's last BPTT chunk); leaving it out or padding it is the fix;
 - ``nonzero``, ``unique``, ``boolean-mask``, ``repeat_interleave``: an operator whose
   output size depends on the data, at a line of the user's code;
 - ``item``: a size read back from a tensor with ``.item()`` (or ``int(t)``);
@@ -36,6 +39,9 @@ OFFSETS = range(-2, 3)
 DATA_KINDS = ("nonzero", "unique", "boolean-mask", "repeat_interleave")
 #: Varying subjects listed in the report per kind.
 MAX_LISTED = 25
+#: A shorter step counts as an epoch's last chunk only with at least this many steps
+#: of the common shapes for each one.
+STEPS_PER_CHUNK = 10
 
 
 @dataclass
@@ -380,8 +386,10 @@ def analyse(observation: Observation) -> ShapeAnalysis:
         subjects.append(Subject(kind="module", name=module.name, calls=module.calls,
                                 distinct=len(module.signatures), truncated=module.truncated,
                                 rank_varies=rank_varies, dims=dims, type=module.type))
+    chunk = None if any(c.kind == "partial-batch" for c in causes) or data_causes else \
+        last_chunk_cause(observation.ops, observation.complete_steps, subjects)
     ordered = [c for c in causes if c.kind == "partial-batch"] + [c for c in causes if c.kind != "partial-batch"] \
-        + data_causes + item_causes
+        + ([chunk] if chunk else []) + data_causes + item_causes
     for subject in subjects:
         if subject.kind == "batch":
             for d in subject.dims:
@@ -394,9 +402,61 @@ def analyse(observation: Observation) -> ShapeAnalysis:
                 d.cause = best.id
                 best.explains += 1
     used_items = [c for c in item_causes if c.explains]
-    kept = causes + data_causes + used_items
+    kept = causes + ([chunk] if chunk is not None and chunk.explains else []) + data_causes + used_items
     return ShapeAnalysis(steps=observation.steps, subjects=subjects, causes=kept, sites=observation.sites,
                          loaders=observation.loaders, batch_sources=sources)
+
+
+def _odd_steps(ops: Iterable[OpTally], complete_steps: int) -> tuple[set[int], int]:
+    """The steps in which an operator was called with other shapes than in most steps
+    (the first step left out, as in :func:`op_subject`), and how many steps were
+    compared."""
+    odd: set[int] = set()
+    compared: set[int] = set()
+    for op in ops:
+        steps = sorted(s for s in op.steps if s <= complete_steps) or sorted(op.steps)
+        considered = [s for s in steps if s >= 2] or steps
+        shapes = {s: frozenset(op.steps[s]) for s in considered}
+        if len(set(shapes.values())) > 1:
+            common = Counter(shapes.values()).most_common(1)[0][0]
+            odd |= {s for s, q in shapes.items() if q != common}
+        compared |= set(considered)
+    return odd, len(compared)
+
+
+def last_chunk_cause(ops: list[OpTally], complete_steps: int, subjects: list[Subject]) -> Cause | None:
+    """A ``last-chunk`` cause when the only steps with other shapes are single steps
+    (or two in a row), each between steps of the common shapes (or the last recorded),
+    at least ``STEPS_PER_CHUNK`` common steps apiece, and in them every varying dimension was
+    smaller than its usual size: a loop without a DataLoader whose epoch ends on a
+    shorter chunk. Its sizes are the varying dimensions' sizes, so that it explains
+    each of them."""
+    odd, compared = _odd_steps(ops, complete_steps)
+    # One chunk's calls may fall in two steps: where steps are told apart by the
+    # backward pass, a step's record ends where the next backward begins.
+    runs = [s for s in sorted(odd) if s - 1 not in odd]
+    if not odd or any(s + 2 in odd and s + 1 in odd for s in odd) or len(runs) * STEPS_PER_CHUNK > compared:
+        return None
+    dims = [d for subject in subjects if subject.kind != "batch" and subject.dynamic for d in subject.dims]
+    if not dims or any(d.dim is None for d in dims):
+        return None
+    usual: dict[int, int] = {}
+    sizes: set[int] = set()
+    for d in dims:
+        common = d.values.most_common(1)[0][0]
+        if any(v > common for v in d.values):
+            return None
+        usual[common] = min(v for v in d.values)
+        sizes |= set(d.values)
+    shown = min(usual)
+    steps = ", ".join(str(s) for s in runs[:5]) + (" ..." if len(runs) > 5 else "")
+    return Cause(
+        id="steps:last-chunk", kind="last-chunk", sizes=tuple(sorted(sizes)),
+        message=f"only {'one step' if len(runs) == 1 else f'{len(runs)} single steps'} (step {steps}) of "
+                f"{compared} had smaller sizes ({shown} -> {usual[shown]}): an epoch's last, shorter chunk "
+                f"of a stream cut into chunks of one length (no DataLoader)",
+        fix="leave out the epoch's last, shorter chunk, or pad it to the full length: every step then has the "
+            "same shapes")
 
 
 def _similarity(values: Counter, counts: Counter | None) -> float:

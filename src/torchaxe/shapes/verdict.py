@@ -127,7 +127,7 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
     reasons: list[str] = []
     data_causes = [c for c in analysis.causes if c.kind in ("nonzero", "unique", "boolean-mask", "repeat_interleave", "item")
                    and (c.explains or len(c.sizes) > 1)]
-    partial_only = {c.id for c in analysis.causes if c.kind == "partial-batch"}
+    partial_only = {c.id for c in analysis.causes if c.kind in ("partial-batch", "last-chunk")}
 
     if not dynamic_ops and not dynamic_modules and not varying_batches:
         verdict = "static"
@@ -158,7 +158,7 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
             reasons.append(f"but {varied} and the set settled early: "
                            f"compiling a few shapes once each may pay off; measure (--try)")
         for cause in analysis.causes:
-            if cause.kind in ("partial-batch", "collate", "batch-size"):
+            if cause.kind in ("partial-batch", "last-chunk", "collate", "batch-size"):
                 reasons.append(f"cause: {cause.message}")
 
     # The epoch's last batch, smaller, may come after the steps watched (a few steps
@@ -266,6 +266,9 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
                 recs.append(Recommendation(target, "drop-last", "DataLoader(..., drop_last=True)",
                                            cause.message + ": with drop_last=True every batch has the same size",
                                            None, npu))
+            elif cause.kind == "last-chunk":
+                recs.append(Recommendation(target, "drop-last", "leave out (or pad) the epoch's last, shorter chunk",
+                                           f"{cause.message}: every step then has the same shapes", None, npu))
         if verdict == "mixed" and buckets and not eager:
             b = buckets[0]
             recs.append(Recommendation(target, "bucketing", b.snippet(),
