@@ -1484,3 +1484,21 @@ def test_a_compile_that_found_no_model_is_not_measured(script: Path) -> None:
     compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
     assert compiled.status == "not_measured" and not compiled.selected
     assert "compile found no model to apply to" in compiled.detail
+
+
+def test_a_near_miss_is_still_tried_on_top_of_the_one_change_kept_when_the_chosen_were_slower_together(
+        script: Path) -> None:
+    # compile and the GELU fix each clear alone, slower together: compile is kept.
+    # bf16 saved nothing clear alone (its casts cost what its matmuls gained) but,
+    # compiled, its casts fuse: on top of compile it saves 30% in every round.
+    runs = FakeRuns(times={"combined": 0.07, "original-again": 0.09, "knob:autocast-bf16": 0.097, "chosen": 0.05,
+                           "chosen+knob-autocast-bf16+code-AX201": 0.04, "chosen+knob-autocast-bf16": 0.035},
+                    loss={"knob:autocast-bf16": 1.0})
+    advice = run_advice(script, runs, check_accuracy=True)
+    assert {r.key for r in advice.recommendations if r.selected} == {"knob:compile", "knob:autocast-bf16"}
+    assert sorted(advice.combined["keys"]) == ["knob:autocast-bf16", "knob:compile"]
+    assert advice.combined["speedup"] == pytest.approx(0.1 / 0.035)
+    assert any("only that one is kept" in n for n in advice.notes)
+    assert any("knob:autocast-bf16 was added" in n for n in advice.notes)
+    # The fix just measured on top of compile is not tried on top of it again.
+    assert not any("AX110" in name for name in runs.order[runs.order.index("chosen"):])

@@ -231,6 +231,11 @@ class ChangeSearch:
         self.combined = {**alone(best), "together": {
             "keys": entry["keys"], "status": entry["status"], "speedup": entry.get("speedup"),
             "error": entry.get("error")}}
+        # The near misses may still pay off on top of the one kept (bf16 autocast, no
+        # gain alone, fused into a compiled graph); the others chosen with it were
+        # just measured on top of it.
+        self.left_out.update(c.key for c in chosen if c is not best)
+        self._refine([best], candidates)
 
     def _loss_beyond(self, arm: ArmResult, base: ArmResult) -> float | None:
         """The difference of a set's training loss from the original's (same rounds)
