@@ -526,3 +526,22 @@ def test_the_unfused_optimizer_message_names_the_torch_release_not_its_build():
         "torch_version": "2.13.0+cpu", "fused_optimizers": ["AdamW"], "cpus": 4}))
     (finding,) = report.findings
     assert "(torch 2.13.0 supports it)" in finding.message and "+cpu" not in finding.message
+
+
+def test_ax401_gives_advice_only_for_a_dataset_that_moves_its_samples_to_the_device() -> None:
+    source = (
+        "import torch\nfrom torch.utils.data import DataLoader, Dataset\n\n\n"
+        "class Base(Dataset):\n    def __getitem__(self, i):\n        x = torch.randn(8)\n"
+        "        return x.cuda(non_blocking=True)\n\n\n"
+        "class Cached(Base):\n    def __len__(self):\n        return 64\n\n\n"
+        "train = Cached()\nloader = DataLoader(train, batch_size=8)\n")
+    finding, = _scan(source, target="cuda", select=("AX401",))
+    assert "Cached moves tensors to the device in the samples it makes (line 8)" in finding.message
+    assert "CUDA cannot be initialised in a forked process" in finding.message
+    assert finding.fix is None or finding.fix.applicability == Applicability.DISPLAY_ONLY
+    assert _fix(source, target="cuda", select=("AX401",)) == source
+    # A dtype cast, or a device that is the cpu, moves nothing: the fix stands.
+    for stay in ("x.to(torch.float16)", "x.to(dtype=torch.float16)", "x.to('cpu')",
+                 "torch.zeros(8, device='cpu') + x"):
+        kept = source.replace("x.cuda(non_blocking=True)", stay)
+        assert "num_workers=4" in _fix(kept, target="cuda", select=("AX401",)), stay

@@ -216,6 +216,59 @@ def unsharded_iterable_dataset(ctx: FileContext, loader: LoaderCall) -> str | No
     return None if shards else node.func.id
 
 
+#: The methods a map-style or iterable dataset makes its samples in.
+SAMPLE_METHODS = ("__getitem__", "__getitems__", "__iter__")
+#: Tensor methods that move a tensor to a device (``.to`` only with a device argument).
+DEVICE_MOVES = ("cuda", "npu")
+
+
+def _moves_to_device(call: ast.Call) -> bool:
+    """Whether ``call`` moves a tensor to a device: ``x.cuda()``, ``x.npu()``,
+    ``x.to(device)`` / ``x.to("cuda")`` / ``x.to(device=...)`` (not ``x.to(torch.float16)``
+    or ``x.to(dtype=...)``), or makes one there (``torch.zeros(..., device=d)``) with a
+    device other than the cpu."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr in DEVICE_MOVES:
+        return True
+    for kw in call.keywords:
+        if kw.arg == "device":
+            return not (isinstance(kw.value, ast.Constant) and kw.value.value == "cpu")
+    if isinstance(func, ast.Attribute) and func.attr == "to" and call.args:
+        first = call.args[0]
+        if isinstance(first, ast.Constant):
+            return isinstance(first.value, str) and first.value != "cpu"
+        if isinstance(first, ast.Attribute) and isinstance(first.value, ast.Name) and first.value.id == "torch":
+            return False  # torch.float16 and the like: a dtype
+        return isinstance(first, (ast.Name, ast.Attribute)) and "dtype" not in ast.unparse(first).lower()
+    return False
+
+
+def dataset_moving_to_device(ctx: FileContext, loader: LoaderCall) -> tuple[str, int] | None:
+    """``(class name, line)`` when the loader's dataset is an instance of a class
+    defined in this file whose ``__getitem__`` (or ``__iter__``) moves tensors to a
+    device (``.cuda()``, ``.to(device)``): in worker processes that fails (CUDA
+    cannot be initialised in a forked process) or makes every worker hold a device
+    context. None otherwise."""
+    node = dataset_expression(ctx, loader)
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return None
+    classes = {c.name: c for c in ctx.nodes(ast.ClassDef)}
+    name, seen = node.func.id, set()
+    while name in classes and name not in seen:
+        seen.add(name)
+        cls = classes[name]
+        for item in cls.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in SAMPLE_METHODS:
+                for sub in fast_walk(item):
+                    if isinstance(sub, ast.Call) and _moves_to_device(sub):
+                        return node.func.id, sub.lineno
+        base = next((b.id for b in cls.bases if isinstance(b, ast.Name)), None)
+        if base is None:
+            break
+        name = base
+    return None
+
+
 def holds_device_tensors(ctx: FileContext, loader: LoaderCall) -> bool:
     """Whether the dataset is a TensorDataset of tensors moved to a device here
     (``x.cuda()``, ``x.to(device)``...): such batches cannot be pinned."""

@@ -7,8 +7,8 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext
-from torchaxe.scan.rules._dataloader import (MISSING, builds_tensor_dataset, is_tensor_dataset, loader_call,
-                                             set_argument, unsharded_iterable_dataset)
+from torchaxe.scan.rules._dataloader import (MISSING, builds_tensor_dataset, dataset_moving_to_device,
+                                             is_tensor_dataset, loader_call, set_argument, unsharded_iterable_dataset)
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: Workers the fix asks for at most: enough to hide decoding and augmentation behind
@@ -69,7 +69,10 @@ class DataLoaderWithoutWorkers(Rule):
     returns one builds it) and calls with
     `*args`/`**kwargs` or a non-literal `num_workers` are not flagged. A loader over an
     `IterableDataset` defined in the same file that never calls `get_worker_info()`
-    gets advice only: with workers, each would yield the whole data set.
+    gets advice only: with workers, each would yield the whole data set. So does a
+    loader over a dataset class of the same file whose `__getitem__` (or `__iter__`)
+    moves tensors to a device (`.cuda()`, `.to(device)`): CUDA cannot be initialised
+    in a forked worker.
 
     ## References
     - https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading
@@ -132,6 +135,21 @@ class DataLoaderWithoutWorkers(Rule):
             "        info = torch.utils.data.get_worker_info()\n        yield from range(info.id if info else 0, 8, 2)\n\n\n"
             "loader = torch.utils.data.DataLoader(Shards(), batch_size=4, num_workers=4)\n",
         ),
+        Invalid(
+            "import torch\nfrom torch.utils.data import DataLoader, Dataset\n\n\nclass Pairs(Dataset):\n"
+            "    def __len__(self):\n        return 64\n\n    def __getitem__(self, i):\n"
+            "        return torch.randn(8).to(device), i\n\n\nloader = DataLoader(Pairs(), batch_size=8)\n",
+        ),
+        Invalid(
+            "import torch\nfrom torch.utils.data import DataLoader, Dataset\n\n\nclass Pairs(Dataset):\n"
+            "    def __len__(self):\n        return 64\n\n    def __getitem__(self, i):\n"
+            "        return torch.randn(8).to(torch.float16), i\n\n\ntrain = Pairs()\n"
+            "loader = DataLoader(train, batch_size=8)\n",
+            fixed="import torch\nfrom torch.utils.data import DataLoader, Dataset\n\n\nclass Pairs(Dataset):\n"
+            "    def __len__(self):\n        return 64\n\n    def __getitem__(self, i):\n"
+            "        return torch.randn(8).to(torch.float16), i\n\n\ntrain = Pairs()\n"
+            "loader = DataLoader(train, batch_size=8, num_workers=4)\n",
+        ),
         Valid(
             "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
             "train_set = TensorDataset(x, y)\nloader = DataLoader(train_set, batch_size=64)\n"
@@ -186,6 +204,15 @@ class DataLoaderWithoutWorkers(Rule):
             message += (f". No automatic fix: {unsharded} is an IterableDataset that does not shard with "
                         "torch.utils.data.get_worker_info(), so each worker would yield all of it; split its "
                         "iteration by worker id first")
+            edits, applicability = [], Applicability.DISPLAY_ONLY
+        moving = dataset_moving_to_device(ctx, loader)
+        if moving is not None and unsharded is None:
+            # CUDA cannot start in a forked worker; each worker would hold a device context otherwise.
+            cls, line = moving
+            message += (f". No automatic fix: {cls} moves tensors to the device in the samples it makes (line "
+                        f"{line}), which fails in worker processes (CUDA cannot be initialised in a forked "
+                        "process) or gives each worker a device context of its own; move the transfer into the "
+                        "training loop (batch.to(device, non_blocking=True), with pin_memory=True) first")
             edits, applicability = [], Applicability.DISPLAY_ONLY
         yield ctx.finding(
             self,
