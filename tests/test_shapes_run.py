@@ -442,3 +442,30 @@ def test_the_compile_advice_points_at_the_scripts_own_switch(tmp_path, capsys):
     assert main(["shapes", "--steps", "4", "--target", "cpu", "-o", str(out), "--", "python", str(script),
                  "--compile=False"]) == 0
     assert "its own switch for it (--compile=False in this command)" in out.read_text()
+
+
+def test_the_bucketing_advice_points_at_the_scripts_own_padding_switch(tmp_path):
+    # Hugging Face's examples pad each batch to its longest unless --pad_to_max_length:
+    # the script's own switch gives one shape without editing it.
+    script = write_script(tmp_path, VARLEN.replace(
+        "import torch\n", "import argparse\nimport torch\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--pad_to_max_length', action='store_true')\nparser.parse_args()\n", 1))
+    out = tmp_path / "report.txt"
+    assert main(["shapes", "--steps", "8", "--target", "cpu", "-o", str(out), "--", "python", str(script)]) == 0
+    assert "its own switch for one shape: --pad_to_max_length pads every batch" in out.read_text()
+
+
+def test_the_padding_switch_is_read_from_argparse_or_an_argument_dataclass(tmp_path):
+    from torchaxe.shapes.cli import own_padding_switch
+
+    script = tmp_path / "run_glue.py"
+    script.write_text("from dataclasses import dataclass, field\n\n\n@dataclass\nclass DataArguments:\n"
+                      "    pad_to_max_length: bool = field(default=True)\n")
+    assert own_padding_switch(["python", str(script)]) == "--pad_to_max_length"
+    script.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--pad-to-max-length')\n")
+    assert own_padding_switch(["python", str(script)]) == "--pad-to-max-length"
+    # Passed already, not defined, or not a script file: nothing to point at.
+    assert own_padding_switch(["python", str(script), "--pad-to-max-length"]) is None
+    script.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--max_length')\n")
+    assert own_padding_switch(["python", str(script)]) is None
+    assert own_padding_switch(["python", "-m", "torchaxe_missing_module"]) is None

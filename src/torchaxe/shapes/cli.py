@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
+from pathlib import Path
+from typing import Sequence
 
 import click
 
@@ -134,6 +137,40 @@ def _other_rank() -> bool:
         return False
 
 
+#: A script's own switch that pads every batch to one length (Hugging Face examples'
+#: ``--pad_to_max_length``).
+_PADDING_SWITCH = re.compile(r"^--?pad[-_]to[-_]max(imum)?[-_]len(gth)?$")
+
+
+def own_padding_switch(command: Sequence[str]) -> str | None:
+    """The padding switch the command's script defines (``parser.add_argument(
+    "--pad_to_max_length", ...)``, or a ``pad_to_max_length`` field of an argument
+    dataclass) and the command does not pass; None otherwise. The script is read,
+    never run; a module (``-m``) or an unreadable file has none."""
+    import ast
+
+    from torchaxe.runtime.command import parse_command
+
+    if any(_PADDING_SWITCH.match(token.split("=", 1)[0]) for token in command):
+        return None
+    try:
+        script = parse_command(command)
+        if script.kind != "path":
+            return None
+        tree = ast.parse(Path(script.target).read_text(encoding="utf-8"))
+    except (TorchaxeError, OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and _PADDING_SWITCH.match(arg.value):
+                    return arg.value
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and _PADDING_SWITCH.match("--" + node.target.id):
+            return "--" + node.target.id
+    return None
+
+
 def _text(report, render) -> str:
     import io
 
@@ -171,6 +208,12 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
             if rec.kind == "compile" and "torch.compile(" in rec.setting:
                 rec.reason += (f"; the script has its own switch for it ({own} in this command): set that instead "
                                "of editing the code")
+    padding = own_padding_switch(command) if any(r.kind == "bucketing" for r in verdict.recommendations) else None
+    if padding is not None:
+        for rec in verdict.recommendations:
+            if rec.kind == "bucketing":
+                rec.reason += (f"; the script has its own switch for one shape: {padding} pads every batch to the "
+                               "maximum length (more padding than buckets, no code to change)")
     # the harness's notes on step-time statistics do not concern shapes
     warnings = [w for w in observation.profile.warnings
                 if not w.startswith(("step time varies", "only ", "no measured steps"))]
