@@ -216,6 +216,7 @@ class LoaderProbe:
             if earlier is not None:
                 self._by_loader[loader] = earlier
                 return
+        frame = builder  # the frames passed over so far are torch's or torchaxe's, none the user's
         while frame is not None and codes.kind(frame.f_code.co_filename) != "user":
             frame = frame.f_back
         try:
