@@ -140,10 +140,10 @@ def test_file_vanishing_mid_scan_is_a_diagnostic(tmp_path, monkeypatch):
 
     real = engine.scan_file
 
-    def vanish_then_scan(path, options, rules):
+    def vanish_then_scan(path, options, rules, data=None):
         if path.name == "b.py" and gone.exists():
             gone.unlink()
-        return real(path, options, rules)
+        return real(path, options, rules, data)
 
     monkeypatch.setattr(engine, "scan_file", vanish_then_scan)
     result = scan_paths([tmp_path], ScanOptions())

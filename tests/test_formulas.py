@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -1257,9 +1258,19 @@ def test_a_small_scan_whose_formula_results_are_stored_stays_in_this_process(tmp
     with pytest.raises(AssertionError, match="workers started"):  # cold: the work is worth sharing
         engine.scan_paths([tmp_path], engine.ScanOptions(**{**options.__dict__, "jobs": 2}))
     serial = engine.scan_paths([tmp_path], engine.ScanOptions(**{**options.__dict__, "jobs": 1}))
+    reads: list[str] = []
+    real_read = Path.read_bytes
+
+    def counted(self):
+        reads.append(self.name)
+        return real_read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", counted)
     warm = engine.scan_paths([tmp_path], engine.ScanOptions(**{**options.__dict__, "jobs": 2}))
+    monkeypatch.setattr(Path, "read_bytes", real_read)
     assert [f.to_dict() for f in warm.findings] == [f.to_dict() for f in serial.findings]
     assert sum(f.code == "AX110" for f in warm.findings) == 30
+    assert sorted(reads) == sorted(p.name for p in tmp_path.glob("*.py"))  # each file read once
     monkeypatch.setattr(engine, "WARM_IN_PROCESS_BYTES", 0)  # a large project: workers again
     with pytest.raises(AssertionError, match="workers started"):
         engine.scan_paths([tmp_path], engine.ScanOptions(**{**options.__dict__, "jobs": 2}))

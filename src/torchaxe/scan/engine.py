@@ -231,10 +231,12 @@ def _silenced(f: Finding, lines: list[str]) -> bool:
     return False
 
 
-def scan_file(path: Path, options: ScanOptions, rules: list[Rule]) -> FileReport:
+def scan_file(path: Path, options: ScanOptions, rules: list[Rule], data: bytes | None = None) -> FileReport:
+    """One file's report; ``data``: its bytes, when read already."""
     shown = display_path(path)
     try:
-        data = path.read_bytes()
+        if data is None:
+            data = path.read_bytes()
     except FileNotFoundError:
         return FileReport(shown, diagnostics=[Diagnostic("AX904", "file vanished during the scan", shown)])
     except IsADirectoryError:
@@ -259,13 +261,15 @@ def all_stored(sources: Iterable[str], target: str) -> bool:
     return all(STORE.get_file(file_key(source, target)) is not None for source in sources)
 
 
-def _torch_sources(files: list[str]) -> Iterator[str]:
+def _torch_sources(files: list[str], keep: dict[str, bytes] | None = None) -> Iterator[str]:
     """The text of the files the scan will analyse (those that mention torch), read one
     at a time as asked for; a file that cannot be read or decoded is left to the scan
-    to report."""
+    to report. ``keep``: where to leave each file's bytes, for the scan to reuse."""
     for p in files:
         try:
             data = Path(p).read_bytes()
+            if keep is not None:
+                keep[p] = data
             source = decode_source(data) if b"torch" in data else None
         except (OSError, UnicodeDecodeError, LookupError):
             continue
@@ -364,23 +368,27 @@ def scan_paths(
     reports: list[FileReport] = []
     rules = [cls() for cls in select_rules(options.select, options.ignore)]
     needs_evaluator = False
+    read: dict[str, bytes] = {}  # files' bytes read to see whether the formula results are stored
     if jobs > 1 and total > _CHUNK:
         # Formula rules evaluate candidate trees with torch: one evaluator process
         # imports it once for all workers, and only if some file needs it. When
         # every file's results are stored already, none is started, and a small
         # scan stays in this process.
         formula_rules = [r for r in rules if r.uses_formulas]
+        small = _source_bytes(files) < WARM_IN_PROCESS_BYTES
         needs_evaluator = bool(formula_rules) and not all_stored(
-            (source for source in _torch_sources(files) if _applicable(formula_rules, source, options.target)),
+            (source for source in _torch_sources(files, read if small else None)
+             if _applicable(formula_rules, source, options.target)),
             options.target)
-        if not needs_evaluator and _source_bytes(files) < WARM_IN_PROCESS_BYTES:
-            jobs = 1
+        if not needs_evaluator and small:
+            jobs = 1  # scanned here, from the bytes just read
     if jobs <= 1 or total <= _CHUNK:
         for i, p in enumerate(files, 1):
-            reports.append(scan_file(Path(p), options, rules))
+            reports.append(scan_file(Path(p), options, rules, read.pop(p, None)))
             if progress:
                 progress(i, total)
     else:
+        read.clear()  # the workers read their own files
         chunks = balanced_chunks(files, jobs)
         done = 0
         context = multiprocessing.get_context()
