@@ -242,6 +242,8 @@ def test_attention_in_float32_hands_back_the_querys_dtype_and_its_gradient_flows
         mask = torch.zeros(6, 6, dtype=torch.bfloat16)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            positional = F.scaled_dot_product_attention(q, k, v, mask)  # the mask passed by position
+        assert torch.equal(positional, out)
         out.float().sum().backward()
     finally:
         patch.uninstall()

@@ -413,7 +413,7 @@ class AttentionInFloat32:
             if not torch.is_autocast_enabled(device_type) or not query.is_floating_point():
                 return original(query, key, value, *args, **kwargs)
             with torch.autocast(device_type=device_type, enabled=False):
-                out = original(query.float(), key.float(), value.float(), *args,
+                out = original(query.float(), key.float(), value.float(), *(_float_mask(a) for a in args),
                                **{k: _float_mask(v) for k, v in kwargs.items()})
             return out.to(query.dtype)
 

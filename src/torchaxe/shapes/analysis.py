@@ -454,7 +454,7 @@ def last_chunk_cause(ops: list[OpTally], complete_steps: int, subjects: list[Sub
         id="steps:last-chunk", kind="last-chunk", sizes=tuple(sorted(sizes)),
         message=f"only {'one step' if len(runs) == 1 else f'{len(runs)} single steps'} (step {steps}) of "
                 f"{compared} had smaller sizes ({shown} -> {usual[shown]}): an epoch's last, shorter chunk "
-                f"of a stream cut into chunks of one length (no DataLoader)",
+                f"of a stream cut into chunks of one length (no DataLoader batch explains it)",
         fix="leave out the epoch's last, shorter chunk, or pad it to the full length: every step then has the "
             "same shapes")
 
