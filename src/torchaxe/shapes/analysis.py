@@ -307,6 +307,13 @@ def _merge(dims: list[DimVariation], more: list[DimVariation]) -> None:
             dims.append(d)
 
 
+def _compared_steps(op: OpTally, complete_steps: int) -> list[int]:
+    """The steps whose calls of ``op`` are compared: the complete ones (all, when none
+    is), without the first when there are others (it runs one-off work)."""
+    steps = sorted(s for s in op.steps if s <= complete_steps) or sorted(op.steps)
+    return [s for s in steps if s >= 2] or steps
+
+
 def op_subject(op: OpTally, complete_steps: int) -> Subject:
     """An operator is dynamic when the shapes it is called with differ from one step
     to the next. The first step is left out when there are others (it runs one-off
@@ -316,8 +323,7 @@ def op_subject(op: OpTally, complete_steps: int) -> Subject:
     compared with call ``k`` of the others (the same place in the model); otherwise
     the shapes not seen in every step are grouped by the ranks of their inputs."""
     by_id = {i: sig for sig, i in op.ids.items()}
-    steps = sorted(s for s in op.steps if s <= complete_steps) or sorted(op.steps)
-    considered = [s for s in steps if s >= 2] or steps
+    considered = _compared_steps(op, complete_steps)
     seqs = [tuple(op.steps[s]) for s in considered]
     distinct = len({frozenset(q) for q in seqs})  # the same shapes, called more often, are not new shapes
     subject = Subject(kind="op", name=op.name, calls=op.calls, distinct=max(distinct, 1), truncated=op.truncated)
@@ -409,13 +415,11 @@ def analyse(observation: Observation) -> ShapeAnalysis:
 
 def _odd_steps(ops: Iterable[OpTally], complete_steps: int) -> tuple[set[int], int]:
     """The steps in which an operator was called with other shapes than in most steps
-    (the first step left out, as in :func:`op_subject`), and how many steps were
-    compared."""
+    (of :func:`_compared_steps`), and how many steps were compared."""
     odd: set[int] = set()
     compared: set[int] = set()
     for op in ops:
-        steps = sorted(s for s in op.steps if s <= complete_steps) or sorted(op.steps)
-        considered = [s for s in steps if s >= 2] or steps
+        considered = _compared_steps(op, complete_steps)
         shapes = {s: frozenset(op.steps[s]) for s in considered}
         if len(set(shapes.values())) > 1:
             common = Counter(shapes.values()).most_common(1)[0][0]
