@@ -8,7 +8,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import click
 
@@ -142,11 +142,12 @@ def _other_rank() -> bool:
 _PADDING_SWITCH = re.compile(r"^--?pad[-_]to[-_]max(imum)?[-_]len(gth)?$")
 
 
-def own_padding_switch(command: Sequence[str]) -> str | None:
+def own_padding_switch(command: Sequence[str], script: Any = None) -> str | None:
     """The padding switch the command's script defines (``parser.add_argument(
     "--pad_to_max_length", ...)``, or a ``pad_to_max_length`` field of an argument
-    dataclass) and the command does not pass; None otherwise. The script is read,
-    never run; a module (``-m``) or an unreadable file has none."""
+    dataclass) and the command does not pass; None otherwise. ``script``: the
+    command's ScriptCommand, when parsed already. The script is read, never run; a
+    module (``-m``) or an unreadable file has none."""
     import ast
 
     from torchaxe.runtime.command import parse_command
@@ -154,7 +155,7 @@ def own_padding_switch(command: Sequence[str]) -> str | None:
     if any(_PADDING_SWITCH.match(token.split("=", 1)[0]) for token in command):
         return None
     try:
-        script = parse_command(command)
+        script = script if script is not None else parse_command(command)
         if script.kind != "path":
             return None
         tree = ast.parse(Path(script.target).read_text(encoding="utf-8"))
@@ -187,7 +188,8 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
     from torchaxe.shapes.report import build_report
     from torchaxe.shapes.verdict import decide
 
-    check_module(parse_command(command))  # one-line errors before anything runs
+    script = parse_command(command)
+    check_module(script)  # one-line errors before anything runs
     progress = progress_printer("shapes")
     if try_:
         from torchaxe.backends import detect_target
@@ -208,7 +210,7 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
             if rec.kind == "compile" and "torch.compile(" in rec.setting:
                 rec.reason += (f"; the script has its own switch for it ({own} in this command): set that instead "
                                "of editing the code")
-    padding = own_padding_switch(command) if any(r.kind == "bucketing" for r in verdict.recommendations) else None
+    padding = own_padding_switch(command, script) if any(r.kind == "bucketing" for r in verdict.recommendations) else None
     if padding is not None:
         for rec in verdict.recommendations:
             if rec.kind == "bucketing":
