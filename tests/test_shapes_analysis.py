@@ -200,6 +200,30 @@ def test_one_shorter_step_an_epoch_without_a_dataloader_is_the_last_chunk_not_dy
     assert "jit_compile=False" not in npu.setting  # one more shape an epoch is no reason to turn it off
 
 
+def test_an_operator_run_only_when_the_length_changes_does_not_decide_the_usual_size():
+    # word_language_model's Transformer makes its causal mask only when the chunk length
+    # changes (the first step, the short last chunk, the next epoch's first step): its
+    # sizes are seen as often short as long, and that tie is no evidence that 34 is usual.
+    lengths = ([35] * 23 + [34]) * 2
+    changed = [s for s, n in enumerate(lengths, 1) if s == 1 or lengths[s - 2] != n]
+    mask = tally("aten.tril.default", {s: [((lengths[s - 1], lengths[s - 1]),)] for s in changed})
+    analysis = analyse(observation(chunked(lengths) + [mask], steps=len(lengths)))
+    cause = next(c for c in analysis.causes if c.kind == "last-chunk")
+    assert "(35 -> 34)" in cause.message
+    assert all(d.cause == cause.id for s in analysis.subjects for d in s.dims)
+    assert decide(analysis).verdict == "mixed"
+    # Steps told apart by the backward pass: the short chunk's backward falls in the next
+    # step's record, where the mask is made anew for the full length, so the mask is
+    # seen in odd steps only; the other operators' usual sizes stand for it.
+    forward = {s: 34 if s == 24 else 35 for s in range(1, 41)}
+    backward = {s: 34 if s == 25 else 35 for s in range(1, 41)}
+    emb = tally("aten.embedding.default", {s: [((100, 16), (n, 20))] for s, n in forward.items()})
+    mm = tally("aten.mm.default", {s: [((n * 20, 64), (64, 16))] for s, n in backward.items()})
+    mask = tally("aten.tril.default", {s: [((forward[s], forward[s]),)] for s in (1, 24, 25)})
+    analysis = analyse(observation([emb, mm, mask], steps=40))
+    assert any(c.kind == "last-chunk" and "(35 -> 34)" in c.message for c in analysis.causes)
+
+
 def test_a_chunk_whose_calls_fall_in_two_steps_is_one_chunk():
     # Steps told apart by the backward pass: the short chunk's forward is in step 20,
     # its backward in the record of step 21, so two steps in a row differ.

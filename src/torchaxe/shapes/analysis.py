@@ -413,6 +413,16 @@ def analyse(observation: Observation) -> ShapeAnalysis:
                          loaders=observation.loaders, batch_sources=sources)
 
 
+def _regular(ops: list[OpTally], complete_steps: int) -> list[OpTally]:
+    """The operators called in at least half the steps the most regular one was: an
+    operator run only when something changed (a mask made anew when the length
+    changes) is seen as often in the odd steps as in the usual ones, and its counts
+    tell nothing of which size is usual."""
+    counts = {id(op): len(_compared_steps(op, complete_steps)) for op in ops}
+    most = max(counts.values(), default=0)
+    return [op for op in ops if 2 * counts[id(op)] >= most]
+
+
 def _odd_steps(ops: Iterable[OpTally], complete_steps: int) -> tuple[set[int], int]:
     """The steps in which an operator was called with other shapes than in most steps
     (of :func:`_compared_steps`), and how many steps were compared."""
@@ -428,6 +438,13 @@ def _odd_steps(ops: Iterable[OpTally], complete_steps: int) -> tuple[set[int], i
     return odd, len(compared)
 
 
+def _sizes_outside(op: OpTally, steps: set[int], complete_steps: int) -> set[int]:
+    """Every size in the shapes ``op`` was called with in its compared steps but ``steps``."""
+    by_id = {i: sig for sig, i in op.ids.items()}
+    return {n for s in _compared_steps(op, complete_steps) if s not in steps for i in op.steps[s] if i in by_id
+            for shape in by_id[i] if isinstance(shape, tuple) for n in shape if isinstance(n, int)}
+
+
 def last_chunk_cause(ops: list[OpTally], complete_steps: int, subjects: list[Subject]) -> Cause | None:
     """A ``last-chunk`` cause when the only steps with other shapes are single steps
     (or two in a row), each between steps of the common shapes (or the last recorded),
@@ -435,23 +452,40 @@ def last_chunk_cause(ops: list[OpTally], complete_steps: int, subjects: list[Sub
     smaller than its usual size: a loop without a DataLoader whose epoch ends on a
     shorter chunk. Its sizes are the varying dimensions' sizes, so that it explains
     each of them."""
-    odd, compared = _odd_steps(ops, complete_steps)
+    regular = _regular(ops, complete_steps)
+    odd, compared = _odd_steps(regular, complete_steps)
     # One chunk's calls may fall in two steps: where steps are told apart by the
     # backward pass, a step's record ends where the next backward begins.
     runs = [s for s in sorted(odd) if s - 1 not in odd]
     if not odd or any(s + 2 in odd and s + 1 in odd for s in odd) or len(runs) * STEPS_PER_CHUNK > compared:
         return None
-    dims = [d for subject in subjects if subject.kind != "batch" and subject.dynamic for d in subject.dims]
-    if not dims or any(d.dim is None for d in dims):
+    if not any(s.dims for s in subjects if s.kind != "batch" and s.dynamic):
         return None
+    # An operator's usual sizes are those of its steps but the odd ones; the counts of
+    # one seen in a few steps only would pick them at random. One seen in none but odd
+    # steps (a mask made anew when the length changes, whose next step's record holds
+    # the short chunk's backward) has for usual sizes those of the regular operators.
+    usual_sizes = {op.name: _sizes_outside(op, odd, complete_steps) for op in ops}
+    everywhere = {n for op in regular for n in usual_sizes[op.name]}
+    for op in ops:
+        usual_sizes[op.name] = usual_sizes[op.name] or everywhere
     usual: dict[int, int] = {}
     sizes: set[int] = set()
-    for d in dims:
-        common = d.values.most_common(1)[0][0]
-        if any(v > common for v in d.values):
-            return None
-        usual[common] = min(v for v in d.values)
-        sizes |= set(d.values)
+    for subject in subjects:
+        if subject.kind == "batch" or not subject.dynamic:
+            continue
+        seen = usual_sizes.get(subject.name) if subject.kind == "op" else None
+        for d in subject.dims:
+            if d.dim is None:
+                return None
+            common = max((v for v in d.values if v in seen), key=lambda v: (d.values[v], v), default=None) \
+                if seen else None
+            if common is None:
+                common = d.values.most_common(1)[0][0]
+            if any(v > common for v in d.values):
+                return None
+            usual[common] = min(v for v in d.values)
+            sizes |= set(d.values)
     shown = min(usual)
     steps = ", ".join(str(s) for s in runs[:5]) + (" ..." if len(runs) > 5 else "")
     return Cause(
