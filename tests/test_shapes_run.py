@@ -106,6 +106,28 @@ def test_variable_length_batches_are_dynamic_traced_to_the_collate_function(tmp_
     assert all(s.name != "aten.randint.low" for s in analysis.subjects)
 
 
+DICT_BATCHES = VARLEN.replace(
+    "    return pad_sequence(batch, batch_first=True)",
+    "    ids = pad_sequence(batch, batch_first=True)\n"
+    "    return {'input_ids': ids, 'attention_mask': (ids > 0).long(), 'labels': torch.zeros(len(batch))}",
+).replace("for tokens in loader:", "for batch in loader:\n    tokens = batch['input_ids']")
+
+
+def test_a_mapping_batch_s_tensors_are_named_by_their_keys(tmp_path):
+    # A tokenizer's collator gives a dict: "tensor 0/1/2" would leave the user to
+    # guess which of input_ids, attention_mask and labels varies.
+    observation, analysis = run(tmp_path, DICT_BATCHES)
+    assert observation.loaders[0].fields == ("input_ids", "attention_mask", "labels")
+    messages = [c.message for c in analysis.causes if c.kind == "collate"]
+    assert any("tensor 0 (input_ids) varies in dimension 1" in m for m in messages), messages
+    assert any("tensor 1 (attention_mask) varies" in m for m in messages), messages
+    batch = next(s for s in analysis.subjects if s.kind == "batch")
+    assert {d.position for d in batch.dims} >= {"tensor 0 (input_ids)", "tensor 1 (attention_mask)"}
+    assert all(d.cause for d in batch.dims)  # still traced to their causes
+    verdict = decide(analysis, max_shapes=2)
+    assert verdict.buckets[0].field == "input_ids" and verdict.buckets[0].to_dict()["field"] == "input_ids"
+
+
 def test_fixed_shapes_are_static(tmp_path):
     _, analysis = run(tmp_path, FIXED, steps=6)
     verdict = decide(analysis)

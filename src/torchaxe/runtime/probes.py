@@ -1065,6 +1065,25 @@ def input_signature(values: Any, tensor_type: type) -> tuple[tuple[tuple[int, ..
     return tuple(out)
 
 
+def batch_fields(values: Any) -> tuple[str, ...] | None:
+    """The names of a mapping batch's entries in :func:`input_signature`'s order
+    (``input_ids``; ``pixel_values[1]`` or ``labels.start`` one level in), so that
+    its tensors can be named as the user's code names them; None for other batches."""
+    from collections.abc import Mapping
+
+    if not isinstance(values, Mapping):
+        return None
+    out: list[str] = []
+    for key, value in values.items():
+        if isinstance(value, Mapping):
+            out += [f"{key}.{inner}" for inner in value]
+        elif isinstance(value, (tuple, list)):
+            out += [f"{key}[{i}]" for i in range(len(value))]
+        else:
+            out.append(str(key))
+    return tuple(out)
+
+
 #: Steps whose signature sets a tallier keeps (the shapes runs are a few dozen steps).
 MAX_TALLIED_STEPS = 256
 

@@ -24,6 +24,7 @@ shifted by one for next-token targets, flattened batch x length rows).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -275,7 +276,7 @@ def _loader_causes(index: int, loader: LoaderInfo) -> tuple[list[Cause], list[Ba
         causes.append(Cause(
             id=f"loader{index}:collate:{t}", kind="collate", sizes=tuple(sorted(values | per_batch | products)),
             location=loader.collate_location,
-            message=f"the collate function {loader.collate}{where} gives batches whose tensor {t} varies in "
+            message=f"the collate function {loader.collate}{where} gives batches whose {loader.tensor_name(t)} varies in "
                     f"dimension {dims_text}: {len(points)} shapes, sizes {min(values)}..{max(values)}",
             fix="pad each batch to one of a few bucket sizes (torchaxe.shapes.BucketingCollate)"))
         sources.append(BatchSource(loader=loader, tensor=t, dims=varying, points=points))
@@ -369,7 +370,8 @@ def analyse(observation: Observation) -> ShapeAnalysis:
         sources += batch_sources
         rank_varies, dims = variations(Counter(loader.batches))
         for d in dims:
-            d.position = d.position.replace("input", "tensor")
+            index = re.fullmatch(r"input (\d+)", d.position)
+            d.position = loader.tensor_name(int(index.group(1))) if index else d.position.replace("input", "tensor")
         subjects.append(Subject(kind="batch", name=f"DataLoader({loader.collate})", calls=len(loader.batches),
                                 distinct=len(set(loader.batches)), truncated=loader.truncated,
                                 rank_varies=rank_varies, dims=dims))
@@ -509,6 +511,7 @@ def _batch_dim_cause(d: DimVariation, causes: list[Cause]) -> str | None:
     for cause in causes:
         if d.dim == 0 and cause.kind in ("partial-batch", "batch-size") and explains(d.values, cause.sizes):
             return cause.id
-        if d.dim != 0 and cause.kind == "collate" and cause.id.endswith(f":{d.position.split()[-1]}"):
+        index = re.match(r"tensor (\d+)", d.position)
+        if d.dim != 0 and cause.kind == "collate" and index and cause.id.endswith(f":{index.group(1)}"):
             return cause.id
     return None

@@ -332,6 +332,13 @@ class LoaderInfo:
     #: Every batch's signature, in order: a tuple of (shape or None) per tensor.
     batches: list = field(default_factory=list)
     truncated: bool = False
+    #: The names of a mapping batch's tensors, in the batches' order (None: a tuple).
+    fields: tuple | None = None
+
+    def tensor_name(self, index: int) -> str:
+        """``tensor 1``, or ``tensor 1 (attention_mask)`` for a mapping batch."""
+        name = self.fields[index] if self.fields is not None and index < len(self.fields) else None
+        return f"tensor {index}" + (f" ({name})" if name else "")
 
     @property
     def remainder(self) -> int | None:
@@ -342,7 +349,7 @@ class LoaderInfo:
     def to_dict(self) -> dict[str, Any]:
         return {"collate_fn": self.collate, "collate_location": self.collate_location, "batch_size": self.batch_size,
                 "drop_last": self.drop_last, "dataset_length": self.dataset_length,
-                "last_batch_samples": self.remainder, "batches": len(self.batches)}
+                "last_batch_samples": self.remainder, "batches": len(self.batches), "fields": self.fields}
 
 
 def describe_callable(fn: Any, codes: Any) -> tuple[str, str | None]:
@@ -380,7 +387,7 @@ class LoaderProbe:
         import torch
         from torch.utils.data import dataloader
 
-        from torchaxe.runtime.probes import input_signature
+        from torchaxe.runtime.probes import batch_fields, input_signature
 
         owner = dataloader._BaseDataLoaderIter
         original = owner.__dict__["__next__"]
@@ -403,6 +410,8 @@ class LoaderProbe:
                     recorder.paused -= 1
             try:
                 info = probe._info(iterator)
+                if not info.batches:
+                    info.fields = batch_fields(batch)
                 if len(info.batches) < MAX_BATCHES:
                     info.batches.append(tuple(s for s, _ in input_signature(batch, tensor_type)))
                 else:

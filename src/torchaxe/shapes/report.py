@@ -121,7 +121,8 @@ def render_text(report: dict[str, Any], out: TextIO) -> None:
     for b in report.get("bucketing", []):
         where = f" ({b['location']})" if b.get("location") else ""
         dims = ", ".join(str(d) for d in b["dims"])
-        w(f"\nbucketing: tensor {b['tensor']} of {b['collate_fn']}{where}'s batches, dim {dims}; "
+        name = f" ({b['field']})" if b.get("field") else ""
+        w(f"\nbucketing: tensor {b['tensor']}{name} of {b['collate_fn']}{where}'s batches, dim {dims}; "
           f"{b['current_shapes']} shapes now\n")
         w("  K  shapes  extra padding  boundaries\n")
         for plan in b["table"]:

@@ -64,6 +64,8 @@ class BucketAdvice:
     chosen: BucketPlan
     #: The batches' shapes as they are (distinct), for the comparison.
     current_shapes: int
+    #: The tensor's name in a mapping batch (None: a tuple's).
+    field: str | None = None
 
     def knob(self, pad_value: float | str = "auto") -> dict[str, Any]:
         """The ``bucketing`` knob of a trial that applies the chosen plan."""
@@ -77,7 +79,8 @@ class BucketAdvice:
                 f"collate_fn={self.loader}, dim={knob['dim']}))")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"collate_fn": self.loader, "location": self.location, "tensor": self.tensor, "dims": list(self.dims),
+        return {"collate_fn": self.loader, "location": self.location, "tensor": self.tensor, "field": self.field,
+                "dims": list(self.dims),
                 "current_shapes": self.current_shapes, "chosen": self.chosen.to_dict(),
                 "table": [p.to_dict() for p in self.table], "snippet": self.snippet()}
 
@@ -103,14 +106,16 @@ def bucket_advice(analysis: ShapeAnalysis, max_shapes: int) -> list[BucketAdvice
             chosen = plan_buckets(source.points, max_shapes, source.dims)
         out.append(BucketAdvice(loader=source.loader.collate, location=source.loader.collate_location,
                                 tensor=source.tensor, dims=source.dims, table=table, chosen=chosen,
-                                current_shapes=len(source.points)))
+                                current_shapes=len(source.points),
+                                field=(source.loader.fields or ())[source.tensor]
+                                if source.tensor < len(source.loader.fields or ()) else None))
     return out
 
 
 def _dims_text(analysis: ShapeAnalysis) -> str:
     spots = []
     for source in analysis.batch_sources:
-        spots += [f"tensor {source.tensor} of the batch, dim {d}" for d in source.dims]
+        spots += [f"{source.loader.tensor_name(source.tensor)} of the batch, dim {d}" for d in source.dims]
     return "; ".join(spots) if spots else "the varying dimensions of the model's inputs"
 
 
