@@ -1135,7 +1135,7 @@ def test_on_a_cpu_each_round_runs_side_by_side_taking_turns_unless_told_not_to(s
     runs = FakeRuns()
     rounds: list[tuple[list[str], int]] = []
 
-    def side_by_side(knob_sets, command, options, repeat, *, turn_steps, one_deadline=False):
+    def side_by_side(knob_sets, command, options, repeat, *, turn_steps, one_deadline=False, measure_seconds=None):
         rounds.append(([k.name for k in knob_sets], turn_steps))
         assert options.steps == 20  # two seconds of 0.1 s steps
         return [runs(k, command, options, repeat) for k in knob_sets]
@@ -1172,7 +1172,7 @@ def _side_by_side(clock: "Clock", runs: "TimedRuns"):
     sets of each round it ran."""
     rounds: list[list[str]] = []
 
-    def side_by_side(knob_sets, command, options, repeat, *, turn_steps, one_deadline=False):
+    def side_by_side(knob_sets, command, options, repeat, *, turn_steps, one_deadline=False, measure_seconds=None):
         rounds.append([k.name for k in knob_sets])
         clock.now += 10.0 * len(knob_sets)
         return [runs(k, command, options, repeat) for k in knob_sets]

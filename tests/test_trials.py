@@ -639,3 +639,17 @@ def test_the_seed_knob_shifts_every_torch_seed_and_puts_manual_seed_back():
     assert applied.record["seed"] == {"offset": 1}
     with pytest.raises(KnobError, match="seed.offset"):
         knob_set_from_dict({"seed": {"offset": -1}}, "knobs.json")
+
+
+def test_knobs_that_pay_once_before_their_first_fast_step() -> None:
+    from torchaxe.runtime.knobs import pays_once
+
+    # A knob file's mapping (advice's) and a knob set's parsed values read alike.
+    for raw in ({"compile": {}}, {"compile": {"mode": "max-autotune"}}, {"npu": {"jit_compile": True}},
+                {"torch": {"cudnn_benchmark": True}}):
+        assert pays_once(raw), raw
+        assert pays_once(knob_set_from_dict({"name": "x", **raw}, "test").values), raw
+    for raw in ({}, {"npu": {"jit_compile": False}}, {"torch": {"num_threads": 2}}, {"env": {"X": "1"}},
+                {"dataloader": {"num_workers": 2}}):
+        assert not pays_once(raw), raw
+        assert not pays_once(knob_set_from_dict({"name": "x", **raw}, "test").values), raw

@@ -131,6 +131,60 @@ def test_a_run_started_after_the_others_warm_up_has_what_is_left_of_the_rounds_l
     assert set(fake.timeouts.values()) == {20}
 
 
+class SlowWarmups(FakeRuns):
+    """FakeRuns whose warm-ups take ``warm`` seconds by name, stopped as the harness
+    stops them at the run's --first-step-timeout (no step: status "stopped")."""
+
+    def __init__(self, steps: int, warm: dict[str, float]):
+        super().__init__(steps)
+        self.warm = warm
+        self.order: list[str] = []
+        self.warm_limits: dict[str, float | None] = {}
+
+    def __call__(self, knob_set, command, options, repeat, env) -> TrialRun:
+        name = knob_set.name
+        self.order.append(name)
+        self.warm_limits[name] = options.first_step_timeout
+        limit = options.first_step_timeout
+        if limit is not None and self.warm.get(name, 0.0) > limit:
+            time.sleep(limit)
+            return TrialRun(knobs=name, repeat=repeat, ok=False, status="stopped",
+                            error="no measured steps: stopped: no step within the first-step timeout")
+        time.sleep(self.warm.get(name, 0.0))
+        return super().__call__(knob_set, command, options, repeat, env)
+
+
+def test_a_first_compile_warms_up_last_and_is_stopped_where_it_would_cut_the_warm_runs() -> None:
+    # advise's round under one deadline (3 runs x 1 s): the original and a cheap change
+    # warm up first; the compile's warm-up may take what is left beyond the measured
+    # steps of all three (0.2 s each), and its 5 s one is stopped there, not at the
+    # round's end where every run would be cut.
+    fake = SlowWarmups(steps=2, warm={"compiled": 5.0})
+    sets = [knobs("compiled", compile={"mode": "default"}), knobs("cheap", env={"X": "1"}), knobs("original")]
+    started = time.perf_counter()
+    runs = run_in_turns(sets, ["python", "x.py"], TrialOptions(timeout=1.0), 1, turn_steps=2, runner=fake,
+                        one_deadline=True, measure_seconds=0.2)
+    assert time.perf_counter() - started < 4.0  # not the 5 s warm-up
+    assert fake.order == ["original", "cheap", "compiled"]
+    assert fake.warm_limits["compiled"] == pytest.approx(3.0 - 3 * 0.2, abs=0.2)
+    compiled, cheap, original = runs
+    assert original.ok and cheap.ok and fake.log.count("cheap") == 2
+    assert compiled.status == "timeout" and compiled.error.startswith("timeout: not warm within")
+    from torchaxe.advise.measure import cut_short
+
+    assert cut_short(compiled)  # the deadline's, not a failure of the change
+    # No time left for a warm-up at all: the run is not started.
+    fake = SlowWarmups(steps=2, warm={"original": 0.5})
+    runs = run_in_turns([knobs("original"), knobs("cheap", env={"X": "1"})], ["python", "x.py"],
+                        TrialOptions(timeout=0.5), 1, turn_steps=2, runner=fake, one_deadline=True,
+                        measure_seconds=0.3)
+    assert fake.order == ["original"] and runs[1].status == "timeout" and runs[1].seconds is None
+    # trial --turns (no deadline for the round): no warm-up limit
+    fake = SlowWarmups(steps=2, warm={})
+    run_in_turns(sets, ["python", "x.py"], TrialOptions(timeout=10), 1, turn_steps=2, runner=fake)
+    assert set(fake.warm_limits.values()) == {None}
+
+
 def test_a_run_that_fails_before_its_first_turn_or_dies_in_one_does_not_hold_the_others() -> None:
     fake = FakeRuns(steps=4, fail_before={"bb"}, die_after_turn={"ccc"})
     runs = run_in_turns([knobs("a"), knobs("bb"), knobs("ccc"), knobs("dddd")], ["python", "x.py"],

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from torchaxe.runtime.harness import GRACE_MAX_SECONDS
-from torchaxe.runtime.knobs import KnobSet
+from torchaxe.runtime.knobs import KnobSet, pays_once
 from torchaxe.runtime.stats import Samples
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, interleave, run_in_subprocess
 
@@ -161,7 +161,7 @@ class Measurer:
         own = Samples.of(self.seconds_of.get(knobs.name, [])).median
         if own is not None:
             return own
-        if _compiles(knobs):
+        if pays_once(knobs.values):
             alike = Samples.of([t for name, times in self.seconds_of.items() if name in self._compiling
                                 for t in times]).median
             if alike is not None:
@@ -210,7 +210,7 @@ class Measurer:
     def _took(self, knobs: KnobSet, seconds: float) -> None:
         self.run_seconds.append(seconds)
         self.seconds_of.setdefault(knobs.name, []).append(seconds)
-        if _compiles(knobs):
+        if pays_once(knobs.values):
             self._compiling.add(knobs.name)
 
     def compare(self, baseline: KnobSet, arms: Sequence[KnobSet], repeats: int,
@@ -331,7 +331,8 @@ class Measurer:
             options, bounded = self.bounded(len(order))
             runs = together([a.knobs for a in order], repeat, options)
             for arm, latest in zip(order, runs):
-                self._took(arm.knobs, latest.seconds or 0.0)
+                if latest.seconds is not None:  # None: not started, for the round's time
+                    self._took(arm.knobs, latest.seconds)
             # Runs the deadline stopped before a measured step are no failures of their
             # change: left out of the round (without the original's, nothing is kept).
             cut = {id(arm) for arm, latest in zip(order, runs) if bounded and cut_short(latest)}
@@ -370,12 +371,6 @@ def before_grace(left: float) -> float:
 def cut_short(run: TrialRun) -> bool:
     """Whether ``run`` failed for its --timeout (stopped by the harness, or killed)."""
     return not run.ok and (run.status == "timeout" or (run.error or "").startswith("timeout"))
-
-
-def _compiles(knobs: KnobSet) -> bool:
-    """Whether a run of ``knobs`` compiles (torch.compile or tuned subgraphs), so that
-    its first run pays for that on top of the steps."""
-    return any(name in knobs.values for name in ("compile", "tune"))
 
 
 def _failed(arm: ArmResult) -> bool:

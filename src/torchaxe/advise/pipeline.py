@@ -51,7 +51,7 @@ from torchaxe.memory.candidates import profile_peak
 from torchaxe.runtime import ranks
 from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
 from torchaxe.runtime.job_command import batches_per_step, job_epochs_in, job_steps_in, job_steps_of_epochs
-from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict
+from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict, pays_once
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
 from torchaxe.shapes.candidates import training_epoch
@@ -405,10 +405,15 @@ class Advisor:
         together: TogetherRunner | None = None
         if self.turn_steps and self.turns is not None:
             turns, command, turn_steps = self.turns, self.command, self.turn_steps
+            # About how long a run's measured steps take (the profiled steps were slower:
+            # they recorded operators): a round keeps that much for each warm run.
+            median = (base.profile.get("summary") or {}).get("step_seconds_median")
+            measure = 1.2 * self.steps * median if median else None
 
             def in_turns(knob_sets: Sequence[KnobSet], repeat: int, bounded: TrialOptions) -> list[TrialRun]:
                 # advise's --budget holds for every run of the round, however late it starts
-                return turns(knob_sets, command, bounded, repeat, turn_steps=turn_steps, one_deadline=True)
+                return turns(knob_sets, command, bounded, repeat, turn_steps=turn_steps, one_deadline=True,
+                             measure_seconds=measure)
 
             together = in_turns
 
@@ -638,7 +643,7 @@ class Advisor:
         rec.speedup = 1.0 / ratio if ratio > 0 else None
         if base.median is not None:
             rec.measured_seconds_saved_per_step = base.median * (1.0 - ratio)
-        if _pays_once(rec.knobs or {}):
+        if pays_once(rec.knobs or {}):
             cost = one_time_cost(arm, base, rec.measured_seconds_saved_per_step or 0.0, same)
             rec.one_time_seconds, rec.break_even_steps = cost.get("one_time_seconds"), cost.get("break_even_steps")
         if self.options.check_accuracy and rec.accuracy.changes_numerics:
@@ -834,14 +839,6 @@ class Advisor:
                 "no training loss was recorded (no scalar tensor had backward() called on it), so the accuracy of "
                 f"{', '.join(unjudged)} is unknown: mixed precision, TF32 and compressed gradients are not chosen "
                 "without it")
-
-
-def _pays_once(knobs: dict[str, Any]) -> bool:
-    """Whether a knob set does work once before its first fast step (compiling, tuning,
-    cudnn's or the NPU's search for kernels): only then is a slower warm-up its cost,
-    not the machine's (a thread count or a loader setting has none)."""
-    torch_knobs = knobs.get("torch") or {}
-    return any(knobs.get(key) for key in ("compile", "tune", "npu")) or bool(torch_knobs.get("cudnn_benchmark"))
 
 
 def apply_only(rec: Recommendation) -> str:

@@ -286,6 +286,19 @@ def kind(value: Any) -> str:
     return "an object"
 
 
+def pays_once(values: Mapping[str, Any]) -> bool:
+    """Whether knobs do work once before their first fast step (compiling, tuning,
+    the NPU's operator compilation, cudnn's search for kernels), so that a first run
+    is longer than the next: ``values`` a knob file's mapping or a
+    :class:`KnobSet`'s parsed ``values``. A thread count or a loader setting has none."""
+    def setting(key: str, name: str) -> Any:
+        value = values.get(key)
+        return value.get(name) if isinstance(value, Mapping) else getattr(value, name, None)
+
+    return any(values.get(key) is not None for key in ("compile", "tune")) \
+        or bool(setting("npu", "jit_compile")) or bool(setting("torch", "cudnn_benchmark"))
+
+
 def knob_set_from_dict(data: Any, where: str, default_name: str = "knobs") -> KnobSet:
     """Validate one knob set; ``where`` (usually the file name) starts every error."""
     c = KnobCheck(where)

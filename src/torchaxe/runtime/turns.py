@@ -291,13 +291,22 @@ class _Coordinator:
 
 
 def run_in_turns(knob_sets: Sequence["KnobSet"], command: Sequence[str], options: "TrialOptions", repeat: int, *,
-                 turn_steps: int, runner: TurnRunner | None = None, one_deadline: bool = False) -> list["TrialRun"]:
+                 turn_steps: int, runner: TurnRunner | None = None, one_deadline: bool = False,
+                 measure_seconds: float | None = None) -> list["TrialRun"]:
     """One run of each knob set, side by side, taking turns of ``turn_steps``
     measured steps once warm, in the order given (callers rotate it by round). Each
     run's limit grows with the others' share of the time; with ``one_deadline`` (a
     budget that must hold, as advise's) that limit counts from the round's start for
     every run, so that a run started once the others have warmed up still ends with
     the round.
+
+    Runs warm up one at a time, those that pay once (a compile) last. With
+    ``one_deadline`` and ``measure_seconds`` (about how long one run's measured steps
+    take), a run's warm-up may take only what the round's limit leaves beyond the
+    measured steps of the runs warm before it and its own: a first compile longer than
+    that is stopped (a run cut by the deadline, ``status`` "timeout"), and a run with
+    no such time left is not started, so that the runs warm already are measured
+    rather than all cut together at the round's end.
 
     The runs share one write guard (``runtime/protect.py``), and the files the script
     writes are put back once all of them have ended: with a guard each, a run would
@@ -316,7 +325,8 @@ def run_in_turns(knob_sets: Sequence["KnobSet"], command: Sequence[str], options
         guard = Path(tmp) / "writes"
         run = runner or partial(run_in_subprocess, guard=guard)
         try:
-            _run_round(run, knob_sets, command, options, repeat, turn_steps, tmp, results, errors, one_deadline)
+            _run_round(run, knob_sets, command, options, repeat, turn_steps, tmp, results, errors, one_deadline,
+                       measure_seconds)
         finally:
             restore(guard)  # the files the script wrote, as they were before the round
     for exc in errors:
@@ -331,9 +341,13 @@ def run_in_turns(knob_sets: Sequence["KnobSet"], command: Sequence[str], options
 
 def _run_round(run: TurnRunner, knob_sets: Sequence["KnobSet"], command: Sequence[str], options: "TrialOptions",
                repeat: int, turn_steps: int, tmp: str, results: list["TrialRun | None"],
-               errors: list[BaseException | None], one_deadline: bool = False) -> None:
+               errors: list[BaseException | None], one_deadline: bool = False,
+               measure_seconds: float | None = None) -> None:
     """The runs of :func:`run_in_turns`, their results and errors put in ``results``
     and ``errors``; each run's ``seconds`` is its share of the round's wall time."""
+    from torchaxe.runtime.knobs import pays_once
+    from torchaxe.runtime.trials import TrialRun
+
     count = len(knob_sets)
     path = str(Path(tmp) / "turns.sock")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -342,25 +356,50 @@ def _run_round(run: TurnRunner, knob_sets: Sequence["KnobSet"], command: Sequenc
     server.setblocking(False)
 
     started = time.perf_counter()
+    # Warm-ups in the order given, but those that pay once (a first compile) last: a
+    # long one then holds back no cheap run.
+    # The original (no knobs) first: without it the round measures nothing.
+    warm_order = sorted(range(count), key=lambda n: (pays_once(knob_sets[n].values), bool(knob_sets[n].values)))
+    bounded = one_deadline and options.timeout is not None
 
-    def one(number: int) -> None:
+    def one(number: int, warm_limit: float | None) -> None:
         env = {ENV: TurnPlan(path, turn_steps, number).to_env()}
         own = options
-        if one_deadline and options.timeout is not None:
+        if bounded:
             # The round's limit counts from the round's start: a run started once the
             # runs before it have warmed up has what is left of it.
             own = replace(options, timeout=max(options.timeout - (time.perf_counter() - started), LEAST_TIMEOUT))
+        if warm_limit is not None:
+            own = replace(own, first_step_timeout=min(own.first_step_timeout or warm_limit, warm_limit))
         try:
-            results[number] = run(knob_sets[number], command, own, repeat, env)
+            result = run(knob_sets[number], command, own, repeat, env)
+            if warm_limit is not None and result.status == "stopped" and not result.step_seconds:
+                # Stopped in its warm-up for the time the others' measured steps need.
+                result.status = "timeout"
+                result.error = f"timeout: not warm within the {warm_limit:.0f} s the round left for its warm-up"
+            results[number] = result
         except BaseException as exc:  # noqa: BLE001 - handed to the caller
             errors[number] = exc
 
-    threads = [threading.Thread(target=one, args=(n,), daemon=True) for n in range(count)]
-    coordinator = _Coordinator(server, count, lambda n: threads[n].is_alive())
+    threads: list[threading.Thread | None] = [None] * count
+    coordinator = _Coordinator(server, count, lambda n: threads[n] is not None and threads[n].is_alive())
     try:
         # One warms up at a time (start-up, compilation): only one run computes at
         # any moment, the others wait, as in their turns.
-        for number, thread in enumerate(threads):
+        for warmed, number in enumerate(warm_order):
+            warm_limit = None
+            if bounded and measure_seconds:
+                left = options.timeout - (time.perf_counter() - started)
+                warm_limit = left - (warmed + 1) * measure_seconds
+                if warm_limit < LEAST_TIMEOUT and warmed > 0:
+                    results[number] = TrialRun(knobs=knob_sets[number].name, repeat=repeat, ok=False,
+                                               status="timeout",
+                                               error="timeout: the round had no time left for its warm-up")
+                    coordinator.ended.add(number)
+                    continue
+                warm_limit = max(warm_limit, LEAST_TIMEOUT)
+            thread = threading.Thread(target=one, args=(number, warm_limit), daemon=True)
+            threads[number] = thread
             thread.start()
             coordinator.ready(number)
         coordinator.cycle(range(count))
@@ -368,9 +407,10 @@ def _run_round(run: TurnRunner, knob_sets: Sequence["KnobSet"], command: Sequenc
         coordinator.close()
         server.close()
         for thread in threads:
-            thread.join()
+            if thread is not None:
+                thread.join()
     share = (time.perf_counter() - started) / max(count, 1)
     for number, result in enumerate(results):
-        if result is not None:
+        if result is not None and threads[number] is not None:
             result.seconds = share  # the round's wall time, shared: what one more arm costs
             result.turns = coordinator.given[number]
