@@ -47,6 +47,20 @@ def test_text_summary_names_the_winners_and_what_to_run_next(advice) -> None:
     assert "torchaxe apply -- " not in text  # apply takes no command
 
 
+def test_a_failed_change_s_error_is_shown_in_full_below_the_table(advice) -> None:
+    rec = advice.ranked()[-1]
+    rec.status, rec.selected = "failed", False
+    rec.error = ("error: the script raised RuntimeError at train.py:41, through torchaxe's attention "
+                 "(torchaxe/runtime/knob_specs.py:421) (a change under trial): The size of tensor a (4) must match "
+                 "the size of tensor b (3) at non-singleton dimension 3 [END]; 2 steps")
+    out = io.StringIO()
+    render_advice_text(advice, out)
+    text = " ".join(line.strip() for line in out.getvalue().splitlines())
+    assert "failed (why: below)" in text
+    assert f"{rec.key}: error: the script raised RuntimeError" in text
+    assert "[END]; 2 steps" in text  # nothing cut
+
+
 def test_an_installed_packages_file_is_shown_from_the_package_down(advice, monkeypatch) -> None:
     from torchaxe.report import advice_text
 

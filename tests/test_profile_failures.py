@@ -58,6 +58,36 @@ model(torch.ones(2, 5))                      # SHAPES
     assert "torch/nn" in profile.error.traceback  # torch's frames stay: they are part of the story
 
 
+def test_an_error_raised_through_a_change_under_trial_shows_its_frame(tmp_path):
+    # The float32-attention knob wraps torch's fused attention: a failure inside names
+    # that wrapper, so that the user can tell the change's failure from their own.
+    from torchaxe.runtime import bootstrap, knob_specs
+    from torchaxe.runtime.knobs import knob_set_from_dict
+
+    source = PRELUDE + """
+import torch.nn.functional as F
+step()
+with torch.autocast("cpu", dtype=torch.bfloat16):
+    q = torch.randn(1, 2, 4, 8)
+    F.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(3, 3))   # ATTN
+"""
+    knobs = knob_set_from_dict({"name": "k", "autocast": {"dtype": "bfloat16", "attention": "float32"}}, "test")
+    patch = knob_specs.AttentionInFloat32(bootstrap.AppliedKnobs(knobs)).install()
+    try:
+        profile = run_script(tmp_path, source, steps=3)
+    finally:
+        patch.uninstall()
+    path = tmp_path / "train.py"
+    assert profile.status == "error" and profile.error.line == line_of(path, "ATTN")
+    assert "knob_specs.py" in profile.error.traceback and "harness.py" not in profile.error.traceback
+    assert profile.error.through.startswith("attention (torchaxe/runtime/knob_specs.py:")
+    assert "through torchaxe's attention (torchaxe/runtime/knob_specs.py:" in profile.detail
+    assert type(profile.error).from_dict(profile.error.to_dict()) == profile.error
+    # Without the change, no torchaxe frame and nothing said of one.
+    profile = run_script(tmp_path, source, steps=3)
+    assert profile.error.through is None and "torchaxe" not in profile.error.traceback
+
+
 @pytest.mark.parametrize("call, code, exit_code, message", [
     ("sys.exit(3)", 3, EXIT_SCRIPT_EXIT, None),
     ("sys.exit(0)", 0, EXIT_OK, None),

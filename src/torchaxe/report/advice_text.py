@@ -121,7 +121,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             if rec.held_back:
                 status += ", held back"
             if rec.status == "failed" and rec.error:
-                status += f": {rec.error[:80]}"
+                status += " (why: below)"
             kind = (f"[{rec.applies}{', unsafe' if rec.unsafe else ''}"
                     f"{', changes the optimisation' if rec.changes_optimisation else ''}] ")
             memory = rec.memory.text.removesuffix(" memory") if rec.memory and rec.status == "measured" else "-"
@@ -142,6 +142,13 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         if any(r.memory for r in ranked[:top]):
             console.print("  memory: the change of the peak memory against the original's, measured in the same "
                           "rounds (-35%: 35% less)")
+        failed = [r for r in ranked[:top] if r.status == "failed" and r.error]
+        if failed:
+            # In full: a status column cut to its width hides what the user must fix.
+            console.print("  failed:")
+            for r in failed:
+                lines = [line.strip() for line in r.error.splitlines() if line.strip()]
+                console.print(f"    {r.key}: {lines[0] if lines else ''}".replace("[", "\\["), overflow="fold")
         held = [r for r in ranked[:top] if r.held_back]
         if held:
             console.print("  held back (not chosen, yours to decide):")

@@ -469,20 +469,51 @@ def _exit_code_of(exc: SystemExit) -> tuple[int, str | None]:
     return code, None
 
 
+#: torchaxe's code that changes the user's computation while a knob is installed
+#: (wrappers around torch functions, fused kernels, replaced modules, compiled
+#: callers, patched loaders), relative to the package: an error raised through it is
+#: reported with its frame. The harness's probes only watch, and are left out.
+CHANGE_CODE = ("runtime/knob_specs.py", "runtime/compile_module.py", "runtime/loader_patch.py",
+               "runtime/instance_forward.py", "kernels/", "memory/", "precision/", "tune/", "shapes/bucketing.py",
+               "shapes/knob.py", "data/knob.py", "data/prefetch.py", "distributed/knob.py")
+
+
+def _torchaxe_file(filename: str) -> bool:
+    torchaxe_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return filename.startswith(torchaxe_dir + os.sep)
+
+
+def _change_file(filename: str) -> bool:
+    torchaxe_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not filename.startswith(torchaxe_dir + os.sep):
+        return False
+    inside = filename[len(torchaxe_dir) + 1:].replace(os.sep, "/")
+    return any(inside == c or (c.endswith("/") and inside.startswith(c)) for c in CHANGE_CODE)
+
+
 def _harness_file(filename: str) -> bool:
     import runpy
 
-    torchaxe_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return (filename.startswith(torchaxe_dir + os.sep) or filename == runpy.__file__
-            or filename.startswith("<frozen runpy"))
+    return _torchaxe_file(filename) or filename == runpy.__file__ or filename.startswith("<frozen runpy")
 
 
 def error_info(exc: BaseException, codes: Any) -> ErrorInfo:
     """The user's exception with their traceback (torchaxe's and runpy's frames left
-    out, the last few frames only)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not _harness_file(f.filename)]
-    user = [f for f in frames if codes.kind(f.filename) == "user"]
+    out, the last few frames only). torchaxe's frames below the user's last one stay:
+    there the error passed through a change torchaxe made (a knob's wrapper around a
+    torch function), which the user must see to tell its failure from their own."""
+    every = traceback.extract_tb(exc.__traceback__)
+    user_at = max((i for i, f in enumerate(every) if not _harness_file(f.filename)
+                   and codes.kind(f.filename) == "user"), default=-1)
+    frames = [f for i, f in enumerate(every) if not _harness_file(f.filename)
+              or (user_at >= 0 and i > user_at and _change_file(f.filename))]
+    user = [f for f in frames if not _torchaxe_file(f.filename) and codes.kind(f.filename) == "user"]
     where = user[-1] if user else (frames[-1] if frames else None)
+    ours = [f for f in frames if _torchaxe_file(f.filename)]
+    through = None
+    if ours:
+        torchaxe_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        through = f"{ours[-1].name} ({os.path.relpath(ours[-1].filename, torchaxe_dir)}:{ours[-1].lineno})"
     shown = frames[-TRACEBACK_FRAMES:]
     lines = ["Traceback (most recent call last):\n"]
     if len(frames) > len(shown):
@@ -495,6 +526,7 @@ def error_info(exc: BaseException, codes: Any) -> ErrorInfo:
         file=codes.show(where.filename) if where else None,
         line=where.lineno if where else None,
         traceback="".join(lines),
+        through=through,
     )
 
 
@@ -861,6 +893,8 @@ class Harness:
             return f"the script called sys.exit({profile.exit_code}){extra}; {steps}"
         if status == "error" and profile.error is not None:
             where = f" at {profile.error.location}" if profile.error.location else ""
+            if profile.error.through:
+                where += f", through torchaxe's {profile.error.through} (a change under trial)"
             return f"the script raised {profile.error.type}{where}: {first_line(profile.error.message)}; {steps}"
         if status == "timeout":
             extra = f" ({state['message']})" if state.get("message") else ""

@@ -516,8 +516,12 @@ class ErrorInfo:
     message: str
     file: str | None = None
     line: int | None = None
-    #: The user's traceback, with torchaxe's and runpy's frames left out.
+    #: The user's traceback, with torchaxe's and runpy's frames left out (but those
+    #: of a change torchaxe made to the computation, below the user's last frame).
     traceback: str = ""
+    #: The torchaxe function, of a change it made (a knob's wrapper), the error was
+    #: raised through, below the user's last frame: ``"attention (torchaxe/runtime/knob_specs.py:421)"``.
+    through: str | None = None
 
     @property
     def location(self) -> str | None:
@@ -531,6 +535,7 @@ class ErrorInfo:
             "file": self.file,
             "line": self.line,
             "traceback": self.traceback,
+            "through": self.through,
         }
 
     @classmethod
@@ -542,6 +547,7 @@ class ErrorInfo:
             file=r.str("file", optional=True),
             line=r.int("line", optional=True),
             traceback=r.str("traceback", optional=True) or "",
+            through=r.str("through", optional=True),
         )
 
 
