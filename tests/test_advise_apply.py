@@ -346,3 +346,10 @@ def test_apply_in_a_copy_of_the_project_refuses_advice_made_in_the_original(tmp_
     result = torchaxe("apply", "--advice", str(tmp_path / "advice.json"), cwd=copy)
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "proj-copy" in result.stderr
     assert "torch.tanh" in script.read_text()
+    # Run knobs alone edit no file: they go to the copy's torchaxe.toml, for `run` there.
+    assert check_made_here(advice, copy, ["knob:compile"]) == copy
+    result = torchaxe("apply", "--advice", str(tmp_path / "advice.json"), "--only", "knob:compile", cwd=copy)
+    assert result.returncode == 0, result.stderr
+    knobs, source = read_run_knobs(copy)
+    assert "compile" in knobs and source == copy / "torchaxe.toml" and not (project / "torchaxe.toml").exists()
+    assert "torch.tanh" in script.read_text() and "torch.tanh" in (copy / "train.py").read_text()

@@ -195,26 +195,34 @@ def advised_project(advice: dict[str, Any], folder: str | Path) -> Path:
     return project_root(folder)
 
 
-def check_made_here(advice: dict[str, Any], here: str | Path) -> None:
+def chosen_recommendations(advice: dict[str, Any], keys: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The recommendations ``apply`` applies: those named in ``keys``, else the chosen."""
+    recs = [r for r in advice["recommendations"] if isinstance(r, dict)]
+    return [r for r in recs if (r.get("key") in keys if keys else r.get("selected"))]
+
+
+def check_made_here(advice: dict[str, Any], here: str | Path, keys: Sequence[str] = ()) -> Path | None:
     """Refuse advice made in another copy of this project. Its fixes are for the files
     of the project of the script advise ran (``apply`` run from anywhere changes
     those), but run from a copy of that project (the same script at the same place in
-    it) the user means the copy, and would see the other tree edited."""
+    it) the user means the copy, and would see the other tree edited. Run knobs alone
+    (the changes to apply, of ``keys`` or the chosen, edit no file) belong to no tree:
+    for them the copy's script folder is returned, where its run knobs go."""
     from torchaxe.runtime.torchrun import parse_script
     from torchaxe.scan.discover import project_root
 
     made_in = advice.get("cwd")
     if not isinstance(made_in, str) or not os.path.isdir(made_in):
-        return
+        return None
     try:
         _, script = parse_script(advice["command"], cwd=made_in)
     except (TorchaxeError, KeyError):
-        return
+        return None
     advised = Path(os.path.realpath(script.target if script.kind == "path" else script.folder))
     project = advised_project(advice, script.folder)
     here_project = project_root(here)
     if Path(os.path.realpath(here)).is_relative_to(project) or project.is_relative_to(here_project):
-        return
+        return None
     # The copy's project may be unmarked, as advise's may have been: look for the same
     # script at the same place from here and the folders above it (not top-level ones).
     inside = advised.relative_to(project)
@@ -223,14 +231,21 @@ def check_made_here(advice: dict[str, Any], here: str | Path) -> None:
             break
         copy = base / inside
         if copy.exists():
+            edits = [r for r in chosen_recommendations(advice, keys)
+                     if r.get("applies") == "code" and r.get("status") != "advice"]
+            if not edits:
+                return copy if copy.is_dir() else copy.parent
             raise TorchaxeError(f"this advice was made for {advised}: its fixes are for the files there, not for "
                                 f"the copy here ({copy}); run `torchaxe advise` here, or `torchaxe apply` in "
                                 f"{made_in}")
+    return None
 
 
 def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence[str] = (),
-                 write: bool = True) -> ApplyResult:
-    """Apply the chosen recommendations (or the ones named in ``keys``)."""
+                 write: bool = True, knobs_folder: Path | None = None) -> ApplyResult:
+    """Apply the chosen recommendations (or the ones named in ``keys``); the run knobs
+    go to the torchaxe.toml of the script's folder, or of ``knobs_folder`` (a copy of
+    the project, see :func:`check_made_here`)."""
     from torchaxe.advise.arms import merge_knobs
     from torchaxe.runtime.torchrun import parse_script
     from torchaxe.scan.discover import in_project
@@ -242,12 +257,11 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
         raise TorchaxeError(f"the folder advise ran in is gone: {cwd}")
     _, script = parse_script(advice["command"], cwd=cwd)
     folder = script.folder
-    recs = [r for r in advice["recommendations"] if isinstance(r, dict)]
-    known = {r.get("key") for r in recs}
+    known = {r.get("key") for r in advice["recommendations"] if isinstance(r, dict)}
     for key in keys:
         if key not in known:
             raise TorchaxeError(f"--only {key}: no such recommendation in the advice (see its `key` fields)")
-    chosen = [r for r in recs if (r.get("key") in keys if keys else r.get("selected"))]
+    chosen = chosen_recommendations(advice, keys)
     result = ApplyResult(asked=[r["key"] for r in chosen])
     result.slower = [f"{r['key']} ({r['speedup']:.2f}x)" for r in chosen
                      if r.get("status") == "measured" and isinstance(r.get("speedup"), (int, float)) and r["speedup"] < 1]
@@ -285,7 +299,7 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     fragments = [r.get("knobs") or {} for r in chosen if r.get("applies") == "knob"]
     if fragments:
         result.knobs = merge_knobs(fragments)
-        result.config = config_path_for(folder)
+        result.config = config_path_for(Path(knobs_folder) if knobs_folder is not None else Path(folder))
         from torchaxe.runtime.knobs import knob_set_from_dict
 
         knob_set_from_dict({"name": "run", **result.knobs}, str(result.config))  # refuse what run would refuse

@@ -262,8 +262,8 @@ def apply(advice_path, unsafe_fixes, keys, diff):
     from torchaxe.advise.apply import apply_advice, check_made_here, load_advice
 
     advice = load_advice(advice_path)
-    check_made_here(advice, Path.cwd())
-    result = apply_advice(advice, unsafe=unsafe_fixes, keys=keys, write=not diff)
+    copy = check_made_here(advice, Path.cwd(), keys)
+    result = apply_advice(advice, unsafe=unsafe_fixes, keys=keys, write=not diff, knobs_folder=copy)
     for text in result.diffs:
         if diff:
             click.echo(text, nl=False)
