@@ -148,7 +148,12 @@ def test_a_set_not_paid_back_within_the_jobs_steps_is_not_chosen(script: Path) -
     (["--num-train-steps", "10"], (10, "--num-train-steps 10")),
     (["--max_train_steps", "40"], (40, "--max_train_steps 40")),  # transformers' no-trainer examples
     (["--num_training_steps=7"], (7, "--num_training_steps 7")),
+    (["--steps", "200"], (200, "--steps 200")),
+    (["--iters=50"], (50, "--iters 50")),
+    (["--num_batches", "64"], (64, "--num_batches 64")),
     (["--eval-steps", "10"], None),  # not the job's length
+    (["--save_steps", "10"], None),
+    (["--batches", "10"], None),
     (["--max-steps-per-epoch", "10"], None),
     (["--max-steps", "300", "--max_steps=400"], None),  # two lengths: neither
     (["--epochs", "3"], None),

@@ -13,7 +13,9 @@ from typing import Any, Iterable, Iterator, Sequence
 #: A dotted prefix names a section of a configuration (``--trainer.max_iters=300``,
 #: Hydra's ``trainer.max_steps=300`` without the dashes).
 _PREFIX = r"^(?:--(?:[\w-]+\.)*|(?:[\w-]+\.)+)"
-_LENGTH_OPTIONS = re.compile(_PREFIX + r"(max|num|total|train)([-_]train(ing)?)?[-_](steps|iters|iterations)$")
+#: A bare ``--steps`` or ``--iters`` too, and ``--num_batches`` (benchmark-style loops).
+_LENGTH_OPTIONS = re.compile(_PREFIX + r"(((max|num|total|train)([-_]train(ing)?)?[-_])?(steps|iters|iterations)"
+                             r"|(max|num|total)[-_]batches)$")
 #: Options that give it in epochs (``--epochs 2``, ``--num_train_epochs 3``, ``--max-epochs``).
 _EPOCH_OPTIONS = re.compile(_PREFIX + r"((max|num|n|total|train)[-_]?)?(train[-_])?epochs$")
 
