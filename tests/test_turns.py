@@ -15,7 +15,7 @@ from profile_support import PRELUDE, run_script
 from torchaxe.advise.measure import Measurer
 from torchaxe.runtime.knobs import knob_set_from_dict
 from torchaxe.runtime.trials import TrialOptions, TrialRun, run_in_subprocess
-from torchaxe.runtime.turns import ENV, TurnClient, TurnPlan, run_in_turns, steps_per_turn
+from torchaxe.runtime.turns import ENV, ENV_WARM, TurnClient, TurnPlan, run_in_turns, steps_per_turn
 
 SCRIPT = Path(__file__).parent / "scripts" / "trial_train.py"
 
@@ -133,7 +133,7 @@ def test_a_run_started_after_the_others_warm_up_has_what_is_left_of_the_rounds_l
 
 class SlowWarmups(FakeRuns):
     """FakeRuns whose warm-ups take ``warm`` seconds by name, stopped as the harness
-    stops them at the run's --first-step-timeout (no step: status "stopped")."""
+    stops them at the warm-up limit the round gives (no measured step: "stopped")."""
 
     def __init__(self, steps: int, warm: dict[str, float]):
         super().__init__(steps)
@@ -144,8 +144,8 @@ class SlowWarmups(FakeRuns):
     def __call__(self, knob_set, command, options, repeat, env) -> TrialRun:
         name = knob_set.name
         self.order.append(name)
-        self.warm_limits[name] = options.first_step_timeout
-        limit = options.first_step_timeout
+        limit = float(env[ENV_WARM]) if ENV_WARM in env else None
+        self.warm_limits[name] = limit
         if limit is not None and self.warm.get(name, 0.0) > limit:
             time.sleep(limit)
             return TrialRun(knobs=name, repeat=repeat, ok=False, status="stopped",
@@ -223,6 +223,32 @@ for k in range(1, 20):
     profile = run_script(tmp_path, source, steps=4, warmup=warmup, clock=lambda: clock.now)
     assert calls == ["wait", "step", "step", "step", "end"]
     assert [s.seconds for s in profile.steps] == [1.0] * (4 + warmup)
+
+
+def test_the_harness_stops_a_warm_up_longer_than_its_round_left_it(tmp_path, monkeypatch) -> None:
+    # Steps after the first recompile too (new shapes): the first step ends in time,
+    # but the warm-up of 4 steps of 0.3 s does not end within the 0.5 s it was given.
+    monkeypatch.setenv(ENV, TurnPlan(str(tmp_path / "none.sock"), 2, 0).to_env())
+    monkeypatch.setenv(ENV_WARM, "0.5")
+    calls: list[str] = []
+    monkeypatch.setattr(TurnClient, "wait", lambda self: calls.append("wait"))
+    source = PRELUDE + """
+import time
+for k in range(1, 20):
+    out = model(x)
+    time.sleep(0.3)
+    out.sum().backward()
+    opt.step()
+"""
+    profile = run_script(tmp_path, source, steps=4, warmup=4)
+    assert profile.status == "stopped" and not profile.measured_steps and calls == []
+    assert profile.detail.startswith("stopped: not warm within 0.5 s of the start of training"), profile.detail
+    assert 1 <= len(profile.steps) <= 3
+    # Given the time, the same run is measured.
+    monkeypatch.setenv(ENV, TurnPlan(str(tmp_path / "none.sock"), 2, 0).to_env())
+    monkeypatch.setenv(ENV_WARM, "30")
+    profile = run_script(tmp_path, source, steps=2, warmup=2)
+    assert profile.status == "stopped" and len(profile.measured_steps) == 2
 
 
 def test_a_round_made_at_once_gives_ratios_against_its_own_original_run() -> None:

@@ -153,7 +153,8 @@ class StepRecorder:
 
     The probes report into it (data wait, syncs, gc); step boundaries come from the
     step sources of ``steps.py`` (``step_end``). ``training`` is set at the first sign
-    of training and ``stepped`` at the first step boundary (the watchdog waits on them).
+    of training, ``stepped`` at the first step boundary and ``warmed`` when the first
+    measured step begins (the watchdog waits on them).
     """
 
     def __init__(self, options: HarnessOptions, backend: Any, clock: Callable[[], float],
@@ -171,6 +172,7 @@ class StepRecorder:
         self.source: str | None = None
         self.training = threading.Event()
         self.stepped = threading.Event()
+        self.warmed = threading.Event()
         self.flop_window: Any = None  # a FlopWindow when FLOPs are counted
         self.python_calls: Any = None  # a PythonCallCounter over the last warm-up step, with --ops
         self.on_device_ready: Callable[[], None] = lambda: None
@@ -252,6 +254,8 @@ class StepRecorder:
 
     def _begin(self, now: float, index: int) -> None:
         _PHASE[0] = self.options.phase(index)
+        if _PHASE[0] == "measured":
+            self.warmed.set()
         turns = self.turns
         if index == 1 and turns is not None and self.options.steps is not None \
                 and self.options.phase(1) == "measured":
@@ -363,21 +367,25 @@ class Watchdog:
     """``--timeout`` and ``--first-step-timeout``: interrupts the script (a signal to
     the thread running it) when ``timeout`` seconds have passed since the start, or
     when ``first_step`` seconds have passed since ``recorder`` saw training start
-    without a single step ending. The timeout unwinds the script like Ctrl-C; the
-    first-step timeout raises :class:`StopProfiling`, which the script's ``except
-    KeyboardInterrupt`` does not catch. If the script has not ended ``grace`` seconds
-    later, calls ``abandon`` (the CLI writes the profile from there and exits).
-    ``fired`` says which ran out: ``timeout``, ``first-step`` or None."""
+    without a single step ending, or ``warm_up`` seconds without the warm-up ending (a
+    run taking turns, given what its round left it: ``runtime/turns.py``). The timeout
+    unwinds the script like Ctrl-C; the others raise :class:`StopProfiling`, which the
+    script's ``except KeyboardInterrupt`` does not catch. If the script has not ended
+    ``grace`` seconds later, calls ``abandon`` (the CLI writes the profile from there
+    and exits). ``fired`` says which ran out: ``timeout``, ``first-step``, ``warm-up``
+    or None."""
 
     #: How often the first-step watch looks at the recorder, in seconds.
     POLL = 0.05
 
     def __init__(self, timeout: float | None, grace: float, abandon: Callable[[], None] | None = None, *,
-                 first_step: float | None = None, recorder: StepRecorder | None = None) -> None:
+                 first_step: float | None = None, recorder: StepRecorder | None = None,
+                 warm_up: float | None = None) -> None:
         self.timeout = timeout
         self.grace = grace
         self.abandon = abandon
         self.first_step = first_step if recorder is not None else None
+        self.warm_up = warm_up if recorder is not None else None
         self.recorder = recorder
         self.fired: str | None = None
         self._done = threading.Event()
@@ -401,6 +409,8 @@ class Watchdog:
         if not self._done.is_set():
             if self.fired == "first-step":
                 raise StopProfiling("torchaxe: no step was seen within --first-step-timeout")
+            if self.fired == "warm-up":
+                raise StopProfiling("torchaxe: the warm-up did not end in the time its round left it")
             raise KeyboardInterrupt
 
     def _expired(self) -> str | None:
@@ -413,11 +423,15 @@ class Watchdog:
             if self.timeout is not None and now - start >= self.timeout:
                 return "timeout"
             wait = None if self.timeout is None else start + self.timeout - now
+            if recorder is not None and began is None and recorder.training.is_set():
+                began = now
             if self.first_step is not None and recorder is not None and not recorder.stepped.is_set():
-                if began is None and recorder.training.is_set():
-                    began = now
                 if began is not None and now - began >= self.first_step:
                     return "first-step"
+                wait = self.POLL if wait is None else min(wait, self.POLL)
+            if self.warm_up is not None and recorder is not None and not recorder.warmed.is_set():
+                if began is not None and now - began >= self.warm_up:
+                    return "warm-up"
                 wait = self.POLL if wait is None else min(wait, self.POLL)
             if self._done.wait(wait):
                 return None
@@ -430,7 +444,7 @@ class Watchdog:
             if self._done.is_set():
                 return
             self.fired = reason
-            if reason == "first-step" and self.recorder is not None:
+            if reason in ("first-step", "warm-up") and self.recorder is not None:
                 self.recorder.stop_requested = True  # also raised at the next DataLoader fetch or backward pass
             if self._handling and hasattr(signal, "pthread_kill"):
                 signal.pthread_kill(self._target, signal.SIGINT)
@@ -742,16 +756,18 @@ class Harness:
                                  marker, backward_steps, state, started_at, final, comm)
 
         watchdog = None
-        if options.timeout is not None or options.first_step_timeout is not None:
+        warm_up = getattr(recorder.turns, "warm_limit", None)
+        if options.timeout is not None or options.first_step_timeout is not None or warm_up is not None:
             abandon = None
             if self.abandon is not None:
                 def abandon() -> None:
-                    limit = "timeout" if watchdog.fired == "timeout" else "first-step timeout"
+                    limit = {"timeout": "timeout", "warm-up": "warm-up limit"}.get(watchdog.fired,
+                                                                                  "first-step timeout")
                     state["status"] = "timeout" if watchdog.fired == "timeout" else "stopped"
                     state["message"] = f"did not stop within {options.grace_seconds:g} s of the {limit}"
                     self.abandon(snapshot(final=False))
             watchdog = Watchdog(options.timeout, options.grace_seconds, abandon,
-                                first_step=options.first_step_timeout, recorder=recorder)
+                                first_step=options.first_step_timeout, recorder=recorder, warm_up=warm_up)
 
         installed: list[Any] = []
         try:
@@ -789,6 +805,8 @@ class Harness:
             state["flops"] = flop_count(recorder.flop_window, backend, options.warmup)
         if watchdog is not None and watchdog.fired == "first-step":
             state["first_step_timeout"] = True
+        if watchdog is not None and watchdog.fired == "warm-up":
+            state["warm_up_limit"] = warm_up
         if watchdog is not None and watchdog.fired == "timeout" and state["status"] != "stopped":
             state["status"] = "timeout"
         elif recorder.stop_requested and state["status"] not in ("stopped", "interrupted"):
@@ -886,6 +904,10 @@ class Harness:
             extra = f" ({state['message']})" if state.get("message") else ""
             return (f"stopped: no step within {self.options.first_step_timeout:g} s of the start of training "
                     f"(--first-step-timeout){extra}")
+        if status == "stopped" and state.get("warm_up_limit") and not profile.measured_steps:
+            extra = f" ({state['message']})" if state.get("message") else ""
+            return (f"stopped: not warm within {state['warm_up_limit']:.3g} s of the start of training (what its "
+                    f"round of runs taking turns left it){extra}")
         if status == "stopped":
             return f"stopped after {steps}" + (" (the script caught the stop and went on)" if state.get("caught_stop") else "")
         if status == "exited":

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 #: The variable that puts a run in turns: ``PATH;STEPS;NUMBER``.
 ENV = "TORCHAXE_TURNS"
+#: The seconds from the start of training a run's warm-up may take (what its round
+#: leaves it beyond the measured steps), when its round has a deadline.
+ENV_WARM = "TORCHAXE_TURNS_WARM"
 #: Seconds of steps a turn lasts: short enough that neighbouring turns see the same
 #: machine, long enough that switching (caches refilled) is a small part of it.
 TURN_SECONDS = 0.5
@@ -84,8 +87,10 @@ class TurnClient:
     warm-up), ``end()`` after the last measured step. Any socket error makes it stop
     taking turns: the run goes on alone rather than fail."""
 
-    def __init__(self, plan: TurnPlan) -> None:
+    def __init__(self, plan: TurnPlan, warm_limit: float | None = None) -> None:
         self.plan = plan
+        #: Seconds from the start of training by which the warm-up must end (None: any).
+        self.warm_limit = warm_limit
         self._socket: socket.socket | None = None
         self._reader = None
         self.measured = 0
@@ -94,7 +99,13 @@ class TurnClient:
     def from_environment(cls) -> "TurnClient | None":
         # Not for the script's own subprocesses: this process takes the turns.
         plan = TurnPlan.from_env(os.environ.pop(ENV, None))
-        return cls(plan) if plan is not None else None
+        try:
+            limit: float | None = float(os.environ.pop(ENV_WARM, ""))
+        except ValueError:
+            limit = None
+        if limit is not None and not limit > 0:
+            limit = None
+        return cls(plan, limit) if plan is not None else None
 
     def _send(self, word: str) -> bool:
         if self._socket is None:
@@ -364,17 +375,18 @@ def _run_round(run: TurnRunner, knob_sets: Sequence["KnobSet"], command: Sequenc
 
     def one(number: int, warm_limit: float | None) -> None:
         env = {ENV: TurnPlan(path, turn_steps, number).to_env()}
+        if warm_limit is not None:
+            env[ENV_WARM] = f"{warm_limit:.3f}"
         own = options
         if bounded:
             # The round's limit counts from the round's start: a run started once the
             # runs before it have warmed up has what is left of it.
             own = replace(options, timeout=max(options.timeout - (time.perf_counter() - started), LEAST_TIMEOUT))
-        if warm_limit is not None:
-            own = replace(own, first_step_timeout=min(own.first_step_timeout or warm_limit, warm_limit))
         try:
             result = run(knob_sets[number], command, own, repeat, env)
             if warm_limit is not None and result.status == "stopped" and not result.step_seconds:
-                # Stopped in its warm-up for the time the others' measured steps need.
+                # Stopped in its warm-up (by the harness, at ENV_WARM) for the time the
+                # others' measured steps need.
                 result.status = "timeout"
                 result.error = f"timeout: not warm within the {warm_limit:.0f} s the round left for its warm-up"
             results[number] = result
