@@ -221,6 +221,15 @@ def test_a_budget_that_fits_few_changes_says_how_much_would_fit_them_all(script:
                "them all, at 2 s per run" in n for n in advice.notes)
 
 
+def test_a_first_compile_that_does_not_fit_leaves_the_budget_to_a_cheaper_change(script: Path) -> None:
+    # Runs of 2 s, 2 rounds: 20 s hold one change's runs, but not a compile's, whose
+    # first run is guessed to take three; the next most promising is measured instead.
+    statuses = {r.key: r.status for r in run_advice(script, FakeRuns(), budget=20.0).recommendations}
+    assert statuses["knob:compile"] == "not_measured" and statuses["code:AX110"] == "measured"
+    statuses = {r.key: r.status for r in run_advice(script, FakeRuns(), budget=24.0).recommendations}
+    assert statuses["knob:compile"] == "measured"  # it fits: the most promising first
+
+
 def test_a_budget_that_holds_no_measurement_measures_nothing_and_says_so(script: Path) -> None:
     # Runs of 2 s; 5 s left after the profile hold no warm-up, original and change.
     runs = FakeRuns()

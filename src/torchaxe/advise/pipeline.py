@@ -38,7 +38,7 @@ from torchaxe.advise.baseline import (DEFAULT_STEPS, MEASURE_WINDOW, TURNS_MEASU
 from torchaxe.advise.candidates import (OPTIMIZER_RULES, Candidate, code_candidates, installed_candidates,
                                         knob_candidates, run_by_the_job, script_speedups, stored_candidates)
 from torchaxe.advise.evidence import micro_benchmarks
-from torchaxe.advise.measure import AGAIN, ArmResult, Measurer, TogetherRunner
+from torchaxe.advise.measure import AGAIN, FIRST_COMPILE_GUESS, ArmResult, Measurer, TogetherRunner
 from torchaxe.advise.options import AdviseOptions
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import LOSS_JUDGED_AXES, ChangeSearch
@@ -429,11 +429,28 @@ class Advisor:
         # one; keep room for the combined run (2 arms x repeats).
         per_run = base.expected_run_seconds(self.options.warmup, self.steps)
         left = self.deadline - self.clock()
-        fit = int((left - per_run) / per_run / repeats) - 1 - 2  # one warm-up run first
+        # In runs of the original's length a round: one warm-up run first, the A/A arm
+        # and the combined run kept in reserve.
+        room = (left - per_run) / per_run / repeats - 1 - 2
         ordered = sorted(candidates, key=lambda c: -c.priority)
-        # One change needs a warm-up run, the original and the change at the least.
-        chosen = ordered[:max(fit, 1)] if left >= 3 * per_run else []
-        for c in ordered[len(chosen):]:
+        # The most promising first, each while it fits; a change that compiles pays for
+        # its first compile once on top (guessed), and one that does not fit leaves
+        # room for cheaper ones after it. One change needs a warm-up run, the original
+        # and the change at the least: the best is measured whenever that fits.
+        chosen: list[Candidate] = []
+        for c in ordered:
+            cost = 1.0 + ((FIRST_COMPILE_GUESS - 1.0) / repeats if pays_once(c.rec.knobs or {}) else 0.0)
+            if cost <= room + 1e-9:
+                chosen.append(c)
+                room -= cost
+        if not chosen and ordered and left >= 3 * per_run:
+            chosen = ordered[:1]
+        elif left < 3 * per_run:
+            chosen = []
+        taken = {id(c) for c in chosen}
+        for c in ordered:
+            if id(c) in taken:
+                continue
             c.rec.status = "not_measured"
             c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + "(not measured: out of --budget)"
         if len(chosen) < len(ordered):
