@@ -137,3 +137,40 @@ def test_import_torchaxe_is_light():
     code = "import sys, torchaxe, torchaxe.findings, torchaxe.cli; print(sorted(m for m in ('torch', 'torch_npu', 'matplotlib', 'rich') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_terminated_measuring_command_ends_the_runs_it_started(tmp_path):
+    # Measured runs are started in sessions of their own (so that each ends whole): a
+    # SIGTERM to torchaxe (a scheduler, a closed terminal) would leave them running.
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import time, torch\n"
+        "w = torch.nn.Parameter(torch.ones(2))\n"
+        "opt = torch.optim.SGD([w], lr=0.1)\n"
+        "for _ in range(10000):\n"
+        "    (w * 2).sum().backward()\n"
+        "    opt.step()\n"
+        "    time.sleep(0.2)\n")
+    knobs = tmp_path / "a.json"
+    knobs.write_text('{"name": "a"}')
+    proc = subprocess.Popen([sys.executable, "-m", "torchaxe", "trial", "--knobs", str(knobs), "--steps", "5000",
+                             "--", "python", str(script)], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    children: list = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not children:
+        time.sleep(0.5)
+        children = psutil.Process(proc.pid).children(recursive=True)
+    assert children, "the run never started"
+    time.sleep(2.0)  # well inside the run
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]

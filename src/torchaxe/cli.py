@@ -312,11 +312,27 @@ def rules(code, fmt):
     render_rule_table(all_rules(), sys.stdout)
 
 
+#: Commands that start measured runs of the user's script in processes of their own.
+MEASURING_COMMANDS = frozenset({"advise", "trial", "tune", "shapes", "data", "verify"})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: one line on stderr for any error, never a traceback."""
     debug = bool(os.environ.get("TORCHAXE_DEBUG"))
+    words = sys.argv[1:] if argv is None else argv
+    command = next((w for w in words if not w.startswith("-")), None)
+    # The commands that start measured runs end them when stopped; those that run the
+    # user's job in this process (run, profile) or hand it on (launch, follow, bind)
+    # keep the job's own signal handling.
+    measuring = command in MEASURING_COMMANDS
     try:
-        cli.main(args=argv, prog_name="torchaxe", standalone_mode=False)
+        if measuring:
+            from torchaxe.runtime.process import ended_with_this_process
+
+            with ended_with_this_process():
+                cli.main(args=argv, prog_name="torchaxe", standalone_mode=False)
+        else:
+            cli.main(args=argv, prog_name="torchaxe", standalone_mode=False)
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except click.exceptions.Abort:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from typing import IO, Sequence
+import threading
+from contextlib import contextmanager
+from typing import IO, Iterator, Sequence
 
 #: How long the top process gets to stop its children after SIGTERM.
 TERM_GRACE_SECONDS = 10.0
@@ -59,6 +61,50 @@ def end_tree(proc: subprocess.Popen, grace: float = TERM_GRACE_SECONDS) -> None:
         proc.kill()
 
 
+#: The trees :func:`run_tree` has running now (from any thread), for :func:`end_all`.
+_LIVE: set = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def end_all(grace: float = 2.0) -> None:
+    """End every tree :func:`run_tree` has running now: the runs side by side of a
+    round are waited for in threads, which an interrupt of the main thread does not
+    reach."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for proc in live:
+        if proc.poll() is None:
+            end_tree(proc, grace=grace)
+
+
+@contextmanager
+def ended_with_this_process() -> Iterator[None]:
+    """While measuring: SIGTERM or SIGHUP to this process (a job scheduler, a closed
+    terminal) is taken as Ctrl-C, so that the runs it started end with it. They run in
+    sessions of their own (so that a run is ended whole), and would otherwise be left
+    running. From the main thread only; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    previous = {}
+    for name in ("SIGTERM", "SIGHUP"):
+        number = getattr(signal, name, None)
+        if number is not None and signal.getsignal(number) in (signal.SIG_DFL, None):
+            previous[number] = signal.signal(number, interrupt)
+    try:
+        yield
+    except BaseException:
+        end_all()
+        raise
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
 def run_tree(argv: Sequence[str], *, env: dict[str, str] | None, stdout: int | IO | None,
              stderr: int | IO | None, limit: float | None) -> tuple[int, bool]:
     """Run ``argv`` in a session of its own to its end, or for ``limit`` seconds;
@@ -66,6 +112,8 @@ def run_tree(argv: Sequence[str], *, env: dict[str, str] | None, stdout: int | I
     whole tree before it is passed on."""
     proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
                             start_new_session=True)
+    with _LIVE_LOCK:
+        _LIVE.add(proc)
     killed = False
     try:
         returncode = proc.wait(timeout=limit)
@@ -77,4 +125,6 @@ def run_tree(argv: Sequence[str], *, env: dict[str, str] | None, stdout: int | I
         if proc.poll() is None:  # interrupted while waiting: take the run down with us
             end_tree(proc, grace=2.0)
             proc.wait()
+        with _LIVE_LOCK:
+            _LIVE.discard(proc)
     return returncode, killed

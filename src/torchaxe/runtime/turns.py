@@ -415,6 +415,12 @@ def _run_round(run: TurnRunner, knob_sets: Sequence["KnobSet"], command: Sequenc
             thread.start()
             coordinator.ready(number)
         coordinator.cycle(range(count))
+    except BaseException:
+        # Interrupted: the runs' threads wait on them, which the interrupt does not reach.
+        from torchaxe.runtime.process import end_all
+
+        end_all()
+        raise
     finally:
         coordinator.close()
         server.close()
