@@ -47,6 +47,20 @@ def test_text_summary_names_the_winners_and_what_to_run_next(advice) -> None:
     assert "torchaxe apply -- " not in text  # apply takes no command
 
 
+def test_the_report_says_where_the_budget_went(script: Path) -> None:  # noqa: F811
+    from test_advise import Clock, TimedRuns
+
+    clock = Clock()
+    advice = run_advice(script, TimedRuns(clock, 4.0), clock=clock, budget=300.0)
+    phases = advice.phases
+    assert set(phases) <= {"profile", "scan", "micro-benchmarks", "measuring"} and phases["measuring"] >= 4.0
+    assert abs(sum(phases.values()) - advice.elapsed_seconds) < 1e-6
+    assert json.loads(advice.to_json())["phases"]["measuring"] == round(phases["measuring"], 2)
+    out = io.StringIO()
+    render_advice_text(advice, out, width=200)
+    assert f"s of a 300 s budget: measuring {phases['measuring']:.0f} s;" in out.getvalue()
+
+
 def test_a_failed_change_s_error_is_shown_in_full_below_the_table(advice) -> None:
     rec = advice.ranked()[-1]
     rec.status, rec.selected = "failed", False

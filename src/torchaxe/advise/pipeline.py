@@ -156,6 +156,7 @@ class Advisor:
         self.profiler = profiler or profile_in_subprocess
         self.clock = clock
         self.started = clock()
+        self._mark = self.started
         #: The machine's 1-minute load average (None: unknown); the runs a busy machine
         #: makes are slowed unevenly, which advise says.
         self.load = load if load is not None else _load_average
@@ -186,10 +187,19 @@ class Advisor:
             self.advice.partial = True
             self.advice.notes.append("interrupted (Ctrl-C): the advice holds what was measured until then")
         finally:
+            self._lap("measuring")
             self.advice.elapsed_seconds = self.clock() - self.started
             shutil.rmtree(self.workdir, ignore_errors=True)
             self._busy_note()
         return self.advice
+
+    def _lap(self, phase: str) -> None:
+        """The time since the last lap, put down to ``phase`` (the report says where a
+        --budget went)."""
+        now = self.clock()
+        if now > self._mark:
+            self.advice.phases[phase] = self.advice.phases.get(phase, 0.0) + (now - self._mark)
+        self._mark = now
 
     def _busy_note(self) -> None:
         """A note when other processes kept the machine busy: the runs (one at a time,
@@ -206,6 +216,7 @@ class Advisor:
         advice = self.advice
         self.progress("profiling the original script")
         base = self.profiler(self.command, self.options, self.target)
+        self._lap("profile")
         check_profile(base.profile, self.options)
         summary = base.profile.get("summary") or {}
         step = summary.get("step_seconds_median")
@@ -235,6 +246,7 @@ class Advisor:
         project = project_of(folder, base.context.get("modules") or [])
         own, extra, project_files = scan_for_advice(folder, project, base.context.get("modules") or [],
                                                     self.options.scan_installed, self.target, self.progress)
+        self._lap("scan")
         findings = list(own.findings)
         advice.findings = [f.to_dict() for f in findings]
         advice.scanned = {"folder": str(folder), "project": str(project), "project_files": project_files,
@@ -285,6 +297,7 @@ class Advisor:
         replaced, installed_advice = installed_candidates(installed, base.profile)
         advice_recs += installed_advice
         micro_benchmarks(codes + replaced, self.target, lambda: self.clock() > self.deadline, self.progress)
+        self._lap("micro-benchmarks")
         candidates = codes + replaced + knob_candidates(
             self.target, base.profile, settings, memory_limit=self.options.memory_limit,
             allow_batch_change=self.options.allow_batch_change, notes=advice.notes,

@@ -90,6 +90,8 @@ class Advice:
     partial: bool = False
     notes: list[str] = field(default_factory=list)
     elapsed_seconds: float = 0.0
+    #: Where the elapsed time went: seconds by phase (profile, scan, micro-benchmarks, measuring).
+    phases: dict[str, float] = field(default_factory=dict)
     repeats: int = 0
     #: The working folder advise ran in: the command's relative paths are relative to it.
     cwd: str = field(default_factory=os.getcwd)
@@ -130,6 +132,7 @@ class Advice:
         return {
             "schema": SCHEMA, "command": self.command, "cwd": self.cwd, "target": self.target,
             "budget_seconds": self.budget_seconds, "elapsed_seconds": self.elapsed_seconds,
+            "phases": {name: round(seconds, 2) for name, seconds in self.phases.items()},
             "repeats": self.repeats, "partial": self.partial, "baseline": self.baseline,
             "recommendations": [r.to_dict() for r in self.ranked()],
             "combined": self.combined, "achieved": self.achieved,

@@ -218,7 +218,9 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     measured = [r for r in advice.recommendations if r.status == "measured"]
     tried = [r for r in advice.recommendations if r.status in ("measured", "failed", "not_measured")]
     rounds = max((len(r.ratios or []) for r in measured), default=0)
-    console.print(f"  ({advice.elapsed_seconds:.0f} s of a {advice.budget_seconds:.0f} s budget; "
+    spent = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in advice.phases.items() if seconds >= 1)
+    console.print(f"  ({advice.elapsed_seconds:.0f} s of a {advice.budget_seconds:.0f} s budget"
+                  + (f": {spent}" if spent else "") + "; "
                   f"{len(measured)} of {len(tried)} changes measured"
                   + (f", in up to {rounds} interleaved round{'s' if rounds != 1 else ''} each)" if measured else ")"))
 
