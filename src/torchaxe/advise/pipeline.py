@@ -52,6 +52,7 @@ from torchaxe.runtime import ranks
 from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
 from torchaxe.runtime.job_command import batches_per_step, job_epochs_in, job_steps_in, job_steps_of_epochs
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict, pays_once
+from torchaxe.runtime.load import busy, load_average
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
 from torchaxe.shapes.candidates import training_epoch
@@ -89,9 +90,6 @@ LOUD_LOSS_NOISE = 0.25
 UNSEEDED_LOSS_NOISE = 0.005
 
 
-#: A load average above this many times the cores the script may use says the machine
-#: was busy with more than advise's own runs.
-BUSY_LOAD = 1.5
 #: The knobs that change only DDP's communication (a compression hook, the bucket size,
 #: the static graph's bucket order, views into the buckets, the buffers' broadcast):
 #: their saving is bounded by its time (find_unused_parameters=False also saves a
@@ -113,13 +111,6 @@ SAVING_SLACK = 0.002
 #: A note says so when passes without gradients (evaluation inside the step) take at
 #: least this share of the step time.
 NO_GRAD_NOTE_SHARE = 0.2
-
-
-def _load_average() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on every platform
-        return None
 
 
 class Advisor:
@@ -159,7 +150,7 @@ class Advisor:
         self._mark = self.started
         #: The machine's 1-minute load average (None: unknown); the runs a busy machine
         #: makes are slowed unevenly, which advise says.
-        self.load = load if load is not None else _load_average
+        self.load = load if load is not None else load_average
         self.cores: int | None = None
         self.deadline = self.started + options.budget
         self.workdir = Path(tempfile.mkdtemp(prefix="torchaxe-advise-"))
@@ -206,7 +197,7 @@ class Advisor:
         each on the cores the script may use) load it about one core's worth per core;
         half again as much is someone else's work, which slows runs unevenly."""
         load, cores = self.load(), self.cores or os.cpu_count()
-        if load is not None and cores and load > BUSY_LOAD * cores:
+        if busy(load, cores):
             self.advice.notes.append(
                 f"the machine was busy (1-minute load {load:.1f} on {cores} core(s) at the end): other processes "
                 "slow runs unevenly, so the figures are noisier than on a quiet machine; run advise again when it "
