@@ -128,6 +128,64 @@ def test_a_mapping_batch_s_tensors_are_named_by_their_keys(tmp_path):
     assert verdict.buckets[0].field == "input_ids" and verdict.buckets[0].to_dict()["field"] == "input_ids"
 
 
+SEQ2SEQ = """\
+import torch
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader
+torch.manual_seed(0)
+data = [(torch.randint(1, 9, (int(n),)), torch.randint(1, 9, (int(m),)))
+        for n, m in zip(torch.randint(4, 40, (60,)), torch.randint(2, 12, (60,)))]
+def collate_fn(batch):
+    ids = pad_sequence([s for s, _ in batch], batch_first=True)
+    labels = pad_sequence([t for _, t in batch], batch_first=True, padding_value=-100)
+    return {'input_ids': ids, 'attention_mask': (ids > 0).long(), 'labels': labels}
+loader = DataLoader(data, batch_size=4, shuffle=True, collate_fn=collate_fn, drop_last=True)
+model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for batch in loader:
+    loss = model(batch['input_ids']).mean() + model(batch['labels'].clamp(min=0)).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_batch_whose_inputs_and_labels_vary_apart_gets_one_wrapper_each(tmp_path):
+    # A wrapped BucketingCollate pads the tensors as long as the batch's longest: the
+    # labels of a seq2seq batch, of lengths of their own, need a wrapper of their own.
+    observation, analysis = run(tmp_path, SEQ2SEQ, steps=12)
+    verdict = decide(analysis, max_shapes=2)
+    plans = {b.field: b for b in verdict.buckets}
+    assert set(plans) == {"input_ids", "attention_mask", "labels"}
+    snippet = plans["labels"].snippet()
+    assert snippet == plans["input_ids"].snippet()  # one for the loader
+    assert snippet.count("BucketingCollate(") == 2 and "collate_fn=collate_fn" in snippet
+    assert "fields=['input_ids', 'attention_mask']" in snippet and "fields=['labels']" in snippet
+    bucketing = next(r for r in verdict.recommendations if r.kind == "bucketing")
+    assert bucketing.setting == snippet
+    # The nested wrappers it describes give each group only its own bucket sizes.
+    import torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    from torchaxe.shapes import BucketingCollate
+
+    def collate_fn(batch):  # the script's own
+        ids = pad_sequence([s for s, _ in batch], batch_first=True)
+        labels = pad_sequence([t for _, t in batch], batch_first=True, padding_value=-100)
+        return {"input_ids": ids, "attention_mask": (ids > 0).long(), "labels": labels}
+
+    sources, targets = plans["input_ids"].knob()["boundaries"], plans["labels"].knob()["boundaries"]
+    inner = BucketingCollate(sources, collate_fn=collate_fn, dim=1, fields=["input_ids", "attention_mask"])
+    outer = BucketingCollate(targets, collate_fn=inner, dim=1, fields=["labels"])
+    torch.manual_seed(1)
+    data = [(torch.randint(1, 9, (int(n),)), torch.randint(1, 9, (int(m),)))
+            for n, m in zip(torch.randint(4, 40, (80,)), torch.randint(2, 12, (80,)))]
+    batches = [outer(data[start:start + 4]) for start in range(0, 80, 4)]
+    padded = [b for b in batches if b["input_ids"].shape[1] in sources and b["labels"].shape[1] in targets]
+    assert len(padded) >= len(batches) - 2  # the first batches pass unpadded until the padding is learned
+    assert all(b["attention_mask"].shape == b["input_ids"].shape for b in batches)
+
+
 def test_fixed_shapes_are_static(tmp_path):
     _, analysis = run(tmp_path, FIXED, steps=6)
     verdict = decide(analysis)

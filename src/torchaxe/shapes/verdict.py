@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchaxe.shapes.analysis import FEW_SHAPES, ShapeAnalysis
+from torchaxe.shapes.analysis import FEW_SHAPES, BatchSource, ShapeAnalysis
 from torchaxe.shapes.buckets import BucketPlan, bucket_table
 
 VERDICTS = ("static", "dynamic", "mixed")
@@ -66,6 +66,9 @@ class BucketAdvice:
     current_shapes: int
     #: The tensor's name in a mapping batch (None: a tuple's).
     field: str | None = None
+    #: The loader's whole bucketing, when its batches hold tensors that vary apart
+    #: (a seq2seq batch's inputs and labels): one wrapper per group of them, nested.
+    whole: str | None = None
 
     def knob(self, pad_value: float | str = "auto") -> dict[str, Any]:
         """The ``bucketing`` knob of a trial that applies the chosen plan."""
@@ -74,6 +77,8 @@ class BucketAdvice:
         return {"boundaries": [list(b) for b in self.chosen.boundaries], "dim": list(self.dims), "pad_value": pad_value}
 
     def snippet(self) -> str:
+        if self.whole is not None:
+            return self.whole
         knob = self.knob()
         return (f"DataLoader(..., collate_fn=torchaxe.shapes.BucketingCollate({knob['boundaries']}, "
                 f"collate_fn={self.loader}, dim={knob['dim']}))")
@@ -83,6 +88,28 @@ class BucketAdvice:
                 "dims": list(self.dims),
                 "current_shapes": self.current_shapes, "chosen": self.chosen.to_dict(),
                 "table": [p.to_dict() for p in self.table], "snippet": self.snippet()}
+
+
+def _nested_snippet(plans: list[BucketAdvice], fields: tuple | None) -> str | None:
+    """One loader's plans as nested ``BucketingCollate`` wrappers, one per group of
+    tensors with the same plan, each padding its own (``fields``): a wrapper pads only
+    the tensors as long as the longest of the batch, so that tensors whose lengths
+    vary apart need one each. None when one wrapper does (a single group), or a tensor
+    cannot be named to ``fields`` (one level inside a batch's entry)."""
+    groups: dict[tuple, list[BucketAdvice]] = {}
+    for plan in plans:
+        groups.setdefault((plan.dims, plan.chosen.boundaries), []).append(plan)
+    if len(groups) < 2:
+        return None
+    inner = plans[0].loader
+    for group in groups.values():
+        names = [fields[p.tensor] if fields is not None else p.tensor for p in group]
+        if any(isinstance(n, str) and ("." in n or "[" in n) for n in names):
+            return None
+        knob = group[0].knob()
+        inner = (f"torchaxe.shapes.BucketingCollate({knob['boundaries']}, collate_fn={inner}, dim={knob['dim']}, "
+                 f"fields={[n for n in names]!r})")
+    return f"DataLoader(..., collate_fn={inner})"
 
 
 @dataclass
@@ -109,6 +136,13 @@ def bucket_advice(analysis: ShapeAnalysis, max_shapes: int) -> list[BucketAdvice
                                 current_shapes=len(source.points),
                                 field=(source.loader.fields or ())[source.tensor]
                                 if source.tensor < len(source.loader.fields or ()) else None))
+    by_loader: dict[int, list[tuple[BatchSource, BucketAdvice]]] = {}
+    for source, plan in zip(analysis.batch_sources, out):
+        by_loader.setdefault(id(source.loader), []).append((source, plan))
+    for pairs in by_loader.values():
+        whole = _nested_snippet([plan for _, plan in pairs], pairs[0][0].loader.fields)
+        for _, plan in pairs:
+            plan.whole = whole
     return out
 
 
