@@ -404,6 +404,12 @@ class ChangeSearch:
                 self.notes.append(f"{why}: smaller sets of them were tried on top: "
                                   + "; ".join(" + ".join(c.key for c in v) for v in retry))
                 self._refine(chosen, candidates, sets[0], only=retry)
+            elif all_at_once is not None:
+                # Said, not only put in each change's detail: the report's table shows no detail.
+                where = "on top of the chosen changes" if chosen else "together"
+                whose = "their" if chosen else "the original's"
+                self.notes.append(f"{', '.join(c.key for c in small)} were tried {where}: {all_at_once:.2f} of "
+                                  f"{whose} step time, not clearly faster (not chosen)")
             return
         share, added, arm, paired = best
         for c in added:
