@@ -186,6 +186,47 @@ def test_a_batch_whose_inputs_and_labels_vary_apart_gets_one_wrapper_each(tmp_pa
     assert all(b["attention_mask"].shape == b["input_ids"].shape for b in batches)
 
 
+GAN = """\
+import torch
+from torch import nn
+class Generator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 6))
+    def forward(self, z):
+        return self.net(z)
+class Discriminator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))
+    def forward(self, x):
+        return self.net(x)
+netG, netD = Generator(), Discriminator()
+optG = torch.optim.SGD(netG.parameters(), lr=0.1)
+optD = torch.optim.SGD(netD.parameters(), lr=0.1)
+criterion = nn.BCEWithLogitsLoss()
+for _ in range(12):
+    real = torch.randn(8, 6)
+    fake = netG(torch.randn(8, 4))
+    lossD = criterion(netD(real), torch.ones(8, 1)) + criterion(netD(fake.detach()), torch.zeros(8, 1))
+    optD.zero_grad(); lossD.backward(); optD.step()
+    lossG = criterion(netD(fake), torch.ones(8, 1))
+    optG.zero_grad(); lossG.backward(); optG.step()
+"""
+
+
+def test_a_loop_that_trains_two_models_is_told_to_compile_each(tmp_path):
+    # "model = torch.compile(model)" for a GAN, whose script has no `model`.
+    _, analysis = run(tmp_path, GAN, steps=6)
+    verdict = decide(analysis)
+    assert verdict.verdict == "static", verdict.reasons
+    compiles = [r.setting for r in verdict.recommendations if r.kind == "compile"]
+    assert compiles and all(s.endswith("(each model the loop trains: Discriminator, Generator)") for s in compiles)
+    _, one = run(tmp_path, FIXED, steps=6)
+    assert all(r.setting == "model = torch.compile(model)" for r in decide(one).recommendations
+               if r.kind == "compile")
+
+
 def test_fixed_shapes_are_static(tmp_path):
     _, analysis = run(tmp_path, FIXED, steps=6)
     verdict = decide(analysis)

@@ -320,4 +320,17 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
                 recs.append(Recommendation(target, "data-dependent", cause.fix or "",
                                            f"{cause.message}: such sizes are unknown until the operator has run, "
                                            f"so they cannot be compiled for ahead", None, npu))
+    models = _models(analysis)
+    if len(models) > 1:
+        # A GAN's generator and discriminator: "model" is each of them.
+        for rec in recs:
+            if rec.kind == "compile" and rec.setting.startswith("model = torch.compile(model"):
+                rec.setting += f"  (each model the loop trains: {', '.join(models)})"
     return Verdict(verdict=verdict, reasons=reasons, recommendations=recs, buckets=buckets, picks=picks)
+
+
+def _models(analysis: ShapeAnalysis) -> list[str]:
+    """The classes of the top-level modules the loop called, losses left out: the
+    models that ``model`` in a setting stands for."""
+    return sorted({s.name for s in analysis.subjects if s.kind == "module" and "." not in s.name
+                   and not s.name.endswith("Loss")})
