@@ -23,7 +23,9 @@ from typing import Callable, Sequence
 
 
 def torchaxe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchaxe", *args], cwd=cwd, text=True, capture_output=True)
+    from alternate import run_to_end
+
+    return run_to_end([sys.executable, "-m", "torchaxe", *args], cwd=cwd)
 
 
 def advise_then_apply(copy: Path, work: Path, command: Sequence[str], budget: str, target: str,

@@ -183,3 +183,28 @@ def run_in_turns(commands: Sequence[tuple[Sequence[str], Path, dict[str, str] | 
     finally:
         results = [run.finish(killed=killed and run.alive()) for run in runs]
     return results
+
+
+#: How long a command ended early gets to end its own runs before it is killed.
+END_GRACE_SECONDS = 30.0
+
+
+def run_to_end(argv: Sequence[str], *, cwd: Path, env: dict[str, str] | None = None,
+               timeout: float | None = None) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True)``, except that a command
+    ended early (its timeout, Ctrl-C or SIGTERM to the benchmark) is first asked to stop
+    with SIGTERM and given ``END_GRACE_SECONDS``: ``torchaxe advise`` then ends the runs it
+    started in sessions of their own, where a SIGKILL would leave them running."""
+    process = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, errors="replace")
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except BaseException:
+        process.terminate()
+        try:
+            process.communicate(timeout=END_GRACE_SECONDS)
+        except BaseException:
+            process.kill()
+            process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)

@@ -72,7 +72,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from alternate import run_in_turns  # noqa: E402
+from alternate import run_in_turns, run_to_end  # noqa: E402
 from saved_run import add_save_options, save_result  # noqa: E402
 
 FRAMEWORK_SCRIPTS = ROOT / "tests" / "scripts" / "frameworks"
@@ -105,8 +105,7 @@ def log(line: str) -> None:
 
 
 def torchaxe(*args: str, cwd: Path, timeout: float | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchaxe", *args], cwd=cwd, text=True, capture_output=True,
-                          timeout=timeout)
+    return run_to_end([sys.executable, "-m", "torchaxe", *args], cwd=cwd, timeout=timeout)
 
 
 # --------------------------------------------------------------------------- the scripts
@@ -276,7 +275,7 @@ class Outcome:
 
 def run_logged(command: list[str], cwd: Path, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=cwd, text=True, capture_output=True, timeout=timeout)
+    done = run_to_end(command, cwd=cwd, timeout=timeout)
     return done, time.perf_counter() - started
 
 
@@ -465,19 +464,25 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="torchaxe-real-scripts-"))
     os.environ["TORCHAXE_HOME"] = str(work / "home")
     outcomes, skipped = [], []
-    try:
-        for spec in specs:
-            missing = missing_packages(spec)
-            if missing:
-                skipped.append(f"{spec.name} (needs {', '.join(missing)})")
-                log(f"{spec.name}: skipped, {', '.join(missing)} not installed")
-                continue
-            # The thread count set by --threads is the benchmark's condition, not a change to try.
-            skip = ("env:OMP_NUM_THREADS",) if args.threads is not None else ()
-            outcomes.append(measure(spec, work, args.budget, args.repeats, args.timeout, skip, args.one_by_one))
-            log(outcomes[-1].line().strip())
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    # SIGTERM (a scheduler, `timeout`) is taken as Ctrl-C: the runs taking turns, stopped
+    # between turns in sessions of their own, are then ended, not left stopped.
+    from torchaxe.runtime.process import ended_with_this_process
+
+    with ended_with_this_process():
+        try:
+            for spec in specs:
+                missing = missing_packages(spec)
+                if missing:
+                    skipped.append(f"{spec.name} (needs {', '.join(missing)})")
+                    log(f"{spec.name}: skipped, {', '.join(missing)} not installed")
+                    continue
+                # The thread count set by --threads is the benchmark's condition, not a change to try.
+                skip = ("env:OMP_NUM_THREADS",) if args.threads is not None else ()
+                outcomes.append(measure(spec, work, args.budget, args.repeats, args.timeout, skip,
+                                        args.one_by_one))
+                log(outcomes[-1].line().strip())
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
     speedups = [o.speedup for o in outcomes if o.speedup is not None]
     median = statistics.median(speedups) if speedups else None
@@ -512,4 +517,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("real_scripts: interrupted; the runs it started were ended", file=sys.stderr)
+        sys.exit(130)

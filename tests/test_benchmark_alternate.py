@@ -5,7 +5,10 @@ hold the other, and a run over its time is killed."""
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +90,75 @@ def test_a_run_over_its_time_is_killed(alternate, tmp_path):
     assert slow.killed and slow.returncode != 0
     assert quick.returncode == 0 and not quick.killed
     assert slow.seconds < 3.0
+
+
+#: A command that says when it starts, and when SIGTERM ends it (unless told to ignore it).
+TERMINATED = """
+import signal, sys, time
+from pathlib import Path
+mark = Path(sys.argv[1])
+def ended(signum, frame):
+    mark.write_text("ended by SIGTERM")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[2] == "ignore" else ended)
+print("started", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_command_past_its_timeout_is_asked_to_stop_before_it_is_killed(alternate, tmp_path):
+    # advise ends the runs it started only when it gets the chance: SIGTERM first.
+    script, mark = tmp_path / "term.py", tmp_path / "mark"
+    script.write_text(TERMINATED, encoding="utf-8")
+    with pytest.raises(subprocess.TimeoutExpired):
+        alternate.run_to_end([sys.executable, str(script), str(mark), "handle"], cwd=tmp_path, timeout=2.0)
+    assert mark.read_text() == "ended by SIGTERM"
+
+
+def test_a_command_deaf_to_sigterm_is_killed_after_the_grace(alternate, tmp_path, monkeypatch):
+    script, mark = tmp_path / "term.py", tmp_path / "mark"
+    script.write_text(TERMINATED, encoding="utf-8")
+    monkeypatch.setattr(alternate, "END_GRACE_SECONDS", 1.0)
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        alternate.run_to_end([sys.executable, str(script), str(mark), "ignore"], cwd=tmp_path, timeout=2.0)
+    assert time.monotonic() - started < 20 and not mark.exists()
+
+
+def test_a_command_that_ends_gives_its_output(alternate, tmp_path):
+    done = alternate.run_to_end([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"],
+                                cwd=tmp_path, timeout=30)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "out\n", "err\n")
+
+
+#: A benchmark that runs two commands taking turns and writes their process ids.
+TAKING_TURNS = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {benchmarks!r}); sys.path.insert(0, {src!r})
+from alternate import run_in_turns
+from torchaxe.runtime.process import ended_with_this_process
+child = [sys.executable, "-c", "import os, time\\nprint(os.getpid(), flush=True)\\nwhile True: time.sleep(0.01); print('step', flush=True)"]
+with ended_with_this_process():
+    run_in_turns([(child, Path("."), None)] * 2, lambda s: s == "step", warm_lines=2, turn_seconds=0.2,
+                 progress=lambda s: print(s, flush=True))
+"""
+
+
+def test_sigterm_to_a_benchmark_ends_its_runs_stopped_between_turns(tmp_path):
+    import psutil
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "bench.py"
+    script.write_text(TAKING_TURNS.format(benchmarks=str(root / "benchmarks"), src=str(root / "src")),
+                      encoding="utf-8")
+    bench = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    for line in bench.stdout:
+        if line.startswith("taking turns"):
+            break
+    kids = psutil.Process(bench.pid).children()
+    assert len(kids) == 2 and any(k.status() == psutil.STATUS_STOPPED for k in kids)
+    bench.send_signal(signal.SIGTERM)
+    bench.communicate(timeout=30)
+    gone, alive = psutil.wait_procs(kids, timeout=10)
+    assert not alive, [k.status() for k in alive]
