@@ -23,6 +23,11 @@ MAX_NEAR_MISSES = 2
 #: How many chosen changes are also measured with each one left out (more would cost
 #: a run per change and round).
 MIN_LEAVE_ONE_OUT, MAX_LEAVE_ONE_OUT = 3, 4
+#: More chosen changes than that are measured with each one left out only when all of
+#: them together failed, or gained less than this share of what their figures alone
+#: predict (their product): one of them then likely undoes the others (a fused attention
+#: that bf16 autocast sends to a CPU kernel slow in bf16).
+SHORTFALL = 0.5
 #: The axes whose knobs of unknown accuracy compute or sum in lower precision (mixed
 #: precision, TF32, compressed gradients): chosen only with their training loss compared.
 LOSS_JUDGED_AXES = ("precision", "distributed")
@@ -158,6 +163,20 @@ class ChangeSearch:
         if not complete:
             self.partial = True
         arm = arms[0]
+        if not without and len(chosen) > MAX_LEAVE_ONE_OUT and self._falls_short(chosen, arm):
+            without = self._leave_one_out(chosen, wide=True)
+            if without:
+                self.notes.append(f"the {len(chosen)} chosen changes together "
+                                  + (f"failed ({arm.error})" if arm.error else
+                                     f"measured {1.0 / arm.ratio:.2f}x where their figures alone predicted "
+                                     f"{self._predicted(chosen):.2f}x")
+                                  + ": they were measured again, with each one left out")
+                self.progress(f"measuring the {len(chosen)} chosen changes together again, with each one left out")
+                base_arm, arms, complete = self.measurer.compare(self.original, [combined, *without], self.repeats,
+                                                                 "each left out")
+                if not complete:
+                    self.partial = True
+                arm = arms[0]
         dropped = self._dropped(chosen, arm, arms[1:]) if without else None
         rescued = self._rescued(arm, arms[1:]) if without and dropped is None else None
         if rescued is not None:
@@ -253,11 +272,31 @@ class ChangeSearch:
         theirs (a compiled run far longer than the original's), the usual run at least."""
         return max([self.measurer.expected_run_seconds()] + [self.run_seconds.get(c.key, 0.0) for c in chosen])
 
-    def _leave_one_out(self, chosen: list[Candidate]) -> list[KnobSet]:
-        """With three or more chosen changes, the sets that leave one of them out, to
-        be measured in the same rounds as all of them: changes that each save time
-        can still cost time together. None when the budget has no room for them."""
-        if not MIN_LEAVE_ONE_OUT <= len(chosen) <= MAX_LEAVE_ONE_OUT:
+    @staticmethod
+    def _predicted(chosen: Sequence[Candidate]) -> float:
+        """The speed-up the chosen changes would give together if each kept its gain
+        alone: the product of their measured speed-ups."""
+        predicted = 1.0
+        for c in chosen:
+            predicted *= c.rec.speedup or 1.0
+        return predicted
+
+    def _falls_short(self, chosen: Sequence[Candidate], together: ArmResult) -> bool:
+        """Whether the chosen changes measured together failed, or gained less than
+        ``SHORTFALL`` of what their figures alone predict."""
+        if together.error:
+            return True
+        if not together.ratio:
+            return False
+        predicted = self._predicted(chosen)
+        return predicted > 1.0 and 1.0 / together.ratio - 1.0 < SHORTFALL * (predicted - 1.0)
+
+    def _leave_one_out(self, chosen: list[Candidate], wide: bool = False) -> list[KnobSet]:
+        """With three to ``MAX_LEAVE_ONE_OUT`` chosen changes (``wide``: three or
+        more), the sets that leave one of them out, to be measured in the same rounds
+        as all of them: changes that each save time can still cost time together.
+        None when the budget has no room for them."""
+        if len(chosen) < MIN_LEAVE_ONE_OUT or (len(chosen) > MAX_LEAVE_ONE_OUT and not wide):
             return []
         if self.measurer.deadline is not None:
             per_run = self._chosen_run_seconds(chosen)
