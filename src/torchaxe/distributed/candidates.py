@@ -274,7 +274,14 @@ def _ddp_candidates(profile: dict[str, Any], dist: dict[str, Any], ddp: dict[str
                    "find parameters that will get no gradient; the profile saw none unused. A model that leaves "
                    "some parameters unused only in some steps fails loudly without it (DDP raises that it expected "
                    "every parameter to receive a gradient)"))
-    if ddp.get("static_graph") is False:
+    backwards, synced = dist.get("backwards_per_step"), dist.get("synced_backwards_per_step")
+    skips_sync = backwards is not None and synced is not None and synced < backwards
+    if ddp.get("static_graph") is False and skips_sync:
+        if notes is not None:
+            notes.append(f"DDP static_graph=True was not tried: the run exchanged gradients in {synced:g} of its "
+                         f"{backwards:g} backward passes a step (no_sync() on the others), and DDP's static graph "
+                         "fails with no_sync() on the first step's micro-batches (an internal assert in its reducer)")
+    elif ddp.get("static_graph") is False:
         out.append(knob_candidate(
             "knob:ddp-static-graph", AXIS, "DDP static_graph=True", {"ddp": {"static_graph": True}}, priority=0.9,
             accuracy=_exact("the same gradients: DDP only records once which parameters are used and in which "
