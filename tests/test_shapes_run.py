@@ -221,7 +221,17 @@ def test_a_loop_that_trains_two_models_is_told_to_compile_each(tmp_path):
     verdict = decide(analysis)
     assert verdict.verdict == "static", verdict.reasons
     compiles = [r.setting for r in verdict.recommendations if r.kind == "compile"]
-    assert compiles and all(s.endswith("(each model the loop trains: Discriminator, Generator)") for s in compiles)
+    assert compiles and all(s.endswith("(each of the 2 models the loop trains: Discriminator, Generator)")
+                            for s in compiles)
+    # Two instances of one class, and a loss module built anew each step (as Hugging Face
+    # models build CrossEntropyLoss() in their forward): the loss is no model.
+    sequential = (GAN.replace("netG, netD = Generator(), Discriminator()",
+                              "netG = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 6))\n"
+                              "netD = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 1))")
+                  .replace("    real = torch.randn(8, 6)\n", "    real = torch.randn(8, 6)\n    criterion = nn.BCEWithLogitsLoss()\n"))
+    _, two = run(tmp_path, sequential, steps=6)
+    compiles = [r.setting for r in decide(two).recommendations if r.kind == "compile"]
+    assert compiles and all(s.endswith("(each of the 2 models the loop trains: Sequential x2)") for s in compiles)
     _, one = run(tmp_path, FIXED, steps=6)
     assert all(r.setting == "model = torch.compile(model)" for r in decide(one).recommendations
                if r.kind == "compile")

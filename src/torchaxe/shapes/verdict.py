@@ -323,14 +323,18 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
     models = _models(analysis)
     if len(models) > 1:
         # A GAN's generator and discriminator: "model" is each of them.
+        counts = {name: models.count(name) for name in sorted(set(models))}
+        named = ", ".join(name if n == 1 else f"{name} x{n}" for name, n in counts.items())
         for rec in recs:
             if rec.kind == "compile" and rec.setting.startswith("model = torch.compile(model"):
-                rec.setting += f"  (each model the loop trains: {', '.join(models)})"
+                rec.setting += f"  (each of the {len(models)} models the loop trains: {named})"
     return Verdict(verdict=verdict, reasons=reasons, recommendations=recs, buckets=buckets, picks=picks)
 
 
 def _models(analysis: ShapeAnalysis) -> list[str]:
-    """The classes of the top-level modules the loop called, losses left out: the
-    models that ``model`` in a setting stands for."""
-    return sorted({s.name for s in analysis.subjects if s.kind == "module" and "." not in s.name
-                   and not s.name.endswith("Loss")})
+    """The class of each top-level module the loop called (one entry per instance:
+    ``Sequential#2`` is a second ``Sequential``), losses left out (a model that builds
+    ``CrossEntropyLoss()`` in its forward makes one a step): the models that ``model``
+    in a setting stands for."""
+    classes = (s.name.split("#", 1)[0] for s in analysis.subjects if s.kind == "module" and "." not in s.name)
+    return sorted(name for name in classes if not name.endswith("Loss"))
