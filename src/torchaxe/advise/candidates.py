@@ -231,13 +231,16 @@ def script_speedups(settings: dict[str, Any], target: str) -> list[str]:
     return shapes_own_speedups(settings) + precision_own_speedups(settings, target)
 
 
-def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes: list[str]) -> list[Candidate]:
+def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes: list[str],
+                      profile: dict[str, Any] | None = None) -> list[Candidate]:
     """Settings measured for this very command before and kept in the knowledge base
     (tuned subgraphs, the loader setting of ``torchaxe data --tune``): measured again
     here, against this run. An unreadable knowledge base is a note, not an error."""
     try:
         loader = data_stored_candidates(command)
-        tuned = tune_stored_candidates(command, static_shapes, notes)
+        modules = ((profile or {}).get("shapes") or {}).get("modules") or []
+        tuned = tune_stored_candidates(command, static_shapes, notes,
+                                       {m.get("type") for m in modules} if modules else None)
     except TorchaxeError as exc:
         notes.append(f"knowledge base not read: {exc}")
         return []

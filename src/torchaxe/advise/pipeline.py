@@ -295,7 +295,7 @@ class Advisor:
             optimizer_fixes=[f for f in findings if f.code in OPTIMIZER_RULES]) + env_candidates
         advice.notes.extend(script_speedups(settings, self.target))
         static = bool((advice.profile or {}).get("static_shapes"))
-        candidates += stored_candidates(self.command, static, advice.notes)
+        candidates += stored_candidates(self.command, static, advice.notes, base.profile)
         candidates = self._against_run_knobs(candidates)
         if self.options.skip:
             skipped = [c for c in candidates if c.key.startswith(self.options.skip)]

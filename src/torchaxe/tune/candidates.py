@@ -13,12 +13,26 @@ from torchaxe.runtime.candidate import Accuracy, Candidate, Recommendation
 from torchaxe.tune.swaps import FunctionSwap, file_swaps, module_name
 
 
-def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes: list[str]) -> list[Candidate]:
-    """The ``tune`` knob when the knowledge base holds tuned signatures; otherwise, for
-    a model with static shapes, a note in ``notes`` that tuning it could pay. Raises
-    :class:`~torchaxe.errors.TorchaxeError` when the knowledge base cannot be read."""
+def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes: list[str],
+                      classes_run: Collection[str] | None = None) -> list[Candidate]:
+    """The ``tune`` knob when the knowledge base holds tuned signatures -- with
+    ``classes_run`` (the module classes the profile saw called), only signatures of
+    those classes: the knowledge base is the machine's, and another model's winners
+    match nothing here; otherwise, for a model with static shapes, a note in ``notes``
+    that tuning it could pay. Raises :class:`~torchaxe.errors.TorchaxeError` when the
+    knowledge base cannot be read."""
     with KnowledgeBase.open() as kb:
-        tuned = len(kb.signatures())
+        records = kb.tuned()
+    signatures = {r.signature for r in records}
+    if classes_run is not None:
+        mine = {r.signature for r in records if r.describe.get("module") in classes_run}
+        if signatures and not mine:
+            others = sorted({str(r.describe.get("module")) for r in records if r.describe.get("module")})
+            notes.append(f"the knowledge base's {len(signatures)} tuned signature(s) are of other modules "
+                         f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}), none of which this run "
+                         "called: `torchaxe run` would swap nothing in, so the tune knob was not tried")
+        signatures = mine
+    tuned = len(signatures)
     if not tuned:
         if static_shapes:
             notes.append("shapes are static: `torchaxe tune -- " + " ".join(command)
