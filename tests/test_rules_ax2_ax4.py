@@ -448,7 +448,21 @@ def test_a_momentum_buffer_loop_is_an_update_and_its_momentum_is_kept():
     )
     (finding,) = _scan(source, "cuda", ("AX203",))
     assert finding.line == 17
-    assert finding.replacement == "torch.optim.SGD(params, lr=lr, momentum=momentum, fused=True)"
+    assert finding.replacement == ("torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay, "
+                                   "fused=True)")
+    # Weight decay written into the gradient, the review's GRU loop: kept as well.
+    source = ("import torch\nparams = [p for p in model.parameters() if p.requires_grad]\nwith torch.no_grad():\n"
+              "    for p, v in zip(params, velocity):\n"
+              "        g = p.grad + args.weight_decay * p\n        v.mul_(args.momentum).add_(g)\n"
+              "        p.sub_(lr * v)\n")
+    (finding,) = _scan(source, "cpu", ("AX203",))
+    assert finding.replacement == ("torch.optim.SGD(params, lr=lr, momentum=args.momentum, "
+                                   "weight_decay=args.weight_decay, fused=True)")
+    # A decay after the step (decoupled, as AdamW) is not SGD's weight_decay.
+    source = ("import torch\nfor p in model.parameters():\n    p.data = p.data - lr * p.grad\n"
+              "    p.data.mul_(1 - wd)\n")
+    (finding,) = _scan(source, "cpu", ("AX203",))
+    assert "weight_decay" not in finding.replacement
     # A buffer that only accumulates gradients, with the parameters left alone, is not an update.
     accumulate = "import torch\nfor p, acc in zip(model.parameters(), accs):\n    acc.add_(p.grad)\n"
     assert _scan(accumulate, "cuda", ("AX203",)) == []

@@ -110,6 +110,12 @@ class ManualParameterUpdateLoop(Rule):
         Invalid(
             "import torch\nfor p in model.parameters():\n    d_p = p.grad + wd * p.data\n    p.data.add_(d_p, alpha=-lr)\n"
         ),
+        # Momentum with weight decay, as in torch.optim.SGD: both kept in the replacement.
+        Invalid(
+            "import torch\nparams = [p for p in model.parameters() if p.requires_grad]\nwith torch.no_grad():\n"
+            "    for p, v in zip(params, velocity):\n"
+            "        g = p.grad + args.weight_decay * p\n        v.mul_(args.momentum).add_(g)\n        p.sub_(lr * v)\n"
+        ),
         Invalid(
             "import torch\nfor i, p in enumerate(model.parameters()):\n    v[i] = 0.9 * v[i] + p.grad\n"
             "    p.data -= lr * v[i]\n"
@@ -159,8 +165,8 @@ class ManualParameterUpdateLoop(Rule):
             yield ctx.finding(
                 self,
                 stmt,
-                _message(ctx, lr, params, _momentum(body, derived)),
-                replacement=_replacement(ctx, lr, params, _momentum(body, derived)),
+                _message(ctx, lr, params, _momentum(body, derived) + _weight_decay(body, param, derived)),
+                replacement=_replacement(ctx, lr, params, _momentum(body, derived) + _weight_decay(body, param, derived)),
                 fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY),
             )
             return  # one finding per loop: the loop is the problem
@@ -193,6 +199,41 @@ def _momentum(body: list[ast.stmt], derived: frozenset[str]) -> str:
                     and len(node.args) == 1 and not node.keywords and ast.unparse(node.func.value) in derived):
                 return f", momentum={ast.unparse(node.args[0])}"
     return ""
+
+
+def _weight_decay(body: list[ast.stmt], param: str, derived: frozenset[str] = frozenset()) -> str:
+    """``, weight_decay=WD`` when the gradient (or a name made from it, ``derived``)
+    is decayed toward the parameter before stepping, as torch.optim.SGD's
+    ``weight_decay`` does (``p.grad + wd * p``, ``d_p.add(p.data, alpha=wd)``)."""
+
+    def gradient(node: ast.AST) -> bool:
+        return _is_grad(node, param) or (isinstance(node, ast.Name) and node.id in derived)
+
+    for stmt in body:
+        for node in fast_walk(stmt):
+            decay = None
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+                for grad, other in ((node.left, node.right), (node.right, node.left)):
+                    if gradient(grad) and isinstance(other, ast.BinOp) and isinstance(other.op, ast.Mult):
+                        if _is_param(other.right, param):
+                            decay = other.left
+                        elif _is_param(other.left, param):
+                            decay = other.right
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in ("add", "add_") and gradient(node.func.value)
+                  and len(node.args) == 1 and _is_param(node.args[0], param)):
+                decay = next((k.value for k in node.keywords if k.arg == "alpha"), None)
+            if decay is not None:
+                return f", weight_decay={ast.unparse(decay)}"
+    return ""
+
+
+def _is_grad(node: ast.AST, param: str) -> bool:
+    """``p.grad`` or ``p.grad.data``."""
+    if isinstance(node, ast.Attribute) and node.attr == "data":
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr == "grad" and isinstance(node.value, ast.Name) \
+        and node.value.id == param
 
 
 def _replacement(ctx: FileContext, lr: str, params: str, momentum: str = "") -> str:
