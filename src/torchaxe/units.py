@@ -46,6 +46,11 @@ def _decimal(value: float | None, unit: str, missing: str) -> str:
     return f"{value:.3g} {unit}"
 
 
+def plural(n: int, word: str) -> str:
+    """``n`` and ``word``, with an ``s`` unless ``n`` is 1: "1 core", "2 cores"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def bytes_text(count: int | None) -> str:
     """A number of bytes with a binary prefix: ``1.5 GiB``, ``512.0 MiB``, ``12 B``."""
     if count is None:

@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any
 
 from torchaxe.runtime.stats import Samples
-from torchaxe.units import duration
+from torchaxe.units import duration, plural
 
 SCHEMA = "torchaxe.data/1"
 #: At or above this fraction of the step spent waiting for data, the run is data-bound.
@@ -348,7 +348,7 @@ def judge(report: DataReport) -> Verdict:
             reasons.append(f"{per}: {workers} worker{'s' if workers != 1 else ''} deliver a batch every "
                            f"{ms(load / workers)}")
         if data_bound and needed and needed > workers:
-            suggestions.append(f"num_workers={needed} (load / compute, bounded by the {cores} cores of this rank)")
+            suggestions.append(f"num_workers={needed} (load / compute, bounded by the {plural(cores, 'core')} of this rank)")
     elif workers == 0 and data_bound:
         reasons.append("batches are loaded in the training process (num_workers=0)")
     if data_bound and main.dataset_type == "TensorDataset":
@@ -372,7 +372,7 @@ def judge(report: DataReport) -> Verdict:
         if data_bound and total_wait and start_total >= 0.2 * total_wait:
             suggestions.append("persistent_workers=True (keeps the workers between epochs)")
     if workers + 1 > cores and workers:
-        reasons.append(f"{workers} workers and the training process share {cores} cores")
+        reasons.append(f"{workers} workers and the training process share {plural(cores, 'core')}")
         if data_bound and cores > 1 and not any(x.startswith("num_workers=") for x in suggestions):
             suggestions.append(f"num_workers={cores - 1} (one core left to the training process)")
     if stages is not None and stages.per_sample_seconds:

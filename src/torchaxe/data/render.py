@@ -6,6 +6,7 @@ from typing import TextIO
 
 from torchaxe.data.analysis import DataReport, ms, pct
 from torchaxe.runtime.stats import Samples
+from torchaxe.units import plural
 
 #: Per-step rows shown (the JSON has them all).
 STEP_ROWS = 12
@@ -14,7 +15,7 @@ STEP_ROWS = 12
 def render_data_report(report: DataReport, out: TextIO) -> None:
     w = out.write
     w(f"data: {' '.join(report.command)}\n")
-    w(f"  run         {report.status}: {report.detail} (target {report.target}, {report.cores} cores for this rank)\n")
+    w(f"  run         {report.status}: {report.detail} (target {report.target}, {plural(report.cores, 'core')} for this rank)\n")
     if report.error:
         w(f"  error       {report.error}\n")
     verdict = report.verdict
@@ -101,7 +102,7 @@ def render_data_report(report: DataReport, out: TextIO) -> None:
         if est:
             w(f"  estimate: load {ms(est.get('load_seconds_per_batch'))} per batch / compute "
               f"{ms(est.get('compute_seconds_per_step'))} per step -> {est.get('workers')} workers "
-              f"(of {est.get('cores')} cores)\n")
+              f"(of {plural(est['cores'], 'core') if est.get('cores') else 'an unknown number of cores'})\n")
         w("  #   settings                                                    throughput   mean step      wait\n")
         best = tuning.best
         for r in tuning.results:

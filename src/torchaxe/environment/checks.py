@@ -16,7 +16,7 @@ from typing import Any, Sequence
 from torchaxe import cpulist
 from torchaxe.memory.candidates import allocator_setting
 from torchaxe.runtime.candidate import Candidate, knob_candidate
-from torchaxe.units import duration
+from torchaxe.units import duration, plural
 
 
 @dataclass
@@ -117,7 +117,7 @@ def environment_checks(settings: dict[str, Any], profile: dict[str, Any], findin
             checks.append(EnvironmentCheck(var, f"{var}={env[var]!r} is not a number"))
             continue
         if allowed and value > allowed:
-            cores = f"{allowed} cores" + (f" per rank ({local_ranks} ranks on this node)" if local_ranks > 1 else "")
+            cores = plural(allowed, "core") + (f" per rank ({local_ranks} ranks on this node)" if local_ranks > 1 else "")
             c = _env_candidate(f"env:{var}", f"{var}={allowed}: {value} threads oversubscribe {cores}",
                                {var: str(allowed)}, "more compute threads than cores: they preempt each other")
             candidates.append(c)

@@ -13,7 +13,8 @@ from typing import Any, TextIO
 
 from torchaxe import __version__
 from torchaxe.findings import ScanResult
-from torchaxe.report.text_report import count, fix_hint, fix_label, frame, group_by_file, plural
+from torchaxe.report.text_report import count, fix_hint, fix_label, frame, group_by_file
+from torchaxe.units import plural
 
 TEMPLATE = "scan.html.j2"
 

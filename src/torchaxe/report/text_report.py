@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from torchaxe.findings import Applicability, Finding, ScanResult
+from torchaxe.units import plural
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -100,10 +101,6 @@ def fix_label(finding: Finding) -> str:
     if not finding.fix.edits:
         return Applicability.DISPLAY_ONLY.value
     return finding.fix.applicability.value
-
-
-def plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 @dataclass(frozen=True)
