@@ -135,9 +135,10 @@ def run_advice(script: Path, runs: FakeRuns, **options):
     clock = options.pop("clock", None) or Clock()
     turns = options.pop("turns_runner", None)
     args = options.pop("args", ())
+    seconds = options.pop("profile_seconds", 2.0)  # the profiled run's length
     opts = AdviseOptions(target="cpu", budget=options.pop("budget", 600.0), **options)
     return Advisor(["python", str(script), *args], opts, runner=runs,
-                   profiler=lambda command, o, target, knobs=None: BaselineProfile(profile, context, 2.0),
+                   profiler=lambda command, o, target, knobs=None: BaselineProfile(profile, context, seconds),
                    clock=clock, turns=turns, load=lambda: None).run()
 
 
@@ -221,6 +222,16 @@ def test_a_budget_that_fits_few_changes_says_how_much_would_fit_them_all(script:
                "them all, at 2 s per run" in n for n in advice.notes)
 
 
+def test_the_budget_said_to_measure_them_all_counts_first_compiles(script: Path) -> None:
+    # Runs of 13 s, one round: the warm-up, the original, the A/A arm, the four changes
+    # and the combined run take 117 s, compile's first compile 26 s more: --budget 2m
+    # is short, and the note does not say it would do.
+    advice = run_advice(script, FakeRuns(), budget=120.0, repeats=1, step=0.5, profile_seconds=13.0)
+    assert [r.status for r in advice.recommendations].count("not_measured") == 1
+    note = next(n for n in advice.notes if n.startswith("the --budget fits 3 of 4"))
+    assert "about --budget 3m would measure them all, at 13 s per run" in note, note
+
+
 def test_a_first_compile_that_does_not_fit_leaves_the_budget_to_a_cheaper_change(script: Path) -> None:
     # Runs of 2 s, 2 rounds: 20 s hold one change's runs, but not a compile's, whose
     # first run is guessed to take three; the next most promising is measured instead.
@@ -228,6 +239,24 @@ def test_a_first_compile_that_does_not_fit_leaves_the_budget_to_a_cheaper_change
     assert statuses["knob:compile"] == "not_measured" and statuses["code:AX110"] == "measured"
     statuses = {r.key: r.status for r in run_advice(script, FakeRuns(), budget=24.0).recommendations}
     assert statuses["knob:compile"] == "measured"  # it fits: the most promising first
+
+
+def test_a_compile_a_short_job_would_not_pay_back_is_measured_after_the_others(script: Path) -> None:
+    # Runs of 2 s: a first compile guessed at 4 s more. A job of 20 steps of 0.1 s pays
+    # that back only if each step saves 0.2 s: compile goes last, and 24 s, which hold
+    # it first (above), hold two other changes instead.
+    advice = run_advice(script, FakeRuns(), budget=24.0, args=("--steps", "20"))
+    statuses = {r.key: r.status for r in advice.recommendations}
+    assert statuses["knob:compile"] == "not_measured"
+    assert statuses["code:AX110"] == statuses["code:AX201"] == "measured"
+    assert any(n.startswith("knob:compile measured after the other changes, and the --budget did not reach it: a "
+                            "first compile (guessed at 4 s, 2 runs' time) is paid back within the job's 20 steps "
+                            "(read from the command: --steps 20) only if each 100 ms step saves 200 ms or more")
+               for n in advice.notes), advice.notes
+    # A job long enough to pay it back at half the step saved: the most promising first.
+    advice = run_advice(script, FakeRuns(), budget=24.0, args=("--steps", "80"))
+    assert {r.key: r.status for r in advice.recommendations}["knob:compile"] == "measured"
+    assert not any("measured after the other changes" in n for n in advice.notes)
 
 
 def test_a_budget_that_holds_no_measurement_measures_nothing_and_says_so(script: Path) -> None:
@@ -579,6 +608,13 @@ def test_torchruns_one_thread_per_rank_is_not_called_idle_cores(monkeypatch) -> 
     assert {c.key: c.knobs for c in candidates}["env:OMP_NUM_THREADS"] == {"env": {"OMP_NUM_THREADS": "4"}}
 
 
+def test_more_threads_than_the_one_core_allowed_says_one_core() -> None:
+    settings = {"env": {"OMP_NUM_THREADS": "4"}, "allowed_cpus": 1}
+    checks, candidates = environment_checks(settings, {}, [], "cpu")
+    (change,) = [c for c in candidates if c.key == "env:OMP_NUM_THREADS"]
+    assert change.rec.title == "OMP_NUM_THREADS=1: 4 threads oversubscribe 1 core"
+
+
 def test_environment_check_points_at_the_line(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("import torch\n\ntorch.autograd.set_detect_anomaly(True)\n")
     checks, _ = environment_checks({"anomaly_detection": True}, {}, [], "cpu", tmp_path)
@@ -749,6 +785,10 @@ def test_a_second_round_is_skipped_when_it_would_leave_no_time_to_measure_the_ch
     assert advice.combined["status"] == "measured"
     assert sorted(advice.combined["keys"]) == ["code:AX110", "knob:compile"]
     assert advice.partial
+    # Why a budget with 55 s left ended the rounds.
+    assert any(n.startswith("the --budget ended the rounds after 1 of 2: the 55 s left held no further round "
+                            "(about 100 s at the run times so far, with room kept to measure the chosen changes "
+                            "together)") for n in advice.notes), advice.notes
     # Chosen on one round: the advice says so, and what confirms it.
     assert any(n.startswith("knob:compile, code:AX110 were chosen on 1 round (all the budget allowed)")
                or n.startswith("code:AX110, knob:compile were chosen on 1 round (all the budget allowed)")

@@ -94,3 +94,20 @@ def test_compile_is_static_when_the_epochs_smaller_last_batch_came_after_the_ste
     packed = [c for c in kernels.candidates(profile, "cpu", {"loader_epochs": [epoch]})
               if c.key == "knob:compile-dropout-packed"]
     assert packed and packed[0].knobs["compile"] == {"mode": "default", "dynamic": False}
+
+
+def test_compiling_a_recurrent_model_with_varying_shapes_is_measured_last() -> None:
+    """The shapes verdict says keep eager there: advise still measures the compile
+    modes, after every other change (the budget's order), and says why."""
+    def profile(static: bool, layer: str) -> dict:
+        return {"shapes": {"static": static, "modules": [
+            {"name": "Classifier", "type": "Classifier", "signatures": []},
+            {"name": "Classifier.rnn", "type": layer, "signatures": []}]}}
+
+    varying = shapes.candidates(profile(False, "GRU"), "cpu", {})
+    assert {c.key for c in varying} >= {"knob:compile", "knob:compile-dynamic"}
+    assert all(c.priority < 1.0 for c in varying)
+    assert all("recurrent layers (GRU)" in c.rec.detail for c in varying)
+    # Static shapes, or no recurrent layer: compile comes first as before.
+    assert all(c.priority >= 2.0 for c in shapes.candidates(profile(True, "LSTM"), "cpu", {}))
+    assert all(c.priority >= 1.9 for c in shapes.candidates(profile(False, "Linear"), "cpu", {}))

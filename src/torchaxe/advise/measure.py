@@ -147,6 +147,10 @@ class Measurer:
     shortened: bool = False
     #: The knob sets of the runs the deadline stopped before a measured step.
     stopped: list[str] = field(default_factory=list)
+    #: When the budget ended a comparison's rounds before the next one: the rounds
+    #: made, the seconds left, and the seconds the next round with the runs kept in
+    #: reserve would have taken at the run times seen.
+    ended_early: tuple[int, float, float] | None = None
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock()
@@ -175,6 +179,15 @@ class Measurer:
         """Whether ``runs`` more runs end before the deadline, at the run times so far."""
         left = self.remaining()
         return left is None or left >= runs * self.expected_run_seconds()
+
+    def _out_of_rounds(self, repeat: int, runs: int) -> bool:
+        """The budget's hook of :func:`interleave`: a round after the first is not
+        started when ``runs`` runs (the round's and those kept in reserve) would end
+        past the deadline; noted in ``ended_early``."""
+        if repeat <= 1 or self.fits(runs):
+            return False
+        self.ended_early = (repeat - 1, max(self.remaining() or 0.0, 0.0), runs * self.expected_run_seconds())
+        return True
 
     def bounded(self, runs: int = 1) -> tuple[TrialOptions, bool]:
         """The trial options for ``runs`` runs made now (side by side, each given the
@@ -232,8 +245,7 @@ class Measurer:
             # Without a baseline nothing can be compared: its failure ends the rounds.
             label = (lambda repeat: f"{what}: round {repeat}/{repeats}")
             complete = interleave([base, *results], self._recorder(base, label), _failed, rounds=repeats,
-                                  required=[base], reserve=reserve,
-                                  stop=lambda repeat, runs: repeat > 1 and not self.fits(runs),
+                                  required=[base], reserve=reserve, stop=self._out_of_rounds,
                                   together=self._together(base, label))
         except OutOfTime:
             return base, results, False

@@ -108,6 +108,10 @@ LOADER_KNOBS = ("knob:dataloader",)
 #: backward, host-side work around the part timed, leave some room.
 SAVING_MARGIN = 1.5
 SAVING_SLACK = 0.002
+#: The most of a step a change that pays once (a first compile) is expected to save
+#: before measuring: a guessed one-time cost the job's steps would not pay back even at
+#: this saving puts the change last in the budget's order.
+LIKELY_MOST_SAVED = 0.5
 #: A note says so when passes without gradients (evaluation inside the step) take at
 #: least this share of the step time.
 NO_GRAD_NOTE_SHARE = 0.2
@@ -437,29 +441,39 @@ class Advisor:
         # and the combined run kept in reserve.
         room = (left - per_run) / per_run / repeats - 1 - 2
         ordered = sorted(candidates, key=lambda c: -c.priority)
-        # The most promising first, each while it fits; a change that compiles pays for
-        # its first compile once on top (guessed), and one that does not fit leaves
+        ordered, late = self._unlikely_paid_back_last(ordered, per_run, base)
+
+        def cost(c: Candidate) -> float:
+            """A change's runs, in rounds: one a round, and a change that compiles pays
+            for its first compile once on top (guessed)."""
+            return 1.0 + ((FIRST_COMPILE_GUESS - 1.0) / repeats if pays_once(c.rec.knobs or {}) else 0.0)
+
+        # The most promising first, each while it fits; one that does not fit leaves
         # room for cheaper ones after it. One change needs a warm-up run, the original
         # and the change at the least: the best is measured whenever that fits.
         chosen: list[Candidate] = []
         for c in ordered:
-            cost = 1.0 + ((FIRST_COMPILE_GUESS - 1.0) / repeats if pays_once(c.rec.knobs or {}) else 0.0)
-            if cost <= room + 1e-9:
+            if cost(c) <= room + 1e-9:
                 chosen.append(c)
-                room -= cost
+                room -= cost(c)
         if not chosen and ordered and left >= 3 * per_run:
             chosen = ordered[:1]
         elif left < 3 * per_run:
             chosen = []
         taken = {id(c) for c in chosen}
+        left_late = [c.rec.key for c in ordered if id(c) not in taken and pays_once(c.rec.knobs or {})]
+        if late and left_late:
+            advice.notes.append(f"{', '.join(left_late)} measured after the other changes, and the --budget did "
+                                f"not reach {'them' if len(left_late) > 1 else 'it'}: {late}")
         for c in ordered:
             if id(c) in taken:
                 continue
             c.rec.status = "not_measured"
             c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + "(not measured: out of --budget)"
         if len(chosen) < len(ordered):
-            # Profile, warm-up run, the rounds of every change with the A/A arm, the combined run.
-            needed = (self.clock() - self.started) + per_run * (1 + repeats * (2 + len(ordered)) + 2 * repeats)
+            # As the fit counts: what went before, the warm-up run, the rounds of every
+            # change (first compiles included) with the A/A arm, the combined run.
+            needed = (self.clock() - self.started) + per_run * (1 + repeats * (3 + sum(cost(c) for c in ordered)))
             fits = (f"fits {len(chosen)} of {len(ordered)} changes ({len(ordered) - len(chosen)} not measured, "
                     "listed last)" if chosen else
                     f"left after the profile ({max(left, 0):.0f} s) holds no measurement (one change takes three "
@@ -506,6 +520,12 @@ class Advisor:
                        f"change" if left is not None else "")
                     + " (a slow start, or a busy machine: runs take longer than the profiled one); a larger "
                       "--budget, or --skip for the slowest changes (knob:compile), measures them")
+            elif measurer.ended_early is not None:
+                done, left, need = measurer.ended_early
+                advice.notes.append(
+                    f"the --budget ended the rounds after {done} of {repeats}: the {left:.0f} s left held no further "
+                    f"round (about {need:.0f} s at the run times so far, with room kept to measure the chosen changes "
+                    f"together): some figures rest on fewer rounds")
             else:
                 advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer "
                                     "rounds")
@@ -767,6 +787,28 @@ class Advisor:
         if left_out:
             self.advice.notes.append(note(len(left_out), left_out[0]))
         return [f for f in findings if f not in left_out], left_out
+
+    def _unlikely_paid_back_last(self, ordered: list[Candidate], per_run: float,
+                                 base: BaselineProfile) -> tuple[list[Candidate], str]:
+        """``ordered`` with the changes that pay once moved last when, with the job's
+        length known, their first compile (guessed as for the budget, at
+        ``FIRST_COMPILE_GUESS`` runs) would not be paid back within the job's steps even
+        if every step saved ``LIKELY_MOST_SAVED`` of the profiled step: measured only
+        when the budget holds them after the others. And why, when they were moved."""
+        steps = self.options.job_steps
+        median = (base.profile.get("summary") or {}).get("step_seconds_median")
+        if steps is None or not median:
+            return ordered, ""
+        once = (FIRST_COMPILE_GUESS - 1.0) * per_run
+        if once <= steps * LIKELY_MOST_SAVED * median:
+            return ordered, ""
+        late = {id(c) for c in ordered if pays_once(c.rec.knobs or {})}
+        if not late or len(late) == len(ordered):
+            return ordered, ""
+        why = (f"a first compile (guessed at {once:.0f} s, {FIRST_COMPILE_GUESS - 1:g} runs' time) is paid back "
+               f"within the job's {steps:,} steps ({self.job_source}) only if each {median * 1e3:.0f} ms step "
+               f"saves {once / steps * 1e3:.0f} ms or more ({LIKELY_MOST_SAVED:.0%} is the most expected)")
+        return [c for c in ordered if id(c) not in late] + [c for c in ordered if id(c) in late], why
 
     def _job_epochs(self, profile: dict[str, Any], settings: dict[str, Any]) -> None:
         """A command that gives the job's length in epochs (``--epochs 2``) gives it in

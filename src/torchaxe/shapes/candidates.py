@@ -14,6 +14,11 @@ from typing import Any
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
 from torchaxe.shapes.buckets import optimal_boundaries
+from torchaxe.shapes.verdict import RECURRENT_MODULES
+
+#: The priority of compiling a model with recurrent layers whose shapes vary: below
+#: every other change's (1 and up), measured when the budget holds it after them.
+RECURRENT_COMPILE_PRIORITY = 0.5
 
 #: Compiled kernels can sum in another order than eager ones.
 COMPILE_ACCURACY_DETAIL = ("compiled kernels may reorder floating-point sums; the training loss is compared "
@@ -136,6 +141,7 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
     dynamic = bool(shapes) and not shapes.get("static", True)
     bucketing = bucketing_knob(shapes.get("batches") or {}) if dynamic else None
     compile_accuracy = Accuracy(kind="unknown", detail=COMPILE_ACCURACY_DETAIL)
+    first = len(out)
     if target in ("cpu", "cuda") and not settings.get("compiled_graphs"):
         if dynamic:
             out.append(knob_candidate(
@@ -165,6 +171,14 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
                 "knob:compile", "compile", "torch.compile(model)" + (" (shapes are static)" if not dynamic else ""),
                 compile_knob(mode="default"), group="compile", accuracy=compile_accuracy, detail=detail,
                 priority=2.0))
+        recurrent = sorted({m.get("type") for m in shapes.get("modules") or []} & RECURRENT_MODULES)
+        if recurrent and dynamic:
+            # As the shapes verdict says: keep eager. Still measured, last.
+            for c in out[first:]:
+                c.priority = RECURRENT_COMPILE_PRIORITY
+                c.rec.detail += (f"; measured after the other changes: torch.compile does not trace into the "
+                                 f"recurrent layers ({', '.join(recurrent)}) and recompiles the rest for each new "
+                                 f"shape (`torchaxe shapes` says keep eager)")
     if target == "cuda" and not dynamic and not settings.get("cudnn_benchmark"):
         out.append(knob_candidate(
             "knob:cudnn-benchmark", "compile", "torch.backends.cudnn.benchmark = True (static shapes)",
