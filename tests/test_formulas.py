@@ -851,6 +851,29 @@ def test_scores_started_from_zeros_have_no_mask_of_them_and_the_where_mask_is_ke
     assert "q and k are 3-D here and v is 4-D" in finding.message and not finding.fix.edits
 
 
+def test_a_value_unpacked_with_q_and_k_is_not_said_to_have_another_rank(scan):
+    # q, k, v unpacked from one permuted projection, q and k rotated: the probes cannot
+    # give v its shape from the unpacking; no "v is 3-D" for a 4-D v.
+    source = textwrap.dedent("""\
+        import math
+        import torch
+        import torch.nn as nn
+        class Attention(nn.Module):
+            def forward(self, x, cos, sin, causal):
+                B, T, C = x.shape
+                q, k, v = self.qkv(x).view(B, T, 3, self.h, self.hd).permute(2, 0, 3, 1, 4)
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+                scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.hd))
+                scores = scores.masked_fill(causal, float("-inf"))
+                scores = scores - scores.max(dim=-1, keepdim=True).values
+                w = scores.exp()
+                w = w / w.sum(dim=-1, keepdim=True)
+                return torch.matmul(w, v).transpose(1, 2).reshape(B, T, C)
+    """)
+    finding = attention_finding(scan, source, "cpu")
+    assert "-D here and v is" not in finding.message
+
+
 @pytest.mark.parametrize("imports,call,suppressed", [
     ("from torch.nn.functional import scaled_dot_product_attention", "scaled_dot_product_attention", True),
     ("from torch.nn.functional import scaled_dot_product_attention as sdpa", "sdpa", True),

@@ -697,7 +697,8 @@ class AttentionMatcher(Matcher):
                 "rank": q.ndim if q is not None and not any(
                     id(n) in probing.evaluator.stand_ins for n in walk(q_node)) else 0,
             }
-            if q is not None and v.ndim != q.ndim and params["rank"]:
+            v_known = not any(id(n) in probing.evaluator.stand_ins for n in walk(v_node))
+            if q is not None and v.ndim != q.ndim and params["rank"] and v_known:
                 # q and k flattened to (batch * heads, ...) for bmm while v keeps its heads
                 # (GPT-NeoX): the fused call needs them in one shape.
                 params["v_rank"] = v.ndim
