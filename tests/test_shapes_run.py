@@ -113,6 +113,32 @@ DICT_BATCHES = VARLEN.replace(
 ).replace("for tokens in loader:", "for batch in loader:\n    tokens = batch['input_ids']")
 
 
+COLLATOR_OBJECT = VARLEN.replace(
+    "def pad_collate(batch):\n    return pad_sequence(batch, batch_first=True)",
+    "class PadCollator:\n    def __call__(self, batch):\n        return pad_sequence(batch, batch_first=True)",
+).replace("collate_fn=pad_collate", "collate_fn=PadCollator()")
+
+
+def test_a_collator_object_is_wrapped_as_an_object_of_its_class(tmp_path):
+    observation, analysis = run(tmp_path, COLLATOR_OBJECT)
+    (plan,) = decide(analysis, max_shapes=2).buckets
+    assert "collate_fn=PadCollator(...), dim=1)" in plan.snippet() and plan.snippet().startswith("DataLoader(")
+
+
+TRAINER = Path(__file__).parent / "scripts" / "frameworks" / "hf_trainer_collator.py"
+
+
+def test_a_trainer_s_loader_is_bucketed_through_its_data_collator(tmp_path):
+    """The Trainer builds the DataLoader from ``data_collator=`` (and wraps it to drop
+    unused columns): the advice wraps the user's collator there."""
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[frameworks])")
+    observation = observe(["python", str(TRAINER)], steps=8, target="cpu")
+    plan = decide(analyse(observation), max_shapes=2).buckets[0]
+    assert observation.loaders[0].collate == "PadCollator" and observation.loaders[0].built_by == "transformers.Trainer"
+    assert plan.snippet().startswith("Trainer(..., data_collator=torchaxe.shapes.BucketingCollate(")
+    assert "collate_fn=PadCollator(...), dim=1" in plan.snippet()
+
+
 def test_a_mapping_batch_s_tensors_are_named_by_their_keys(tmp_path):
     # A tokenizer's collator gives a dict: "tensor 0/1/2" would leave the user to
     # guess which of input_ids, attention_mask and labels varies.

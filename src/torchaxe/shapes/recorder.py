@@ -20,6 +20,7 @@ whose output size depends on the data, and the DataLoaders the batches came from
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -334,6 +335,16 @@ class LoaderInfo:
     truncated: bool = False
     #: The names of a mapping batch's tensors, in the batches' order (None: a tuple).
     fields: tuple | None = None
+    #: The collate function is an object of a class (a collator), not a function.
+    collate_instance: bool = False
+    #: The framework that built the loader from what the user passed it
+    #: (``transformers.Trainer``: its ``data_collator``), None for the user's own.
+    built_by: str | None = None
+
+    def collate_code(self) -> str:
+        """The collate function as code to pass on: ``MLMCollator(...)`` for an object
+        of the user's collator class, the function's name otherwise."""
+        return f"{self.collate}(...)" if self.collate_instance else self.collate
 
     def tensor_name(self, index: int) -> str:
         """``tensor 1``, or ``tensor 1 (attention_mask)`` for a mapping batch."""
@@ -349,7 +360,25 @@ class LoaderInfo:
     def to_dict(self) -> dict[str, Any]:
         return {"collate_fn": self.collate, "collate_location": self.collate_location, "batch_size": self.batch_size,
                 "drop_last": self.drop_last, "dataset_length": self.dataset_length,
-                "last_batch_samples": self.remainder, "batches": len(self.batches), "fields": self.fields}
+                "last_batch_samples": self.remainder, "batches": len(self.batches), "fields": self.fields,
+                "collate_instance": self.collate_instance, "built_by": self.built_by}
+
+
+#: Files of frameworks that build the training DataLoader from a collate function the
+#: user passes them, by path suffix, and how the advice names where it goes.
+LOADER_BUILDERS = ((os.path.join("transformers", "trainer.py"), "transformers.Trainer"),)
+
+
+def loader_builder(frame: Any) -> str | None:
+    """The framework whose code iterates the loader, from the stack at its first batch
+    (``frame`` and its callers): ``transformers.Trainer``, or None."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        for suffix, builder in LOADER_BUILDERS:
+            if name.endswith(suffix):
+                return builder
+        frame = frame.f_back
+    return None
 
 
 def describe_callable(fn: Any, codes: Any) -> tuple[str, str | None]:
@@ -448,6 +477,10 @@ class LoaderProbe:
         key = (id(dataset), id(collate), id(sampler))
         info = self.loaders.get(key)
         if info is None:
+            # The Trainer's wrapper that drops the columns the model does not take: the
+            # user's collator is inside it.
+            if type(collate).__name__ == "RemoveColumnsCollator" and callable(getattr(collate, "data_collator", None)):
+                collate = collate.data_collator
             name, location = describe_callable(collate, self.codes) if collate is not None else ("(none)", None)
             batched = getattr(iterator, "_auto_collation", False)
             batch_size = getattr(sampler, "batch_size", None) if batched else None
@@ -458,9 +491,12 @@ class LoaderProbe:
                 length = len(inner if inner is not None else dataset)  # type: ignore[arg-type]
             except Exception:  # noqa: BLE001 - no length (an iterable dataset, a sampler without one)
                 length = None
+            instance = collate is not None and callable(collate) and not (
+                inspect.isfunction(collate) or inspect.ismethod(collate) or inspect.isbuiltin(collate))
             info = self.loaders[key] = LoaderInfo(
                 collate=name, collate_location=location, batch_size=batch_size if isinstance(batch_size, int) else None,
-                drop_last=getattr(iterator, "_drop_last", None), dataset_length=length)
+                drop_last=getattr(iterator, "_drop_last", None), dataset_length=length, collate_instance=instance,
+                built_by=loader_builder(sys._getframe(1)))
         return info
 
     def uninstall(self) -> None:

@@ -69,6 +69,10 @@ class BucketAdvice:
     #: The loader's whole bucketing, when its batches hold tensors that vary apart
     #: (a seq2seq batch's inputs and labels): one wrapper per group of them, nested.
     whole: str | None = None
+    #: The collate function as code to wrap (``MLMCollator(...)`` for a collator object).
+    collate_code: str | None = None
+    #: The framework that built the loader (``transformers.Trainer``), None for the user's.
+    built_by: str | None = None
 
     def knob(self, pad_value: float | str = "auto") -> dict[str, Any]:
         """The ``bucketing`` knob of a trial that applies the chosen plan."""
@@ -80,14 +84,22 @@ class BucketAdvice:
         if self.whole is not None:
             return self.whole
         knob = self.knob()
-        return (f"DataLoader(..., collate_fn=torchaxe.shapes.BucketingCollate({knob['boundaries']}, "
-                f"collate_fn={self.loader}, dim={knob['dim']}))")
+        return loader_call(f"torchaxe.shapes.BucketingCollate({knob['boundaries']}, "
+                           f"collate_fn={self.collate_code or self.loader}, dim={knob['dim']})", self.built_by)
 
     def to_dict(self) -> dict[str, Any]:
         return {"collate_fn": self.loader, "location": self.location, "tensor": self.tensor, "field": self.field,
                 "dims": list(self.dims),
                 "current_shapes": self.current_shapes, "chosen": self.chosen.to_dict(),
                 "table": [p.to_dict() for p in self.table], "snippet": self.snippet()}
+
+
+def loader_call(collate: str, built_by: str | None) -> str:
+    """Where the wrapped collate function goes: the DataLoader the user builds, or the
+    argument of the framework that builds it (``Trainer(..., data_collator=...)``)."""
+    if built_by == "transformers.Trainer":
+        return f"Trainer(..., data_collator={collate})"
+    return f"DataLoader(..., collate_fn={collate})"
 
 
 def _nested_snippet(plans: list[BucketAdvice], fields: tuple | None) -> str | None:
@@ -101,7 +113,7 @@ def _nested_snippet(plans: list[BucketAdvice], fields: tuple | None) -> str | No
         groups.setdefault((plan.dims, plan.chosen.boundaries), []).append(plan)
     if len(groups) < 2:
         return None
-    inner = plans[0].loader
+    inner = plans[0].collate_code or plans[0].loader
     for group in groups.values():
         names = [fields[p.tensor] if fields is not None else p.tensor for p in group]
         if any(isinstance(n, str) and ("." in n or "[" in n) for n in names):
@@ -109,7 +121,7 @@ def _nested_snippet(plans: list[BucketAdvice], fields: tuple | None) -> str | No
         knob = group[0].knob()
         inner = (f"torchaxe.shapes.BucketingCollate({knob['boundaries']}, collate_fn={inner}, dim={knob['dim']}, "
                  f"fields={[n for n in names]!r})")
-    return f"DataLoader(..., collate_fn={inner})"
+    return loader_call(inner, plans[0].built_by)
 
 
 @dataclass
@@ -133,7 +145,8 @@ def bucket_advice(analysis: ShapeAnalysis, max_shapes: int) -> list[BucketAdvice
             chosen = plan_buckets(source.points, max_shapes, source.dims)
         out.append(BucketAdvice(loader=source.loader.collate, location=source.loader.collate_location,
                                 tensor=source.tensor, dims=source.dims, table=table, chosen=chosen,
-                                current_shapes=len(source.points),
+                                current_shapes=len(source.points), collate_code=source.loader.collate_code(),
+                                built_by=source.loader.built_by,
                                 field=(source.loader.fields or ())[source.tensor]
                                 if source.tensor < len(source.loader.fields or ()) else None))
     by_loader: dict[int, list[tuple[BatchSource, BucketAdvice]]] = {}
