@@ -5,6 +5,7 @@ and the same in-place application as inductor, without its code generation."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import itertools
 import json
@@ -24,8 +25,8 @@ from torchaxe.runtime.compile_module import is_compiled_in_place
 from torchaxe.tune import strategies as S
 from torchaxe.tune.capture import capture
 from torchaxe.kb import KnowledgeBase
-from torchaxe.tune.measure import (Example, RunResult, Timer, compare, draws_random_numbers, interleaved, run_once,
-                                   same_randomness)
+from torchaxe.tune.measure import (Example, RunResult, Timer, compare, draws_random_numbers, float64_run, interleaved,
+                                   run_once, same_randomness)
 from torchaxe.tune.replacements import plan_for, apply_plan
 from torchaxe.tune.signature import signature_of, signature_parts
 from torchaxe.tune.tuner import TuneOptions, apply, parse_budget, tune
@@ -161,6 +162,42 @@ def test_compare_uses_the_dtype_tolerance():
     assert compare(half, RunResult([torch.ones(4, dtype=torch.bfloat16) * 1.0078125], {})).ok
     assert not compare(ref, RunResult([torch.ones(5)], {"w": torch.ones(3)})).ok
     assert not compare(ref, RunResult([torch.ones(4)], {})).ok
+
+
+def test_a_result_beyond_the_tolerance_passes_when_as_close_to_float64_as_eager():
+    g = torch.Generator().manual_seed(0)
+    exact = torch.randn(1000, generator=g, dtype=torch.float64)
+    eager = RunResult([torch.ones(2)], {"bias": (exact + 1e-3 * torch.randn(1000, generator=g, dtype=torch.float64))
+                                        .float()})
+    rounded = RunResult([torch.ones(2)], {"bias": (exact + 1e-3 * torch.randn(1000, generator=g, dtype=torch.float64))
+                                          .float()})
+    truth = RunResult([torch.ones(2, dtype=torch.float64)], {"bias": exact})
+    assert not compare(eager, rounded).ok  # 1e-3 apart, beyond float32's 1e-4
+    check = compare(eager, rounded, lambda: truth)
+    assert check.ok and check.float64_checked and check.to_dict()["float64_checked"]
+    # Five times eager's error against float64: wrong, with both errors said.
+    far = RunResult([torch.ones(2)], {"bias": (exact + 5e-3 * torch.randn(1000, generator=g, dtype=torch.float64))
+                                      .float()})
+    check = compare(eager, far, lambda: truth)
+    assert not check.ok and "against float64, root-mean-square error" in check.message
+    # No float64 run (a module that cannot run in float64): the tolerance decides.
+    assert not compare(eager, rounded, lambda: None).ok
+
+
+def test_a_bias_before_batch_norm_in_channels_last_is_not_called_wrong():
+    """A convolution's bias before batch norm gets a gradient of rounding noise only
+    (the norm removes the mean): channels-last sums it in another order, 1.7 times
+    its size apart from eager's, and as close to a float64 run as eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU())
+    x = torch.randn(32, 16, 32, 32) * 3 + 1
+    example = Example((x,))
+    reference = run_once(copy.deepcopy(model), example)
+    last = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    candidate = run_once(last, Example((x.contiguous(memory_format=torch.channels_last),),
+                                       grad_outputs=example.grad_outputs))
+    assert not compare(reference, candidate).ok
+    assert compare(reference, candidate, lambda: float64_run(model, example, False)).ok
 
 
 def test_run_once_returns_outputs_and_gradients():

@@ -191,7 +191,8 @@ def render(report: Any, out: TextIO) -> None:
             if r.status == "ok":
                 median = duration(r.median, 3, missing="-")
                 out.write(f"  {r.strategy:<16} ok      {median} fwd+bwd (n={len(r.samples)}, "
-                          f"error {r.errors.get('output_max_rel', 0):.1e} out / {r.errors.get('grad_max_rel', 0):.1e} grad)\n")
+                          f"error {r.errors.get('output_max_rel', 0):.1e} out / {r.errors.get('grad_max_rel', 0):.1e} grad"
+                          + ("; as close to float64 as eager" if r.errors.get("float64_checked") else "") + ")\n")
             else:
                 out.write(f"  {r.strategy:<16} {r.status:<7} {r.message}\n")
         for name, why in s.unavailable.items():

@@ -43,8 +43,8 @@ from torchaxe.runtime.stats import Samples
 from torchaxe.tune import strategies as S
 from torchaxe.tune.capture import CallRecorder, Subgraph, capture
 from torchaxe.kb import KnowledgeBase, TunedRecord, choose
-from torchaxe.tune.measure import (Example, Timer, checked_run, compare, draws_random_numbers, interleaved, run_once,
-                                   tolerance)
+from torchaxe.tune.measure import (Example, RunResult, Timer, checked_run, compare, draws_random_numbers, float64_run,
+                                   interleaved, run_once, tolerance)
 from torchaxe.tune.signature import describe, signature_of, signature_parts
 from torchaxe.units import duration
 
@@ -237,6 +237,14 @@ def measure_signature(signature: str, parts: dict[str, Any], module: nn.Module, 
                                                    "random": stochastic}}
     warm = timer.time(eager, example)
     ctx.run_example = lambda m: run_once(m, example, keep=False)
+    wide: list[RunResult | None] = []
+
+    def truth() -> RunResult | None:
+        """A float64 run of the module, made once, when a candidate first needs it."""
+        if not wide:
+            wide.append(float64_run(module, example, stochastic))
+        return wide[0]
+
     for name in todo:
         if name == "eager":
             continue
@@ -255,7 +263,7 @@ def measure_signature(signature: str, parts: dict[str, Any], module: nn.Module, 
         except Exception as exc:  # noqa: BLE001 - any failure of a candidate is recorded, never raised
             records.append(TunedRecord(signature, name, "failed", env=env, describe=info, message=_one_line(exc)))
             continue
-        check = compare(reference, result)
+        check = compare(reference, result, truth)
         figures = {**check.to_dict(), "tolerance": base, "random": stochastic}
         if not check.ok:
             message = check.message or "differs from eager"
