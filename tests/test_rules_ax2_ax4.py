@@ -18,12 +18,15 @@ from torchaxe.scan.rules.base import DOC_SECTIONS
 OURS = ("AX202", "AX203", "AX204", "AX401", "AX402", "AX403", "AX404")
 
 
-def _options(target: str, select: tuple[str, ...] = OURS, cpus: int = 16) -> ScanOptions:
-    return ScanOptions(target=target, select=select, capabilities={**torch_capabilities(target), "cpus": cpus})
+def _options(target: str, select: tuple[str, ...] = OURS, cpus: int = 16,
+             decoders: tuple[str, ...] = ("torchvision", "cv2")) -> ScanOptions:
+    return ScanOptions(target=target, select=select,
+                       capabilities={**torch_capabilities(target), "cpus": cpus, "decoders": list(decoders)})
 
 
-def _scan(source: str, target: str = "cpu", select: tuple[str, ...] = OURS, cpus: int = 16):
-    report = scan_source(source, "t.py", _options(target, select, cpus))
+def _scan(source: str, target: str = "cpu", select: tuple[str, ...] = OURS, cpus: int = 16,
+          decoders: tuple[str, ...] = ("torchvision", "cv2")):
+    report = scan_source(source, "t.py", _options(target, select, cpus, decoders))
     assert not report.diagnostics, report.diagnostics
     return report.findings
 
@@ -154,6 +157,19 @@ def test_pil_decode_suggestion_reads_the_opened_path():
     assert "cv2.COLOR_BGR2RGB" in finding.message and "BGR" in finding.message
     assert "Folder.__getitem__" in finding.message
     assert finding.fix is not None and finding.fix.applicability is Applicability.DISPLAY_ONLY
+
+
+def test_pil_decode_suggests_the_decoder_installed_here():
+    # torchvision missing (no build for this torch), OpenCV there: OpenCV first.
+    (finding,) = _scan(TRAIN, "cpu", ("AX404",), decoders=("cv2",))
+    assert finding.replacement == "cv2.cvtColor(cv2.imread(self.paths[i], cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)"
+    assert "torchvision is not installed here" in finding.message
+    # Neither: torchvision first, and how to get either.
+    (finding,) = _scan(TRAIN, "cpu", ("AX404",), decoders=())
+    assert finding.replacement.startswith("torchvision.io.decode_image(")
+    assert "neither is installed here: pip install torchvision, or opencv-python-headless" in finding.message
+    # The installed decoders are found without importing them.
+    assert set(torch_capabilities("cpu")["decoders"]) <= {"torchvision", "cv2"}
 
 
 # ----------------------------------------------------------------- AX4xx layouts

@@ -103,10 +103,24 @@ def _introspect() -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
     return fused, devices, version
 
 
+#: The image decoders a rule may point to, by import name.
+DECODERS = ("torchvision", "cv2")
+
+
+def _installed(name: str) -> bool:
+    """Whether ``name`` can be imported here (found, not imported)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def torch_capabilities(target: str) -> dict[str, Any]:
-    """``{"torch_version", "fused_optimizers", "cpus"}`` for the given target: the
-    optimizers whose fused implementation the installed torch offers there, and the
-    CPUs this process may use (what a worker count must stay within)."""
+    """``{"torch_version", "fused_optimizers", "cpus", "decoders"}`` for the given
+    target: the optimizers whose fused implementation the installed torch offers
+    there, the CPUs this process may use (what a worker count must stay within), and
+    which of :data:`DECODERS` are installed."""
     fused, devices, version = _introspect()
     supported = _OPTIM_DEVICE.get(target, target) in devices
-    return {"torch_version": version, "fused_optimizers": list(fused) if supported else [], "cpus": usable_cpus()}
+    return {"torch_version": version, "fused_optimizers": list(fused) if supported else [], "cpus": usable_cpus(),
+            "decoders": [name for name in DECODERS if _installed(name)]}

@@ -151,11 +151,22 @@ class PilDecodeInDataset(Rule):
             "npu": "; on npu both decoders run on the host CPU, so pair them with enough DataLoader workers",
         }.get(ctx.target, "")
         shown = name.rsplit(".", 1)[1] if name != "PIL.Image.open" else "PIL.Image.open"
+        torchvision_text = f"{torchvision_call} decodes straight into a uint8 CHW tensor"
+        cv2_text = f"{cv2_call}: OpenCV returns BGR channel order in an HWC numpy array"
+        # The decoder installed here first (a scan without the facts: torchvision's).
+        installed = ctx.capabilities.get("decoders")
+        replacement = torchvision_call
+        if installed is not None and "torchvision" not in installed and "cv2" in installed:
+            instead, replacement = f"{cv2_text} (or {torchvision_text}; torchvision is not installed here)", cv2_call
+        elif installed is not None and not installed:
+            instead = (f"{torchvision_text} (or {cv2_text}; neither is installed here: "
+                       "pip install torchvision, or opencv-python-headless)")
+        else:
+            instead = f"{torchvision_text} (or {cv2_text})"
         message = (
             f"{shown} decodes every sample with PIL in {where}: decoding is the bulk of per-sample loading "
             f"and PIL builds an image object that ToTensor/PILToTensor copy again, so {waiting} whenever "
-            f"loading falls behind; {torchvision_call} decodes straight into a uint8 CHW tensor "
-            f"(or {cv2_call}: OpenCV returns BGR channel order in an HWC numpy array){target_note}. "
+            f"loading falls behind; {instead}{target_note}. "
             "Display-only: the transforms after it must accept the new type, and decoders can differ "
             "in the last bits of some pixels"
         )
@@ -163,7 +174,7 @@ class PilDecodeInDataset(Rule):
             self,
             node,
             message,
-            replacement=torchvision_call,
+            replacement=replacement,
             fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY),
         )
 
