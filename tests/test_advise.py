@@ -1478,7 +1478,7 @@ def test_a_busy_machine_is_said(script: Path) -> None:
                        clock=Clock(), load=lambda: load).run()
 
     busy = advise(3.9)
-    assert any(n.startswith("the machine was busy (1-minute load 3.9 on 2 core(s) at the end)") for n in busy.notes)
+    assert any(n.startswith("the machine was busy (1-minute load 3.9 on 2 cores at the end)") for n in busy.notes)
     assert not any("the machine was busy" in n for n in advise(2.1).notes)
     assert not any("the machine was busy" in n for n in advise(None).notes)
 

@@ -235,13 +235,14 @@ def test_steps_all_lets_the_script_finish(tmp_path):
 
 def test_a_busy_machine_is_said_beside_the_figures(tmp_path, monkeypatch):
     # Other processes slow steps unevenly: the profile says the load it ended under.
+    from torchaxe import cpulist
     from torchaxe.runtime import load
 
     source = PRELUDE + "for _ in range(6):\n    step()\n"
-    monkeypatch.setattr(load, "usable_cores", lambda: 2)
+    monkeypatch.setattr(cpulist, "usable_cpus", lambda: 2)
     monkeypatch.setattr(load, "load_average", lambda: 3.6)
     profile = run_script(tmp_path, source, steps=3, warmup=1)
-    assert any(w.startswith("the machine was busy (1-minute load 3.6 on 2 core(s) at the end)")
+    assert any(w.startswith("the machine was busy (1-minute load 3.6 on 2 cores at the end)")
                for w in profile.warnings), profile.warnings
     monkeypatch.setattr(load, "load_average", lambda: 2.5)  # the run's own two threads, and a little
     profile = run_script(tmp_path, source, steps=3, warmup=1)

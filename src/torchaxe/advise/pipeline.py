@@ -52,7 +52,7 @@ from torchaxe.runtime import ranks
 from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
 from torchaxe.runtime.job_command import batches_per_step, job_epochs_in, job_steps_in, job_steps_of_epochs
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict, pays_once
-from torchaxe.runtime.load import busy, load_average
+from torchaxe.runtime.load import busy, busy_text, load_average
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
 from torchaxe.shapes.candidates import training_epoch
@@ -201,9 +201,9 @@ class Advisor:
         each on the cores the script may use) load it about one core's worth per core;
         half again as much is someone else's work, which slows runs unevenly."""
         load, cores = self.load(), self.cores or os.cpu_count()
-        if busy(load, cores):
+        if load is not None and cores and busy(load, cores):
             self.advice.notes.append(
-                f"the machine was busy (1-minute load {load:.1f} on {cores} core(s) at the end): other processes "
+                f"the machine was busy ({busy_text(load, cores)} at the end): other processes "
                 "slow runs unevenly, so the figures are noisier than on a quiet machine; run advise again when it "
                 "is quieter to confirm them")
 

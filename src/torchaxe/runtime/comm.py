@@ -39,7 +39,7 @@ import socket
 import threading
 from typing import Any, Callable
 
-from torchaxe.runtime.load import usable_cores
+from torchaxe.cpulist import usable_cpus
 from torchaxe.runtime.probes import StepSink, patch_attribute, restore_patches
 from torchaxe.runtime.profile import DistributedInfo
 from torchaxe.runtime.stats import Samples
@@ -187,7 +187,7 @@ class CommProbe:
         info = DistributedInfo(
             rank=rank, local_rank=_env_int("LOCAL_RANK"), world_size=world, local_world_size=local_world,
             nnodes=world // local_world if world and local_world and world % local_world == 0 else None,
-            host=socket.gethostname(), backend=backend, cpus=usable_cores())
+            host=socket.gethostname(), backend=backend, cpus=usable_cpus())
         steps = max(measured_steps, 0)
         per_step = (lambda v: v / steps) if steps else (lambda v: None)
         info.collectives = {name: {"calls_per_step": per_step(calls), "seconds_per_step": per_step(seconds)}

@@ -967,11 +967,12 @@ class Harness:
         times = Samples.of(s.seconds for s in steps if s.phase == "measured")
         if times.is_noisy():
             out.append(f"step time varies: interquartile range {100 * (times.relative_spread or 0):.0f}% of the median")
-        from torchaxe.runtime.load import busy, load_average, usable_cores
+        from torchaxe import cpulist
+        from torchaxe.runtime import load as machine
 
-        load, cores = load_average(), usable_cores()
-        if measured and busy(load, cores):
-            out.append(f"the machine was busy (1-minute load {load:.1f} on {cores} core(s) at the end): other "
+        load, cores = machine.load_average(), cpulist.usable_cpus()
+        if measured and load is not None and machine.busy(load, cores):
+            out.append(f"the machine was busy ({machine.busy_text(load, cores)} at the end): other "
                        "processes slow steps unevenly; profile again when it is quieter to confirm the figures")
         if state.get("swallowed") is not None:
             err = state["swallowed"]
