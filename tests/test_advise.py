@@ -795,6 +795,19 @@ def test_a_second_round_is_skipped_when_it_would_leave_no_time_to_measure_the_ch
                for n in advice.notes), advice.notes
 
 
+def test_a_second_round_counts_each_change_at_its_own_run_time(script: Path) -> None:
+    clock = Clock()
+    # Runs of 10 s, compile's of 40 s: round 1 (with the warm-up run) ends at 100 s of
+    # 215. Round 2 and the combined run's 4 runs need 130 s with compile's counted as
+    # its own (at the median run's time, 100 s would have seemed to fit).
+    runs = TimedRuns(clock, 10.0, by_name={"knob:compile": 40.0})
+    advice = run_advice(script, runs, repeats=2, budget=215.0, clock=clock)
+    recs = {r.key: r for r in advice.recommendations}
+    assert len(recs["knob:compile"].ratios) == 1 and advice.combined["status"] == "measured"
+    assert any(n.startswith("the --budget ended the rounds after 1 of 2: the 115 s left held no further round "
+                            "(about 130 s") for n in advice.notes), advice.notes
+
+
 def test_a_change_slower_in_one_round_gets_more_rounds_and_one_slow_round_in_five_is_forgiven(script: Path) -> None:
     # compile: 0.05 s except its second run (0.11 s): slower than the original once.
     runs = FakeRuns(times={"knob:compile": [0.05, 0.11, 0.05, 0.05, 0.05]})

@@ -15,7 +15,8 @@ from profile_support import PRELUDE, run_script
 from torchaxe.advise.measure import Measurer
 from torchaxe.runtime.knobs import knob_set_from_dict
 from torchaxe.runtime.trials import TrialOptions, TrialRun, run_in_subprocess
-from torchaxe.runtime.turns import ENV, ENV_WARM, TurnClient, TurnPlan, run_in_turns, steps_per_turn
+from torchaxe.runtime.turns import (ENV, ENV_WARM, TurnClient, TurnPlan, round_shares, run_in_turns,
+                                    steps_per_turn)
 
 SCRIPT = Path(__file__).parent / "scripts" / "trial_train.py"
 
@@ -112,6 +113,17 @@ def test_runs_take_turns_one_at_a_time_in_order() -> None:
     assert [r.turns for r in runs] == [3, 3, 3] and all(r.ok for r in runs)
     # The round's wall time is shared among its runs.
     assert runs[0].seconds == runs[1].seconds == runs[2].seconds > 0
+
+
+def test_a_first_compile_s_warm_up_is_charged_to_its_own_run() -> None:
+    # A round of 60 s: four runs warmed up in 2 s each, a compiling one (run 4) in 32 s;
+    # the 30 s beyond the others' were the compile's alone.
+    shares = round_shares(60.0, 5, {0: 2.0, 1: 2.0, 2: 1.8, 3: 2.2, 4: 32.0}, once={4})
+    assert shares[4] == pytest.approx(36.0) and shares[0] == shares[1] == pytest.approx(6.0)
+    assert sum(shares.values()) == pytest.approx(60.0)
+    # Nothing compiles, or no warm-up was timed: equal shares.
+    assert set(round_shares(60.0, 3, {0: 1.0, 1: 9.0, 2: 1.0}, once=set()).values()) == {20.0}
+    assert set(round_shares(60.0, 2, {0: None, 1: 30.0}, once={1}).values()) == {30.0}
 
 
 def test_a_run_started_after_the_others_warm_up_has_what_is_left_of_the_rounds_limit() -> None:

@@ -180,13 +180,21 @@ class Measurer:
         left = self.remaining()
         return left is None or left >= runs * self.expected_run_seconds()
 
-    def _out_of_rounds(self, repeat: int, runs: int) -> bool:
+    def _out_of_rounds(self, repeat: int, runs: int, arms: Sequence[ArmResult]) -> bool:
         """The budget's hook of :func:`interleave`: a round after the first is not
-        started when ``runs`` runs (the round's and those kept in reserve) would end
-        past the deadline; noted in ``ended_early``."""
-        if repeat <= 1 or self.fits(runs):
+        started when its runs (each arm that has not failed, at its own run times so
+        far: a change that compiles took longer) and the rest of ``runs`` (those kept
+        in reserve, at the median run's time) would end past the deadline; noted in
+        ``ended_early``."""
+        left = self.remaining()
+        if repeat <= 1 or left is None:
             return False
-        self.ended_early = (repeat - 1, max(self.remaining() or 0.0, 0.0), runs * self.expected_run_seconds())
+        live = [a for a in arms if not _failed(a)]
+        need = (sum(self.expected_seconds_of(a.knobs) for a in live)
+                + max(runs - len(live), 0) * self.expected_run_seconds())
+        if left >= need:
+            return False
+        self.ended_early = (repeat - 1, max(left, 0.0), need)
         return True
 
     def bounded(self, runs: int = 1) -> tuple[TrialOptions, bool]:
@@ -245,7 +253,8 @@ class Measurer:
             # Without a baseline nothing can be compared: its failure ends the rounds.
             label = (lambda repeat: f"{what}: round {repeat}/{repeats}")
             complete = interleave([base, *results], self._recorder(base, label), _failed, rounds=repeats,
-                                  required=[base], reserve=reserve, stop=self._out_of_rounds,
+                                  required=[base], reserve=reserve,
+                                  stop=lambda repeat, runs: self._out_of_rounds(repeat, runs, [base, *results]),
                                   together=self._together(base, label))
         except OutOfTime:
             return base, results, False

@@ -427,8 +427,27 @@ def _run_round(run: TurnRunner, knob_sets: Sequence["KnobSet"], command: Sequenc
         for thread in threads:
             if thread is not None:
                 thread.join()
-    share = (time.perf_counter() - started) / max(count, 1)
-    for number, result in enumerate(results):
-        if result is not None and threads[number] is not None:
-            result.seconds = share  # the round's wall time, shared: what one more arm costs
-            result.turns = coordinator.given[number]
+    made = [n for n, result in enumerate(results) if result is not None and threads[n] is not None]
+    seconds = round_shares(time.perf_counter() - started, count,
+                           {n: results[n].warmup_seconds for n in made},  # type: ignore[union-attr]
+                           {n for n in made if pays_once(knob_sets[n].values)})
+    for number in made:
+        result = results[number]
+        assert result is not None
+        result.seconds = seconds[number]  # its share of the round's wall time: what one more arm costs
+        result.turns = coordinator.given[number]
+
+
+def round_shares(wall: float, count: int, warmups: dict[int, float | None], once: set[int]) -> dict[int, float]:
+    """Each run's share of a round's ``wall`` seconds (``count`` runs): an equal part,
+    and on top, for a run that pays once (``once``: a first compile), what its warm-up
+    took beyond the others' (median; ``warmups`` by run number), which the round
+    spent on it alone (warm-ups go one at a time). The shares add up to ``wall``."""
+    usual = [w for n, w in warmups.items() if w is not None and n not in once]
+    typical = sorted(usual)[len(usual) // 2] if usual else None
+    extra = {n: max(0.0, (warmups.get(n) or 0.0) - typical) if typical is not None and n in once else 0.0
+             for n in warmups}
+    extra_total = min(sum(extra.values()), wall)
+    scale = extra_total / sum(extra.values()) if sum(extra.values()) > 0 else 0.0
+    base = (wall - extra_total) / max(count, 1)
+    return {n: base + scale * extra[n] for n in warmups}
