@@ -296,6 +296,24 @@ def test_html_escapes_every_user_string_and_loads_nothing(advice) -> None:
         assert f'id="{plot}"' in page
 
 
+def test_partial_advice_says_what_is_missing(script: Path) -> None:  # noqa: F811
+    from test_advise import Clock, TimedRuns
+
+    def partial_line(advice) -> str:
+        out = io.StringIO()
+        render_advice_text(advice, out, width=200)
+        return next(line for line in out.getvalue().splitlines() if "partial advice" in line)
+
+    # 20 s fit one change of four: three not measured.
+    assert "partial advice: 3 changes not measured for the --budget" in partial_line(
+        run_advice(script, FakeRuns(), budget=20.0))
+    # Every change measured, round 2 left out for the combined run (runs of 10 s, 125 s).
+    clock = Clock()
+    advice = run_advice(script, TimedRuns(clock, 10.0), repeats=2, budget=125.0, clock=clock)
+    assert all(r.status != "not_measured" for r in advice.recommendations)
+    assert "partial advice: not every planned run was made: some figures rest on fewer rounds" in partial_line(advice)
+
+
 def test_json_keeps_the_partial_flag_and_notes(advice) -> None:
     advice.partial = True
     advice.notes.append("interrupted (Ctrl-C)")

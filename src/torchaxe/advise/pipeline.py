@@ -471,6 +471,7 @@ class Advisor:
             c.rec.status = "not_measured"
             c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + "(not measured: out of --budget)"
         if len(chosen) < len(ordered):
+            advice.partial = True
             # As the fit counts: what went before, the warm-up run, the rounds of every
             # change (first compiles included) with the A/A arm, the combined run.
             needed = (self.clock() - self.started) + per_run * (1 + repeats * (3 + sum(cost(c) for c in ordered)))

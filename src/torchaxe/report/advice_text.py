@@ -11,7 +11,7 @@ from rich.table import Table
 from torchaxe.advise.recommendation import Advice, Recommendation
 from torchaxe.advise.where import describe
 from torchaxe.runtime.candidate import MEMORY_KINDS
-from torchaxe.units import bytes_text, duration, mfu_sentence, package_path
+from torchaxe.units import bytes_text, duration, mfu_sentence, package_path, plural
 
 
 def one_time_text(seconds: float, break_even: int | None, compiles: bool = True) -> str:
@@ -102,7 +102,11 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             console.print(f"  loss noise         {noise:.2%} (the original's runs, one under another seed{own}); "
                           f"changes to the numerics are chosen within it + {base['loss_tolerance']:.1%}")
     if advice.partial:
-        console.print("  [yellow]partial advice:[/yellow] not everything planned was measured (see the notes below)")
+        unmeasured = sum(1 for r in advice.recommendations
+                         if r.status == "not_measured" and "out of --budget" in (r.detail or ""))
+        what = (f"{plural(unmeasured, 'change')} not measured for the --budget" if unmeasured else
+                "not every planned run was made: some figures rest on fewer rounds")
+        console.print(f"  [yellow]partial advice:[/yellow] {what} (see the notes below)")
     ranked = advice.ranked()
     if ranked:
         table = Table(title="Recommendations, by measured time saved per step", title_justify="left",
