@@ -296,6 +296,21 @@ def test_html_escapes_every_user_string_and_loads_nothing(advice) -> None:
         assert f'id="{plot}"' in page
 
 
+def test_the_chosen_changes_are_put_in_the_job_s_seconds_when_its_length_is_known(script: Path) -> None:  # noqa: F811
+    # 0.100 s steps, 0.045 s together: 55 ms saved in each of 1000 steps.
+    advice = run_advice(script, FakeRuns(), args=("--steps", "1000"))
+    assert advice.job == {"steps": 1000, "source": "read from the command: --steps 1000"}
+    assert json.loads(advice.to_json())["job"]["steps"] == 1000
+    out = io.StringIO()
+    render_advice_text(advice, out, width=300)
+    assert "over the job's 1,000 steps (read from the command: --steps 1000): about 55.0 s saved of 100.0 s in " \
+           "steps, one-time costs counted" in out.getvalue()
+    # Without the job's length: nothing said.
+    out = io.StringIO()
+    render_advice_text(run_advice(script, FakeRuns()), out, width=300)
+    assert "over the job's" not in out.getvalue()
+
+
 def test_partial_advice_says_what_is_missing(script: Path) -> None:  # noqa: F811
     from test_advise import Clock, TimedRuns
 

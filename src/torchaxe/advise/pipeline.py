@@ -184,6 +184,8 @@ class Advisor:
         finally:
             self._lap("measuring")
             self.advice.elapsed_seconds = self.clock() - self.started
+            if self.options.job_steps is not None:
+                self.advice.job = {"steps": self.options.job_steps, "source": self.job_source}
             shutil.rmtree(self.workdir, ignore_errors=True)
             self._busy_note()
         return self.advice

@@ -102,6 +102,8 @@ class Advice:
     #: Under torchrun: the job across its ranks, as profiled (runtime/ranks.py
     #: ``distributed_view``); None for a one-process run.
     distributed: dict[str, Any] | None = None
+    #: The job's length when known: ``{"steps": N, "source": "read from the command: --steps N"}``.
+    job: dict[str, Any] | None = None
 
     @property
     def mfu(self) -> dict[str, Any] | None:
@@ -139,6 +141,7 @@ class Advice:
             "environment": [c.to_dict() for c in self.environment],
             "findings": self.findings, "scanned": self.scanned, "profile": self.profile, "notes": self.notes,
             "mfu": self.mfu, "memory_limit_bytes": self.memory_limit, "distributed": self.distributed,
+            "job": self.job,
         }
 
     def to_json(self) -> str:

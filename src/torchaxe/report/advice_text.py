@@ -21,6 +21,21 @@ def one_time_text(seconds: float, break_even: int | None, compiles: bool = True)
     return text + (f"; pays off after {break_even:,} steps" if break_even else "")
 
 
+def job_text(advice: Advice) -> str | None:
+    """What the chosen changes together save over the whole job, when its length is
+    known: the steps' time saved less the one-time costs, beside the steps' time now.
+    The run's start-up and its work outside the steps are not in it."""
+    job, combined = advice.job or {}, advice.combined or {}
+    saved, step = combined.get("measured_seconds_saved_per_step"), advice.baseline.get("step_seconds_median")
+    if not job.get("steps") or not saved or not step:
+        return None
+    steps = job["steps"]
+    net = steps * saved - (combined.get("one_time_seconds") or 0.0)
+    return (f"over the job's {steps:,} steps ({job.get('source')}): about {duration(net)} saved of "
+            f"{duration(steps * step)} in steps, one-time costs counted; the run's start-up and its work "
+            f"outside the steps stay as they are, so the whole run gains less")
+
+
 def compiles(rec: Recommendation) -> bool:
     """Whether a change compiles (its one-time cost is compiling): torch.compile, a
     tuned subgraph, the NPU's online compilation."""
@@ -177,6 +192,9 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                           "interleaved with the original")
             if combined.get("one_time_seconds"):
                 console.print("  " + one_time_text(combined["one_time_seconds"], combined.get("break_even_steps")))
+            job = job_text(advice)
+            if job:
+                console.print("  " + job)
         else:
             console.print(f"All chosen changes together: {combined.get('status')} {combined.get('error') or ''}")
     if advice.achieved:
