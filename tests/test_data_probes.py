@@ -302,6 +302,81 @@ def test_bootstrap_override_never_changes_the_workers_of_an_iterable_dataset():
         override.uninstall()
 
 
+def _epochs(make_loader, seed: int, knob: bool):
+    """Every batch of one epoch of ``make_loader()``, with or without batched fetch."""
+    from torchaxe.data.knob import SPEC
+    from torchaxe.runtime.knobs import AppliedKnobs
+
+    knobs = knob_set_from_dict({"dataloader": {"batched_fetch": knob}}, "k")
+    applied = AppliedKnobs(knobs)
+    with SPEC.patch(knobs.dataloader, applied):
+        torch.manual_seed(seed)
+        loader = make_loader()
+        batches = [[t.clone() for t in batch] for batch in loader]
+    return batches, applied.record.get("batched_fetch")
+
+
+@pytest.mark.parametrize("case", ["shuffled", "subset", "workers", "last_partial"])
+def test_batched_fetch_gives_the_same_batches_in_the_same_order(case):
+    from torch.utils.data import DataLoader, TensorDataset, random_split
+
+    x, y = torch.randn(300, 4), torch.randint(0, 5, (300,))
+    data = TensorDataset(x, y)
+    make = {
+        "shuffled": lambda: DataLoader(data, batch_size=32, shuffle=True),
+        "subset": lambda: DataLoader(random_split(data, [200, 100], generator=torch.Generator().manual_seed(1))[0],
+                                     batch_size=16, shuffle=True, drop_last=True),
+        "workers": lambda: DataLoader(data, batch_size=25, shuffle=True, num_workers=2,
+                                      multiprocessing_context="fork"),
+        "last_partial": lambda: DataLoader(data, batch_size=64),
+    }[case]
+    plain, _ = _epochs(make, 0, False)
+    fetched, noted = _epochs(make, 0, True)
+    assert noted is True or case == "workers"  # fork workers note in their own process
+    assert len(plain) == len(fetched) > 0
+    for a, b in zip(plain, fetched):
+        assert type(a) is type(b) and len(a) == len(b)
+        assert all(u.dtype == v.dtype and torch.equal(u, v) for u, v in zip(a, b))
+
+
+def test_batched_fetch_leaves_other_loaders_alone():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from torchaxe.data.knob import batchable
+
+    class Noisy(TensorDataset):  # a __getitem__ of its own: sample by sample, as written
+        def __getitem__(self, i):
+            return tuple(t[i] + 1 for t in self.tensors)
+
+    data = TensorDataset(torch.arange(8.0))
+    assert batchable(DataLoader(data, batch_size=4))
+    assert not batchable(DataLoader(data, batch_size=4, collate_fn=lambda b: b))
+    assert not batchable(DataLoader(data, batch_size=None))
+    assert not batchable(DataLoader(Noisy(torch.arange(8.0)), batch_size=4))
+    assert not batchable(DataLoader(list(range(8)), batch_size=4))
+    batches, noted = _epochs(lambda: DataLoader(Noisy(torch.arange(8.0)), batch_size=4), 0, True)
+    assert noted is None and torch.equal(batches[0][0], torch.arange(1.0, 5.0))
+    # The knob is parsed and written back; a wrong type is refused.
+    knobs = knob_set_from_dict({"dataloader": {"batched_fetch": True}}, "k")
+    assert knob_set_from_dict(knobs.to_dict(), "again").dataloader.batched_fetch is True
+    with pytest.raises(KnobError, match="dataloader.batched_fetch"):
+        knob_set_from_dict({"dataloader": {"batched_fetch": "yes"}}, "k.json")
+
+
+def test_a_loader_of_in_memory_tensors_is_offered_batched_fetch():
+    from torchaxe.data.candidates import candidates
+
+    profile = {"summary": {"data_wait_fraction": 0.3, "data_wait_seconds_median": 0.003,
+                           "step_seconds_median": 0.01}}
+    epoch = {"site": "train.py:12", "batch_size": 64, "samples": 6400, "batched_fetch": True}
+    offered = {c.key: c for c in candidates(profile, "cpu", {"loader_epochs": [epoch], "allowed_cpus": 2})}
+    fetch = offered["knob:dataloader-batched-fetch"]
+    assert fetch.knobs == {"dataloader": {"batched_fetch": True}} and fetch.rec.accuracy.kind == "exact"
+    assert "train.py:12" in fetch.rec.detail and "knob:dataloader" in offered
+    assert "knob:dataloader-batched-fetch" not in {
+        c.key for c in candidates(profile, "cpu", {"loader_epochs": [{**epoch, "batched_fetch": False}]})}
+
+
 def test_torchaxe_data_import_is_light():
     import subprocess
     import sys

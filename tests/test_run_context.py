@@ -194,7 +194,8 @@ def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built
     assert built_optimizer(context, train, _line_of(LOOP, "torch.optim.Adam")) is False
     # Each loader's epoch, for the compile candidates (a smaller last batch recompiles).
     assert context["settings"]["loader_epochs"] == [
-        {"site": f"{helper}:{built}", "batch_size": 4, "samples": 64, "drop_last": False, "last_batch_samples": None}]
+        {"site": f"{helper}:{built}", "batch_size": 4, "samples": 64, "drop_last": False, "last_batch_samples": None,
+         "batched_fetch": False}]
 
     def finding(code: str, line: int) -> Finding:
         return Finding(code, "affinity", "", helper, line, 0, line, 1, "", "all")

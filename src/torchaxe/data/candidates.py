@@ -25,10 +25,33 @@ MIN_WAIT_FRACTION = 0.05
 
 def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
     """Worker processes (persistent, with pinned memory on a device) when the profile
-    shows the step waiting for data."""
+    shows the step waiting for data; and, when a loader the run built takes its
+    batches sample by sample from in-memory tensors, one indexing per batch."""
     wait = (profile.get("summary") or {}).get("data_wait_fraction") or 0.0
     if wait <= MIN_WAIT_FRACTION:
         return []
+    return [*_batched_fetch(settings, wait), _workers(profile, target, settings, wait)]
+
+
+def _batched_fetch(settings: dict[str, Any], wait: float) -> list[Candidate]:
+    """``dataloader.batched_fetch`` when a loader over a TensorDataset (or a Subset of
+    one) collates by default (runtime/run_context.py ``loader_epochs``)."""
+    sites = [e.get("site") or "its line" for e in settings.get("loader_epochs") or [] if e.get("batched_fetch")]
+    if not sites:
+        return []
+    return [knob_candidate(
+        "knob:dataloader-batched-fetch", "data",
+        "DataLoader batches of a TensorDataset taken with one indexing per tensor, not sample by sample",
+        {"dataloader": {"batched_fetch": True}}, group="dataloader-fetch", priority=1.0 + 4 * wait,
+        detail=(f"the loader built at {sites[0]} fetches each sample of in-memory tensors with its own "
+                f"dataset[i] and stacks them; the step waited for data {wait:.0%} of the time. In code: "
+                "DataLoader(dataset, sampler=BatchSampler(RandomSampler(dataset), batch_size, drop_last=False), "
+                "batch_size=None) gives the batches as tuples by one indexing"),
+        accuracy=Accuracy(kind="exact", detail="the same batches: the same samples, in the same order"))]
+
+
+def _workers(profile: dict[str, Any], target: str, settings: dict[str, Any], wait: float) -> Candidate:
+    """Worker processes, their count estimated from the profile's data wait and step."""
     # The CPUs the run's process was allowed (its affinity), else this process's,
     # shared among the ranks of a node: no worker count above them.
     cores = settings.get("allowed_cpus") or cores_for_this_rank()
@@ -41,11 +64,11 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
     knobs: dict[str, Any] = {"num_workers": workers, "persistent_workers": True}
     if target in ("cuda", "npu"):
         knobs["pin_memory"] = True
-    return [knob_candidate(
+    return knob_candidate(
         "knob:dataloader", "data", f"DataLoader(num_workers={workers}, persistent_workers=True"
         + (", pin_memory=True)" if "pin_memory" in knobs else ")"), {"dataloader": knobs},
         group="dataloader", priority=1.0 + 4 * wait, detail=f"in the profiled run the step waited for data {wait:.0%} of the time",
-        accuracy=replace(LOADER_ACCURACY))]
+        accuracy=replace(LOADER_ACCURACY))
 
 
 def stored_candidates(command: Sequence[str]) -> list[Candidate]:

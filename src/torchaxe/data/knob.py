@@ -5,6 +5,12 @@ without editing the script::
                     "prefetch_factor": 4, "multiprocessing_context": "fork", "timeout": 60}}
     {"dataloader": {"batch_scale": 2}}
 
+``batched_fetch`` takes each batch of a loader over an in-memory ``TensorDataset`` (or
+a ``Subset`` of one, as ``random_split`` gives) with one indexing of each tensor,
+instead of one ``dataset[i]`` per sample stacked by ``default_collate``: the same
+batch, the same values and order, without a Python call and a small tensor per sample
+(:class:`BatchedFetch`). Loaders with a collate function of their own are left alone.
+
 ``batch_scale`` multiplies the batch size of every loader that batches by a
 ``batch_size`` (not a ``batch_sampler`` of its own): a larger micro-batch, which
 changes the optimisation (fewer steps per epoch). The run then notes
@@ -19,7 +25,7 @@ the patch is installed.
 from __future__ import annotations
 
 import inspect
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +51,8 @@ class DataLoaderKnobs:
     timeout: float | None = None
     #: Multiplies the batch size of every loader batched by ``batch_size``.
     batch_scale: int | None = None
+    #: One indexing per tensor for each batch of an in-memory TensorDataset.
+    batched_fetch: bool | None = None
 
     def overrides(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -105,6 +113,82 @@ class DataLoaderOverride:
         self.applied.note("dataloader", {"overrides": self.overrides, "loaders": self.loaders})
 
 
+def tensor_rows(dataset: Any) -> tuple[tuple[Any, ...], Any] | None:
+    """``(tensors, rows)`` when ``dataset`` is a ``TensorDataset`` whose ``__getitem__``
+    is torch's, or a ``Subset`` (torch's) of one: sample ``i`` is ``t[rows[i]]`` of
+    each tensor (``rows`` None: ``t[i]``). None for any other dataset."""
+    from torch.utils.data import Subset, TensorDataset
+
+    rows = None
+    if isinstance(dataset, Subset) and type(dataset).__getitem__ is Subset.__getitem__ \
+            and getattr(type(dataset), "__getitems__", None) is getattr(Subset, "__getitems__", None):
+        rows, dataset = dataset.indices, dataset.dataset
+    if not isinstance(dataset, TensorDataset) or type(dataset).__getitem__ is not TensorDataset.__getitem__ \
+            or hasattr(dataset, "__getitems__"):
+        return None
+    return tuple(dataset.tensors), rows
+
+
+def batchable(loader: Any) -> bool:
+    """Whether :class:`BatchedFetch` takes ``loader``'s batches: batched by a sampler
+    over a dataset :func:`tensor_rows` reads, with torch's ``default_collate``."""
+    from torch.utils.data._utils.collate import default_collate
+
+    return (bool(getattr(loader, "_auto_collation", False)) and getattr(loader, "collate_fn", None) is default_collate
+            and tensor_rows(getattr(loader, "dataset", None)) is not None)
+
+
+class BatchedFetch:
+    """Patches torch's map-style fetcher: a batch of a dataset :func:`tensor_rows`
+    reads, collated by ``default_collate``, is taken as ``[t[index] for t in
+    tensors]`` (``default_collate`` turns a batch of tuples into a list of stacked
+    tensors: the same list, values and order). Every other fetch is torch's own. In
+    worker processes started by fork the patch is inherited; spawned workers fetch as
+    torch does (the same batches)."""
+
+    def __init__(self, applied: AppliedKnobs) -> None:
+        self.applied = applied
+        self._saved: Any = None
+
+    def install(self) -> None:
+        import torch
+        from torch.utils.data._utils import fetch
+        from torch.utils.data._utils.collate import default_collate
+
+        owner = fetch._MapDatasetFetcher
+        original = owner.fetch
+        self._saved = (owner, original)
+        applied = self.applied
+
+        def batched(fetcher, possibly_batched_index):
+            # Decided once per fetcher (one an iterator: an epoch, or a worker's life).
+            found = fetcher.__dict__.get("_torchaxe_rows", False)
+            if found is False:
+                found = tensor_rows(fetcher.dataset) if fetcher.auto_collation \
+                    and fetcher.collate_fn is default_collate else None
+                if found is not None:
+                    tensors, rows = found
+                    found = (tensors, None if rows is None else torch.as_tensor(rows, dtype=torch.long))
+                    applied.note("batched_fetch", True)
+                fetcher.__dict__["_torchaxe_rows"] = found
+            if found is None:
+                return original(fetcher, possibly_batched_index)
+            tensors, rows = found
+            index = torch.as_tensor(possibly_batched_index, dtype=torch.long)
+            if rows is not None:
+                index = rows[index]
+            return [t[index.to(t.device)] for t in tensors]
+
+        batched.__wrapped__ = original  # type: ignore[attr-defined]
+        owner.fetch = batched
+
+    def uninstall(self) -> None:
+        if self._saved is not None:
+            owner, original = self._saved
+            owner.fetch = original
+            self._saved = None
+
+
 class DataLoaderKnob(Knob):
     """``dataloader``: worker count, pinning, persistence, prefetch depth, start method,
     timeout and batch-size multiple of every DataLoader the script builds."""
@@ -116,7 +200,7 @@ class DataLoaderKnob(Knob):
         return DataLoaderKnobs()
 
     def parse(self, raw: Any, check: KnobCheck) -> DataLoaderKnobs:
-        dl = check.obj(raw, "dataloader", (*KEYS, "batch_scale"))
+        dl = check.obj(raw, "dataloader", (*KEYS, "batch_scale", "batched_fetch"))
         timeout = dl.get("timeout")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not timeout > 0 or timeout == float("inf")):
@@ -130,11 +214,18 @@ class DataLoaderKnob(Knob):
                                                  START_METHODS),
             timeout=float(timeout) if timeout is not None else None,
             batch_scale=check.int(dl.get("batch_scale"), "dataloader.batch_scale", 1),
+            batched_fetch=check.bool(dl.get("batched_fetch"), "dataloader.batched_fetch"),
         )
 
     def patch(self, value: DataLoaderKnobs, applied: AppliedKnobs):
         overrides = value.overrides()
-        return installed(DataLoaderOverride(overrides, applied)) if overrides else nullcontext()
+        fetch = bool(overrides.pop("batched_fetch", False))
+        stack = ExitStack()
+        if overrides:
+            stack.enter_context(installed(DataLoaderOverride(overrides, applied)))
+        if fetch:
+            stack.enter_context(installed(BatchedFetch(applied)))
+        return stack
 
 
 SPEC = DataLoaderKnob()

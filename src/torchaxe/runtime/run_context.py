@@ -105,10 +105,14 @@ def loader_epoch(loader: Any) -> dict[str, Any] | None:
 
 def note_loader(loader: Any, site: str | None) -> None:
     """Notes the epoch of a DataLoader just built at ``site`` (``path:line``)."""
+    from torchaxe.data.knob import batchable
+
     epochs = OBSERVED.setdefault("loader_epochs", [])
     epoch = loader_epoch(loader)
     if epoch is not None and len(epochs) < _MOST_LOADERS:
-        epochs.append({"site": site, **epoch})
+        # batched_fetch: its batches come from in-memory tensors, sample by sample
+        # (the dataloader knob's batched_fetch takes them with one indexing).
+        epochs.append({"site": site, **epoch, "batched_fetch": batchable(loader)})
 
 #: What code the run executed, where it was recorded (absent: not recorded):
 #: ``step_functions``, real path -> [first line, last line] runs of the lines of the
