@@ -403,6 +403,11 @@ def test_a_dataset_in_memory_is_not_told_its_transforms_dominate():
     assert any(s.startswith("__getitem__ dominates, on data in memory") for s in verdict.suggestions)
     assert any(r.startswith("per sample: read 0.00 ms, decode 0.00 ms, __getitem__ 10.0 ms") for r in verdict.reasons)
     assert any(s.startswith("num_workers=1 (one core left") for s in verdict.suggestions), verdict.suggestions
+    # A TensorDataset with the default collate: the knob that takes its batches at once.
+    tensors = judge(_report(_record(dataset_type="TensorDataset", batched_fetch=True), wait=0.05, compute=0.05,
+                            cores=2, stages=stages))
+    assert any(s.startswith("__getitem__ dominates, on tensors in memory (a TensorDataset): `[run] dataloader = "
+                            "{batched_fetch = true}`") for s in tensors.suggestions), tensors.suggestions
     # Files read and decoded: the rest is the transforms'.
     files = judge(_report(_record(), stages=_stages(per_sample=0.02, read=0.001, decode=0.001)))
     assert any("transforms dominate" in s for s in files.suggestions)

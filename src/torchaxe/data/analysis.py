@@ -399,6 +399,12 @@ def judge(report: DataReport) -> Verdict:
                 suggestions.append("file reads dominate: faster or local storage, larger files (shards), or caching")
             if data_bound and top_name == "transform" and top >= 0.5 * total and not in_memory:
                 suggestions.append("transforms dominate: vectorise them per batch, or move them to the device")
+            elif data_bound and top_name == "transform" and top >= 0.5 * total and main.batched_fetch:
+                suggestions.append("__getitem__ dominates, on tensors in memory (a TensorDataset): "
+                                   "`[run] dataloader = {batched_fetch = true}` in torchaxe.toml takes each batch "
+                                   "with one indexing per tensor, the same batches, under `torchaxe run` (advise "
+                                   "measures it as knob:dataloader-batched-fetch); in code, a BatchSampler as the "
+                                   "sampler with batch_size=None")
             elif data_bound and top_name == "transform" and top >= 0.5 * total:
                 suggestions.append("__getitem__ dominates, on data in memory: index a whole batch at once (a "
                                    "BatchSampler as the sampler with batch_size=None, and a __getitem__ that takes "

@@ -77,6 +77,9 @@ class LoaderRecord:
     worker_alive_seconds: float = 0.0
     #: Where the dataset's class is defined: (file, first line, last line), for findings inside it.
     dataset_source: tuple[str, int, int] | None = None
+    #: Its batches come sample by sample from in-memory tensors (a TensorDataset with the
+    #: default collate): the dataloader knob's ``batched_fetch`` takes them at once.
+    batched_fetch: bool = False
     #: For sampling afterwards; not part of the JSON form.
     dataset: Any = field(default=None, repr=False, compare=False)
     collate_fn: Any = field(default=None, repr=False, compare=False)
@@ -117,6 +120,7 @@ class LoaderRecord:
             "batches_measured": self.batches_measured, "wait_measured_seconds": self.wait_measured_seconds,
             "workers_started": self.workers_started, "worker_cpu_seconds": self.worker_cpu_seconds,
             "worker_alive_seconds": self.worker_alive_seconds, "worker_utilisation": self.worker_utilisation,
+            "batched_fetch": self.batched_fetch,
         }
 
 
@@ -225,6 +229,8 @@ class LoaderProbe:
             length = None
         from torch.utils.data import IterableDataset
 
+        from torchaxe.data.knob import batchable
+
         context = loader.multiprocessing_context
         start = (context.get_start_method() if context is not None else _default_start_method()) \
             if loader.num_workers else None
@@ -232,7 +238,7 @@ class LoaderProbe:
             index=len(self.records),
             file=codes.show(frame.f_code.co_filename) if frame is not None else None,
             line=frame.f_lineno if frame is not None else None,
-            dataset_type=type(dataset).__qualname__,
+            dataset_type=type(dataset).__qualname__, batched_fetch=batchable(loader),
             map_style=not isinstance(dataset, IterableDataset),
             dataset_length=length,
             batch_size=loader.batch_size,
