@@ -134,7 +134,7 @@ def test_a_trainer_s_loader_is_bucketed_through_its_data_collator(tmp_path):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install -e .[frameworks])")
     observation = observe(["python", str(TRAINER)], steps=8, target="cpu")
     plan = decide(analyse(observation), max_shapes=2).buckets[0]
-    assert observation.loaders[0].collate == "PadCollator" and observation.loaders[0].built_by == "transformers.Trainer"
+    assert observation.loaders[0].collate == "PadCollator" and observation.loaders[0].built_by == "Trainer"
     assert plan.snippet().startswith("Trainer(..., data_collator=torchaxe.shapes.BucketingCollate(")
     assert "collate_fn=PadCollator(...), dim=1" in plan.snippet()
 

@@ -337,8 +337,9 @@ class LoaderInfo:
     fields: tuple | None = None
     #: The collate function is an object of a class (a collator), not a function.
     collate_instance: bool = False
-    #: The framework that built the loader from what the user passed it
-    #: (``transformers.Trainer``: its ``data_collator``), None for the user's own.
+    #: The trainer class that built the loader from the collator the user passed it
+    #: (a ``transformers.Trainer``, as ``Seq2SeqTrainer``: its ``data_collator``), None
+    #: for the user's own loader.
     built_by: str | None = None
 
     def collate_code(self) -> str:
@@ -364,19 +365,19 @@ class LoaderInfo:
                 "collate_instance": self.collate_instance, "built_by": self.built_by}
 
 
-#: Files of frameworks that build the training DataLoader from a collate function the
-#: user passes them, by path suffix, and how the advice names where it goes.
-LOADER_BUILDERS = ((os.path.join("transformers", "trainer.py"), "transformers.Trainer"),)
+#: The files of trainers that build the training DataLoader from a collate function
+#: the user passes them (``data_collator=``), by path suffix.
+LOADER_BUILDERS = (os.path.join("transformers", "trainer.py"),)
 
 
 def loader_builder(frame: Any) -> str | None:
-    """The framework whose code iterates the loader, from the stack at its first batch
-    (``frame`` and its callers): ``transformers.Trainer``, or None."""
+    """The class of the trainer whose code iterates the loader, from the stack at its
+    first batch (``frame`` and its callers): ``Trainer``, ``Seq2SeqTrainer``, ... (the
+    object's own class, a subclass the script uses), or None."""
     while frame is not None:
-        name = frame.f_code.co_filename
-        for suffix, builder in LOADER_BUILDERS:
-            if name.endswith(suffix):
-                return builder
+        if frame.f_code.co_filename.endswith(LOADER_BUILDERS):
+            owner = frame.f_locals.get("self")
+            return type(owner).__name__ if owner is not None else "Trainer"
         frame = frame.f_back
     return None
 

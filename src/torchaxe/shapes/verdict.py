@@ -71,7 +71,7 @@ class BucketAdvice:
     whole: str | None = None
     #: The collate function as code to wrap (``MLMCollator(...)`` for a collator object).
     collate_code: str | None = None
-    #: The framework that built the loader (``transformers.Trainer``), None for the user's.
+    #: The trainer class that built the loader (``Seq2SeqTrainer``), None for the user's.
     built_by: str | None = None
 
     def knob(self, pad_value: float | str = "auto") -> dict[str, Any]:
@@ -96,9 +96,9 @@ class BucketAdvice:
 
 def loader_call(collate: str, built_by: str | None) -> str:
     """Where the wrapped collate function goes: the DataLoader the user builds, or the
-    argument of the framework that builds it (``Trainer(..., data_collator=...)``)."""
-    if built_by == "transformers.Trainer":
-        return f"Trainer(..., data_collator={collate})"
+    argument of the trainer that builds it (``Seq2SeqTrainer(..., data_collator=...)``)."""
+    if built_by is not None:
+        return f"{built_by}(..., data_collator={collate})"
     return f"DataLoader(..., collate_fn={collate})"
 
 
