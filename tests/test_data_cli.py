@@ -45,7 +45,7 @@ def test_a_data_bound_script_gets_a_verdict_and_the_static_finding_joined(tmp_pa
     assert loader["stages"]["samples"] == 4 and loader["stages"]["per_sample_seconds"] >= 0.008
     [finding] = [f for f in report["findings"] if f["code"] == "AX401"]
     assert finding["loader"] == 0
-    assert finding["message"].startswith(f"DataLoader at ")
+    assert finding["message"].startswith("DataLoader at ")
     assert f"data_train.py:{line} has num_workers=0; measured data wait " in finding["message"]
     assert report["estimate"]["workers"] >= 1 and report["copies"]["applicable"] is False
 
@@ -59,7 +59,7 @@ def test_text_report_and_a_getitem_that_raises(tmp_path):
     out = proc.stdout
     assert "run         error: the script raised ValueError" in out
     raise_line = _line_of("raise ValueError")
-    assert f"error: dataset[5] raised ValueError at " in out and f"data_train.py:{raise_line}: sample 5 is corrupt" in out
+    assert "error: dataset[5] raised ValueError at " in out and f"data_train.py:{raise_line}: sample 5 is corrupt" in out
     assert "loader 0 (SlowSamples): 7 samples" in out  # the other samples were still timed
 
 
