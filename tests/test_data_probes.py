@@ -342,7 +342,7 @@ def test_batched_fetch_gives_the_same_batches_in_the_same_order(case):
 def test_batched_fetch_leaves_other_loaders_alone():
     from torch.utils.data import DataLoader, TensorDataset
 
-    from torchaxe.data.knob import batchable
+    from torchaxe.runtime.tensor_batches import batchable
 
     class Noisy(TensorDataset):  # a __getitem__ of its own: sample by sample, as written
         def __getitem__(self, i):

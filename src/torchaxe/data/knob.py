@@ -31,6 +31,7 @@ from typing import Any
 
 from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed, kind
 from torchaxe.runtime.loader_patch import LoaderPatch
+from torchaxe.runtime.tensor_batches import tensor_rows
 
 #: DataLoader worker start methods (``dataloader.multiprocessing_context``).
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -111,31 +112,6 @@ class DataLoaderOverride:
             final["multiprocessing_context"] = getattr(context, "get_start_method", lambda: str(context))()
         self.loaders.append(final)
         self.applied.note("dataloader", {"overrides": self.overrides, "loaders": self.loaders})
-
-
-def tensor_rows(dataset: Any) -> tuple[tuple[Any, ...], Any] | None:
-    """``(tensors, rows)`` when ``dataset`` is a ``TensorDataset`` whose ``__getitem__``
-    is torch's, or a ``Subset`` (torch's) of one: sample ``i`` is ``t[rows[i]]`` of
-    each tensor (``rows`` None: ``t[i]``). None for any other dataset."""
-    from torch.utils.data import Subset, TensorDataset
-
-    rows = None
-    if isinstance(dataset, Subset) and type(dataset).__getitem__ is Subset.__getitem__ \
-            and getattr(type(dataset), "__getitems__", None) is getattr(Subset, "__getitems__", None):
-        rows, dataset = dataset.indices, dataset.dataset
-    if not isinstance(dataset, TensorDataset) or type(dataset).__getitem__ is not TensorDataset.__getitem__ \
-            or hasattr(dataset, "__getitems__"):
-        return None
-    return tuple(dataset.tensors), rows
-
-
-def batchable(loader: Any) -> bool:
-    """Whether :class:`BatchedFetch` takes ``loader``'s batches: batched by a sampler
-    over a dataset :func:`tensor_rows` reads, with torch's ``default_collate``."""
-    from torch.utils.data._utils.collate import default_collate
-
-    return (bool(getattr(loader, "_auto_collation", False)) and getattr(loader, "collate_fn", None) is default_collate
-            and tensor_rows(getattr(loader, "dataset", None)) is not None)
 
 
 class BatchedFetch:

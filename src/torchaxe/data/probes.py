@@ -229,7 +229,7 @@ class LoaderProbe:
             length = None
         from torch.utils.data import IterableDataset
 
-        from torchaxe.data.knob import batchable
+        from torchaxe.runtime.tensor_batches import batchable
 
         context = loader.multiprocessing_context
         start = (context.get_start_method() if context is not None else _default_start_method()) \

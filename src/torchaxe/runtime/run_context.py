@@ -105,7 +105,7 @@ def loader_epoch(loader: Any) -> dict[str, Any] | None:
 
 def note_loader(loader: Any, site: str | None) -> None:
     """Notes the epoch of a DataLoader just built at ``site`` (``path:line``)."""
-    from torchaxe.data.knob import batchable
+    from torchaxe.runtime.tensor_batches import batchable
 
     epochs = OBSERVED.setdefault("loader_epochs", [])
     epoch = loader_epoch(loader)
