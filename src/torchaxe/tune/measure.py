@@ -57,20 +57,35 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor in it, through lists, tuples and
+    dicts; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, list):
+        return [map_tensors(v, fn) for v in value]
+    if isinstance(value, tuple):
+        return tuple(map_tensors(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def _fresh(tensor: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A detached copy of ``tensor`` (in ``dtype``, for a floating-point one) with its
+    ``requires_grad`` kept."""
+    if dtype is not None and tensor.is_floating_point():
+        out = tensor.detach().to(dtype, copy=True)
+    else:
+        out = tensor.detach().clone()
+    if tensor.requires_grad and (out.is_floating_point() or out.is_complex()):
+        out.requires_grad_(True)
+    return out
+
+
 def clone_value(value: Any) -> Any:
     """A fresh copy of an input: tensors detached and cloned, ``requires_grad`` kept."""
-    if isinstance(value, torch.Tensor):
-        out = value.detach().clone()
-        if value.requires_grad and (out.is_floating_point() or out.is_complex()):
-            out.requires_grad_(True)
-        return out
-    if isinstance(value, list):
-        return [clone_value(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(clone_value(v) for v in value)
-    if isinstance(value, dict):
-        return {k: clone_value(v) for k, v in value.items()}
-    return value
+    return map_tensors(value, _fresh)
 
 
 @dataclass
@@ -214,21 +229,6 @@ def checked_run(module: nn.Module, example: Example, random: bool) -> RunResult:
 FP64_MULTIPLIER = 2.0
 
 
-def _to_float64(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        if not value.is_floating_point():
-            return value
-        out = value.detach().to(torch.float64)
-        return out.requires_grad_(True) if value.requires_grad else out
-    if isinstance(value, list):
-        return [_to_float64(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_to_float64(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_float64(v) for k, v in value.items()}
-    return value
-
-
 def float64_run(module: nn.Module, example: Example, random: bool) -> RunResult | None:
     """The run of a float64 copy of ``module`` on the example's inputs and output
     gradients in float64: the reference both eager's and a candidate's rounding are
@@ -239,8 +239,12 @@ def float64_run(module: nn.Module, example: Example, random: bool) -> RunResult 
         return None
     try:
         wide = copy.deepcopy(module).to(torch.float64)
-        wide_example = Example(args=_to_float64(example.args), kwargs=_to_float64(example.kwargs),
-                               grad_outputs=[_to_float64(g) for g in example.grad_outputs], seed=example.seed)
+
+        def widen(t: torch.Tensor) -> torch.Tensor:
+            return _fresh(t, torch.float64)
+
+        wide_example = Example(args=map_tensors(example.args, widen), kwargs=map_tensors(example.kwargs, widen),
+                               grad_outputs=map_tensors(list(example.grad_outputs), widen), seed=example.seed)
         return checked_run(wide, wide_example, random)
     except Exception:  # noqa: BLE001 - an operator without float64: no such reference
         return None
