@@ -443,8 +443,9 @@ def round_shares(wall: float, count: int, warmups: dict[int, float | None], once
     and on top, for a run that pays once (``once``: a first compile), what its warm-up
     took beyond the others' (median; ``warmups`` by run number), which the round
     spent on it alone (warm-ups go one at a time). The shares add up to ``wall``."""
-    usual = [w for n, w in warmups.items() if w is not None and n not in once]
-    typical = sorted(usual)[len(usual) // 2] if usual else None
+    from torchaxe.runtime.stats import Samples
+
+    typical = Samples.of([w for n, w in warmups.items() if w is not None and n not in once]).median
     extra = {n: max(0.0, (warmups.get(n) or 0.0) - typical) if typical is not None and n in once else 0.0
              for n in warmups}
     extra_total = min(sum(extra.values()), wall)
