@@ -162,11 +162,12 @@ class ManualParameterUpdateLoop(Rule):
         for stmt in updates:
             lr = _learning_rate(ctx, stmt, param, derived) or "lr"
             params = _parameter_source(ctx, node.iter)
+            extra = _momentum(body, derived) + _weight_decay(body, param, derived)
             yield ctx.finding(
                 self,
                 stmt,
-                _message(ctx, lr, params, _momentum(body, derived) + _weight_decay(body, param, derived)),
-                replacement=_replacement(ctx, lr, params, _momentum(body, derived) + _weight_decay(body, param, derived)),
+                _message(ctx, lr, params, extra),
+                replacement=_replacement(ctx, lr, params, extra),
                 fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY),
             )
             return  # one finding per loop: the loop is the problem
