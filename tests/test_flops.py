@@ -35,6 +35,24 @@ def test_a_step_of_an_mlp_counts_forward_and_backward_as_by_hand():
     assert window.dtype == "float32" and window.error is None and not window.active
 
 
+def test_a_step_that_differentiates_with_autograd_grad_is_counted_not_broken():
+    """A physics-informed loss takes the gradient of the output with respect to the
+    input inside the step; counting that step must not stop the script."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    x = torch.rand(8, 2, requires_grad=True)
+    window = FlopWindow(step=1)
+    window.start()
+    u = model(x)
+    (du,) = torch.autograd.grad(u, x, torch.ones_like(u), create_graph=True)
+    (du ** 2).mean().backward()
+    window.stop()
+    assert window.error is None and not window.active
+    # At least the forward's two products and the input gradient's two are counted.
+    assert window.flops >= 2 * (_linear_flops(8, 2, 16, backward=False) + _linear_flops(8, 16, 1, backward=False))
+
+
 def test_an_evaluation_pass_inside_the_counted_step_is_not_the_steps_work():
     import torch
 

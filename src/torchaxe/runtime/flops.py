@@ -157,6 +157,23 @@ class SavedActivations:
         return sum(self.storages.values())
 
 
+class _WholeStep:
+    """Stands in for the counter's per-module tracker: every FLOP is the step's.
+
+    The counter's own tracker hooks every module's backward, and those hooks cannot
+    run inside ``torch.autograd.grad`` (a physics-informed loss, a gradient penalty):
+    the script would stop with "A leaf node was passed to _will_engine_execute_node".
+    Only the step's total is read here, so the tracker is not needed."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self) -> "_WholeStep":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
 def _eager_stance() -> Any:
     """torch.compile told to run eagerly until the returned context is exited; None
     where torch has no stances (before 2.6) or the compiler is not loaded: a script
@@ -212,6 +229,7 @@ class FlopWindow:
             from torch.utils.flop_counter import FlopCounterMode
 
             counter = FlopCounterMode(display=False, custom_mapping=_attention_mapping())
+            counter.mod_tracker = _WholeStep()
             counter.__enter__()
         except Exception as exc:
             self.error = f"the FLOP counter could not start ({type(exc).__name__}: {exc})"
