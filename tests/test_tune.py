@@ -702,3 +702,36 @@ def test_whole_model_can_be_turned_off(tmp_path):
     assert report.subgraphs and all(s.module != "GPT" for s in report.subgraphs)
     assert any(s.module == "GPT" for s in tune(small_gpt(), tokens(), **fast_options(
         tmp_path, strategies=("eager",), whole_model=True)).subgraphs)
+
+
+class TwoConvStages(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.stage = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.GELU(), nn.Conv2d(8, 8, 1))
+
+    def forward(self, x):
+        return self.stage(self.stem(x))
+
+
+def test_a_subgraph_captured_under_the_scripts_autocast_is_tuned_in_it(tmp_path):
+    """A script training under bf16 autocast hands its second stage bf16 activations;
+    replayed without autocast, its float32 convolution would refuse them."""
+    from torchaxe.tune.tuner import tune_subgraphs
+
+    torch.manual_seed(0)
+    model = TwoConvStages()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rec = capture(model, torch.randn(2, 3, 8, 8))
+    subs = {s.name: s for s in rec.subgraphs()}
+    stage = subs["stage"]
+    assert stage.autocast == (("cpu", "bfloat16"),) and stage.example.args[0].dtype == torch.bfloat16
+    # The region is part of the signature: a float32 run of the same stage is another entry.
+    plain = {s.name: s for s in capture(model, torch.randn(2, 3, 8, 8)).subgraphs()}["stage"]
+    assert plain.autocast == ()
+    assert signature_parts(stage.module, stage.spec, stage.autocast)["autocast"] == [["cpu", "bfloat16"]]
+    assert "autocast" not in signature_parts(plain.module, plain.spec, plain.autocast)
+    report = tune_subgraphs(list(subs.values()), TuneOptions(**fast_options(tmp_path, strategies=("eager", "compile"))))
+    by_name = {name: s for s in report.subgraphs for name in s.names}
+    assert by_name["stage"].status == "tuned"
+    assert {r.strategy: r.status for r in by_name["stage"].records} == {"eager": "ok", "compile": "ok"}

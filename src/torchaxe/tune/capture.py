@@ -36,6 +36,8 @@ class ModuleCalls:
     example: Example | None = None
     #: value_spec of the first call's (args, kwargs), for the signature.
     first_spec: list[Any] | None = None
+    #: The autocast regions the first call ran in: ``(device type, dtype)`` pairs.
+    autocast: tuple[tuple[str, str], ...] = ()
     calls: int = 0
 
     @property
@@ -59,6 +61,9 @@ class Subgraph:
     spec: list[Any] | None = None
     #: Depth in the call tree: 0 is the whole model.
     depth: int = 1
+    #: The autocast regions the script ran it in (``(device type, dtype)`` pairs):
+    #: part of its signature, and every run of the tuner is made in them.
+    autocast: tuple[tuple[str, str], ...] = ()
 
 
 class CallRecorder:
@@ -108,8 +113,9 @@ class CallRecorder:
             record.specs.append(spec)
         if record.first_spec is None:
             record.first_spec = json.loads(spec)
+            record.autocast = active_autocast(module, args, kwargs)
         if record.example is None and self.keep_examples and depth in self.levels:
-            record.example = Example(clone_value(tuple(args)), clone_value(dict(kwargs)))
+            record.example = Example(clone_value(tuple(args)), clone_value(dict(kwargs)), autocast=record.autocast)
 
     def _post(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self._stack and self._stack[-1] == id(module):
@@ -134,8 +140,30 @@ class CallRecorder:
                 out.append(Subgraph(name, record.module, record.example, depth=record.depth,
                                     skipped="no parameters and no floating-point input: nothing to tune"))
                 continue
-            out.append(Subgraph(name, record.module, record.example, spec=record.first_spec, depth=record.depth))
+            out.append(Subgraph(name, record.module, record.example, spec=record.first_spec, depth=record.depth,
+                                autocast=record.autocast))
         return out
+
+
+def active_autocast(module: nn.Module, args: tuple = (), kwargs: dict[str, Any] | None = None
+                    ) -> tuple[tuple[str, str], ...]:
+    """The autocast regions enabled now, for the device types of ``module``'s
+    parameters, its tensor inputs and the CPU: ``(("cuda", "bfloat16"),)`` inside a
+    script's ``torch.autocast("cuda", dtype=torch.bfloat16)``."""
+    import torch
+
+    from torchaxe.tune.measure import tensors_in
+
+    kinds = {"cpu"} | {p.device.type for p in module.parameters()}
+    kinds |= {t.device.type for t in tensors_in((args, kwargs or {}))}
+    out = []
+    for kind in sorted(kinds):
+        try:
+            if torch.is_autocast_enabled(kind):
+                out.append((kind, str(torch.get_autocast_dtype(kind)).removeprefix("torch.")))
+        except (RuntimeError, TypeError, AttributeError):  # a device type without autocast, or an older torch
+            continue
+    return tuple(out)
 
 
 def _has_float_input(example: Example | None) -> bool:

@@ -96,9 +96,20 @@ class Example:
     kwargs: dict[str, Any] = field(default_factory=dict)
     grad_outputs: list[torch.Tensor] | None = None
     seed: int = 0
+    #: The autocast regions the script called the subgraph in, ``(device type, dtype)``
+    #: pairs: its forward runs in them here too (the backward, as in training, outside).
+    autocast: tuple[tuple[str, str], ...] = ()
 
     def fresh(self) -> tuple[tuple, dict[str, Any]]:
         return clone_value(self.args), clone_value(self.kwargs)
+
+
+def in_autocast(regions: Sequence[tuple[str, str]]) -> Any:
+    """A context that enters ``torch.autocast`` for each ``(device type, dtype)``."""
+    stack = contextlib.ExitStack()
+    for kind, dtype in regions:
+        stack.enter_context(torch.autocast(kind, dtype=getattr(torch, dtype)))
+    return stack
 
 
 @dataclass
@@ -114,7 +125,8 @@ def run_once(module: nn.Module, example: Example, *, keep: bool = True, seed: in
     for p in module.parameters():
         p.grad = None
     torch.manual_seed(example.seed if seed is None else seed)
-    out = module(*args, **kwargs)
+    with in_autocast(example.autocast):
+        out = module(*args, **kwargs)
     outputs = tensors_in(out)
     differentiable = [t for t in outputs if t.requires_grad and t.is_floating_point()]
     if example.grad_outputs is None:

@@ -19,7 +19,7 @@ import hashlib
 import inspect
 import json
 import types
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -168,14 +168,17 @@ def module_structure(module: nn.Module) -> list[Any]:
     return rows
 
 
-def signature_parts(module: nn.Module, spec: list[Any]) -> dict[str, Any]:
+def signature_parts(module: nn.Module, spec: list[Any],
+                    autocast: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """The readable parts the signature hashes (kept in the knowledge base);
-    ``spec`` is ``[value_spec(list(args)), value_spec(kwargs)]`` of the inputs."""
+    ``spec`` is ``[value_spec(list(args)), value_spec(kwargs)]`` of the inputs, and
+    ``autocast`` the ``(device type, dtype)`` regions the module ran in (a part only
+    when there are some, so that signatures made without autocast stay as they were)."""
     device = next((p.device.type for p in module.parameters()), None)
     if device is None:
         device = _first_device(spec) or "cpu"
     cls = type(module)
-    return {
+    parts: dict[str, Any] = {
         "module": cls.__qualname__,
         "source": class_source_hash(cls),
         "structure": module_structure(module),
@@ -185,6 +188,9 @@ def signature_parts(module: nn.Module, spec: list[Any]) -> dict[str, Any]:
         "training": bool(module.training),
         "torch": torch.__version__,
     }
+    if autocast:
+        parts["autocast"] = [list(region) for region in autocast]
+    return parts
 
 
 def _first_device(value: Any) -> str | None:
@@ -205,6 +211,9 @@ def signature_of(parts: dict[str, Any]) -> str:
 
 def describe(parts: dict[str, Any]) -> dict[str, Any]:
     """A short readable form for the knowledge base and reports."""
-    return {"module": parts["module"], "source": parts["source"], "inputs": parts["inputs"],
-            "device": parts["device"], "training": parts["training"], "torch": parts["torch"],
-            "parameters": sum(len(row[4]) for row in parts["structure"])}
+    short = {"module": parts["module"], "source": parts["source"], "inputs": parts["inputs"],
+             "device": parts["device"], "training": parts["training"], "torch": parts["torch"],
+             "parameters": sum(len(row[4]) for row in parts["structure"])}
+    if parts.get("autocast"):
+        short["autocast"] = parts["autocast"]
+    return short

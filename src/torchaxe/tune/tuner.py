@@ -335,7 +335,7 @@ def tune_subgraphs(subgraphs: Sequence[Subgraph], options: TuneOptions, *, timer
             if sg.skipped or sg.spec is None:
                 report.skipped.append((sg.name, sg.skipped or "never called"))
                 continue
-            parts = signature_parts(sg.module, sg.spec)
+            parts = signature_parts(sg.module, sg.spec, sg.autocast)
             sig = signature_of(parts)
             groups.setdefault(sig, []).append(sg)
             parts_of[sig] = parts
