@@ -239,8 +239,7 @@ def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes:
     try:
         loader = data_stored_candidates(command)
         modules = ((profile or {}).get("shapes") or {}).get("modules") or []
-        tuned = tune_stored_candidates(command, static_shapes, notes,
-                                       {m.get("type") for m in modules} if modules else None)
+        tuned = tune_stored_candidates(command, static_shapes, notes, modules or None)
     except TorchaxeError as exc:
         notes.append(f"knowledge base not read: {exc}")
         return []

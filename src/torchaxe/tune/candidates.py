@@ -5,8 +5,10 @@ of installed packages, swapped for fused operators at run time (the ``replace`` 
 from __future__ import annotations
 
 import os
-from typing import Collection, Sequence
+from types import SimpleNamespace
+from typing import Any, Collection, Sequence
 
+from torchaxe import units
 from torchaxe.findings import Finding
 from torchaxe.kb import KnowledgeBase
 from torchaxe.runtime.candidate import Accuracy, Candidate, Recommendation
@@ -14,23 +16,32 @@ from torchaxe.tune.swaps import FunctionSwap, file_swaps, module_name
 
 
 def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes: list[str],
-                      classes_run: Collection[str] | None = None) -> list[Candidate]:
-    """The ``tune`` knob when the knowledge base holds tuned signatures -- with
-    ``classes_run`` (the module classes the profile saw called), only signatures of
-    those classes: the knowledge base is the machine's, and another model's winners
-    match nothing here; otherwise, for a model with static shapes, a note in ``notes``
-    that tuning it could pay. Raises :class:`~torchaxe.errors.TorchaxeError` when the
-    knowledge base cannot be read."""
+                      modules_run: Sequence[dict[str, Any]] | None = None) -> list[Candidate]:
+    """The ``tune`` knob when the knowledge base holds tuned winners -- with
+    ``modules_run`` (the profile's ``shapes.modules``: each module's class and input
+    shapes), only winners of a module class this run called on the same first input
+    shape and dtype, and only those whose winner is not eager: the knowledge base is
+    the machine's, and another model's winners (a ``Linear`` head of another width)
+    would swap nothing in here. Otherwise, for a model with static shapes, a note in
+    ``notes`` that tuning it could pay. Raises :class:`~torchaxe.errors.TorchaxeError`
+    when the knowledge base cannot be read."""
     with KnowledgeBase.open() as kb:
         records = kb.tuned()
-    signatures = {r.signature for r in records}
-    if classes_run is not None:
-        mine = {r.signature for r in records if r.describe.get("module") in classes_run}
+        by_signature: dict[str, list[Any]] = {}
+        for r in records:
+            by_signature.setdefault(r.signature, []).append(r)
+        winning = {sig for sig in by_signature
+                   if (kb.winner(sig, DEFAULT_MIN_GAIN) or _EAGER).strategy != "eager"}
+    signatures = set(by_signature)
+    if modules_run is not None:
+        seen = _inputs_run(modules_run)
+        mine = {sig for sig, rows in by_signature.items() if sig in winning and _matches(rows[-1].describe, seen)}
         if signatures and not mine:
             others = sorted({str(r.describe.get("module")) for r in records if r.describe.get("module")})
-            notes.append(f"the knowledge base's {len(signatures)} tuned signature(s) are of other modules "
-                         f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}), none of which this run "
-                         "called: `torchaxe run` would swap nothing in, so the tune knob was not tried")
+            notes.append(f"none of the knowledge base's {units.plural(len(signatures), 'tuned signature')} "
+                         f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}) has a winner for a module "
+                         "this run called with the same inputs: `torchaxe run` would swap nothing in, so the tune "
+                         "knob was not tried")
         signatures = mine
     tuned = len(signatures)
     if not tuned:
@@ -39,12 +50,54 @@ def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes:
                          + "` can tune the model's subgraphs and keep the winners for `torchaxe run`")
         return []
     rec = Recommendation(
-        key="knob:tune", axis="tune", title=f"tuned subgraphs from the knowledge base ({tuned} tuned "
-        "signatures; those matching this model are swapped in)", applies="knob", knobs={"tune": {}},
+        key="knob:tune", axis="tune", title=f"tuned subgraphs from the knowledge base ({units.plural(tuned, 'tuned signature')} "
+        "matching this model, swapped in)", applies="knob", knobs={"tune": {}},
         detail="the winners `torchaxe tune` measured and checked against eager (docs/tune.md)",
         accuracy=Accuracy(kind="unknown", detail="each winner matched eager within its dtype's tolerance "
                           "when tuned; the training loss is compared with the original's"))
     return [Candidate(rec=rec, knobs={"tune": {}}, group="compile", priority=1.8)]
+
+
+#: The gain over eager a stored winner must have to be swapped in (the knob's default).
+DEFAULT_MIN_GAIN = 0.05
+_EAGER = SimpleNamespace(strategy="eager")
+
+
+def _first_tensor(value: Any) -> tuple[tuple[int, ...], str] | None:
+    """(shape, dtype) of the first tensor in a stored signature's ``inputs``."""
+    if isinstance(value, dict) and "tensor" in value:
+        shape, dtype = value["tensor"][0], value["tensor"][1]
+        return tuple(shape), str(dtype)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for item in items:
+        found = _first_tensor(item)
+        if found is not None:
+            return found
+    return None
+
+
+def _inputs_run(modules: Sequence[dict[str, Any]]) -> dict[str, set[tuple[tuple[int, ...], str] | None]]:
+    """Per module class the profile saw, the (shape, dtype) of the first tensor input
+    of each of its calls' signatures (None for a class whose shapes are not known)."""
+    out: dict[str, set[tuple[tuple[int, ...], str] | None]] = {}
+    for module in modules:
+        kinds = out.setdefault(str(module.get("type")), set())
+        signatures = module.get("signatures") or []
+        if not signatures:
+            kinds.add(None)
+        for sig in signatures:
+            pairs = zip(sig.get("shapes") or [], sig.get("dtypes") or [])
+            kinds.add(next(((tuple(shape), str(dtype)) for shape, dtype in pairs if shape is not None), None))
+    return out
+
+
+def _matches(describe: dict[str, Any], seen: dict[str, set[tuple[tuple[int, ...], str] | None]]) -> bool:
+    """Whether a stored signature's module ran in the profile with its first input."""
+    inputs = seen.get(str(describe.get("module")))
+    if inputs is None:
+        return False
+    first = _first_tensor(describe.get("inputs"))
+    return first is None or None in inputs or first in inputs
 
 
 def replace_candidates(findings: Sequence[Finding],
