@@ -474,6 +474,20 @@ def test_lazy_apply_waits_for_the_first_forward(tmp_path, monkeypatch):
     assert model.blocks[0]._compiled_call_impl is not None
 
 
+def test_lazy_apply_to_a_model_the_script_compiled_swaps_into_the_module_it_wraps(tmp_path, monkeypatch):
+    monkeypatch.setattr(Timer, "time", lambda self, m, e, i=1: 0.001 if is_compiled_in_place(m) else 0.004)
+    options = fast_options(tmp_path, strategies=("eager", "compile"))
+    tune(small_gpt(), tokens(), **options)
+    model = small_gpt()
+    compiled = torch.compile(model, backend="eager")
+    lazy = apply(compiled, kb=options["kb"], compile_backend="eager")
+    compiled(tokens())
+    assert lazy.report is not None and len(lazy.report.applied) == 6
+    assert model.blocks[0]._compiled_call_impl is not None
+    # The script's compiled model still runs, and computes what the plain one does.
+    assert torch.allclose(compiled(tokens()), small_gpt()(tokens()), atol=1e-5)
+
+
 def test_the_budget_stops_tuning_and_the_next_run_resumes(tmp_path):
     # Each clock call is 1 s, the budget 30 s: the first subgraphs only.
     options = fast_options(tmp_path, budget=30.0)

@@ -99,3 +99,58 @@ def test_tune_cli_cold_then_warm_then_the_knob_applies_the_winners(tmp_path, cap
     names = sorted(a["name"] for a in applied["applied"])
     assert names == ["blocks.0", "blocks.1", "head", "norm", "position_embedding", "token_embedding"]
     assert {a["strategy"] for a in applied["applied"]} == {"compile"}
+
+
+SELF_COMPILED = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return x + torch.tanh(self.fc(x))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+model = torch.compile(Net(), backend="eager")
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for _ in range(6):
+    loss = model(torch.randn(8, 16)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_a_model_the_script_compiles_is_tuned_as_the_module_it_wraps(tmp_path, capsys):
+    """Seen in a review: the compiled wrapper and its `_orig_mod` were the subgraphs,
+    the compiler traced the recorder's hooks until its recompile limit, and the gains
+    were quoted over eager, which the script does not run."""
+    script = tmp_path / "train.py"
+    script.write_text(SELF_COMPILED)
+    assert main(["tune", "--kb", str(tmp_path / "kb.sqlite"), "--compile-backend", "eager", "--repeats", "2",
+                 "--strategies", "eager,compile", "--json", "--", "python", str(script)]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    modules = [s["module"] for s in report["subgraphs"]]
+    assert modules[0] == "Net" and "Block" in modules and "OptimizedModule" not in modules
+    names = {n for s in report["subgraphs"] for n in s["names"]}
+    assert {"blocks.0", "blocks.1", "blocks.2", "head"} <= names
+    assert "recompile" not in captured.err
+    assert report["notes"] and report["notes"][0].startswith("the script compiles Net itself (torch.compile)")
+    assert "over it" in report["notes"][0]

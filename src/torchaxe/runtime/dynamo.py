@@ -9,7 +9,7 @@ then (dynamo treats it as a constant) and False in eager code.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 
 def compiling_check() -> Callable[[], bool]:
@@ -103,3 +103,21 @@ class OneShotModuleHook:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+
+def eager_stance() -> Any:
+    """torch.compile told to run eagerly until the returned context is exited (its
+    ``__exit__`` called); None where torch has no stances (before 2.6) or the
+    compiler is not loaded: a script that compiles nothing has nothing to protect."""
+    import sys
+
+    compiler = sys.modules.get("torch.compiler")
+    set_stance = getattr(compiler, "set_stance", None)
+    if set_stance is None or "torch._dynamo" not in sys.modules:
+        return None
+    try:
+        stance = set_stance("force_eager")
+        stance.__enter__()
+    except Exception:  # noqa: BLE001 - the caller goes on without it
+        return None
+    return stance

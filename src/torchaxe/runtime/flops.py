@@ -28,6 +28,8 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
+from torchaxe.runtime.dynamo import eager_stance
+
 #: Seconds the peak probe may spend (its first product, a warm-up, excluded).
 PROBE_SECONDS = 0.5
 #: Largest square matrix the probe multiplies, per device type.
@@ -174,24 +176,6 @@ class _WholeStep:
         return None
 
 
-def _eager_stance() -> Any:
-    """torch.compile told to run eagerly until the returned context is exited; None
-    where torch has no stances (before 2.6) or the compiler is not loaded: a script
-    that compiles nothing has nothing to protect."""
-    import sys
-
-    compiler = sys.modules.get("torch.compiler")
-    set_stance = getattr(compiler, "set_stance", None)
-    if set_stance is None or "torch._dynamo" not in sys.modules:
-        return None
-    try:
-        stance = set_stance("force_eager")
-        stance.__enter__()
-    except Exception:  # noqa: BLE001 - counting goes on without it
-        return None
-    return stance
-
-
 class FlopWindow:
     """Counts the FLOPs of step ``step`` (1-based) of the run, and the bytes of the
     activations autograd saved in it.
@@ -224,7 +208,7 @@ class FlopWindow:
     def start(self) -> None:
         if self.active or self.flops is not None or self.error is not None:
             return
-        self._stance = _eager_stance()
+        self._stance = eager_stance()
         try:
             from torch.utils.flop_counter import FlopCounterMode
 

@@ -93,13 +93,22 @@ def tune(budget, kb_path, depth, whole_model, strategies, steps, repeats, min_ga
 def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None, err: TextIO):
     """Watch the script's first steps, capture its model, tune it."""
     from torchaxe.runtime.harness import DEFAULT_FIRST_STEP_TIMEOUT, Harness, HarnessOptions
-    from torchaxe.tune.capture import CallRecorder
+    from torchaxe.runtime.dynamo import eager_stance
     from torchaxe.runtime.first_model import FirstModel
-    from torchaxe.tune.tuner import tune_subgraphs
+    from torchaxe.tune.capture import CallRecorder, compiled_by_script
+    from torchaxe.tune.tuner import compiled_note, tune_subgraphs
 
-    holder: dict[str, CallRecorder] = {}
+    holder: dict[str, Any] = {}
 
     def on_model(model):
+        inner = compiled_by_script(model)
+        if inner is not None:
+            # The script compiles the model itself: the watched steps run it eagerly
+            # (the compiler would trace the recorder's hooks into the script's graph,
+            # and recompile at each module), and its subgraphs are the wrapped module's.
+            holder["compiled"] = type(inner).__name__
+            holder["stance"] = eager_stance()
+            model = inner
         holder["recorder"] = CallRecorder(model, options.depth, whole=options.whole_model).install()
 
     finder = FirstModel(on_model).install()
@@ -113,6 +122,8 @@ def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None,
         finder.uninstall()
         if "recorder" in holder:
             holder["recorder"].remove()
+        if holder.get("stance") is not None:
+            holder["stance"].__exit__(None, None, None)
     recorder = holder.get("recorder")
     if recorder is None:
         detail = f" ({profile.detail})" if profile.status in ("error", "exited", "timeout") else ""
@@ -121,9 +132,13 @@ def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None,
     if profile.status == "error":
         raise TorchaxeError(f"the script failed: {profile.detail}")
     _ensure_process_group()
+    subgraphs = recorder.subgraphs()
     with _Progress(err) as progress:
-        return tune_subgraphs(recorder.subgraphs(), options, progress=progress.update,
-                              log=lambda line: progress.log(line))
+        report = tune_subgraphs(subgraphs, options, progress=progress.update, log=lambda line: progress.log(line))
+    if "compiled" in holder:
+        root = next((sg.name for sg in subgraphs if sg.depth == 0), holder["compiled"])
+        report.notes.append(compiled_note(report, root, holder["compiled"]))
+    return report
 
 
 def _ensure_process_group() -> None:
@@ -201,6 +216,8 @@ def render(report: Any, out: TextIO) -> None:
             out.write(f"  note: {note}\n")
     for name, why in report.skipped:
         out.write(f"\nleft alone: {name}: {why}\n")
+    for note in report.notes:
+        out.write(f"\nnote: {note}\n")
     out.write(f"\n{report.measured} candidate(s) measured in {report.seconds:.1f} s; "
               f"{len(report.applied)} module(s) would use a tuned strategy")
     if report.budget_exhausted:

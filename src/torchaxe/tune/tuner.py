@@ -41,7 +41,7 @@ from torchaxe import __version__
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.stats import Samples
 from torchaxe.tune import strategies as S
-from torchaxe.tune.capture import CallRecorder, Subgraph, capture
+from torchaxe.tune.capture import CallRecorder, Subgraph, capture, compiled_by_script
 from torchaxe.kb import KnowledgeBase, TunedRecord, choose
 from torchaxe.tune.measure import (Example, RunResult, Timer, checked_run, compare, draws_random_numbers, float64_run,
                                    interleaved, run_once, tolerance)
@@ -136,6 +136,8 @@ class TuneReport:
     budget_exhausted: bool = False
     rank: int | None = None
     world_size: int | None = None
+    #: What the figures mean for this script (e.g. that it compiles the model itself).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def measured(self) -> int:
@@ -148,7 +150,7 @@ class TuneReport:
                 "budget_exhausted": self.budget_exhausted, "rank": self.rank, "world_size": self.world_size,
                 "subgraphs": [s.to_dict() for s in self.subgraphs],
                 "skipped": [{"name": n, "reason": r} for n, r in self.skipped],
-                "applied": [{"name": n, "strategy": s} for n, s in self.applied]}
+                "applied": [{"name": n, "strategy": s} for n, s in self.applied], "notes": self.notes}
 
 
 # ------------------------------------------------------------------ helpers
@@ -472,6 +474,20 @@ def _one_level(results: Sequence[SubgraphResult], levels: dict[str, int], copies
                             f"forward + backward, the whole model's ({root.winner}) {duration(root_saving, 2)}"}
 
 
+def compiled_note(report: TuneReport, root: str, cls: str) -> str:
+    """What the figures mean for a script that compiles its model itself: its steps
+    run the whole model's ``compile`` already, so that, not eager, is the baseline."""
+    result = next((r for r in report.subgraphs if root in r.names), None)
+    compiled = next((r.median for r in (result.records if result else []) if r.strategy == "compile"
+                     and r.status == "ok" and r.median), None)
+    head = (f"the script compiles {cls} itself (torch.compile): its steps run compiled already, so the "
+            f"\"x eager\" figures overstate what tuning adds")
+    if result is None or compiled is None or not result.winner_median:
+        return head + "; measure against the script's own run with `torchaxe advise`"
+    return (head + f"; the whole model compiled as the script does: {duration(compiled, 3)}, its winner "
+            f"({result.winner}) {duration(result.winner_median, 3)}, {compiled / result.winner_median:.2f}x over it")
+
+
 def tune(model: nn.Module, example_inputs: Any, options: TuneOptions | None = None, *, timer: Timer | None = None,
          progress: Progress | None = None, log: Callable[[str], None] | None = None, **overrides: Any) -> TuneReport:
     """Tune ``model`` on ``example_inputs`` (a tensor or a tuple of positional
@@ -513,10 +529,19 @@ class LazyApply:
         self.report: TuneReport | None = None
         self.recorder: CallRecorder | None = None
         self._handles: list[Any] = []
+        self._stance: Any = None
 
     def install(self) -> None:
-        self.recorder = CallRecorder(self.model, self.options.depth, keep_examples=False,
-                                     whole=self.options.whole_model)
+        from torchaxe.runtime.dynamo import eager_stance
+
+        # A model the script compiled itself: its subgraphs are those of the module it
+        # wraps, and the first forward runs eagerly, so that the compiler does not
+        # trace the capture's hooks into the script's graph.
+        inner = compiled_by_script(self.model)
+        if inner is not None:
+            self._stance = eager_stance()
+        self.recorder = CallRecorder(inner if inner is not None else self.model, self.options.depth,
+                                     keep_examples=False, whole=self.options.whole_model)
         self.recorder.install()
         self._handles.append(self.model.register_forward_hook(self._after_first, always_call=True))
 
@@ -525,6 +550,9 @@ class LazyApply:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        stance, self._stance = self._stance, None
+        if stance is not None:
+            stance.__exit__(None, None, None)
         if recorder is None:
             return
         recorder.remove()
