@@ -326,6 +326,32 @@ def test_an_interrupt_before_any_recommendation_keeps_the_earlier_advice(tmp_pat
     assert "left as it was" in capsys.readouterr().err
 
 
+def test_apply_in_a_sub_folder_holding_a_copy_of_the_script_refuses_to_edit_the_original(tmp_path: Path) -> None:
+    # Seen in a review: `torchaxe apply` run in proj/applied/, which held a copy of
+    # train.py (and of the advice), edited proj/train.py.
+    from torchaxe.advise.apply import check_made_here
+
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[project]\nname = 'proj'\n")
+    script = project / "train.py"
+    shutil.copy(SCRIPTS / "advise_train.py", script)
+    advice = json.loads(advice_file(script, tmp_path).read_text())
+    sub = project / "applied"
+    sub.mkdir()
+    assert check_made_here(advice, sub) is None  # no copy there yet
+    shutil.copy(script, sub / "train.py")
+    with pytest.raises(TorchaxeError, match="the copy here .*applied/train.py"):
+        check_made_here(advice, sub)
+    before = script.read_text()
+    result = torchaxe("apply", "--advice", str(tmp_path / "advice.json"), cwd=sub)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "applied/train.py" in result.stderr
+    assert script.read_text() == before
+    # Run knobs alone edit no file: not refused.
+    shutil.copy(script, sub / "train.py")
+    assert check_made_here(advice, sub, ["knob:compile"]) is None
+
+
 def test_apply_in_a_copy_of_the_project_refuses_advice_made_in_the_original(tmp_path: Path) -> None:
     from torchaxe.advise.apply import check_made_here
 

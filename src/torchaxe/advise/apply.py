@@ -201,6 +201,11 @@ def chosen_recommendations(advice: dict[str, Any], keys: Sequence[str] = ()) -> 
     return [r for r in recs if (r.get("key") in keys if keys else r.get("selected"))]
 
 
+def _code_edits(advice: dict[str, Any], keys: Sequence[str]) -> list[dict[str, Any]]:
+    """The changes to apply (of ``keys``, or the chosen) that edit files."""
+    return [r for r in chosen_recommendations(advice, keys) if r.get("applies") == "code" and r.get("status") != "advice"]
+
+
 def check_made_here(advice: dict[str, Any], here: str | Path, keys: Sequence[str] = ()) -> Path | None:
     """Refuse advice made in another copy of this project. Its fixes are for the files
     of the project of the script advise ran (``apply`` run from anywhere changes
@@ -221,7 +226,16 @@ def check_made_here(advice: dict[str, Any], here: str | Path, keys: Sequence[str
     advised = Path(os.path.realpath(script.target if script.kind == "path" else script.folder))
     project = advised_project(advice, script.folder)
     here_project = project_root(here)
-    if Path(os.path.realpath(here)).is_relative_to(project) or project.is_relative_to(here_project):
+    here_real = Path(os.path.realpath(here))
+    if here_real.is_relative_to(project) or project.is_relative_to(here_project):
+        # Inside the advised project, a folder holding a copy of the script (a
+        # sub-folder the user copied it into) means that copy: refused as below.
+        copy = here_real / advised.name
+        if (script.kind == "path" and here_real != advised.parent and copy.is_file()
+                and _code_edits(advice, keys)):
+            raise TorchaxeError(f"this advice was made for {advised}: its fixes are for the files there, not for "
+                                f"the copy here ({copy}); run `torchaxe advise` here, or `torchaxe apply` in "
+                                f"{made_in}")
         return None
     # The copy's project may be unmarked, as advise's may have been: look for the same
     # script at the same place from here and the folders above it (not top-level ones).
@@ -231,9 +245,7 @@ def check_made_here(advice: dict[str, Any], here: str | Path, keys: Sequence[str
             break
         copy = base / inside
         if copy.exists():
-            edits = [r for r in chosen_recommendations(advice, keys)
-                     if r.get("applies") == "code" and r.get("status") != "advice"]
-            if not edits:
+            if not _code_edits(advice, keys):
                 return copy if copy.is_dir() else copy.parent
             raise TorchaxeError(f"this advice was made for {advised}: its fixes are for the files there, not for "
                                 f"the copy here ({copy}); run `torchaxe advise` here, or `torchaxe apply` in "
