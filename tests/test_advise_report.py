@@ -97,6 +97,23 @@ def test_an_installed_packages_file_is_shown_from_the_package_down(advice, monke
     assert advice_text.report_width(Terminal(), 90) == 90
 
 
+def test_findings_in_installed_packages_are_named_not_only_counted(advice) -> None:
+    site = "/home/u/venv/lib/python3.11/site-packages/transformers/"
+    advice.scanned["installed_findings"] = [
+        {"path": site + f"models/m{i}.py", "line": 10 + i, "code": "AX101", "category": "gelu_tanh"}
+        for i in range(5)]
+    out = io.StringIO()
+    render_advice_text(advice, out, width=200)
+    text = out.getvalue()
+    assert "5 findings in installed packages the run imported (all of them in the JSON advice" in text
+    assert "transformers/models/m0.py:10 AX101 gelu tanh" in text and "... 2 more" in text
+    assert "see the report" not in text
+    advice.scanned["installed_findings"] = advice.scanned["installed_findings"][:1]
+    out = io.StringIO()
+    render_advice_text(advice, out, width=200)
+    assert "  1 finding in installed packages" in out.getvalue()
+
+
 def test_a_set_cut_to_its_best_change_is_not_called_all_of_them_together(script: Path) -> None:  # noqa: F811
     slower_together = run_advice(script, FakeRuns(times={"combined": 0.07}))  # compile alone: 0.05
     out = io.StringIO()
@@ -266,8 +283,8 @@ def test_a_set_not_measured_together_says_so_in_words() -> None:
     from torchaxe.report.advice_text import together_text
 
     text = together_text({"keys": ["knob:autocast-bf16", "knob:compile"], "status": "not_measured"})
-    assert text == ("the 2 changes first chosen (knob:autocast-bf16, knob:compile) were not measured together "
-                    "(out of --budget)")
+    assert text == ("the 2 changes first chosen (knob:autocast-bf16, knob:compile) were not measured together: the "
+                    "--budget ended before a round of them (out of --budget)")
     assert together_text({"keys": ["a", "b"], "status": "failed", "error": "exit 1"}).endswith("failed together: exit 1")
 
 

@@ -228,8 +228,8 @@ class ChangeSearch:
         for c in chosen:
             c.rec.selected = c is best
         if not arm.ratio and not arm.error:
-            self.notes.append(f"the chosen changes were not measured together (out of --budget): only "
-                              f"{best.rec.key} is kept")
+            self.notes.append(f"the --budget ended before the chosen changes finished a round together (out of "
+                              f"--budget): only {best.rec.key} is kept")
         elif over is not None:
             self.notes.append(f"the {len(chosen)} chosen changes together peaked at {bytes_text(over)}, above "
                               f"--memory-limit ({bytes_text(self.memory_limit)}): only {best.rec.key} is kept")

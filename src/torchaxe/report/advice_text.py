@@ -52,7 +52,7 @@ def together_text(together: dict) -> str:
         return f"{first} measured {together['speedup']:.2f}x together"
     if together.get("status") == "failed":
         return f"{first} failed together" + (f": {together['error']}" if together.get("error") else "")
-    return f"{first} were not measured together (out of --budget)"
+    return f"{first} were not measured together: the --budget ended before a round of them (out of --budget)"
 
 
 #: The width of the report when it is not shown on a terminal (a log, a pipe), and the
@@ -172,7 +172,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         if held:
             console.print("  held back (not chosen, yours to decide):")
             for r in held:
-                console.print(f"    {r.key}: {r.held_back}".replace("[", "\\["))
+                _hanging(console, f"{r.key}: {r.held_back}", 4, 6)
         if any(r.changes_optimisation for r in ranked[:top]):
             console.print("  changes the optimisation: a larger micro-batch, ranked by samples per second; fewer "
                           "optimizer steps per epoch, so check convergence before keeping it")
@@ -221,9 +221,15 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             console.print(f"  - {check.name}: {check.message}{where}{_measured_text(by_key.get(check.recommendation))}")
     installed = advice.scanned.get("installed_findings") or []
     if installed:
-        console.print(f"  {len(installed)} findings in installed packages the run imported (see the report)")
+        console.print(f"  {plural(len(installed), 'finding')} in installed packages the run imported "
+                      "(all of them in the JSON advice, scanned.installed_findings):")
+        for item in installed[:3]:
+            console.print(f"    {package_path(str(item.get('path')))}:{item.get('line')} {item.get('code')} "
+                          f"{item.get('category', '').replace('_', ' ')}")
+        if len(installed) > 3:
+            console.print(f"    ... {len(installed) - 3} more")
     for note in advice.notes:
-        console.print(f"  note: {note}")
+        _hanging(console, f"note: {note}", 2, 4)
     console.print("[bold]Next[/bold]")
     chosen = [r for r in ranked if r.selected]
     if any(r.applies == "code" for r in chosen):
@@ -245,6 +251,16 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                   + (f": {spent}" if spent else "") + "; "
                   f"{len(measured)} of {len(tried)} changes measured"
                   + (f", in up to {rounds} interleaved round{'s' if rounds != 1 else ''} each)" if measured else ")"))
+
+
+def _hanging(console: Console, text: str, indent: int, more: int) -> None:
+    """``text`` (plain, no markup) wrapped at the report's width between words, its
+    lines after the first indented further, so that a long note reads as one item."""
+    import textwrap
+
+    for line in textwrap.wrap(text, width=console.width, initial_indent=" " * indent, subsequent_indent=" " * more,
+                              break_long_words=False, break_on_hyphens=False):
+        console.print(line, markup=False, soft_wrap=True)
 
 
 def _ms(value: float | None) -> str:
