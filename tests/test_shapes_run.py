@@ -418,6 +418,22 @@ def test_cli_json_verdict_and_recommendations(tmp_path, capsys):
     assert report["counts"]["ops"]["dynamic"] > 0 and report["trial"] is None
 
 
+def test_a_script_that_compiles_its_model_is_told_it_ran_eagerly_here(tmp_path, capsys):
+    # Seen in a review: a script calling torch.compile itself was recorded eagerly and
+    # told to add `model = torch.compile(model)`, with no word of either.
+    script = write_script(tmp_path, FIXED.replace("opt = torch.optim", "model = torch.compile(model, "
+                                                  "backend='eager')\nopt = torch.optim"))
+    code = main(["shapes", "--steps", "4", "--target", "cpu", "--format", "json", "--", "python", str(script)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["verdict"] == "static"
+    assert any(w.startswith("the script compiles Sequential itself (torch.compile); it ran eagerly")
+               for w in report["warnings"]), report["warnings"]
+    compile_rec = next(r for r in report["recommendations"] if r["target"] == "cpu" and r["kind"] == "compile")
+    assert "the script compiles Sequential already: keep its call" in compile_rec["reason"]
+
+
 def test_cli_text_and_no_step_error(tmp_path, capsys):
     script = write_script(tmp_path, FIXED)
     out = tmp_path / "report.txt"

@@ -121,3 +121,14 @@ def eager_stance() -> Any:
     except Exception:  # noqa: BLE001 - the caller goes on without it
         return None
     return stance
+
+
+def compiled_by_script(model: Any) -> Any:
+    """The module that a script's own ``torch.compile(model)`` wraps (the compiled
+    wrapper's ``_orig_mod``), or None for a module that is not such a wrapper."""
+    inner = getattr(model, "_orig_mod", None)
+    if type(model).__name__ != "OptimizedModule" or inner is None:
+        return None
+    from torch import nn
+
+    return inner if isinstance(inner, nn.Module) else None

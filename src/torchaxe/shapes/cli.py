@@ -219,6 +219,14 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
     # the harness's notes on step-time statistics do not concern shapes
     warnings = [w for w in observation.profile.warnings
                 if not w.startswith(("step time varies", "only ", "no measured steps"))]
+    if observation.compiled_by_script:
+        name = observation.compiled_by_script
+        warnings.append(f"the script compiles {name} itself (torch.compile); it ran eagerly while shapes were "
+                        "recorded (the compiler does not trace under the operator recorder), so the steps here are "
+                        "eager ones")
+        for rec in verdict.recommendations:
+            if rec.kind == "compile" and "torch.compile(" in rec.setting:
+                rec.reason += f"; the script compiles {name} already: keep its call, with this setting"
     if observation.steps < steps:
         warnings.append(f"the script ended after {observation.steps} steps of the {steps} asked for")
     extra = {}

@@ -5,6 +5,8 @@ recorders of ``recorder.py`` around it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.harness import DEFAULT_FIRST_STEP_TIMEOUT
 from torchaxe.runtime.profile import Profile
@@ -26,6 +28,10 @@ class Observation:
     loaders: list[LoaderInfo] = field(default_factory=list)
     #: Steps the operator records cover in full (an unfinished last one left out).
     complete_steps: int = 0
+    #: The class of the model the script compiled itself (``torch.compile(model)``),
+    #: which ran eagerly here: the operator recorder is a dispatch mode, under which
+    #: the compiler does not trace.
+    compiled_by_script: str | None = None
 
     @property
     def steps(self) -> int:
@@ -40,6 +46,8 @@ def observe(command: list[str], steps: int = 20, timeout: float | None = None, s
     script fails before its first step. A script that shows no step
     ``first_step_timeout`` seconds after training started is stopped there."""
     from torchaxe.runtime.command import parse_command
+    from torchaxe.runtime.dynamo import compiled_by_script
+    from torchaxe.runtime.first_model import FirstModel
     from torchaxe.runtime.harness import HarnessOptions
     from torchaxe.runtime.probes import CodeMap
     from torchaxe.shapes.recorder import LoaderProbe, make_op_recorder
@@ -50,6 +58,14 @@ def observe(command: list[str], steps: int = 20, timeout: float | None = None, s
     codes = CodeMap()
     recorder = make_op_recorder(codes)
     loaders = LoaderProbe(codes, recorder)
+    compiled: list[str] = []
+
+    def on_model(model: Any) -> None:
+        inner = compiled_by_script(model)
+        if inner is not None:
+            compiled.append(type(inner).__name__)
+
+    finder = FirstModel(on_model).install()
     loaders.install()
     try:
         recorder.watch_modules()
@@ -61,6 +77,7 @@ def observe(command: list[str], steps: int = 20, timeout: float | None = None, s
             recorder.unwatch_modules()
     finally:
         loaders.uninstall()
+        finder.uninstall()
     if not profile.steps:
         if profile.error is not None:
             where = f" at {profile.error.location}" if profile.error.location else ""
@@ -80,7 +97,7 @@ def observe(command: list[str], steps: int = 20, timeout: float | None = None, s
     ops = recorder.training_ops() or list(recorder.eval_ops.values())
     return Observation(profile=profile, ops=ops, sites=list(recorder.sites.values()),
                        loaders=[info for info in loaders.loaders.values() if info.batches],
-                       complete_steps=recorder.complete_steps)
+                       complete_steps=recorder.complete_steps, compiled_by_script=compiled[0] if compiled else None)
 
 
 def _harness(options, recorder):

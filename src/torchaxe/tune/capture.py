@@ -145,13 +145,6 @@ class CallRecorder:
         return out
 
 
-def compiled_by_script(model: nn.Module) -> nn.Module | None:
-    """The module that a script's own ``torch.compile(model)`` wraps (the compiled
-    wrapper's ``_orig_mod``), or None for a module that is not such a wrapper."""
-    inner = getattr(model, "_orig_mod", None)
-    return inner if isinstance(inner, nn.Module) and type(model).__name__ == "OptimizedModule" else None
-
-
 def active_autocast(module: nn.Module, args: tuple = (), kwargs: dict[str, Any] | None = None
                     ) -> tuple[tuple[str, str], ...]:
     """The autocast regions enabled now, for the device types of ``module``'s

@@ -93,9 +93,9 @@ def tune(budget, kb_path, depth, whole_model, strategies, steps, repeats, min_ga
 def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None, err: TextIO):
     """Watch the script's first steps, capture its model, tune it."""
     from torchaxe.runtime.harness import DEFAULT_FIRST_STEP_TIMEOUT, Harness, HarnessOptions
-    from torchaxe.runtime.dynamo import eager_stance
+    from torchaxe.runtime.dynamo import compiled_by_script, eager_stance
     from torchaxe.runtime.first_model import FirstModel
-    from torchaxe.tune.capture import CallRecorder, compiled_by_script
+    from torchaxe.tune.capture import CallRecorder
     from torchaxe.tune.tuner import compiled_note, tune_subgraphs
 
     holder: dict[str, Any] = {}

@@ -41,7 +41,8 @@ from torchaxe import __version__
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.stats import Samples
 from torchaxe.tune import strategies as S
-from torchaxe.tune.capture import CallRecorder, Subgraph, capture, compiled_by_script
+from torchaxe.runtime.dynamo import compiled_by_script
+from torchaxe.tune.capture import CallRecorder, Subgraph, capture
 from torchaxe.kb import KnowledgeBase, TunedRecord, choose
 from torchaxe.tune.measure import (Example, RunResult, Timer, checked_run, compare, draws_random_numbers, float64_run,
                                    interleaved, run_once, tolerance)
