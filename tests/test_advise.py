@@ -365,6 +365,34 @@ def test_an_unseeded_script_is_said_so_from_its_own_runs_losses(script: Path) ->
     assert any("does not seem to fix its random state" in n for n in advice.notes), advice.notes
 
 
+def test_loss_noise_that_hides_a_change_of_several_percent_is_said_to_judge_little(script: Path) -> None:
+    # Seen in a review: 23.99% loss noise between the original's runs, and every change
+    # "within it + 2.0%", without a word that such a check cannot see a 20% change.
+    class Loud(FakeRuns):
+        def __call__(self, knobs, command, options, repeat):
+            run = super().__call__(knobs, command, options, repeat)
+            if knobs.name == "original-again":
+                run.applied["loss"] = [x * 1.08 for x in run.applied["loss"]]
+            return run
+
+    advice = run_advice(script, Loud(times={"knob:autocast-bf16": 0.06}, loss={"knob:autocast-bf16": 1.0}))
+    assert advice.baseline["loss_noise"] > 0.05
+    assert any(n.startswith("the original's training loss differs by 7.") and "judges little" in n
+               for n in advice.notes), advice.notes
+
+
+def test_a_loss_verdict_on_one_run_of_each_says_so(script: Path) -> None:
+    # The budget holds one round (as in the test above): bf16's loss, 5.4% off, is judged
+    # on one run of it against one of the original.
+    clock = Clock()
+    advice = run_advice(script, TimedRuns(clock, 10.0), repeats=2, budget=125.0, clock=clock)
+    bf16 = next(r for r in advice.recommendations if r.key == "knob:autocast-bf16")
+    assert len(bf16.ratios) == 1 and bf16.accuracy.beyond_tolerance
+    assert "(one run of each: a further round, with a larger --budget, tells chance apart)" in bf16.held_back
+    many = next(r for r in run_advice(script, FakeRuns()).recommendations if r.key == "knob:autocast-bf16")
+    assert many.accuracy.beyond_tolerance and "one run of each" not in many.held_back
+
+
 def test_changes_each_within_tolerance_but_beyond_it_together_are_not_kept_together(script: Path) -> None:
     runs = FakeRuns(times={"knob:autocast-bf16": 0.06, "combined": 0.04},
                     loss={"knob:autocast-bf16": 1.015, "knob:compile": 1.01, "code:AX110": 1.0, "combined": 1.03})

@@ -83,8 +83,9 @@ def scan_for_advice(folder: Path, project: Path, imported: Sequence[str], scan_i
 
 #: The share of the memory available that runs side by side may take.
 TURNS_MEMORY_SHARE = 0.6
-#: The original's loss noise above which the accuracy check is said to judge little.
-LOUD_LOSS_NOISE = 0.25
+#: The original's loss noise above which the accuracy check is said to judge little
+#: (a change must then move the loss by more than this and the tolerance to be seen).
+LOUD_LOSS_NOISE = 0.05
 #: The original's own runs (same seed) this far apart in loss: the script draws its
 #: random numbers unseeded, and a note says so.
 UNSEEDED_LOSS_NOISE = 0.005
@@ -623,7 +624,7 @@ class Advisor:
                 "chance, as large as that")
         if self.noise.loss is not None and self.noise.loss > LOUD_LOSS_NOISE:
             self.advice.notes.append(
-                f"the original's training loss differs by {self.noise.loss:.0%} between its own runs (does the script "
+                f"the original's training loss differs by {self.noise.loss:.1%} between its own runs (does the script "
                 "seed its random state?): a change to the numerics whose loss lands within that cannot be told from "
                 "chance, so the accuracy check judges little; a fixed seed (torch.manual_seed) makes it sharp")
 
@@ -692,7 +693,8 @@ class Advisor:
             rec.one_time_seconds, rec.break_even_steps = cost.get("one_time_seconds"), cost.get("break_even_steps")
         if self.options.check_accuracy and rec.accuracy.changes_numerics:
             # Against the original's own runs (same seed): the A/A arm ran under other seeds.
-            self._compare_loss(rec, loss_delta(arm, base))
+            self._compare_loss(rec, loss_delta(arm, base), min(sum(1 for l in arm.losses if l),
+                                                                   sum(1 for l in base.losses if l)))
         self._compare_memory(rec, arm, base)
         self._compare_job_length(rec)
         self._compare_bound(rec, base)
@@ -868,9 +870,10 @@ class Advisor:
                    f"--memory-limit ({bytes_text(limit)}): not chosen; {apply_only(rec)} applies it")
             rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 
-    def _compare_loss(self, rec: Recommendation, delta: float | None) -> None:
+    def _compare_loss(self, rec: Recommendation, delta: float | None, runs: int = 2) -> None:
         """A change that may alter the numerics, its mean training loss against the
-        original's: within the noise plus the tolerance, or held back."""
+        original's: within the noise plus the tolerance, or held back. ``runs``: the
+        fewer of the two sides' runs that recorded a loss."""
         acc = rec.accuracy
         if delta is None:
             return
@@ -880,9 +883,10 @@ class Advisor:
                                 detail="mean training loss over each run's steps, same seed, against the original's")
         if rec.accuracy.beyond_tolerance:
             noise = self.noise.loss or 0.0
+            one = " (one run of each: a further round, with a larger --budget, tells chance apart)" if runs < 2 else ""
             rec.held_back = (f"its training loss differs from the original's by {delta:+.2%}, beyond the run-to-run "
                              f"loss noise ({noise:.2%}) by more than the {self.options.loss_tolerance:.1%} tolerance "
-                             f"(--loss-tolerance): not chosen; {apply_only(rec)} applies it")
+                             f"(--loss-tolerance){one}: not chosen; {apply_only(rec)} applies it")
 
     def _accuracy_notes(self, recs: Sequence[Recommendation]) -> None:
         """Say which changes were held back for their loss, with their cost, and which
