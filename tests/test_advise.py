@@ -934,6 +934,20 @@ def test_near_misses_are_not_tried_when_the_budget_is_spent(script: Path) -> Non
     assert any("not tried on top of the chosen changes (out of --budget): code:AX110" in n for n in advice.notes)
 
 
+def test_changes_tried_on_top_for_one_round_only_say_what_that_round_showed(script: Path) -> None:
+    # Seen in a review (a DDP job): the budget ended the refining rounds after the first,
+    # and what the changes tried on top did there was never said.
+    clock = Clock()
+    runs = TimedRuns(clock, 10.0, by_name={"chosen+code-AX110+code-AX201": 30.0, "chosen+code-AX110": 30.0},
+                     times={"original-again": 0.088, "code:AX110": 0.092, "chosen": 0.05,
+                            "chosen+code-AX110": 0.04, "chosen+code-AX110+code-AX201": 0.04})
+    advice = run_advice(script, runs, repeats=2, budget=215.0, clock=clock)
+    assert runs.order[13:] == ["original", "chosen", "chosen+code-AX110+code-AX201", "chosen+code-AX110"]
+    assert not next(r for r in advice.recommendations if r.key == "code:AX110").selected
+    assert ("code:AX110 was tried on top of the chosen changes but the --budget ended before a second round "
+            "(0.80 of their step time in the one round made): too little to add it (out of --budget)") in advice.notes
+
+
 def test_lower_precision_is_not_added_on_top_without_its_accuracy_measured(script: Path) -> None:
     runs = FakeRuns(times={"original-again": 0.088, "knob:autocast-bf16": 0.092, "code:AX110": 0.1},
                     loss={"knob:autocast-bf16": 1.0})

@@ -412,9 +412,13 @@ class ChangeSearch:
         best: tuple[float, list[Candidate], ArmResult, list[float]] | None = None
         hurting: list[Candidate] = []
         all_at_once: float | None = None  # the small changes together, on top: their share
+        cut: list[tuple[list[Candidate], float | None]] = []
         for v, arm in zip(tried, variant_arms):
             if arm.error or len(arm.ratios) < min(repeats, 2):
-                continue  # a single round cut short by the budget decides nothing
+                # A single round cut short by the budget decides nothing; said below.
+                if not arm.error:
+                    cut.append((v, statistics.median(paired_ratios(arm, against)) if arm.ratios else None))
+                continue
             paired = paired_ratios(arm, against)
             share = statistics.median(paired)
             if v is small:
@@ -430,6 +434,15 @@ class ChangeSearch:
                 best = (share, v, arm, paired)
             if len(v) == 1 and share > 1.0 + max(MIN_GAIN, self.noise / 2):
                 hurting.append(v[0])
+        if best is None and cut:
+            where = "on top of the chosen changes" if chosen else "together"
+            whose = "their" if chosen else "the original's"
+            for v, share in cut:
+                seen = (f"{share:.2f} of {whose} step time in the one round made" if share is not None
+                        else "no round finished")
+                self.notes.append(f"{' + '.join(c.key for c in v)} {'were' if len(v) > 1 else 'was'} tried {where} "
+                                  f"but the --budget ended before a second round ({seen}): too little to add "
+                                  f"{'them' if len(v) > 1 else 'it'} (out of --budget)")
         if best is None:
             retry = self._smaller_sets(small, hurting, all_at_once, tried) if only is None and chosen \
                 and small in tried else []
