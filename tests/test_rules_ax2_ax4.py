@@ -484,6 +484,60 @@ def test_a_momentum_buffer_loop_is_an_update_and_its_momentum_is_kept():
     assert _scan(accumulate, "cuda", ("AX203",)) == []
 
 
+HAND_ADAM = """\
+import torch
+
+
+class HandAdam:
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+        self.params = [p for p in params if p.requires_grad]
+        self.lr, self.betas, self.eps = lr, betas, eps
+        self.m = [torch.zeros_like(p) for p in self.params]
+        self.v = [torch.zeros_like(p) for p in self.params]
+        self.t = 0
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        b1, b2 = self.betas
+        for p, m, v in zip(self.params, self.m, self.v):
+            g = p.grad
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            m_hat = m / (1 - b1 ** self.t)
+            v_hat = v / (1 - b2 ** self.t)
+            p.sub_(self.lr * m_hat / (v_hat.sqrt() + self.eps))
+
+
+opt = HandAdam(model.parameters(), lr=args.lr)
+"""
+
+
+def test_a_hand_written_adam_class_is_an_adam_step_with_its_own_arguments():
+    # Seen in a review: a PINN's Adam written as a plain class was not flagged (the
+    # rule left every class alone), and would have been called SGD with momentum=b1.
+    (finding,) = _scan(HAND_ADAM, "cpu", ("AX203",))
+    assert finding.line == 22 and finding.message.startswith("hand-written Adam step")
+    assert finding.replacement == "torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)"
+    (npu,) = _scan(HAND_ADAM, "npu", ("AX203",))
+    assert npu.replacement == "torch_npu.optim.NpuFusedAdam(model.parameters(), lr=args.lr)"
+    # Built with arguments Adam does not take: the generic form.
+    odd = HAND_ADAM.replace("opt = HandAdam(model.parameters(), lr=args.lr)",
+                            "opt = HandAdam(model.parameters(), lr=args.lr, warmup=10)")
+    odd = odd.replace("eps=1e-8):", "eps=1e-8, warmup=0):")
+    (finding,) = _scan(odd, "cpu", ("AX203",))
+    assert finding.replacement == "torch.optim.Adam(params, lr=lr, fused=True)"
+    # A subclass of torch.optim.Optimizer is an optimizer's implementation: left alone.
+    subclass = HAND_ADAM.replace("class HandAdam:", "class HandAdam(torch.optim.Optimizer):")
+    assert _scan(subclass, "cpu", ("AX203",)) == []
+    # A class that keeps an average of the weights (no gradient) is not an optimizer.
+    ema = ("import torch\nclass EMA:\n    def __init__(self, params, decay):\n"
+           "        self.params = list(params)\n        self.shadow = [p.clone() for p in self.params]\n"
+           "    def update(self):\n        for s, p in zip(self.shadow, self.params):\n"
+           "            s.mul_(0.99).add_(p, alpha=0.01)\n")
+    assert _scan(ema, "cpu", ("AX203",)) == []
+
+
 # An optimizer factory in the style many training repositories use: the keywords are
 # collected in a dict, adjusted per optimizer, and spread into the constructor.
 OPTIMIZER_FACTORY = '''\

@@ -28,9 +28,13 @@ class ManualParameterUpdateLoop(Rule):
     (momentum: `buf.mul_(mu).add_(p.grad); p.add_(buf, alpha=-lr)`, weight decay:
     `d_p = p.grad + wd * p`), in `for p in model.parameters()`,
     `for name, p in model.named_parameters()`, `for p, buf in zip(model.parameters(),
-    bufs)`, `for i, p in enumerate(model.parameters())`, a list built from them, or an argument of a plain function
-    (`def sgd_step(params, lr): for p in params: ...`; not in a class, where such a
-    loop is an optimizer's own implementation).
+    bufs)`, `for i, p in enumerate(model.parameters())`, a list built from them, an argument of a plain function
+    (`def sgd_step(params, lr): for p in params: ...`), or what a hand-written optimizer
+    class was handed (`self.params = [p for p in params ...]` in `__init__`, walked in
+    `step`; a subclass of `torch.optim.Optimizer` is an optimizer's own implementation
+    and left alone). An Adam step (a buffer of squared gradients, the update divided by
+    its square root) is named as one, with `torch.optim.Adam` built from the class's own
+    arguments as the replacement.
 
     ## Why is this bad?
     Each statement launches one or more small kernels per parameter (a multiply, then
@@ -73,7 +77,8 @@ class ManualParameterUpdateLoop(Rule):
     fix_title = "use a fused optimizer (torch.optim.SGD(..., fused=True))"
     fix_safety = Applicability.DISPLAY_ONLY
     requires_text = (".grad",)
-    also_requires_text = ("parameters(",)  # the loop walks .parameters() or .named_parameters()
+    # the loop walks .parameters() or .named_parameters(), or what a class was handed
+    also_requires_text = ("parameters(", "self.")
     node_types = (ast.For,)
     references = (
         "https://pytorch.org/docs/stable/generated/torch.optim.SGD.html",
@@ -160,6 +165,18 @@ class ManualParameterUpdateLoop(Rule):
         if param != name:
             return
         for stmt in updates:
+            if _adam_shaped(body, stmt):
+                # Adam by hand: the square of the gradient averaged, the step divided by its root.
+                made = _construction(node, ctx)
+                arguments = made or f"{_parameter_source(ctx, node.iter)}, lr={_learning_rate(ctx, stmt, param, derived) or 'lr'}"
+                yield ctx.finding(
+                    self,
+                    stmt,
+                    _message(ctx, "", "", algorithm="Adam", arguments=arguments),
+                    replacement=_replacement(ctx, "", "", algorithm="Adam", arguments=arguments),
+                    fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY),
+                )
+                return
             lr = _learning_rate(ctx, stmt, param, derived) or "lr"
             params = _parameter_source(ctx, node.iter)
             extra = _momentum(body, derived) + _weight_decay(body, param, derived)
@@ -173,23 +190,83 @@ class ManualParameterUpdateLoop(Rule):
             return  # one finding per loop: the loop is the problem
 
 
-def _message(ctx: FileContext, lr: str, params: str, momentum: str = "") -> str:
+def _message(ctx: FileContext, lr: str, params: str, momentum: str = "", algorithm: str = "SGD",
+             arguments: str = "") -> str:
     target = ctx.target
+    replacement = _replacement(ctx, lr, params, momentum, algorithm, arguments)
     if target == "npu":
         instead = (
-            f"torch_npu.optim.NpuFusedSGD({params}, lr={lr}{momentum}) fuses the update (parameters must be fp16/fp32 "
-            "and keep their identity; unverified on Ascend hardware)"
+            f"{replacement} fuses the update (parameters must be fp16/fp32 and keep their identity; unverified on "
+            "Ascend hardware)"
         )
     else:
-        instead = f"{_replacement(ctx, lr, params, momentum)} updates every parameter in one fused kernel"
+        instead = f"{replacement} updates every parameter in one fused kernel"
     waiting = "the step waits" if target == "cpu" else f"the {target} device waits"
-    negative = f"-{lr}" if _SIMPLE.match(lr) else f"-({lr})"
+    if algorithm == "Adam":
+        keep = ("or torch._foreach_mul_/_foreach_addcmul_/_foreach_addcdiv_ keep the loop's logic in a few "
+                "multi-tensor calls")
+        what = "hand-written Adam step, one parameter at a time"
+    else:
+        negative = f"-{lr}" if _SIMPLE.match(lr) else f"-({lr})"
+        keep = f"or torch._foreach_add_(params, grads, alpha={negative}) keeps the loop's logic in one multi-tensor call"
+        what = "hand-written per-parameter update"
     return (
-        f"hand-written per-parameter update: each iteration launches its own small kernels from Python "
+        f"{what}: each iteration launches its own small kernels from Python "
         f"(hundreds per step for a real model) and {waiting} on the launches; "
-        f"{instead}, or torch._foreach_add_(params, grads, alpha={negative}) keeps the loop's logic in one "
-        "multi-tensor call. Display-only: moving to an optimizer object needs a person"
+        f"{instead}, {keep}. Display-only: moving to an optimizer object needs a person"
     )
+
+
+def _adam_shaped(body: list[ast.stmt], update: ast.stmt) -> bool:
+    """Adam's step: a buffer of squared gradients (``v.mul_(b2).addcmul_(g, g, ...)``
+    or ``v = b2 * v + (1 - b2) * g ** 2``) and an update divided by a square root."""
+    squares = False
+    for stmt in body:
+        for sub in fast_walk(stmt):
+            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "addcmul_":
+                squares = True
+            elif isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Pow) and isinstance(sub.right, ast.Constant) \
+                    and sub.right.value == 2:
+                squares = True
+            elif isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Mult) \
+                    and ast.unparse(sub.left) == ast.unparse(sub.right) and isinstance(sub.left, ast.Name):
+                squares = True
+    root = any(isinstance(sub, ast.Call) and (
+        (isinstance(sub.func, ast.Attribute) and sub.func.attr in ("sqrt", "sqrt_", "rsqrt"))
+        or (isinstance(sub.func, ast.Name) and sub.func.id == "sqrt")) for sub in fast_walk(update))
+    divides = any(isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Div) for sub in fast_walk(update)) or any(
+        isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr == "addcdiv_"
+        for sub in fast_walk(update))
+    if not root:
+        # The root taken into a name first: ``denom = v_hat.sqrt() + eps``.
+        roots = {ast.unparse(t) for stmt in body if isinstance(stmt, ast.Assign) for t in stmt.targets
+                 if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
+                        and c.func.attr in ("sqrt", "sqrt_") for c in fast_walk(stmt.value))}
+        root = any(isinstance(sub, ast.Name) and sub.id in roots for sub in fast_walk(update))
+    return squares and root and divides
+
+
+def _construction(loop: ast.For, ctx: FileContext) -> str | None:
+    """The arguments the script builds its hand-written optimizer class with
+    (``model.parameters(), lr=args.lr``), when it builds it once in this file and
+    names only arguments ``torch.optim.Adam`` takes too."""
+    walked = loop.iter.args if isinstance(loop.iter, ast.Call) else [loop.iter]
+    cls = next((c for c in (_held_by_class(w, ctx) for w in walked) if c is not None), None)
+    if cls is None:
+        return None
+    calls = [n for n in fast_walk(ctx.tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id == cls.name]
+    if len(calls) != 1:
+        return None
+    call = calls[0]
+    if any(k.arg not in _ADAM_KEYWORDS for k in call.keywords) or len(call.args) > 1 \
+            or any(isinstance(a, ast.Starred) for a in call.args):
+        return None
+    return ", ".join(ctx.text(a) for a in [*call.args, *call.keywords])
+
+
+#: The keyword arguments of torch.optim.Adam a hand-written class may share.
+_ADAM_KEYWORDS = ("params", "lr", "betas", "eps", "weight_decay", "amsgrad")
 
 
 def _momentum(body: list[ast.stmt], derived: frozenset[str]) -> str:
@@ -237,12 +314,14 @@ def _is_grad(node: ast.AST, param: str) -> bool:
         and node.value.id == param
 
 
-def _replacement(ctx: FileContext, lr: str, params: str, momentum: str = "") -> str:
+def _replacement(ctx: FileContext, lr: str, params: str, momentum: str = "", algorithm: str = "SGD",
+                 arguments: str = "") -> str:
+    arguments = arguments or f"{params}, lr={lr}{momentum}"
     if ctx.target == "npu":
-        return f"torch_npu.optim.NpuFusedSGD({params}, lr={lr}{momentum})"
-    if "SGD" in ctx.capabilities.get("fused_optimizers", ("SGD",)):
-        return f"torch.optim.SGD({params}, lr={lr}{momentum}, fused=True)"
-    return f"torch.optim.SGD({params}, lr={lr}{momentum}, foreach=True)"
+        return f"torch_npu.optim.NpuFused{algorithm}({arguments})"
+    if algorithm in ctx.capabilities.get("fused_optimizers", ("SGD", "Adam")):
+        return f"torch.optim.{algorithm}({arguments}, fused=True)"
+    return f"torch.optim.{algorithm}({arguments}, foreach=True)"
 
 
 def _function_argument(name: str, ctx: FileContext) -> bool:
@@ -318,7 +397,46 @@ def _iterable_kind(node: ast.AST, ctx: FileContext, depth: int = 0) -> str | Non
         value = ctx.single_assignments().get(node.id)
         if value is not None:
             return _iterable_kind(value, ctx, depth + 1)
+    if depth == 0 and _held_by_class(node, ctx) is not None:
+        return "parameters"
     return None
+
+
+def _held_by_class(node: ast.AST, ctx: FileContext) -> ast.ClassDef | None:
+    """The class, when ``node`` is ``self.X`` in a method of a class that is not an
+    optimizer (no base named ``...Optimizer``: torch.optim's own loops are its
+    implementation) and whose ``__init__`` sets ``self.X`` from an argument it was
+    handed (``self.params = [p for p in params if p.requires_grad]``, ``list(params)``):
+    a hand-written optimizer class."""
+    if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"):
+        return None
+    cls = next((p for p in reversed(ctx.parents) if isinstance(p, ast.ClassDef)), None)
+    if cls is None or any(ast.unparse(base).split(".")[-1].endswith("Optimizer") for base in cls.bases):
+        return None
+    init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+    if init is None:
+        return None
+    arguments = {a.arg for a in [*init.args.posonlyargs, *init.args.args, *init.args.kwonlyargs]} - {"self"}
+    for stmt in fast_walk(init):
+        if not isinstance(stmt, ast.Assign):
+            continue
+        for target in stmt.targets:
+            if ast.unparse(target) == ast.unparse(node) and _from_argument(stmt.value, arguments):
+                return cls
+    return None
+
+
+def _from_argument(value: ast.AST, arguments: set[str]) -> bool:
+    """``params``, ``list(params)`` or ``[p for p in params if ...]`` for an argument."""
+    if isinstance(value, ast.Name):
+        return value.id in arguments
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in _PASS_THROUGH:
+        return any(_from_argument(a, arguments) for a in value.args)
+    if isinstance(value, (ast.ListComp, ast.GeneratorExp)) and len(value.generators) == 1:
+        gen = value.generators[0]
+        return isinstance(value.elt, ast.Name) and isinstance(gen.target, ast.Name) \
+            and value.elt.id == gen.target.id and _from_argument(gen.iter, arguments)
+    return False
 
 
 def _parameter_source(ctx: FileContext, node: ast.AST) -> str:
