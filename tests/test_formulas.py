@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from torchaxe.findings import Applicability
 from torchaxe.scan.context import FileContext
@@ -710,6 +711,36 @@ def test_channels_first_rms_norm_is_reported_with_the_permute_advice(scan):
     [finding] = [f for f in scan(source, target="cuda").findings if f.code == "AX115"]
     # The dimension as written, not as counted on the probes' 4-D inputs.
     assert "normalises dimension 1, not the last one" in finding.message and not finding.fix.edits
+    # The replacement shown moves that dimension last and back, so that it computes
+    # what the code does (seen in a review: shown as a norm over the last dimension).
+    assert finding.replacement == ("torch.nn.functional.rms_norm(x.movedim(1, -1), (x.shape[1],), weight, "
+                                   "eps).movedim(-1, 1)")
+    x, weight = torch.randn(2, 5, 3, 4), torch.randn(5)
+    written = x * torch.rsqrt(torch.mean(x.pow(2), dim=1, keepdim=True) + 1e-5) * weight.reshape(1, -1, 1, 1)
+    shown = torch.nn.functional.rms_norm(x.movedim(1, -1), (x.shape[1],), weight, 1e-5).movedim(-1, 1)
+    assert torch.allclose(written, shown, atol=1e-5)
+
+
+def test_channels_first_layer_norm_is_shown_with_its_dimension_moved_last_and_back(scan):
+    source = textwrap.dedent("""
+        import torch
+        class LayerNorm2d(torch.nn.Module):
+            def forward(self, x):
+                u = x.mean(1, keepdim=True)
+                s = (x - u).pow(2).mean(1, keepdim=True)
+                x = (x - u) / torch.sqrt(s + self.eps)
+                return self.weight[:, None, None] * x + self.bias[:, None, None]
+    """)
+    [finding] = [f for f in scan(source, target="cpu").findings if f.code == "AX116"]
+    assert finding.replacement == ("torch.nn.functional.layer_norm(x.movedim(1, -1), (x.shape[1],), self.weight, "
+                                   "self.bias, self.eps).movedim(-1, 1)")
+    assert "the replacement moves it last (movedim) and back" in finding.message
+    x, weight, bias = torch.randn(2, 5, 3, 4), torch.randn(5), torch.randn(5)
+    u = x.mean(1, keepdim=True)
+    written = (weight[:, None, None] * (x - u) / torch.sqrt((x - u).pow(2).mean(1, keepdim=True) + 1e-6)
+               + bias[:, None, None])
+    shown = torch.nn.functional.layer_norm(x.movedim(1, -1), (x.shape[1],), weight, bias, 1e-6).movedim(-1, 1)
+    assert torch.allclose(written, shown, atol=1e-5)
 
 
 @pytest.mark.parametrize("stats", ["x.pow(2).mean(self.dim, keepdim=True)",

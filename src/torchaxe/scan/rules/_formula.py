@@ -369,6 +369,36 @@ def over_named_dim(proposal: Proposal, match: FormulaMatch) -> Proposal:
     return replace(proposal, note=note, applicability=Applicability.DISPLAY_ONLY, edit=False)
 
 
+def moved_last(proposal: Proposal, match: FormulaMatch, x: str) -> Proposal:
+    """A norm written over one dimension other than the last (LayerNorm over the
+    channels of an NCHW tensor: ``dim=1``): the fused call's input with that dimension
+    moved last and its output moved back, ``F.layer_norm(x.movedim(1, -1),
+    (x.shape[1],), ...).movedim(-1, 1)``, so that the replacement shown computes what
+    the code does. Unchanged when the dimension is not a written number."""
+    dim = match.params.get("dim_written")
+    if match.params.get("dim", -1) == -1 or not isinstance(dim, int) or dim == -1:
+        return proposal
+    text = proposal.replacement
+    head = text.find(f"({x}, ")
+    if head < 0:
+        return proposal
+    depth, end = 0, None
+    for i in range(head, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                end = i
+                break
+    if end is None:
+        return proposal
+    inner = f"{atom(x)}.movedim({dim}, -1)" + text[head + 1 + len(x):end]
+    inner = inner.replace(f"({atom(x)}.shape[-1],)", f"({atom(x)}.shape[{dim}],)", 1)
+    moved = f"{text[:head + 1]}{inner}).movedim(-1, {dim}){text[end + 1:]}"
+    return replace(proposal, replacement=moved, note=proposal.note.replace(text, moved, 1))
+
+
 def exact(match: FormulaMatch) -> bool:
     """The hand-written form equals the reference to float32 precision."""
     return match.max_rel <= SAFE_RELATIVE_ERROR

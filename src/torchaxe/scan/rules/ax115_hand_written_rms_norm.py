@@ -6,7 +6,8 @@ import re
 
 from torchaxe.findings import Applicability
 from torchaxe.scan.rules._formula import (
-    FormulaRule, Proposal, atom, eps_text, exact, functional, is_name, over_named_dim, torch_version_at_least,
+    FormulaRule, Proposal, atom, eps_text, exact, functional, is_name, moved_last, over_named_dim,
+    torch_version_at_least,
 )
 from torchaxe.scan.rules.base import Invalid, Valid
 
@@ -129,14 +130,19 @@ class HandWrittenRmsNorm(FormulaRule):
 
     def propose(self, ctx, match):
         proposal = over_named_dim(self._propose(ctx, match), match)
+        if ctx.target != "npu":
+            proposal = moved_last(proposal, match, match.inputs["x"])
         factor = match.inputs.get("factor")
         dim = match.params.get("dim", -1)
         if not match.params.get("factor") and dim == -1:
             return proposal
         note = proposal.note
         if dim != -1:
-            note += (f"; the hand-written form normalises dimension {match.params.get('dim_written', dim)}, not the last one: move it last (permute "
-                     "to channels-last), normalise, and move it back")
+            written = match.params.get("dim_written")
+            note += (f"; the hand-written form normalises dimension {dim if written is None else written}, not the last "
+                     "one: " + ("the replacement moves it last (movedim) and back" if written is not None
+                                and ctx.target != "npu" else
+                                "move it last (permute to channels-last), normalise, and move it back"))
         if match.params.get("factor"):
             # An L2 normalisation times a stored factor (self.scale = dim ** 0.5): RMSNorm
             # only when that factor is the square root of the normalised size.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torchaxe.findings import Applicability
 from torchaxe.scan.rules._formula import (
-    FormulaRule, Proposal, atom, eps_text, exact, functional, is_name, over_named_dim,
+    FormulaRule, Proposal, atom, eps_text, exact, functional, is_name, moved_last, over_named_dim,
 )
 from torchaxe.scan.rules.base import Invalid, Valid
 
@@ -90,7 +90,7 @@ class HandWrittenLayerNorm(FormulaRule):
     )
 
     def propose(self, ctx, match):
-        return over_named_dim(self._propose(ctx, match), match)
+        return moved_last(over_named_dim(self._propose(ctx, match), match), match, match.inputs["x"])
 
     def _propose(self, ctx, match):
         x, weight, bias, eps = match.inputs["x"], match.inputs.get("weight"), match.inputs.get("bias"), eps_text(match)
@@ -112,8 +112,11 @@ class HandWrittenLayerNorm(FormulaRule):
         placement = match.params.get("eps_placement", "inside")
         outside = placement != "inside" or match.params.get("dim", -1) != -1
         if match.params.get("dim", -1) != -1:
-            note += (f"; the hand-written form normalises dimension {match.params.get('dim_written', match.params['dim'])}, not the last one: move "
-                     "it last (permute to channels-last), normalise with F.layer_norm, and move it back")
+            written = match.params.get("dim_written", match.params["dim"])
+            note += (f"; the hand-written form normalises dimension {written}, not the last one: "
+                     + ("the replacement moves it last (movedim) and back" if isinstance(written, int) and
+                        match.params.get("dim_written") is not None else
+                        "move it last (permute to channels-last), normalise with F.layer_norm, and move it back"))
         casts = match.params.get("casts", False)
         if "unbiased" in placement:
             note += ("; the hand-written form divides by the unbiased standard deviation (n - 1), F.layer_norm by the "
