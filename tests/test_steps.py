@@ -89,6 +89,56 @@ def test_lbfgs_closure_evaluations_are_inside_one_step(capsys):
     assert len(profile.steps) == 6 and profile.step_source == "optimizer"
 
 
+class _Recorder:
+    def __init__(self):
+        self.optimizer: list[float] = []
+        self.ends = 0
+
+    def add_optimizer(self, seconds):
+        self.optimizer.append(seconds)
+
+    def step_end(self, source):
+        self.ends += 1
+
+
+@pytest.mark.parametrize("kind", ["sgd-positional", "sgd-keyword", "lbfgs"])
+def test_a_closure_handed_to_the_optimizer_is_not_its_update_time(kind):
+    # Seen in a review: a Lightning job (automatic optimisation hands step() a closure
+    # that runs the forward and backward) was "97.4% of step time in optimizer.step()".
+    import torch
+
+    from torchaxe.runtime.steps import OptimizerStepProbe
+
+    now = [0.0]
+    recorder = _Recorder()
+    probe = OptimizerStepProbe(recorder, clock=lambda: now[0])
+    w = torch.zeros(3, requires_grad=True)
+    if kind == "lbfgs":
+        opt = torch.optim.LBFGS([w], max_iter=4)
+    else:
+        opt = torch.optim.SGD([w], lr=0.1)
+    calls = []
+
+    def closure():
+        now[0] += 5.0  # the forward and backward take 5 s
+        calls.append(1)
+        opt.zero_grad()
+        loss = (w - 1).pow(2).sum()
+        loss.backward()
+        return loss
+
+    probe.install()
+    try:
+        if kind == "sgd-keyword":
+            opt.step(closure=closure)
+        else:
+            opt.step(closure)
+    finally:
+        probe.uninstall()
+    assert calls and recorder.optimizer[0] == pytest.approx(0.0)
+    assert now[0] == pytest.approx(5.0 * len(calls))
+
+
 def test_gradients_never_cleared_are_no_step_and_the_warning_says_what_to_do(tmp_path):
     source = """
 import torch

@@ -42,7 +42,9 @@ class OptimizerStepProbe:
     """A step ends whenever the run's optimizer finishes ``step()``. With several
     optimizers (a GAN's two), the first one to step marks the boundaries. Every
     optimizer's ``step()`` is timed on the host (``add_optimizer``): what a fused
-    optimizer could save at most, where the device is the host."""
+    optimizer could save at most, where the device is the host. A closure handed to
+    ``step()`` (LBFGS, Lightning's automatic optimisation) runs the forward and
+    backward inside it: its time is left out of the optimizer's."""
 
     def __init__(self, recorder: Any, clock: Callable[[], float] | None = None) -> None:
         import time
@@ -53,7 +55,31 @@ class OptimizerStepProbe:
         self._optimizer: Any = None
         #: By optimizer: how deep its step() calls are nested, and when the outermost began.
         self._started: dict[int, tuple[int, float | None]] = {}
+        #: By optimizer: seconds its step()'s closure has run in the step in progress.
+        self._in_closure: dict[int, float] = {}
         self.calls = 0
+
+    def _timed_closure(self, optimizer: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        """The step's arguments with its closure (``step(closure)``) timed, as an
+        optimizer step pre-hook returns them; None when there is no closure."""
+        # torch hands the hooks step()'s arguments with the optimizer itself first.
+        skip = 1 if args and args[0] is optimizer else 0
+        positional = len(args) > skip and callable(args[skip])
+        closure = args[skip] if positional else kwargs.get("closure")
+        if not callable(closure):
+            return None
+        key = id(optimizer)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            began = self.clock()
+            try:
+                return closure(*a, **k)
+            finally:
+                self._in_closure[key] = self._in_closure.get(key, 0.0) + self.clock() - began
+
+        if positional:
+            return (*args[:skip], timed, *args[skip + 1:]), kwargs
+        return args, {**kwargs, "closure": timed}
 
     def install(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -63,14 +89,21 @@ class OptimizerStepProbe:
             # outermost call is the optimizer's step.
             depth, started = self._started.get(id(optimizer), (0, None))
             self._started[id(optimizer)] = (depth + 1, self.clock() if depth == 0 else started)
+            if depth == 0:
+                self._in_closure[id(optimizer)] = 0.0
+                return self._timed_closure(optimizer, args, kwargs)
+            return None
 
         def after(optimizer, args, kwargs):
             depth, started = self._started.pop(id(optimizer), (1, None))
             if depth > 1:
                 self._started[id(optimizer)] = (depth - 1, started)
                 return
+            closure = self._in_closure.pop(id(optimizer), 0.0)
             if started is not None:
-                self.recorder.add_optimizer(self.clock() - started)
+                # The closure (forward and backward, called by step(): LBFGS, Lightning)
+                # is not the optimizer's update.
+                self.recorder.add_optimizer(max(self.clock() - started - closure, 0.0))
             current = self._optimizer() if self._optimizer is not None else None
             if current is None:
                 self._optimizer = weakref.ref(optimizer)
