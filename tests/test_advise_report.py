@@ -336,9 +336,12 @@ def test_partial_advice_says_what_is_missing(script: Path) -> None:  # noqa: F81
         render_advice_text(advice, out, width=200)
         return next(line for line in out.getvalue().splitlines() if "partial advice" in line)
 
-    # 20 s fit one change of four: three not measured.
-    assert "partial advice: 3 changes not measured for the --budget" in partial_line(
-        run_advice(script, FakeRuns(), budget=20.0))
+    # 20 s fit one change of four: three not measured, each saying why in the JSON too.
+    short = run_advice(script, FakeRuns(), budget=20.0)
+    assert "partial advice: 3 changes not measured for the --budget" in partial_line(short)
+    reasons = [r["not_measured_reason"] for r in json.loads(short.to_json())["recommendations"]
+               if r["status"] == "not_measured"]
+    assert reasons.count("budget") == 3
     # Every change measured, round 2 left out for the combined run (runs of 10 s, 125 s).
     clock = Clock()
     advice = run_advice(script, TimedRuns(clock, 10.0), repeats=2, budget=125.0, clock=clock)

@@ -472,6 +472,7 @@ class Advisor:
             if id(c) in taken:
                 continue
             c.rec.status = "not_measured"
+            c.rec.not_measured_reason = "budget"
             c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + "(not measured: out of --budget)"
         if len(chosen) < len(ordered):
             advice.partial = True

@@ -118,7 +118,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                           f"changes to the numerics are chosen within it + {base['loss_tolerance']:.1%}")
     if advice.partial:
         unmeasured = sum(1 for r in advice.recommendations
-                         if r.status == "not_measured" and "out of --budget" in (r.detail or ""))
+                         if r.status == "not_measured" and r.not_measured_reason == "budget")
         what = (f"{plural(unmeasured, 'change')} not measured for the --budget" if unmeasured else
                 "not every planned run was made: some figures rest on fewer rounds")
         console.print(f"  [yellow]partial advice:[/yellow] {what} (see the notes below)")

@@ -148,6 +148,9 @@ class Recommendation:
     #: tolerance, or its peak memory above ``--memory-limit``): the user decides,
     #: ``torchaxe apply --only KEY`` applies it.
     held_back: str | None = None
+    #: Why a change has no measurement (status ``not_measured``): ``"budget"`` when
+    #: the --budget had no room for its runs; None otherwise.
+    not_measured_reason: str | None = None
     #: Its peak memory against the original's (measured changes).
     memory: Memory | None = None
     #: It changes what training computes beyond numerics (a larger micro-batch: fewer
@@ -178,7 +181,8 @@ class Recommendation:
             "evidence": self.evidence, "detail": self.detail, "applied_to": self.applied_to,
             "knobs": self.knobs, "rules": self.rules,
             "files": self.files, "unsafe": self.unsafe, "error": self.error, "selected": self.selected,
-            "held_back": self.held_back, "memory": self.memory.to_dict() if self.memory else None,
+            "held_back": self.held_back, "not_measured_reason": self.not_measured_reason,
+            "memory": self.memory.to_dict() if self.memory else None,
             "changes_optimisation": self.changes_optimisation, "ranks": self.ranks,
             "one_time_seconds": self.one_time_seconds, "break_even_steps": self.break_even_steps,
         }
