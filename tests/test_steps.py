@@ -286,6 +286,42 @@ def test_advise_says_why_no_step_was_seen_and_the_first_step_timeout():
     assert "no backward pass ran" in message and "--step-marker" in message and "train_step" not in message
 
 
+def test_advise_says_when_the_script_stopped_in_the_step_whose_flops_it_counts():
+    from torchaxe.advise.baseline import check_profile
+    from torchaxe.advise.options import AdviseOptions
+
+    def stopped_after(steps: int) -> dict:
+        return {"status": "error", "summary": {"steps_measured": 0},
+                "steps": [{"phase": "warmup", "seconds": 0.1}] * steps,
+                "error": {"type": "RuntimeError", "file": "train.py", "line": 37, "message": "boom"}}
+
+    with pytest.raises(TorchaxeError) as caught:
+        check_profile(stopped_after(9), AdviseOptions(target="cpu", warmup=10))
+    assert caught.value.message == ("the script raised RuntimeError at train.py:37: boom; it stopped in the step "
+                                    "whose FLOPs torchaxe counts (the last warm-up step): if the script runs on its "
+                                    "own, --no-flops leaves the counter out")
+    for steps, options in ((3, AdviseOptions(target="cpu", warmup=10)),
+                           (9, AdviseOptions(target="cpu", warmup=10, flops=False))):
+        with pytest.raises(TorchaxeError) as caught:
+            check_profile(stopped_after(steps), options)
+        assert caught.value.message == "the script raised RuntimeError at train.py:37: boom"
+
+
+def test_advise_takes_no_flops(monkeypatch):
+    from torchaxe.advise import pipeline
+    from torchaxe.cli import main
+
+    seen = {}
+
+    def fake(command, options=None, **kwargs):
+        seen["flops"] = options.flops
+        raise TorchaxeError("stop here")
+
+    monkeypatch.setattr(pipeline, "advise", fake)
+    assert main(["advise", "--no-flops", "--", "python", str(LOOPS), "sgd", "2"]) == 2
+    assert seen == {"flops": False}
+
+
 def test_advise_tells_a_script_with_slow_steps_to_measure_fewer():
     """Steps of seconds (an LBFGS closure): a larger budget cannot help a script whose
     run ends before the warm-up does; the error names the warm-up and step counts, and

@@ -101,7 +101,8 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
                              timeout=timeout, target=target, step_marker=options.step_marker,
                              first_step_timeout=options.first_step_timeout)
         done = launch_bootstrap(knobs or knob_set_from_dict({"name": "original"}, "advise"), command, trial,
-                                Path(tmp), extra=("--ops", "--shapes", "--flops"), context=True,
+                                Path(tmp), extra=("--ops", "--shapes", "--flops") if options.flops else
+                                ("--ops", "--shapes"), context=True,
                                 limit=timeout + 30.0)
         if done.killed:
             raise TorchaxeError(f"the profiled run of the script (operators and shapes recorded on some steps) ran "
@@ -148,8 +149,13 @@ def check_profile(profile: dict[str, Any], options: AdviseOptions) -> None:
     if profile.get("status") == "error":
         error = profile.get("error") or {}
         where = f" at {error.get('file')}:{error.get('line')}" if error.get("file") else ""
+        counted = ""
+        if options.flops and options.warmup >= 1 and len(profile.get("steps") or []) == options.warmup - 1:
+            # It stopped in the last warm-up step, whose FLOPs the profiled run counts.
+            counted = ("; it stopped in the step whose FLOPs torchaxe counts (the last warm-up step): if the script "
+                       "runs on its own, --no-flops leaves the counter out")
         raise TorchaxeError(f"the script raised {error.get('type', 'an error')}{where}: "
-                            f"{first_line(error.get('message', profile.get('detail', '')))}")
+                            f"{first_line(error.get('message', profile.get('detail', '')))}{counted}")
     if not steps:
         if profile.get("status") == "timeout":
             limit = options.timeout if options.timeout is not None else options.budget

@@ -135,11 +135,14 @@ def parse_fraction(text: str, option: str) -> float:
 @click.option("--control", metavar="HOST:PORT", default=None,
               help="A torchrun job across nodes: where this node listens for `torchaxe follow` on the others "
                    "(default: torchrun's --rdzv-endpoint host, its port + 1).")
+@click.option("--flops/--no-flops", default=True, show_default=True,
+              help="Count one step's FLOPs in the profiled run (its last warm-up step), for the model FLOPs "
+                   "utilisation; --no-flops leaves PyTorch's FLOP counter out of the run.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def advise(budget, target, fmt, out, html_out, save, repeats, steps, turns, warmup, check_accuracy, loss_tolerance,
            memory_limit, job_steps, allow_batch_change, no_installed, step_marker, first_step_timeout, timeout, skip,
-           control, quiet, command):
+           control, flops, quiet, command):
     """Find, measure and rank everything that would make a training script faster.
 
     Profiles a few steps of the unchanged script, scans its folder, the files of its
@@ -179,7 +182,7 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, turns, warm
                             scan_installed=not no_installed, step_marker=step_marker,
                             first_step_timeout=first_step_timeout or None, timeout=timeout, skip=tuple(skip),
                             memory_limit=parse_size(memory_limit) if memory_limit is not None else None,
-                            allow_batch_change=allow_batch_change, turns=turns, job_steps=job_steps)
+                            allow_batch_change=allow_batch_change, turns=turns, job_steps=job_steps, flops=flops)
     for option, path in (("--out", out), ("--html", html_out), ("--save", save)):
         if path and not Path(path).resolve().parent.is_dir():
             raise TorchaxeError(f"{option} {path}: folder does not exist")

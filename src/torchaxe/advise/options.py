@@ -41,6 +41,8 @@ class AdviseOptions:
     #: On a cpu, the runs of a round side by side, taking turns (runtime/turns.py):
     #: their ratios predict what whole runs deliver (benchmarks/RESULTS.md).
     turns: bool = True
+    #: Count one step's FLOPs in the profiled run (for MFU); off, no counter runs.
+    flops: bool = True
 
     def __post_init__(self) -> None:
         if self.budget <= 0:
