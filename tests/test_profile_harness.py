@@ -652,6 +652,26 @@ for _ in range(6):
     assert "no-grad" not in text.getvalue()
 
 
+def test_an_lbfgs_closure_is_training_not_a_pass_without_gradients(tmp_path):
+    # Seen in a review: LBFGS's step runs under no_grad and evaluates the closure with
+    # gradients back on; its forward passes were "50.6% of step time" without gradients.
+    source = PRELUDE + """
+lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=3)
+def closure():
+    lbfgs.zero_grad()
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return loss
+for _ in range(5):
+    lbfgs.step(closure)
+"""
+    profile = run_script(tmp_path, source, steps=3, warmup=1)
+    measured = [s for s in profile.steps if s.phase == "measured"]
+    assert len(measured) == 3 and all(s.no_grad_passes == 0 for s in measured)
+    # Its optimizer time is the update alone, not the closure's forward and backward.
+    assert all(s.optimizer_seconds is not None for s in measured)
+
+
 def test_the_optimizers_step_is_timed_in_each_step(tmp_path):
     # What a fused optimizer could save at most: every optimizer's step() (a GAN's two).
     source = PRELUDE + """

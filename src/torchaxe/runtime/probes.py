@@ -895,7 +895,8 @@ class NoGradPassProbe:
     decorators) in which a module with parameters was called, such as an evaluation
     pass after every optimizer step, or a generator run for the next one. Spans that
     call no module (the optimizer's own ``no_grad``, gradient clipping, a hand-written
-    update) do not count. A global module pre-hook is registered for the outermost
+    update) do not count, nor do modules called with gradients turned back on inside
+    the span (the closure LBFGS's ``no_grad`` step evaluates). A global module pre-hook is registered for the outermost
     span only until its first module call."""
 
     def __init__(self, sink: StepSink, clock: Callable[[], float]) -> None:
@@ -918,6 +919,11 @@ class NoGradPassProbe:
                 return
             handle = getattr(local, "handle", None)
             if handle is None or next(module.parameters(), None) is None:
+                return
+            if torch.is_grad_enabled():
+                # Gradients back on inside the span: a closure the optimizer's own
+                # no_grad step calls (LBFGS), whose forward is training, not a pass
+                # without gradients.
                 return
             local.modules = True
             local.handle = None
