@@ -88,6 +88,30 @@ with torch.autocast("cpu", dtype=torch.bfloat16):
     assert profile.error.through is None and "torchaxe" not in profile.error.traceback
 
 
+def test_an_error_in_a_backward_pass_is_not_blamed_on_the_loss_recorder(tmp_path):
+    # Seen in a review: a compile failure in the backward pass was said to come "through
+    # torchaxe's backward (a change under trial)": the loss recorder only observes.
+    from torchaxe.runtime import bootstrap, knob_specs
+    from torchaxe.runtime.knobs import knob_set_from_dict
+
+    source = PRELUDE + """
+import operator
+step()
+w = torch.ones(1, requires_grad=True)
+w.register_hook(operator.methodcaller("no_such_method"))  # raises inside torch's backward, not in this file
+(w * 2).sum().backward()   # BACKWARD
+"""
+    recorder = knob_specs.LossRecorder(bootstrap.AppliedKnobs(knob_set_from_dict({"name": "k"}, "test")))
+    recorder.install()
+    try:
+        profile = run_script(tmp_path, source, steps=3)
+    finally:
+        recorder.uninstall()
+    assert profile.status == "error" and profile.error.line == line_of(tmp_path / "train.py", "BACKWARD")
+    assert profile.error.through is None and "through torchaxe" not in profile.detail
+    assert "knob_specs" not in profile.error.traceback
+
+
 @pytest.mark.parametrize("call, code, exit_code, message", [
     ("sys.exit(3)", 3, EXIT_SCRIPT_EXIT, None),
     ("sys.exit(0)", 0, EXIT_OK, None),

@@ -492,16 +492,23 @@ CHANGE_CODE = ("runtime/knob_specs.py", "runtime/compile_module.py", "runtime/lo
                "shapes/knob.py", "data/knob.py", "data/prefetch.py", "distributed/knob.py")
 
 
+#: Functions in the change code that only observe (``(file, function)``): an error
+#: raised through them passed no change of torchaxe's.
+OBSERVING_FRAMES = (("runtime/knob_specs.py", "loss_recording_backward"),)
+
+
 def _torchaxe_file(filename: str) -> bool:
     torchaxe_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return filename.startswith(torchaxe_dir + os.sep)
 
 
-def _change_file(filename: str) -> bool:
+def _change_file(filename: str, function: str | None = None) -> bool:
     torchaxe_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not filename.startswith(torchaxe_dir + os.sep):
         return False
     inside = filename[len(torchaxe_dir) + 1:].replace(os.sep, "/")
+    if (inside, function) in OBSERVING_FRAMES:
+        return False
     return any(inside == c or (c.endswith("/") and inside.startswith(c)) for c in CHANGE_CODE)
 
 
@@ -520,7 +527,7 @@ def error_info(exc: BaseException, codes: Any) -> ErrorInfo:
     user_at = max((i for i, f in enumerate(every) if not _harness_file(f.filename)
                    and codes.kind(f.filename) == "user"), default=-1)
     frames = [f for i, f in enumerate(every) if not _harness_file(f.filename)
-              or (user_at >= 0 and i > user_at and _change_file(f.filename))]
+              or (user_at >= 0 and i > user_at and _change_file(f.filename, f.name))]
     user = [f for f in frames if not _torchaxe_file(f.filename) and codes.kind(f.filename) == "user"]
     where = user[-1] if user else (frames[-1] if frames else None)
     ours = [f for f in frames if _torchaxe_file(f.filename)]
