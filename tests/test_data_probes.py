@@ -377,6 +377,35 @@ def test_a_loader_of_in_memory_tensors_is_offered_batched_fetch():
         c.key for c in candidates(profile, "cpu", {"loader_epochs": [{**epoch, "batched_fetch": False}]})}
 
 
+def test_no_worker_count_is_offered_when_every_loader_iterates_an_iterable_dataset():
+    # Seen in a review: a recommender over an IterableDataset was offered (and chose, and
+    # wrote) num_workers=1, which the knob never applies to such a loader.
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from torchaxe.data.candidates import candidates
+    from torchaxe.runtime import run_context
+
+    class Batches(IterableDataset):
+        def __iter__(self):
+            yield from (torch.randn(4, 2) for _ in range(3))
+
+    saved = dict(run_context.OBSERVED)
+    run_context.OBSERVED.clear()
+    try:
+        run_context.note_loader(DataLoader(Batches(), batch_size=None), "train.py:30")
+        settings = run_context.settings()
+    finally:
+        run_context.OBSERVED.clear()
+        run_context.OBSERVED.update(saved)
+    assert settings["loader_kinds"] == {"map": 0, "iterable": 1}
+    profile = {"summary": {"data_wait_fraction": 0.3, "data_wait_seconds_median": 0.003,
+                           "step_seconds_median": 0.01}}
+    assert "knob:dataloader" not in {c.key for c in candidates(profile, "cpu", {**settings, "allowed_cpus": 2})}
+    # With a map-style loader beside it, workers are offered (the knob changes that one).
+    mixed = {"loader_kinds": {"map": 1, "iterable": 1}, "allowed_cpus": 2}
+    assert "knob:dataloader" in {c.key for c in candidates(profile, "cpu", mixed)}
+
+
 def test_torchaxe_data_import_is_light():
     import subprocess
     import sys

@@ -25,11 +25,18 @@ MIN_WAIT_FRACTION = 0.05
 
 def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -> list[Candidate]:
     """Worker processes (persistent, with pinned memory on a device) when the profile
-    shows the step waiting for data; and, when a loader the run built takes its
-    batches sample by sample from in-memory tensors, one indexing per batch."""
+    shows the step waiting for data (not when every loader iterates an
+    ``IterableDataset``, whose worker count the knob keeps); and, when a loader the run
+    built takes its batches sample by sample from in-memory tensors, one indexing per
+    batch."""
     wait = (profile.get("summary") or {}).get("data_wait_fraction") or 0.0
     if wait <= MIN_WAIT_FRACTION:
         return []
+    kinds = settings.get("loader_kinds") or {}
+    if kinds.get("iterable") and not kinds.get("map"):
+        # Every loader iterates an IterableDataset, whose worker count the knob keeps
+        # (each worker would iterate it whole): a worker setting would change nothing.
+        return _batched_fetch(settings, wait)
     return [*_batched_fetch(settings, wait), _workers(profile, target, settings, wait)]
 
 

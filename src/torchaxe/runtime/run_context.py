@@ -103,10 +103,24 @@ def loader_epoch(loader: Any) -> dict[str, Any] | None:
             "last_batch_samples": partial_batch(samples, batch_size, drop_last)}
 
 
+def _iterable(loader: Any) -> bool:
+    """Whether a DataLoader iterates an ``IterableDataset``."""
+    import sys
+
+    data = sys.modules.get("torch.utils.data")
+    kind = getattr(data, "IterableDataset", None)
+    return kind is not None and isinstance(getattr(loader, "dataset", None), kind)
+
+
 def note_loader(loader: Any, site: str | None) -> None:
     """Notes the epoch of a DataLoader just built at ``site`` (``path:line``)."""
     from torchaxe.runtime.tensor_batches import batchable
 
+    # How many loaders of each kind: a loader over an IterableDataset keeps its worker
+    # count under the dataloader knob (data/knob.py), so no worker count is offered
+    # for a run whose loaders are all of that kind.
+    kinds = OBSERVED.setdefault("loader_kinds", {"map": 0, "iterable": 0})
+    kinds["iterable" if _iterable(loader) else "map"] += 1
     epochs = OBSERVED.setdefault("loader_epochs", [])
     epoch = loader_epoch(loader)
     if epoch is not None and len(epochs) < _MOST_LOADERS:
@@ -407,7 +421,7 @@ def settings() -> dict[str, Any]:
         except AttributeError:  # pragma: no cover - older torch
             pass
         out["compiled_graphs"] = _compiled_graphs()
-    for key in ("autocast", "loader_epochs", "optimizers"):
+    for key in ("autocast", "loader_epochs", "loader_kinds", "optimizers"):
         if key in OBSERVED:
             out[key] = OBSERVED[key]
     return out
