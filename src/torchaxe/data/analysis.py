@@ -405,6 +405,11 @@ def judge(report: DataReport) -> Verdict:
                                    "with one indexing per tensor, the same batches, under `torchaxe run` (advise "
                                    "measures it as knob:dataloader-batched-fetch); in code, a BatchSampler as the "
                                    "sampler with batch_size=None")
+            elif data_bound and top_name == "transform" and top >= 0.5 * total and not main.map_style:
+                suggestions.append("the dataset's iterator dominates (an IterableDataset, its items made in "
+                                   "memory): make each item in fewer, larger tensor operations (a whole batch at "
+                                   "once), or have it split itself among worker processes by "
+                                   "torch.utils.data.get_worker_info()")
             elif data_bound and top_name == "transform" and top >= 0.5 * total:
                 suggestions.append("__getitem__ dominates, on data in memory: index a whole batch at once (a "
                                    "BatchSampler as the sampler with batch_size=None, and a __getitem__ that takes "
