@@ -6,6 +6,7 @@ trying every combination."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -210,7 +211,7 @@ class ChangeSearch:
         if arm.error:
             entry.update(status="failed", error=arm.error)
         elif arm.ratio:
-            entry.update(measured_figures(arm, base_arm))
+            entry.update(_members_one_time(measured_figures(arm, base_arm), chosen))
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
         loss = self._loss_beyond(arm, base_arm)
         over = None if arm.error else self._over_limit(arm)
@@ -467,7 +468,7 @@ class ChangeSearch:
         for c in added:
             c.rec.selected = True
         members = chosen + added
-        self.combined = {"keys": [m.key for m in members], **measured_figures(arm, base_arm),
+        self.combined = {"keys": [m.key for m in members], **_members_one_time(measured_figures(arm, base_arm), members),
                          "knobs": merge_knobs([m.knobs for m in members if m.rec.applies == "knob"])}
         names = ", ".join(c.key for c in added)
         per_round = f"({', '.join(f'{r:.2f}' for r in paired)} per round)"
@@ -555,3 +556,20 @@ def alone(c: Candidate) -> dict[str, Any]:
     return {"keys": [r.key], "speedup": r.speedup, "ratios": r.ratios,
             "measured_seconds_saved_per_step": r.measured_seconds_saved_per_step, "status": "measured",
             "knobs": c.knobs if r.applies == "knob" else {}, **({"ranks": r.ranks} if r.ranks else {})}
+
+
+def _members_one_time(figures: dict[str, Any], members: Sequence[Candidate]) -> dict[str, Any]:
+    """A set's figures with a one-time cost when its own runs showed none but one of
+    its changes did alone: the set's runs come after the changes' own, whose compiles
+    warmed the compiler's caches, while a fresh job compiles again. The largest of the
+    members' costs, and the steps the set's saving takes to pay it back."""
+    if figures.get("one_time_seconds"):
+        return figures
+    once = max((m.rec.one_time_seconds or 0.0 for m in members), default=0.0)
+    if not once:
+        return figures
+    saved = figures.get("measured_seconds_saved_per_step") or 0.0
+    out = {**figures, "one_time_seconds": once}
+    if saved > 0:
+        out["break_even_steps"] = math.ceil(once / saved)
+    return out
