@@ -376,9 +376,23 @@ def test_loss_noise_that_hides_a_change_of_several_percent_is_said_to_judge_litt
             return run
 
     advice = run_advice(script, Loud(times={"knob:autocast-bf16": 0.06}, loss={"knob:autocast-bf16": 1.0}))
-    assert advice.baseline["loss_noise"] > 0.05
-    assert any(n.startswith("the original's training loss differs by 7.") and "judges little" in n
+    assert advice.baseline["loss_noise"] > 0.05 and advice.baseline["loss_noise_same_seed"] == 0.0
+    # The script's own runs agree (it seeds itself): not told to seed it (seen in a review).
+    assert any(n.startswith("the original's run under another seed lands 7.") and "judges little" in n
                for n in advice.notes), advice.notes
+    assert not any("does the script seed" in n for n in advice.notes)
+
+    class LoudUnseeded(FakeRuns):
+        def __call__(self, knobs, command, options, repeat):
+            run = super().__call__(knobs, command, options, repeat)
+            if knobs.name in ("original-again",) or (knobs.name == "original" and repeat % 2):
+                run.applied["loss"] = [x * 1.08 for x in run.applied["loss"]]
+            return run
+
+    unseeded = run_advice(script, LoudUnseeded(times={"knob:autocast-bf16": 0.06},
+                                               loss={"knob:autocast-bf16": 1.0}))
+    assert any(n.startswith("the original's training loss differs by") and "does the script seed" in n
+               for n in unseeded.notes), unseeded.notes
 
 
 def test_a_loss_verdict_on_one_run_of_each_says_so(script: Path) -> None:

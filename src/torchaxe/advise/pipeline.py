@@ -624,10 +624,21 @@ class Advisor:
                 "not seem to fix its random state (torch.manual_seed), so each change's loss difference is partly "
                 "chance, as large as that")
         if self.noise.loss is not None and self.noise.loss > LOUD_LOSS_NOISE:
-            self.advice.notes.append(
-                f"the original's training loss differs by {self.noise.loss:.1%} between its own runs (does the script "
-                "seed its random state?): a change to the numerics whose loss lands within that cannot be told from "
-                "chance, so the accuracy check judges little; a fixed seed (torch.manual_seed) makes it sharp")
+            if same is not None and same <= UNSEEDED_LOSS_NOISE:
+                # The script seeds itself: its own runs agree, and the run under
+                # another seed is what moved the loss.
+                self.advice.notes.append(
+                    f"the original's run under another seed lands {self.noise.loss:.1%} away in training loss while "
+                    "its own runs, started alike, agree: over these steps the loss depends that much on the random "
+                    "draws (initialisation, data order, noise), so a change to the numerics whose loss lands within "
+                    "that cannot be told from chance, and the accuracy check judges little; a longer run or "
+                    "--steps averages more of the draws")
+            else:
+                self.advice.notes.append(
+                    f"the original's training loss differs by {self.noise.loss:.1%} between its own runs (does the "
+                    "script seed its random state?): a change to the numerics whose loss lands within that cannot be "
+                    "told from chance, so the accuracy check judges little; a fixed seed (torch.manual_seed) makes "
+                    "it sharp")
 
     def _more_rounds(self, measurer: Measurer, base: ArmResult, noise_arm: ArmResult, arms: list[ArmResult],
                      reserve: int) -> bool:
