@@ -228,6 +228,30 @@ def test_a_length_stated_in_the_command_holds_back_a_compile_it_does_not_pay_bac
     assert any(n.startswith("the job's length is read from the command (--max-steps 100)") for n in advice.notes)
 
 
+def test_a_length_in_steps_of_a_job_that_accumulates_says_the_command_may_count_batches(script: Path) -> None:  # noqa: F811
+    # Seen in a review: an accelerate loop accumulating 2 batches a step, whose --steps
+    # 300 counts batches, was put in 300 optimizer steps, twice its length.
+    from torchaxe.advise.options import AdviseOptions
+    from torchaxe.advise.pipeline import Advisor
+
+    from test_advise import Clock, fake_profile
+    from torchaxe.advise.baseline import BaselineProfile
+
+    def advise(batches: int):
+        profile = fake_profile(script, step=0.1)
+        for step in profile["steps"]:
+            step["batches"] = batches
+        return Advisor(["python", str(script), "--steps", "300"], AdviseOptions(target="cpu", budget=600.0),
+                       runner=FakeRuns(), profiler=lambda command, o, target, knobs=None: BaselineProfile(
+                           profile, {"modules": [], "settings": {"num_threads": 2, "allowed_cpus": 2}}, 2.0),
+                       clock=Clock()).run()
+
+    assert ("a step here is one optimizer step, which took 2 batches (gradient accumulation): if --steps 300 counts "
+            "batches, the job is 150 steps and its figures here are too large (--job-steps 150 says so)") \
+        in advise(2).notes
+    assert not any(n.startswith("a step here is one optimizer step") for n in advise(1).notes)
+
+
 @pytest.mark.parametrize("command, expected", [
     (["--epochs", "2"], (2.0, "--epochs 2")),
     (["--num_train_epochs=3.0"], (3.0, "--num_train_epochs 3.0")),

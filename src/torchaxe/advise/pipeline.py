@@ -136,6 +136,8 @@ class Advisor:
         self.job, self.script = parse_script(command)
         check_module(self.script)
         stated = job_steps_in(self.command) if options.job_steps is None else None
+        #: The job's length as the command states it in steps (``--steps 300``), if so.
+        self.stated_steps = stated
         #: Where the job's length in steps came from, as the advice names it.
         self.job_source = "--job-steps"
         if stated is not None:
@@ -833,6 +835,7 @@ class Advisor:
         the profile saw: a compile that the job never pays back is then held back. Not
         when the steps drew no batch from a loader."""
         if self.options.job_steps is not None:
+            self._steps_of_batches(profile)
             return
         stated = job_epochs_in(self.command)
         epoch = training_epoch(profile, settings) if stated is not None else None
@@ -852,6 +855,21 @@ class Advisor:
             f"{epoch.get('site') or 'its line'} ({epoch['samples']:,} samples in batches of {epoch['batch_size']}"
             + (f", {per_step:g} batches a step" if per_step != 1 else "") + "); a change whose one-time cost is "
             "not paid back within them is held back (--job-steps N says otherwise)")
+
+    def _steps_of_batches(self, profile: dict[str, Any]) -> None:
+        """A job length read from the command's steps, in a run whose optimizer step
+        takes several batches (gradient accumulation): the command may count batches.
+        Said, with the length it would then be."""
+        if self.stated_steps is None:
+            return
+        drawn = batches_per_step(s.get("batches") for s in profile.get("steps") or [] if s.get("phase") == "measured")
+        if drawn is None or drawn < 2:
+            return
+        steps, said = self.stated_steps
+        self.advice.notes.append(
+            f"a step here is one optimizer step, which took {drawn:g} batches (gradient accumulation): if {said} "
+            f"counts batches, the job is {max(1, round(steps / drawn)):,} steps and its figures here are too "
+            f"large (--job-steps {max(1, round(steps / drawn))} says so)")
 
     def _compare_job_length(self, rec: Recommendation) -> None:
         """With ``--job-steps``, a change whose one-time cost is not paid back by its
