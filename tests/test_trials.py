@@ -407,6 +407,44 @@ def test_finders_installed_together_each_find_their_models_and_leave_torch_as_it
     assert nn.Module.__call__ is original
 
 
+def test_blocks_recomputed_by_activation_checkpointing_are_not_models_of_the_loop():
+    # Seen in a review: reentrant checkpointing calls each block again in the backward
+    # pass, outside the model's forward; the blocks were taken as models of their own
+    # ("autocast applied to Encoder and Block and Block and Block").
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    from torchaxe.runtime.first_model import FirstModel
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=True)
+            return x
+
+    model, seen = Encoder(), []
+    finder = FirstModel(seen.append, every_model=True).install()
+    try:
+        x = torch.randn(2, 4, requires_grad=True)
+        model(x).sum().backward()
+        model(x).sum().backward()
+    finally:
+        finder.uninstall()
+    assert seen == [model]
+
+
+def test_names_of_models_are_counted_not_repeated():
+    from torchaxe.advise.pipeline import _counted
+
+    assert _counted(["Encoder", "Block", "Block", "Block"]) == "Encoder and Block x3"
+    assert _counted(["Generator", "Discriminator"]) == "Generator and Discriminator"
+
+
 def test_model_compiler_stops_at_a_few_models_called_one_by_one(monkeypatch):
     # A loop that calls its layers from the script (no model class) is not compiled
     # layer by layer without end, and the patch does not stay on every call.

@@ -42,6 +42,14 @@ def has_parameters(module: Any) -> bool:
     return next(module.parameters(), None) is not None
 
 
+def _in_backward() -> bool:
+    """Whether autograd's engine is running a backward pass in this thread."""
+    import torch
+
+    task = getattr(torch._C, "_current_graph_task_id", None)
+    return task is not None and task() != -1
+
+
 def _watched_call(module, *args, **kwargs):
     """``nn.Module.__call__`` while finders are active: a top-level call."""
     from torch import nn
@@ -49,10 +57,12 @@ def _watched_call(module, *args, **kwargs):
     original = _TORCH_CALL[0] if _TORCH_CALL else nn.Module.__call__
     if compiling():  # inside the script's own compiled graph: not ours to watch
         return original(module, *args, **kwargs)
-    if not has_parameters(module):
+    if not has_parameters(module) or _in_backward():
         # No model in it or below it: called as it is, without swapping the class's
         # __call__ back and forth (a script that calls its layers' forward directly
-        # runs only such calls through the patch until the finders give up).
+        # runs only such calls through the patch until the finders give up). Nor is a
+        # module the backward pass calls (activation checkpointing recomputes a block
+        # there, outside its model's forward): the loop did not call it.
         return original(module, *args, **kwargs)
     with _LOCK:
         if _ACTIVE:
