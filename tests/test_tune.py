@@ -749,3 +749,34 @@ def test_a_subgraph_captured_under_the_scripts_autocast_is_tuned_in_it(tmp_path)
     by_name = {name: s for s in report.subgraphs for name in s.names}
     assert by_name["stage"].status == "tuned"
     assert {r.strategy: r.status for r in by_name["stage"].records} == {"eager": "ok", "compile": "ok"}
+
+
+class CheckpointedBlocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.1), nn.GELU()) for _ in range(2))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+        return x
+
+
+def test_a_model_with_activation_checkpointing_and_dropout_is_checked_not_failed(tmp_path):
+    # Seen in a review: the whole model "failed" (CheckpointError: recomputed values have
+    # different metadata), dropout being off in the forward and on in the recompute.
+    import torch.utils.checkpoint  # noqa: F401
+
+    from torchaxe.tune.measure import checked_run
+
+    torch.manual_seed(0)
+    model = CheckpointedBlocks()
+    example = Example((torch.randn(4, 8, requires_grad=True),))
+    first, second = checked_run(model, example, True), checked_run(model, example, True)
+    assert torch.equal(first.outputs[0], second.outputs[0])
+    assert all(m.training for m in model.modules())  # put back as the script had it
+    report = tune(model, torch.randn(4, 8, requires_grad=True), **fast_options(
+        tmp_path, strategies=("eager", "compile"), whole_model=True))
+    whole = next(s for s in report.subgraphs if s.module == "CheckpointedBlocks")
+    assert whole.status == "tuned" and {r.strategy: r.status for r in whole.records} == {"eager": "ok",
+                                                                                       "compile": "ok"}

@@ -225,11 +225,34 @@ def draws_random_numbers(module: nn.Module, example: Example, first: RunResult |
 
 
 def checked_run(module: nn.Module, example: Example, random: bool) -> RunResult:
-    """The run a check compares: under :func:`same_randomness` when ``random``."""
-    with same_randomness() if random else contextlib.nullcontext():
+    """The run a check compares: under :func:`same_randomness` when ``random``, its
+    dropout modules in evaluation mode as well."""
+    with contextlib.ExitStack() as stack:
+        if random:
+            stack.enter_context(same_randomness())
+            stack.enter_context(_stochastic_modules_off(module))
         result = run_once(module, example)
     assert result is not None
     return result
+
+
+@contextlib.contextmanager
+def _stochastic_modules_off(module: nn.Module) -> Any:
+    """The dropout and RReLU modules of ``module`` in evaluation mode, then back. The
+    mode of :class:`NoStochasticLayers` covers them in the forward pass, but not where
+    activation checkpointing recomputes a block in the backward pass (the recompute
+    would draw a mask the forward did not, and checkpointing refuses the difference);
+    a module's own flag holds in both."""
+    kinds = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout,
+             nn.RReLU)
+    switched = [m for m in module.modules() if isinstance(m, kinds) and m.training]
+    for m in switched:
+        m.training = False
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.training = True
 
 
 #: A candidate whose result fails the tolerance against eager still passes when its
