@@ -123,6 +123,23 @@ def test_a_module_called_with_different_shapes_is_left_alone_with_the_reason(tmp
     assert [s.names for s in report.subgraphs] == [["fixed"]]
 
 
+class SharedDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down, self.drop = nn.Linear(8, 16), nn.Linear(16, 8), nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.drop(self.down(self.drop(self.up(x))))
+
+
+def test_a_module_without_parameters_reused_at_two_places_is_not_sent_to_shapes():
+    # Seen in a review: one Dropout after attention and after the MLP was "dynamic ...
+    # see torchaxe shapes", in a model whose shapes are fixed.
+    subs = {s.name: s for s in capture(SharedDropout(), torch.randn(2, 8)).subgraphs()}
+    assert subs["drop"].skipped.startswith("no parameters, called with 2 input shapes (reused at several places")
+    assert "torchaxe shapes" not in subs["drop"].skipped
+
+
 class Critic(nn.Module):
     """A GAN's discriminator: called on data and on generated samples that need gradients."""
 

@@ -129,6 +129,13 @@ class CallRecorder:
             if record.depth not in self.levels:
                 continue
             name = record.name or type(record.module).__name__
+            if record.dynamic and not any(True for _ in record.module.parameters()):
+                # A module without parameters reused at several places (one Dropout
+                # after attention and after the MLP): not a shape problem to fix.
+                out.append(Subgraph(name, record.module, None, depth=record.depth,
+                                    skipped=f"no parameters, called with {len(record.specs)} input shapes (reused at "
+                                            "several places, or with inputs that vary): nothing of its own to tune"))
+                continue
             if record.dynamic:
                 shapes = " vs ".join(_short(s) for s in record.specs[:2])
                 more = f" (+{len(record.specs) - 2} more)" if len(record.specs) > 2 else ""
