@@ -154,3 +154,19 @@ def test_a_model_the_script_compiles_is_tuned_as_the_module_it_wraps(tmp_path, c
     assert "recompile" not in captured.err
     assert report["notes"] and report["notes"][0].startswith("the script compiles Net itself (torch.compile)")
     assert "over it" in report["notes"][0]
+
+
+def test_the_text_report_says_what_to_run_next_when_a_winner_would_be_swapped_in(tmp_path):
+    import io
+
+    from torchaxe.tune.cli import render
+    from torchaxe.tune.tuner import TuneReport
+
+    report = TuneReport(kb=str(tmp_path / "kb.sqlite"), applied=[("blocks.0", "compile")])
+    out = io.StringIO()
+    render(report, out, command=["python", "train.py"], kb="team.sqlite")
+    assert ("next: `torchaxe advise -- python train.py` measures the winners on the whole run (knob:tune), "
+            "beside the other changes; `tune = {kb = \"team.sqlite\"}` under [run] in torchaxe.toml") in out.getvalue()
+    out = io.StringIO()
+    render(TuneReport(kb="kb.sqlite"), out, command=["python", "train.py"])
+    assert "next:" not in out.getvalue()

@@ -87,7 +87,7 @@ def tune(budget, kb_path, depth, whole_model, strategies, steps, repeats, min_ga
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:
-        render(report, sys.stdout)
+        render(report, sys.stdout, command=list(command), kb=kb_path)
 
 
 def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None, err: TextIO):
@@ -192,8 +192,9 @@ class _Progress:
             self.err.flush()
 
 
-def render(report: Any, out: TextIO) -> None:
-    """The report as text: one block per distinct subgraph."""
+def render(report: Any, out: TextIO, command: list[str] | None = None, kb: str | None = None) -> None:
+    """The report as text: one block per distinct subgraph; with the tuned
+    ``command``, what to run next when a winner would be swapped in."""
     where = f" (rank {report.rank} of {report.world_size})" if report.world_size else ""
     out.write(f"Tuned subgraphs{where}; knowledge base {report.kb}\n")
     for s in report.subgraphs:
@@ -223,3 +224,8 @@ def render(report: Any, out: TextIO) -> None:
     if report.budget_exhausted:
         out.write("; the budget ran out: run again to measure the rest")
     out.write("\n")
+    if report.applied and command:
+        table = "{}" if kb is None else "{kb = " + json.dumps(str(kb)) + "}"
+        out.write(f"next: `torchaxe advise -- {' '.join(command)}` measures the winners on the whole run "
+                  f"(knob:tune), beside the other changes; `tune = {table}` under [run] in torchaxe.toml swaps them "
+                  "in under `torchaxe run`\n")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import logging
 import math
 import os
@@ -189,13 +190,15 @@ def _distributed() -> tuple[int, int] | None:
 @contextlib.contextmanager
 def _quiet_compiler() -> Iterator[None]:
     """A failing candidate is recorded with its one-line reason; torch.compile's own
-    error logging (whole tracebacks on stderr) is held back meanwhile."""
+    error logging (whole tracebacks on stderr) is held back meanwhile, and so is what
+    it writes to stderr itself (max-autotune's table of timings for every product)."""
     loggers = [logging.getLogger(n) for n in ("torch._dynamo", "torch._guards", "torch._inductor")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)
     try:
-        yield
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
