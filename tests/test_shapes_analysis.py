@@ -244,3 +244,16 @@ def test_shapes_that_change_and_stay_or_grow_or_vary_often_are_not_a_last_chunk(
                     [35, 34, 35, 35, 33, 35, 35, 30, 35, 35, 31, 35] * 2):  # a shorter step every few
         analysis = analyse(observation(chunked(lengths), steps=len(lengths)))
         assert not any(c.kind == "last-chunk" for c in analysis.causes), lengths
+
+
+def test_a_varying_batch_size_is_put_down_to_what_makes_the_batches():
+    # Seen in a review: an IterableDataset yielding whole batches was said to have "a
+    # batch sampler that groups by length".
+    from torchaxe.shapes.analysis import _loader_causes
+
+    batches = [((n, 13),) for n in (96, 512, 200, 96)]
+    whole = LoaderInfo(collate="torch.utils.data.default_collate", collate_location=None, batch_size=None,
+                       drop_last=None, dataset_length=None, batches=batches)
+    causes, _ = _loader_causes(0, whole)
+    [cause] = [c for c in causes if c.kind == "batch-size"]
+    assert "batch_size=None" in cause.message and "or from a dataset that yields batches" in cause.message

@@ -256,7 +256,9 @@ def _loader_causes(index: int, loader: LoaderInfo) -> tuple[list[Cause], list[Ba
             causes.append(Cause(
                 id=f"loader{index}:batch-size", kind="batch-size", sizes=tuple(sorted(sizes0)),
                 message=f"the batch size varies: {len(sizes0)} sizes from {min(sizes0)} to {max(sizes0)} "
-                        f"(a batch sampler that groups by length or by token budget)",
+                        + ("(the loader takes whole batches, batch_size=None: from a batch sampler that groups "
+                           "by length or token budget, or from a dataset that yields batches)"
+                           if loader.batch_size is None else "(batches the loader's sampler made of varying size)"),
                 fix="a sampler with a fixed batch size, or bucket the batch size too"))
     # the other dimensions, tensor by tensor
     ranks = {len(b) for b in batches}
