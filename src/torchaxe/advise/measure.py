@@ -73,11 +73,19 @@ class ArmResult:
 
     @property
     def peak_memory(self) -> tuple[int, str] | None:
-        """The highest peak memory of its runs that went through, and its kind
-        (``device`` or ``host_rss``); None when no run recorded one."""
+        """The peak memory of its runs that went through, and its kind (``device`` or
+        ``host_rss``): the highest device peak; the median host peak, as a process's
+        resident set varies from run to run (one script's original peaked at 409 and at
+        483 MiB) and the original runs more often than any change, so that its highest
+        would be its worst outlier. None when no run recorded one."""
         peaks = [(r.peak_memory_bytes, r.memory_kind or "") for r in self.runs
                  if r.ok and r.peak_memory_bytes is not None]
-        return max(peaks) if peaks else None
+        if not peaks:
+            return None
+        if any(kind == "device" for _, kind in peaks):
+            return max(p for p in peaks if p[1] == "device")
+        ordered = sorted(peaks)
+        return ordered[(len(ordered) - 1) // 2]
 
     @property
     def rank_figures(self) -> list[dict[str, Any]] | None:
