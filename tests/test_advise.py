@@ -121,6 +121,24 @@ class TimedRuns(FakeRuns):
         return run
 
 
+class ScaledLoss(FakeRuns):
+    """Runs whose original's training losses are scaled: under another seed (the A/A
+    arm) by ``other_seed``, in its own odd-numbered runs by ``own`` (a script that does
+    not fix its random state)."""
+
+    def __init__(self, *, other_seed: float = 1.0, own: float = 1.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.other_seed, self.own = other_seed, own
+
+    def __call__(self, knobs, command, options, repeat):
+        run = super().__call__(knobs, command, options, repeat)
+        factor = (self.other_seed if knobs.name == "original-again" else
+                  self.own if knobs.name == "original" and repeat % 2 else 1.0)
+        if factor != 1.0:
+            run.applied["loss"] = [x * factor for x in run.applied["loss"]]
+        return run
+
+
 def run_advice(script: Path, runs: FakeRuns, **options):
     profile = fake_profile(script, step=options.pop("step", 0.1))
     batches = options.pop("batches", 0)  # batches each step took from a DataLoader
@@ -333,16 +351,9 @@ def test_a_change_whose_loss_is_far_beyond_the_noise_is_held_back_with_its_cost(
 def test_the_tolerance_is_relative_to_the_noise_of_the_originals_runs(script: Path) -> None:
     # The original's runs land 3% apart in loss (the A/A arm runs under other seeds): a
     # change 4.5% off is within the noise plus 2%; a tolerance of 0.5% holds it back.
-    class NoisyLoss(FakeRuns):
-        def __call__(self, knobs, command, options, repeat):
-            run = super().__call__(knobs, command, options, repeat)
-            if knobs.name == "original-again":
-                run.applied["loss"] = [x * 1.03 for x in run.applied["loss"]]
-            return run
-
     loss = {"knob:autocast-bf16": 1.045}  # 4.5% above the original's own runs (same seed)
     for tolerance, chosen in ((0.02, True), (0.005, False)):
-        advice = run_advice(script, NoisyLoss(times={"knob:autocast-bf16": 0.06}, loss=loss),
+        advice = run_advice(script, ScaledLoss(other_seed=1.03, times={"knob:autocast-bf16": 0.06}, loss=loss),
                             loss_tolerance=tolerance)
         bf16 = next(r for r in advice.recommendations if r.key == "knob:autocast-bf16")
         assert advice.baseline["loss_noise"] == pytest.approx(0.03 / 1.015, rel=1e-6)
@@ -353,14 +364,8 @@ def test_the_tolerance_is_relative_to_the_noise_of_the_originals_runs(script: Pa
 
 
 def test_an_unseeded_script_is_said_so_from_its_own_runs_losses(script: Path) -> None:
-    class Unseeded(FakeRuns):
-        def __call__(self, knobs, command, options, repeat):
-            run = super().__call__(knobs, command, options, repeat)
-            if knobs.name == "original" and repeat % 2:
-                run.applied["loss"] = [x * 1.03 for x in run.applied["loss"]]
-            return run
-
-    advice = run_advice(script, Unseeded(times={"knob:autocast-bf16": 0.06}, loss={"knob:autocast-bf16": 1.0}))
+    advice = run_advice(script, ScaledLoss(own=1.03, times={"knob:autocast-bf16": 0.06},
+                                           loss={"knob:autocast-bf16": 1.0}))
     assert advice.baseline["loss_noise_same_seed"] > 0.02
     assert any("does not seem to fix its random state" in n for n in advice.notes), advice.notes
 
@@ -368,29 +373,16 @@ def test_an_unseeded_script_is_said_so_from_its_own_runs_losses(script: Path) ->
 def test_loss_noise_that_hides_a_change_of_several_percent_is_said_to_judge_little(script: Path) -> None:
     # Seen in a review: 23.99% loss noise between the original's runs, and every change
     # "within it + 2.0%", without a word that such a check cannot see a 20% change.
-    class Loud(FakeRuns):
-        def __call__(self, knobs, command, options, repeat):
-            run = super().__call__(knobs, command, options, repeat)
-            if knobs.name == "original-again":
-                run.applied["loss"] = [x * 1.08 for x in run.applied["loss"]]
-            return run
-
-    advice = run_advice(script, Loud(times={"knob:autocast-bf16": 0.06}, loss={"knob:autocast-bf16": 1.0}))
+    advice = run_advice(script, ScaledLoss(other_seed=1.08, times={"knob:autocast-bf16": 0.06},
+                                           loss={"knob:autocast-bf16": 1.0}))
     assert advice.baseline["loss_noise"] > 0.05 and advice.baseline["loss_noise_same_seed"] == 0.0
     # The script's own runs agree (it seeds itself): not told to seed it (seen in a review).
     assert any(n.startswith("the original's run under another seed lands 7.") and "judges little" in n
                for n in advice.notes), advice.notes
     assert not any("does the script seed" in n for n in advice.notes)
 
-    class LoudUnseeded(FakeRuns):
-        def __call__(self, knobs, command, options, repeat):
-            run = super().__call__(knobs, command, options, repeat)
-            if knobs.name in ("original-again",) or (knobs.name == "original" and repeat % 2):
-                run.applied["loss"] = [x * 1.08 for x in run.applied["loss"]]
-            return run
-
-    unseeded = run_advice(script, LoudUnseeded(times={"knob:autocast-bf16": 0.06},
-                                               loss={"knob:autocast-bf16": 1.0}))
+    unseeded = run_advice(script, ScaledLoss(other_seed=1.08, own=1.08, times={"knob:autocast-bf16": 0.06},
+                                             loss={"knob:autocast-bf16": 1.0}))
     assert any(n.startswith("the original's training loss differs by") and "does the script seed" in n
                for n in unseeded.notes), unseeded.notes
 
@@ -1436,14 +1428,7 @@ def test_the_command_to_apply_a_held_back_unsafe_fix_says_unsafe_fixes() -> None
 
 def test_a_loss_that_differs_widely_between_the_originals_own_runs_is_said(script: Path) -> None:
     # An unseeded script (pytorch/examples' regression): 139% apart, and anything within it passed.
-    class Unseeded(FakeRuns):
-        def __call__(self, knobs, command, options, repeat):
-            run = super().__call__(knobs, command, options, repeat)
-            if knobs.name == "original" and repeat % 2:
-                run.applied["loss"] = [x * 2.0 for x in run.applied["loss"]]
-            return run
-
-    loud = run_advice(script, Unseeded(loss={"original-again": 1.5}), check_accuracy=True)
+    loud = run_advice(script, ScaledLoss(own=2.0, loss={"original-again": 1.5}), check_accuracy=True)
     assert loud.baseline["loss_noise"] > 0.25
     assert any("between its own runs (does the script seed its random state?)" in n for n in loud.notes)
     # Only the run under another seed far off: the script seeds itself, and is not told to.
