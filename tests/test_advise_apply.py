@@ -326,17 +326,22 @@ def test_an_interrupt_before_any_recommendation_keeps_the_earlier_advice(tmp_pat
     assert "left as it was" in capsys.readouterr().err
 
 
-def test_apply_in_a_sub_folder_holding_a_copy_of_the_script_refuses_to_edit_the_original(tmp_path: Path) -> None:
-    # Seen in a review: `torchaxe apply` run in proj/applied/, which held a copy of
-    # train.py (and of the advice), edited proj/train.py.
-    from torchaxe.advise.apply import check_made_here
-
+def _advised_project(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A project (a pyproject.toml) holding the advise example, and its advice."""
     project = tmp_path / "proj"
     project.mkdir()
     (project / "pyproject.toml").write_text("[project]\nname = 'proj'\n")
     script = project / "train.py"
     shutil.copy(SCRIPTS / "advise_train.py", script)
-    advice = json.loads(advice_file(script, tmp_path).read_text())
+    return project, script, json.loads(advice_file(script, tmp_path).read_text())
+
+
+def test_apply_in_a_sub_folder_holding_a_copy_of_the_script_refuses_to_edit_the_original(tmp_path: Path) -> None:
+    # Seen in a review: `torchaxe apply` run in proj/applied/, which held a copy of
+    # train.py (and of the advice), edited proj/train.py.
+    from torchaxe.advise.apply import check_made_here
+
+    project, script, advice = _advised_project(tmp_path)
     sub = project / "applied"
     sub.mkdir()
     assert check_made_here(advice, sub) is None  # no copy there yet
@@ -355,12 +360,7 @@ def test_apply_in_a_sub_folder_holding_a_copy_of_the_script_refuses_to_edit_the_
 def test_apply_in_a_copy_of_the_project_refuses_advice_made_in_the_original(tmp_path: Path) -> None:
     from torchaxe.advise.apply import check_made_here
 
-    project = tmp_path / "proj"
-    project.mkdir()
-    (project / "pyproject.toml").write_text("[project]\nname = 'proj'\n")
-    script = project / "train.py"
-    shutil.copy(SCRIPTS / "advise_train.py", script)
-    advice = json.loads(advice_file(script, tmp_path).read_text())
+    project, script, advice = _advised_project(tmp_path)
     copy = tmp_path / "proj-copy"
     shutil.copytree(project, copy)
     with pytest.raises(TorchaxeError, match="this advice was made for .*proj/train.py: its fixes are for the files there"):
