@@ -105,11 +105,9 @@ def loader_epoch(loader: Any) -> dict[str, Any] | None:
 
 def _iterable(loader: Any) -> bool:
     """Whether a DataLoader iterates an ``IterableDataset``."""
-    import sys
+    from torch.utils.data import IterableDataset
 
-    data = sys.modules.get("torch.utils.data")
-    kind = getattr(data, "IterableDataset", None)
-    return kind is not None and isinstance(getattr(loader, "dataset", None), kind)
+    return isinstance(getattr(loader, "dataset", None), IterableDataset)
 
 
 def note_loader(loader: Any, site: str | None) -> None:
