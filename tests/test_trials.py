@@ -439,10 +439,10 @@ def test_blocks_recomputed_by_activation_checkpointing_are_not_models_of_the_loo
 
 
 def test_names_of_models_are_counted_not_repeated():
-    from torchaxe.advise.pipeline import _counted
+    from torchaxe.units import counted
 
-    assert _counted(["Encoder", "Block", "Block", "Block"]) == "Encoder and Block x3"
-    assert _counted(["Generator", "Discriminator"]) == "Generator and Discriminator"
+    assert counted(["Encoder", "Block", "Block", "Block"], " and ") == "Encoder and Block x3"
+    assert counted(["Generator", "Discriminator"], " and ") == "Generator and Discriminator"
 
 
 def test_model_compiler_stops_at_a_few_models_called_one_by_one(monkeypatch):

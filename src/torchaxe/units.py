@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 
 def duration(seconds: float | None, digits: int | None = None, *, missing: str = "n/a",
@@ -49,6 +50,15 @@ def _decimal(value: float | None, unit: str, missing: str) -> str:
 def plural(n: int, word: str) -> str:
     """``n`` and ``word``, with an ``s`` unless ``n`` is 1: "1 core", "2 cores"."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def counted(names: Sequence[str], joiner: str = ", ") -> str:
+    """Names each once, in the order first seen, with how many times each came:
+    ``counted(["Encoder", "Block", "Block"], " and ")`` is "Encoder and Block x2"."""
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    return joiner.join(name if n == 1 else f"{name} x{n}" for name, n in counts.items())
 
 
 def bytes_text(count: int | None) -> str:

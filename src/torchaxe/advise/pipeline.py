@@ -56,7 +56,7 @@ from torchaxe.runtime.load import busy, busy_text, load_average
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
 from torchaxe.shapes.candidates import training_epoch
-from torchaxe.units import bytes_text
+from torchaxe.units import bytes_text, counted
 
 
 def scan_for_advice(folder: Path, project: Path, imported: Sequence[str], scan_installed: bool, target: str,
@@ -958,14 +958,6 @@ def _wrapped_modules(arm: ArmResult) -> str:
     model, as the run noted it: a script that trains two models (a GAN) learns which."""
     applied = next((r.applied for r in arm.runs if r.ok and r.applied), None) or {}
     notes = {key: applied.get(key) for key in ("compile", "autocast")}
-    parts = [f"{key} applied to {_counted(note.get('modules') or [note['module']])}"
+    parts = [f"{key} applied to {counted(note.get('modules') or [note['module']], ' and ')}"
              for key, note in notes.items() if isinstance(note, dict) and note.get("module")]
     return ", ".join(parts)
-
-
-def _counted(names: Sequence[str]) -> str:
-    """Names joined by "and", each once, with how many there were: "Encoder and Block x3"."""
-    counts: dict[str, int] = {}
-    for name in names:
-        counts[name] = counts.get(name, 0) + 1
-    return " and ".join(name if n == 1 else f"{name} x{n}" for name, n in counts.items())

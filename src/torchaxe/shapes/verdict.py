@@ -24,6 +24,7 @@ from typing import Any
 
 from torchaxe.shapes.analysis import FEW_SHAPES, BatchSource, ShapeAnalysis
 from torchaxe.shapes.buckets import BucketPlan, bucket_table
+from torchaxe.units import counted
 
 VERDICTS = ("static", "dynamic", "mixed")
 TARGETS = ("npu", "cuda", "cpu")
@@ -336,8 +337,7 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
     models = _models(analysis)
     if len(models) > 1:
         # A GAN's generator and discriminator: "model" is each of them.
-        counts = {name: models.count(name) for name in sorted(set(models))}
-        named = ", ".join(name if n == 1 else f"{name} x{n}" for name, n in counts.items())
+        named = counted(sorted(models))
         for rec in recs:
             if rec.kind == "compile" and rec.setting.startswith("model = torch.compile(model"):
                 rec.setting += f"  (each of the {len(models)} models the loop trains: {named})"
