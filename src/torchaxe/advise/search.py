@@ -6,7 +6,6 @@ trying every combination."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -15,7 +14,7 @@ from torchaxe.advise.arms import ArmKnobs, merge_knobs
 from torchaxe.advise.candidates import Candidate
 from torchaxe.advise.measure import ArmResult, Measurer
 from torchaxe.advise.stats import (DECIDE_ROUNDS, LOSS_TOLERANCE, MAX_ROUNDS, MIN_GAIN, Noise, clear_gain, loss_delta,
-                                   measured_figures, paired_ratios, promising)
+                                   measured_figures, paired_ratios, promising, with_one_time)
 from torchaxe.runtime.knobs import KnobSet
 from torchaxe.units import bytes_text
 
@@ -568,8 +567,4 @@ def _members_one_time(figures: dict[str, Any], members: Sequence[Candidate]) -> 
     once = max((m.rec.one_time_seconds or 0.0 for m in members), default=0.0)
     if not once:
         return figures
-    saved = figures.get("measured_seconds_saved_per_step") or 0.0
-    out = {**figures, "one_time_seconds": once}
-    if saved > 0:
-        out["break_even_steps"] = math.ceil(once / saved)
-    return out
+    return with_one_time(figures, once, figures.get("measured_seconds_saved_per_step") or 0.0)

@@ -174,9 +174,15 @@ def one_time_cost(arm: ArmResult, base: ArmResult, saved_per_step: float,
     strayed = abs(same.warmup_seconds - original) if same is not None and same.warmup_seconds is not None else 0.0
     if extra < max(ONE_TIME_MIN_SECONDS, ONE_TIME_MIN_STEPS * (base.median or 0.0), 2 * strayed):
         return {}
-    out: dict[str, Any] = {"one_time_seconds": extra}
+    return with_one_time({}, extra, saved_per_step)
+
+
+def with_one_time(figures: dict[str, Any], once: float, saved_per_step: float) -> dict[str, Any]:
+    """``figures`` with a one-time cost of ``once`` seconds and, when a step saves
+    time, the steps after which that saving has paid it back."""
+    out: dict[str, Any] = {**figures, "one_time_seconds": once}
     if saved_per_step > 0:
-        out["break_even_steps"] = math.ceil(extra / saved_per_step)
+        out["break_even_steps"] = math.ceil(once / saved_per_step)
     return out
 
 
