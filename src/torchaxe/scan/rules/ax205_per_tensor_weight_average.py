@@ -1,0 +1,636 @@
+"""AX205: a moving average of a model's weights kept one tensor at a time."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Iterable
+
+from torchaxe.findings import Applicability, Finding
+from torchaxe.scan.context import FileContext, fast_walk
+from torchaxe.scan.rules.ax203_manual_parameter_update_loop import _iterable_kind
+from torchaxe.scan.rules.base import Invalid, Rule, Valid
+
+
+class PerTensorWeightAverage(Rule):
+    """
+    ## What it does
+    Flags a loop that keeps an exponential moving average of a model's weights one
+    tensor at a time: an EMA model, a momentum (key/teacher) encoder, a mean teacher,
+    a reinforcement-learning target network's soft ("Polyak") update. Each iteration
+    makes a tensor a weighted sum of itself and the matching tensor of the other
+    model, however it is spelled: `e.mul_(d).add_(p, alpha=1 - d)`,
+    `e.data = e.data * m + p.data * (1 - m)`, `e.copy_(tau * p + (1 - tau) * e)`,
+    `e.sub_((1 - d) * (e - p))`, `e.lerp_(p, 1 - d)`, `e *= d; e += (1 - d) * p`, or a
+    new value stored into a dict of averages (`shadow[name] = d * shadow[name] +
+    (1 - d) * p`), over `zip(ema.parameters(), model.parameters())`, `named_parameters()`,
+    `state_dict().items()` or a dict looked up by the loop's key. The rule reads the
+    loop's statements as arithmetic on the tensors it walks: what counts is that one
+    tensor ends as `a * itself + b * the other` (weights from outside the loop, and no
+    gradient), not the spelling.
+
+    ## Why is this bad?
+    Every iteration launches one to four small kernels from Python, and most spellings
+    pass over the averaged tensor two or three times (a multiply, then an add, or a
+    temporary). The update runs every step over every tensor of the model: for a
+    model of hundreds of tensors that is hundreds of launches a step on a device, and
+    on any target several passes over memory where one would do. One multi-tensor
+    `torch._foreach_lerp_` call updates every tensor in one pass (what
+    `torch.optim.swa_utils.get_ema_multi_avg_fn` and timm's `ModelEmaV3` use).
+
+    ## Example
+    ```python
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.parameters()):
+            e.mul_(decay).add_(p, alpha=1 - decay)
+    ```
+
+    ## Use instead
+    ```python
+    with torch.no_grad():
+        torch._foreach_lerp_([e.detach() for e in ema.parameters()],
+                             [p.detach() for p in model.parameters()], 1 - decay)
+    ```
+    (`e + w * (p - e)` is `(1 - w) * e + w * p`), or keep the averaged model in
+    `torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay))`.
+
+    ## Fix safety
+    Unsafe, and offered only where the loop walks two modules' `.parameters()`, does
+    nothing else, and its two weights add up to one: `lerp` rounds differently in the
+    last bits from a multiply and an add, and both lists must hold tensors of one dtype
+    each pair (an fp32 average of a bf16 model needs `_foreach_mul_` and
+    `_foreach_add_`). `_foreach_lerp_` is an underscore API, the one torch's own
+    averaging uses. Other loops (dicts of averages, state_dict walks that skip integer
+    buffers, weights that do not add up to one) are shown, not rewritten. NPU: the
+    multi-tensor call is unverified on Ascend hardware.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.lerp.html
+    - https://pytorch.org/docs/stable/optim.html#weight-averaging-swa-and-ema
+    """
+
+    code = "AX205"
+    name = "per-tensor-weight-average"
+    category = "weight_average_unfused"
+    message = "a moving average of weights updated one tensor at a time"
+    fix_title = "average every tensor in one torch._foreach_lerp_ call"
+    fix_safety = Applicability.UNSAFE
+    requires_text = ("for ",)
+    node_types = (ast.For,)
+    references = (
+        "https://pytorch.org/docs/stable/generated/torch.lerp.html",
+        "https://pytorch.org/docs/stable/optim.html#weight-averaging-swa-and-ema",
+    )
+    examples = (
+        Invalid(
+            "import torch\nwith torch.no_grad():\n    for e, p in zip(ema.parameters(), model.parameters()):\n"
+            "        e.mul_(decay).add_(p, alpha=1 - decay)\n",
+            fixed="import torch\nwith torch.no_grad():\n    torch._foreach_lerp_([e.detach() for e in ema.parameters()], "
+            "[p.detach() for p in model.parameters()], 1 - decay)\n",
+        ),
+        # MoCo's key encoder: a new value assigned to .data, weights read from self.
+        Invalid(
+            "import torch\nclass MoCo(torch.nn.Module):\n    @torch.no_grad()\n    def _momentum_update(self):\n"
+            "        for param_q, param_k in zip(self.encoder_q.parameters(), self.encoder_k.parameters()):\n"
+            "            param_k.data = param_k.data * self.m + param_q.data * (1. - self.m)\n",
+            target="cuda",
+            fixed="import torch\nclass MoCo(torch.nn.Module):\n    @torch.no_grad()\n    def _momentum_update(self):\n"
+            "        torch._foreach_lerp_([param_k.detach() for param_k in self.encoder_k.parameters()], "
+            "[param_q.detach() for param_q in self.encoder_q.parameters()], 1 - self.m)\n",
+        ),
+        # A soft target update: the source's weight first.
+        Invalid(
+            "import torch\ndef soft_update(target, source, tau):\n"
+            "    for t, s in zip(target.parameters(), source.parameters()):\n"
+            "        t.data.copy_(t.data * (1.0 - tau) + s.data * tau)\n",
+            fixed="import torch\ndef soft_update(target, source, tau):\n"
+            "    torch._foreach_lerp_([t.detach() for t in target.parameters()], "
+            "[s.detach() for s in source.parameters()], tau)\n",
+        ),
+        # DINO's teacher: the source's share made before the add.
+        Invalid(
+            "import torch\nwith torch.no_grad():\n"
+            "    for param_q, param_k in zip(student.parameters(), teacher.parameters()):\n"
+            "        param_k.data.mul_(m).add_((1 - m) * param_q.detach().data)\n",
+            target="npu",
+            fixed="import torch\nwith torch.no_grad():\n"
+            "    torch._foreach_lerp_([param_k.detach() for param_k in teacher.parameters()], "
+            "[param_q.detach() for param_q in student.parameters()], 1 - m)\n",
+        ),
+        # Shown, not rewritten: looked up by name in a dict.
+        Invalid(
+            "import torch\nema_params = dict(ema.named_parameters())\n"
+            "for name, param in model.named_parameters():\n"
+            "    ema_params[name].mul_(decay).add_(param.data, alpha=1 - decay)\n"
+        ),
+        # A state_dict walk that skips integer buffers, with in-place operators.
+        Invalid(
+            "import torch\nmsd = model.state_dict()\nfor k, v in ema.state_dict().items():\n"
+            "    if v.dtype.is_floating_point:\n        v *= d\n        v += (1 - d) * msd[k].detach()\n"
+        ),
+        # The difference form, and a dict of averages the loop stores into.
+        Invalid(
+            "import torch\nfor name, p in model.named_parameters():\n"
+            "    shadow[name].sub_((1 - decay) * (shadow[name] - p))\n"
+        ),
+        Invalid(
+            "import torch\nfor name, param in model.named_parameters():\n    if param.requires_grad:\n"
+            "        new_average = (1.0 - self.decay) * param.data + self.decay * self.shadow[name]\n"
+            "        self.shadow[name] = new_average.clone()\n"
+        ),
+        Invalid(
+            "import torch\nfor p_ema, p_net in zip(ema.parameters(), net.parameters()):\n"
+            "    p_ema.copy_(p_net.detach().lerp(p_ema, beta))\n",
+            fixed="import torch\ntorch._foreach_lerp_([p_ema.detach() for p_ema in ema.parameters()], "
+            "[p_net.detach() for p_net in net.parameters()], 1 - beta)\n",
+        ),
+        # Weights that need not add up to one: shown, not rewritten.
+        Invalid(
+            "import torch\nfor a, b in zip(avg.parameters(), model.parameters()):\n"
+            "    a.mul_(decay).add_(b, alpha=step_size)\n"
+        ),
+        # Copies, not averages.
+        Valid("import torch\nfor t, s in zip(target.parameters(), source.parameters()):\n    t.data.copy_(s.data)\n"),
+        Valid("import torch\nfor t, s in zip(target.parameters(), source.parameters()):\n    t.data = s.data.clone()\n"),
+        # Already one multi-tensor call, or the fallback beside it.
+        Valid("import torch\ntorch._foreach_lerp_(ema_params, model_params, 1 - decay)\n"),
+        Valid(
+            "import torch\ndef update(ema_params, params, decay):\n    if ema_params[0].is_floating_point():\n"
+            "        torch._foreach_lerp_(ema_params, params, 1 - decay)\n    else:\n"
+            "        for e, p in zip(ema_params, params):\n            e.copy_(e * decay + p * (1 - decay))\n"
+        ),
+        # A step from a share of other tensors (SGD over lists of gradients).
+        Valid(
+            "import torch\nfor i in range(len(params)):\n    params[i].add_(grads[i].detach(), alpha=-lr)\n"
+        ),
+        # Momentum from gradients: an optimizer (AX203), not an average.
+        Valid(
+            "import torch\nfor p, buf in zip(model.parameters(), bufs):\n    buf.mul_(0.9).add_(p.grad)\n"
+        ),
+        # A running statistic of one tensor per loop, from something computed, not a model's tensor.
+        Valid("import torch\nfor x in batches:\n    running.mul_(0.9).add_(x.mean(0), alpha=0.1)\n"),
+        # Gradients summed into a buffer.
+        Valid("import torch\nfor acc, p in zip(accum, model.parameters()):\n    acc.add_(p.grad)\n"),
+        # Weights that provably do not average (a sum).
+        Valid("import torch\nfor a, b in zip(x.parameters(), y.parameters()):\n    a.add_(b)\n"),
+        Valid("import torch\nfor a, b in zip(x.parameters(), y.parameters()):\n    a.mul_(0.5).add_(b, alpha=2.0)\n"),
+        # Numbers, not tensors.
+        Valid("losses = {}\nfor k, v in new.items():\n    smooth[k] = 0.9 * smooth[k] + 0.1 * v\n"),
+        Valid(
+            "import torch\nfor e, p in zip(ema.parameters(), model.parameters()):\n"
+            "    e.mul_(decay).add_(p, alpha=1 - decay)  # noqa: AX205\n"
+        ),
+    )
+
+    def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
+        assert isinstance(node, ast.For)
+        update = _average_in(node, ctx)
+        if update is None:
+            return
+        weight = update.weight.text()
+        fix = ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY)
+        replacement = None
+        rewritten = _rewrite(node, update, ctx)
+        if rewritten is not None:
+            replacement = rewritten
+            fix = ctx.fix(self, [ctx.replace(node, rewritten)], imports=("import torch",))
+        instead = replacement or (f"torch._foreach_lerp_(averaged tensors, source tensors, {weight})"
+                                  if update.sums_to_one else
+                                  f"torch._foreach_mul_(averaged, {update.keep.text()}) and "
+                                  f"torch._foreach_add_(averaged, sources, alpha={weight})")
+        if ctx.target == "cpu":
+            cost = "passes over every averaged tensor two or more times, one tensor per Python iteration"
+        else:
+            cost = (f"launches one to four small kernels per tensor from Python on {ctx.target}, hundreds a step "
+                    "for a real model")
+        unverified = "; unverified on Ascend hardware" if ctx.target == "npu" else ""
+        how = ("Fix is unsafe: lerp rounds differently in the last bits, and each pair of tensors must share a "
+               "dtype" if rewritten is not None else
+               "Display-only: the averaged tensors are " + update.why_shown)
+        message = (f"moving average of weights kept one tensor at a time ({update.target} moved toward {update.source}): "
+                   f"every step it {cost}; one multi-tensor call updates them all in one pass: {instead}"
+                   f"{unverified}. {how}")
+        yield ctx.finding(self, update.statement, message, replacement=replacement, fix=fix)
+
+
+# ----------------------------------------------------------------- arithmetic
+#: A polynomial in scalar expressions: each monomial (a sorted tuple of the texts
+#: multiplied) with its numeric factor. Weights like ``1 - decay`` or ``self.m``.
+_Monomial = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Scalar:
+    terms: tuple[tuple[_Monomial, float], ...]
+
+    @staticmethod
+    def of(terms: dict[_Monomial, float]) -> Scalar:
+        return Scalar(tuple(sorted((m, c) for m, c in terms.items() if abs(c) > 1e-12)))
+
+    @staticmethod
+    def number(value: float) -> Scalar:
+        return Scalar.of({(): float(value)})
+
+    @staticmethod
+    def atom(text: str) -> Scalar:
+        return Scalar.of({(text,): 1.0})
+
+    def __add__(self, other: Scalar) -> Scalar:
+        out = dict(self.terms)
+        for m, c in other.terms:
+            out[m] = out.get(m, 0.0) + c
+        return Scalar.of(out)
+
+    def __mul__(self, other: Scalar) -> Scalar:
+        out: dict[_Monomial, float] = {}
+        for m1, c1 in self.terms:
+            for m2, c2 in other.terms:
+                m = tuple(sorted(m1 + m2))
+                out[m] = out.get(m, 0.0) + c1 * c2
+        return Scalar.of(out)
+
+    def scaled(self, factor: float) -> Scalar:
+        return Scalar.of({m: c * factor for m, c in self.terms})
+
+    @property
+    def zero(self) -> bool:
+        return not self.terms
+
+    @property
+    def constant(self) -> float | None:
+        if not self.terms:
+            return 0.0
+        if len(self.terms) == 1 and self.terms[0][0] == ():
+            return self.terms[0][1]
+        return None
+
+    def text(self) -> str:
+        """The weight as code: ``1 - decay``, ``self.m``, ``0.001``."""
+        parts = []
+        for monomial, factor in sorted(self.terms, key=lambda t: (len(t[0]) > 0, t[0])):
+            magnitude = abs(factor)
+            body = " * ".join(monomial)
+            if not monomial:
+                piece = _number(magnitude)
+            elif magnitude == 1.0:
+                piece = body
+            else:
+                piece = f"{_number(magnitude)} * {body}"
+            if not parts:
+                parts.append(("-" if factor < 0 else "") + piece)
+            else:
+                parts.append(("- " if factor < 0 else "+ ") + piece)
+        return " ".join(parts) if parts else "0"
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+#: A value as a weighted sum of the loop's tensors as they were when the iteration
+#: began: tensor key -> weight; key ``""`` is a scalar part (no tensor).
+Linear = dict[str, Scalar]
+
+
+def _plus(a: Linear, b: Linear, sign: float = 1.0) -> Linear:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, Scalar.number(0)) + v.scaled(sign)
+    return {k: v for k, v in out.items() if not v.zero}
+
+
+def _times(a: Linear, s: Scalar) -> Linear:
+    return {k: v * s for k, v in a.items() if not (v * s).zero}
+
+
+def _scalar_of(a: Linear) -> Scalar | None:
+    if set(a) - {""}:
+        return None
+    return a.get("", Scalar.number(0))
+
+
+#: Methods that return the same values (views or copies).
+_SAME = ("detach", "clone", "contiguous")
+
+
+class _Unknown(Exception):
+    """The loop does something this reading does not follow."""
+
+
+class _Reader:
+    """Reads one loop body as arithmetic on the tensors it walks."""
+
+    def __init__(self, loop_names: set[str]) -> None:
+        self.loop_names = loop_names
+        self.values: dict[str, Linear] = {}  # a tensor's value now, by key
+        self.locals: dict[str, Linear] = {}  # names bound in the body
+        self.written: dict[str, ast.stmt] = {}
+        self.tensor_evidence = False
+        self.statement: ast.stmt | None = None
+
+    # -- keys: the tensors the loop walks
+    def key(self, node: ast.AST) -> str | None:
+        """The tensor ``node`` names, when it is one the loop walks: a loop variable,
+        ``D[k]`` for a loop variable ``k``, or either through ``.data``/``.detach()``."""
+        while True:
+            if isinstance(node, ast.Attribute) and node.attr == "data":
+                self.tensor_evidence = True
+                node = node.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SAME \
+                    and not node.args and not node.keywords:
+                self.tensor_evidence = True
+                node = node.func.value
+            else:
+                break
+        if isinstance(node, ast.Name) and node.id in self.loop_names:
+            return node.id
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) \
+                and node.slice.id in self.loop_names and not self._mentions_loop(node.value):
+            return ast.unparse(node)
+        return None
+
+    def _mentions_loop(self, node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and (n.id in self.loop_names or n.id in self.locals)
+                   for n in fast_walk(node))
+
+    def current(self, key: str) -> Linear:
+        return self.values.get(key, {key: Scalar.number(1)})
+
+    # -- expressions
+    def value(self, node: ast.AST) -> Linear:
+        key = self.key(node)
+        if key is not None:
+            return self.current(key)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SAME \
+                and not node.args and not node.keywords:
+            return self.value(node.func.value)
+        if isinstance(node, ast.Name) and node.id in self.locals:
+            return self.locals[node.id]
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+                and not isinstance(node.value, bool):
+            return {"": Scalar.number(node.value)}
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return _times(self.value(node.operand), Scalar.number(-1))
+        if isinstance(node, ast.BinOp):
+            if isinstance(node.op, (ast.Add, ast.Sub)):
+                return _plus(self.value(node.left), self.value(node.right), 1.0 if isinstance(node.op, ast.Add) else -1.0)
+            if isinstance(node.op, ast.Mult):
+                left, right = self.value(node.left), self.value(node.right)
+                for tensor, scalar in ((left, right), (right, left)):
+                    s = _scalar_of(scalar)
+                    if s is not None:
+                        return _times(tensor, s)
+                raise _Unknown
+            if isinstance(node.op, ast.Div):
+                divisor = _scalar_of(self.value(node.right))
+                if divisor is None:
+                    raise _Unknown
+                constant = divisor.constant
+                if constant:
+                    return _times(self.value(node.left), Scalar.number(1.0 / constant))
+                return _times(self.value(node.left), Scalar.atom(f"(1 / ({ast.unparse(node.right)}))"))
+            raise _Unknown
+        if isinstance(node, ast.Call):
+            return self.call_value(node)
+        if self._mentions_loop(node):
+            raise _Unknown  # p.grad, p.shape[0], ...
+        return {"": Scalar.atom(ast.unparse(node))}
+
+    def call_value(self, node: ast.Call) -> Linear:
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("mul", "add", "sub", "lerp", "div") \
+                and self._mentions_loop(func.value):
+            receiver = self.value(func.value)
+            return self._method(func.attr, receiver, node)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "torch" \
+                and func.attr in ("mul", "add", "sub", "lerp") and node.args:
+            return self._method(func.attr, self.value(node.args[0]),
+                                ast.Call(func=func, args=node.args[1:], keywords=node.keywords))
+        if self._mentions_loop(node):
+            raise _Unknown
+        return {"": Scalar.atom(ast.unparse(node))}
+
+    def _method(self, name: str, receiver: Linear, call: ast.Call) -> Linear:
+        """``receiver.name(*call.args)`` as a value (out of place; in-place the same)."""
+        args = call.args
+        keywords = {k.arg: k.value for k in call.keywords}
+        if any(a for a in keywords if a not in ("alpha", "weight")) or any(isinstance(a, ast.Starred) for a in args):
+            raise _Unknown
+        if name in ("mul", "div"):
+            if len(args) != 1 or keywords:
+                raise _Unknown
+            factor = _scalar_of(self.value(args[0]))
+            if factor is None:
+                raise _Unknown
+            if name == "div":
+                constant = factor.constant
+                if not constant:
+                    raise _Unknown
+                factor = Scalar.number(1.0 / constant)
+            return _times(receiver, factor)
+        if name in ("add", "sub"):
+            if len(args) == 2 and "alpha" not in keywords:  # the old add_(alpha, other) order
+                alpha_node, other_node = args
+            elif len(args) == 1:
+                alpha_node, other_node = keywords.get("alpha"), args[0]
+            else:
+                raise _Unknown
+            other = self.value(other_node)
+            if alpha_node is not None:
+                alpha = _scalar_of(self.value(alpha_node))
+                if alpha is None:
+                    raise _Unknown
+                other = _times(other, alpha)
+            return _plus(receiver, other, 1.0 if name == "add" else -1.0)
+        if name == "lerp":
+            end_node = args[0] if args else None
+            weight_node = args[1] if len(args) > 1 else keywords.get("weight")
+            if end_node is None or weight_node is None:
+                raise _Unknown
+            weight = _scalar_of(self.value(weight_node))
+            if weight is None:
+                raise _Unknown
+            return _plus(receiver, _times(_plus(self.value(end_node), receiver, -1.0), weight))
+        raise _Unknown
+
+    # -- statements
+    def write(self, key: str, value: Linear, stmt: ast.stmt) -> None:
+        self.values[key] = value
+        self.written[key] = stmt
+
+    def inplace(self, node: ast.AST, stmt: ast.stmt) -> str:
+        """Apply the in-place call chain ``node`` (``t.mul_(a).add_(b)``); the key written."""
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)) or node.func.attr in _SAME:
+            key = self.key(node)
+            if key is None:
+                raise _Unknown
+            return key
+        name = node.func.attr
+        if name not in ("mul_", "add_", "sub_", "lerp_", "copy_", "div_"):
+            raise _Unknown
+        self.tensor_evidence = True
+        key = self.inplace(node.func.value, stmt)
+        if name == "copy_":
+            if len(node.args) != 1:
+                raise _Unknown
+            self.write(key, self.value(node.args[0]), stmt)
+        else:
+            self.write(key, self._method(name[:-1], self.current(key), node), stmt)
+        return key
+
+    def statement_(self, stmt: ast.stmt) -> None:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+            func = stmt.value.func
+            if isinstance(func, ast.Attribute) and func.attr.endswith("_") and self._mentions_loop(func.value):
+                self.inplace(stmt.value, stmt)
+                return
+            if self._mentions_loop(stmt.value):
+                raise _Unknown
+            return  # a call on something else (logging)
+        if isinstance(stmt, ast.AugAssign):
+            key = self.key(stmt.target)
+            op = {ast.Mult: "mul", ast.Add: "add", ast.Sub: "sub", ast.Div: "div"}.get(type(stmt.op))
+            if key is None or op is None:
+                raise _Unknown
+            self.write(key, self._method(op, self.current(key), ast.Call(func=stmt.target, args=[stmt.value],
+                                                                            keywords=[])), stmt)
+            return
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+            target = stmt.targets[0]
+            if isinstance(target, ast.Attribute) and target.attr == "data":
+                key = self.key(target)
+                if key is None:
+                    raise _Unknown
+                self.write(key, self.value(stmt.value), stmt)
+                return
+            if isinstance(target, ast.Subscript) and self.key(target) is not None:
+                # A new value stored into a dict of tensors walked by key.
+                value = self.value(stmt.value)
+                if set(value) - {""}:
+                    self.tensor_evidence = self.tensor_evidence or _tensor_call(stmt.value)
+                self.write(self.key(target), value, stmt)  # type: ignore[arg-type]
+                return
+            if isinstance(target, ast.Name) and target.id not in self.loop_names:
+                self.locals[target.id] = self.value(stmt.value)
+                if any(isinstance(n, ast.Attribute) and n.attr == "data" for n in fast_walk(stmt.value)):
+                    self.tensor_evidence = True
+                return
+            raise _Unknown
+        if isinstance(stmt, ast.If):
+            if self._mentions_loop(stmt.test) and any(isinstance(n, ast.Attribute) and n.attr == "grad"
+                                                       for n in fast_walk(stmt.test)):
+                raise _Unknown  # `if p.grad is not None`: an optimizer's loop
+            for inner in stmt.body:
+                self.statement_(inner)
+            return
+        if isinstance(stmt, (ast.Pass, ast.Continue)):
+            return
+        raise _Unknown
+
+
+def _tensor_call(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _SAME
+               for n in fast_walk(node))
+
+
+@dataclass
+class _Update:
+    statement: ast.stmt
+    target: str
+    source: str
+    keep: Scalar
+    weight: Scalar  # the source's
+    sums_to_one: bool
+    only_update: bool
+    why_shown: str = ""
+
+
+def _loop_names(target: ast.AST) -> set[str] | None:
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
+        return {e.id for e in target.elts}  # type: ignore[attr-defined]
+    return None
+
+
+def _average_in(loop: ast.For, ctx: FileContext) -> _Update | None:
+    names = _loop_names(loop.target)
+    if not names or loop.orelse:
+        return None
+    reader = _Reader(names)
+    try:
+        for stmt in loop.body:
+            reader.statement_(stmt)
+    except _Unknown:
+        return None
+    if len(reader.written) != 1 or not reader.tensor_evidence and not _walks_tensors(loop.iter):
+        return None
+    (target, statement), = reader.written.items()
+    final = reader.values[target]
+    if "" in final or target not in final or len(final) != 2:
+        return None
+    source = next(k for k in final if k != target)
+    keep, weight = final[target], final[source]
+    total = (keep + weight).constant
+    if total is not None and abs(total - 1.0) > 1e-9:
+        return None  # a sum or a scaling, not an average
+    if keep.constant == 1.0:
+        return None  # the tensor plus a share of another: a step or a sum, not an average
+    if _has_multi_tensor_path(ctx):
+        return None  # the fallback of a function that averages with _foreach_ ops otherwise
+    sums_to_one = total is not None
+    only = all(_is_update(s) for s in loop.body)
+    return _Update(statement=statement, target=target, source=source, keep=keep, weight=weight,
+                   sums_to_one=sums_to_one, only_update=only)
+
+
+def _has_multi_tensor_path(ctx: FileContext) -> bool:
+    """Whether the function the loop is in calls a ``torch._foreach_*`` op (the loop is
+    then its fallback, for dtypes or a setting the multi-tensor path does not take)."""
+    function = next((p for p in reversed(ctx.parents) if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if function is None:
+        return False
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr.startswith("_foreach_")
+               for n in fast_walk(function))
+
+
+def _is_update(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, (ast.Expr, ast.AugAssign, ast.Assign))
+
+
+def _walks_tensors(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+               and n.func.attr in ("parameters", "named_parameters", "state_dict", "buffers", "named_buffers")
+               for n in fast_walk(node))
+
+
+def _rewrite(loop: ast.For, update: _Update, ctx: FileContext) -> str | None:
+    """``torch._foreach_lerp_(...)`` for a loop over ``zip`` of two modules'
+    parameters that does nothing but the average, with weights adding up to one.
+    ``update.why_shown`` says why not otherwise."""
+    call = loop.iter
+    target = loop.target
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "zip"
+            and "zip" not in ctx.imports and len(call.args) == 2 and not call.keywords
+            and isinstance(target, ast.Tuple) and len(target.elts) == 2):
+        update.why_shown = "looked up by key or walked with other things, which one call cannot take as they are"
+        return None
+    names = [e.id for e in target.elts]  # type: ignore[attr-defined]
+    if sorted(names) != sorted([update.target, update.source]):
+        update.why_shown = "looked up by key, which one call cannot take as they are"
+        return None
+    if not all(_iterable_kind(a, ctx) == "parameters" for a in call.args):
+        update.why_shown = ("walked from something other than two modules' .parameters() (integer buffers or "
+                            "mixed dtypes would need care)")
+        return None
+    if not update.only_update:
+        update.why_shown = "updated among other statements of the loop"
+        return None
+    if not update.sums_to_one:
+        update.why_shown = (f"weighted {update.keep.text()} and {update.weight.text()}, which need not add up to "
+                            "one (a lerp needs they do)")
+        return None
+    iterables = dict(zip(names, call.args))
+    averaged, source = update.target, update.source
+    return (f"torch._foreach_lerp_([{averaged}.detach() for {averaged} in {ctx.text(iterables[averaged])}], "
+            f"[{source}.detach() for {source} in {ctx.text(iterables[source])}], {update.weight.text()})")

@@ -1,0 +1,122 @@
+"""AX205 (a moving average of weights kept one tensor at a time) beyond its inline
+examples: the rewrite computes the same average as the loop it replaces, the layouts
+of public EMA helpers are read, and advise measures the rewrite as a code change."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from torchaxe.advise.candidates import code_candidates
+from torchaxe.findings import Applicability
+from torchaxe.scan.capabilities import torch_capabilities
+from torchaxe.scan.engine import ScanOptions, scan_source
+from torchaxe.scan.fix import fix_source
+
+
+def _options(target: str = "cpu") -> ScanOptions:
+    return ScanOptions(target=target, select=("AX205",), capabilities=torch_capabilities(target))
+
+
+def _findings(source: str, target: str = "cpu"):
+    report = scan_source(source, "t.py", _options(target))
+    assert not report.diagnostics, report.diagnostics
+    return report.findings
+
+
+SCRIPT = '''\
+import copy
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 4))
+ema = copy.deepcopy(model).requires_grad_(False)
+decay = 0.9
+
+
+def update(ema, model):
+    with torch.no_grad():
+        for e, p in zip(ema.parameters(), model.parameters()):
+            {update}
+
+
+for step in range(5):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    update(ema, model)
+print(repr(torch.cat([e.flatten() for e in ema.parameters()]).tolist()))
+'''
+
+UPDATES = (
+    "e.mul_(decay).add_(p, alpha=1 - decay)",
+    "e.data = e.data * decay + p.data * (1. - decay)",
+    "e.copy_(p.detach().lerp(e, decay))",
+    "e.sub_((1 - decay) * (e - p))",
+)
+
+
+@pytest.mark.parametrize("update", UPDATES)
+def test_rewrite_computes_the_same_average(tmp_path, update):
+    source = SCRIPT.format(update=update)
+    (finding,) = _findings(source)
+    assert finding.fix is not None and finding.fix.applicability == Applicability.UNSAFE
+    result = fix_source(source, "t.py", _options(), unsafe=True)
+    assert result.error is None, result.error
+    fixed = result.fixed
+    assert "torch._foreach_lerp_(" in fixed and "for e, p in zip" not in fixed
+    assert not _findings(fixed)
+    outputs = []
+    for name, text in (("before.py", source), ("after.py", fixed)):
+        path = tmp_path / name
+        path.write_text(text)
+        run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        outputs.append([float(v) for v in run.stdout.strip().strip("[]").split(",")])
+    before, after = outputs
+    assert len(before) == len(after) > 100
+    assert max(abs(a - b) for a, b in zip(before, after)) < 1e-5
+
+
+def test_public_helper_layouts_are_found():
+    # An EMA of named parameters looked up in a dict; a function over lists it is
+    # handed (both shown, not rewritten: nothing says what the lists hold).
+    dict_lookup = (
+        "import torch\nfrom collections import OrderedDict\n\n@torch.no_grad()\n"
+        "def update_ema(ema_model, model, decay=0.9999):\n"
+        "    ema_params = OrderedDict(ema_model.named_parameters())\n"
+        "    model_params = OrderedDict(model.named_parameters())\n"
+        "    for name, param in model_params.items():\n"
+        "        ema_params[name].mul_(decay).add_(param.data, alpha=1 - decay)\n"
+    )
+    handed = (
+        "import torch\n\ndef update_ema(target_params, source_params, rate=0.99):\n"
+        "    for targ, src in zip(target_params, source_params):\n"
+        "        targ.detach().mul_(rate).add_(src, alpha=1 - rate)\n"
+    )
+    for source, line in ((dict_lookup, 9), (handed, 5)):
+        (finding,) = _findings(source, target="cuda")
+        assert finding.line == line
+        assert finding.fix is not None and finding.fix.applicability == Applicability.DISPLAY_ONLY
+        assert "Display-only" in finding.message and "foreach_lerp_" in finding.message
+
+
+def test_npu_message_says_unverified():
+    (finding,) = _findings(SCRIPT.format(update=UPDATES[0]), target="npu")
+    assert "unverified on Ascend hardware" in finding.message
+
+
+def test_loops_that_are_not_averages_are_left_alone():
+    for body in ("e.copy_(p)", "e.add_(p.grad, alpha=-0.1)", "e.mul_(decay)", "e.add_(p)",
+                 "e.mul_(decay).add_(p * p, alpha=1 - decay)", "e.mul_(decay).add_(other, alpha=1 - decay)"):
+        assert not _findings(SCRIPT.format(update=body)), body
+
+
+def test_advise_measures_the_rewrite_as_a_code_change():
+    findings = _findings(SCRIPT.format(update=UPDATES[0]))
+    candidates, advice_only = code_candidates(findings, {}, None)
+    assert [c.rec.key for c in candidates] == ["code:AX205"] and not advice_only
+    rec = candidates[0].rec
+    assert rec.unsafe and rec.accuracy.kind == "unknown"
