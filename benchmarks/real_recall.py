@@ -70,6 +70,10 @@ CLASSES: dict[str, tuple[str, ...]] = {
     # by name; and the host syncs of training loops (AX301-AX304).
     "fused_op_name": ("AX103",),
     "loop_sync": ("AX30",),
+    # benchmarks/real_corpus_averages.toml: moving averages of weights kept one tensor at
+    # a time (AX205), and gradient scalers beside bfloat16 autocast (AX307).
+    "ema_loop": ("AX205",),
+    "grad_scaler_bf16": ("AX307",),
 }
 KINDS = ("positive", "lookalike")
 

@@ -120,3 +120,77 @@ def test_advise_measures_the_rewrite_as_a_code_change():
     assert [c.rec.key for c in candidates] == ["code:AX205"] and not advice_only
     rec = candidates[0].rec
     assert rec.unsafe and rec.accuracy.kind == "unknown"
+
+
+LAYOUTS = {
+    # Buffers looked up through a map of names, cast first, then moved by a difference.
+    "name_map": (
+        "import torch\nclass Ema(torch.nn.Module):\n    def forward(self, model, decay):\n"
+        "        params = dict(model.named_parameters())\n        shadow = dict(self.named_buffers())\n"
+        "        for key in params:\n            if params[key].requires_grad:\n"
+        "                sname = self.names[key]\n"
+        "                shadow[sname] = shadow[sname].type_as(params[key])\n"
+        "                shadow[sname].sub_((1.0 - decay) * (shadow[sname] - params[key]))\n"
+        "            else:\n                assert key not in self.names\n",
+        10,
+    ),
+    # A state_dict walked by a key that may get a prefix, values bound to names first.
+    "prefixed_key": (
+        "import torch\ndef update(ema, model, decay, wrapped):\n    msd, esd = model.state_dict(), ema.state_dict()\n"
+        "    for k in keys:\n        if wrapped:\n            j = 'module.' + k\n        else:\n            j = k\n"
+        "        model_v = msd[j].detach()\n        ema_v = esd[k]\n"
+        "        esd[k].copy_(ema_v * decay + (1. - decay) * model_v)\n",
+        11,
+    ),
+    # An `out=` call through an alias of torch, after a scaling in place.
+    "out_argument": (
+        "import torch as th\ndef polyak(params, targets, tau):\n    with th.no_grad():\n"
+        "        for p, t in zip(params, targets):\n            t.data.mul_(1 - tau)\n"
+        "            th.add(t.data, p.data, alpha=tau, out=t.data)\n",
+        6,
+    ),
+    # The average computed by a method of the file, which returns early for a first call.
+    "helper_returns": (
+        "import torch\nclass Updater:\n    def average(self, old, new):\n        if old is None:\n            return new\n"
+        "        return old * self.beta + (1 - self.beta) * new\n\n"
+        "def step(updater, online, target):\n"
+        "    for cur, avg in zip(online.parameters(), target.parameters()):\n"
+        "        old, new = avg.data, cur.data\n        avg.data = updater.average(old, new)\n",
+        11,
+    ),
+    # An in-place helper of the file, with optional device and dtype moves.
+    "helper_in_place": (
+        "import torch\ndef lerp_into(tgt, src, weight, move=False):\n    if move:\n        src = src.to(tgt.device)\n"
+        "    tgt.lerp_(src, weight)\n\ndef update(pairs, decay):\n    for tgt, src in pairs:\n"
+        "        lerp_into(tgt, src, 1. - decay)\n",
+        9,
+    ),
+    # Skips, a lookup that may fail, and the average in the else of a branch.
+    "branches": (
+        "import torch\ndef step(self, new_model, decay):\n    averages = self.model.state_dict()\n"
+        "    for key, param in new_model.state_dict().items():\n        if isinstance(param, dict):\n            continue\n"
+        "        try:\n            avg = averages[key]\n        except KeyError:\n            avg = param.clone()\n"
+        "        if key in self.skip:\n            avg = param.clone()\n        else:\n            avg.mul_(decay)\n"
+        "            avg.add_(param, alpha=1 - decay)\n        self.out[key] = avg\n",
+        15,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_layouts_of_public_averaging_code_are_read(name):
+    source, line = LAYOUTS[name]
+    (finding,) = _findings(source, target="cuda")
+    assert finding.line == line
+
+
+def test_fallback_beside_a_multi_tensor_path_names_the_setting():
+    source = (
+        "import torch\ndef step(self, shadow, params, d):\n    if self.use_foreach:\n"
+        "        torch._foreach_lerp_(shadow, params, 1 - d)\n    else:\n"
+        "        for s, p in zip(shadow, params):\n            s.sub_((1 - d) * (s - p))\n"
+    )
+    (finding,) = _findings(source)
+    assert "`self.use_foreach`" in finding.message and finding.fix.applicability == Applicability.DISPLAY_ONLY
+    # The same loop beside a dtype test is the path for tensors lerp cannot take.
+    assert not _findings(source.replace("self.use_foreach", "shadow[0].is_floating_point()"))

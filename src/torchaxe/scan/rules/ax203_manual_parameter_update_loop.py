@@ -342,7 +342,7 @@ def _loop_parameter(loop: ast.For, ctx: FileContext) -> str | None:
     """The loop variable bound to each parameter, when the loop walks parameters:
     a module's, or a function's argument whose every element is stepped by its own
     ``.grad`` (``def sgd_step(params, lr): for p in params: ...``)."""
-    kind = _iterable_kind(loop.iter, ctx)
+    kind = iterable_kind(loop.iter, ctx)
     if kind is None and isinstance(loop.iter, ast.Name) and _function_argument(loop.iter.id, ctx):
         kind = "parameters"
     target = loop.target
@@ -350,14 +350,14 @@ def _loop_parameter(loop: ast.For, ctx: FileContext) -> str | None:
     if (kind is None and isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
             and call.func.id == "enumerate" and "enumerate" not in ctx.imports and call.args
             and isinstance(target, ast.Tuple) and len(target.elts) == 2 and isinstance(target.elts[1], ast.Name)
-            and _iterable_kind(call.args[0], ctx) == "parameters"):
+            and iterable_kind(call.args[0], ctx) == "parameters"):
         return target.elts[1].id
     if (kind is None and isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "zip"
             and "zip" not in ctx.imports and isinstance(target, ast.Tuple) and len(target.elts) == len(call.args)):
         # for p, buf in zip(model.parameters(), buffers): the element walking the parameters;
         # for i, p in enumerate(model.parameters()): the second.
         for element, iterable in zip(target.elts, call.args):
-            if isinstance(element, ast.Name) and _iterable_kind(iterable, ctx) == "parameters":
+            if isinstance(element, ast.Name) and iterable_kind(iterable, ctx) == "parameters":
                 return element.id
         return None
     if kind == "parameters" and isinstance(target, ast.Name):
@@ -372,7 +372,7 @@ def _loop_parameter(loop: ast.For, ctx: FileContext) -> str | None:
     return None
 
 
-def _iterable_kind(node: ast.AST, ctx: FileContext, depth: int = 0) -> str | None:
+def iterable_kind(node: ast.AST, ctx: FileContext, depth: int = 0) -> str | None:
     """``"parameters"`` or ``"named_parameters"`` when ``node`` yields a module's
     parameters (directly, through list()/filter()/a comprehension, or through a name
     assigned once from one of those), else None."""
@@ -384,19 +384,19 @@ def _iterable_kind(node: ast.AST, ctx: FileContext, depth: int = 0) -> str | Non
             return func.attr
         if isinstance(func, ast.Name) and func.id in _PASS_THROUGH and func.id not in ctx.imports:
             for arg in node.args:
-                kind = _iterable_kind(arg, ctx, depth + 1)
+                kind = iterable_kind(arg, ctx, depth + 1)
                 if kind:
                     return kind
         return None
     if isinstance(node, (ast.ListComp, ast.GeneratorExp)) and len(node.generators) == 1:
         gen = node.generators[0]
         if isinstance(node.elt, ast.Name) and isinstance(gen.target, ast.Name) and node.elt.id == gen.target.id:
-            return _iterable_kind(gen.iter, ctx, depth + 1)
+            return iterable_kind(gen.iter, ctx, depth + 1)
         return None
     if isinstance(node, ast.Name):
         value = ctx.single_assignments().get(node.id)
         if value is not None:
-            return _iterable_kind(value, ctx, depth + 1)
+            return iterable_kind(value, ctx, depth + 1)
     if depth == 0 and _held_by_class(node, ctx) is not None:
         return "parameters"
     return None

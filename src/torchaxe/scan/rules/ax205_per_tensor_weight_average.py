@@ -8,7 +8,7 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext, fast_walk
-from torchaxe.scan.rules.ax203_manual_parameter_update_loop import _iterable_kind
+from torchaxe.scan.rules.ax203_manual_parameter_update_loop import iterable_kind
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 
@@ -159,6 +159,12 @@ class PerTensorWeightAverage(Rule):
             "        torch._foreach_lerp_(ema_params, params, 1 - decay)\n    else:\n"
             "        for e, p in zip(ema_params, params):\n            e.copy_(e * decay + p * (1 - decay))\n"
         ),
+        # A fallback chosen by a setting runs unless the setting is on: shown.
+        Invalid(
+            "import torch\ndef step(self, ema_params, params, decay):\n    if self.foreach:\n"
+            "        torch._foreach_lerp_(ema_params, params, 1 - decay)\n    else:\n"
+            "        for e, p in zip(ema_params, params):\n            e.lerp_(p, 1 - decay)\n"
+        ),
         # A step from a share of other tensors (SGD over lists of gradients).
         Valid(
             "import torch\nfor i in range(len(params)):\n    params[i].add_(grads[i].detach(), alpha=-lr)\n"
@@ -190,7 +196,7 @@ class PerTensorWeightAverage(Rule):
         weight = update.weight.text()
         fix = ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY)
         replacement = None
-        rewritten = _rewrite(node, update, ctx)
+        rewritten = None if update.setting else _rewrite(node, update, ctx)
         if rewritten is not None:
             replacement = rewritten
             fix = ctx.fix(self, [ctx.replace(node, rewritten)], imports=("import torch",))
@@ -204,9 +210,14 @@ class PerTensorWeightAverage(Rule):
             cost = (f"launches one to four small kernels per tensor from Python on {ctx.target}, hundreds a step "
                     "for a real model")
         unverified = "; unverified on Ascend hardware" if ctx.target == "npu" else ""
-        how = ("Fix is unsafe: lerp rounds differently in the last bits, and each pair of tensors must share a "
-               "dtype" if rewritten is not None else
-               "Display-only: the averaged tensors are " + update.why_shown)
+        if update.setting:
+            how = (f"Display-only: the code around it averages with multi-tensor (_foreach_) calls when "
+                   f"`{update.setting}` holds: turning that setting on is the change")
+        elif rewritten is not None:
+            how = ("Fix is unsafe: lerp rounds differently in the last bits, and each pair of tensors must share a "
+                   "dtype")
+        else:
+            how = "Display-only: the averaged tensors are " + update.why_shown
         message = (f"moving average of weights kept one tensor at a time ({update.target} moved toward {update.source}): "
                    f"every step it {cost}; one multi-tensor call updates them all in one pass: {instead}"
                    f"{unverified}. {how}")
@@ -309,49 +320,110 @@ def _scalar_of(a: Linear) -> Scalar | None:
     return a.get("", Scalar.number(0))
 
 
-#: Methods that return the same values (views or copies).
-_SAME = ("detach", "clone", "contiguous")
+#: Methods that return the same tensor (a view: writes through them reach it).
+_VIEWS = ("detach", "data")
+#: Methods that return the same values (a view, a copy, another device or dtype).
+_SAME = ("detach", "clone", "contiguous", "to", "type_as", "float", "double", "half", "bfloat16", "cuda", "cpu")
+#: The most paths through a loop body (one per branch taken) that are read.
+_MAX_PATHS = 32
+#: How deep calls to the file's own functions are followed.
+_MAX_INLINE = 2
 
 
 class _Unknown(Exception):
     """The loop does something this reading does not follow."""
 
 
-class _Reader:
-    """Reads one loop body as arithmetic on the tensors it walks."""
+def _paths(body: list[ast.stmt]) -> list[list[ast.stmt]]:
+    """The statement sequences one pass through ``body`` may run: each ``if`` taken
+    or not, ``with``/``try`` bodies inline; a ``continue``, ``break``, ``return`` or
+    ``raise`` ends its path (kept last). At most ``_MAX_PATHS``."""
+    paths: list[list[ast.stmt]] = [[]]
+    done: list[list[ast.stmt]] = []
+    for stmt in body:
+        if isinstance(stmt, ast.If):
+            branches = _paths(stmt.body) + _paths(stmt.orelse or [ast.Pass()])
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            branches = _paths(stmt.body)
+        elif isinstance(stmt, ast.Try):
+            branches = [b + f for b in _paths(stmt.body) for f in _paths(stmt.finalbody or [ast.Pass()])]
+        else:
+            branches = [[stmt]]
+        grown = []
+        for path in paths:
+            for branch in branches:
+                (done if _ends(branch) else grown).append(path + branch)
+        paths = grown[:_MAX_PATHS]
+        done = done[:_MAX_PATHS]
+        if not paths:
+            break
+    return (done + paths)[:_MAX_PATHS]
 
-    def __init__(self, loop_names: set[str]) -> None:
-        self.loop_names = loop_names
+
+def _ends(path: list[ast.stmt]) -> bool:
+    return bool(path) and isinstance(path[-1], (ast.Continue, ast.Break, ast.Return, ast.Raise))
+
+
+class _Reader:
+    """Reads one path through a loop body as arithmetic on the tensors it walks."""
+
+    def __init__(self, loop_names: set[str], ctx: FileContext, depth: int = 0) -> None:
+        self.loop_names = set(loop_names)
+        self.ctx = ctx
+        self.depth = depth
         self.values: dict[str, Linear] = {}  # a tensor's value now, by key
-        self.locals: dict[str, Linear] = {}  # names bound in the body
+        self.locals: dict[str, Linear] = {}  # names bound to a value in the body
+        self.aliases: dict[str, str] = {}  # names bound to a walked tensor itself
+        self.indices: set[str] = set()  # names bound to something else made from the loop's
         self.written: dict[str, ast.stmt] = {}
         self.tensor_evidence = False
-        self.statement: ast.stmt | None = None
+        self.returned: Linear | None = None
+
+    def derived(self) -> set[str]:
+        return self.loop_names | set(self.locals) | set(self.aliases) | self.indices
 
     # -- keys: the tensors the loop walks
     def key(self, node: ast.AST) -> str | None:
         """The tensor ``node`` names, when it is one the loop walks: a loop variable,
-        ``D[k]`` for a loop variable ``k``, or either through ``.data``/``.detach()``."""
+        ``D[k]`` for ``k`` made from the loop, a name bound to either, or either
+        through ``.data``/``.detach()``."""
         while True:
             if isinstance(node, ast.Attribute) and node.attr == "data":
                 self.tensor_evidence = True
                 node = node.value
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SAME \
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _VIEWS \
                     and not node.args and not node.keywords:
                 self.tensor_evidence = True
                 node = node.func.value
             else:
                 break
-        if isinstance(node, ast.Name) and node.id in self.loop_names:
-            return node.id
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) \
-                and node.slice.id in self.loop_names and not self._mentions_loop(node.value):
+        if isinstance(node, ast.Name):
+            if node.id in self.aliases:
+                return self.aliases[node.id]
+            if node.id in self.loop_names:
+                return node.id
+            return None
+        if isinstance(node, ast.Subscript) and self._mentions(node.slice) and not self._mentions(node.value):
             return ast.unparse(node)
         return None
 
-    def _mentions_loop(self, node: ast.AST) -> bool:
-        return any(isinstance(n, ast.Name) and (n.id in self.loop_names or n.id in self.locals)
-                   for n in fast_walk(node))
+    def _mentions(self, node: ast.AST) -> bool:
+        names = self.derived()
+        return any(isinstance(n, ast.Name) and n.id in names for n in fast_walk(node))
+
+    def _mentions_values(self, node: ast.AST) -> bool:
+        """Whether ``node`` reads the loop's tensors' values (not only their
+        ``.device`` or ``.dtype``: ``src.to(tgt.device)``)."""
+        names = self.derived()
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, ast.Attribute) and n.attr in ("device", "dtype"):
+                continue
+            if isinstance(n, ast.Name) and n.id in names:
+                return True
+            stack.extend(ast.iter_child_nodes(n))
+        return False
 
     def current(self, key: str) -> Linear:
         return self.values.get(key, {key: Scalar.number(1)})
@@ -362,7 +434,10 @@ class _Reader:
         if key is not None:
             return self.current(key)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _SAME \
-                and not node.args and not node.keywords:
+                and self._mentions(node.func.value) and (node.func.attr == "type_as" or (
+                    not any(self._mentions_values(a) for a in node.args)
+                    and not any(self._mentions_values(k.value) for k in node.keywords))):
+            self.tensor_evidence = True
             return self.value(node.func.value)
         if isinstance(node, ast.Name) and node.id in self.locals:
             return self.locals[node.id]
@@ -371,7 +446,7 @@ class _Reader:
             return {"": Scalar.number(node.value)}
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return _times(self.value(node.operand), Scalar.number(-1))
-        if isinstance(node, ast.BinOp):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
             if isinstance(node.op, (ast.Add, ast.Sub)):
                 return _plus(self.value(node.left), self.value(node.right), 1.0 if isinstance(node.op, ast.Add) else -1.0)
             if isinstance(node.op, ast.Mult):
@@ -389,37 +464,98 @@ class _Reader:
                 if constant:
                     return _times(self.value(node.left), Scalar.number(1.0 / constant))
                 return _times(self.value(node.left), Scalar.atom(f"(1 / ({ast.unparse(node.right)}))"))
-            raise _Unknown
         if isinstance(node, ast.Call):
             return self.call_value(node)
-        if self._mentions_loop(node):
+        if self._mentions(node):
             raise _Unknown  # p.grad, p.shape[0], ...
         return {"": Scalar.atom(ast.unparse(node))}
 
     def call_value(self, node: ast.Call) -> Linear:
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr in ("mul", "add", "sub", "lerp", "div") \
-                and self._mentions_loop(func.value):
-            receiver = self.value(func.value)
-            return self._method(func.attr, receiver, node)
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "torch" \
-                and func.attr in ("mul", "add", "sub", "lerp") and node.args:
-            return self._method(func.attr, self.value(node.args[0]),
-                                ast.Call(func=func, args=node.args[1:], keywords=node.keywords))
-        if self._mentions_loop(node):
-            raise _Unknown
+                and self._mentions(func.value):
+            return self._method(func.attr, self.value(func.value), node)
+        name = self.ctx.qualified_name(func) or ""
+        if name in ("torch.mul", "torch.add", "torch.sub", "torch.lerp") and node.args:
+            result = self._method(name[6:], self.value(node.args[0]),
+                                  ast.Call(func=func, args=node.args[1:],
+                                           keywords=[k for k in node.keywords if k.arg != "out"]))
+            out = next((k.value for k in node.keywords if k.arg == "out"), None)
+            if out is not None:
+                key = self.key(out)
+                if key is None:
+                    raise _Unknown
+                self.tensor_evidence = True
+                self.write(key, result, None)
+            return result
+        if self._mentions(node):
+            inlined = self.inline(node)
+            if inlined is None:
+                raise _Unknown
+            return inlined
         return {"": Scalar.atom(ast.unparse(node))}
+
+    def inline(self, call: ast.Call) -> Linear | None:
+        """A call of one of the file's own functions (``update_average(old, new)``,
+        ``self.inplace_lerp(t, s, w)``) read with its arguments: what it returns, its
+        writes applied here. None when it cannot be followed."""
+        if self.depth >= _MAX_INLINE or any(isinstance(a, ast.Starred) for a in call.args) \
+                or any(k.arg is None for k in call.keywords):
+            return None
+        func = call.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        defs = self.ctx.functions().get(name or "", [])
+        if len(defs) != 1:
+            return None
+        (definition,) = defs
+        params = [a.arg for a in [*definition.args.posonlyargs, *definition.args.args]]
+        if isinstance(func, ast.Attribute) and params and params[0] in ("self", "cls"):
+            params = params[1:]
+        if len(call.args) > len(params):
+            return None
+        inner = _Reader(set(), self.ctx, self.depth + 1)
+        inner.values, inner.written = self.values, self.written
+        bound = dict(zip(params, call.args))
+        bound.update({k.arg: k.value for k in call.keywords if k.arg})
+        for param, arg in bound.items():
+            key = self.key(arg)
+            if key is not None:
+                inner.aliases[param] = key
+            elif self._mentions(arg):
+                inner.locals[param] = self.value(arg)
+        body = [s for s in definition.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        paths = _paths(body)
+        for index, path in enumerate(paths):
+            trial = _Reader(set(), self.ctx, self.depth + 1)
+            trial.values, trial.written = dict(self.values), dict(self.written)
+            trial.aliases, trial.locals = dict(inner.aliases), dict(inner.locals)
+            try:
+                for stmt in path:
+                    trial.statement_(stmt)
+            except _Unknown:
+                continue
+            if trial.returned is not None and len(set(trial.returned) - {""}) < 2 and index < len(paths) - 1:
+                continue  # an early exit (``if old is None: return new``); the main path decides
+            self.values.clear()
+            self.values.update(trial.values)
+            self.written.clear()
+            self.written.update(trial.written)
+            self.tensor_evidence = self.tensor_evidence or trial.tensor_evidence
+            return trial.returned if trial.returned is not None else {"": Scalar.atom("None")}
+        return None
 
     def _method(self, name: str, receiver: Linear, call: ast.Call) -> Linear:
         """``receiver.name(*call.args)`` as a value (out of place; in-place the same)."""
         args = call.args
         keywords = {k.arg: k.value for k in call.keywords}
-        if any(a for a in keywords if a not in ("alpha", "weight")) or any(isinstance(a, ast.Starred) for a in args):
+        if any(a for a in keywords if a not in ("alpha", "weight", "scalar", "other")) \
+                or any(isinstance(a, ast.Starred) for a in args):
             raise _Unknown
         if name in ("mul", "div"):
-            if len(args) != 1 or keywords:
+            factor_node = args[0] if len(args) == 1 else keywords.get("scalar") or keywords.get("other")
+            if factor_node is None or len(args) > 1:
                 raise _Unknown
-            factor = _scalar_of(self.value(args[0]))
+            factor = _scalar_of(self.value(factor_node))
             if factor is None:
                 raise _Unknown
             if name == "div":
@@ -454,13 +590,13 @@ class _Reader:
         raise _Unknown
 
     # -- statements
-    def write(self, key: str, value: Linear, stmt: ast.stmt) -> None:
+    def write(self, key: str, value: Linear, stmt: ast.stmt | None) -> None:
         self.values[key] = value
-        self.written[key] = stmt
+        self.written[key] = stmt  # type: ignore[assignment]  # None: the statement calling this sets it
 
     def inplace(self, node: ast.AST, stmt: ast.stmt) -> str:
         """Apply the in-place call chain ``node`` (``t.mul_(a).add_(b)``); the key written."""
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)) or node.func.attr in _SAME:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)) or node.func.attr in _VIEWS:
             key = self.key(node)
             if key is None:
                 raise _Unknown
@@ -478,25 +614,53 @@ class _Reader:
             self.write(key, self._method(name[:-1], self.current(key), node), stmt)
         return key
 
+    def bind(self, target: ast.AST, value_node: ast.AST) -> None:
+        """``name = value``: an alias of a walked tensor, a value, or an index."""
+        assert isinstance(target, ast.Name)
+        for table in (self.aliases, self.locals):
+            table.pop(target.id, None)
+        self.indices.discard(target.id)
+        key = self.key(value_node)
+        if key is not None:
+            self.aliases[target.id] = key
+            return
+        if not self._mentions(value_node):
+            return  # a name from outside the loop: a scalar when used
+        try:
+            self.locals[target.id] = self.value(value_node)
+        except _Unknown:
+            self.indices.add(target.id)  # a key or a flag made from the loop's names
+
     def statement_(self, stmt: ast.stmt) -> None:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
             func = stmt.value.func
-            if isinstance(func, ast.Attribute) and func.attr.endswith("_") and self._mentions_loop(func.value):
+            if isinstance(func, ast.Attribute) and func.attr.endswith("_") and self._mentions(func.value):
                 self.inplace(stmt.value, stmt)
                 return
-            if self._mentions_loop(stmt.value):
-                raise _Unknown
+            if self._mentions(stmt.value):
+                before = dict(self.written)
+                self.call_value(stmt.value)
+                for key, where in self.written.items():
+                    if before.get(key) is not where or where is None:
+                        self.written[key] = stmt
+                return
             return  # a call on something else (logging)
         if isinstance(stmt, ast.AugAssign):
             key = self.key(stmt.target)
             op = {ast.Mult: "mul", ast.Add: "add", ast.Sub: "sub", ast.Div: "div"}.get(type(stmt.op))
             if key is None or op is None:
                 raise _Unknown
+            self.tensor_evidence = self.tensor_evidence or _tensor_call(stmt.value)
             self.write(key, self._method(op, self.current(key), ast.Call(func=stmt.target, args=[stmt.value],
                                                                             keywords=[])), stmt)
             return
         if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
             target = stmt.targets[0]
+            if isinstance(target, ast.Tuple) and isinstance(stmt.value, ast.Tuple) \
+                    and len(target.elts) == len(stmt.value.elts) and all(isinstance(t, ast.Name) for t in target.elts):
+                for t, v in zip(target.elts, stmt.value.elts):
+                    self.bind(t, v)
+                return
             if isinstance(target, ast.Attribute) and target.attr == "data":
                 key = self.key(target)
                 if key is None:
@@ -506,24 +670,19 @@ class _Reader:
             if isinstance(target, ast.Subscript) and self.key(target) is not None:
                 # A new value stored into a dict of tensors walked by key.
                 value = self.value(stmt.value)
-                if set(value) - {""}:
-                    self.tensor_evidence = self.tensor_evidence or _tensor_call(stmt.value)
+                self.tensor_evidence = self.tensor_evidence or _tensor_call(stmt.value)
                 self.write(self.key(target), value, stmt)  # type: ignore[arg-type]
                 return
             if isinstance(target, ast.Name) and target.id not in self.loop_names:
-                self.locals[target.id] = self.value(stmt.value)
-                if any(isinstance(n, ast.Attribute) and n.attr == "data" for n in fast_walk(stmt.value)):
-                    self.tensor_evidence = True
+                self.bind(target, stmt.value)
                 return
             raise _Unknown
-        if isinstance(stmt, ast.If):
-            if self._mentions_loop(stmt.test) and any(isinstance(n, ast.Attribute) and n.attr == "grad"
-                                                       for n in fast_walk(stmt.test)):
-                raise _Unknown  # `if p.grad is not None`: an optimizer's loop
-            for inner in stmt.body:
-                self.statement_(inner)
+        if isinstance(stmt, ast.Return):
+            self.returned = self.value(stmt.value) if stmt.value is not None else None
             return
-        if isinstance(stmt, (ast.Pass, ast.Continue)):
+        if isinstance(stmt, (ast.Pass, ast.Continue, ast.Break, ast.Raise)):
+            return
+        if isinstance(stmt, ast.Assert):
             return
         raise _Unknown
 
@@ -543,6 +702,7 @@ class _Update:
     sums_to_one: bool
     only_update: bool
     why_shown: str = ""
+    setting: str = ""  # the test of the `if` whose other branch is multi-tensor
 
 
 def _loop_names(target: ast.AST) -> set[str] | None:
@@ -557,17 +717,35 @@ def _average_in(loop: ast.For, ctx: FileContext) -> _Update | None:
     names = _loop_names(loop.target)
     if not names or loop.orelse:
         return None
-    reader = _Reader(names)
-    try:
-        for stmt in loop.body:
-            reader.statement_(stmt)
-    except _Unknown:
-        return None
-    if len(reader.written) != 1 or not reader.tensor_evidence and not _walks_tensors(loop.iter):
-        return None
-    (target, statement), = reader.written.items()
-    final = reader.values[target]
-    if "" in final or target not in final or len(final) != 2:
+    paths = _paths(loop.body)
+    for path in paths:
+        if any(isinstance(n, ast.Attribute) and n.attr == "grad" for stmt in path for n in fast_walk(stmt)):
+            return None  # gradients: an optimizer's loop (AX203)
+        reader = _Reader(names, ctx)
+        try:
+            for stmt in path:
+                reader.statement_(stmt)
+        except _Unknown:
+            continue
+        if not reader.tensor_evidence and not _walks_tensors(loop.iter):
+            continue
+        for target, statement in reader.written.items():
+            update = _averaged(target, reader.values[target], statement)
+            if update is None:
+                continue
+            kind, test = _fallback_of_multi_tensor_path(loop, ctx)
+            if kind == "dtype":
+                return None
+            update.only_update = len(paths) == 1 and all(_is_update(s) for s in loop.body)
+            update.setting = test if kind == "setting" else ""
+            return update
+    return None
+
+
+def _averaged(target: str, final: Linear, statement: ast.stmt | None) -> _Update | None:
+    """The update, when ``final`` (the tensor's value after the iteration) is ``a *
+    itself + b * one other walked tensor`` with weights that may add up to one."""
+    if statement is None or "" in final or target not in final or len(final) != 2:
         return None
     source = next(k for k in final if k != target)
     keep, weight = final[target], final[source]
@@ -576,22 +754,30 @@ def _average_in(loop: ast.For, ctx: FileContext) -> _Update | None:
         return None  # a sum or a scaling, not an average
     if keep.constant == 1.0:
         return None  # the tensor plus a share of another: a step or a sum, not an average
-    if _has_multi_tensor_path(ctx):
-        return None  # the fallback of a function that averages with _foreach_ ops otherwise
-    sums_to_one = total is not None
-    only = all(_is_update(s) for s in loop.body)
     return _Update(statement=statement, target=target, source=source, keep=keep, weight=weight,
-                   sums_to_one=sums_to_one, only_update=only)
+                   sums_to_one=total is not None, only_update=False)
 
 
-def _has_multi_tensor_path(ctx: FileContext) -> bool:
-    """Whether the function the loop is in calls a ``torch._foreach_*`` op (the loop is
-    then its fallback, for dtypes or a setting the multi-tensor path does not take)."""
-    function = next((p for p in reversed(ctx.parents) if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
-    if function is None:
-        return False
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr.startswith("_foreach_")
-               for n in fast_walk(function))
+def _fallback_of_multi_tensor_path(loop: ast.For, ctx: FileContext) -> tuple[str | None, str]:
+    """``"dtype"`` when the loop is the branch of an ``if`` on a dtype whose other
+    branch averages with ``torch._foreach_*`` ops (the loop takes the tensors those
+    cannot: not for this rule), ``"setting"`` when that ``if`` tests something else
+    (``if self.foreach:``: the loop runs unless the setting is on), else None; with
+    the test's text."""
+    chain = [*ctx.parents, loop]
+    for parent, child in zip(reversed(chain[:-1]), reversed(chain[1:])):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return None, ""
+        if not isinstance(parent, ast.If):
+            continue
+        other = parent.body if child in parent.orelse else parent.orelse if child in parent.body else []
+        if not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr.startswith("_foreach_")
+                   for stmt in other for n in fast_walk(stmt)):
+            continue
+        test = ast.unparse(parent.test)
+        return ("dtype" if any(word in test for word in ("is_floating_point", "dtype", "is_complex"))
+                else "setting"), test
+    return None, ""
 
 
 def _is_update(stmt: ast.stmt) -> bool:
@@ -619,7 +805,7 @@ def _rewrite(loop: ast.For, update: _Update, ctx: FileContext) -> str | None:
     if sorted(names) != sorted([update.target, update.source]):
         update.why_shown = "looked up by key, which one call cannot take as they are"
         return None
-    if not all(_iterable_kind(a, ctx) == "parameters" for a in call.args):
+    if not all(iterable_kind(a, ctx) == "parameters" for a in call.args):
         update.why_shown = ("walked from something other than two modules' .parameters() (integer buffers or "
                             "mixed dtypes would need care)")
         return None
