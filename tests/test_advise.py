@@ -55,7 +55,7 @@ class FakeRuns:
     of kind ``memory_kind``; a set that scales the loader's batch notes its scale."""
 
     def __init__(self, times: dict[str, float] | None = None, fail: tuple[str, ...] = (), interrupt_after=None,
-                 loss: dict[str, float] | None = None, memory: dict[str, int] | None = None,
+                 loss: dict[str, float] | None = None, memory: dict[str, int | list[int]] | None = None,
                  memory_kind: str = "host_rss", warmup: dict[str, float] | None = None):
         self.memory = {"original": 1 << 30, **(memory or {})}
         #: Wall seconds of a run's warm-up steps, by knob set (else two steps' time).
@@ -89,8 +89,11 @@ class FakeRuns:
         if knobs.compile is not None:  # as the compile knob notes the module it took for the model
             applied["compile"] = {"module": "Discriminator", "modules": ["Discriminator", "Generator"],
                                   "kwargs": {}, "compiled": "module"}
+        peak = self.memory.get(knobs.name, self.memory["original"])
+        if isinstance(peak, list):  # one peak per run of this knob set, in turn
+            peak = peak[(self.order.count(knobs.name) - 1) % len(peak)]
         return TrialRun(knobs=knobs.name, repeat=repeat, ok=True, step_seconds=[step] * 4, seconds=1.0,
-                        applied=applied, peak_memory_bytes=self.memory.get(knobs.name, self.memory["original"]),
+                        applied=applied, peak_memory_bytes=peak,
                         memory_kind=self.memory_kind, warmup_seconds=self.warmup.get(knobs.name, 2 * step))
 
 

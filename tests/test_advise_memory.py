@@ -83,6 +83,26 @@ def test_a_host_peak_is_the_median_of_its_runs() -> None:
     assert original.peak_memory == (410 * mib, "host_rss")
 
 
+def test_a_change_within_the_runs_own_spread_of_peaks_is_marked(script: Path) -> None:  # noqa: F811
+    # A process's resident set strays from run to run (a review's DCGAN: 409 to 483 MiB
+    # for the same run): a change that moves the peak less than that is not told apart.
+    mib = 1 << 20
+    runs = FakeRuns(memory={"original": [1000 * mib, 1150 * mib, 1010 * mib],
+                            "code:AX110": 960 * mib, "knob:compile": 650 * mib})
+    advice = run_advice(script, runs)
+    code, compiled = rec_of(advice, "code:AX110").memory, rec_of(advice, "knob:compile").memory
+    assert code.noise == pytest.approx(0.15, abs=0.01) and code.within_noise and code.text.startswith("~-")
+    assert not compiled.within_noise and compiled.text.startswith("-3")
+    data = json.loads(advice.to_json())
+    memory = next(r for r in data["recommendations"] if r["key"] == "code:AX110")["memory"]
+    assert memory["within_noise"] is True and memory["noise"] == pytest.approx(code.noise)
+    assert "~: no more than the runs' own peaks differ" in text_of(advice)
+    # Peaks that do not stray leave every change told apart.
+    steady = run_advice(script, FakeRuns(memory={"code:AX110": int(0.99 * GIB)}))
+    assert not rec_of(steady, "code:AX110").memory.within_noise
+    assert "~:" not in text_of(steady)
+
+
 def test_a_change_above_the_memory_limit_is_held_back(script: Path) -> None:  # noqa: F811
     runs = FakeRuns(memory={"knob:compile": int(1.5 * GIB)})
     advice = run_advice(script, runs, memory_limit=int(1.2 * GIB))

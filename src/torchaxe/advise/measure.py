@@ -88,6 +88,20 @@ class ArmResult:
         return ordered[(len(ordered) - 1) // 2]
 
     @property
+    def memory_spread(self) -> float | None:
+        """How far its runs' peaks of the kind ``peak_memory`` reports strayed from one
+        another, as a fraction of their median ((highest - lowest) / median); None
+        with fewer than two such runs."""
+        peak = self.peak_memory
+        if peak is None:
+            return None
+        peaks = sorted(r.peak_memory_bytes for r in self.runs
+                       if r.ok and r.peak_memory_bytes is not None and (r.memory_kind or "") == peak[1])
+        if len(peaks) < 2 or not peaks[(len(peaks) - 1) // 2]:
+            return None
+        return (peaks[-1] - peaks[0]) / peaks[(len(peaks) - 1) // 2]
+
+    @property
     def rank_figures(self) -> list[dict[str, Any]] | None:
         """Under torchrun: each rank's figures, medians over the arm's runs that went through."""
         from torchaxe.runtime.ranks import median_rows

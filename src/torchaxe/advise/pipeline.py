@@ -892,8 +892,11 @@ class Advisor:
         if peak is None:
             return
         original = base.peak_memory
+        same_kind = original is not None and original[1] == peak[1]
+        spreads = [s for s in (arm.memory_spread, base.memory_spread if same_kind else None) if s is not None]
         rec.memory = Memory(kind=peak[1], peak_bytes=peak[0],
-                            original_peak_bytes=original[0] if original and original[1] == peak[1] else None)
+                            original_peak_bytes=original[0] if same_kind else None,  # type: ignore[index]
+                            noise=max(spreads) if spreads else None)
         limit = self.options.memory_limit
         if limit is not None and peak[0] > limit:
             why = (f"its peak memory ({MEMORY_KINDS.get(peak[1], peak[1])}) {bytes_text(peak[0])} is above "

@@ -160,7 +160,9 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             console.print("  * chosen: faster beyond the run-to-run noise; together below")
         if any(r.memory for r in ranked[:top]):
             console.print("  memory: the change of the peak memory against the original's, measured in the same "
-                          "rounds (-35%: 35% less)")
+                          "rounds (-35%: 35% less)" + ("; ~: no more than the runs' own peaks differ from one "
+                                                       "another" if any(r.memory and r.memory.within_noise
+                                                                        for r in ranked[:top]) else ""))
         failed = [r for r in ranked[:top] if r.status == "failed" and r.error]
         if failed:
             # In full: a status column cut to its width hides what the user must fix.

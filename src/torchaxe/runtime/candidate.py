@@ -88,6 +88,9 @@ class Memory:
     kind: str
     peak_bytes: int
     original_peak_bytes: int | None = None
+    #: How far the peaks of one side's own runs strayed from one another (a fraction
+    #: of their median, the larger side's): a change within it is not told apart.
+    noise: float | None = None
 
     @property
     def change(self) -> float | None:
@@ -97,14 +100,22 @@ class Memory:
         return self.peak_bytes / self.original_peak_bytes - 1.0
 
     @property
-    def text(self) -> str:
-        """``-35% memory``, ``+4% memory``."""
+    def within_noise(self) -> bool:
+        """Whether the change is no larger than the runs' own spread of their peaks."""
         change = self.change
-        return "memory n/a" if change is None else f"{100 * change:+.0f}% memory"
+        return change is not None and bool(self.noise) and abs(change) <= self.noise  # type: ignore[operator]
+
+    @property
+    def text(self) -> str:
+        """``-35% memory``, ``+4% memory``; ``~+4% memory`` within the noise."""
+        change = self.change
+        if change is None:
+            return "memory n/a"
+        return f"{'~' if self.within_noise else ''}{100 * change:+.0f}% memory"
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "peak_bytes": self.peak_bytes, "original_peak_bytes": self.original_peak_bytes,
-                "change": self.change}
+                "change": self.change, "noise": self.noise, "within_noise": self.within_noise}
 
 
 def exact() -> Accuracy:
