@@ -379,3 +379,42 @@ def test_apply_in_a_copy_of_the_project_refuses_advice_made_in_the_original(tmp_
     knobs, source = read_run_knobs(copy)
     assert "compile" in knobs and source == copy / "torchaxe.toml" and not (project / "torchaxe.toml").exists()
     assert "torch.tanh" in script.read_text() and "torch.tanh" in (copy / "train.py").read_text()
+
+
+def _with_unsafe_optimizer_fix(script: Path, tmp_path: Path, accuracy: dict, selected: bool = True) -> dict:
+    """The advice, with code:AX201 (the SGD built without fused=True: an unsafe fix)
+    measured and chosen with ``accuracy``."""
+    data = json.loads(advice_file(script, tmp_path).read_text())
+    rec = next((r for r in data["recommendations"] if r["key"] == "code:AX201"), None)
+    if rec is None:
+        rec = dict(next(r for r in data["recommendations"] if r["key"] == "code:AX110"), key="code:AX201",
+                   rules=["AX201"])
+        data["recommendations"].append(rec)
+    rec.update(status="measured", selected=selected, unsafe=True, speedup=1.14,
+               accuracy={"kind": "unknown", "loss_delta": None, "loss_noise": None, "loss_tolerance": None,
+                         "beyond_tolerance": False, **accuracy})
+    return data
+
+
+def test_unsafe_fixes_chosen_with_their_loss_checked_are_applied(script: Path, tmp_path: Path) -> None:  # noqa: F811
+    # A fused optimizer changes the last bits of the update (unsafe), but advise ran it
+    # on the user's script and its loss landed within the noise: apply takes it.
+    checked = {"kind": "loss", "loss_delta": 1e-8, "loss_noise": 0.02, "loss_tolerance": 0.02}
+    result = apply_advice(_with_unsafe_optimizer_fix(script, tmp_path, checked))
+    assert result.checked_unsafe == ["code:AX201"] and not result.skipped_unsafe
+    text = script.read_text()
+    assert "fused=True" in text and 'F.gelu(x, approximate="tanh")' in text
+
+
+@pytest.mark.parametrize("accuracy, selected", [
+    ({"kind": "unknown"}, True),  # the loss was not recorded
+    ({"kind": "loss", "loss_delta": 0.09, "loss_noise": 0.02, "loss_tolerance": 0.02, "beyond_tolerance": True}, True),
+    ({"kind": "loss", "loss_delta": 1e-8, "loss_noise": 0.02, "loss_tolerance": 0.02}, False),  # not chosen
+])
+def test_unsafe_fixes_not_checked_still_need_the_flag(script: Path, tmp_path: Path, accuracy, selected) -> None:  # noqa: F811
+    data = _with_unsafe_optimizer_fix(script, tmp_path, accuracy, selected)
+    result = apply_advice(data, keys=["code:AX201"] if not selected else ())
+    assert result.skipped_unsafe == ["code:AX201"] and not result.checked_unsafe
+    assert "fused=True" not in script.read_text()
+    apply_advice(data, keys=["code:AX201"], unsafe=True)
+    assert "fused=True" in script.read_text()

@@ -48,6 +48,23 @@ def test_text_summary_names_the_winners_and_what_to_run_next(advice) -> None:
     assert "torchaxe apply -- " not in text  # apply takes no command
 
 
+def test_next_step_says_unsafe_fixes_checked_on_the_run_need_no_flag(advice) -> None:
+    from torchaxe.runtime.candidate import Accuracy
+
+    code = next(r for r in advice.recommendations if r.key == "code:AX110")
+    assert code.selected
+    code.unsafe = True
+    code.accuracy = Accuracy(kind="unknown")
+    out = io.StringIO()
+    render_advice_text(advice, out, width=300)
+    assert "torchaxe apply --diff --unsafe-fixes" in out.getvalue()
+    code.accuracy = Accuracy(kind="loss", loss_delta=0.001, loss_noise=0.01, loss_tolerance=0.02)
+    out = io.StringIO()
+    render_advice_text(advice, out, width=300)
+    text = out.getvalue()
+    assert "--unsafe-fixes" not in text and "the unsafe fixes chosen are applied: their loss was checked" in text
+
+
 def test_the_report_says_where_the_budget_went(script: Path) -> None:  # noqa: F811
     from test_advise import Clock, TimedRuns
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from torchaxe.advise.recommendation import SCHEMA
+from torchaxe.runtime.candidate import loss_checked
 from torchaxe.atomic import write_text_atomic
 from torchaxe.config import home
 from torchaxe.errors import TorchaxeError
@@ -167,6 +168,9 @@ class ApplyResult:
     changed_files: list[str] = field(default_factory=list)
     applied_fixes: int = 0
     skipped_unsafe: list[str] = field(default_factory=list)
+    #: Unsafe code changes applied without --unsafe-fixes: advise chose them with
+    #: their training loss measured within the noise and the tolerance.
+    checked_unsafe: list[str] = field(default_factory=list)
     skipped_outside: list[str] = field(default_factory=list)
     knobs: dict[str, Any] = field(default_factory=dict)
     config: Path | None = None
@@ -280,13 +284,18 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
     result.held_back = [f"{r['key']} ({r['held_back']})" for r in chosen if r.get("held_back")]
     result.changes_optimisation = [r["key"] for r in chosen if r.get("changes_optimisation")]
     codes: list[str] = []
+    checked: set[str] = set()
     for r in chosen:
         if r.get("applies") != "code" or r.get("status") == "advice":
             continue
         if r.get("unsafe") and not unsafe:
-            result.skipped_unsafe.append(r["key"])
-            continue
+            if not loss_checked(r):
+                result.skipped_unsafe.append(r["key"])
+                continue
+            checked.update(r.get("rules") or [])
+            result.checked_unsafe.append(r["key"])
         codes.extend(r.get("rules") or [])
+    allowed: bool | frozenset[str] = True if unsafe else frozenset(checked)
     files: list[str] = []
     project = advised_project(advice, folder)
     for r in chosen:
@@ -299,13 +308,13 @@ def apply_advice(advice: dict[str, Any], *, unsafe: bool = False, keys: Sequence
                     files.append(real)
     if codes and files:
         options = ScanOptions(target=advice.get("target", "cpu"), select=tuple(sorted(set(codes))))
-        preview = fix_paths(files, options, unsafe=unsafe, write=False)
+        preview = fix_paths(files, options, unsafe=allowed, write=False)
         changed = [ff for ff in preview.files if ff.changed]
         result.diffs = [ff.diff() for ff in changed]
         if write and changed:
             result.originals = keep_originals(script.target if script.kind == "path" else folder,
                                               [ff.path for ff in changed])
-            done = fix_paths(files, options, unsafe=unsafe, write=True)
+            done = fix_paths(files, options, unsafe=allowed, write=True)
             result.applied_fixes = sum(len(ff.applied) for ff in done.files)
         result.changed_files = [ff.path for ff in changed]
     fragments = [r.get("knobs") or {} for r in chosen if r.get("applies") == "knob"]

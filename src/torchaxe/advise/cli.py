@@ -236,10 +236,12 @@ class NothingApplied(TorchaxeError):
 @click.command("apply", context_settings=CONTEXT)
 @click.option("--advice", "advice_path", type=click.Path(dir_okay=False), default=DEFAULT_ADVICE, show_default=True,
               help="The advice file `torchaxe advise` wrote.")
-@click.option("--unsafe-fixes", is_flag=True, help="Also apply code fixes that change numerics (marked unsafe).")
+@click.option("--unsafe-fixes", is_flag=True,
+              help="Also apply code fixes that may change numerics (marked unsafe) whose training loss advise did "
+                   "not check; those it chose with their loss within the noise and tolerance are applied anyway.")
 @click.option("--only", "keys", multiple=True, metavar="KEY",
               help="Apply these recommendations (their `key`, e.g. code:AX110 or knob:compile) instead of the "
-                   "chosen ones; an unsafe code fix also needs --unsafe-fixes. Repeatable.")
+                   "chosen ones; an unsafe code fix advise did not choose also needs --unsafe-fixes. Repeatable.")
 @click.option("--diff", is_flag=True, help="Show the code changes and the knobs; change nothing.")
 def apply(advice_path, unsafe_fixes, keys, diff):
     """Apply the changes `torchaxe advise` chose: code fixes and runtime knobs.
@@ -285,6 +287,10 @@ def apply(advice_path, unsafe_fixes, keys, diff):
         click.echo(f"torchaxe apply: warning: these change the optimisation (a larger micro-batch: fewer steps per "
                    f"epoch; check convergence and the learning rate): {', '.join(result.changes_optimisation)}",
                    err=True)
+    if result.checked_unsafe:
+        click.echo(f"torchaxe apply: {'would apply' if diff else 'applied'} unsafe fixes advise chose with their "
+                   f"training loss checked on your run (within the noise and tolerance): "
+                   f"{', '.join(result.checked_unsafe)}", err=True)
     if result.skipped_unsafe:
         click.echo(f"torchaxe apply: left out (unsafe, add --unsafe-fixes): {', '.join(result.skipped_unsafe)}",
                    err=True)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from torchaxe.advise.recommendation import Advice, Recommendation
 from torchaxe.advise.where import describe
-from torchaxe.runtime.candidate import MEMORY_KINDS
+from torchaxe.runtime.candidate import MEMORY_KINDS, loss_checked
 from torchaxe.units import bytes_text, duration, mfu_sentence, package_path, plural
 
 
@@ -235,10 +235,16 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     console.print("[bold]Next[/bold]")
     chosen = [r for r in ranked if r.selected]
     if any(r.applies == "code" for r in chosen):
-        unsafe = any(r.unsafe for r in chosen if r.applies == "code")
+        code = [r for r in chosen if r.applies == "code"]
+        unsafe = any(r.unsafe and not loss_checked(r.to_dict()) for r in code)
+        checked = any(r.unsafe and loss_checked(r.to_dict()) for r in code)
         console.print("  torchaxe apply --diff" + (" --unsafe-fixes" if unsafe else "")
                       + "   (shows the changes; without --diff it makes them"
-                      + (", --unsafe-fixes takes the fixes that may change numerics too)" if unsafe else ")"))
+                      + (", --unsafe-fixes takes the fixes that may change numerics too" if unsafe else "")
+                      + ("; the unsafe fixes chosen with their loss checked here are applied without it"
+                         if checked and unsafe else
+                         "; the unsafe fixes chosen are applied: their loss was checked on this run" if checked
+                         else "") + ")")
     elif any(r.applies == "knob" for r in chosen):
         console.print("  torchaxe apply   (writes the knobs to torchaxe.toml)")
     if chosen:

@@ -118,6 +118,16 @@ class Memory:
                 "change": self.change, "noise": self.noise, "within_noise": self.within_noise}
 
 
+def loss_checked(rec: dict[str, Any]) -> bool:
+    """Whether advise measured the change (a recommendation's JSON), chose it, and its
+    training loss landed within the original's run-to-run noise plus the tolerance:
+    an unsafe fix (one that may change numerics) checked on the user's own run, which
+    ``apply`` applies without ``--unsafe-fixes``."""
+    accuracy = rec.get("accuracy") or {}
+    return (rec.get("status") == "measured" and bool(rec.get("selected")) and accuracy.get("kind") == "loss"
+            and accuracy.get("loss_delta") is not None and not accuracy.get("beyond_tolerance"))
+
+
 def exact() -> Accuracy:
     """A fresh ``exact`` accuracy (each recommendation gets its own, it is filled in later)."""
     return Accuracy(kind="exact", detail="same computation")

@@ -58,12 +58,15 @@ class FixResult:
         return sum(len(f.remaining) for f in self.files)
 
 
-def is_applicable(fix: Fix | None, unsafe: bool) -> bool:
+def is_applicable(fix: Fix | None, unsafe: bool, code: str = "") -> bool:
+    """Whether ``fix`` is applied: a safe one always, an unsafe one when ``unsafe``
+    is True or names ``code`` (a set of rule codes)."""
     if fix is None or not fix.edits:
         return False
     if fix.applicability is Applicability.SAFE:
         return True
-    return unsafe and fix.applicability is Applicability.UNSAFE
+    allowed = unsafe if isinstance(unsafe, bool) else code in unsafe
+    return allowed and fix.applicability is Applicability.UNSAFE
 
 
 def _offset(starts: list[int], line: int, col: int) -> int:
@@ -164,17 +167,18 @@ def _has_import(tree: ast.Module, statement: str) -> bool:
 
 
 def fix_source(
-    source: str, path: str, options: ScanOptions, unsafe: bool = False, rules: list | None = None
+    source: str, path: str, options: ScanOptions, unsafe: bool | frozenset[str] = False, rules: list | None = None
 ) -> FileFix:
     """Fix one file's text in memory, rescanning until nothing applicable is left.
-    ``rules`` (instances) may be passed in to share them between files."""
+    ``unsafe``: see :func:`is_applicable`. ``rules`` (instances) may be passed in to
+    share them between files."""
     if rules is None:
         rules = [cls() for cls in select_rules(options.select, options.ignore)]
     result = FileFix(path=path, original=source, fixed=source)
     current = source
     for _ in range(MAX_PASSES):
         report = scan_source(current, path, options, rules)
-        todo = [f for f in report.findings if is_applicable(f.fix, unsafe)]
+        todo = [f for f in report.findings if is_applicable(f.fix, unsafe, f.code)]
         if not todo:
             break
         current, applied = apply_edits(current, [f.fix for f in todo])  # type: ignore[misc]
@@ -204,7 +208,7 @@ def fix_paths(
     paths: list[str | Path],
     options: ScanOptions,
     *,
-    unsafe: bool = False,
+    unsafe: bool | frozenset[str] = False,
     write: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> FixResult:
