@@ -237,7 +237,8 @@ def test_out_of_budget_changes_are_listed_unmeasured(script: Path) -> None:
 
 def test_a_budget_that_fits_few_changes_says_how_much_would_fit_them_all(script: Path) -> None:
     # Runs of 2 s (the profiled run's length): 20 s fit one change and the A/A arm.
-    advice = run_advice(script, FakeRuns(), budget=20.0)
+    clock = Clock()
+    advice = run_advice(script, TimedRuns(clock, 2.0), budget=20.0, clock=clock)
     assert [r.status for r in advice.recommendations].count("not_measured") == 3
     assert any("the --budget fits 1 of 4 changes (3 not measured, listed last); about --budget 1m would measure "
                "them all, at 2 s per run" in n for n in advice.notes)
@@ -247,18 +248,44 @@ def test_the_budget_said_to_measure_them_all_counts_first_compiles(script: Path)
     # Runs of 13 s, one round: the warm-up, the original, the A/A arm, the four changes
     # and the combined run take 117 s, compile's first compile 26 s more: --budget 2m
     # is short, and the note does not say it would do.
-    advice = run_advice(script, FakeRuns(), budget=120.0, repeats=1, step=0.5, profile_seconds=13.0)
+    clock = Clock()
+    advice = run_advice(script, TimedRuns(clock, 13.0), budget=120.0, repeats=1, step=0.5, profile_seconds=13.0,
+                        clock=clock)
     assert [r.status for r in advice.recommendations].count("not_measured") == 1
     note = next(n for n in advice.notes if n.startswith("the --budget fits 3 of 4"))
     assert "about --budget 3m would measure them all, at 13 s per run" in note, note
 
 
+def test_changes_the_first_fit_left_out_are_measured_when_runs_prove_shorter(script: Path) -> None:  # noqa: F811
+    # The profiled run took 2 s (a busy machine, a slow first start), so 20 s seemed to
+    # hold one change; the runs then take 0.5 s, and the budget left measures the rest,
+    # against the same original, in rounds of their own.
+    clock = Clock()
+    runs = TimedRuns(clock, 0.5)
+    advice = run_advice(script, runs, budget=20.0, clock=clock)
+    statuses = {r.key: r.status for r in advice.recommendations}
+    assert list(statuses.values()).count("not_measured") == 0, statuses
+    assert not any(n.startswith("the --budget fits") for n in advice.notes)
+    assert not advice.partial
+    compile_rec = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert compile_rec.speedup == pytest.approx(2.0) and compile_rec.not_measured_reason is None
+    assert "out of --budget" not in compile_rec.detail
+    # Its rounds ran after the first ones, each beside the original and the A/A arm.
+    first_late = runs.order.index("knob:compile")
+    assert runs.order[first_late - 2:first_late] == ["original", "original-again"]
+    # Runs that prove as long as guessed leave the fit as it was (above).
+
+
 def test_a_first_compile_that_does_not_fit_leaves_the_budget_to_a_cheaper_change(script: Path) -> None:
     # Runs of 2 s, 2 rounds: 20 s hold one change's runs, but not a compile's, whose
     # first run is guessed to take three; the next most promising is measured instead.
-    statuses = {r.key: r.status for r in run_advice(script, FakeRuns(), budget=20.0).recommendations}
+    clock = Clock()
+    statuses = {r.key: r.status for r in run_advice(script, TimedRuns(clock, 2.0), budget=20.0,
+                                                    clock=clock).recommendations}
     assert statuses["knob:compile"] == "not_measured" and statuses["code:AX110"] == "measured"
-    statuses = {r.key: r.status for r in run_advice(script, FakeRuns(), budget=24.0).recommendations}
+    clock = Clock()
+    statuses = {r.key: r.status for r in run_advice(script, TimedRuns(clock, 2.0), budget=24.0,
+                                                    clock=clock).recommendations}
     assert statuses["knob:compile"] == "measured"  # it fits: the most promising first
 
 
@@ -266,7 +293,8 @@ def test_a_compile_a_short_job_would_not_pay_back_is_measured_after_the_others(s
     # Runs of 2 s: a first compile guessed at 4 s more. A job of 20 steps of 0.1 s pays
     # that back only if each step saves 0.2 s: compile goes last, and 24 s, which hold
     # it first (above), hold two other changes instead.
-    advice = run_advice(script, FakeRuns(), budget=24.0, args=("--steps", "20"))
+    clock = Clock()
+    advice = run_advice(script, TimedRuns(clock, 2.0), budget=24.0, args=("--steps", "20"), clock=clock)
     statuses = {r.key: r.status for r in advice.recommendations}
     assert statuses["knob:compile"] == "not_measured"
     assert statuses["code:AX110"] == statuses["code:AX201"] == "measured"

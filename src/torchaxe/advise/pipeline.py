@@ -476,6 +476,7 @@ class Advisor:
             c.rec.status = "not_measured"
             c.rec.not_measured_reason = "budget"
             c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + "(not measured: out of --budget)"
+        partial_before, fit_note = advice.partial, None
         if len(chosen) < len(ordered):
             advice.partial = True
             # As the fit counts: what went before, the warm-up run, the rounds of every
@@ -485,8 +486,9 @@ class Advisor:
                     "listed last)" if chosen else
                     f"left after the profile ({max(left, 0):.0f} s) holds no measurement (one change takes three "
                     f"runs: a warm-up, the original and the change)")
-            advice.notes.append(f"the --budget {fits}; about --budget {math.ceil(needed / 60)}m would measure them "
-                                f"all, at {per_run:.0f} s per run")
+            fit_note = (f"the --budget {fits}; about --budget {math.ceil(needed / 60)}m would measure them "
+                        f"all, at {per_run:.0f} s per run")
+            advice.notes.append(fit_note)
         if not chosen:
             advice.partial = True
             return
@@ -511,6 +513,20 @@ class Advisor:
                                                        "measuring", warm=True, reserve=2 * repeats)
         noise_arm, results = results[0], results[1:]
         self._set_noise(noise_arm)
+        cut = [c for c in ordered if id(c) not in taken]
+        if complete and not base_arm.error and cut:
+            # The fit guessed each run's length from the profiled run; the rounds just
+            # run say how long runs take. Changes the guess left out are measured now,
+            # against the same original, while the budget holds them.
+            complete = self._measure_late(measurer, base_arm, noise_arm, cut, arms, results, repeats)
+            if not any(c.rec.not_measured_reason == "budget" for c in cut):
+                if fit_note in advice.notes:
+                    advice.notes.remove(fit_note)
+                advice.partial = partial_before
+            elif fit_note in advice.notes and any(c.rec.not_measured_reason != "budget" for c in cut):
+                advice.notes[advice.notes.index(fit_note)] = (
+                    f"{fit_note} (guessed from the profiled run; at the run times measured, "
+                    f"{sum(c.rec.not_measured_reason != 'budget' for c in cut)} more were measured after the others)")
         if complete and not base_arm.error:
             # Extra rounds keep room for the combined run (2 arms) and one refining
             # comparison on top of it (the original, the chosen set, the small changes).
@@ -641,6 +657,52 @@ class Advisor:
                     "script seed its random state?): a change to the numerics whose loss lands within that cannot be "
                     "told from chance, so the accuracy check judges little; a fixed seed (torch.manual_seed) makes "
                     "it sharp")
+
+    def _measure_late(self, measurer: Measurer, base: ArmResult, noise_arm: ArmResult, cut: list[Candidate],
+                      arms: list[tuple[Candidate, KnobSet]], results: list[ArmResult], repeats: int) -> bool:
+        """Measure the changes the budget's first fit left out (``cut``, most
+        promising first), in further rounds against ``base`` with the A/A arm, as
+        many at a time as the budget left holds at the run times measured so far,
+        keeping room for the combined run. Each measured one joins ``arms`` and
+        ``results``. False when the deadline cut a round short."""
+        late: list[tuple[Candidate, ArmResult]] = []
+        reserve = 2 * repeats
+        for c in cut:
+            knobs = self.arms.of_change(c)
+            if knobs is None:
+                continue
+            trial = [*(a for _, a in late), ArmResult(knobs.name, knobs)]
+            # A round of the original, the A/A arm and each late change, ``repeats`` times.
+            seconds = repeats * (2 * measurer.expected_run_seconds()
+                                 + sum(measurer.expected_seconds_of(a.knobs) for a in trial))
+            left = measurer.remaining()
+            if left is not None and left < seconds + reserve * measurer.expected_run_seconds():
+                continue
+            late.append((c, trial[-1]))
+        if not late:
+            return True
+        started = len(base.runs)
+        self.progress(f"the budget holds more than the first guess: measuring "
+                      f"{', '.join(c.rec.key for c, _ in late)} too")
+
+        def plan() -> list[ArmResult]:
+            if len(base.runs) - started >= repeats:
+                return []
+            return [noise_arm] + [a for _, a in late if not a.error]
+
+        try:
+            complete = measurer.more_rounds(base, plan, "measuring")
+        finally:
+            self._set_noise(noise_arm)
+        for c, arm in late:
+            if arm.ratios or arm.error:
+                c.rec.status = "measured"
+                c.rec.not_measured_reason = None
+                c.rec.detail = c.rec.detail.replace(" (not measured: out of --budget)", "").replace(
+                    "(not measured: out of --budget)", "")
+                arms.append((c, arm.knobs))
+                results.append(arm)
+        return complete
 
     def _more_rounds(self, measurer: Measurer, base: ArmResult, noise_arm: ArmResult, arms: list[ArmResult],
                      reserve: int) -> bool:
