@@ -4,6 +4,7 @@ ways a script is started, and step markers. The examples are the workloads."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import types
 
@@ -785,6 +786,7 @@ def test_module_form_runs_as_main_with_the_working_folder_on_the_path(tmp_path, 
     (package / "__init__.py").write_text("")
     (package / "train.py").write_text(PRELUDE + """
 import os
+import subprocess
 assert __name__ == "__main__"
 assert sys.argv[1:] == ["--epochs", "2"], sys.argv
 assert sys.argv[0].endswith(os.path.join("mytrainpkg", "train.py")), sys.argv[0]
@@ -999,3 +1001,28 @@ def test_a_one_shot_module_hook_in_an_eager_run_acts_once_and_leaves_no_hook() -
     layer(torch.ones(1, 2))
     assert seen == [1]
     assert len(torch_module._global_forward_pre_hooks) == before
+
+
+def test_a_compile_after_the_probes_are_removed_traces_torchs_own_tensor_methods():
+    # Dynamo snapshots the tensor class's attributes when it is first imported: imported
+    # while the probes' wrappers of Tensor.to and Tensor.item were installed, a later
+    # compile in the process (the tuner's, under a torch function mode) traced the
+    # removed wrappers and failed to build its guards ("'method_descriptor' object has no attribute '__closure__'").
+    code = (
+        "import torch\n"
+        "from torchaxe.runtime.probes import CodeMap, HostSyncProbe\n"
+        "class Sink:\n    started = False\n"
+        "sync = HostSyncProbe(Sink(), CodeMap(), count_host_tensors=True); sync.install()\n"
+        "import torch._dynamo\n"
+        "sync.uninstall()\n"
+        "def f(x, y):\n    return x.to(torch.float64).sum() + y.to(torch.float64).mean()\n"
+        "from torch.overrides import TorchFunctionMode\n"
+        "class Mode(TorchFunctionMode):\n"
+        "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
+        "        return func(*args, **(kwargs or {}))\n"
+        "with Mode():  # as the tuner's checks run (stochastic layers off)\n"
+        "    out = torch.compile(f, backend='eager', fullgraph=True)(torch.randn(3), torch.randn(2))\n"
+        "print('ok', out.dtype)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "ok torch.float64" in run.stdout, run.stderr[-2000:]

@@ -181,6 +181,16 @@ def test_compare_uses_the_dtype_tolerance():
     assert not compare(ref, RunResult([torch.ones(4)], {})).ok
 
 
+def test_relative_error_leaves_out_differences_within_the_absolute_tolerance():
+    # A gradient of ~1e-7 everywhere (a ViT's): 1e-7 apart passes on float32's atol and
+    # is no 100% relative error in the report.
+    ref = RunResult([torch.ones(4)], {"tiny": torch.full((3,), 1e-7), "w": torch.ones(3)})
+    got = RunResult([torch.ones(4)], {"tiny": torch.full((3,), 2e-7), "w": torch.ones(3) * (1 + 3e-5)})
+    check = compare(ref, got)
+    assert check.ok and check.grad_max_abs == pytest.approx(3e-5, rel=1e-2)
+    assert check.grad_max_rel == pytest.approx(3e-5, rel=1e-2)
+
+
 def test_a_result_beyond_the_tolerance_passes_when_as_close_to_float64_as_eager():
     g = torch.Generator().manual_seed(0)
     exact = torch.randn(1000, generator=g, dtype=torch.float64)

@@ -132,3 +132,22 @@ def compiled_by_script(model: Any) -> Any:
     from torch import nn
 
     return inner if isinstance(inner, nn.Module) else None
+
+
+def refresh_tensor_attributes() -> None:
+    """After torchaxe's wrappers of ``torch.Tensor`` methods are removed, have dynamo
+    see torch's own methods again. Dynamo keeps one snapshot of the tensor class's
+    attributes, taken when its tensor module is first imported: imported while the
+    wrappers were installed (a script or a library imports dynamo during the watched
+    steps), the snapshot holds them, and a later compile in this process (the tuner's)
+    traced the removed wrapper of ``Tensor.to`` and failed building its guards
+    ("'method_descriptor' object has no attribute '__closure__'", an HF ViT's loss).
+    Nothing to do when dynamo was never imported."""
+    import sys
+
+    module = sys.modules.get("torch._dynamo.variables.tensor")
+    if module is None or not hasattr(module, "all_tensor_attrs"):
+        return
+    import torch
+
+    module.all_tensor_attrs = torch._C.TensorBase.__dict__ | torch.Tensor.__dict__

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.compile_module import compile_in_place
+from torchaxe.runtime.dynamo import refresh_tensor_attributes
 from torchaxe.runtime.instance_forward import set_forward
 from torchaxe.runtime.first_model import FirstModel
 from torchaxe.runtime.knobs import AppliedKnobs, Knob, KnobCheck, installed, kind
@@ -259,6 +260,7 @@ class LossRecorder:
 
             torch.Tensor.backward = self._original
             self._original = None
+            refresh_tensor_attributes()
 
     def recorded_phases(self) -> list[str | None]:
         return list(self.phases)

@@ -21,7 +21,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from torchaxe.runtime.dynamo import OneShotModuleHook, add_global_forward_pre_hook, compiling, compiling_check
+from torchaxe.runtime.dynamo import (OneShotModuleHook, add_global_forward_pre_hook, compiling, compiling_check,
+                                     refresh_tensor_attributes)
 from torchaxe.runtime.profile import HostSyncSite, InputSignature, ShapeTally
 
 #: Distinct input signatures kept per module before it is marked ``truncated``.
@@ -55,12 +56,18 @@ def patch_attribute(saved: list, owner: Any, name: str, wrapper: Callable) -> No
 def restore_patches(saved: list) -> None:
     """Undo the ``(owner, name, original, own)`` patches of ``saved``, last first; an
     inherited original is uncovered again rather than copied onto the owner."""
+    import torch
+
+    tensor = False
     while saved:
         owner, name, original, own = saved.pop()
+        tensor = tensor or owner is torch.Tensor
         if own:
             setattr(owner, name, original)
         else:
             delattr(owner, name)
+    if tensor:
+        refresh_tensor_attributes()
 
 
 class StepSink(Protocol):
@@ -703,6 +710,7 @@ class HostSyncProbe:
                 setattr(torch.Tensor, name, original)
             else:
                 delattr(torch.Tensor, name)
+        refresh_tensor_attributes()
         if self._saved_show is not None:
             warnings.showwarning = self._saved_show
             self._saved_show = None
