@@ -48,6 +48,8 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
             detail="Ampere and newer GPUs run float32 matmuls on tensor cores when TF32 is allowed; "
                    "PyTorch leaves it off for matmuls by default"))
     slow_bf16 = target == "cpu" and settings.get("cpu_bfloat16") is False
+    if float64_model(settings):
+        return out  # autocast lowers float32 operations only: nothing to measure
     if target in ("cpu", "cuda", "npu") and not own_autocast and not slow_bf16:
         out.append(knob_candidate(
             "knob:autocast-bf16", "precision", "mixed precision: the model's forward under torch.autocast(bfloat16)",
@@ -61,6 +63,18 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
             {"autocast": {"dtype": "float16"}}, group="precision", accuracy=_numerics(precision), priority=1.3,
             detail="float16 needs a GradScaler for training: its loss is compared with the original's"))
     return out
+
+
+#: Said when the model's parameters are all float64 (``settings["model_dtypes"]``).
+FLOAT64_MODEL = ("the model's parameters are float64: mixed precision was not tried, as autocast lowers float32 "
+                 "operations only and leaves float64 ones as they are; the model and its inputs in float32 "
+                 "(`model.float()`, float32 tensors) are the change to make first (AX701 shows where the script "
+                 "asks for float64), and float64 runs at a fraction of float32's speed on GPUs and NPUs")
+
+
+def float64_model(settings: dict[str, Any]) -> bool:
+    """Whether the run's model holds float64 parameters and no others."""
+    return settings.get("model_dtypes") == ["float64"]
 
 
 def _attention_in_float32(profile: dict[str, Any], target: str, priority: float) -> list[Candidate]:
@@ -85,7 +99,10 @@ def _attention_in_float32(profile: dict[str, Any], target: str, priority: float)
 
 def own_speedups(settings: dict[str, Any], target: str) -> list[str]:
     """Why no mixed-precision candidate is offered, when it is not: the run showed the
-    script using autocast itself, or the CPU has no bfloat16 instructions."""
+    script using autocast itself, a float64 model, or the CPU has no bfloat16
+    instructions."""
+    if float64_model(settings):
+        return [FLOAT64_MODEL]
     if settings.get("autocast"):
         return [f"the script runs its model under autocast ({settings['autocast']}) itself: mixed precision was "
                 f"not tried again"]

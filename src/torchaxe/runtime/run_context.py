@@ -355,7 +355,8 @@ def _autocast_dtype(torch: Any, device_type: str) -> str | None:
 
 class ModelProbe:
     """Notes, at the model's first call (runtime/first_model.py), whether the script
-    runs it under autocast itself: then trying mixed precision again is pointless."""
+    runs it under autocast itself: then trying mixed precision again is pointless; and
+    its parameters' floating dtypes (``model_dtypes``)."""
 
     def __init__(self) -> None:
         from torchaxe.runtime.first_model import FirstModel
@@ -368,6 +369,9 @@ class ModelProbe:
         try:
             device_type = next(module.parameters()).device.type
             OBSERVED["autocast"] = _autocast_dtype(torch, device_type)
+            # float64 parameters: autocast lowers float32 operations only.
+            OBSERVED["model_dtypes"] = sorted({str(p.dtype).replace("torch.", "") for p in module.parameters()
+                                               if p.is_floating_point()})
         except Exception:  # noqa: BLE001 - an observation must never break the user's run
             pass
 
@@ -419,7 +423,7 @@ def settings() -> dict[str, Any]:
         except AttributeError:  # pragma: no cover - older torch
             pass
         out["compiled_graphs"] = _compiled_graphs()
-    for key in ("autocast", "loader_epochs", "loader_kinds", "optimizers"):
+    for key in ("autocast", "model_dtypes", "loader_epochs", "loader_kinds", "optimizers"):
         if key in OBSERVED:
             out[key] = OBSERVED[key]
     return out
