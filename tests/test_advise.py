@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -416,6 +417,18 @@ def test_loss_noise_that_hides_a_change_of_several_percent_is_said_to_judge_litt
                                              loss={"knob:autocast-bf16": 1.0}))
     assert any(n.startswith("the original's training loss differs by") and "does the script seed" in n
                for n in unseeded.notes), unseeded.notes
+
+
+def test_loud_loss_noise_from_one_run_of_the_original_does_not_ask_for_a_seed(script: Path) -> None:
+    # Seen in a review: the budget held one round, the run under another seed landed 10%
+    # away, and a script calling torch.manual_seed(0) was asked whether it seeds itself.
+    clock = Clock()
+    runs = TimedRuns(clock, 10.0, loss={"original-again": 1.10})
+    advice = run_advice(script, runs, repeats=2, budget=125.0, clock=clock)
+    assert advice.baseline["loss_noise_same_seed"] is None and advice.baseline["loss_noise"] > 0.05
+    assert not any("does the script seed" in n for n in advice.notes), advice.notes
+    assert any(n.startswith("the original's run under another seed lands") and "too few of its own runs" in n
+               for n in advice.notes), advice.notes
 
 
 def test_a_loss_verdict_on_one_run_of_each_says_so(script: Path) -> None:
@@ -1297,6 +1310,14 @@ def test_mfu_before_and_after_the_chosen_changes(script: Path) -> None:
     text = io.StringIO()
     render_advice_text(advice, text)
     assert "MFU 0.0% of table peak" in text.getvalue() and "with the chosen changes" in text.getvalue()
+    # Above the measured peak (a sparse product counted dense, seen in a review): said so.
+    figures = advice.mfu
+    for before_mfu, after_mfu, said in ((0.5, 0.9, False), (1.82, 2.04, True), (0.5, 1.11, True)):
+        figures["before"]["mfu_measured"], figures["after"]["mfu_measured"] = before_mfu, after_mfu
+        text = io.StringIO()
+        with mock.patch.object(type(advice), "mfu", new=property(lambda self: figures)):
+            render_advice_text(advice, text, width=300)
+        assert ("above 100% of the measured peak" in text.getvalue()) is said
     # A chosen bf16 autocast is judged against the bf16 peak of the table, not the float32 one.
     after = mfu_figures(profile["flops"], 0.1, 0.05, [{"autocast": {"dtype": "bfloat16"}}])["after"]
     assert after["dtype"] == "bfloat16" and after["mfu_measured"] is None

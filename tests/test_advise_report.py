@@ -130,6 +130,20 @@ def test_findings_in_installed_packages_are_named_not_only_counted(advice) -> No
     out = io.StringIO()
     render_advice_text(advice, out, width=200)
     assert "  1 finding in installed packages" in out.getvalue()
+    # Listed and also left out as not executed (a review's HF ViT): the listing says so.
+    findings = [{"path": site + f"models/m{i}.py", "line": 10 + i, "code": "AX101", "category": "gelu_tanh",
+                 "executed": i == 4} for i in range(5)]
+    advice.scanned["installed_findings"] = findings
+    out = io.StringIO()
+    render_advice_text(advice, out, width=200)
+    text = out.getvalue()
+    assert "5 findings in installed packages the run imported, 1 in code its steps ran (listed first" in text
+    assert text.index("m4.py:14") < text.index("m0.py:10")
+    for item in findings:
+        item["executed"] = False
+    out = io.StringIO()
+    render_advice_text(advice, out, width=200)
+    assert "none in code its steps ran (left out, see the note)" in out.getvalue()
 
 
 def test_a_set_cut_to_its_best_change_is_not_called_all_of_them_together(script: Path) -> None:  # noqa: F811

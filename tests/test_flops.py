@@ -71,6 +71,31 @@ def test_an_evaluation_pass_inside_the_counted_step_is_not_the_steps_work():
     assert window.by_dtype == {"float32": window.flops}
 
 
+def test_a_sparse_matrix_product_counts_its_stored_elements_not_the_dense_shape():
+    # A review's GCN: torch.spmm over an 8000 x 8000 adjacency was counted as a dense
+    # matmul (31.7 GFLOP a step), and MFU read 182% of the measured peak.
+    import warnings
+
+    import torch
+
+    n, features, hidden = 2000, 16, 8
+    g = torch.Generator().manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adjacency = torch.sparse_coo_tensor(torch.randint(0, n, (2, 10000), generator=g), torch.ones(10000),
+                                            (n, n)).coalesce()
+    weight = torch.nn.Parameter(torch.randn(features, hidden, generator=g))
+    x = torch.randn(n, features, generator=g)
+    window = FlopWindow(step=1)
+    window.start()
+    torch.spmm(adjacency, x @ weight).sum().backward()
+    window.stop()
+    dense_part = 2 * (2 * n * features * hidden)  # x @ weight and its weight gradient
+    sparse_part = 2 * (2 * adjacency._nnz() * hidden)  # the product and its gradient through the adjacency
+    assert window.flops == dense_part + sparse_part
+    assert window.by_dtype == {"float32": window.flops}
+
+
 def test_fused_attention_on_cpu_is_counted_as_the_fused_kernel_computes_it():
     import torch
     import torch.nn.functional as F

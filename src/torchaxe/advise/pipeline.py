@@ -289,6 +289,9 @@ class Advisor:
                     "(not measured: no training step of this run ran this code)"
             advice_recs += [c.rec for c in unrun_codes] + unrun_advice
         installed, idle = run_by_the_job(extra.findings if extra is not None else [], base.context)
+        idle_keys = {(f.path, f.line, f.code) for f in idle}
+        for item in advice.scanned.get("installed_findings") or []:
+            item["executed"] = (item.get("path"), item.get("line"), item.get("code")) not in idle_keys
         if idle:
             advice.notes.append(
                 f"{len(idle)} finding(s) in installed packages are left out: the run did not execute their code "
@@ -651,6 +654,14 @@ class Advisor:
                     "draws (initialisation, data order, noise), so a change to the numerics whose loss lands within "
                     "that cannot be told from chance, and the accuracy check judges little; a longer run or "
                     "--steps averages more of the draws")
+            elif same is None:
+                # One run of the original went through: only the other seed's was compared.
+                self.advice.notes.append(
+                    f"the original's run under another seed lands {self.noise.loss:.1%} away in training loss (too "
+                    "few of its own runs went through to say whether they agree): a change to the numerics whose "
+                    "loss lands within that cannot be told from chance, so the accuracy check judges little; a "
+                    "longer --budget compares the original's own runs, and a script that does not fix its random "
+                    "state (torch.manual_seed) should")
             else:
                 self.advice.notes.append(
                     f"the original's training loss differs by {self.noise.loss:.1%} between its own runs (does the "

@@ -99,12 +99,16 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
         if after is not None:
             after_text = "; with the chosen changes " + (mfu_sentence(after["mfu_table"], after["mfu_measured"])
                                                           or "n/a").removeprefix("MFU ")
-        console.print(f"  {before}{after_text}")
+        over = max(mfu["before"].get("mfu_measured") or 0.0, (after or {}).get("mfu_measured") or 0.0) > 1.0
+        console.print(f"  {before}{after_text}" + (" (above 100% of the measured peak: the FLOP count holds work the "
+                                                  "steps did not do, and the MFU figures are not reliable)"
+                                                  if over else ""))
     if advice.distributed:
         _render_ranks(console, advice)
     if base.get("run_to_run_noise") is not None:
-        console.print(f"  run-to-run noise   {base['run_to_run_noise']:.1%} (the original against itself, "
-                      "interleaved: a change must save more to be chosen)")
+        console.print(f"  run-to-run noise   {base['run_to_run_noise']:.1%} (the furthest the original strayed from "
+                      "itself in a round: a change is chosen when it is faster by more than that in every round, or "
+                      "when its rounds rank below the original-against-itself rounds beyond chance)")
     if base.get("loss_tolerance") is not None:
         noise = base.get("loss_noise")
         if noise is None:
@@ -223,8 +227,16 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             console.print(f"  - {check.name}: {check.message}{where}{_measured_text(by_key.get(check.recommendation))}")
     installed = advice.scanned.get("installed_findings") or []
     if installed:
-        console.print(f"  {plural(len(installed), 'finding')} in installed packages the run imported "
+        ran = [i for i in installed if i.get("executed", True)]
+        if len(ran) == len(installed):
+            which = ""
+        elif ran:
+            which = f", {len(ran)} in code its steps ran (listed first; the others left out, see the note)"
+        else:
+            which = ", none in code its steps ran (left out, see the note)"
+        console.print(f"  {plural(len(installed), 'finding')} in installed packages the run imported{which} "
                       "(all of them in the JSON advice, scanned.installed_findings):")
+        installed = ran + [i for i in installed if not i.get("executed", True)]
         for item in installed[:3]:
             console.print(f"    {package_path(str(item.get('path')))}:{item.get('line')} {item.get('code')} "
                           f"{item.get('category', '').replace('_', ' ')}")

@@ -897,8 +897,9 @@ class Harness:
         if mfu is not None and mfu > 1.0:
             profile.warnings.append(
                 f"the FLOPs counted on step {profile.flops.counted_step} make {100 * mfu:.0f}% of the measured peak at "
-                "the median step time: that step held work a typical step does not (its FLOPs are too many for the "
-                "median); the MFU figures are not reliable")
+                "the median step time: that step held work a typical step does not, or the counter counted work "
+                "the step did not do (an operator whose FLOP formula reads only shapes); the MFU figures are not "
+                "reliable")
         return profile
 
     def _detail(self, profile: Profile, command: ScriptCommand, state: dict) -> str:
