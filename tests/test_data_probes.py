@@ -158,6 +158,25 @@ def test_verdict_data_bound_without_workers():
     assert any(r.startswith("per sample: read 1.00 ms, decode 6.00 ms") for r in verdict.reasons)
 
 
+def test_a_getitem_that_computes_its_item_is_not_told_to_index_a_batch():
+    # A review's speech dataset synthesised each waveform in __getitem__ (0.12 ms an
+    # item, variable lengths): "index a whole batch at once" fits tensors in memory.
+    def verdict(per_item, cores=4):
+        stages = SimpleNamespace(per_sample_seconds=per_item, per_batch_seconds=per_item * 8,
+                                 stage_seconds=lambda: {"read": 0.0, "decode": 0.0, "transform": per_item,
+                                                        "collate": 1e-6}, dataset_type="SynthSpeech")
+        return judge(_report(_record(dataset_type="SynthSpeech"), wait=0.05, compute=0.05, cores=cores,
+                             stages=stages))
+
+    computed = verdict(120e-6).suggestions
+    assert any("its items computed in memory (0.12 ms each)" in s for s in computed)
+    assert not any("index a whole batch at once" in s for s in computed)
+    assert any("index a whole batch at once" in s for s in verdict(10e-6).suggestions)
+    # On two cores a worker shares them with the step's own threads: said beside the guess.
+    two = [s for s in verdict(120e-6, cores=2).suggestions if s.startswith("num_workers=")]
+    assert two and "may not pay" in two[0] and "--tune" in two[0]
+
+
 def test_without_a_dataloader_the_verdict_says_the_wait_was_not_measured():
     # llama2.c and nanoGPT make their batches themselves: no "not data-bound, 0.0%".
     report = _report(_record(), wait=0.0, compute=0.05, stages=_stages())
@@ -429,7 +448,8 @@ def test_a_dataset_in_memory_is_not_told_its_transforms_dominate():
                             stages=stages))
     assert verdict.data_bound
     assert not any("transforms dominate" in s for s in verdict.suggestions)
-    assert any(s.startswith("__getitem__ dominates, on data in memory") for s in verdict.suggestions)
+    assert any(s.startswith("__getitem__ dominates, its items computed in memory (10.0 ms each)")
+               for s in verdict.suggestions)
     assert any(r.startswith("per sample: read 0.00 ms, decode 0.00 ms, __getitem__ 10.0 ms") for r in verdict.reasons)
     assert any(s.startswith("num_workers=1 (one core left") for s in verdict.suggestions), verdict.suggestions
     # A TensorDataset with the default collate: the knob that takes its batches at once.

@@ -149,6 +149,13 @@ class DataReport:
         }
 
 
+#: A __getitem__ up to this long per item is mostly the interpreter's per-item work
+#: (an index into tensors in memory), which indexing a whole batch at once removes;
+#: a longer one computes its item, and batching helps only where items can be built
+#: together.
+PER_ITEM_OVERHEAD = 30e-6
+
+
 def pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
@@ -348,7 +355,10 @@ def judge(report: DataReport) -> Verdict:
             reasons.append(f"{per}: {workers} worker{'s' if workers != 1 else ''} deliver a batch every "
                            f"{ms(load / workers)}")
         if data_bound and needed and needed > workers:
-            suggestions.append(f"num_workers={needed} (load / compute, bounded by the {plural(cores, 'core')} of this rank)")
+            shared = (f"; on {plural(cores, 'core')} a worker shares them with the step's own threads, so it may "
+                      "not pay" if cores is not None and cores <= 2 else "")
+            suggestions.append(f"num_workers={needed} (load / compute, bounded by the {plural(cores, 'core')} of "
+                               f"this rank{shared}; `torchaxe data --tune` measures it)")
     elif workers == 0 and data_bound:
         reasons.append("batches are loaded in the training process (num_workers=0)")
     if data_bound and main.dataset_type == "TensorDataset":
@@ -410,10 +420,14 @@ def judge(report: DataReport) -> Verdict:
                                    "memory): make each item in fewer, larger tensor operations (a whole batch at "
                                    "once), or have it split itself among worker processes by "
                                    "torch.utils.data.get_worker_info()")
-            elif data_bound and top_name == "transform" and top >= 0.5 * total:
+            elif data_bound and top_name == "transform" and top >= 0.5 * total and top <= PER_ITEM_OVERHEAD:
                 suggestions.append("__getitem__ dominates, on data in memory: index a whole batch at once (a "
                                    "BatchSampler as the sampler with batch_size=None, and a __getitem__ that takes "
                                    "a list of indices)")
+            elif data_bound and top_name == "transform" and top >= 0.5 * total:
+                suggestions.append(f"__getitem__ dominates, its items computed in memory ({ms(top)} each): make "
+                                   "each with fewer, larger tensor operations, or a whole batch at once where the "
+                                   "items allow it (a BatchSampler as the sampler with batch_size=None)")
     copies = report.copies
     share = copies.get("host_to_device_fraction")
     if copies.get("applicable") and share is not None and share >= 0.05:
