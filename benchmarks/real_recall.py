@@ -71,9 +71,9 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "fused_op_name": ("AX103",),
     "loop_sync": ("AX30",),
     # benchmarks/real_corpus_averages.toml: moving averages of weights kept one tensor at
-    # a time (AX205), and gradient scalers beside bfloat16 autocast (AX307).
+    # a time (AX205), and gradient scalers beside bfloat16 autocast (AX702).
     "ema_loop": ("AX205",),
-    "grad_scaler_bf16": ("AX307",),
+    "grad_scaler_bf16": ("AX702",),
 }
 KINDS = ("positive", "lookalike")
 

@@ -295,7 +295,7 @@ ROWS: tuple[Row, ...] = (
         "real_recall_review", ">= 90% recall, 0 false positives",
         ("src/torchaxe/scan", "benchmarks/real_corpus_review.toml"), read_real_recall,
         command="python benchmarks/real_recall.py --manifest benchmarks/real_corpus_review.toml"),
-    Row("Weight-average and loss-scaler rules on public code (AX205, AX307; benchmarks/real_corpus_averages.toml)",
+    Row("Weight-average and loss-scaler rules on public code (AX205, AX702; benchmarks/real_corpus_averages.toml)",
         "real_recall_averages", ">= 90% recall, 0 false positives",
         ("src/torchaxe/scan", "benchmarks/real_corpus_averages.toml"), read_real_recall,
         command="python benchmarks/real_recall.py --manifest benchmarks/real_corpus_averages.toml"),

@@ -1,4 +1,4 @@
-"""AX307 (a gradient scaler beside bfloat16 autocast) beyond its inline examples: the
+"""AX702 (a gradient scaler beside bfloat16 autocast) beyond its inline examples: the
 fixed script still trains, with the scaler passing its calls through."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ print(scaler.is_enabled(), loss.item())
 
 
 def _options() -> ScanOptions:
-    return ScanOptions(target="cpu", select=("AX307",), capabilities=torch_capabilities("cpu"))
+    return ScanOptions(target="cpu", select=("AX702",), capabilities=torch_capabilities("cpu"))
 
 
 def test_fixed_script_trains_with_the_scaler_passing_through(tmp_path):

@@ -1,4 +1,4 @@
-"""AX307: a loss scaler where autocast computes in bfloat16."""
+"""AX702: a loss scaler where autocast computes in bfloat16."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class GradScalerWithBfloat16(Rule):
     - https://pytorch.org/docs/stable/notes/amp_examples.html
     """
 
-    code = "AX307"
+    code = "AX702"
     name = "grad-scaler-with-bfloat16"
     category = "unneeded_loss_scaling"
     message = "a gradient scaler where autocast computes in bfloat16, which needs no loss scaling"
@@ -158,7 +158,7 @@ class GradScalerWithBfloat16(Rule):
         # No autocast in the file: nothing known about the dtype.
         Valid("import torch\nscaler = torch.amp.GradScaler('cuda')\nautocast_dtype = None\n"),
         Valid(
-            "import torch\nscaler = torch.amp.GradScaler('cpu')  # noqa: AX307\nwith torch.autocast('cpu'):\n"
+            "import torch\nscaler = torch.amp.GradScaler('cpu')  # noqa: AX702\nwith torch.autocast('cpu'):\n"
             "    loss = model(x)\n"
         ),
     )
@@ -228,7 +228,7 @@ class GradScalerWithBfloat16(Rule):
 def _bfloat16_flags(ctx: FileContext) -> frozenset[str]:
     """The ``enabled=`` texts of the file's autocast calls in bfloat16, less any that
     also enable an autocast in another dtype."""
-    key = "ax307.flags"
+    key = "ax702.flags"
     if key not in ctx.cache:
         by_flag: dict[str, set[str]] = {}
         for call in ctx.nodes(ast.Call):
@@ -245,7 +245,7 @@ def _bfloat16_flags(ctx: FileContext) -> frozenset[str]:
 def _autocast_dtypes(ctx: FileContext) -> set[str]:
     """The dtypes of the file's autocast calls (``"unknown"`` where the file does not
     say)."""
-    key = "ax307.dtypes"
+    key = "ax702.dtypes"
     if key not in ctx.cache:
         ctx.cache[key] = {_dtype_of_call(ctx, call) for call in ctx.nodes(ast.Call)
                           if ctx.call_name(call) in AUTOCASTS}
