@@ -439,6 +439,35 @@ def test_tune_records_every_candidate_and_a_warm_run_tunes_nothing(tmp_path):
     assert warm.seconds < 5
 
 
+class SparseGraphLayer(nn.Module):
+    """A graph convolution over a sparse adjacency (pygcn): dynamo makes no graph of it."""
+
+    def __init__(self, n: int = 64) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        adjacency = torch.sparse_coo_tensor(torch.randint(0, n, (2, 256), generator=g), torch.ones(256), (n, n))
+        self.register_buffer("adjacency", adjacency.coalesce())
+        self.weight = nn.Parameter(torch.randn(8, 4, generator=g))
+
+    def forward(self, x):
+        return torch.spmm(self.adjacency, x @ self.weight)
+
+
+def test_a_compile_that_makes_no_graph_is_not_reported_as_compiled(tmp_path):
+    # A review's GCN: "compile ok, error 0.0e+00", as fast as eager, because dynamo ran
+    # the sparse product eagerly and compiled nothing.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        layer = SparseGraphLayer()
+        report = tune(layer, torch.randn(64, 8), **fast_options(tmp_path, whole_model=True,
+                                                                strategies=("eager", "compile")))
+    records = {r.strategy: r for s in report.subgraphs for r in s.records if s.module == "SparseGraphLayer"}
+    assert records["compile"].status == "failed" and records["compile"].message.startswith("nothing compiled")
+    assert all(s.winner in (None, "eager") for s in report.subgraphs)
+
+
 def test_wrong_and_failing_candidates_are_recorded_and_never_chosen(tmp_path, monkeypatch):
     real_apply = S.apply
 

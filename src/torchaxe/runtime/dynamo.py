@@ -151,3 +151,16 @@ def refresh_tensor_attributes() -> None:
     import torch
 
     module.all_tensor_attrs = torch._C.TensorBase.__dict__ | torch.Tensor.__dict__
+
+
+def graphs_compiled() -> int:
+    """How many graphs dynamo has made in this process so far (0 when it was never
+    loaded): a compile that adds none ran its code eagerly (an operator or an input it
+    cannot trace, such as a sparse tensor)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return 0

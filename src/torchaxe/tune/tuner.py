@@ -42,7 +42,7 @@ from torchaxe import __version__
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.stats import Samples
 from torchaxe.tune import strategies as S
-from torchaxe.runtime.dynamo import compiled_by_script
+from torchaxe.runtime.dynamo import compiled_by_script, frames_compiled, graphs_compiled
 from torchaxe.tune.capture import CallRecorder, Subgraph, capture
 from torchaxe.kb import KnowledgeBase, TunedRecord, choose
 from torchaxe.tune.measure import (Example, RunResult, Timer, checked_run, compare, draws_random_numbers, float64_run,
@@ -157,6 +157,9 @@ class TuneReport:
 
 # ------------------------------------------------------------------ helpers
 
+#: The strategies that compile the subgraph with torch.compile.
+COMPILING = ("compile", "max-autotune", "replace+compile")
+
 
 def _resolve_target(target: str) -> str:
     from torchaxe.backends import resolve_target
@@ -262,12 +265,22 @@ def measure_signature(signature: str, parts: dict[str, Any], module: nn.Module, 
         try:
             with _quiet_compiler():
                 notes = S.apply(name, candidate, ctx)
+                graphs, frames = graphs_compiled(), frames_compiled()
                 start = timer.clock()
                 run_once(candidate, example, keep=False)  # compiles, for the compiling strategies
                 compile_seconds = timer.clock() - start
+                # Frames dynamo set out to compile, and graphs it made of them (a frame
+                # whose code it compiled before is reused: neither moves).
+                tried, made = frames_compiled() - frames, graphs_compiled() - graphs
                 result = checked_run(candidate, example, stochastic)
         except Exception as exc:  # noqa: BLE001 - any failure of a candidate is recorded, never raised
             records.append(TunedRecord(signature, name, "failed", env=env, describe=info, message=_one_line(exc)))
+            continue
+        if name in COMPILING and tried > 0 and made == 0:
+            # A sparse GCN's "compile ok, error 0, as fast as eager": nothing was compiled.
+            records.append(TunedRecord(signature, name, "failed", env=env, describe=info,
+                                       message="nothing compiled: dynamo made no graph of it (an operator or input "
+                                               "it cannot trace, such as a sparse tensor), so it runs as eager does"))
             continue
         check = compare(reference, result, truth)
         figures = {**check.to_dict(), "tolerance": base, "random": stochastic}
