@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -75,7 +76,11 @@ class PerTensorWeightAverage(Rule):
     message = "a moving average of weights updated one tensor at a time"
     fix_title = "average every tensor in one torch._foreach_lerp_ call"
     fix_safety = Applicability.UNSAFE
-    requires_text = ("for ",)
+    # An average writes in place, through .data or *=, or stores a new value into its
+    # store of averages (named for what it keeps, or for its decay).
+    requires_text = ("mul_(", "add_(", "sub_(", "lerp_(", "lerp(", "copy_(", "div_(", ".data =", "*=", "shadow",
+                     "decay")
+    also_requires_text = ("for ",)
     node_types = (ast.For,)
     references = (
         "https://pytorch.org/docs/stable/generated/torch.lerp.html",
@@ -508,6 +513,8 @@ class _Reader:
         if len(defs) != 1:
             return None
         (definition,) = defs
+        if not _computes(definition, self.ctx):
+            return None
         params = [a.arg for a in [*definition.args.posonlyargs, *definition.args.args]]
         if isinstance(func, ast.Attribute) and params and params[0] in ("self", "cls"):
             params = params[1:]
@@ -687,6 +694,24 @@ class _Reader:
         raise _Unknown
 
 
+def _computes(definition: ast.AST, ctx: FileContext) -> bool:
+    """Whether a function of the file can compute a tensor's new value: it writes in
+    place (``tgt.lerp_(src, w)``) or returns arithmetic (``old * b + (1 - b) * new``).
+    Asked once per function."""
+    key = ("ax205.computes", id(definition))
+    if key not in ctx.cache:
+        found = False
+        for node in fast_walk(definition):
+            if isinstance(node, ast.Attribute) and node.attr in _WRITES:
+                found = True
+                break
+            if isinstance(node, ast.Return) and isinstance(node.value, (ast.BinOp, ast.Call)):
+                found = True
+                break
+        ctx.cache[key] = found
+    return ctx.cache[key]
+
+
 def _tensor_call(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _SAME
                for n in fast_walk(node))
@@ -713,14 +738,46 @@ def _loop_names(target: ast.AST) -> set[str] | None:
     return None
 
 
+#: In-place tensor methods a weight average writes with.
+_WRITES = ("mul_", "add_", "sub_", "lerp_", "copy_", "div_")
+
+
+#: Text a loop that writes a tensor holds: an in-place method, ``t.data =``, ``d[k] =``,
+#: an augmented assignment, an ``out=`` argument.
+_WRITE_TEXT = tuple(f"{m}(" for m in _WRITES) + (".data =", "] =", "+=", "-=", "*=", "/=", "out=")
+
+
+def _may_write(loop: ast.For, ctx: FileContext) -> bool:
+    """A cheap first look at a loop's text: something that can write a tensor (see
+    :data:`_WRITE_TEXT`, or a call of one of the file's own functions that computes,
+    :func:`_computes`)
+    and no gradient (an optimizer's loop, AX203)."""
+    text = ctx.snippet(loop)
+    if ".grad" in text.replace(".grad_fn", "").replace(".gradient", ""):
+        return False
+    if any(w in text for w in _WRITE_TEXT):
+        return True
+    called = [name for name in _defined_names(ctx) if f"{name}(" in text]
+    if not called:
+        return False
+    functions = ctx.functions()
+    return any(len(functions.get(name, ())) == 1 and _computes(functions[name][0], ctx) for name in called)
+
+
+def _defined_names(ctx: FileContext) -> tuple[str, ...]:
+    """The names the file defines functions under, read from its text (once per file)."""
+    key = "ax205.defined"
+    if key not in ctx.cache:
+        ctx.cache[key] = tuple(set(re.findall(r"def\s+(\w+)\s*\(", ctx.source)))
+    return ctx.cache[key]
+
+
 def _average_in(loop: ast.For, ctx: FileContext) -> _Update | None:
     names = _loop_names(loop.target)
-    if not names or loop.orelse:
+    if not names or loop.orelse or not _may_write(loop, ctx):
         return None
     paths = _paths(loop.body)
     for path in paths:
-        if any(isinstance(n, ast.Attribute) and n.attr == "grad" for stmt in path for n in fast_walk(stmt)):
-            return None  # gradients: an optimizer's loop (AX203)
         reader = _Reader(names, ctx)
         try:
             for stmt in path:
