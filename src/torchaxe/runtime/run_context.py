@@ -21,6 +21,7 @@ from typing import Any
 
 from torchaxe.atomic import write_text_atomic
 from torchaxe.backends.cpu import bfloat16_matrix_units, native_bfloat16
+from torchaxe.runtime.dynamo import graphs_compiled
 
 SCHEMA = "torchaxe.run-context/1"
 
@@ -383,15 +384,6 @@ class ModelProbe:
         self.finder.uninstall()
 
 
-def _compiled_graphs() -> int:
-    """Graphs torch.compile (dynamo) made in this process: the script's own compiles."""
-    dynamo_utils = sys.modules.get("torch._dynamo.utils")
-    try:
-        return int(dynamo_utils.counters["stats"]["unique_graphs"]) if dynamo_utils is not None else 0
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return 0
-
-
 def settings() -> dict[str, Any]:
     """The process-wide switches that slow training when left on, the speed-ups the
     script already makes itself (its own compile, its own autocast), and its
@@ -422,7 +414,7 @@ def settings() -> dict[str, Any]:
             out["profiler_enabled"] = bool(torch.autograd.profiler._is_profiler_enabled)
         except AttributeError:  # pragma: no cover - older torch
             pass
-        out["compiled_graphs"] = _compiled_graphs()
+        out["compiled_graphs"] = graphs_compiled()  # the script's own compiles
     for key in ("autocast", "model_dtypes", "loader_epochs", "loader_kinds", "optimizers"):
         if key in OBSERVED:
             out[key] = OBSERVED[key]
