@@ -109,6 +109,8 @@ LOADER_KNOBS = ("knob:dataloader",)
 #: backward, host-side work around the part timed, leave some room.
 SAVING_MARGIN = 1.5
 SAVING_SLACK = 0.002
+#: What a change the budget's fit left out says at the end of its detail.
+OUT_OF_BUDGET = "(not measured: out of --budget)"
 #: The most of a step a change that pays once (a first compile) is expected to save
 #: before measuring: a guessed one-time cost the job's steps would not pay back even at
 #: this saving puts the change last in the budget's order.
@@ -478,7 +480,7 @@ class Advisor:
                 continue
             c.rec.status = "not_measured"
             c.rec.not_measured_reason = "budget"
-            c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + "(not measured: out of --budget)"
+            c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + OUT_OF_BUDGET
         partial_before, fit_note = advice.partial, None
         if len(chosen) < len(ordered):
             advice.partial = True
@@ -706,11 +708,9 @@ class Advisor:
         finally:
             self._set_noise(noise_arm)
         for c, arm in late:
-            if arm.ratios or arm.error:
-                c.rec.status = "measured"
+            if arm.ratios or arm.error:  # recorded with the others (status, figures)
                 c.rec.not_measured_reason = None
-                c.rec.detail = c.rec.detail.replace(" (not measured: out of --budget)", "").replace(
-                    "(not measured: out of --budget)", "")
+                c.rec.detail = c.rec.detail.removesuffix(OUT_OF_BUDGET).rstrip()
                 arms.append((c, arm.knobs))
                 results.append(arm)
         return complete

@@ -247,9 +247,8 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
     console.print("[bold]Next[/bold]")
     chosen = [r for r in ranked if r.selected]
     if any(r.applies == "code" for r in chosen):
-        code = [r for r in chosen if r.applies == "code"]
-        unsafe = any(r.unsafe and not loss_checked(r.to_dict()) for r in code)
-        checked = any(r.unsafe and loss_checked(r.to_dict()) for r in code)
+        verdicts = [loss_checked(r.to_dict()) for r in chosen if r.applies == "code" and r.unsafe]
+        unsafe, checked = not all(verdicts), any(verdicts)
         console.print("  torchaxe apply --diff" + (" --unsafe-fixes" if unsafe else "")
                       + "   (shows the changes; without --diff it makes them"
                       + (", --unsafe-fixes takes the fixes that may change numerics too" if unsafe else "")

@@ -58,7 +58,7 @@ class FixResult:
         return sum(len(f.remaining) for f in self.files)
 
 
-def is_applicable(fix: Fix | None, unsafe: bool, code: str = "") -> bool:
+def is_applicable(fix: Fix | None, unsafe: bool | frozenset[str], code: str = "") -> bool:
     """Whether ``fix`` is applied: a safe one always, an unsafe one when ``unsafe``
     is True or names ``code`` (a set of rule codes)."""
     if fix is None or not fix.edits:

@@ -30,6 +30,8 @@ from torchaxe.tune import replacements
 
 #: Every strategy name, in the order they are tried.
 ALL = ("eager", "compile", "max-autotune", "channels-last", "replace", "replace+compile", "aoe")
+#: The strategies that compile the subgraph with torch.compile.
+COMPILING = ("compile", "max-autotune", "replace+compile")
 MAX_AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
 
 
@@ -75,7 +77,7 @@ def unavailable(name: str, module: nn.Module, ctx: StrategyContext) -> str | Non
     """Why ``name`` does not apply to this subgraph here, or None when it does."""
     if name not in ALL:
         return f"unknown strategy {name!r}"
-    if name in ("compile", "max-autotune", "replace+compile") and not hasattr(torch, "compile"):
+    if name in COMPILING and not hasattr(torch, "compile"):
         return "this torch has no torch.compile"
     if name == "channels-last" and not _has_conv2d(module):
         return "no 2-D convolution in the subgraph"

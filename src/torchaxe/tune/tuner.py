@@ -157,9 +157,6 @@ class TuneReport:
 
 # ------------------------------------------------------------------ helpers
 
-#: The strategies that compile the subgraph with torch.compile.
-COMPILING = ("compile", "max-autotune", "replace+compile")
-
 
 def _resolve_target(target: str) -> str:
     from torchaxe.backends import resolve_target
@@ -276,7 +273,7 @@ def measure_signature(signature: str, parts: dict[str, Any], module: nn.Module, 
         except Exception as exc:  # noqa: BLE001 - any failure of a candidate is recorded, never raised
             records.append(TunedRecord(signature, name, "failed", env=env, describe=info, message=_one_line(exc)))
             continue
-        if name in COMPILING and tried > 0 and made == 0:
+        if name in S.COMPILING and tried > 0 and made == 0:
             # A sparse GCN's "compile ok, error 0, as fast as eager": nothing was compiled.
             records.append(TunedRecord(signature, name, "failed", env=env, describe=info,
                                        message="nothing compiled: dynamo made no graph of it (an operator or input "

@@ -325,8 +325,8 @@ def _scalar_of(a: Linear) -> Scalar | None:
     return a.get("", Scalar.number(0))
 
 
-#: Methods that return the same tensor (a view: writes through them reach it).
-_VIEWS = ("detach", "data")
+#: Methods that return the same tensor (a view: writes through it reach the tensor).
+_VIEWS = ("detach",)
 #: Methods that return the same values (a view, a copy, another device or dtype).
 _SAME = ("detach", "clone", "contiguous", "to", "type_as", "float", "double", "half", "bfloat16", "cuda", "cpu")
 #: The most paths through a loop body (one per branch taken) that are read.
