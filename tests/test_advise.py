@@ -1601,6 +1601,35 @@ def test_a_busy_machine_is_said(script: Path) -> None:
     assert not any("the machine was busy" in n for n in advise(None).notes)
 
 
+def test_what_other_processes_used_during_the_runs_is_said_instead_of_the_load_average(script: Path) -> None:
+    from torchaxe.runtime.other_load import OtherLoad
+
+    profile = fake_profile(script)
+    context = {"modules": [], "settings": {"num_threads": 2, "allowed_cpus": 2}}
+
+    def advise(loads):
+        fake = FakeRuns()
+
+        def runner(knobs, command, options, repeat):
+            run = fake(knobs, command, options, repeat)
+            run.other_load = loads(knobs.name, repeat)
+            return run
+
+        return Advisor(["python", str(script)], AdviseOptions(target="cpu", budget=600.0), runner=runner,
+                       profiler=lambda command, o, target, knobs=None: BaselineProfile(
+                           profile, context, 2.0, other_load=OtherLoad(0.0, 2, 2.0)),
+                       clock=Clock(), load=lambda: 3.9).run()
+
+    # A neighbour took 1.4 cores during the second round: said, with the run count.
+    busy = advise(lambda name, repeat: OtherLoad(1.4 if repeat == 2 else 0.1, 2, 5.0, (("make", 77, 1.3),)))
+    notes = [n for n in busy.notes if n.startswith("other processes kept")]
+    assert len(notes) == 1 and "(busiest: make (pid 77))" in notes[0]
+    assert not any("1-minute load" in n for n in busy.notes)
+    # Watched and quiet: the high load average (our own runs) is not taken for someone else's.
+    quiet = advise(lambda name, repeat: OtherLoad(0.1, 2, 5.0))
+    assert not any("busy" in n for n in quiet.notes)
+
+
 def test_persistent_workers_for_a_loader_without_workers_in_the_run_is_listed_not_measured(script: Path) -> None:
     # num_workers comes from the environment: 0 in this run, so AX403's fix changes nothing.
     import os

@@ -20,6 +20,7 @@ from torchaxe.runtime.profile import rank_path
 from torchaxe.runtime.ranks import rank_files
 from torchaxe.runtime.knobs import knob_set_from_dict
 from torchaxe.runtime.torchrun import torchrun_failure
+from torchaxe.runtime.other_load import OtherLoad
 from torchaxe.runtime.trials import TrialOptions, launch_bootstrap
 
 #: Measured steps of the profiled run, and of each trial run when the steps are not given.
@@ -49,6 +50,8 @@ class BaselineProfile:
     #: Under torchrun: the job across its ranks (runtime/ranks.py ``distributed_view``);
     #: ``profile`` and ``context`` are then the first rank's.
     distributed: dict[str, Any] | None = None
+    #: How busy other processes kept the cores during the profiled run (None: not watched).
+    other_load: OtherLoad | None = None
 
     def steps_per_run(self, options: AdviseOptions, window: float = MEASURE_WINDOW) -> int:
         """Measured steps per trial run: ``options.steps``, else chosen from the
@@ -130,7 +133,7 @@ def profile_in_subprocess(command: Sequence[str], options: AdviseOptions, target
         distributed = None
         if len(files) > 1 or ((profile.get("run") or {}).get("world_size") or 1) > 1:
             distributed = _job_view(done.profile_path)
-    return BaselineProfile(profile, context, done.seconds, distributed)
+    return BaselineProfile(profile, context, done.seconds, distributed, done.other_load)
 
 
 def _job_view(out: Path) -> dict[str, Any] | None:

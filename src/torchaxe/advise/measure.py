@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 from torchaxe.runtime.harness import GRACE_MAX_SECONDS
 from torchaxe.runtime.knobs import KnobSet, pays_once
 from torchaxe.runtime.stats import Samples
+from torchaxe.runtime.other_load import OtherLoad
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, interleave, run_in_subprocess
 
 
@@ -173,6 +174,8 @@ class Measurer:
     #: made, the seconds left, and the seconds the next round with the runs kept in
     #: reserve would have taken at the run times seen.
     ended_early: tuple[int, float, float] | None = None
+    #: How busy other processes kept the cores, run by run (None: a run not watched).
+    other_loads: list[OtherLoad | None] = field(default_factory=list)
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock()
@@ -244,6 +247,7 @@ class Measurer:
         options, bounded = self.bounded()
         run = self.runner(knobs, self.command, options, repeat)
         self._took(knobs, run.seconds if run.seconds is not None else self.clock() - start)
+        self.other_loads.append(run.other_load)
         run.knobs = knobs.name
         if bounded and cut_short(run):
             self.stopped.append(knobs.name)
@@ -376,6 +380,7 @@ class Measurer:
             for arm, latest in zip(order, runs):
                 if latest.seconds is not None:  # None: not started, for the round's time
                     self._took(arm.knobs, latest.seconds)
+                    self.other_loads.append(latest.other_load)
             # Runs the deadline stopped before a measured step are no failures of their
             # change: left out of the round (without the original's, nothing is kept).
             cut = {id(arm) for arm, latest in zip(order, runs) if bounded and cut_short(latest)}

@@ -53,6 +53,7 @@ from torchaxe.runtime.candidate import MEMORY_KINDS, Memory
 from torchaxe.runtime.job_command import batches_per_step, job_epochs_in, job_steps_in, job_steps_of_epochs
 from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict, pays_once
 from torchaxe.runtime.load import busy, busy_text, load_average
+from torchaxe.runtime.other_load import OtherLoad, busy_note
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
 from torchaxe.shapes.candidates import training_epoch
@@ -161,6 +162,8 @@ class Advisor:
         #: makes are slowed unevenly, which advise says.
         self.load = load if load is not None else load_average
         self.cores: int | None = None
+        #: How busy other processes kept the cores, run by run (the profiled run first).
+        self.other_loads: list[OtherLoad | None] = []
         self.deadline = self.started + options.budget
         self.workdir = Path(tempfile.mkdtemp(prefix="torchaxe-advise-"))
         #: How far apart two runs of the unchanged script landed (the A/A arm).
@@ -204,9 +207,16 @@ class Advisor:
         self._mark = now
 
     def _busy_note(self) -> None:
-        """A note when other processes kept the machine busy: the runs (one at a time,
-        each on the cores the script may use) load it about one core's worth per core;
-        half again as much is someone else's work, which slows runs unevenly."""
+        """A note when other processes kept the machine busy. Where the runs were
+        watched, from what the others used during them (runtime/other_load.py); else
+        from the load average at the end: the runs (one at a time, each on the cores
+        the script may use) load it about one core's worth per core; half again as
+        much is someone else's work, which slows runs unevenly."""
+        if any(load is not None for load in self.other_loads):
+            note = busy_note(self.other_loads)
+            if note is not None:
+                self.advice.notes.append(note)
+            return
         load, cores = self.load(), self.cores or os.cpu_count()
         if load is not None and cores and busy(load, cores):
             self.advice.notes.append(
@@ -218,6 +228,7 @@ class Advisor:
         advice = self.advice
         self.progress("profiling the original script")
         base = self.profiler(self.command, self.options, self.target)
+        self.other_loads.append(base.other_load)
         self._lap("profile")
         check_profile(base.profile, self.options)
         summary = base.profile.get("summary") or {}
@@ -436,7 +447,7 @@ class Advisor:
             together = in_turns
 
         return Measurer(self.command, options, deadline=self.deadline, runner=self.runner, clock=self.clock,
-                        progress=self.progress, together=together,
+                        progress=self.progress, together=together, other_loads=self.other_loads,
                         together_limit=self._together_limit(base) if together is not None else None)
 
     def _measure(self, candidates: list[Candidate], findings, base: BaselineProfile) -> None:

@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime import ranks
 from torchaxe.runtime.knobs import KnobSet
+from torchaxe.runtime.other_load import OtherLoad, OtherLoadWatch
 from torchaxe.runtime.process import run_tree
 from torchaxe.runtime.ranks import rank_files
 from torchaxe.runtime.torchrun import torchrun_failure
@@ -106,6 +107,8 @@ class TrialRun:
     #: The wall time of its warm-up steps (the first rank's), where a change that
     #: compiles pays its compilation; None when the run had none.
     warmup_seconds: float | None = None
+    #: How busy other processes kept the run's cores (None: not watched).
+    other_load: OtherLoad | None = None
 
     @property
     def median(self) -> float | None:
@@ -130,7 +133,8 @@ class TrialRun:
                 "seconds": self.seconds, "median_step_seconds": self.median, "step_seconds": list(self.step_seconds),
                 "error": self.error, "stderr_tail": self.stderr_tail or None, "applied": self.applied,
                 "peak_memory_bytes": self.peak_memory_bytes, "memory_kind": self.memory_kind,
-                "ranks": self.ranks, "turns": self.turns}
+                "ranks": self.ranks, "turns": self.turns,
+                "other_load": self.other_load.to_dict() if self.other_load is not None else None}
 
 
 @dataclass
@@ -375,6 +379,8 @@ class Launched:
     profile_path: Path
     context_path: Path | None = None
     problems: list[str] = field(default_factory=list)
+    #: How busy other processes kept the cores meanwhile (None: not watched).
+    other_load: OtherLoad | None = None
 
 
 def launch_bootstrap(knobs: KnobSet, command: Sequence[str], options: TrialOptions, folder: Path, *,
@@ -409,10 +415,14 @@ def launch_bootstrap(knobs: KnobSet, command: Sequence[str], options: TrialOptio
     number = leader.announce({"knobs": knobs.to_dict(), "options": asdict(options), "extra": list(extra),
                               "context": context, "limit": limit}) if leader is not None else None
     started = time.perf_counter()
-    with open(stderr_path, "wb") as err:
-        returncode, killed = run_tree(argv, env={**child_environment(knobs), **(env or {})},
-                                      stdout=subprocess.DEVNULL, stderr=err,
-                                      limit=limit)
+    watch = OtherLoadWatch().start()
+    try:
+        with open(stderr_path, "wb") as err:
+            returncode, killed = run_tree(argv, env={**child_environment(knobs), **(env or {})},
+                                          stdout=subprocess.DEVNULL, stderr=err,
+                                          limit=limit)
+    finally:
+        other_load = watch.stop()
     seconds = time.perf_counter() - started
     if not shared:
         restore(guard)  # the files the script wrote, as they were before this run
@@ -420,7 +430,7 @@ def launch_bootstrap(knobs: KnobSet, command: Sequence[str], options: TrialOptio
     if leader is not None and number is not None:
         problems = leader.collect(number, profile_path, (limit or 600.0) + nodes.RESULT_GRACE_SECONDS)
     stderr = stderr_path.read_text(encoding="utf-8", errors="replace")
-    return Launched(returncode, killed, seconds, stderr, profile_path, context_path, problems)
+    return Launched(returncode, killed, seconds, stderr, profile_path, context_path, problems, other_load)
 
 
 def follower_run(message: dict[str, Any], command: Sequence[str]) -> dict[str, Any]:
@@ -449,7 +459,8 @@ def run_in_subprocess(knobs: KnobSet, command: Sequence[str], options: TrialOpti
         done = launch_bootstrap(knobs, command, options, Path(tmp), env=env, guard=guard)
         returncode, killed, stderr_text = done.returncode, done.killed, done.stderr
         tail = "\n".join(stderr_text.rstrip().splitlines()[-STDERR_TAIL_LINES:])
-        run = TrialRun(knobs=knobs.name, repeat=repeat, ok=False, returncode=returncode, seconds=done.seconds)
+        run = TrialRun(knobs=knobs.name, repeat=repeat, ok=False, returncode=returncode, seconds=done.seconds,
+                       other_load=done.other_load)
         profiles = ranks.load_ranks(done.profile_path)
     distributed = len(profiles) > 1 or any(p.run.world_size and p.run.world_size > 1 for p in profiles.values())
     profile = ranks.first_rank(profiles)
