@@ -1,0 +1,497 @@
+"""AX703: binary cross-entropy computed on a sigmoid's probabilities."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterable
+
+from torchaxe.findings import Applicability, Finding
+from torchaxe.scan.context import BOUNDARY_TYPES, FileContext
+from torchaxe.scan.rules.base import Invalid, Rule, Valid
+
+#: Binary cross-entropy on probabilities, as a function.
+_BCE_FUNCTIONS = frozenset({"torch.nn.functional.binary_cross_entropy", "torch.binary_cross_entropy"})
+_BCE_LOSS = "torch.nn.BCELoss"
+#: A sigmoid, as a function of its first argument.
+_SIGMOID_FUNCTIONS = frozenset({"torch.sigmoid", "torch.nn.functional.sigmoid", "torch.special.expit",
+                                "torch.Tensor.sigmoid"})
+_SIGMOID_MODULE = "torch.nn.Sigmoid"
+#: Methods that keep a tensor's values (shape, layout, dtype, device).
+_KEEPS_VALUES = frozenset({"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "float", "view_as",
+                           "reshape_as", "permute", "transpose", "to", "cpu", "cuda", "type_as", "double", "t"})
+_KEEPS_VALUES_FUNCTIONS = frozenset({"torch.squeeze", "torch.flatten", "torch.reshape", "torch.unsqueeze"})
+#: Wrappers of a model whose call is the model's.
+_MODEL_WRAPPERS = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                             "torch.nn.parallel.DistributedDataParallel", "torch.compile"})
+_DEPTH = 6
+_DATA_PARALLEL = frozenset({"torch.nn.parallel.data_parallel", "torch.nn.parallel.data_parallel.data_parallel"})
+#: What :func:`_model_class` calls a module that is not a class of the file.
+_SIGMOID_SEQUENTIAL = "sigmoid-sequential"
+_SIGMOID_LAYER = "sigmoid-layer"
+
+
+class BinaryCrossEntropyOnSigmoid(Rule):
+    """
+    ## What it does
+    Flags binary cross-entropy (`F.binary_cross_entropy`, an `nn.BCELoss()` criterion)
+    whose input is a sigmoid's output: `torch.sigmoid(x)` or `x.sigmoid()` passed
+    directly, a name the same function assigned from one, a parameter that every call
+    of its function in the file fills with one, or the output of a model of the file
+    whose `forward` ends in a sigmoid (`nn.Sequential(..., nn.Sigmoid())`, `return
+    torch.sigmoid(h)`), through `.view(-1)` and other reshapes.
+
+    ## Why is this bad?
+    The sigmoid and the loss are separate kernels forward and backward, where
+    `binary_cross_entropy_with_logits` computes both in one, with the log-sum-exp
+    form that stays exact for large logits (on probabilities the log is clamped at
+    -100, so a saturated sigmoid's gradient is lost). On CUDA (and NPU), autocast
+    refuses `binary_cross_entropy` outright ("unsafe to autocast"): a script with this
+    loss cannot take mixed precision until it changes.
+
+    ## Example
+    ```python
+    loss = F.binary_cross_entropy(torch.sigmoid(logits), target)
+    ```
+
+    ## Use instead
+    ```python
+    loss = F.binary_cross_entropy_with_logits(logits, target)
+    ```
+
+    ## Fix safety
+    Unsafe: the loss and its gradient change by rounding (and where the sigmoid
+    saturated, by more: the clamped log is gone). Rewritten only where the sigmoid is
+    inside the call; where it is a model's last layer, the model must return logits
+    and everything that reads its output as a probability (accuracy, logging) must
+    apply the sigmoid itself: shown, not rewritten. NPU: unverified on Ascend hardware.
+
+    ## References
+    - https://pytorch.org/docs/stable/generated/torch.nn.BCEWithLogitsLoss.html
+    - https://pytorch.org/docs/stable/amp.html#ops-that-can-autocast-to-float32
+    """
+
+    code = "AX703"
+    name = "binary-cross-entropy-on-sigmoid"
+    category = "bce_on_probabilities"
+    message = "binary cross-entropy is computed on a sigmoid's output"
+    fix_title = "use binary_cross_entropy_with_logits on the logits"
+    fix_safety = Applicability.UNSAFE
+    requires_text = ("binary_cross_entropy", "BCELoss")
+    also_requires_text = ("sigmoid", "Sigmoid", "expit")
+    node_types = (ast.Call,)
+    references = (
+        "https://pytorch.org/docs/stable/generated/torch.nn.BCEWithLogitsLoss.html",
+        "https://pytorch.org/docs/stable/amp.html#ops-that-can-autocast-to-float32",
+    )
+    examples = (
+        Invalid(
+            "import torch\nimport torch.nn.functional as F\nloss = F.binary_cross_entropy(torch.sigmoid(z), y)\n",
+            fixed="import torch\nimport torch.nn.functional as F\nloss = F.binary_cross_entropy_with_logits(z, y)\n",
+        ),
+        Invalid(
+            "import torch\nimport torch.nn.functional as F\n"
+            "loss = F.binary_cross_entropy((a + b).sigmoid().view(-1), y, reduction='sum')\n",
+            target="cuda",
+            fixed="import torch\nimport torch.nn.functional as F\n"
+                  "loss = F.binary_cross_entropy_with_logits((a + b).view(-1), y, reduction='sum')\n",
+        ),
+        # Through a name, and an nn.BCELoss criterion: shown.
+        Invalid(
+            "import torch\nimport torch.nn as nn\ncriterion = nn.BCELoss()\n"
+            "def step(model, x, y):\n    logits = model(x)\n    probs = torch.sigmoid(logits)\n"
+            "    return criterion(probs, y)\n"
+        ),
+        # DCGAN: the discriminator's Sequential ends in nn.Sigmoid().
+        Invalid(
+            "import torch\nimport torch.nn as nn\n"
+            "class D(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.main = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())\n"
+            "    def forward(self, x):\n        return self.main(x)\n"
+            "netD = D().to('cpu')\ncriterion = nn.BCELoss()\n"
+            "for x, label in data:\n    output = netD(x).view(-1)\n    err = criterion(output, label)\n",
+            target="npu",
+        ),
+        # A VAE's decoder ends in a sigmoid; the loss function takes its output.
+        Invalid(
+            "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+            "class VAE(nn.Module):\n    def decode(self, z):\n        return torch.sigmoid(self.fc(z))\n"
+            "    def forward(self, x):\n        z = self.enc(x)\n        return self.decode(z), z\n"
+            "def loss_function(recon_x, x):\n    return F.binary_cross_entropy(recon_x, x, reduction='sum')\n"
+            "model = VAE()\nrecon, z = model(x)\nloss = loss_function(recon, x)\n"
+        ),
+        Valid("import torch\nimport torch.nn.functional as F\nloss = F.binary_cross_entropy_with_logits(z, y)\n"),
+        # Probabilities that are not a sigmoid's, or of unknown origin.
+        Valid("import torch\nimport torch.nn.functional as F\n"
+              "loss = F.binary_cross_entropy(torch.softmax(z, -1)[:, 1], y)\n"),
+        Valid("import torch\nimport torch.nn as nn\ncriterion = nn.BCELoss()\nloss = criterion(model(x), y)\n"),
+        Valid("import torch\nimport torch.nn.functional as F\n"
+              "def bce(p, y):\n    return F.binary_cross_entropy(p, y)\nloss = bce(p_clamped, y)\n"),
+        # The name is bound to a sigmoid on one path only.
+        Valid("import torch\nimport torch.nn.functional as F\ndef f(z, y, raw):\n    p = torch.sigmoid(z)\n"
+              "    if raw:\n        p = z.clamp(0, 1)\n    return F.binary_cross_entropy(p, y)\n"),
+        # A sigmoid used as a gate, the loss on something else.
+        Valid("import torch\nimport torch.nn as nn\ncriterion = nn.BCELoss()\ng = torch.sigmoid(gate)\n"
+              "loss = criterion(out * 0 + target_p, y)\n"),
+        Valid("import torch\nimport torch.nn.functional as F\n"
+              "loss = F.binary_cross_entropy(torch.sigmoid(z), y)  # noqa: AX703\n"),
+    )
+
+    def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
+        assert isinstance(node, ast.Call)
+        functional = (ctx.call_name(node) or "") in _BCE_FUNCTIONS
+        if not functional and not _is_bce_criterion(node.func, ctx):
+            return
+        probs = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "input"), None)
+        if probs is None:
+            return
+        scope = _enclosing(ctx, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.tree
+        owner = _enclosing(ctx, (ast.ClassDef,))
+        how = _sigmoid_source(probs, scope, ctx, 0, owner=owner if isinstance(owner, ast.ClassDef) else None)
+        if how is None:
+            return
+        if ctx.target == "cuda":
+            cost = "and CUDA autocast refuses binary_cross_entropy (\"unsafe to autocast\"): no mixed precision with it"
+        elif ctx.target == "npu":
+            cost = ("and autocast on the NPU refuses binary_cross_entropy as on CUDA (unverified on Ascend "
+                    "hardware): no mixed precision with it")
+        else:
+            cost = "and on GPUs and NPUs autocast refuses binary_cross_entropy, blocking mixed precision"
+        message = (f"binary cross-entropy on {how}: the sigmoid and the loss are separate kernels forward and "
+                   "backward, and the log of a saturated probability is clamped at -100 (its gradient lost); "
+                   "binary_cross_entropy_with_logits on the logits computes both in one, stably, "
+                   f"{cost}")
+        edits = _rewrite(node, probs, ctx) if functional else None
+        if edits is not None:
+            yield ctx.finding(self, node, message, fix=ctx.fix(self, edits))
+        else:
+            yield ctx.finding(self, node, message + ". Shown, not rewritten: the logits must be passed instead",
+                              fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
+
+
+def _enclosing(ctx: FileContext, types: tuple[type, ...]) -> ast.AST | None:
+    for parent in reversed(ctx.parents):
+        if isinstance(parent, types):
+            return parent
+    return None
+
+
+def _is_bce_criterion(func: ast.AST, ctx: FileContext) -> bool:
+    """``nn.BCELoss()(...)`` or a name or attribute every assignment in the file binds
+    to ``nn.BCELoss(...)``."""
+    if isinstance(func, ast.Call):
+        return ctx.call_name(func) == _BCE_LOSS
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    if name is None:
+        return False
+    values = _bindings(ctx).get(name)
+    return bool(values) and all(isinstance(v, ast.Call) and ctx.call_name(v) == _BCE_LOSS for v in values)
+
+
+def _bindings(ctx: FileContext) -> dict[str, list[ast.expr]]:
+    """Every value the file assigns to a name or an attribute name (``x = ...``,
+    ``self.x = ...``, ``a, b = A(), B()``), scope-blind."""
+    key = "ax703_bindings"
+    if key not in ctx.cache:
+        values: dict[str, list[ast.expr]] = {}
+        for node in ctx.nodes(ast.Assign, ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is None:
+                continue
+            for target in targets:
+                pairs = [(target, node.value)]
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) and \
+                        len(target.elts) == len(node.value.elts):
+                    pairs = list(zip(target.elts, node.value.elts))  # ``a, b = A(), B()``
+                for name, value in pairs:
+                    if isinstance(name, ast.Name):
+                        values.setdefault(name.id, []).append(value)
+                    elif isinstance(name, ast.Attribute):
+                        values.setdefault(name.attr, []).append(value)
+        ctx.cache[key] = values
+    return ctx.cache[key]
+
+
+def _strip_values_kept(node: ast.AST, ctx: FileContext) -> ast.AST:
+    """``p.view(-1).float()`` -> ``p``; ``p[:, 0]`` -> ``p``; ``torch.squeeze(p)`` -> ``p``."""
+    while True:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _KEEPS_VALUES:
+            if ctx.qualified_name(node.func) is None:  # a method, not torch.view(...)
+                node = node.func.value
+                continue
+        if isinstance(node, ast.Call) and (ctx.call_name(node) or "") in _KEEPS_VALUES_FUNCTIONS and node.args:
+            node = node.args[0]
+            continue
+        if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
+            node = node.value
+            continue
+        return node
+
+
+def _sigmoid_call(node: ast.AST, ctx: FileContext) -> ast.AST | None:
+    """The logits of ``torch.sigmoid(z)``, ``z.sigmoid()``, ``nn.Sigmoid()(z)``;
+    else None."""
+    if not isinstance(node, ast.Call):
+        return None
+    name = ctx.call_name(node) or ""
+    if name in _SIGMOID_FUNCTIONS and node.args:
+        return node.args[0]
+    if isinstance(node.func, ast.Attribute) and node.func.attr == "sigmoid" and not node.args and \
+            ctx.qualified_name(node.func) is None:
+        return node.func.value
+    if isinstance(node.func, ast.Call) and ctx.call_name(node.func) == _SIGMOID_MODULE and node.args:
+        return node.args[0]
+    return None
+
+
+def _sigmoid_source(node: ast.AST, scope: ast.AST | None, ctx: FileContext, depth: int,
+                    index: int | None = None, owner: ast.ClassDef | None = None) -> str | None:
+    """How ``node`` (read in function ``scope``) holds a sigmoid's output: a short
+    phrase for the message, or None when it is not known to. ``index``: the element
+    taken from a tuple the expression gives; ``owner``: the class whose ``self`` the
+    expression may read."""
+    if depth > _DEPTH:
+        return None
+    node = _strip_values_kept(node, ctx)
+    if index is not None and isinstance(node, ast.Tuple):
+        if index >= len(node.elts):
+            return None
+        return _sigmoid_source(node.elts[index], scope, ctx, depth + 1, None, owner)
+    if index is None and _sigmoid_call(node, ctx) is not None:
+        return f"`{ctx.text(node)}`" if depth == 0 else "a sigmoid's output"
+    if isinstance(node, ast.Name) and scope is not None:
+        return _name_source(node.id, scope, ctx, depth, index, owner, node.lineno)
+    if isinstance(node, ast.Call):
+        return _call_source(node, scope, ctx, depth, index, owner)
+    return None
+
+
+def _own_nodes(function: ast.AST) -> list[ast.AST]:
+    """The nodes of a function's body, not those of functions or classes inside it."""
+    stack = list(function.body)  # type: ignore[attr-defined]
+    found: list[ast.AST] = []
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        if not isinstance(node, BOUNDARY_TYPES):
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _name_source(name: str, scope: ast.AST, ctx: FileContext, depth: int, index: int | None,
+                 owner: ast.ClassDef | None, line: int) -> str | None:
+    """A local name read on ``line``: the assignments to it before that line give a
+    sigmoid's output (the last one alone when it always runs, else every one; an
+    element of an unpacked tuple counts by its position); a parameter: every call of
+    the function in the file passes one."""
+    sources: list[tuple[ast.AST, int | None, ast.stmt]] = []
+    for node in _own_nodes(scope):
+        if isinstance(node, (ast.AugAssign, ast.For, ast.With, ast.NamedExpr)) and name in _stored_names(node):
+            return None  # bound another way: not followed
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None or node.lineno >= line:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id == name:
+                sources.append((node.value, index, node))
+            elif isinstance(target, (ast.Tuple, ast.List)):
+                for i, element in enumerate(target.elts):
+                    if isinstance(element, ast.Name) and element.id == name:
+                        if index is not None:
+                            return None
+                        sources.append((node.value, i, node))
+    if sources:
+        sources.sort(key=lambda source: source[2].lineno)
+        if sources[-1][2] in _straight_line(scope):
+            sources = sources[-1:]
+        found = [_sigmoid_source(value, scope, ctx, depth + 1, i, owner) for value, i, _ in sources]
+        return found[-1] if all(found) else None
+    return _parameter_source(name, scope, ctx, depth, index)
+
+
+def _straight_line(scope: ast.AST) -> list[ast.stmt]:
+    """The statements of a body that run whenever it runs (``with`` bodies included)."""
+    out: list[ast.stmt] = []
+    stack = list(scope.body)  # type: ignore[attr-defined]
+    while stack:
+        stmt = stack.pop()
+        out.append(stmt)
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            stack.extend(stmt.body)
+    return out
+
+
+def _stored_names(node: ast.AST) -> set[str]:
+    targets: list[ast.AST] = []
+    if isinstance(node, ast.AugAssign):
+        targets = [node.target]
+    elif isinstance(node, ast.For):
+        targets = [node.target]
+    elif isinstance(node, ast.With):
+        targets = [item.optional_vars for item in node.items if item.optional_vars is not None]
+    elif isinstance(node, ast.NamedExpr):
+        targets = [node.target]
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _parameter_source(name: str, scope: ast.AST, ctx: FileContext, depth: int, index: int | None) -> str | None:
+    """A parameter of a module-level function: every call of it in the file passes a
+    sigmoid's output there (positionally or by keyword)."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or index is not None:
+        return None
+    if scope not in ctx.tree.body:
+        return None
+    params = [a.arg for a in (*scope.args.posonlyargs, *scope.args.args)]
+    if name not in params:
+        return None
+    position = params.index(name)
+    calls = [c for c in ctx.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == scope.name]
+    if not calls:
+        return None
+    found = []
+    for call in calls:
+        arg = next((k.value for k in call.keywords if k.arg == name), None)
+        if arg is None and position < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args):
+            arg = call.args[position]
+        if arg is None:
+            return None
+        caller = _function_of(call, ctx) or ctx.tree
+        found.append(_sigmoid_source(arg, caller, ctx, depth + 1))
+        if found[-1] is None:
+            return None
+    return f"{found[0]}, passed to {scope.name}() as `{name}`"
+
+
+def _function_of(node: ast.AST, ctx: FileContext) -> ast.AST | None:
+    """The innermost function holding ``node`` (None at module level)."""
+    parents = ctx.cache.get("ax703_function_of")
+    if parents is None:
+        parents = ctx.cache["ax703_function_of"] = {}
+        for function in ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
+            for inner in _own_nodes(function):
+                parents[id(inner)] = function
+    return parents.get(id(node))
+
+
+def _call_source(call: ast.Call, scope: ast.AST | None, ctx: FileContext, depth: int, index: int | None,
+                 owner: ast.ClassDef | None) -> str | None:
+    """A call of a model of the file whose ``forward`` (or the method called) ends in
+    a sigmoid, of an ``nn.Sequential`` whose last layer is ``nn.Sigmoid()``, or of
+    an ``nn.Sigmoid()`` module kept in a name."""
+    func = call.func
+    if (ctx.call_name(call) or "") in _DATA_PARALLEL and call.args:
+        func = call.args[0]  # nn.parallel.data_parallel(module, inputs, ...)
+    elif isinstance(func, ast.Attribute):
+        cls = _model_class(func.value, scope, ctx, owner, depth)
+        if isinstance(cls, ast.ClassDef) and _method(cls, func.attr) is not None:
+            return _method_returns_sigmoid(cls, func.attr, ctx, depth, index)
+    kind = _model_class(func, scope, ctx, owner, depth)
+    if isinstance(kind, ast.ClassDef):
+        return _method_returns_sigmoid(kind, "forward", ctx, depth, index)
+    if kind == _SIGMOID_SEQUENTIAL and index is None:
+        return "the output of an nn.Sequential that ends in nn.Sigmoid()"
+    if kind == _SIGMOID_LAYER and index is None:
+        return "an nn.Sigmoid() layer's output"
+    return None
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    return next((f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == name),
+                None)
+
+
+def _model_class(node: ast.AST, scope: ast.AST | None, ctx: FileContext, owner: ast.ClassDef | None,
+                 depth: int) -> ast.ClassDef | str | None:
+    """The class of the file ``node`` is an instance of (a name or ``self.x`` every
+    assignment binds to it, through ``.to(device)`` and DataParallel), the string
+    :data:`_SIGMOID_SEQUENTIAL` for an ``nn.Sequential`` ending in ``nn.Sigmoid()``,
+    :data:`_SIGMOID_LAYER` for an ``nn.Sigmoid()``, or None."""
+    if depth > _DEPTH:
+        return None
+    if isinstance(node, ast.Name) and node.id == "self" and owner is not None:
+        return owner
+    if isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ("to", "cuda", "cpu", "train", "float") \
+                and ctx.qualified_name(node.func) is None:
+            return _model_class(node.func.value, scope, ctx, owner, depth + 1)
+        name = ctx.call_name(node) or ""
+        if name in _MODEL_WRAPPERS and node.args:
+            return _model_class(node.args[0], scope, ctx, owner, depth + 1)
+        if name == _SIGMOID_MODULE:
+            return _SIGMOID_LAYER
+        if name == "torch.nn.Sequential":
+            layers = [a for a in node.args if not isinstance(a, ast.Starred)]
+            last = layers[-1] if layers and len(layers) == len(node.args) else None
+            if isinstance(last, ast.Call) and ctx.call_name(last) == _SIGMOID_MODULE:
+                return _SIGMOID_SEQUENTIAL
+            return None
+        if isinstance(node.func, ast.Name):
+            classes = [c for c in ctx.nodes(ast.ClassDef) if c.name == node.func.id]
+            return classes[0] if len(classes) == 1 else None
+        return None
+    values: list[ast.expr] | None = None
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        values = _self_bindings(owner, node.attr, ctx) if owner is not None else _bindings(ctx).get(node.attr)
+    elif isinstance(node, ast.Name):
+        values = _bindings(ctx).get(node.id)
+    if not values:
+        return None
+    found = set()
+    for value in values:
+        # ``model = nn.DataParallel(model)``: the other bindings say what it wraps.
+        if isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Name) and \
+                isinstance(node, ast.Name) and value.args[0].id == node.id:
+            continue
+        kind = _model_class(value, scope, ctx, owner, depth + 1)
+        if kind is None:
+            return None
+        found.add(id(kind) if isinstance(kind, ast.ClassDef) else kind)
+        result = kind
+    return result if len(found) == 1 else None
+
+
+def _self_bindings(cls: ast.ClassDef, attr: str, ctx: FileContext) -> list[ast.expr]:
+    """The values the class's methods assign to ``self.<attr>``."""
+    key = ("ax703_self", id(cls))
+    table = ctx.cache.get(key)
+    if table is None:
+        table = ctx.cache[key] = {}
+        for node in ast.walk(cls):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
+                            target.value.id == "self":
+                        table.setdefault(target.attr, []).append(node.value)
+    return table.get(attr, [])
+
+
+def _method_returns_sigmoid(cls: ast.ClassDef, method: str, ctx: FileContext, depth: int,
+                            index: int | None) -> str | None:
+    """Every ``return`` of ``cls.method`` gives a sigmoid's output (the element
+    ``index`` of the tuple it returns, when one is taken)."""
+    function = _method(cls, method)
+    if function is None:
+        return None
+    returns = [n for n in _own_nodes(function) if isinstance(n, ast.Return)]
+    if not returns or any(r.value is None for r in returns):
+        return None
+    for ret in returns:
+        if _sigmoid_source(ret.value, function, ctx, depth + 1, index, cls) is None:
+            return None
+    return f"the output of {cls.name}, whose {method}() ends in a sigmoid"
+
+
+def _rewrite(call: ast.Call, probs: ast.AST, ctx: FileContext) -> list | None:
+    """``F.binary_cross_entropy(torch.sigmoid(z)..., y)`` ->
+    ``F.binary_cross_entropy_with_logits(z..., y)``; None unless the sigmoid is
+    written inside the call."""
+    inner = _strip_values_kept(probs, ctx)
+    logits = _sigmoid_call(inner, ctx)
+    if logits is None:
+        return None
+    func_text = ctx.text(call.func)
+    if not func_text.endswith("binary_cross_entropy"):
+        return None
+    text = ctx.text(logits)
+    if inner is not probs and not isinstance(logits, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+        text = f"({text})"
+    return [ctx.replace(call.func, func_text + "_with_logits"), ctx.replace(inner, text)]

@@ -1,0 +1,113 @@
+"""AX703 (binary cross-entropy on a sigmoid's output) beyond its inline examples: the
+fixed script trains to the same loss; models written the way public GAN and VAE code
+writes them are followed, their look-alike siblings are not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from torchaxe.findings import Applicability
+from torchaxe.scan.engine import ScanOptions, scan_source
+from torchaxe.scan.fix import fix_source
+
+SCRIPT = '''\
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(256, 16), (torch.rand(256, 1) > 0.5).float()
+for step in range(30):
+    loss = F.binary_cross_entropy(torch.sigmoid(model(x)).view(-1), y.view(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print(loss.item())
+'''
+
+GAN = '''\
+import torch
+import torch.nn as nn
+
+
+class Generator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.main = nn.Sequential(nn.Linear(8, 16), nn.ReLU(True), nn.Linear(16, 4), nn.Tanh())
+
+    def forward(self, z):
+        return self.main(z)
+
+
+class Discriminator(nn.Module):
+    def __init__(self, ngpu):
+        super().__init__()
+        self.ngpu = ngpu
+        self.main = nn.Sequential(nn.Linear(4, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1), nn.Sigmoid())
+
+    def forward(self, x):
+        if x.is_cuda and self.ngpu > 1:
+            out = nn.parallel.data_parallel(self.main, x, range(self.ngpu))
+        else:
+            out = self.main(x)
+        return out.view(-1, 1).squeeze(1)
+
+
+netG = Generator()
+netD = Discriminator(1).to("cpu")
+netD = nn.DataParallel(netD)
+criterion = nn.BCELoss()
+recon = nn.BCELoss()
+for real in data:
+    label = torch.ones(64)
+    output = netD(real).view(-1)
+    errD = criterion(output, label)
+    fake = netG(torch.randn(64, 8))
+    errR = recon((fake + 1) / 2, real)
+'''
+
+
+def _options(target: str = "cpu") -> ScanOptions:
+    return ScanOptions(target=target, select=("AX703",))
+
+
+def test_fixed_script_trains_to_the_same_loss(tmp_path):
+    report = scan_source(SCRIPT, "t.py", _options())
+    (finding,) = report.findings
+    assert finding.line == 9 and finding.fix.applicability == Applicability.UNSAFE
+    assert "binary cross-entropy on `torch.sigmoid(model(x))`" in finding.message
+    result = fix_source(SCRIPT, "t.py", _options(), unsafe=True)
+    assert "F.binary_cross_entropy_with_logits(model(x).view(-1), y.view(-1))" in result.fixed
+    losses = {}
+    for name, text in (("before", SCRIPT), ("after", result.fixed)):
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        losses[name] = float(run.stdout)
+    assert abs(losses["before"] - losses["after"]) <= 1e-4 * abs(losses["before"]) + 1e-6
+    assert not scan_source(result.fixed, "t.py", _options()).findings
+
+
+def test_a_discriminator_ending_in_sigmoid_is_followed_and_its_generator_is_not():
+    report = scan_source(GAN, "gan.py", _options("cuda"))
+    lines = {f.line: f for f in report.findings}
+    assert set(lines) == {36}, [f.snippet for f in report.findings]
+    finding = lines[36]
+    assert "the output of Discriminator, whose forward() ends in a sigmoid" in finding.message
+    assert "CUDA autocast refuses binary_cross_entropy" in finding.message
+    assert finding.fix.applicability == Applicability.DISPLAY_ONLY and not finding.fix.edits
+
+
+def test_a_name_reassigned_from_logits_to_probabilities_is_read_where_it_is_used():
+    source = ('import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n'
+              'class Net(nn.Module):\n    def forward(self, x):\n        x = self.fc(x)\n'
+              '        x = torch.sigmoid(x)\n        return x\n'
+              'class Head(nn.Module):\n    def forward(self, x):\n        x = torch.sigmoid(x)\n'
+              '        x = self.fc(x)\n        return x\n'
+              'net, head = Net(), Head()\n'
+              'a = F.binary_cross_entropy(net(x), y)\nb = F.binary_cross_entropy(head(x), y)\n')
+    lines = [f.line for f in scan_source(source, "n.py", _options()).findings]
+    assert lines == [15]
