@@ -74,6 +74,8 @@ CLASSES: dict[str, tuple[str, ...]] = {
     # a time (AX205), and gradient scalers beside bfloat16 autocast (AX702).
     "ema_loop": ("AX205",),
     "grad_scaler_bf16": ("AX702",),
+    # benchmarks/real_corpus_bce.toml: binary cross-entropy on a sigmoid's output (AX703).
+    "bce_on_sigmoid": ("AX703",),
 }
 KINDS = ("positive", "lookalike")
 

@@ -111,3 +111,96 @@ def test_a_name_reassigned_from_logits_to_probabilities_is_read_where_it_is_used
               'a = F.binary_cross_entropy(net(x), y)\nb = F.binary_cross_entropy(head(x), y)\n')
     lines = [f.line for f in scan_source(source, "n.py", _options()).findings]
     assert lines == [15]
+
+
+def test_models_built_the_ways_public_code_builds_them_are_followed():
+    source = '''\
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def D(x):
+    h = F.relu(x @ W1)
+    return torch.sigmoid(h @ W2)
+
+
+class Critic(nn.Module):
+    def __init__(self, size, act):
+        super().__init__()
+        self.fc = nn.Linear(size, 1)
+        self.act = act
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+class Scorer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = self.build()
+
+    def build(self):
+        layers = [nn.Linear(4, 8), nn.ReLU()]
+        layers.extend([nn.Linear(8, 1), nn.Sigmoid()])
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.model(x)
+
+
+class Trainer:
+    def __init__(self):
+        self.scorer = Scorer()
+        self.bce = nn.BCELoss().cuda()
+
+    def step(self, x, y):
+        return self.bce(self.scorer(x), y)
+
+
+net = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())
+net = net.to("cuda")
+critic = Critic(4, act=torch.sigmoid)
+criterion = nn.BCELoss()
+a = F.binary_cross_entropy(D(x), y)
+b = criterion(critic(x), y)
+c = criterion(net(x), y)
+'''
+    lines = sorted(f.line for f in scan_source(source, "m.py", _options()).findings)
+    assert lines == [41, 48, 49, 50]
+
+
+def test_a_sigmoid_on_one_construction_only_or_an_activation_chosen_elsewhere_is_left_alone():
+    source = '''\
+import torch
+import torch.nn as nn
+
+
+class Head(nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.act = act
+
+    def forward(self, x):
+        return self.act(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        layers = [nn.Linear(4, 1), nn.Sigmoid()]
+        layers.append(nn.Identity())
+        self.model = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.model(x)
+
+
+criterion = nn.BCELoss()
+gate = Head(torch.sigmoid)
+prob = Head(nn.Identity())
+net = Net()
+a = criterion(prob(x), y)
+b = criterion(net(x), y)
+'''
+    assert not scan_source(source, "m.py", _options()).findings

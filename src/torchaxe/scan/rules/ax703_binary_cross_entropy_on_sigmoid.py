@@ -24,6 +24,8 @@ _KEEPS_VALUES_FUNCTIONS = frozenset({"torch.squeeze", "torch.flatten", "torch.re
 _MODEL_WRAPPERS = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                              "torch.nn.parallel.DistributedDataParallel", "torch.compile"})
 _DEPTH = 6
+#: Methods that move or switch a module and return it.
+_MOVES = frozenset({"to", "cuda", "cpu", "train", "float", "double", "half", "bfloat16", "to_empty"})
 _DATA_PARALLEL = frozenset({"torch.nn.parallel.data_parallel", "torch.nn.parallel.data_parallel.data_parallel"})
 #: What :func:`_model_class` calls a module that is not a class of the file.
 _SIGMOID_SEQUENTIAL = "sigmoid-sequential"
@@ -183,8 +185,16 @@ def _is_bce_criterion(func: ast.AST, ctx: FileContext) -> bool:
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
     if name is None:
         return False
-    values = _bindings(ctx).get(name)
+    values = [_unmoved(v, ctx) for v in _bindings(ctx).get(name) or ()]
     return bool(values) and all(isinstance(v, ast.Call) and ctx.call_name(v) == _BCE_LOSS for v in values)
+
+
+def _unmoved(value: ast.AST, ctx: FileContext) -> ast.AST:
+    """``nn.BCELoss().cuda()`` -> ``nn.BCELoss()``."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES \
+            and ctx.qualified_name(value.func) is None:
+        value = value.func.value
+    return value
 
 
 def _bindings(ctx: FileContext) -> dict[str, list[ast.expr]]:
@@ -384,6 +394,12 @@ def _call_source(call: ast.Call, scope: ast.AST | None, ctx: FileContext, depth:
         cls = _model_class(func.value, scope, ctx, owner, depth)
         if isinstance(cls, ast.ClassDef) and _method(cls, func.attr) is not None:
             return _method_returns_sigmoid(cls, func.attr, ctx, depth, index)
+    elif isinstance(func, ast.Name) and _module_function(func.id, ctx) is not None:
+        function = _module_function(func.id, ctx)
+        returns = [n.value for n in _own_nodes(function) if isinstance(n, ast.Return)]
+        if returns and all(r is not None and _sigmoid_source(r, function, ctx, depth + 1, index) for r in returns):
+            return f"the output of {func.id}(), which ends in a sigmoid"
+        return None
     kind = _model_class(func, scope, ctx, owner, depth)
     if isinstance(kind, ast.ClassDef):
         return _method_returns_sigmoid(kind, "forward", ctx, depth, index)
@@ -402,51 +418,156 @@ def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | ast.AsyncFunction
 def _model_class(node: ast.AST, scope: ast.AST | None, ctx: FileContext, owner: ast.ClassDef | None,
                  depth: int) -> ast.ClassDef | str | None:
     """The class of the file ``node`` is an instance of (a name or ``self.x`` every
-    assignment binds to it, through ``.to(device)`` and DataParallel), the string
-    :data:`_SIGMOID_SEQUENTIAL` for an ``nn.Sequential`` ending in ``nn.Sigmoid()``,
-    :data:`_SIGMOID_LAYER` for an ``nn.Sigmoid()``, or None."""
+    assignment binds to it, through ``.to(device)``, DataParallel and the file's
+    functions and methods that build it), the string :data:`_SIGMOID_SEQUENTIAL` for
+    an ``nn.Sequential`` ending in ``nn.Sigmoid()``, :data:`_SIGMOID_LAYER` for an
+    ``nn.Sigmoid()`` or ``torch.sigmoid`` itself, or None."""
     if depth > _DEPTH:
         return None
     if isinstance(node, ast.Name) and node.id == "self" and owner is not None:
         return owner
+    if (ctx.qualified_name(node) or "") in _SIGMOID_FUNCTIONS:
+        return _SIGMOID_LAYER  # ``self.act = torch.sigmoid``
     if isinstance(node, ast.Call):
-        if isinstance(node.func, ast.Attribute) and node.func.attr in ("to", "cuda", "cpu", "train", "float") \
-                and ctx.qualified_name(node.func) is None:
-            return _model_class(node.func.value, scope, ctx, owner, depth + 1)
-        name = ctx.call_name(node) or ""
-        if name in _MODEL_WRAPPERS and node.args:
-            return _model_class(node.args[0], scope, ctx, owner, depth + 1)
-        if name == _SIGMOID_MODULE:
-            return _SIGMOID_LAYER
-        if name == "torch.nn.Sequential":
-            layers = [a for a in node.args if not isinstance(a, ast.Starred)]
-            last = layers[-1] if layers and len(layers) == len(node.args) else None
-            if isinstance(last, ast.Call) and ctx.call_name(last) == _SIGMOID_MODULE:
-                return _SIGMOID_SEQUENTIAL
-            return None
-        if isinstance(node.func, ast.Name):
-            classes = [c for c in ctx.nodes(ast.ClassDef) if c.name == node.func.id]
-            return classes[0] if len(classes) == 1 else None
-        return None
+        return _built_class(node, scope, ctx, owner, depth)
     values: list[ast.expr] | None = None
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
         values = _self_bindings(owner, node.attr, ctx) if owner is not None else _bindings(ctx).get(node.attr)
     elif isinstance(node, ast.Name):
+        if owner is not None and _init_parameter(owner, node.id) is not None:
+            return _constructor_argument(owner, node.id, ctx, depth)
         values = _bindings(ctx).get(node.id)
     if not values:
         return None
     found = set()
+    result: ast.ClassDef | str | None = None
     for value in values:
-        # ``model = nn.DataParallel(model)``: the other bindings say what it wraps.
-        if isinstance(value, ast.Call) and value.args and isinstance(value.args[0], ast.Name) and \
-                isinstance(node, ast.Name) and value.args[0].id == node.id:
-            continue
+        if _wraps_itself(value, node, ctx):
+            continue  # ``D = D.to(device)``, ``model = nn.DataParallel(model)``: the others say what it is
         kind = _model_class(value, scope, ctx, owner, depth + 1)
         if kind is None:
             return None
         found.add(id(kind) if isinstance(kind, ast.ClassDef) else kind)
         result = kind
     return result if len(found) == 1 else None
+
+
+def _built_class(node: ast.Call, scope: ast.AST | None, ctx: FileContext, owner: ast.ClassDef | None,
+                 depth: int) -> ast.ClassDef | str | None:
+    """What a call builds: a class of the file, a sigmoid-ended ``nn.Sequential``, an
+    ``nn.Sigmoid()``, or what the file's function or method called returns."""
+    if isinstance(node.func, ast.Attribute) and node.func.attr in _MOVES and ctx.qualified_name(node.func) is None:
+        return _model_class(node.func.value, scope, ctx, owner, depth + 1)
+    name = ctx.call_name(node) or ""
+    if name in _MODEL_WRAPPERS and node.args:
+        return _model_class(node.args[0], scope, ctx, owner, depth + 1)
+    if name == _SIGMOID_MODULE:
+        return _SIGMOID_LAYER
+    if name == "torch.nn.Sequential":
+        return _SIGMOID_SEQUENTIAL if _ends_in_sigmoid(node, scope, ctx) else None
+    function = None
+    if isinstance(node.func, ast.Name):
+        classes = [c for c in ctx.nodes(ast.ClassDef) if c.name == node.func.id]
+        if len(classes) == 1:
+            return classes[0]
+        function = _module_function(node.func.id, ctx)
+    elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) and \
+            node.func.value.id == "self" and owner is not None:
+        function = _method(owner, node.func.attr)
+    if function is None:
+        return None
+    returns = [n.value for n in _own_nodes(function) if isinstance(n, ast.Return)]
+    if not returns or any(r is None for r in returns):
+        return None
+    kinds = [_model_class(r, function, ctx, owner, depth + 1) for r in returns]
+    first = kinds[0]
+    return first if first is not None and all(k is first or k == first for k in kinds) else None
+
+
+def _ends_in_sigmoid(sequential: ast.Call, scope: ast.AST | None, ctx: FileContext) -> bool:
+    """``nn.Sequential(..., nn.Sigmoid())``, or ``nn.Sequential(*layers)`` where the
+    last statement of the function to fill ``layers`` ends it with ``nn.Sigmoid()``."""
+    args = sequential.args
+    if not args:
+        return False
+    last = args[-1]
+    if not isinstance(last, ast.Starred):
+        return isinstance(last, ast.Call) and ctx.call_name(last) == _SIGMOID_MODULE
+    if len(args) != 1 or not isinstance(last.value, ast.Name) or scope is None:
+        return False
+    name = last.value.id
+    added: list[tuple[int, ast.AST | None]] = []  # (line, the last layer that statement adds)
+    for node in _own_nodes(scope):
+        if getattr(node, "lineno", sequential.lineno) >= sequential.lineno:
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
+                isinstance(node.value.func, ast.Attribute) and isinstance(node.value.func.value, ast.Name) and \
+                node.value.func.value.id == name and node.value.args:
+            method, arg = node.value.func.attr, node.value.args[-1]
+            if method == "append":
+                added.append((node.lineno, arg))
+            elif method == "extend":
+                added.append((node.lineno, arg.elts[-1] if isinstance(arg, (ast.List, ast.Tuple)) and arg.elts
+                              else None))
+            else:
+                added.append((node.lineno, None))
+        elif isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                value = node.value
+                added.append((node.lineno, value.elts[-1] if isinstance(value, (ast.List, ast.Tuple)) and value.elts
+                              else None))
+    if not added:
+        return False
+    layer = max(added, key=lambda item: item[0])[1]
+    return isinstance(layer, ast.Call) and ctx.call_name(layer) == _SIGMOID_MODULE
+
+
+def _wraps_itself(value: ast.AST, node: ast.AST, ctx: FileContext) -> bool:
+    """``value`` is ``node`` moved or wrapped: ``D.to(device)``, ``DataParallel(D)``."""
+    while isinstance(value, ast.Call):
+        if isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES and \
+                ctx.qualified_name(value.func) is None:
+            value = value.func.value
+        elif (ctx.call_name(value) or "") in _MODEL_WRAPPERS and value.args:
+            value = value.args[0]
+        else:
+            return False
+    return ast.dump(value) == ast.dump(node)
+
+
+def _module_function(name: str, ctx: FileContext) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    found = [f for f in ctx.tree.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == name]
+    return found[0] if len(found) == 1 else None
+
+
+def _init_parameter(cls: ast.ClassDef, name: str) -> int | None:
+    """The position of ``name`` among ``cls.__init__``'s parameters after ``self``."""
+    init = _method(cls, "__init__")
+    if init is None:
+        return None
+    params = [a.arg for a in (*init.args.posonlyargs, *init.args.args)][1:]
+    kwonly = [a.arg for a in init.args.kwonlyargs]
+    if name in params:
+        return params.index(name)
+    return -1 if name in kwonly else None
+
+
+def _constructor_argument(cls: ast.ClassDef, param: str, ctx: FileContext, depth: int) -> str | None:
+    """:data:`_SIGMOID_LAYER` when every construction of ``cls`` in the file passes a
+    sigmoid (``torch.sigmoid``, ``nn.Sigmoid()``, a name bound to one) as ``param``."""
+    position = _init_parameter(cls, param)
+    calls = [c for c in ctx.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == cls.name]
+    if position is None or not calls:
+        return None
+    for call in calls:
+        arg = next((k.value for k in call.keywords if k.arg == param), None)
+        if arg is None and 0 <= position < len(call.args) and \
+                not any(isinstance(a, ast.Starred) for a in call.args[:position + 1]):
+            arg = call.args[position]
+        if arg is None or _model_class(arg, None, ctx, None, depth + 1) != _SIGMOID_LAYER:
+            return None
+    return _SIGMOID_LAYER
 
 
 def _self_bindings(cls: ast.ClassDef, attr: str, ctx: FileContext) -> list[ast.expr]:
