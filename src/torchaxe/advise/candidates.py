@@ -198,7 +198,7 @@ def installed_candidates(findings: Sequence[Finding],
 
 def _axis_of_code(code: str) -> str:
     return {"AX1": "fused_ops", "AX2": "fused_ops", "AX3": "data", "AX4": "data", "AX5": "compile",
-            "AX6": "distributed"}.get(code[:3], "environment")
+            "AX6": "distributed", "AX7": "precision"}.get(code[:3], "environment")
 
 
 #: The axes' runtime-setting candidates, collected in this order (the order they are
