@@ -1630,6 +1630,26 @@ def test_what_other_processes_used_during_the_runs_is_said_instead_of_the_load_a
     assert not any("busy" in n for n in quiet.notes)
 
 
+class SlowFromCombined(FakeRuns):
+    """Once the changes alone are measured (code:AX110's third round, the last of
+    them), a busy machine makes every run three times slower: the rounds of the
+    changes together are slow, their ratio to the original the same."""
+
+    def __call__(self, knobs, command, options, repeat):
+        run = super().__call__(knobs, command, options, repeat)
+        if self.order.count("code:AX110") >= 3 and knobs.name != "code:AX110":
+            run.step_seconds = [3 * s for s in run.step_seconds]
+        return run
+
+
+def test_the_time_the_changes_save_together_is_a_share_of_the_original_step_the_report_quotes(script: Path) -> None:
+    advice = json.loads(run_advice(script, SlowFromCombined()).to_json())
+    combined, original = advice["combined"], advice["baseline"]["step_seconds_median"]
+    assert combined["status"] == "measured" and original == pytest.approx(0.1)
+    # 0.1 s x (1 - 0.045 / 0.1), not the 0.3 s step of the slow round it was measured in.
+    assert combined["measured_seconds_saved_per_step"] == pytest.approx(original * (1 - 1 / combined["speedup"]))
+
+
 def test_persistent_workers_for_a_loader_without_workers_in_the_run_is_listed_not_measured(script: Path) -> None:
     # num_workers comes from the environment: 0 in this run, so AX403's fix changes nothing.
     import os

@@ -602,7 +602,8 @@ class Advisor:
                               run_seconds=self.run_seconds, progress=self.progress,
                               memory_limit=self.options.memory_limit,
                               original_over_limit=bool(advice.baseline.get("over_memory_limit")),
-                              job_steps=self.options.job_steps, job_source=self.job_source)
+                              job_steps=self.options.job_steps, job_source=self.job_source,
+                              original_median=base_arm.median)
         try:
             search.run([c for c, _ in arms])
             for c, _ in arms:

@@ -45,8 +45,11 @@ class ChangeSearch:
                  run_seconds: dict[str, float] | None = None,
                  progress: Callable[[str], None] = lambda line: None, memory_limit: int | None = None,
                  original_over_limit: bool = False, job_steps: int | None = None,
-                 job_source: str = "--job-steps") -> None:
+                 job_source: str = "--job-steps", original_median: float | None = None) -> None:
         self.measurer = measurer
+        #: The original's step time the report quotes: the time a set saves is a share
+        #: of it, whatever the original took in the set's own rounds.
+        self.original_median = original_median
         #: How far the original strayed from itself, and the A/A arm's per-round ratios.
         self.noise = noise.spread
         self.same_ratios = list(noise.same)
@@ -210,7 +213,7 @@ class ChangeSearch:
         if arm.error:
             entry.update(status="failed", error=arm.error)
         elif arm.ratio:
-            entry.update(_members_one_time(measured_figures(arm, base_arm), chosen))
+            entry.update(_members_one_time(measured_figures(arm, base_arm, self.original_median), chosen))
         best = max(chosen, key=lambda c: c.rec.speedup or 0.0)
         loss = self._loss_beyond(arm, base_arm)
         over = None if arm.error else self._over_limit(arm)
@@ -430,7 +433,8 @@ class ChangeSearch:
                 whose = "their" if chosen else "the original's"
                 c.rec.detail = (c.rec.detail + " " if c.rec.detail else "") + f"({where}: {share:.2f} of {whose} step time)"
             if self._clear(paired) and (best is None or share < best[0]) and self._loss_beyond(arm, base_arm) is None \
-                    and self._over_limit(arm) is None and self._not_repaid(measured_figures(arm, base_arm)) is None:
+                    and self._over_limit(arm) is None \
+                    and self._not_repaid(measured_figures(arm, base_arm, self.original_median)) is None:
                 best = (share, v, arm, paired)
             if len(v) == 1 and share > 1.0 + max(MIN_GAIN, self.noise / 2):
                 hurting.append(v[0])
@@ -467,7 +471,8 @@ class ChangeSearch:
         for c in added:
             c.rec.selected = True
         members = chosen + added
-        self.combined = {"keys": [m.key for m in members], **_members_one_time(measured_figures(arm, base_arm), members),
+        figures = measured_figures(arm, base_arm, self.original_median)
+        self.combined = {"keys": [m.key for m in members], **_members_one_time(figures, members),
                          "knobs": merge_knobs([m.knobs for m in members if m.rec.applies == "knob"])}
         names = ", ".join(c.key for c in added)
         per_round = f"({', '.join(f'{r:.2f}' for r in paired)} per round)"

@@ -186,14 +186,17 @@ def with_one_time(figures: dict[str, Any], once: float, saved_per_step: float) -
     return out
 
 
-def measured_figures(arm: ArmResult, base: ArmResult) -> dict[str, Any]:
+def measured_figures(arm: ArmResult, base: ArmResult, original_median: float | None = None) -> dict[str, Any]:
     """The figures of an arm measured against the original in the same rounds (its
     ratio is known): speed-up, per-round ratios, time saved, both step medians, and
-    the difference of its training loss when it was recorded, both peak memories."""
+    the difference of its training loss when it was recorded, both peak memories.
+    ``original_median``: the original's step time the report quotes (from all its
+    rounds), which the time saved is a share of; else the median of ``base``'s runs."""
     ratio = arm.ratio or 1.0
     peak, original = arm.peak_memory, base.peak_memory
+    reference = original_median if original_median is not None else base.median
     out = {"status": "measured", "speedup": 1.0 / ratio, "ratios": [round(r, 4) for r in arm.ratios],
-           "measured_seconds_saved_per_step": (base.median or 0.0) * (1.0 - ratio),
+           "measured_seconds_saved_per_step": (reference or 0.0) * (1.0 - ratio),
            "step_seconds_median": arm.median, "original_step_seconds_median": base.median,
            "peak_memory_bytes": peak[0] if peak else None, "memory_kind": peak[1] if peak else None,
            "original_peak_memory_bytes": original[0] if original else None}
