@@ -130,3 +130,22 @@ def test_a_trial_run_records_the_load_and_its_json(tmp_path: Path) -> None:
     assert run.ok, run.error
     assert run.other_load is not None and run.other_load.seconds > 0
     assert run.to_dict()["other_load"]["usable"] == run.other_load.usable
+
+
+def test_profile_names_a_busy_process_beside_the_measured_steps(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import time\nimport torch\nm = torch.nn.Linear(64, 64)\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.01)\n"
+                      "for _ in range(200):\n    opt.zero_grad()\n    m(torch.randn(32, 64)).sum().backward()\n"
+                      "    opt.step()\n    time.sleep(0.03)\n")
+    # Not below the profiled process: to it, another process.
+    spin = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 60\nwhile time.time() < end: pass"])
+    try:
+        run = subprocess.run([sys.executable, "-m", "torchaxe", "profile", "--steps", "40", "--warmup", "2",
+                              "--out", str(tmp_path / "p.json"), "--", sys.executable, str(script)],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert run.returncode == 0, run.stderr
+    assert "other processes kept" in run.stderr, run.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -234,11 +235,36 @@ def test_steps_all_lets_the_script_finish(tmp_path):
     assert not any("ended after" in w for w in profile.warnings)
 
 
-def test_a_busy_machine_is_said_beside_the_figures(tmp_path, monkeypatch):
-    # Other processes slow steps unevenly: the profile says the load it ended under.
+def test_a_busy_neighbour_of_the_measured_steps_is_named(tmp_path, monkeypatch):
+    # Other processes slow steps unevenly: what they used of the cores while the steps
+    # were measured is read at the first measured step and at the end.
     from torchaxe import cpulist
-    from torchaxe.runtime import load
+    from torchaxe.runtime import other_load
 
+    monkeypatch.setattr(cpulist, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(other_load, "machine_cores", lambda: 2)
+    source = PRELUDE + "import time\nfor _ in range(6):\n    step()\n    time.sleep(0.05)\n"
+    started = time.time()
+    # A neighbour (pid 4242) that uses 1.5 cores for every second that passes.
+    monkeypatch.setattr(other_load, "all_processes",
+                        lambda: {4242: ("trainer", 1.5 * (time.time() - started), started - 10.0)})
+    profile = run_script(tmp_path, source, steps=3, warmup=1)
+    busy = [w for w in profile.warnings if w.startswith("other processes kept")]
+    assert len(busy) == 1 and "(busiest: trainer (pid 4242))" in busy[0], profile.warnings
+    assert not any("1-minute load" in w for w in profile.warnings)
+    monkeypatch.setattr(other_load, "all_processes", lambda: {4242: ("trainer", 1.0, started - 10.0)})
+    assert not any("busy" in w for w in run_script(tmp_path, source, steps=3, warmup=1).warnings)
+
+
+def test_a_busy_machine_is_said_beside_the_figures(tmp_path, monkeypatch):
+    # Where other processes cannot be read, the load the run ended under stands in.
+    from torchaxe import cpulist
+    from torchaxe.runtime import load, other_load
+
+    def unreadable():
+        raise PermissionError("no /proc")
+
+    monkeypatch.setattr(other_load, "all_processes", unreadable)
     source = PRELUDE + "for _ in range(6):\n    step()\n"
     monkeypatch.setattr(cpulist, "usable_cpus", lambda: 2)
     monkeypatch.setattr(load, "load_average", lambda: 3.6)

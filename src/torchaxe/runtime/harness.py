@@ -179,6 +179,9 @@ class StepRecorder:
         self.backward_calls = 0
         #: Taking turns with runs side by side (a TurnClient), when the run was started so.
         self.turns: Any = None
+        #: What other processes use of the cores over the measured steps (an
+        #: OtherLoadWatch, started when the first measured step begins).
+        self.other_load: Any = None
         self._device_ready = False
         self._start: float | None = None
         self._reset()
@@ -348,6 +351,13 @@ class StepRecorder:
         if phase == "ops" and self.options.phase(index + 1) != "ops":
             window.stop()
             now = self.clock()  # nor is its shutdown
+        if phase != "measured" and self.options.phase(index + 1) == "measured" and self.other_load is None:
+            from torchaxe.runtime.other_load import OtherLoadWatch
+
+            # What other processes use of the cores while the steps are measured: one
+            # sample now and one at the end, taken outside any step's time.
+            self.other_load = OtherLoadWatch(interval=None).start()
+            now = self.clock()
         if turns is not None and self.options.steps is not None:
             # Runs side by side take turns (runtime/turns.py): the first once warm, then
             # every few measured steps. Waiting for the turn is no step's time.
@@ -978,10 +988,23 @@ class Harness:
         from torchaxe import cpulist
         from torchaxe.runtime import load as machine
 
+        watch = recorder.other_load
+        others = watch.stop() if watch is not None and measured else None
+        if others is not None:
+            if others.busy:
+                out.append(f"other processes kept {others.cores:.1f} of the {others.usable} usable cores busy while "
+                           f"the steps were measured (busiest: {others.describe()}): steps on shared cores are "
+                           "slower and noisier, by far more than the share taken; profile again on an idle machine "
+                           "to confirm the figures")
+            return self._swallowed(out, state)
         load, cores = machine.load_average(), cpulist.usable_cpus()
         if measured and load is not None and machine.busy(load, cores):
             out.append(f"the machine was busy ({machine.busy_text(load, cores)} at the end): other "
                        "processes slow steps unevenly; profile again when it is quieter to confirm the figures")
+        return self._swallowed(out, state)
+
+    @staticmethod
+    def _swallowed(out: list[str], state: dict) -> list[str]:
         if state.get("swallowed") is not None:
             err = state["swallowed"]
             out.append(f"after the stop the script raised {err.type}: {first_line(err.message)}")

@@ -105,15 +105,15 @@ class OtherLoadWatch:
     stand in for the machine in tests (``clock`` in the same epoch as the start
     times ``snapshot`` gives)."""
 
-    def __init__(self, interval: float = SAMPLE_INTERVAL, *,
-                 snapshot: Callable[[], Snapshot] = all_processes, family: Callable[[], set[int]] = own_family,
+    def __init__(self, interval: float | None = SAMPLE_INTERVAL, *,
+                 snapshot: Callable[[], Snapshot] | None = None, family: Callable[[], set[int]] | None = None,
                  clock: Callable[[], float] = time.time, cores: int | None = None,
                  usable: int | None = None) -> None:
         from torchaxe.cpulist import usable_cpus
 
         self.interval = interval
-        self.snapshot = snapshot
-        self.family = family
+        self.snapshot = snapshot if snapshot is not None else all_processes
+        self.family = family if family is not None else own_family
         self.clock = clock
         self.cores = cores if cores is not None else machine_cores()
         self.usable = usable if usable is not None else usable_cpus()
@@ -151,13 +151,20 @@ class OtherLoadWatch:
         self._last, self._last_time = now_snapshot, now
 
     def start(self) -> "OtherLoadWatch":
+        """Take the first sample and, with an ``interval``, sample in a thread until
+        :meth:`stop` (without one, :meth:`stop` takes the only other sample: no thread
+        in the measured process, and processes that start and end between the two are
+        not seen)."""
         self._last_time = self.clock()
         self.sample()
         self._used.clear()  # the first sample only sets where counting starts
         self._started = self._last_time
+        if self.interval is None:
+            return self
+        interval = self.interval
 
         def loop() -> None:
-            while not self._stop.wait(self.interval):
+            while not self._stop.wait(interval):
                 self.sample()
 
         self._thread = threading.Thread(target=loop, name="torchaxe-other-load", daemon=True)
