@@ -119,7 +119,7 @@ class RecurrentCellLoop(Rule):
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
-        layer = _cell_layer(node.func, ctx)
+        layer = _cell_layer(node.func, ctx, node)
         if layer is None or not node.args:
             return
         loop = next((p for p in reversed(ctx.parents) if isinstance(p, (*LOOP_TYPES, *BOUNDARY_TYPES))), None)
@@ -139,42 +139,114 @@ class RecurrentCellLoop(Rule):
         yield ctx.finding(self, node, message, fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
 
 
-def _cell_layer(func: ast.AST, ctx: FileContext) -> str | None:
-    """The sequence layer for a cell: ``func`` is a name or ``self.attr`` that every
-    assignment in the file binds to an ``nn.*Cell``."""
-    if isinstance(func, ast.Name):
-        name = func.id
-    elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-        name = func.attr
-    else:
+def _cell_layer(func: ast.AST, ctx: FileContext, at: ast.AST | None = None) -> str | None:
+    """The sequence layer for a cell: ``func`` is ``self.attr`` that the class binds
+    to an ``nn.*Cell`` (or to a constructor argument every construction in the file
+    fills with one), or a name whose last assignment in the scope before ``at`` does
+    (the file's assignments when that scope has none)."""
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+        cls = _enclosing_class(func, ctx)
+        values = _self_bindings(cls, func.attr) if cls is not None else []
+        layers = {_layer_of(v, ctx, cls) for v in values}
+        return layers.pop() if len(layers) == 1 else None
+    if not isinstance(func, ast.Name):
         return None
-    values = _bindings(ctx).get(name)
-    if not values:
-        return None
-    layers = set()
-    for value in values:
-        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES \
-                and ctx.qualified_name(value.func) is None:
-            value = value.func.value
-        layer = CELLS.get(ctx.call_name(value) or "") if isinstance(value, ast.Call) else None
-        if layer is None:
-            return None
-        layers.add(layer)
+    scope = _scope_of(func, ctx)
+    line = getattr(at if at is not None else func, "lineno", 0)
+    local = [a for a in _scope_assignments(scope, ctx) if func.id in _assigned(a) and a.lineno < line]
+    if local:
+        last = max(local, key=lambda a: a.lineno)
+        single = isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name)
+        return _layer_of(last.value, ctx, None) if single else None
+    values = [a.value for a in ctx.nodes(ast.Assign)
+              if len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == func.id]
+    layers = {_layer_of(v, ctx, None) for v in values}
     return layers.pop() if len(layers) == 1 else None
 
 
-def _bindings(ctx: FileContext) -> dict[str, list[ast.expr]]:
-    """Every value the file assigns to a name or an attribute name, scope-blind."""
-    key = "ax121_bindings"
-    if key not in ctx.cache:
-        values: dict[str, list[ast.expr]] = {}
-        for node in ctx.nodes(ast.Assign):
+def _layer_of(value: ast.AST, ctx: FileContext, cls: ast.ClassDef | None) -> str | None:
+    """The sequence layer for a cell ``value`` builds: ``nn.LSTMCell(...)`` (moved with
+    ``.to(...)``), or an ``__init__`` parameter every construction of ``cls`` in the
+    file fills with one cell class."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES \
+            and ctx.qualified_name(value.func) is None:
+        value = value.func.value
+    if isinstance(value, ast.Call):
+        name = ctx.call_name(value)
+        if name is None and "nn" not in ctx.imports and isinstance(value.func, ast.Attribute) and \
+                isinstance(value.func.value, ast.Name) and value.func.value.id == "nn":
+            name = f"torch.nn.{value.func.attr}"  # a snippet that uses `nn` without importing it
+        return CELLS.get(name or "")
+    if isinstance(value, ast.Name) and cls is not None:
+        init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+        params = [a.arg for a in init.args.args][1:] if init is not None else []
+        if value.id not in params:
+            return None
+        position = params.index(value.id)
+        calls = [c for c in ctx.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == cls.name]
+        layers = set()
+        for call in calls:
+            arg = next((k.value for k in call.keywords if k.arg == value.id), None)
+            if arg is None and position < len(call.args) and \
+                    not any(isinstance(a, ast.Starred) for a in call.args[:position + 1]):
+                arg = call.args[position]
+            layers.add(_layer_of(arg, ctx, None) if arg is not None else None)
+        return layers.pop() if len(layers) == 1 else None
+    return None
+
+
+def _enclosing_class(node: ast.AST, ctx: FileContext) -> ast.ClassDef | None:
+    """The innermost class holding ``node``."""
+    table = ctx.cache.get("ax121_classes")
+    if table is None:
+        table = ctx.cache["ax121_classes"] = {}
+        # ast.walk goes outer classes first: an inner class, walked later, overwrites.
+        for cls in ctx.nodes(ast.ClassDef):
+            for child in ast.walk(cls):
+                if child is not cls:
+                    table[id(child)] = cls
+    return table.get(id(node))
+
+
+def _self_bindings(cls: ast.ClassDef, attr: str) -> list[ast.expr]:
+    """The values the class's methods assign to ``self.<attr>``."""
+    out = []
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Assign):
             for target in node.targets:
-                if isinstance(target, ast.Name):
-                    values.setdefault(target.id, []).append(node.value)
-                elif isinstance(target, ast.Attribute):
-                    values.setdefault(target.attr, []).append(node.value)
-        ctx.cache[key] = values
+                if isinstance(target, ast.Attribute) and target.attr == attr and \
+                        isinstance(target.value, ast.Name) and target.value.id == "self":
+                    out.append(node.value)
+    return out
+
+
+def _scope_of(node: ast.AST, ctx: FileContext) -> ast.AST:
+    """The function holding ``node``, else the module."""
+    table = ctx.cache.get("ax121_scopes")
+    if table is None:
+        table = ctx.cache["ax121_scopes"] = {}
+        for function in ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
+            for child in _own_nodes(function):
+                table[id(child)] = function
+    return table.get(id(node), ctx.tree)
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of a body, not those of functions or classes inside it."""
+    stack = list(scope.body)  # type: ignore[attr-defined]
+    found: list[ast.AST] = []
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        if not isinstance(node, BOUNDARY_TYPES):
+            stack.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _scope_assignments(scope: ast.AST, ctx: FileContext) -> list[ast.stmt]:
+    key = ("ax121_assignments", id(scope))
+    if key not in ctx.cache:
+        ctx.cache[key] = [n for n in _own_nodes(scope) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
     return ctx.cache[key]
 
 
@@ -230,12 +302,19 @@ def _steps_over_known_sequence(call: ast.Call, statement: ast.Assign, loop: ast.
     state = _assigned(statement)
     if not state:
         return False
+    # ``state = cell(x, (h, c)); h = state[0]; c = state[1]``: names unpacked from the
+    # returned state, straight after it, are the state too.
+    unpacked: set[int] = set()
+    for stmt in body:
+        if stmt.lineno > statement.lineno and isinstance(stmt, ast.Assign) and _unpacks(stmt.value, state):
+            state |= _assigned(stmt)
+            unpacked.add(id(stmt))
     hx = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "hx"), None)
     if hx is not None and not (isinstance(hx, (ast.Name, ast.Tuple, ast.Constant)) and
                                _names(hx) <= state):
         return False  # the state passed in is made from something else (masked, reset)
     for stmt in body:
-        if stmt is not statement and _assigned(stmt) & state:
+        if stmt is not statement and id(stmt) not in unpacked and _assigned(stmt) & state:
             return False  # the state is rebound elsewhere in the loop
     loop_names = _names(loop.target)
     by_line = [s for s in body if isinstance(s, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
@@ -272,8 +351,15 @@ def _steps_over_known_sequence(call: ast.Call, statement: ast.Assign, loop: ast.
     return varies and not tainted
 
 
+def _unpacks(value: ast.AST, state: set[str]) -> bool:
+    """``state[0]``, ``state``, ``out[1][0]``: a part of a name in ``state``."""
+    while isinstance(value, ast.Subscript) and isinstance(value.slice, ast.Constant):
+        value = value.value
+    return isinstance(value, ast.Name) and value.id in state
+
+
 def _other_cell_call(value: ast.AST | None, ctx: FileContext) -> tuple[ast.Call, ast.AST] | None:
     """``(call, its input)`` when ``value`` is a call of a cell."""
-    if isinstance(value, ast.Call) and value.args and _cell_layer(value.func, ctx) is not None:
+    if isinstance(value, ast.Call) and value.args and _cell_layer(value.func, ctx, value) is not None:
         return value, value.args[0]
     return None
