@@ -76,6 +76,8 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "grad_scaler_bf16": ("AX702",),
     # benchmarks/real_corpus_bce.toml: binary cross-entropy on a sigmoid's output (AX703).
     "bce_on_sigmoid": ("AX703",),
+    # benchmarks/real_corpus_cells.toml: recurrent cells stepped over a known sequence (AX121).
+    "cell_loop": ("AX121",),
 }
 KINDS = ("positive", "lookalike")
 
