@@ -836,3 +836,77 @@ def test_a_model_with_activation_checkpointing_and_dropout_is_checked_not_failed
     whole = next(s for s in report.subgraphs if s.module == "CheckpointedBlocks")
     assert whole.status == "tuned" and {r.strategy: r.status for r in whole.records} == {"eager": "ok",
                                                                                        "compile": "ok"}
+
+
+class Stem(nn.Module):
+    """One block class in eleven widths: eleven subgraphs whose compiles share its code."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width + 1)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+class Tower(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Stem(4 + i) for i in range(11))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_every_candidate_compiles_however_many_compiled_the_same_code_before(tmp_path):
+    # A review's UNet: past dynamo's recompile limit (8 entries for ResnetBlock.forward,
+    # one per earlier candidate) the later blocks' compiles ran eagerly and were timed
+    # and stored as compiled ("compile ok, error 0.0e+00").
+    report = tune(Tower(), torch.randn(2, 4), **fast_options(tmp_path, strategies=("eager", "compile", "max-autotune")))
+    records = [r for s in report.subgraphs if s.module == "Stem" for r in s.records if r.strategy != "eager"]
+    assert len(records) == 22
+    assert all(r.status == "ok" for r in records), [(r.strategy, r.status, r.message) for r in records]
+
+
+SCRIPT_AS_MAIN = '''\
+import math
+import torch
+from torch import nn
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def scale(x):
+    return x * math.log(2.0)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return scale(gelu(self.fc(x)))
+'''
+
+
+def test_replace_then_compile_of_a_model_defined_by_a_script_run_as_main(tmp_path):
+    # A review's DDPM script: its module-level helper reads `math`; once the script had
+    # run as __main__, replace+compile failed with "module '__main__' has no attribute
+    # 'math'" (dynamo looked the helper's globals up as torchaxe's own __main__).
+    import runpy
+
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT_AS_MAIN)
+    namespace = runpy.run_path(str(path), run_name="__main__")
+    block = namespace["Block"]()
+    assert type(block).__module__ == "__main__" and sys.modules["__main__"].__dict__ is not namespace
+    report = tune(block, torch.randn(8, 16), **fast_options(tmp_path, whole_model=True,
+                                                            strategies=("eager", "replace+compile")))
+    records = {r.strategy: r for s in report.subgraphs for r in s.records}
+    assert records["replace+compile"].status == "ok", records["replace+compile"].message
+    assert sys.modules["__main__"].__dict__ is not namespace  # put back as it was

@@ -9,7 +9,9 @@ then (dynamo treats it as a constant) and False in eager code.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+
+from typing import Any, Callable, Iterator
 
 
 def compiling_check() -> Callable[[], bool]:
@@ -155,8 +157,8 @@ def refresh_tensor_attributes() -> None:
 
 def graphs_compiled() -> int:
     """How many graphs dynamo has made in this process so far (0 when it was never
-    loaded): a compile that adds none ran its code eagerly (an operator or an input it
-    cannot trace, such as a sparse tensor)."""
+    loaded): a compile that adds none ran its code eagerly (code it cannot trace, an
+    input such as a sparse tensor, the recompile limit)."""
     import sys
 
     utils = sys.modules.get("torch._dynamo.utils")
@@ -164,3 +166,71 @@ def graphs_compiled() -> int:
         return int(utils.counters["stats"]["unique_graphs"]) if utils is not None else 0
     except (AttributeError, KeyError, TypeError, ValueError):
         return 0
+
+
+def fresh_caches() -> None:
+    """Forget every frame dynamo compiled in this process (``torch._dynamo.reset()``),
+    so that the next compile starts anew. Candidates compiled one after another share
+    their modules' code: each new compile of it (another backend, another mode) adds a
+    cache entry, and past the recompile limit (8) dynamo runs the code eagerly without
+    a word, so later candidates were timed as eager. Nothing to do when dynamo was
+    never imported."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+
+def fallback_reasons() -> dict[str, int]:
+    """Why dynamo ran code eagerly so far, by reason (its ``unimplemented`` and
+    ``graph_break`` counters: a graph break, the recompile limit), with counts."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    out: dict[str, int] = {}
+    try:
+        for kind in ("unimplemented", "graph_break"):
+            for reason, count in utils.counters[kind].items():  # type: ignore[union-attr]
+                out[str(reason)] = out.get(str(reason), 0) + int(count)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}
+    return out
+
+
+@contextlib.contextmanager
+def script_as_main(model: Any) -> Iterator[None]:
+    """While compiling ``model`` after its script ran as ``__main__`` (the run is over:
+    ``sys.modules["__main__"]`` is torchaxe's own again), ``__main__`` is a module
+    holding the script's globals. Dynamo looks the globals of a function it inlines up
+    by the function's module name when they are not its root frame's (a method whose
+    globals the replace strategy swapped calls one of the script's own), and found
+    torchaxe's ``__main__``: "module '__main__' has no attribute 'math'". Nothing
+    changes for a model whose classes come from importable modules."""
+    import sys
+    import types
+
+    namespace = None
+    for sub in model.modules() if hasattr(model, "modules") else ():
+        for value in vars(type(sub)).values():
+            if isinstance(value, types.FunctionType) and value.__globals__.get("__name__") == "__main__":
+                namespace = value.__globals__
+                break
+        if namespace is not None:
+            break
+    current = sys.modules.get("__main__")
+    if namespace is None or getattr(current, "__dict__", None) is namespace:
+        yield
+        return
+    main = types.ModuleType("__main__")
+    main.__dict__.update(namespace)
+    sys.modules["__main__"] = main
+    try:
+        yield
+    finally:
+        if current is not None:
+            sys.modules["__main__"] = current
+        else:
+            sys.modules.pop("__main__", None)

@@ -42,7 +42,8 @@ from torchaxe import __version__
 from torchaxe.errors import TorchaxeError
 from torchaxe.runtime.stats import Samples
 from torchaxe.tune import strategies as S
-from torchaxe.runtime.dynamo import compiled_by_script, frames_compiled, graphs_compiled
+from torchaxe.runtime.dynamo import (compiled_by_script, fallback_reasons, frames_compiled, fresh_caches,
+                                     graphs_compiled, script_as_main)
 from torchaxe.tune.capture import CallRecorder, Subgraph, capture
 from torchaxe.kb import KnowledgeBase, TunedRecord, choose
 from torchaxe.tune.measure import (Example, RunResult, Timer, checked_run, compare, draws_random_numbers, float64_run,
@@ -187,6 +188,19 @@ def _distributed() -> tuple[int, int] | None:
     return (torch.distributed.get_rank(), world) if world > 1 else None
 
 
+def _nothing_compiled(before: dict[str, int], after: dict[str, int], tried: int) -> str:
+    """What to say of a compile that made no graph: dynamo's own reason for running
+    the code eagerly when it gave one during the compile (its first line)."""
+    new = [reason for reason, count in after.items() if count > before.get(reason, 0)]
+    why = new[0].strip().splitlines()[0].strip() if new else None
+    if why:
+        return f"nothing compiled: dynamo ran it eagerly ({why}), so it runs as eager does"
+    if not tried:
+        return "nothing compiled: dynamo did not set out to compile it, so it runs as eager does"
+    return ("nothing compiled: dynamo made no graph of it (code or an input it cannot trace, such as a sparse "
+            "tensor), so it runs as eager does")
+
+
 @contextlib.contextmanager
 def _quiet_compiler() -> Iterator[None]:
     """A failing candidate is recorded with its one-line reason; torch.compile's own
@@ -224,6 +238,16 @@ def measure_signature(signature: str, parts: dict[str, Any], module: nn.Module, 
                       min_sample_seconds: float, timer: Timer, deadline: _Deadline,
                       progress: Callable[[str], None] = lambda s: None) -> list[TunedRecord]:
     """Records for ``eager`` and every strategy of ``todo`` on copies of ``module``."""
+    with script_as_main(module):
+        return _measure_signature(signature, parts, module, example, todo, ctx, env, repeats=repeats,
+                                  min_sample_seconds=min_sample_seconds, timer=timer, deadline=deadline,
+                                  progress=progress)
+
+
+def _measure_signature(signature: str, parts: dict[str, Any], module: nn.Module, example: Example,
+                       todo: Sequence[str], ctx: S.StrategyContext, env: dict[str, Any], *, repeats: int,
+                       min_sample_seconds: float, timer: Timer, deadline: _Deadline,
+                       progress: Callable[[str], None]) -> list[TunedRecord]:
     info = describe(parts)
     eager = copy.deepcopy(module)
     reference = run_once(eager, example)
@@ -261,6 +285,9 @@ def measure_signature(signature: str, parts: dict[str, Any], module: nn.Module, 
         ctx.notes = []
         try:
             with _quiet_compiler():
+                if name in S.COMPILING:
+                    fresh_caches()  # no cache entries left by the candidates before it
+                reasons = fallback_reasons()
                 notes = S.apply(name, candidate, ctx)
                 graphs, frames = graphs_compiled(), frames_compiled()
                 start = timer.clock()
@@ -273,11 +300,10 @@ def measure_signature(signature: str, parts: dict[str, Any], module: nn.Module, 
         except Exception as exc:  # noqa: BLE001 - any failure of a candidate is recorded, never raised
             records.append(TunedRecord(signature, name, "failed", env=env, describe=info, message=_one_line(exc)))
             continue
-        if name in S.COMPILING and tried > 0 and made == 0:
+        if name in S.COMPILING and made == 0:
             # A sparse GCN's "compile ok, error 0, as fast as eager": nothing was compiled.
             records.append(TunedRecord(signature, name, "failed", env=env, describe=info,
-                                       message="nothing compiled: dynamo made no graph of it (an operator or input "
-                                               "it cannot trace, such as a sparse tensor), so it runs as eager does"))
+                                       message=_nothing_compiled(reasons, fallback_reasons(), tried)))
             continue
         check = compare(reference, result, truth)
         figures = {**check.to_dict(), "tolerance": base, "random": stochastic}
