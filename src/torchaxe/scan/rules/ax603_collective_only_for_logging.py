@@ -97,6 +97,15 @@ class CollectiveOnlyForLogging(Rule):
     node_types = (ast.Call,)
     references = ("https://pytorch.org/docs/stable/distributed.html#collective-functions",)
     examples = (
+        # The DDP tutorial's Trainer: the epoch's last reduced loss is returned, and printed.
+        Invalid(
+            _HEAD + "class Trainer:\n    def _run_epoch(self):\n        for x in self.loader:\n"
+            "            loss = self.model(x).sum()\n            loss.backward()\n            self.opt.step()\n"
+            "            reduced = loss.detach().clone()\n            dist.all_reduce(reduced)\n"
+            "            if self.step % 10 == 0:\n                print(reduced.item())\n"
+            "        return reduced.item()\n\n    def train(self, epochs):\n        for epoch in range(epochs):\n"
+            "            last = self._run_epoch()\n        print(f'final loss {last:.4f}')\n",
+        ),
         Invalid(
             _HEAD + "for step, (x, y) in enumerate(loader):\n    loss = model(x).sum()\n    loss.backward()\n"
             "    opt.step()\n    reported = loss.detach()\n    dist.all_reduce(reported)\n"
@@ -272,8 +281,7 @@ def _every_step(ctx: FileContext, loop: ast.AST) -> bool:
 def _returned_only_reported(function: ast.FunctionDef, root: ast.Module, depth: int) -> bool:
     """Whether every call of ``function`` in the file assigns the result to a name
     that is only reported (a step function that returns its reduced loss)."""
-    calls = [n for n in fast_walk(root) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
-             and n.func.id == function.name]
+    calls = [n for n in fast_walk(root) if isinstance(n, ast.Call) and _calls(n.func, function.name)]
     if not calls:
         return False
     parents = parent_map(root)
@@ -312,8 +320,8 @@ def _only_reported(name: str, scope: ast.AST, parents: dict, after: tuple[int, i
             node = parent
         if reported:
             continue
-        if isinstance(node, ast.Return) and depth > 0 and node.value is use and isinstance(scope, ast.FunctionDef) \
-                and _returned_only_reported(scope, root, depth - 1):
+        if isinstance(node, ast.Return) and depth > 0 and _value_of(node.value, use) \
+                and isinstance(scope, ast.FunctionDef) and _returned_only_reported(scope, root, depth - 1):
             continue
         if isinstance(node, ast.Assign) and depth > 0 and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id != name:
@@ -321,6 +329,26 @@ def _only_reported(name: str, scope: ast.AST, parents: dict, after: tuple[int, i
                 continue
         return False
     return True
+
+
+def _calls(func: ast.AST, name: str) -> bool:
+    """``name(...)``, or ``self.name(...)`` (a method of the same class)."""
+    if isinstance(func, ast.Name):
+        return func.id == name
+    return isinstance(func, ast.Attribute) and func.attr == name and isinstance(func.value, ast.Name) \
+        and func.value.id == "self"
+
+
+#: Methods that turn a tensor into the same number or numbers elsewhere.
+_SAME_VALUE = frozenset({"item", "tolist", "cpu", "detach", "numpy", "float"})
+
+
+def _value_of(expression: ast.AST | None, use: ast.Name) -> bool:
+    """``expression`` is ``use`` itself or its value read out (``use.item()``)."""
+    while isinstance(expression, ast.Call) and isinstance(expression.func, ast.Attribute) \
+            and expression.func.attr in _SAME_VALUE and not expression.args:
+        expression = expression.func.value
+    return expression is use
 
 
 def _is_sink(call: ast.Call) -> bool:
