@@ -224,7 +224,7 @@ class PerTensorWeightAverage(Rule):
         else:
             how = "Display-only: the averaged tensors are " + update.why_shown
         message = (f"moving average of weights kept one tensor at a time ({update.target} moved toward {update.source}): "
-                   f"every step it {cost}; one multi-tensor call updates them all in one pass: {instead}"
+                   f"each time it runs it {cost}; one multi-tensor call updates them all in one pass: {instead}"
                    f"{unverified}. {how}")
         yield ctx.finding(self, update.statement, message, replacement=replacement, fix=fix)
 
