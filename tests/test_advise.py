@@ -1650,6 +1650,18 @@ def test_the_time_the_changes_save_together_is_a_share_of_the_original_step_the_
     assert combined["measured_seconds_saved_per_step"] == pytest.approx(original * (1 - 1 / combined["speedup"]))
 
 
+def test_a_change_whose_rounds_disagree_gets_more_rounds_and_is_said_to_be_undecided(script: Path) -> None:
+    from torchaxe.advise.stats import MAX_ROUNDS
+
+    # A review's SimCLR: compile at 1.20 then 0.81 of the original's step (a first
+    # compile in one round), the original against itself within a few percent.
+    runs = FakeRuns(times={"knob:compile": [0.120, 0.081]})
+    advice = run_advice(script, runs)
+    assert runs.order.count("knob:compile") == MAX_ROUNDS
+    notes = [n for n in advice.notes if n.startswith("the rounds disagree about knob:compile (1.20, 0.81, ")]
+    assert len(notes) == 1, advice.notes
+
+
 def test_persistent_workers_for_a_loader_without_workers_in_the_run_is_listed_not_measured(script: Path) -> None:
     # num_workers comes from the environment: 0 in this run, so AX403's fix changes nothing.
     import os

@@ -595,6 +595,15 @@ class Advisor:
         self._set_memory(base_arm, base)
         for (c, _), arm in zip(arms, results):
             self._record(c.rec, arm, base_arm, noise_arm)
+        split = [(c.key, arm.ratios) for (c, _), arm in zip(arms, results) if arm.ok and self.noise.split(arm.ratios)]
+        if split:
+            advice.notes.append(
+                "the rounds disagree about " + "; ".join(
+                    f"{key} ({', '.join(f'{r:.2f}' for r in ratios)} of the original's step time)"
+                    for key, ratios in split)
+                + f", far beyond the original against itself ({100 * self.noise.spread:.0f}%): a first compile or "
+                  "a swing of the machine in one round; its median says little, and a larger --budget gives it "
+                  "the rounds that decide it")
         self._accuracy_notes([c.rec for c, _ in arms])
         search = ChangeSearch(measurer, self.noise, advice.notes, arms=self.arms, findings=findings, original=original,
                               repeats=repeats, check_accuracy=self.options.check_accuracy,
@@ -738,9 +747,10 @@ class Advisor:
         deadline cut a round short."""
         def plan() -> list[ArmResult]:
             self._set_noise(noise_arm)  # the rounds so far
-            open_arms = [a for a in arms if a.ok and len(a.ratios) < MAX_ROUNDS and promising(a.ratios)
-                         and (len(a.ratios) < DECIDE_ROUNDS
-                              or not self.noise.beaten_by(a.ratios))]
+            open_arms = [a for a in arms if a.ok and len(a.ratios) < MAX_ROUNDS
+                         and ((promising(a.ratios) and (len(a.ratios) < DECIDE_ROUNDS
+                                                        or not self.noise.beaten_by(a.ratios)))
+                              or self.noise.split(a.ratios))]
             clear = [a for a in arms if a.ok and self.noise.beaten_by(a.ratios)]
             kept = reserve if len({id(a) for a in open_arms + clear}) >= 2 else 0
             if not open_arms or not measurer.fits(2 + len(open_arms) + kept):

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
 #: A change must save at least this fraction of the step (median over rounds), and
 #: beat the run-to-run noise (see clear_gain), to be chosen for the combined run.
 MIN_GAIN = 0.03
+#: Rounds of one change further apart than twice this (and twice the noise) disagree.
+SPLIT_GAP = 0.05
 #: Rounds a promising change may get when the budget leaves time for more.
 MAX_ROUNDS = 5
 #: A change is judged on at least this many rounds when the budget allows.
@@ -100,6 +102,15 @@ class Noise:
     def beaten_by(self, ratios: Sequence[float]) -> bool:
         """Whether per-round ratios show a clear gain over this noise (clear_gain)."""
         return clear_gain(ratios, self.spread, self.same)
+
+    def split(self, ratios: Sequence[float]) -> bool:
+        """Whether a change's rounds disagree about it far beyond this noise: one round
+        clearly faster, another not (a SimCLR's compile at 0.81 and 1.20 beside the
+        original against itself within 4%). Its median says little: more rounds
+        decide it."""
+        if len(ratios) < 2 or min(ratios) > 1.0 - MIN_GAIN:
+            return False
+        return max(ratios) - min(ratios) > max(2 * self.spread, 2 * SPLIT_GAP)
 
 
 def paired_ratios(arm: ArmResult, against: Sequence[float]) -> list[float]:
