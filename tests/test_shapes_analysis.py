@@ -82,6 +82,20 @@ def test_collate_cause_bucketing_and_dynamic_verdict():
     assert "jit_compile=False" in npu.setting and npu.unverified_on_hardware
 
 
+def test_sequence_first_batches_vary_in_length_not_in_batch_size():
+    # A review's translation script: pad_sequence without batch_first gives (length, 64)
+    # batches; the varying length was taken for "the batch size varies: 31 to 32".
+    lengths = [31, 32, 32, 31, 32, 31]
+    loader = LoaderInfo(collate="collate_fn", collate_location="t.py:32", batch_size=64, drop_last=False,
+                        dataset_length=6400, batches=[((t, 64), (t + 1, 64)) for t in lengths])
+    op = tally("aten.embedding.default", {s: [((100, 16), (t, 64))] for s, t in enumerate(lengths, 1)})
+    analysis = analyse(observation([op], [loader]))
+    assert not [c for c in analysis.causes if c.kind == "batch-size"]
+    collate = [c for c in analysis.causes if c.kind == "collate"]
+    assert len(collate) == 2 and all("dimension 0 (sequence-first batches: dimension 1 holds the batch of 64)"
+                                     in c.message for c in collate)
+
+
 def test_partial_batch_only_is_mixed_with_drop_last():
     batches = [((4, 6),)] * 3 + [((2, 6),)] + [((4, 6),)] * 3 + [((2, 6),)]
     loader = LoaderInfo(collate="torch.utils.data.default_collate", collate_location=None, batch_size=4,

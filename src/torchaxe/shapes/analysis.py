@@ -228,6 +228,22 @@ def explains(sizes: Iterable[int], cause_sizes: Iterable[int]) -> bool:
     return False
 
 
+def _batch_dim(shapes: list, loader: LoaderInfo) -> int:
+    """The dimension of a batch's tensor that holds its samples: 0, unless dimension 0
+    never has the loader's batch size and another always does (``pad_sequence``
+    without ``batch_first``: a (length, batch) tensor whose length varies is not a
+    varying batch size)."""
+    if not loader.batch_size or not shapes or not shapes[0]:
+        return 0
+    sizes = {loader.batch_size} | ({loader.remainder} if loader.remainder else set())
+    if any(s[0] in sizes for s in shapes):
+        return 0
+    for d in range(1, len(shapes[0])):
+        if all(len(s) > d and s[d] in sizes for s in shapes):
+            return d
+    return 0
+
+
 def _loader_causes(index: int, loader: LoaderInfo) -> tuple[list[Cause], list[BatchSource]]:
     causes: list[Cause] = []
     sources: list[BatchSource] = []
@@ -235,8 +251,9 @@ def _loader_causes(index: int, loader: LoaderInfo) -> tuple[list[Cause], list[Ba
     if len(set(batches)) < 2:
         return causes, sources
     where = f" ({loader.collate_location})" if loader.collate_location else ""
-    # the batch dimension
-    sizes0 = Counter(b[0][0] for b in batches if b and b[0])
+    # the batch dimension (dim 0, but for sequence-first batches)
+    first = _batch_dim([b[0] for b in batches if b and b[0]], loader)
+    sizes0 = Counter(b[0][first] for b in batches if b and b[0] and len(b[0]) > first)
     products: set[int] = set()
     for b in batches:
         if b and b[0]:
@@ -268,13 +285,15 @@ def _loader_causes(index: int, loader: LoaderInfo) -> tuple[list[Cause], list[Ba
         shapes = [b[t] for b in batches]
         if any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1 or not shapes[0]:
             continue
-        varying = tuple(d for d in range(1, len(shapes[0])) if len({s[d] for s in shapes}) > 1)
+        batch = _batch_dim(shapes, loader)
+        varying = tuple(d for d in range(len(shapes[0])) if d != batch and len({s[d] for s in shapes}) > 1)
         if not varying:
             continue
         points = Counter(tuple(s[d] for d in varying) for s in shapes)
         values = {v for s in shapes for d in varying for v in (s[d],)}
-        per_batch = {s[0] * s[d] for s in shapes for d in varying}
-        dims_text = ", ".join(str(d) for d in varying)
+        per_batch = {s[batch] * s[d] for s in shapes for d in varying}
+        dims_text = ", ".join(str(d) for d in varying) + (
+            f" (sequence-first batches: dimension {batch} holds the batch of {loader.batch_size})" if batch else "")
         causes.append(Cause(
             id=f"loader{index}:collate:{t}", kind="collate", sizes=tuple(sorted(values | per_batch | products)),
             location=loader.collate_location,
