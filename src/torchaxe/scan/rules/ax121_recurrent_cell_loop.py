@@ -6,7 +6,7 @@ import ast
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext
+from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext, walk_scope
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: Cell class -> the layer that runs a whole sequence in one call.
@@ -227,27 +227,15 @@ def _scope_of(node: ast.AST, ctx: FileContext) -> ast.AST:
     if table is None:
         table = ctx.cache["ax121_scopes"] = {}
         for function in ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
-            for child in _own_nodes(function):
+            for child in walk_scope(function):
                 table[id(child)] = function
     return table.get(id(node), ctx.tree)
-
-
-def _own_nodes(scope: ast.AST) -> list[ast.AST]:
-    """The nodes of a body, not those of functions or classes inside it."""
-    stack = list(scope.body)  # type: ignore[attr-defined]
-    found: list[ast.AST] = []
-    while stack:
-        node = stack.pop()
-        found.append(node)
-        if not isinstance(node, BOUNDARY_TYPES):
-            stack.extend(ast.iter_child_nodes(node))
-    return found
 
 
 def _scope_assignments(scope: ast.AST, ctx: FileContext) -> list[ast.stmt]:
     key = ("ax121_assignments", id(scope))
     if key not in ctx.cache:
-        ctx.cache[key] = [n for n in _own_nodes(scope) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
+        ctx.cache[key] = [n for n in walk_scope(scope) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
     return ctx.cache[key]
 
 

@@ -6,7 +6,7 @@ import ast
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import BOUNDARY_TYPES, FileContext
+from torchaxe.scan.context import FileContext, walk_scope
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: Binary cross-entropy on probabilities, as a function.
@@ -275,18 +275,6 @@ def _sigmoid_source(node: ast.AST, scope: ast.AST | None, ctx: FileContext, dept
     return None
 
 
-def _own_nodes(function: ast.AST) -> list[ast.AST]:
-    """The nodes of a function's body, not those of functions or classes inside it."""
-    stack = list(function.body)  # type: ignore[attr-defined]
-    found: list[ast.AST] = []
-    while stack:
-        node = stack.pop()
-        found.append(node)
-        if not isinstance(node, BOUNDARY_TYPES):
-            stack.extend(ast.iter_child_nodes(node))
-    return found
-
-
 def _name_source(name: str, scope: ast.AST, ctx: FileContext, depth: int, index: int | None,
                  owner: ast.ClassDef | None, line: int) -> str | None:
     """A local name read on ``line``: the assignments to it before that line give a
@@ -294,7 +282,7 @@ def _name_source(name: str, scope: ast.AST, ctx: FileContext, depth: int, index:
     element of an unpacked tuple counts by its position); a parameter: every call of
     the function in the file passes one."""
     sources: list[tuple[ast.AST, int | None, ast.stmt]] = []
-    for node in _own_nodes(scope):
+    for node in walk_scope(scope):
         if isinstance(node, (ast.AugAssign, ast.For, ast.With, ast.NamedExpr)) and name in _stored_names(node):
             return None  # bound another way: not followed
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None or node.lineno >= line:
@@ -377,7 +365,7 @@ def _function_of(node: ast.AST, ctx: FileContext) -> ast.AST | None:
     if parents is None:
         parents = ctx.cache["ax703_function_of"] = {}
         for function in ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
-            for inner in _own_nodes(function):
+            for inner in walk_scope(function):
                 parents[id(inner)] = function
     return parents.get(id(node))
 
@@ -396,7 +384,7 @@ def _call_source(call: ast.Call, scope: ast.AST | None, ctx: FileContext, depth:
             return _method_returns_sigmoid(cls, func.attr, ctx, depth, index)
     elif isinstance(func, ast.Name) and _module_function(func.id, ctx) is not None:
         function = _module_function(func.id, ctx)
-        returns = [n.value for n in _own_nodes(function) if isinstance(n, ast.Return)]
+        returns = [n.value for n in walk_scope(function) if isinstance(n, ast.Return)]
         if returns and all(r is not None and _sigmoid_source(r, function, ctx, depth + 1, index) for r in returns):
             return f"the output of {func.id}(), which ends in a sigmoid"
         return None
@@ -476,7 +464,7 @@ def _built_class(node: ast.Call, scope: ast.AST | None, ctx: FileContext, owner:
         function = _method(owner, node.func.attr)
     if function is None:
         return None
-    returns = [n.value for n in _own_nodes(function) if isinstance(n, ast.Return)]
+    returns = [n.value for n in walk_scope(function) if isinstance(n, ast.Return)]
     if not returns or any(r is None for r in returns):
         return None
     kinds = [_model_class(r, function, ctx, owner, depth + 1) for r in returns]
@@ -497,7 +485,7 @@ def _ends_in_sigmoid(sequential: ast.Call, scope: ast.AST | None, ctx: FileConte
         return False
     name = last.value.id
     added: list[tuple[int, ast.AST | None]] = []  # (line, the last layer that statement adds)
-    for node in _own_nodes(scope):
+    for node in walk_scope(scope):
         if getattr(node, "lineno", sequential.lineno) >= sequential.lineno:
             continue
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and \
@@ -592,7 +580,7 @@ def _method_returns_sigmoid(cls: ast.ClassDef, method: str, ctx: FileContext, de
     function = _method(cls, method)
     if function is None:
         return None
-    returns = [n for n in _own_nodes(function) if isinstance(n, ast.Return)]
+    returns = [n for n in walk_scope(function) if isinstance(n, ast.Return)]
     if not returns or any(r.value is None for r in returns):
         return None
     for ret in returns:
