@@ -7,6 +7,7 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext, walk_scope
+from torchaxe.scan.rules._distributed import enclosing, function_of
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: Cell class -> the layer that runs a whole sequence in one call.
@@ -144,15 +145,17 @@ def _cell_layer(func: ast.AST, ctx: FileContext, at: ast.AST | None = None) -> s
     """The sequence layer for a cell: ``func`` is ``self.attr`` that the class binds
     to an ``nn.*Cell`` (or to a constructor argument every construction in the file
     fills with one), or a name whose last assignment in the scope before ``at`` does
-    (the file's assignments when that scope has none)."""
+    (the file's assignments when that scope has none). ``func`` is in the loop being
+    visited: its class and function are those of ``ctx.parents``."""
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-        cls = _enclosing_class(func, ctx)
-        values = _self_bindings(cls, func.attr) if cls is not None else []
-        layers = {_layer_of(v, ctx, cls) for v in values}
+        cls = enclosing(ctx.parents, (ast.ClassDef,))
+        if not isinstance(cls, ast.ClassDef):
+            return None
+        layers = {_layer_of(v, ctx, cls) for v in _self_bindings(cls, func.attr)}
         return layers.pop() if len(layers) == 1 else None
     if not isinstance(func, ast.Name):
         return None
-    scope = _scope_of(func, ctx)
+    scope = function_of(ctx.parents, ctx.tree)
     line = getattr(at if at is not None else func, "lineno", 0)
     local = [a for a in _scope_assignments(scope, ctx) if func.id in _assigned(a) and a.lineno < line]
     if local:
@@ -196,19 +199,6 @@ def _layer_of(value: ast.AST, ctx: FileContext, cls: ast.ClassDef | None) -> str
     return None
 
 
-def _enclosing_class(node: ast.AST, ctx: FileContext) -> ast.ClassDef | None:
-    """The innermost class holding ``node``."""
-    table = ctx.cache.get("ax121_classes")
-    if table is None:
-        table = ctx.cache["ax121_classes"] = {}
-        # ast.walk goes outer classes first: an inner class, walked later, overwrites.
-        for cls in ctx.nodes(ast.ClassDef):
-            for child in ast.walk(cls):
-                if child is not cls:
-                    table[id(child)] = cls
-    return table.get(id(node))
-
-
 def _self_bindings(cls: ast.ClassDef, attr: str) -> list[ast.expr]:
     """The values the class's methods assign to ``self.<attr>``."""
     out = []
@@ -219,17 +209,6 @@ def _self_bindings(cls: ast.ClassDef, attr: str) -> list[ast.expr]:
                         isinstance(target.value, ast.Name) and target.value.id == "self":
                     out.append(node.value)
     return out
-
-
-def _scope_of(node: ast.AST, ctx: FileContext) -> ast.AST:
-    """The function holding ``node``, else the module."""
-    table = ctx.cache.get("ax121_scopes")
-    if table is None:
-        table = ctx.cache["ax121_scopes"] = {}
-        for function in ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
-            for child in walk_scope(function):
-                table[id(child)] = function
-    return table.get(id(node), ctx.tree)
 
 
 def _scope_assignments(scope: ast.AST, ctx: FileContext) -> list[ast.stmt]:

@@ -7,6 +7,7 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext, walk_scope
+from torchaxe.scan.rules._distributed import enclosing, function_of
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: Binary cross-entropy on probabilities, as a function.
@@ -146,8 +147,8 @@ class BinaryCrossEntropyOnSigmoid(Rule):
         probs = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "input"), None)
         if probs is None:
             return
-        scope = _enclosing(ctx, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.tree
-        owner = _enclosing(ctx, (ast.ClassDef,))
+        scope = function_of(ctx.parents, ctx.tree)
+        owner = enclosing(ctx.parents, (ast.ClassDef,))
         how = _sigmoid_source(probs, scope, ctx, 0, owner=owner if isinstance(owner, ast.ClassDef) else None)
         if how is None:
             return
@@ -168,13 +169,6 @@ class BinaryCrossEntropyOnSigmoid(Rule):
         else:
             yield ctx.finding(self, node, message + ". Shown, not rewritten: the logits must be passed instead",
                               fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
-
-
-def _enclosing(ctx: FileContext, types: tuple[type, ...]) -> ast.AST | None:
-    for parent in reversed(ctx.parents):
-        if isinstance(parent, types):
-            return parent
-    return None
 
 
 def _is_bce_criterion(func: ast.AST, ctx: FileContext) -> bool:
