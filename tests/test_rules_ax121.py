@@ -103,3 +103,116 @@ z1 = Zoneout(nn.LSTMCell(4, 8))
 z2 = Zoneout(make_cell())
 '''
     assert lines(source) == []
+
+
+def test_a_method_that_steps_the_cell_once_is_followed_to_the_loop_that_calls_it():
+    source = '''\
+import torch.nn as nn
+
+
+class Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTMCell(4, 8)
+        self.prenet = nn.Linear(4, 4)
+
+    def step(self, t, frames, h, c):
+        inp = frames[:, t]
+        inp = self.prenet(inp)
+        h, c = self.rnn(inp, (h, c))
+        return h, c
+
+    def forward(self, frames, h, c):
+        for t in range(frames.size(1)):
+            h, c = self.step(t, frames, h, c)
+        return h
+
+    def feedback(self, y, h, c):
+        h, c = self.rnn(y, (h, c))
+        return h, c
+
+    def generate(self, y, h, c):
+        for _ in range(10):
+            h, c = self.feedback(y, h, c)
+            y = h[:, :4]
+        return y
+'''
+    # ``feedback`` is called with the previous step's output: left alone.
+    assert lines(source) == [13]
+
+
+def test_a_helper_whose_input_is_the_state_or_that_no_loop_calls_is_left_alone():
+    source = '''\
+import torch.nn as nn
+
+cell = nn.GRUCell(8, 8)
+
+
+def mix(h, x):
+    h = cell(h, x)
+    return h
+
+
+def once(x, h):
+    h = cell(x, h)
+    return h
+
+
+def run(x, h):
+    for t in range(x.size(0)):
+        h = mix(h, x[t])
+    return once(x[0], h)
+'''
+    assert lines(source) == []
+
+
+def test_a_cell_passed_through_parameters_and_closures_is_followed():
+    source = '''\
+import torch.nn as nn
+
+
+def test_rnn():
+    def simple_rnn(x, h0, cell):
+        h = h0
+        for xt in x.unbind(1):
+            h = cell(xt, h)
+        return h
+
+    def make(cell):
+        def inner(x, h0):
+            return simple_rnn(x, h0, cell)
+        return inner
+
+    make(nn.RNNCell(2, 2))
+
+
+def not_a_cell(x, h, layer):
+    for xt in x.unbind(1):
+        h = layer(xt, h)
+    return h
+
+
+not_a_cell(x, h, nn.Bilinear(2, 2, 2))
+'''
+    assert lines(source) == [8]
+
+
+def test_a_package_that_wraps_torch_layers_under_the_name_nn_counts():
+    source = '''\
+import nni.nas.nn.pytorch.layers as nn
+from mypackage.recurrent import LSTMCell
+
+
+class Seq(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTMCell(1, 8)
+        self.own = LSTMCell(1, 8)
+
+    def forward(self, x, h, c, g, d):
+        for x_t in x.chunk(x.size(1), dim=1):
+            h, c = self.lstm(x_t, (h, c))
+            g, d = self.own(x_t, (g, d))
+        return h, g
+'''
+    assert lines(source) == [13]

@@ -18,6 +18,7 @@ from typing import Callable
 
 from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext, child_nodes, fast_walk
 from torchaxe.scan.rules._dataloader import is_dataloader_call
+from torchaxe.scan.rules._bindings import MODULE_METHODS
 
 FUNCTION_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
@@ -207,8 +208,6 @@ TENSOR_EVIDENCE_METHODS = frozenset({"backward", "detach", "item", "requires_gra
 MODULE_EVIDENCE_METHODS = frozenset(
     "parameters named_parameters train eval modules named_modules children forward register_forward_hook buffers".split()
 )
-#: Method chains that leave a module a module (``Net().to(device).train()``).
-_MODULE_CHAIN = frozenset("to cuda npu cpu train eval float half bfloat16 double requires_grad_ share_memory".split())
 _HOST_BUILTINS = frozenset(
     (
         "len int float str bool complex repr format range list dict tuple set sorted enumerate "
@@ -445,7 +444,7 @@ def is_module_constructor(
     if local_modules is None:
         module_names(ctx)
         local_modules = ctx.cache["ax3.local_modules"]
-    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MODULE_CHAIN:
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in MODULE_METHODS:
         value = value.func.value
     if not isinstance(value, ast.Call):
         return False

@@ -7,15 +7,16 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext, walk_scope
-from torchaxe.scan.rules._distributed import enclosing, function_of
+from torchaxe.scan.rules._bindings import (
+    argument_of, calls_of, owner_of, parameter_arguments, scope_of, self_bindings, unmoved,
+)
+from torchaxe.scan.rules._distributed import function_of, parent_map
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: Cell class -> the layer that runs a whole sequence in one call.
 CELLS = {"torch.nn.LSTMCell": "nn.LSTM", "torch.nn.GRUCell": "nn.GRU", "torch.nn.RNNCell": "nn.RNN",
          "torch.nn.modules.rnn.LSTMCell": "nn.LSTM", "torch.nn.modules.rnn.GRUCell": "nn.GRU",
          "torch.nn.modules.rnn.RNNCell": "nn.RNN"}
-#: Methods that move a module and return it.
-_MOVES = frozenset({"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "train"})
 
 
 class RecurrentCellLoop(Rule):
@@ -27,7 +28,9 @@ class RecurrentCellLoop(Rule):
     only thing carried from one step to the next is the cell's own state. A loop that
     feeds back an output (autoregressive decoding, attention over the previous state,
     a prediction fed as the next input) or changes the state between steps is left
-    alone; so are cells kept in lists.
+    alone; so are cells kept in lists. The cell is followed through the class that
+    holds it, constructor and function arguments, closures, and a method that steps
+    it once and returns its state (`h, c = self.step(t, x, h, c)` in the loop).
 
     ## Why is this bad?
     Each step is a separate call: two small matrix products, the gates and the state
@@ -121,14 +124,21 @@ class RecurrentCellLoop(Rule):
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
-        layer = _cell_layer(node.func, ctx, node)
+        scope = function_of(ctx.parents, ctx.tree)
+        layer = _layer_of(node.func, scope, node.lineno, ctx)
         if layer is None or not node.args:
             return
-        loop = next((p for p in reversed(ctx.parents) if isinstance(p, (*LOOP_TYPES, *BOUNDARY_TYPES))), None)
-        if not isinstance(loop, ast.For):
-            return
         statement = _statement_of(node, ctx)
-        if statement is None or not _steps_over_known_sequence(node, statement, loop, ctx):
+        if statement is None:
+            return
+        loop = next((p for p in reversed(ctx.parents) if isinstance(p, (*LOOP_TYPES, *BOUNDARY_TYPES))), None)
+        if isinstance(loop, ast.For):
+            stepped = _steps_over_known_sequence(node, node.args[0], _state_argument(node), statement, loop, ctx)
+        elif isinstance(loop, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            stepped = _helper_stepped_in_loop(node, statement, loop, ctx)
+        else:
+            stepped = False
+        if not stepped:
             return
         cell = ctx.text(node.func)
         message = (f"`{cell}` is an {layer}Cell stepped once per iteration over a sequence "
@@ -141,74 +151,82 @@ class RecurrentCellLoop(Rule):
         yield ctx.finding(self, node, message, fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
 
 
-def _cell_layer(func: ast.AST, ctx: FileContext, at: ast.AST | None = None) -> str | None:
-    """The sequence layer for a cell: ``func`` is ``self.attr`` that the class binds
-    to an ``nn.*Cell`` (or to a constructor argument every construction in the file
-    fills with one), or a name whose last assignment in the scope before ``at`` does
-    (the file's assignments when that scope has none). ``func`` is in the loop being
-    visited: its class and function are those of ``ctx.parents``."""
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-        cls = enclosing(ctx.parents, (ast.ClassDef,))
-        if not isinstance(cls, ast.ClassDef):
-            return None
-        layers = {_layer_of(v, ctx, cls) for v in _self_bindings(cls, func.attr)}
-        return layers.pop() if len(layers) == 1 else None
-    if not isinstance(func, ast.Name):
-        return None
-    scope = function_of(ctx.parents, ctx.tree)
-    line = getattr(at if at is not None else func, "lineno", 0)
-    local = [a for a in _scope_assignments(scope, ctx) if func.id in _assigned(a) and a.lineno < line]
-    if local:
-        last = max(local, key=lambda a: a.lineno)
-        single = isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name)
-        return _layer_of(last.value, ctx, None) if single else None
-    values = [a.value for a in ctx.nodes(ast.Assign)
-              if len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == func.id]
-    layers = {_layer_of(v, ctx, None) for v in values}
+#: How many hops (an assignment, a parameter, a closure) a cell is followed through.
+_DEPTH = 6
+_CELL_NAMES = frozenset({"LSTMCell", "GRUCell", "RNNCell"})
+
+
+def _single(layers: set[str | None]) -> str | None:
     return layers.pop() if len(layers) == 1 else None
 
 
-def _layer_of(value: ast.AST, ctx: FileContext, cls: ast.ClassDef | None) -> str | None:
-    """The sequence layer for a cell ``value`` builds: ``nn.LSTMCell(...)`` (moved with
-    ``.to(...)``), or an ``__init__`` parameter every construction of ``cls`` in the
-    file fills with one cell class."""
-    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES \
-            and ctx.qualified_name(value.func) is None:
-        value = value.func.value
+def _layer_of(value: ast.AST, scope: ast.AST, line: int, ctx: FileContext, depth: int = 0) -> str | None:
+    """The sequence layer for the cell ``value`` is, read in ``scope`` (a function
+    or the module) at ``line``: a cell's construction (moved with ``.to(...)``), a
+    ``self.<attr>`` the class binds to one, a name whose last assignment before
+    ``line`` is one, a parameter every call of the function in the file fills with
+    one, a variable of the function around a nested one; the file's assignments of
+    a name found in none of these."""
+    if depth > _DEPTH:
+        return None
+    value = unmoved(value, ctx)
     if isinstance(value, ast.Call):
-        name = ctx.call_name(value)
-        if name is None and "nn" not in ctx.imports and isinstance(value.func, ast.Attribute) and \
-                isinstance(value.func.value, ast.Name) and value.func.value.id == "nn":
-            name = f"torch.nn.{value.func.attr}"  # a snippet that uses `nn` without importing it
-        return CELLS.get(name or "")
-    if isinstance(value, ast.Name) and cls is not None:
-        init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
-        params = [a.arg for a in init.args.args][1:] if init is not None else []
-        if value.id not in params:
+        return _constructed_layer(value, ctx)
+    if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self":
+        cls = owner_of(scope, ctx)
+        if cls is None:
             return None
-        position = params.index(value.id)
-        calls = [c for c in ctx.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == cls.name]
-        layers = set()
-        for call in calls:
-            arg = next((k.value for k in call.keywords if k.arg == value.id), None)
-            if arg is None and position < len(call.args) and \
-                    not any(isinstance(a, ast.Starred) for a in call.args[:position + 1]):
-                arg = call.args[position]
-            layers.add(_layer_of(arg, ctx, None) if arg is not None else None)
-        return layers.pop() if len(layers) == 1 else None
+        return _single({_layer_of(v, scope_of(v, ctx), v.lineno, ctx, depth + 1)
+                        for v in self_bindings(cls, value.attr, ctx)})
+    if isinstance(value, ast.Name):
+        return _name_layer(value.id, scope, line, ctx, depth)
     return None
 
 
-def _self_bindings(cls: ast.ClassDef, attr: str) -> list[ast.expr]:
-    """The values the class's methods assign to ``self.<attr>``."""
-    out = []
-    for node in ast.walk(cls):
-        if isinstance(node, ast.Assign):
-            for target in node.targets:
-                if isinstance(target, ast.Attribute) and target.attr == attr and \
-                        isinstance(target.value, ast.Name) and target.value.id == "self":
-                    out.append(node.value)
-    return out
+def _name_layer(name: str, scope: ast.AST, line: int, ctx: FileContext, depth: int) -> str | None:
+    local = [a for a in _scope_assignments(scope, ctx) if name in _assigned(a) and a.lineno < line]
+    if local:
+        last = max(local, key=lambda a: a.lineno)
+        single = isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name)
+        return _layer_of(last.value, scope, last.lineno, ctx, depth + 1) if single else None
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        arguments = parameter_arguments(scope, name, ctx)
+        if arguments is not None:
+            return _single({_layer_of(a, s, a.lineno, ctx, depth + 1) for a, s in arguments})
+        if name not in _parameters(scope):
+            outer = scope_of(scope, ctx)
+            if outer is not ctx.tree:  # a variable of the function the nested one is defined in
+                return _name_layer(name, outer, scope.lineno, ctx, depth + 1)
+    values = [a.value for a in ctx.nodes(ast.Assign)
+              if len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == name]
+    return _single({_layer_of(v, ctx.tree, v.lineno, ctx, depth + 1) for v in values})
+
+
+def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    args = function.args
+    return [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+
+
+def _constructed_layer(call: ast.Call, ctx: FileContext) -> str | None:
+    """``nn.LSTM`` for ``nn.LSTMCell(...)``: torch's cells, by import or written as
+    ``nn.<Cell>`` in a snippet that does not import ``nn``, or from a package that
+    wraps torch's layers in a module the file imports as ``nn`` (nni's
+    ``nni.nas.nn.pytorch``)."""
+    name = ctx.call_name(call)
+    written_nn = isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and \
+        call.func.value.id == "nn" and call.func.attr in _CELL_NAMES
+    if name is None and written_nn and "nn" not in ctx.imports:
+        name = f"torch.nn.{call.func.attr}"
+    if name in CELLS:
+        return CELLS[name]
+    if written_nn and name is not None and "nn" in name.split(".")[1:-1]:
+        return f"nn.{call.func.attr[:-len('Cell')]}"
+    return None
+
+
+def _state_argument(call: ast.Call) -> ast.AST | None:
+    """The state a cell call is given (``hx``)."""
+    return call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "hx"), None)
 
 
 def _scope_assignments(scope: ast.AST, ctx: FileContext) -> list[ast.stmt]:
@@ -262,10 +280,14 @@ def _body_statements(loop: ast.For) -> list[ast.stmt]:
     return sorted(out, key=lambda s: (s.lineno, s.col_offset))
 
 
-def _steps_over_known_sequence(call: ast.Call, statement: ast.Assign, loop: ast.For, ctx: FileContext) -> bool:
-    """The cell's input varies with the loop and depends on nothing the loop computes
-    from a cell's state; its state argument is what it returned last; and nothing
-    else in the loop rebinds that state."""
+def _steps_over_known_sequence(call: ast.Call, cell_input: ast.AST, hx: ast.AST | None, statement: ast.Assign,
+                                loop: ast.For, ctx: FileContext) -> bool:
+    """The cell's input (``cell_input`` of ``call``, assigned by ``statement``)
+    varies with the loop and depends on nothing the loop computes from a cell's
+    state; its state argument ``hx`` is what it returned last; and nothing else in
+    the loop rebinds that state. ``call`` is the cell's call, or the call of a
+    function that steps the cell (see :func:`_helper_stepped_in_loop`)."""
+    scope = scope_of(loop, ctx)
     body = _body_statements(loop)
     state = _assigned(statement)
     if not state:
@@ -277,7 +299,6 @@ def _steps_over_known_sequence(call: ast.Call, statement: ast.Assign, loop: ast.
         if stmt.lineno > statement.lineno and isinstance(stmt, ast.Assign) and _unpacks(stmt.value, state):
             state |= _assigned(stmt)
             unpacked.add(id(stmt))
-    hx = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "hx"), None)
     if hx is not None and not (isinstance(hx, (ast.Name, ast.Tuple, ast.Constant)) and
                                _names(hx) <= state):
         return False  # the state passed in is made from something else (masked, reset)
@@ -302,7 +323,7 @@ def _steps_over_known_sequence(call: ast.Call, statement: ast.Assign, loop: ast.
                 if id(writer) in seen:
                     return True, varies
                 value = writer.value
-                other = _other_cell_call(value, ctx)
+                other = _other_cell_call(value, scope, ctx)
                 if other is not None:
                     # Another cell's output of this step: clean if that cell's own input is.
                     if other[0] is call:
@@ -315,7 +336,7 @@ def _steps_over_known_sequence(call: ast.Call, statement: ast.Assign, loop: ast.
                 varies = varies or moves or isinstance(writer, ast.AugAssign)
         return False, varies
 
-    tainted, varies = depends_on_state(_names(call.args[0]), statement.lineno, frozenset({id(statement)}))
+    tainted, varies = depends_on_state(_names(cell_input), statement.lineno, frozenset({id(statement)}))
     return varies and not tainted
 
 
@@ -326,8 +347,76 @@ def _unpacks(value: ast.AST, state: set[str]) -> bool:
     return isinstance(value, ast.Name) and value.id in state
 
 
-def _other_cell_call(value: ast.AST | None, ctx: FileContext) -> tuple[ast.Call, ast.AST] | None:
-    """``(call, its input)`` when ``value`` is a call of a cell."""
-    if isinstance(value, ast.Call) and value.args and _cell_layer(value.func, ctx, value) is not None:
+def _other_cell_call(value: ast.AST | None, scope: ast.AST, ctx: FileContext) -> tuple[ast.Call, ast.AST] | None:
+    """``(call, its input)`` when ``value`` is a call of a cell in ``scope``."""
+    if isinstance(value, ast.Call) and value.args and _layer_of(value.func, scope, value.lineno, ctx) is not None:
         return value, value.args[0]
     return None
+
+
+def _helper_stepped_in_loop(call: ast.Call, statement: ast.Assign, function: ast.FunctionDef | ast.AsyncFunctionDef,
+                            ctx: FileContext) -> bool:
+    """A function (a method) that steps the cell once and returns its new state,
+    called from loops: ``h, c = self.step(t, x, h, c)`` over ``for t in range(T)``
+    with ``def step(self, t, x, h, c): ...; h, c = self.cell(f(x[:, t]), (h, c));
+    return h, c``. Every call of the function in the file must step over a known
+    sequence, its input read from the parameters the cell's input is made from and
+    its state from those it passes as the cell's state."""
+    returns = [n for n in walk_scope(function) if isinstance(n, ast.Return)]
+    state = _assigned(statement)
+    if len(returns) != 1 or not isinstance(returns[0].value, (ast.Name, ast.Tuple)) or \
+            not _names(returns[0].value) or not _names(returns[0].value) <= state:
+        return False
+    params = [p for p in _parameters(function) if p not in ("self", "cls")]
+    hx = _state_argument(call)
+    state_params = [p for p in params if p in _names(hx)]
+    if hx is None or not isinstance(hx, (ast.Name, ast.Tuple)) or set(state_params) != _names(hx):
+        return False
+    input_params = _parameters_read(_names(call.args[0]), statement.lineno, function, set(params), ctx)
+    if input_params is None or input_params & set(state_params):
+        return False
+    sites = calls_of(function, ctx)
+    if not sites:
+        return False
+    for site in sites:
+        scope = scope_of(site, ctx)
+        parents = parent_map(scope)
+        assignment = parents.get(id(site))
+        loop = assignment
+        while loop is not None and not isinstance(loop, (*LOOP_TYPES, *BOUNDARY_TYPES)):
+            loop = parents.get(id(loop))
+        if not isinstance(assignment, ast.Assign) or assignment.value is not site or not isinstance(loop, ast.For):
+            return False
+        inputs = [argument_of(site, function, p, ctx) for p in sorted(input_params)]
+        states = [argument_of(site, function, p, ctx) for p in state_params]
+        if any(a is None for a in (*inputs, *states)):
+            return False
+        site_input, site_state = ast.Tuple(elts=inputs, ctx=ast.Load()), ast.Tuple(elts=states, ctx=ast.Load())
+        if not _steps_over_known_sequence(site, site_input, site_state, assignment, loop, ctx):
+            return False
+    return True
+
+
+def _parameters_read(names: set[str], before: int, function: ast.AST, params: set[str],
+                     ctx: FileContext) -> set[str] | None:
+    """The parameters of ``function`` that ``names`` are computed from through the
+    function's assignments (all of them before line ``before``); None when a name
+    is assigned after it, or is a parameter the function rebinds."""
+    assignments = _scope_assignments(function, ctx)
+    found: set[str] = set()
+    pending, seen = list(names), set()
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        writers = [a for a in assignments if name in _assigned(a)]
+        if not writers:
+            if name in params:
+                found.add(name)
+            continue
+        if any(w.lineno >= before for w in writers) or name in params:
+            return None
+        for writer in writers:
+            pending.extend(_names(writer.value))
+    return found

@@ -7,6 +7,9 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext, walk_scope
+from torchaxe.scan.rules._bindings import (
+    MODULE_METHODS, method, parameter_arguments, self_bindings, unmoved,
+)
 from torchaxe.scan.rules._distributed import enclosing, function_of
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
@@ -25,8 +28,6 @@ _KEEPS_VALUES_FUNCTIONS = frozenset({"torch.squeeze", "torch.flatten", "torch.re
 _MODEL_WRAPPERS = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                              "torch.nn.parallel.DistributedDataParallel", "torch.compile"})
 _DEPTH = 6
-#: Methods that move or switch a module and return it.
-_MOVES = frozenset({"to", "cuda", "cpu", "train", "float", "double", "half", "bfloat16", "to_empty"})
 _DATA_PARALLEL = frozenset({"torch.nn.parallel.data_parallel", "torch.nn.parallel.data_parallel.data_parallel"})
 #: What :func:`_model_class` calls a module that is not a class of the file.
 _SIGMOID_SEQUENTIAL = "sigmoid-sequential"
@@ -179,16 +180,8 @@ def _is_bce_criterion(func: ast.AST, ctx: FileContext) -> bool:
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
     if name is None:
         return False
-    values = [_unmoved(v, ctx) for v in _bindings(ctx).get(name) or ()]
+    values = [unmoved(v, ctx) for v in _bindings(ctx).get(name) or ()]
     return bool(values) and all(isinstance(v, ast.Call) and ctx.call_name(v) == _BCE_LOSS for v in values)
-
-
-def _unmoved(value: ast.AST, ctx: FileContext) -> ast.AST:
-    """``nn.BCELoss().cuda()`` -> ``nn.BCELoss()``."""
-    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES \
-            and ctx.qualified_name(value.func) is None:
-        value = value.func.value
-    return value
 
 
 def _bindings(ctx: FileContext) -> dict[str, list[ast.expr]]:
@@ -326,42 +319,17 @@ def _stored_names(node: ast.AST) -> set[str]:
 
 
 def _parameter_source(name: str, scope: ast.AST, ctx: FileContext, depth: int, index: int | None) -> str | None:
-    """A parameter of a module-level function: every call of it in the file passes a
-    sigmoid's output there (positionally or by keyword)."""
+    """A parameter of a function: every call of it in the file passes a sigmoid's
+    output there (positionally or by keyword)."""
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or index is not None:
         return None
-    if scope not in ctx.tree.body:
+    arguments = parameter_arguments(scope, name, ctx)
+    if arguments is None:
         return None
-    params = [a.arg for a in (*scope.args.posonlyargs, *scope.args.args)]
-    if name not in params:
+    found = [_sigmoid_source(arg, caller, ctx, depth + 1) for arg, caller in arguments]
+    if not all(found):
         return None
-    position = params.index(name)
-    calls = [c for c in ctx.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == scope.name]
-    if not calls:
-        return None
-    found = []
-    for call in calls:
-        arg = next((k.value for k in call.keywords if k.arg == name), None)
-        if arg is None and position < len(call.args) and not any(isinstance(a, ast.Starred) for a in call.args):
-            arg = call.args[position]
-        if arg is None:
-            return None
-        caller = _function_of(call, ctx) or ctx.tree
-        found.append(_sigmoid_source(arg, caller, ctx, depth + 1))
-        if found[-1] is None:
-            return None
     return f"{found[0]}, passed to {scope.name}() as `{name}`"
-
-
-def _function_of(node: ast.AST, ctx: FileContext) -> ast.AST | None:
-    """The innermost function holding ``node`` (None at module level)."""
-    parents = ctx.cache.get("ax703_function_of")
-    if parents is None:
-        parents = ctx.cache["ax703_function_of"] = {}
-        for function in ctx.nodes(ast.FunctionDef, ast.AsyncFunctionDef):
-            for inner in walk_scope(function):
-                parents[id(inner)] = function
-    return parents.get(id(node))
 
 
 def _call_source(call: ast.Call, scope: ast.AST | None, ctx: FileContext, depth: int, index: int | None,
@@ -374,7 +342,7 @@ def _call_source(call: ast.Call, scope: ast.AST | None, ctx: FileContext, depth:
         func = call.args[0]  # nn.parallel.data_parallel(module, inputs, ...)
     elif isinstance(func, ast.Attribute):
         cls = _model_class(func.value, scope, ctx, owner, depth)
-        if isinstance(cls, ast.ClassDef) and _method(cls, func.attr) is not None:
+        if isinstance(cls, ast.ClassDef) and method(cls, func.attr) is not None:
             return _method_returns_sigmoid(cls, func.attr, ctx, depth, index)
     elif isinstance(func, ast.Name) and _module_function(func.id, ctx) is not None:
         function = _module_function(func.id, ctx)
@@ -390,11 +358,6 @@ def _call_source(call: ast.Call, scope: ast.AST | None, ctx: FileContext, depth:
     if kind == _SIGMOID_LAYER and index is None:
         return "an nn.Sigmoid() layer's output"
     return None
-
-
-def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    return next((f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == name),
-                None)
 
 
 def _model_class(node: ast.AST, scope: ast.AST | None, ctx: FileContext, owner: ast.ClassDef | None,
@@ -414,9 +377,9 @@ def _model_class(node: ast.AST, scope: ast.AST | None, ctx: FileContext, owner: 
         return _built_class(node, scope, ctx, owner, depth)
     values: list[ast.expr] | None = None
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-        values = _self_bindings(owner, node.attr, ctx) if owner is not None else _bindings(ctx).get(node.attr)
+        values = self_bindings(owner, node.attr, ctx) if owner is not None else _bindings(ctx).get(node.attr)
     elif isinstance(node, ast.Name):
-        if owner is not None and _init_parameter(owner, node.id) is not None:
+        if owner is not None and _init_parameter(owner, node.id):
             return _constructor_argument(owner, node.id, ctx, depth)
         values = _bindings(ctx).get(node.id)
     if not values:
@@ -438,7 +401,7 @@ def _built_class(node: ast.Call, scope: ast.AST | None, ctx: FileContext, owner:
                  depth: int) -> ast.ClassDef | str | None:
     """What a call builds: a class of the file, a sigmoid-ended ``nn.Sequential``, an
     ``nn.Sigmoid()``, or what the file's function or method called returns."""
-    if isinstance(node.func, ast.Attribute) and node.func.attr in _MOVES and ctx.qualified_name(node.func) is None:
+    if isinstance(node.func, ast.Attribute) and node.func.attr in MODULE_METHODS and ctx.qualified_name(node.func) is None:
         return _model_class(node.func.value, scope, ctx, owner, depth + 1)
     name = ctx.call_name(node) or ""
     if name in _MODEL_WRAPPERS and node.args:
@@ -455,7 +418,7 @@ def _built_class(node: ast.Call, scope: ast.AST | None, ctx: FileContext, owner:
         function = _module_function(node.func.id, ctx)
     elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) and \
             node.func.value.id == "self" and owner is not None:
-        function = _method(owner, node.func.attr)
+        function = method(owner, node.func.attr)
     if function is None:
         return None
     returns = [n.value for n in walk_scope(function) if isinstance(n, ast.Return)]
@@ -508,7 +471,7 @@ def _ends_in_sigmoid(sequential: ast.Call, scope: ast.AST | None, ctx: FileConte
 def _wraps_itself(value: ast.AST, node: ast.AST, ctx: FileContext) -> bool:
     """``value`` is ``node`` moved or wrapped: ``D.to(device)``, ``DataParallel(D)``."""
     while isinstance(value, ast.Call):
-        if isinstance(value.func, ast.Attribute) and value.func.attr in _MOVES and \
+        if isinstance(value.func, ast.Attribute) and value.func.attr in MODULE_METHODS and \
                 ctx.qualified_name(value.func) is None:
             value = value.func.value
         elif (ctx.call_name(value) or "") in _MODEL_WRAPPERS and value.args:
@@ -523,55 +486,30 @@ def _module_function(name: str, ctx: FileContext) -> ast.FunctionDef | ast.Async
     return found[0] if len(found) == 1 else None
 
 
-def _init_parameter(cls: ast.ClassDef, name: str) -> int | None:
-    """The position of ``name`` among ``cls.__init__``'s parameters after ``self``."""
-    init = _method(cls, "__init__")
+def _init_parameter(cls: ast.ClassDef, name: str) -> bool:
+    """``name`` is a parameter of ``cls.__init__`` other than ``self``."""
+    init = method(cls, "__init__")
     if init is None:
-        return None
-    params = [a.arg for a in (*init.args.posonlyargs, *init.args.args)][1:]
-    kwonly = [a.arg for a in init.args.kwonlyargs]
-    if name in params:
-        return params.index(name)
-    return -1 if name in kwonly else None
+        return False
+    args = init.args
+    return name in [a.arg for a in (*args.posonlyargs, *args.args)][1:] + [a.arg for a in args.kwonlyargs]
 
 
 def _constructor_argument(cls: ast.ClassDef, param: str, ctx: FileContext, depth: int) -> str | None:
     """:data:`_SIGMOID_LAYER` when every construction of ``cls`` in the file passes a
     sigmoid (``torch.sigmoid``, ``nn.Sigmoid()``, a name bound to one) as ``param``."""
-    position = _init_parameter(cls, param)
-    calls = [c for c in ctx.nodes(ast.Call) if isinstance(c.func, ast.Name) and c.func.id == cls.name]
-    if position is None or not calls:
+    init = method(cls, "__init__")
+    arguments = parameter_arguments(init, param, ctx) if init is not None else None
+    if not arguments or any(_model_class(arg, None, ctx, None, depth + 1) != _SIGMOID_LAYER for arg, _ in arguments):
         return None
-    for call in calls:
-        arg = next((k.value for k in call.keywords if k.arg == param), None)
-        if arg is None and 0 <= position < len(call.args) and \
-                not any(isinstance(a, ast.Starred) for a in call.args[:position + 1]):
-            arg = call.args[position]
-        if arg is None or _model_class(arg, None, ctx, None, depth + 1) != _SIGMOID_LAYER:
-            return None
     return _SIGMOID_LAYER
 
 
-def _self_bindings(cls: ast.ClassDef, attr: str, ctx: FileContext) -> list[ast.expr]:
-    """The values the class's methods assign to ``self.<attr>``."""
-    key = ("ax703_self", id(cls))
-    table = ctx.cache.get(key)
-    if table is None:
-        table = ctx.cache[key] = {}
-        for node in ast.walk(cls):
-            if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and \
-                            target.value.id == "self":
-                        table.setdefault(target.attr, []).append(node.value)
-    return table.get(attr, [])
-
-
-def _method_returns_sigmoid(cls: ast.ClassDef, method: str, ctx: FileContext, depth: int,
+def _method_returns_sigmoid(cls: ast.ClassDef, name: str, ctx: FileContext, depth: int,
                             index: int | None) -> str | None:
-    """Every ``return`` of ``cls.method`` gives a sigmoid's output (the element
+    """Every ``return`` of the method ``name`` of ``cls`` gives a sigmoid's output (the element
     ``index`` of the tuple it returns, when one is taken)."""
-    function = _method(cls, method)
+    function = method(cls, name)
     if function is None:
         return None
     returns = [n for n in walk_scope(function) if isinstance(n, ast.Return)]
@@ -580,7 +518,7 @@ def _method_returns_sigmoid(cls: ast.ClassDef, method: str, ctx: FileContext, de
     for ret in returns:
         if _sigmoid_source(ret.value, function, ctx, depth + 1, index, cls) is None:
             return None
-    return f"the output of {cls.name}, whose {method}() ends in a sigmoid"
+    return f"the output of {cls.name}, whose {name}() ends in a sigmoid"
 
 
 def _rewrite(call: ast.Call, probs: ast.AST, ctx: FileContext) -> list | None:
