@@ -418,3 +418,28 @@ def test_unsafe_fixes_not_checked_still_need_the_flag(script: Path, tmp_path: Pa
     assert "fused=True" not in script.read_text()
     apply_advice(data, keys=["code:AX201"], unsafe=True)
     assert "fused=True" in script.read_text()
+
+
+def test_run_says_what_the_tune_knob_swapped_in(tmp_path: Path) -> None:
+    from torchaxe.advise.cli import tune_line
+
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport torch.nn as nn\n"
+        "model = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(4):\n"
+        "    loss = model(torch.randn(2, 4)).pow(2).mean()\n"
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+        "print('done')\n")
+    (tmp_path / "torchaxe.toml").write_text('[run]\ntune = {kb = "kb.sqlite"}\n')
+    result = torchaxe("run", "--", "python", "train.py", cwd=tmp_path, env={"TORCHAXE_HOME": str(tmp_path / "home")})
+    assert result.returncode == 0 and "done" in result.stdout
+    assert ("torchaxe run: tune: nothing swapped into Sequential (knowledge base kb.sqlite): 3 of its 3 module "
+            "shapes were never tuned (run `torchaxe tune -- python train.py` first)") in result.stderr
+    applied = {"module": "Net", "kb": "kb.sqlite", "subgraphs": 2, "unknown": 0, "eager": 1,
+               "applied": [{"name": "Net.block", "strategy": "compile"}]}
+    assert tune_line(applied, ["python", "t.py"]) == \
+        "tune: swapped into Net from the knowledge base kb.sqlite: Net.block (compile)"
+    assert "the stored winner is eager" in tune_line({**applied, "applied": []}, ["python", "t.py"])
+    assert "never finished a forward pass" in tune_line({"module": "Net", "applied": []}, ["python", "t.py"])
+    assert "built no model" in tune_line(None, ["python", "t.py"])

@@ -428,15 +428,22 @@ def test_a_verdict_exits_0_in_the_ranks_only(monkeypatch):
 
 @pytest.mark.slow
 def test_data_under_torchrun_reports_every_rank_and_exits_0_on_a_verdict(tmp_path):
-    """`torchaxe data -- torchrun ...`: each rank measures its loader and prints its
-    report; a data-bound verdict is no failed rank for torchrun."""
+    """`torchaxe data -- torchrun ...`: each rank measures its loader; rank 0 prints
+    the report, the other ranks their verdict in one labelled line (reports printed by
+    every rank at once interleave), --out keeps each rank's; a data-bound verdict is
+    no failed rank for torchrun."""
+    import json
     import subprocess
 
-    done = subprocess.run([sys.executable, "-m", "torchaxe", "data", "--steps", "3", "--warmup", "1", "--",
-                           "torchrun", "--nproc-per-node", "2", "--standalone", str(DDP_EXAMPLE), "--steps", "50",
-                           "--width", "128"], capture_output=True, text=True, cwd=tmp_path, timeout=240)
+    done = subprocess.run([sys.executable, "-m", "torchaxe", "data", "--steps", "3", "--warmup", "1", "--out",
+                           "data.json", "--", "torchrun", "--nproc-per-node", "2", "--standalone", str(DDP_EXAMPLE),
+                           "--steps", "50", "--width", "128"], capture_output=True, text=True, cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("verdict:") == 2
+    assert done.stdout.count("verdict:") == 1 and "rank        0 of 2" in done.stdout
+    assert "torchaxe data [rank 1 of 2]: " in done.stderr
+    assert "torchaxe data [rank 0]: running" in done.stderr
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"data.rank{rank}.json").read_text())["verdict"]["level"]
     assert "error" not in done.stderr.lower().replace("errors.html", "")
 
 
@@ -446,3 +453,27 @@ def test_a_nodes_cores_are_shared_by_its_local_ranks():
     assert local_ranks({}) == 1 and local_ranks({"LOCAL_WORLD_SIZE": "x"}) == 1
     assert local_ranks({"LOCAL_WORLD_SIZE": "4"}) == 4
     assert cores_per_rank(8, {"LOCAL_WORLD_SIZE": "4"}) == 2 and cores_per_rank(2, {"LOCAL_WORLD_SIZE": "8"}) == 1
+
+
+def test_ranks_without_a_process_group_are_said_to_train_alone():
+    """A script under torchrun that never sets up a process group: each rank trains
+    its own copy, so no rank waits for another and there is no backend to name."""
+    import io
+
+    from torchaxe.advise.recommendation import Advice
+    from torchaxe.report.advice_text import render_advice_text
+
+    alone = [_profile(0, [0.10] * 5), _profile(1, [0.12] * 5)]
+    for p in alone:
+        p.distributed = None
+    view = distributed_view({0: alone[0], 1: alone[1]})
+    assert view["process_group"] is False and view["slowest_rank"] is None
+    assert all(r["wait_for_slowest_seconds_per_step"] is None for r in view["ranks"])
+    advice = Advice(command=["torchrun", "t.py"], target="cpu", budget_seconds=60.0, repeats=2, distributed=view)
+    out = io.StringIO()
+    render_advice_text(advice, out, width=200)
+    text = out.getvalue()
+    assert "backend ?" not in text and "waits for slowest" not in text and "slowest rank" not in text
+    assert "the script sets up no process group: each rank trains its own copy of the model alone" in text
+    grouped = distributed_view({0: _profile(0, [0.10] * 5), 1: _profile(1, [0.12] * 5)})
+    assert grouped["process_group"] is True and grouped["slowest_rank"] is not None

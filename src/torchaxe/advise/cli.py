@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 import click
 
@@ -379,8 +381,51 @@ def run(target, show, command):
         argv = job.launch(["torchaxe.runtime.bootstrap", str(path), "--out", str(Path(tmp) / "p.json"),
                            "--steps", "all", "--warmup", "0", "--target", target, "--quiet"])
         code = subprocess.call(argv, env=child_environment(knobs))
+        line = _tune_line(Path(tmp) / "p.json", command) if knobs.values.get("tune") is not None else None
         code = _script_exit_code(Path(tmp) / "p.json", code)
+    if line:
+        click.echo(f"torchaxe run: {line}", err=True)
     sys.exit(code)
+
+
+def tune_line(record: dict | None, command: Sequence[str]) -> str:
+    """What the ``tune`` knob swapped into the model, from the run's record of it."""
+    if not isinstance(record, dict):
+        return "tune: the script built no model torchaxe could see; nothing tuned was applied"
+    kb = record.get("kb") or "default"
+    applied = record.get("applied") or []
+    module = record.get("module") or "the model"
+    if "subgraphs" not in record:
+        return f"tune: {module} was found but never finished a forward pass; nothing tuned was applied"
+    if applied:
+        shown = ", ".join(f"{a.get('name')} ({a.get('strategy')})" for a in applied[:6])
+        more = f" and {len(applied) - 6} more" if len(applied) > 6 else ""
+        return f"tune: swapped into {module} from the knowledge base {kb}: {shown}{more}"
+    unknown, eager = record.get("unknown") or 0, record.get("eager") or 0
+    why = []
+    if unknown:
+        why.append(f"{unknown} of its {record.get('subgraphs')} module shapes were never tuned "
+                   f"(run `torchaxe tune -- {shlex.join(command)}` first)")
+    if eager:
+        why.append(f"for {eager} of its {record.get('subgraphs')} module shapes the stored winner is eager "
+                   "(the module as it is)")
+    return f"tune: nothing swapped into {module} (knowledge base {kb}): " + ("; ".join(why) or "no stored winner")
+
+
+def _tune_line(profile_path: Path, command: Sequence[str]) -> str | None:
+    """:func:`tune_line` of the run's first rank, None when it left no record."""
+    import json
+
+    from torchaxe.runtime.bootstrap import OPTIONS_KEY
+    from torchaxe.runtime.ranks import rank_files
+
+    for path in rank_files(profile_path).values():
+        try:
+            knobs = json.loads(path.read_text(encoding="utf-8"))["run"]["options"][OPTIONS_KEY]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        return tune_line(knobs.get("tune") if isinstance(knobs, dict) else None, command)
+    return None
 
 
 def _script_exit_code(profile_path: Path, bootstrap_code: int) -> int:

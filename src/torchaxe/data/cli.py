@@ -24,8 +24,10 @@ Exit codes:
   5    --timeout ran out (a hung loader)
   6    no step was seen
   130  interrupted
-Under torchrun (`torchaxe data -- torchrun ...`) each rank prints its report and a
-verdict exits 0 (torchrun would take 1 for a failed rank); the exit code is torchrun's.
+Under torchrun (`torchaxe data -- torchrun ...`) every rank is measured: rank 0
+prints the report, each other rank its verdict in one line on stderr, and --out FILE
+keeps every rank's report (FILE.rankN.json). A verdict exits 0 there (torchrun would
+take 1 for a failed rank); the exit code is torchrun's.
 """
 
 EXIT_NOT_BOUND = 0
@@ -110,19 +112,30 @@ def data(steps, warmup, timeout, target, samples, sample_timeout, images, decode
     )
     threads_before = set(threading.enumerate())
     in_ranks(command)
-    report, code = analyse(list(command), options, progress=progress_printer("data"))
+    from torchaxe.runtime.harness import distributed_identity
+    from torchaxe.runtime.profile import rank_path
+
+    rank, _, world = distributed_identity()
+    ranked = rank is not None and world is not None and world > 1
+    report, code = analyse(list(command), options,
+                           progress=progress_printer(f"data [rank {rank}]" if ranked else "data"))
     if out:
         from torchaxe.atomic import write_text_atomic
 
-        write_text_atomic(Path(out), _json(report))
+        write_text_atomic(rank_path(out, rank, world), _json(report))
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    if fmt == "json":
+    if ranked and rank != 0:
+        # Under torchrun rank 0 prints the report; the others their verdict, one line
+        # each, so that the reports do not interleave (--out keeps every rank's).
+        headline = report.verdict.headline if report.verdict is not None else f"{report.status}: {report.detail}"
+        sys.stderr.write(f"torchaxe data [rank {rank} of {world}]: {headline}\n")
+    elif fmt == "json":
         sys.stdout.write(_json(report))
     else:
         from torchaxe.data.render import render_data_report
 
-        render_data_report(report, sys.stdout)
+        render_data_report(report, sys.stdout, rank=(rank, world) if ranked else None)
     sys.stdout.flush()
     if code is None:
         code = EXIT_BOUND if report.verdict is not None and report.verdict.data_bound else EXIT_NOT_BOUND

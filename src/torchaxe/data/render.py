@@ -12,9 +12,13 @@ from torchaxe.units import plural
 STEP_ROWS = 12
 
 
-def render_data_report(report: DataReport, out: TextIO) -> None:
+def render_data_report(report: DataReport, out: TextIO, rank: tuple[int, int] | None = None) -> None:
+    """The report for people. ``rank``: (this rank, world size) under torchrun, where
+    the other ranks print their verdicts on stderr."""
     w = out.write
     w(f"data: {' '.join(report.command)}\n")
+    if rank is not None:
+        w(f"  rank        {rank[0]} of {rank[1]}; the other ranks' verdicts are on stderr\n")
     w(f"  run         {report.status}: {report.detail} (target {report.target}, {plural(report.cores, 'core')} for this rank)\n")
     if report.error:
         w(f"  error       {report.error}\n")

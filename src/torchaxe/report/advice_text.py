@@ -291,11 +291,19 @@ def _render_ranks(console: Console, advice: Advice) -> None:
     and why, and, when changes were chosen, each rank under them."""
     view = advice.distributed or {}
     nodes = f", {view['nnodes']} node(s)" if view.get("nnodes") else ""
-    console.print(f"  distributed        {view.get('world_size')} ranks{nodes}, backend {view.get('backend') or '?'}; "
-                  f"a step takes the slowest rank's time")
+    grouped = view.get("process_group") is not False
+    if grouped:
+        console.print(f"  distributed        {view.get('world_size')} ranks{nodes}, backend {view.get('backend') or '?'}; "
+                      f"a step takes the slowest rank's time")
+    else:
+        _hanging(console, f"  distributed        {view.get('world_size')} ranks{nodes} started by the launcher, and "
+                 "the script sets up no process group: each rank trains its own copy of the model alone (no "
+                 "gradient exchange, no rank waits for another); call torch.distributed.init_process_group and "
+                 "wrap the model in DistributedDataParallel for the ranks to train one model together", 2, 21)
     after = {r["rank"]: r for r in (advice.combined or {}).get("ranks") or []}
     table = Table(box=None, pad_edge=False, title_justify="left")
-    for name in ("rank", "host", "step", "data wait", "comm", "comm exposed", "waits for slowest"):
+    columns = ("rank", "host", "step", "data wait", "comm", "comm exposed") + (("waits for slowest",) if grouped else ())
+    for name in columns:
         table.add_column(name, justify="left" if name == "host" else "right", no_wrap=True)
     if after:
         table.add_column("comm exposed, chosen", justify="right", no_wrap=True)
@@ -303,7 +311,9 @@ def _render_ranks(console: Console, advice: Advice) -> None:
         wait = row.get("data_wait_fraction")
         cells = [str(row["rank"]), str(row.get("host") or "-"), _ms(row.get("step_seconds_median")),
                  "-" if wait is None else f"{wait:.1%}", _ms(row.get("comm_seconds_per_step")),
-                 _ms(row.get("comm_exposed_seconds_per_step")), _ms(row.get("wait_for_slowest_seconds_per_step"))]
+                 _ms(row.get("comm_exposed_seconds_per_step"))]
+        if grouped:
+            cells.append(_ms(row.get("wait_for_slowest_seconds_per_step")))
         if after:
             cells.append(_ms((after.get(row["rank"]) or {}).get("comm_exposed_seconds_per_step")))
         table.add_row(*cells)

@@ -216,6 +216,8 @@ def distributed_view(profiles: dict[int, Profile]) -> dict[str, Any] | None:
         "ranks_measured": len(profiles),
         "ranks": rows,
         "ddp": first.ddp if first is not None else None,
+        # Ranks a launcher started without a process group train alone: none waits for another.
+        "process_group": bool(infos),
     })
 
 
@@ -223,6 +225,11 @@ def with_slowest(view: dict[str, Any]) -> dict[str, Any]:
     """``view`` with the rank the others wait for (``slowest_rank``, ``slowest_reason``)
     and each rank's wait for it, from its rows."""
     rows = view["ranks"]
+    if view.get("process_group") is False:
+        for row in rows:
+            row["wait_for_slowest_seconds_per_step"] = None
+        view["slowest_rank"] = view["slowest_reason"] = None
+        return view
     # The others wait, in their gradient exchange or a collective of the script, for the
     # rank that spends longest outside both (waiting in a collective is not work).
     outside = {row["rank"]: _own_work(row) for row in rows}

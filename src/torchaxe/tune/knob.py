@@ -56,6 +56,7 @@ class TunedModel:
         self.settings = settings
         self.note = note
         self._finder: Any = None
+        self._module = ""
         self.lazy: Any = None
 
     def install(self) -> None:
@@ -70,12 +71,18 @@ class TunedModel:
                               whole_model=self.settings.get("whole_model", True),
                               min_gain=self.settings.get("min_gain", 0.05),
                               compile_backend=self.settings.get("compile_backend", "inductor"), strategies=())
+        self._module = type(model).__qualname__
         self.lazy = LazyApply(model, options, on_report=self._report)
         self.lazy.install()
-        self.note("tune", {"module": type(model).__qualname__, "kb": str(options.kb or "default"), "applied": []})
+        self.note("tune", {"module": self._module, "kb": str(options.kb or "default"), "applied": []})
 
     def _report(self, report: Any) -> None:
-        self.note("tune", {"kb": report.kb, "seconds": report.seconds, "apply_seconds": report.apply_seconds,
+        # ``unknown``: signatures the knowledge base holds nothing for (tune never measured
+        # them at these shapes); ``eager``: those whose stored winner is the model as it is.
+        self.note("tune", {"module": self._module, "kb": report.kb, "seconds": report.seconds,
+                           "apply_seconds": report.apply_seconds, "subgraphs": len(report.subgraphs),
+                           "unknown": sum(1 for s in report.subgraphs if s.winner is None and s.eager_median is None),
+                           "eager": sum(1 for s in report.subgraphs if s.winner == "eager"),
                            "applied": [{"name": n, "strategy": s} for n, s in report.applied]})
 
     def uninstall(self) -> None:
