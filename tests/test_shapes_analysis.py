@@ -271,3 +271,53 @@ def test_a_varying_batch_size_is_put_down_to_what_makes_the_batches():
     causes, _ = _loader_causes(0, whole)
     [cause] = [c for c in causes if c.kind == "batch-size"]
     assert "batch_size=None" in cause.message and "or from a dataset that yields batches" in cause.message
+
+
+def test_a_stream_cut_into_chunks_by_the_scripts_code_is_said_before_its_last_chunk_comes(tmp_path):
+    """A language model's BPTT loop: the steps recorded are the first of a long epoch,
+    all full chunks; the script's `min(bptt, len(source) - 1 - i)` says the last one
+    will be shorter, so the static verdict says it and compiles with dynamic=False."""
+    from torchaxe.shapes.stream_chunks import chunk_sites
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "def get_batch(source, i, bptt):\n"
+        "    seq_len = min(bptt, len(source) - 1 - i)\n"
+        "    return source[i:i + seq_len], source[i + 1:i + 1 + seq_len].reshape(-1)\n"
+        "for i in range(0, data.size(0) - 1, bptt):\n"
+        "    x, y = get_batch(data, i, bptt)\n"
+        "for i in range(0, len(xs), batch):\n"
+        "    loss = model(xs[i:i + batch]).sum()\n"
+        "    loss.backward()\n")
+    sites = chunk_sites(script)
+    assert [(s.line, s.text) for s in sites] == [(3, "seq_len = min(bptt, len(source) - 1 - i)"),
+                                                 (7, "for i in range(0, len(xs), batch):")]
+    op = tally("aten.mm.default", {s: [((35, 3), (3, 3))] for s in range(1, 6)})
+    verdict = decide(analyse(observation([op], [], steps=5)), chunks=sites)
+    assert verdict.verdict == "static"
+    assert any("train.py:3 `seq_len = min(bptt, len(source) - 1 - i)`" in r and "last chunk is shorter" in r
+               for r in verdict.reasons)
+    cpu = next(r for r in verdict.recommendations if r.target == "cpu" and r.kind == "compile")
+    assert cpu.setting.endswith("dynamic=False)") and "compiled once more for that chunk" in cpu.reason
+    assert not any("chunk" in r for r in decide(analyse(observation([op], [], steps=5))).reasons)
+
+
+def test_chunk_sites_leave_alone_divided_ends_constant_steps_and_loops_that_do_not_train(tmp_path):
+    from torchaxe.shapes.stream_chunks import chunk_sites
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "n = len(data) - len(data) % bptt\n"
+        "for i in range(0, len(data) - len(data) % bptt, bptt):\n"
+        "    model(data[i:i + bptt]).sum().backward()\n"
+        "for i in range(0, len(docs), chunk):\n"
+        "    embed(docs[i:i + chunk])\n"
+        "for i in range(0, 10, 1):\n"
+        "    model(data[i:i + 1]).sum().backward()\n"
+        "k = min(bptt, 5)\n"
+        "x = data[i:i + k]\n")
+    assert chunk_sites(script) == []
+    assert chunk_sites(tmp_path / "missing.py") == []
+    (tmp_path / "bad.py").write_text("def (:\n")
+    assert chunk_sites(tmp_path / "bad.py") == []

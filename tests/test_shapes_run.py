@@ -261,6 +261,18 @@ def test_a_loop_that_trains_two_models_is_told_to_compile_each(tmp_path):
     _, one = run(tmp_path, FIXED, steps=6)
     assert all(r.setting == "model = torch.compile(model)" for r in decide(one).recommendations
                if r.kind == "compile")
+    # A contrastive loss written as a module with no parameters (SimCLR's NT_Xent) is no
+    # model either, whatever its name.
+    contrastive = GAN.replace("criterion = nn.BCEWithLogitsLoss()",
+                              "class NTXent(nn.Module):\n"
+                              "    def forward(self, a, b):\n"
+                              "        return nn.functional.binary_cross_entropy_with_logits(a, b)\n"
+                              "criterion = NTXent()")
+    _, with_loss = run(tmp_path, contrastive, steps=6)
+    assert any(s.name == "NTXent" and s.parameters == 0 for s in with_loss.subjects)
+    compiles = [r.setting for r in decide(with_loss).recommendations if r.kind == "compile"]
+    assert compiles and all(s.endswith("(each of the 2 models the loop trains: Discriminator, Generator)")
+                            for s in compiles)
 
 
 def test_fixed_shapes_are_static(tmp_path):

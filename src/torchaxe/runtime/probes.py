@@ -1220,9 +1220,16 @@ class ModuleShapeProbe:
             for name, sub in module.named_modules(prefix=prefix):
                 if id(sub) in modules and id(sub) not in names:
                     names[id(sub)] = name
-        out = [(training if training.calls else evaluation).tally(names.get(key, type(module).__name__),
-                                                                   type(module).__name__)
-               for key, (module, training, evaluation) in self._seen.items()]
+        out = []
+        for key, (module, training, evaluation) in self._seen.items():
+            tally = (training if training.calls else evaluation).tally(names.get(key, type(module).__name__),
+                                                                      type(module).__name__)
+            if key not in inside:  # a root: what it holds (a loss module holds nothing)
+                try:
+                    tally.parameters = sum(p.numel() for p in module.parameters())
+                except Exception:  # noqa: BLE001 - a module whose parameters cannot be listed
+                    pass
+            out.append(tally)
         self._seen.clear()
         return out
 

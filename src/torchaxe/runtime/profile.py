@@ -448,6 +448,8 @@ class ShapeTally:
     #: unfinished last one left out); None when not tallied per step. A module called
     #: at several places with fixed shapes has several signatures and one set.
     step_sets: int | None = None
+    #: Elements of the module's parameters (its children's included); None when not read.
+    parameters: int | None = None
 
     @property
     def dynamic(self) -> bool:
@@ -464,6 +466,7 @@ class ShapeTally:
             "calls": self.calls,
             "distinct": len(self.signatures),
             "step_sets": self.step_sets,
+            "parameters": self.parameters,
             "dynamic": self.dynamic,
             "truncated": self.truncated,
             "signatures": [s.to_dict() for s in self.signatures],
@@ -479,6 +482,7 @@ class ShapeTally:
             signatures=r.list("signatures", InputSignature.from_dict),
             truncated=r.bool("truncated"),
             step_sets=r.int("step_sets", optional=True, minimum=1),
+            parameters=r.int("parameters", optional=True, minimum=0),
         )
 
 

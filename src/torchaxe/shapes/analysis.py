@@ -80,6 +80,8 @@ class Subject:
     late: bool = False
     #: A module's class name (``GRU``); empty for operators and batches.
     type: str = ""
+    #: Elements of a top-level module's parameters; None when not read.
+    parameters: int | None = None
 
     @property
     def dynamic(self) -> bool:
@@ -407,14 +409,15 @@ def analyse(observation: Observation) -> ShapeAnalysis:
             # One shape, or several at several places in the model (a shared ReLU)
             # that every step sees alike: what a compiled step sees is fixed.
             subjects.append(Subject(kind="module", name=module.name, calls=module.calls, distinct=1,
-                                    truncated=False, type=module.type))
+                                    truncated=False, type=module.type, parameters=module.parameters))
             continue
         counted = Counter({tuple(tuple(s) if s is not None else None for s in sig.shapes): sig.count
                            for sig in module.signatures})
         rank_varies, dims = variations(Counter({tuple(s for s in k if s is not None): v for k, v in counted.items()}))
         subjects.append(Subject(kind="module", name=module.name, calls=module.calls,
                                 distinct=len(module.signatures), truncated=module.truncated,
-                                rank_varies=rank_varies, dims=dims, type=module.type))
+                                rank_varies=rank_varies, dims=dims, type=module.type,
+                                parameters=module.parameters))
     chunk = None if any(c.kind == "partial-batch" for c in causes) or data_causes else \
         last_chunk_cause(observation.ops, observation.complete_steps, subjects)
     ordered = [c for c in causes if c.kind == "partial-batch"] + [c for c in causes if c.kind != "partial-batch"] \

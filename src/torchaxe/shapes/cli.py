@@ -203,7 +203,10 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
         # recorded on whatever device this machine has; the advice is for --target
         observation = observe(command, steps=steps, timeout=timeout, step_marker=step_marker, target="auto")
     analysis = analyse(observation)
-    verdict = decide(analysis, max_shapes, job_batches(command, observation.profile))
+    from torchaxe.shapes.stream_chunks import chunk_sites
+
+    chunks = chunk_sites(script.target) if script.kind == "path" else []
+    verdict = decide(analysis, max_shapes, job_batches(command, observation.profile), chunks)
     own = compile_switch_in(command)
     if own is not None:
         for rec in verdict.recommendations:

@@ -20,10 +20,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
 from torchaxe.shapes.analysis import FEW_SHAPES, BatchSource, ShapeAnalysis
 from torchaxe.shapes.buckets import BucketPlan, bucket_table
+from torchaxe.shapes.stream_chunks import ChunkSite
 from torchaxe.units import counted
 
 VERDICTS = ("static", "dynamic", "mixed")
@@ -167,10 +169,13 @@ def _dims_text(analysis: ShapeAnalysis) -> str:
     return "; ".join(spots) if spots else "the varying dimensions of the model's inputs"
 
 
-def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None = None) -> Verdict:
+def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None = None,
+           chunks: Sequence[ChunkSite] = ()) -> Verdict:
     """The verdict with its reasons, the recommendations for every target and the
     bucketing plans. ``job_batches``: the batches the whole job draws, when its command
-    says (``--max_iters 300``): an epoch's last batch that comes after them never runs."""
+    says (``--max_iters 300``): an epoch's last batch that comes after them never runs.
+    ``chunks``: where the script's code cuts a stream into chunks whose last is
+    shorter (:mod:`torchaxe.shapes.stream_chunks`), a chunk the steps may not reach."""
     ops = analysis.of_kind("op")
     modules = analysis.of_kind("module")
     batches = analysis.of_kind("batch")
@@ -227,6 +232,13 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
                       f"({loader.dataset_length} samples, drop_last=False), after the steps watched: compiled "
                       f"code compiles once more for it; DataLoader(..., drop_last=True) keeps every batch one size")
         reasons.append(last_batch)
+    unseen_chunk = chunk_where = ""
+    if chunks and not seen_partial and not any(c.kind == "last-chunk" for c in analysis.causes):
+        chunk_where = "; ".join(f"{Path(c.path).name}:{c.line} `{c.text}`" for c in chunks)
+        unseen_chunk = (f"the script cuts its data into chunks of one length ({chunk_where}): each epoch's last chunk is "
+                        "shorter unless the length divides, after the steps watched: compiled code compiles once more "
+                        "for it; leaving that chunk out (or padding it) keeps every step one shape")
+        reasons.append(unseen_chunk)
 
     buckets = bucket_advice(analysis, max_shapes) if verdict != "static" else []
     recs: list[Recommendation] = []
@@ -257,13 +269,15 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
                                            "compiled kernel reused every step", "jit-compile-on", True))
                 picks[target] = "jit-compile-on"
             else:
-                recs.append(Recommendation(target, "compile", "model = torch.compile(model)" if not last_batch
+                last = "batch" if last_batch else "chunk" if unseen_chunk else ""
+                avoid = "drop_last=True avoids it" if last_batch else "leaving that chunk out avoids it"
+                recs.append(Recommendation(target, "compile", "model = torch.compile(model)" if not last
                                            else "model = torch.compile(model, dynamic=False)",
-                                           "fixed shapes: one graph, compiled once, no recompilation" if not last_batch
-                                           else "fixed shapes but the epoch's last batch: one graph, compiled "
-                                           "once more for that batch, as a graph of its own with dynamic=False "
-                                           "(else torch recompiles for any batch size and runs the full batches "
-                                           "on that graph too); drop_last=True avoids it",
+                                           "fixed shapes: one graph, compiled once, no recompilation" if not last
+                                           else f"fixed shapes but the epoch's last {last}: one graph, compiled "
+                                           f"once more for that {last}, as a graph of its own with dynamic=False "
+                                           "(else torch recompiles for any size and runs the full ones on that "
+                                           f"graph too); {avoid}",
                                            "compile-static"))
                 picks[target] = "compile-static"
                 if target == "cuda" and convolutions:
@@ -322,6 +336,11 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
             elif cause.kind == "last-chunk":
                 recs.append(Recommendation(target, "drop-last", "leave out (or pad) the epoch's last, shorter chunk",
                                            f"{cause.message}: every step then has the same shapes", None, npu))
+        if unseen_chunk:
+            recs.append(Recommendation(target, "drop-last", "leave out (or pad) the epoch's last, shorter chunk",
+                                       f"each epoch's last chunk is shorter ({chunk_where}): every step then has "
+                                       "the same shapes",
+                                       None, npu))
         if verdict == "mixed" and buckets and not eager:
             b = buckets[0]
             recs.append(Recommendation(target, "bucketing", b.snippet(),
@@ -347,7 +366,9 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
 def _models(analysis: ShapeAnalysis) -> list[str]:
     """The class of each top-level module the loop called (one entry per instance:
     ``Sequential#2`` is a second ``Sequential``), losses left out (a model that builds
-    ``CrossEntropyLoss()`` in its forward makes one a step): the models that ``model``
-    in a setting stands for."""
-    classes = (s.name.split("#", 1)[0] for s in analysis.subjects if s.kind == "module" and "." not in s.name)
+    ``CrossEntropyLoss()`` in its forward makes one a step), as are modules without
+    parameters (a contrastive loss written as a module): the models that ``model`` in
+    a setting stands for."""
+    classes = (s.name.split("#", 1)[0] for s in analysis.subjects
+               if s.kind == "module" and "." not in s.name and s.parameters != 0)
     return sorted(name for name in classes if not name.endswith("Loss"))
