@@ -78,6 +78,8 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "bce_on_sigmoid": ("AX703",),
     # benchmarks/real_corpus_cells.toml: recurrent cells stepped over a known sequence (AX121).
     "cell_loop": ("AX121",),
+    # benchmarks/real_corpus_xent.toml: cross-entropies written by hand (AX122).
+    "hand_xent": ("AX122",),
 }
 KINDS = ("positive", "lookalike")
 
