@@ -481,7 +481,7 @@ class _Scope:
             if how == _SMOOTHED:
                 message = ("cross-entropy with one-hot or label-smoothed targets built by hand: "
                            "F.cross_entropy(logits, class_indices, label_smoothing=eps) runs it as one log-softmax "
-                           "and NLL without the batch x classes target tensor (1.5-2.0x forward and backward on a "
+                           "and NLL without the batch x classes target tensor (1.4-2.0x forward and backward on a "
                            "2-core CPU, benchmarks/cross_entropy.py)")
             else:
                 message = ("cross-entropy with its log-softmax written out (log of a softmax, or log of exp over a "
