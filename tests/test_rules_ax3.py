@@ -685,3 +685,49 @@ def test_the_device_accumulation_names_the_tensor_read(scan):
     found = [f for f in scan(source, target="cuda", select=("AX301",)).findings]
     assert [f.replacement.split("  #")[0] for f in found] == ["total += model(x).mean().detach()",
                                                              "total += loss.detach()"]
+
+
+def test_an_rl_loops_action_is_needed_now_and_its_training_step_under_a_modulo_is_every_step(scan):
+    """A DQN loop: the greedy action reaches env.step in the same iteration (the read
+    cannot be deferred: the advice says how to make it rarer), and the optimizer step
+    runs under `if global_step % train_frequency == 0`, so the loss read there is on
+    every training step, not a rare one."""
+    source = (
+        "import torch\n"
+        "for global_step in range(total_timesteps):\n"
+        "    q_values = q_network(torch.Tensor(obs).to(device))\n"
+        "    action = torch.argmax(q_values, dim=1).cpu().numpy()[0]\n"
+        "    next_obs, reward, done, info = env.step(action)\n"
+        "    if global_step % args.train_frequency == 0:\n"
+        "        loss = criterion(q_network(b_obs), target)\n"
+        "        losses.append(loss.item())\n"
+        "        optimizer.zero_grad()\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n"
+        "    if global_step % args.log_every == 0:\n"
+        "        print(loss.item())\n"
+    )
+    found = sorted((f.line, f) for f in scan(source, target="cuda", select=("AX301",)).findings)
+    assert [line for line, _ in found] == [4, 8]
+    action, loss = found[0][1], found[1][1]
+    assert "for `env.step(action)`, which needs it before the next step" in action.message
+    assert "total +=" not in action.message and action.replacement is None
+    assert "accumulate on the device" in loss.message
+
+
+def test_a_guarded_extra_backward_beside_the_main_step_stays_rare(scan):
+    # StyleGAN2's lazy regularisation: its own backward every 16 iterations, beside the
+    # main step's; what it reads runs on one iteration in 16.
+    source = (
+        "import torch\n"
+        "for i in range(iters):\n"
+        "    loss = criterion(model(x), y)\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    if i % args.reg_every == 0:\n"
+        "        reg = penalty(model)\n"
+        "        reg.backward()\n"
+        "        opt.step()\n"
+        "        mean_len = reg.item()\n"
+    )
+    assert scan(source, target="cuda", select=("AX301",)).findings == []

@@ -53,8 +53,29 @@ def rarely_run(ctx: FileContext, loop: ast.AST, *nodes: ast.AST) -> bool:
             body = parent.body if isinstance(parent.body, list) else [parent.body]
             in_body = any(child is s for s in body)
             if (side == "body" and in_body) or (side == "orelse" and not in_body):
+                branch = body if in_body else parent.orelse
+                if _runs_backward(branch) and not _backward_outside(loop, parent):  # type: ignore[arg-type]
+                    continue  # the training step itself runs there (``if step % train_frequency == 0``)
                 return True
     return False
+
+
+def _backward_outside(loop: ast.AST, branch: ast.AST) -> bool:
+    """Whether ``loop`` calls ``.backward()`` outside the ``if`` statement ``branch``:
+    then the branch is an extra step (StyleGAN2's lazy regularisation every 4 or 16
+    iterations), rarer than the training steps."""
+    inside = {id(n) for n in ast.walk(branch)}
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+               and id(n) not in inside for n in ast.walk(loop))
+
+
+def _runs_backward(statements) -> bool:
+    """Whether ``statements`` call ``.backward()``: the branch is a training step, so a
+    guard around it does not make what else runs there rarer than the steps."""
+    if not isinstance(statements, list):
+        statements = [statements]
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
+               for s in statements for n in ast.walk(s))
 
 
 def assigned_in(scope: ast.AST, name: str) -> list[ast.expr]:
@@ -879,3 +900,44 @@ def sync_cost(target: str) -> str:
         f"the host blocks until the {dev} has finished all work queued so far, every step, "
         f"so it cannot queue the next step's kernels while the {dev} is busy"
     )
+
+
+#: Calls that only record a value (a log line, a list of losses, a progress bar): a
+#: value read for them can wait; a value passed to any other call is needed there.
+_RECORDING_CALLS = frozenset(
+    "print append extend insert add add_scalar add_scalars log log_dict log_metrics info debug warning write "
+    "format set_postfix set_description update put record".split()
+)
+
+
+def needed_now(ctx: FileContext, node: ast.AST, loop: ast.AST) -> str | None:
+    """Where the host value read by ``node`` (in ``loop``) is needed before the next
+    iteration, when it is: a call other than a recording one takes it (``env.step(action)``)
+    or an ``if``/``while`` tests it. Its text, or None (a value only logged or kept)."""
+    statement = next((p for p in reversed(ctx.parents) if isinstance(p, ast.stmt)), None)
+    parent = ctx.parents[-1] if ctx.parents else None
+    if isinstance(parent, ast.Call) and node in parent.args and _call_name_of(parent) not in _RECORDING_CALLS:
+        return describe(ctx, parent)
+    if not isinstance(statement, ast.Assign):
+        return None
+    names = {n.id for t in statement.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    if not names:
+        return None
+    for later in fast_walk(loop):
+        if not isinstance(later, ast.stmt) or later.lineno <= statement.end_lineno:  # type: ignore[operator]
+            continue
+        tests = [later.test] if isinstance(later, (ast.If, ast.While)) else []
+        for test in tests:
+            if any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(test)):
+                return f"the test `{describe(ctx, test)}`"
+        for call in (n for n in ast.iter_child_nodes(later) for n in ast.walk(n) if isinstance(n, ast.Call)):
+            if _call_name_of(call) in _RECORDING_CALLS:
+                continue
+            if any(isinstance(a, ast.Name) and a.id in names for a in [*call.args, *(k.value for k in call.keywords)]):
+                return f"`{describe(ctx, call)}`"
+    return None
+
+
+def _call_name_of(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""

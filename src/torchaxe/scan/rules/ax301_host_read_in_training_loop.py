@@ -239,6 +239,19 @@ class HostReadInTrainingLoop(Rule):
         # The tensor read, as written (``output.mean()``), when it is short enough to show.
         text = ctx.text(receiver)
         value = text if len(text) <= 40 and "\n" not in text else "loss"
+        consumer = T.needed_now(ctx, node, loop)
+        if consumer is not None:
+            yield ctx.finding(
+                self,
+                node,
+                f"`{what}` reads a tensor back to the host inside the training loop for {consumer}, which needs "
+                f"it before the next step: {T.sync_cost(ctx.target)}; it cannot wait, so make it rarer: compute "
+                "several steps' values per read (vectorised environments, a batch of decisions), or, for a small "
+                "network that only decides, run that forward on a CPU copy of the model",
+                fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY,
+                            title="read once for several steps' values, or decide on the CPU"),
+            )
+            return
         yield ctx.finding(
             self,
             node,
