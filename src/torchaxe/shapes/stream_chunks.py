@@ -13,6 +13,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchaxe.scan.context import walk_scope
+
 #: Calls and attributes that give a length (``len(x)``, ``x.size(0)``, ``x.shape[0]``).
 _LENGTHS = frozenset({"len", "size", "shape", "numel"})
 
@@ -40,7 +42,7 @@ def chunk_sites(path: str | Path, limit: int = 2) -> list[ChunkSite]:
         return []
     found: list[ast.stmt] = []
     for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))]:
-        nodes = list(_walk_scope(scope))
+        nodes = list(walk_scope(scope))
         slices = [n.slice for n in nodes if isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Slice)]
         for node in nodes:
             if isinstance(node, ast.Assign) and _clipped_length(node, slices):
@@ -51,18 +53,6 @@ def chunk_sites(path: str | Path, limit: int = 2) -> list[ChunkSite]:
     lines = source.splitlines()
     return [ChunkSite(str(path), n.lineno, lines[n.lineno - 1].strip() if n.lineno <= len(lines) else "")
             for n in found[:limit]]
-
-
-def _walk_scope(scope: ast.AST):
-    """The nodes of a function (or the module) without those of functions and
-    classes defined in it."""
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
 
 
 def _reads_a_length(node: ast.AST) -> bool:

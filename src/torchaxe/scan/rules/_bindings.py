@@ -14,6 +14,12 @@ MODULE_METHODS = frozenset(
     "to cuda npu cpu train eval float half bfloat16 double requires_grad_ share_memory to_empty".split()
 )
 
+#: Methods whose result holds the values of the tensor they are called on (its layout,
+#: dtype or device aside): ``p.view(-1).float()`` holds what ``p`` does.
+VALUE_KEEPING_METHODS = frozenset({"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "float",
+                                   "double", "view_as", "reshape_as", "permute", "transpose", "t", "to", "cpu",
+                                   "cuda", "type_as"})
+
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 

@@ -8,7 +8,7 @@ from typing import Iterable, Iterator
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, walk_scope
-from torchaxe.scan.rules._bindings import owner_of, self_bindings, unmoved
+from torchaxe.scan.rules._bindings import VALUE_KEEPING_METHODS, owner_of, self_bindings, unmoved
 from torchaxe.scan.rules._distributed import parent_map
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
@@ -20,9 +20,9 @@ _LOGSUMEXP = frozenset({"torch.logsumexp", "torch.special.logsumexp"})
 _SUM = frozenset({"torch.sum"})
 _MODULES = {"torch.nn.LogSoftmax": "logprob", "torch.nn.Softmax": "prob",
             "torch.nn.modules.activation.LogSoftmax": "logprob", "torch.nn.modules.activation.Softmax": "prob"}
-#: Methods that keep the values a tensor holds (its layout, dtype or selection aside).
-_KEEPS = frozenset({"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "float", "double", "to",
-                    "view_as", "reshape_as", "transpose", "permute", "t", "type_as", "masked_select", "cuda", "cpu"})
+#: Methods whose result holds what the tensor does (exponentials stay exponentials when
+#: some are selected).
+_KEEPS = VALUE_KEEPING_METHODS | {"masked_select"}
 _DEPTH = 6
 #: Methods after which a per-sample quantity is one number (or leaves autograd).
 _REDUCTIONS = frozenset({"mean", "sum", "item", "detach", "tolist", "numpy", "cpu"})
@@ -555,7 +555,8 @@ class _Scope:
         for inner in ast.walk(node):
             if isinstance(inner, ast.Call) and (
                     (self.ctx.call_name(inner) or "") in ("torch.nn.functional.one_hot", "torch.scatter")
-                    or (isinstance(inner.func, ast.Attribute) and inner.func.attr in ("scatter", "scatter_", "one_hot"))):
+                    or (isinstance(inner.func, ast.Attribute)
+                        and inner.func.attr in ("scatter", "scatter_", "one_hot"))):
                 return True
             if isinstance(inner, ast.Name):
                 for statement in self.statements:

@@ -8,7 +8,7 @@ from typing import Iterable
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext, walk_scope
 from torchaxe.scan.rules._bindings import (
-    MODULE_METHODS, method, parameter_arguments, self_bindings, unmoved,
+    MODULE_METHODS, VALUE_KEEPING_METHODS, method, parameter_arguments, self_bindings, unmoved,
 )
 from torchaxe.scan.rules._distributed import enclosing, function_of
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
@@ -20,9 +20,6 @@ _BCE_LOSS = "torch.nn.BCELoss"
 _SIGMOID_FUNCTIONS = frozenset({"torch.sigmoid", "torch.nn.functional.sigmoid", "torch.special.expit",
                                 "torch.Tensor.sigmoid"})
 _SIGMOID_MODULE = "torch.nn.Sigmoid"
-#: Methods that keep a tensor's values (shape, layout, dtype, device).
-_KEEPS_VALUES = frozenset({"view", "reshape", "squeeze", "unsqueeze", "flatten", "contiguous", "float", "view_as",
-                           "reshape_as", "permute", "transpose", "to", "cpu", "cuda", "type_as", "double", "t"})
 _KEEPS_VALUES_FUNCTIONS = frozenset({"torch.squeeze", "torch.flatten", "torch.reshape", "torch.unsqueeze"})
 #: Wrappers of a model whose call is the model's.
 _MODEL_WRAPPERS = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
@@ -211,7 +208,8 @@ def _bindings(ctx: FileContext) -> dict[str, list[ast.expr]]:
 def _strip_values_kept(node: ast.AST, ctx: FileContext) -> ast.AST:
     """``p.view(-1).float()`` -> ``p``; ``p[:, 0]`` -> ``p``; ``torch.squeeze(p)`` -> ``p``."""
     while True:
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _KEEPS_VALUES:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in VALUE_KEEPING_METHODS:
             if ctx.qualified_name(node.func) is None:  # a method, not torch.view(...)
                 node = node.func.value
                 continue
@@ -401,8 +399,9 @@ def _built_class(node: ast.Call, scope: ast.AST | None, ctx: FileContext, owner:
                  depth: int) -> ast.ClassDef | str | None:
     """What a call builds: a class of the file, a sigmoid-ended ``nn.Sequential``, an
     ``nn.Sigmoid()``, or what the file's function or method called returns."""
-    if isinstance(node.func, ast.Attribute) and node.func.attr in MODULE_METHODS and ctx.qualified_name(node.func) is None:
-        return _model_class(node.func.value, scope, ctx, owner, depth + 1)
+    inner = unmoved(node, ctx)
+    if inner is not node:  # ``D().to(device)``
+        return _model_class(inner, scope, ctx, owner, depth + 1)
     name = ctx.call_name(node) or ""
     if name in _MODEL_WRAPPERS and node.args:
         return _model_class(node.args[0], scope, ctx, owner, depth + 1)
