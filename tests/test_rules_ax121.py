@@ -216,3 +216,48 @@ class Seq(nn.Module):
         return h, g
 '''
     assert lines(source) == [13]
+
+
+def test_cells_of_a_module_list_stepped_layer_by_layer_inside_a_time_loop():
+    """fairseq's LASER decoder: stacked cells in a ModuleList (built by a factory
+    function of the file), each layer's state in a list; an input fed back from the
+    last step (the LSTM decoder's input feeding) is left alone."""
+    source = '''\
+import torch
+import torch.nn as nn
+
+
+def LSTMCell(input_size, hidden_size):
+    m = nn.LSTMCell(input_size, hidden_size)
+    for name, param in m.named_parameters():
+        param.data.uniform_(-0.1, 0.1)
+    return m
+
+
+class Decoder(nn.Module):
+    def __init__(self, n, size):
+        super().__init__()
+        self.layers = nn.ModuleList([LSTMCell(size, size) for _ in range(n)])
+
+    def forward(self, x, sentemb, hs, cs):
+        for j in range(x.size(0)):
+            input = torch.cat((x[j], sentemb), dim=1)
+            for i, rnn in enumerate(self.layers):
+                hidden, cell = rnn(input, (hs[i], cs[i]))
+                input = hidden
+                hs[i] = hidden
+                cs[i] = cell
+        return hidden
+
+    def feeding(self, x, hs, cs, feed):
+        for j in range(x.size(0)):
+            input = torch.cat((x[j], feed), dim=1)
+            for i, rnn in enumerate(self.layers):
+                hidden, cell = rnn(input, (hs[i], cs[i]))
+                input = hidden
+                hs[i] = hidden
+                cs[i] = cell
+            feed = attend(hidden)
+        return hidden
+'''
+    assert lines(source) == [21]

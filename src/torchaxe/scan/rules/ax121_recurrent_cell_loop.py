@@ -28,9 +28,11 @@ class RecurrentCellLoop(Rule):
     only thing carried from one step to the next is the cell's own state. A loop that
     feeds back an output (autoregressive decoding, attention over the previous state,
     a prediction fed as the next input) or changes the state between steps is left
-    alone; so are cells kept in lists. The cell is followed through the class that
-    holds it, constructor and function arguments, closures, and a method that steps
-    it once and returns its state (`h, c = self.step(t, x, h, c)` in the loop).
+    alone. The cell is followed through the class that holds it, constructor and
+    function arguments, closures, factory functions of the file, a method that steps
+    it once and returns its state (`h, c = self.step(t, x, h, c)` in the loop), and
+    stacked cells in an `nn.ModuleList` stepped layer by layer inside the time loop
+    with each layer's state kept in a list.
 
     ## Why is this bad?
     Each step is a separate call: two small matrix products, the gates and the state
@@ -132,7 +134,9 @@ class RecurrentCellLoop(Rule):
         if statement is None:
             return
         loop = next((p for p in reversed(ctx.parents) if isinstance(p, (*LOOP_TYPES, *BOUNDARY_TYPES))), None)
-        if isinstance(loop, ast.For):
+        if isinstance(loop, ast.For) and isinstance(node.func, ast.Name) and node.func.id in _assigned(loop):
+            stepped = _layers_stepped(node, statement, loop, ctx)
+        elif isinstance(loop, ast.For):
             stepped = _steps_over_known_sequence(node, node.args[0], _state_argument(node), statement, loop, ctx)
         elif isinstance(loop, (ast.FunctionDef, ast.AsyncFunctionDef)):
             stepped = _helper_stepped_in_loop(node, statement, loop, ctx)
@@ -171,6 +175,11 @@ def _layer_of(value: ast.AST, scope: ast.AST, line: int, ctx: FileContext, depth
         return None
     value = unmoved(value, ctx)
     if isinstance(value, ast.Call):
+        factory = _module_function(value.func, ctx)
+        if factory is not None:  # ``def LSTMCell(...): m = nn.LSTMCell(...); ...; return m``
+            returns = [r for r in walk_scope(factory) if isinstance(r, ast.Return) and r.value is not None]
+            return _single({_layer_of(r.value, factory, r.lineno, ctx, depth + 1) for r in returns}) \
+                if returns else None
         return _constructed_layer(value, ctx)
     if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self":
         cls = owner_of(scope, ctx)
@@ -184,6 +193,11 @@ def _layer_of(value: ast.AST, scope: ast.AST, line: int, ctx: FileContext, depth
 
 
 def _name_layer(name: str, scope: ast.AST, line: int, ctx: FileContext, depth: int) -> str | None:
+    loops = [f for f in walk_scope(scope) if isinstance(f, ast.For) and f.lineno <= line
+             and name in _assigned(f) and (f.end_lineno or f.lineno) >= line]
+    if loops:  # ``for i, rnn in enumerate(self.layers)``: a cell of the container
+        loop = max(loops, key=lambda f: f.lineno)
+        return _element_layer(loop, name, scope, ctx, depth + 1)
     local = [a for a in _scope_assignments(scope, ctx) if name in _assigned(a) and a.lineno < line]
     if local:
         last = max(local, key=lambda a: a.lineno)
@@ -200,6 +214,49 @@ def _name_layer(name: str, scope: ast.AST, line: int, ctx: FileContext, depth: i
     values = [a.value for a in ctx.nodes(ast.Assign)
               if len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == name]
     return _single({_layer_of(v, ctx.tree, v.lineno, ctx, depth + 1) for v in values})
+
+
+def _module_function(func: ast.AST, ctx: FileContext) -> ast.FunctionDef | None:
+    if not isinstance(func, ast.Name):
+        return None
+    found = [f for f in ctx.tree.body if isinstance(f, ast.FunctionDef) and f.name == func.id]
+    return found[0] if len(found) == 1 else None
+
+
+def _element_layer(loop: ast.For, name: str, scope: ast.AST, ctx: FileContext, depth: int) -> str | None:
+    """The layer of ``name`` bound by ``for name in cells`` (``enumerate(cells)``:
+    the second element) over a container every element of which is one cell class."""
+    container, target = loop.iter, loop.target
+    if isinstance(container, ast.Call) and isinstance(container.func, ast.Name) and \
+            container.func.id == "enumerate" and container.args:
+        container = container.args[0]
+        if not (isinstance(target, ast.Tuple) and len(target.elts) == 2):
+            return None
+        target = target.elts[1]
+    if not (isinstance(target, ast.Name) and target.id == name):
+        return None
+    return _container_layer(container, scope, loop.lineno, ctx, depth)
+
+
+def _container_layer(value: ast.AST, scope: ast.AST, line: int, ctx: FileContext, depth: int) -> str | None:
+    """The layer of every element of ``nn.ModuleList([...])``, a list (or list
+    comprehension) of cells, through names and ``self`` attributes."""
+    if depth > _DEPTH:
+        return None
+    if isinstance(value, ast.Call) and ctx.call_name(value) in ("torch.nn.ModuleList", "torch.nn.modules.container.ModuleList") \
+            and value.args:
+        value = value.args[0]
+    if isinstance(value, (ast.ListComp, ast.GeneratorExp)):
+        return _layer_of(value.elt, scope, line, ctx, depth + 1)
+    if isinstance(value, (ast.List, ast.Tuple)) and value.elts:
+        return _single({_layer_of(e, scope, line, ctx, depth + 1) for e in value.elts})
+    if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self":
+        cls = owner_of(scope, ctx)
+        if cls is None:
+            return None
+        return _single({_container_layer(v, scope_of(v, ctx), v.lineno, ctx, depth + 1)
+                        for v in self_bindings(cls, value.attr, ctx)})
+    return None
 
 
 def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
@@ -420,3 +477,50 @@ def _parameters_read(names: set[str], before: int, function: ast.AST, params: se
         for writer in writers:
             pending.extend(_names(writer.value))
     return found
+
+
+def _layers_stepped(call: ast.Call, statement: ast.Assign, layers: ast.For, ctx: FileContext) -> bool:
+    """Stacked cells stepped layer by layer inside a loop over time (fairseq's LASER
+    decoder): ``for j in range(T): input = f(x[j]); for i, rnn in enumerate(self.layers):
+    h, c = rnn(input, (hs[i], cs[i])); input = h; hs[i], cs[i] = h, c``. Each layer's
+    state lives in a list indexed by the layer; the input of the first layer varies with
+    time and reads nothing the time loop carries from the last step; the others read the
+    layer below."""
+    time = next((p for p in reversed(ctx.parents[:ctx.parents.index(layers)])
+                 if isinstance(p, (*LOOP_TYPES, *BOUNDARY_TYPES))), None) if layers in ctx.parents else None
+    if not isinstance(time, ast.For):
+        return False
+    state = _assigned(statement)
+    index = _assigned(layers) - {call.func.id}  # type: ignore[attr-defined]
+    hx = _state_argument(call)
+    parts = hx.elts if isinstance(hx, ast.Tuple) else [hx]
+    lists = set()
+    for part in parts:
+        if not (isinstance(part, ast.Subscript) and isinstance(part.value, ast.Name) and
+                isinstance(part.slice, ast.Name) and part.slice.id in index):
+            return False
+        lists.add(part.value.id)
+    layer_body = _body_statements(layers)
+    for name in lists:  # each layer's state is written back from what the cell returned
+        writes = [s for s in layer_body if isinstance(s, ast.Assign) and any(
+            isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id == name for t in s.targets)]
+        if not writes or any(not (isinstance(w.value, ast.Name) and w.value.id in state) for w in writes):
+            return False
+    inputs = _names(call.args[0])
+    for stmt in layer_body:
+        if stmt is not statement and _assigned(stmt) & inputs and not (_names(getattr(stmt, "value", None)) & state):
+            return False  # the next layer's input is not the layer below's output
+    inside = {id(s) for s in layer_body} | {id(layers)}
+    time_body = [s for s in _body_statements(time) if id(s) not in inside]
+    carried = {n for s in time_body if s.lineno > layers.lineno for n in _assigned(s)} | state | lists
+    if any(_assigned(s) & lists for s in time_body):
+        return False  # the states are reset or changed between steps
+    varies = False
+    for name in inputs:
+        writers = [s for s in time_body if name in _assigned(s) and s.lineno < layers.lineno]
+        for writer in writers:
+            read = _names(getattr(writer, "value", None))
+            if read & carried:
+                return False  # fed back from the last step (input feeding)
+            varies = varies or bool(read & _names(time.target))
+    return varies
