@@ -181,12 +181,8 @@ def _layer_of(value: ast.AST, scope: ast.AST, line: int, ctx: FileContext, depth
             return _single({_layer_of(r.value, factory, r.lineno, ctx, depth + 1) for r in returns}) \
                 if returns else None
         return _constructed_layer(value, ctx)
-    if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self":
-        cls = owner_of(scope, ctx)
-        if cls is None:
-            return None
-        return _single({_layer_of(v, scope_of(v, ctx), v.lineno, ctx, depth + 1)
-                        for v in self_bindings(cls, value.attr, ctx)})
+    if _is_self_attribute(value):
+        return _single({_layer_of(v, at, v.lineno, ctx, depth + 1) for v, at in _self_values(value, scope, ctx)})
     if isinstance(value, ast.Name):
         return _name_layer(value.id, scope, line, ctx, depth)
     return None
@@ -250,13 +246,21 @@ def _container_layer(value: ast.AST, scope: ast.AST, line: int, ctx: FileContext
         return _layer_of(value.elt, scope, line, ctx, depth + 1)
     if isinstance(value, (ast.List, ast.Tuple)) and value.elts:
         return _single({_layer_of(e, scope, line, ctx, depth + 1) for e in value.elts})
-    if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self":
-        cls = owner_of(scope, ctx)
-        if cls is None:
-            return None
-        return _single({_container_layer(v, scope_of(v, ctx), v.lineno, ctx, depth + 1)
-                        for v in self_bindings(cls, value.attr, ctx)})
+    if _is_self_attribute(value):
+        return _single({_container_layer(v, at, v.lineno, ctx, depth + 1)
+                        for v, at in _self_values(value, scope, ctx)})
     return None
+
+
+def _is_self_attribute(value: ast.AST) -> bool:
+    return isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and value.value.id == "self"
+
+
+def _self_values(attribute: ast.Attribute, scope: ast.AST, ctx: FileContext) -> list[tuple[ast.expr, ast.AST]]:
+    """What the class of the method ``scope`` assigns to ``self.<attr>``, each with the
+    method it is assigned in; none outside a class (its layer is then unknown)."""
+    cls = owner_of(scope, ctx)
+    return [(v, scope_of(v, ctx)) for v in self_bindings(cls, attribute.attr, ctx)] if cls is not None else []
 
 
 def _parameters(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:

@@ -366,6 +366,17 @@ class _Scope:
             return statement.target.id
         return None
 
+    def binding(self, node: ast.AST) -> tuple[str, ast.stmt] | None:
+        """The name the statement holding ``node`` binds, with that statement."""
+        statement = self.statement_of(node)
+        name = self.bound_name(statement)
+        return (name, statement) if name is not None and statement is not None else None
+
+    def uses_after(self, node: ast.AST) -> list[ast.Name]:
+        """Where later statements read the name the statement holding ``node`` binds."""
+        bound = self.binding(node)
+        return [use for use, _ in self.later_uses(bound[0], bound[1].lineno)] if bound is not None else []
+
     def later_uses(self, name: str, after: int) -> list[tuple[ast.Name, ast.stmt]]:
         out = []
         for statement in self.statements:
@@ -391,16 +402,16 @@ class _Scope:
         statement = self.statement_of(node)
         if isinstance(statement, ast.AugAssign) and isinstance(statement.op, ast.Sub):
             return True
-        name = self.bound_name(statement)
-        if name is None or hops == 0 or statement is None:
+        bound = self.binding(node)
+        if bound is None or hops == 0:
             return False
+        name, statement = bound
         for later in self.statements:
             if later.lineno > statement.lineno and isinstance(later, ast.AugAssign) and \
                     isinstance(later.target, ast.Name) and later.target.id == name and \
                     isinstance(later.op, (ast.Mult, ast.Div)) and _negative(later.value):
                 return True  # ``nce /= -n``
-        return any(self.negated(use, _Kind(kind.kind), hops - 1)
-                   for use, _ in self.later_uses(name, statement.lineno))
+        return any(self.negated(use, _Kind(kind.kind), hops - 1) for use in self.uses_after(node))
 
     def weighted(self, node: ast.AST, hops: int = 2) -> bool:
         """Whether the picked log-probabilities ``node`` are multiplied by a tensor (an
@@ -413,11 +424,7 @@ class _Scope:
                     not all(_scalar(side) or _contains(side, node) or self.is_mask(side, getattr(side, "lineno", 0))
                             for side in (parent.left, parent.right)):
                 return True
-        statement = self.statement_of(node)
-        name = self.bound_name(statement)
-        if name is None or hops == 0 or statement is None:
-            return False
-        return any(self.weighted(use, hops - 1) for use, _ in self.later_uses(name, statement.lineno))
+        return hops > 0 and any(self.weighted(use, hops - 1) for use in self.uses_after(node))
 
     def is_mask(self, node: ast.AST, line: int) -> bool:
         """A padding mask: a comparison (``target != pad``, ``target.ne(pad)``), as
@@ -438,11 +445,7 @@ class _Scope:
             if isinstance(parent, ast.Call) and ((self.ctx.call_name(parent) or "") in _SUM or (
                     isinstance(parent.func, ast.Attribute) and parent.func.attr == "sum")):
                 return True
-        statement = self.statement_of(node)
-        name = self.bound_name(statement)
-        if name is None or hops == 0 or statement is None:
-            return False
-        return any(self.reduced(use, hops - 1) for use, _ in self.later_uses(name, statement.lineno))
+        return hops > 0 and any(self.reduced(use, hops - 1) for use in self.uses_after(node))
 
     def same_logits(self, node: ast.AST, logits: str, line: int, depth: int = 0) -> bool:
         """Whether ``node`` holds a softmax (or exp) of ``logits``, or the exp of a
