@@ -1,5 +1,6 @@
 """Every rule's inline examples become tests: Valid code is not flagged, Invalid code
-is flagged the stated number of times and fixes to exactly the stated source."""
+is flagged on exactly the stated lines (with the stated message, where one is given)
+and fixes to exactly the stated source."""
 
 from __future__ import annotations
 
@@ -34,11 +35,14 @@ def test_example(rule, index, example):
     if isinstance(example, Valid):
         assert own == [], f"{rule.code} flagged valid code:\n{example.code}\n{own}"
         return
-    assert len(own) == example.count, f"{rule.code} expected {example.count} finding(s), got {own}"
+    flagged = sorted(f.line for f in own)
+    assert flagged == list(example.lines), f"{rule.code} expected findings on lines {example.lines}, got {own}"
     for f in own:
         assert f.category == rule.category
         assert f.target == example.target
         assert f.message
+        if example.message is not None:
+            assert example.message in f.message, f"{rule.code}: {example.message!r} not in {f.message!r}"
     fixed = fix_source(example.code, "example.py", options, unsafe=True)
     assert fixed.error is None
     if example.fixed is None:
@@ -56,6 +60,26 @@ def test_every_rule_has_positive_and_negative_examples():
     for rule in all_rules():
         kinds = {type(e) for e in rule.examples}
         assert kinds == {Valid, Invalid}, f"{rule.code} needs Valid and Invalid examples"
+
+
+def test_every_invalid_example_pins_the_lines_it_flags():
+    for rule in all_rules():
+        for i, example in enumerate(rule.examples):
+            if isinstance(example, Invalid):
+                assert example.lines, f"{rule.code} example {i}: give lines=(...) the rule flags"
+
+
+def test_references_have_one_source():
+    """A rule lists its references once, in ``references``; the docs' References section
+    is made from it, so the docstring must not carry its own copy."""
+    import inspect
+
+    from torchaxe.scan.rules.base import parse_doc_sections
+
+    for rule in all_rules():
+        assert rule.references, f"{rule.code} lists no references"
+        assert "References" not in parse_doc_sections(inspect.getdoc(rule) or ""), rule.code
+        assert rule.docs()["References"] == "\n".join(f"- {r}" for r in rule.references)
 
 
 def test_rule_codes_and_names_are_unique():

@@ -42,10 +42,6 @@ class GeluOnNpu(Rule):
     own module), and so is the class handed over to be built elsewhere
     (`Mlp(act_layer=nn.GELU)`, a parameter default `act_layer=nn.GELU`, as timm
     writes it). The NPU path is unverified on Ascend hardware.
-
-    ## References
-    - https://www.hiascend.com/document (torch_npu.fast_gelu)
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.gelu.html
     """
 
     code = "AX101"
@@ -57,22 +53,25 @@ class GeluOnNpu(Rule):
     targets = ("npu",)
     requires_text = ("gelu", "GELU")
     node_types = (ast.Call, ast.arguments)
-    references = ("https://www.hiascend.com/document (torch_npu.fast_gelu)",)
+    references = (
+        "https://www.hiascend.com/document (torch_npu.fast_gelu)",
+        "https://pytorch.org/docs/stable/generated/torch.nn.functional.gelu.html",
+    )
     examples = (
         Invalid(
             "import torch.nn.functional as F\ny = F.gelu(x)\n",
             target="npu",
-            fixed="import torch.nn.functional as F\nimport torch_npu\ny = torch_npu.fast_gelu(x)\n",
+            fixed="import torch.nn.functional as F\nimport torch_npu\ny = torch_npu.fast_gelu(x)\n", lines=(2,),
         ),
         Invalid(
             'from torch.nn.functional import gelu\ny = gelu(h, approximate="tanh")\n',
             target="npu",
-            fixed='from torch.nn.functional import gelu\nimport torch_npu\ny = torch_npu.fast_gelu(h)\n',
+            fixed='from torch.nn.functional import gelu\nimport torch_npu\ny = torch_npu.fast_gelu(h)\n', lines=(2,),
         ),
-        Invalid("import torch.nn as nn\nact = nn.GELU()\n", target="npu"),
-        Invalid("import torch.nn as nn\nmlp = Mlp(64, act_layer=nn.GELU)\n", target="npu"),
+        Invalid("import torch.nn as nn\nact = nn.GELU()\n", target="npu", lines=(2,)),
+        Invalid("import torch.nn as nn\nmlp = Mlp(64, act_layer=nn.GELU)\n", target="npu", lines=(2,), message="handed over as the activation class"),
         Invalid("import torch.nn as nn\n\n\nclass Mlp(nn.Module):\n    def __init__(self, d, act_layer=nn.GELU):\n"
-                "        super().__init__()\n        self.act = act_layer()\n", target="npu"),
+                "        super().__init__()\n        self.act = act_layer()\n", target="npu", lines=(5,)),
         Valid("import torch.nn as nn\nmlp = Mlp(64, act_layer=nn.ReLU)\n", target="npu"),
         Valid("import torch.nn.functional as F\ny = F.gelu(x)\n", target="cuda"),
         Valid("import torch_npu\ny = torch_npu.fast_gelu(x)\n", target="npu"),

@@ -115,9 +115,6 @@ class NpuAffinityTable(Rule):
     Display-only: the replacements have their own signatures and semantics (for
     example `matmul_transpose` multiplies by the transpose of its second operand), so
     each needs a human. Unverified on Ascend hardware.
-
-    ## References
-    - https://www.hiascend.com/document (pytorch_analyse affinity API list; torch_npu.contrib)
     """
 
     code = "AX102"
@@ -133,17 +130,18 @@ class NpuAffinityTable(Rule):
         "SiLU",
     )
     node_types = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Call)
-    references = ("https://www.hiascend.com/document (pytorch_analyse affinity API list)",)
+    references = (
+        "https://www.hiascend.com/document (pytorch_analyse affinity API list; torch_npu.contrib)",
+    )
     examples = (
-        Invalid("import torch\ndef channel_shuffle(x, groups):\n    return x\n", target="npu"),
+        Invalid("import torch\ndef channel_shuffle(x, groups):\n    return x\n", target="npu", lines=(2,)),
         Invalid(
             "import torch\nclass DropPath(torch.nn.Module):\n    def __init__(self, drop_prob):\n        super().__init__()\n"
             "    def forward(self, x):\n        return x\n",
-            target="npu",
+            target="npu", lines=(2,),
         ),
-        Invalid("import torch\ny = torch.roll(x, 1, 0)\nact = torch.nn.SiLU()\n", target="npu", count=2),
-        Invalid("import torch\ns = torch.matmul(q, k.transpose(-1, -2))\nt = torch.matmul(a, b.mT)\n", target="npu",
-                count=2),
+        Invalid("import torch\ny = torch.roll(x, 1, 0)\nact = torch.nn.SiLU()\n", target="npu", lines=(2, 3)),
+        Invalid("import torch\ns = torch.matmul(q, k.transpose(-1, -2))\nt = torch.matmul(a, b.mT)\n", target="npu", lines=(2, 3)),
         # matmul_transpose multiplies by the transpose of its second operand: a plain product is no fit.
         Valid("import torch\ny = torch.matmul(w, v)\nz = torch.matmul(x, y.transpose(1, 2))\n", target="npu"),
         Valid("import torch\ndef channel_shuffle(x, groups, extra):\n    return x\n", target="npu"),

@@ -151,11 +151,6 @@ class HandWrittenFusedOp(Rule):
     replacement can change numerics. The formula rules (AX110-AX120) check equivalence
     numerically; a definition in which they found the formula is not reported here
     again. NPU replacements are unverified on Ascend hardware.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html
-    - https://www.hiascend.com/document (torch_npu.fast_gelu, npu_rms_norm, npu_fusion_attention, npu_rotary_mul)
     """
 
     code = "AX103"
@@ -169,26 +164,26 @@ class HandWrittenFusedOp(Rule):
     references = (
         "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
         "https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html",
-        "https://www.hiascend.com/document (torch_npu affinity operators)",
+        "https://www.hiascend.com/document (torch_npu.fast_gelu, npu_rms_norm, npu_fusion_attention, npu_rotary_mul)",
     )
     examples = (
         Invalid(
             "import torch\nfrom kernels import softplus_approx\ndef mish(x):\n"
-            "    return x * torch.tanh(softplus_approx(x))\n"
+            "    return x * torch.tanh(softplus_approx(x))\n", lines=(3,)
         ),
         Invalid(
             "import torch\nclass RMSNorm(torch.nn.Module):\n    def forward(self, x):\n"
             "        norm = x.norm(2, dim=-1, keepdim=True) * self.scale\n"
             "        return x / (norm + self.eps) * self.g\n",
-            target="npu",
+            target="npu", lines=(2,),
         ),
         Invalid(
             "import torch\ndef attention(q, k, v, equation):\n    s = torch.einsum(equation, q, k)\n"
             "    return torch.softmax(s, -1) @ v\n",
-            target="cuda",
+            target="cuda", lines=(2,),
         ),
         Invalid("import torch\nfrom mylib import rotate\ndef apply_rotary_pos_emb(q, cos, sin):\n"
-                "    return q * cos + rotate(q) * sin\n", target="npu"),
+                "    return q * cos + rotate(q) * sin\n", target="npu", lines=(3,)),
         # The rotation's helper alone is not the rotary embedding.
         Valid("import torch\ndef rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)\n",
               target="npu"),

@@ -51,10 +51,6 @@ class HandWrittenGeluTanh(FormulaRule):
     is unverified on Ascend hardware. A formula assembled from several statements gets an unsafe fix that also deletes
     those statements when nothing else reads what they compute and no input is
     reassigned in between; otherwise it is reported without a fix.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.gelu.html
-    - https://www.hiascend.com/document (torch_npu.fast_gelu)
     """
 
     code = "AX110"
@@ -75,7 +71,7 @@ class HandWrittenGeluTanh(FormulaRule):
             "import math\nimport torch\nimport torch.nn.functional as F\n\n\ndef gelu(x):\n"
             "    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))\n",
             fixed="import math\nimport torch\nimport torch.nn.functional as F\n\n\ndef gelu(x):\n"
-            '    return F.gelu(x, approximate="tanh")\n',
+            '    return F.gelu(x, approximate="tanh")\n', lines=(7,),
         ),
         Invalid(
             "import torch\n\n\nclass NewGELU(torch.nn.Module):\n    def forward(self, h):\n"
@@ -83,17 +79,17 @@ class HandWrittenGeluTanh(FormulaRule):
             "        return 0.5 * h * (1.0 + torch.tanh(inner))\n",
             target="cuda",
             fixed="import torch\n\n\nclass NewGELU(torch.nn.Module):\n    def forward(self, h):\n"
-            "        return torch.nn.functional.gelu(h, approximate=\"tanh\")\n",
+            "        return torch.nn.functional.gelu(h, approximate=\"tanh\")\n", lines=(7,),
         ),
         Invalid(
             "import torch\nact = lambda t: t * 0.5 * (1 + torch.tanh(0.79788456 * (t + 0.044715 * t ** 3)))\n",
-            fixed='import torch\nact = lambda t: torch.nn.functional.gelu(t, approximate="tanh")\n',
+            fixed='import torch\nact = lambda t: torch.nn.functional.gelu(t, approximate="tanh")\n', lines=(2,),
         ),
         Invalid(
             "import math, torch\ndef gelu(x):\n"
             "    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))\n",
             target="npu",
-            fixed="import math, torch\nimport torch_npu\ndef gelu(x):\n    return torch_npu.fast_gelu(x)\n",
+            fixed="import math, torch\nimport torch_npu\ndef gelu(x):\n    return torch_npu.fast_gelu(x)\n", lines=(3,),
         ),
         Valid("import torch.nn.functional as F\ndef gelu(x):\n    return F.gelu(x, approximate='tanh')\n"),
         Valid(

@@ -41,10 +41,6 @@ class HandWrittenGeluErf(FormulaRule):
     hardware. A formula assembled from several statements gets an unsafe fix that also deletes
     those statements when nothing else reads what they compute and no input is
     reassigned in between; otherwise it is reported without a fix.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.gelu.html
-    - https://www.hiascend.com/document (torch_npu.fast_gelu)
     """
 
     code = "AX111"
@@ -65,19 +61,19 @@ class HandWrittenGeluErf(FormulaRule):
             "import math\nimport torch\nimport torch.nn.functional as F\n\n\ndef gelu(x):\n"
             "    return x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))\n",
             fixed="import math\nimport torch\nimport torch.nn.functional as F\n\n\ndef gelu(x):\n"
-            "    return F.gelu(x)\n",
+            "    return F.gelu(x)\n", lines=(7,),
         ),
         Invalid(
             "import torch\nfrom torch.nn import functional as fn\n\n\nclass GELU(torch.nn.Module):\n"
             "    def forward(self, hidden):\n        return hidden * torch.special.ndtr(hidden)\n",
             target="cuda",
             fixed="import torch\nfrom torch.nn import functional as fn\n\n\nclass GELU(torch.nn.Module):\n"
-            "    def forward(self, hidden):\n        return fn.gelu(hidden)\n",
+            "    def forward(self, hidden):\n        return fn.gelu(hidden)\n", lines=(7,),
         ),
         Invalid(
             "import torch\ndef gelu(x):\n    return 0.5 * x * torch.erfc(-x * 0.7071067811865476)\n",
             target="npu",
-            fixed="import torch\nimport torch_npu\ndef gelu(x):\n    return torch_npu.fast_gelu(x)\n",
+            fixed="import torch\nimport torch_npu\ndef gelu(x):\n    return torch_npu.fast_gelu(x)\n", lines=(3,),
         ),
         Valid("import torch.nn.functional as F\ndef gelu(x):\n    return F.gelu(x)\n"),
         Valid("import math, torch\ndef wrong(x):\n    return 0.5 * x * (1.0 + torch.erf(x / 2.0))\n"),

@@ -38,9 +38,6 @@ class HandWrittenQuickGelu(FormulaRule):
     differ, but the replacement is unverified on Ascend hardware. A formula assembled from several statements gets an unsafe fix that also deletes
     those statements when nothing else reads what they compute and no input is
     reassigned in between; otherwise it is reported without a fix.
-
-    ## References
-    - https://www.hiascend.com/document (torch_npu.fast_gelu, npu_fast_gelu: formula)
     """
 
     code = "AX112"
@@ -53,17 +50,19 @@ class HandWrittenQuickGelu(FormulaRule):
     safety_by_target = {"npu": Applicability.UNSAFE}
     targets = ("npu",)
     requires_text = ("sigmoid(", "torch.exp(", ".exp()", "tanh(")
-    references = ("https://www.hiascend.com/document (torch_npu.fast_gelu)",)
+    references = (
+        "https://www.hiascend.com/document (torch_npu.fast_gelu, npu_fast_gelu: formula)",
+    )
     examples = (
         Invalid(
             "import torch\n\n\nclass QuickGELU(torch.nn.Module):\n    def forward(self, x):\n"
             "        return x * torch.sigmoid(1.702 * x)\n",
             target="npu",
             fixed="import torch\nimport torch_npu\n\n\nclass QuickGELU(torch.nn.Module):\n    def forward(self, x):\n"
-            "        return torch_npu.fast_gelu(x)\n",
+            "        return torch_npu.fast_gelu(x)\n", lines=(6,),
         ),
         Invalid("import torch\ndef act(x):\n    return x / (1.0 + torch.exp(-1.702 * x))\n", target="npu",
-                fixed="import torch\nimport torch_npu\ndef act(x):\n    return torch_npu.fast_gelu(x)\n"),
+                fixed="import torch\nimport torch_npu\ndef act(x):\n    return torch_npu.fast_gelu(x)\n", lines=(3,)),
         Valid("import torch\ndef act(x):\n    return x * torch.sigmoid(1.702 * x)\n", target="cuda"),
         Valid("import torch\ndef act(x):\n    return x * torch.sigmoid(1.5 * x)\n", target="npu"),
         Valid("import torch\ndef act(x, y):\n    return x * torch.sigmoid(1.702 * y)\n", target="npu"),

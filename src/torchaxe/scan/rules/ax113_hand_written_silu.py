@@ -38,9 +38,6 @@ class HandWrittenSilu(FormulaRule):
     npu, `F.silu` runs the NPU's own SiLU kernel. A formula assembled from several statements gets an unsafe fix that also deletes
     those statements when nothing else reads what they compute and no input is
     reassigned in between; otherwise it is reported without a fix.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.silu.html
     """
 
     code = "AX113"
@@ -57,25 +54,25 @@ class HandWrittenSilu(FormulaRule):
     examples = (
         Invalid(
             "import torch\nimport torch.nn.functional as F\n\n\ndef swish(x):\n    return x * torch.sigmoid(x)\n",
-            fixed="import torch\nimport torch.nn.functional as F\n\n\ndef swish(x):\n    return F.silu(x)\n",
+            fixed="import torch\nimport torch.nn.functional as F\n\n\ndef swish(x):\n    return F.silu(x)\n", lines=(6,),
         ),
         Invalid(
             "import torch\n\n\nclass Swish(torch.nn.Module):\n    def forward(self, x):\n"
             "        return x / (1 + torch.exp(-x))\n",
             target="npu",
             fixed="import torch\n\n\nclass Swish(torch.nn.Module):\n    def forward(self, x):\n"
-            "        return torch.nn.functional.silu(x)\n",
+            "        return torch.nn.functional.silu(x)\n", lines=(6,),
         ),
         Invalid(
             "from torch import sigmoid\n\n\ndef swish(h):\n    return h * sigmoid(h)\n",
             target="cuda",
-            fixed="from torch import sigmoid\nimport torch.nn.functional as F\n\n\ndef swish(h):\n    return F.silu(h)\n",
+            fixed="from torch import sigmoid\nimport torch.nn.functional as F\n\n\ndef swish(h):\n    return F.silu(h)\n", lines=(5,),
         ),
         Invalid(
             "import torch\n\n\ndef swish(x, inplace=False):\n"
             "    return x.mul_(x.sigmoid()) if inplace else x.mul(x.sigmoid())\n",
             fixed="import torch\n\n\ndef swish(x, inplace=False):\n"
-            "    return torch.nn.functional.silu(x, inplace=True) if inplace else x.mul(x.sigmoid())\n",
+            "    return torch.nn.functional.silu(x, inplace=True) if inplace else x.mul(x.sigmoid())\n", lines=(5,),
         ),
         Valid("import torch\ndef gate(x, y):\n    return x * torch.sigmoid(y)\n"),
         Valid("import torch.nn.functional as F\ndef swish(x):\n    return F.silu(x)\n"),

@@ -56,9 +56,6 @@ class HandWrittenSwiglu(FormulaRule):
     hardware. With two separate projections (`F.silu(self.w1(x)) * self.w3(x)`) the
     finding is advice: merge the projections into one linear layer whose output
     `npu_swiglu` splits.
-
-    ## References
-    - https://www.hiascend.com/document (torch_npu.npu_swiglu)
     """
 
     code = "AX114"
@@ -78,22 +75,22 @@ class HandWrittenSwiglu(FormulaRule):
             "    return F.silu(x.chunk(2, dim=-1)[0]) * x.chunk(2, dim=-1)[1]\n",
             target="npu",
             fixed="import torch\nimport torch.nn.functional as F\nimport torch_npu\n\n\ndef swiglu(x):\n"
-            "    return torch_npu.npu_swiglu(x, dim=-1)\n",
+            "    return torch_npu.npu_swiglu(x, dim=-1)\n", lines=(6,),
         ),
         Invalid(
             "import torch.nn.functional as F\n\n\ndef swiglu(x):\n    a, b = x.chunk(2, dim=-1)\n"
             "    return F.silu(a) * b\n",
-            target="npu",
+            target="npu", lines=(6,),
         ),
         Invalid(
             "import torch\nimport torch.nn.functional as F\n\n\nclass MLP(torch.nn.Module):\n"
             "    def forward(self, x):\n        return self.w2(F.silu(self.w1(x)) * self.w3(x))\n",
-            target="npu",
+            target="npu", lines=(7,),
         ),
         Invalid(
             "import torch\n\n\ndef swiglu(x):\n    h = x.shape[-1] // 2\n    a, b = x[..., :h], x[..., h:]\n"
             "    return a * torch.sigmoid(a) * b\n",
-            target="npu",
+            target="npu", lines=(7,),
         ),
         Valid("import torch.nn.functional as F\ndef swiglu(x):\n    a, b = x.chunk(2, dim=-1)\n    return F.silu(a) * b\n",
               target="cuda"),
@@ -105,7 +102,7 @@ class HandWrittenSwiglu(FormulaRule):
             "    def __init__(self, config):\n        super().__init__()\n"
             "        self.act_fn = ACT2FN[config.hidden_act]\n\n"
             "    def forward(self, x):\n        return self.down(self.act_fn(self.gate(x)) * self.up(x))\n",
-            target="npu",
+            target="npu", lines=(11,),
         ),
         Valid(
             "import torch\nfrom transformers.activations import ACT2FN\n\n\nclass MLP(torch.nn.Module):\n"

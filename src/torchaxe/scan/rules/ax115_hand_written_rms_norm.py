@@ -66,10 +66,6 @@ class HandWrittenRmsNorm(FormulaRule):
     and is unverified on Ascend hardware). A formula assembled from several statements gets an unsafe fix that also deletes
     those statements when nothing else reads what they compute and no input is
     reassigned in between; otherwise it is reported without a fix.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.rms_norm.html
-    - https://www.hiascend.com/document (torch_npu.npu_rms_norm)
     """
 
     code = "AX115"
@@ -91,14 +87,14 @@ class HandWrittenRmsNorm(FormulaRule):
             "    def forward(self, x):\n"
             "        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight\n",
             fixed="import torch\nimport torch.nn.functional as F\n\n\nclass RMSNorm(torch.nn.Module):\n"
-            "    def forward(self, x):\n        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)\n",
+            "    def forward(self, x):\n        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)\n", lines=(7,),
         ),
         Invalid(
             "import torch\n\n\nclass RMSNorm(torch.nn.Module):\n    def forward(self, x):\n"
             "        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight\n",
             target="npu",
             fixed="import torch\nimport torch_npu\n\n\nclass RMSNorm(torch.nn.Module):\n    def forward(self, x):\n"
-            "        return torch_npu.npu_rms_norm(x, self.weight, epsilon=self.eps)[0]\n",
+            "        return torch_npu.npu_rms_norm(x, self.weight, epsilon=self.eps)[0]\n", lines=(6,),
         ),
         Invalid(
             "import torch\n\n\nclass LlamaRMSNorm(torch.nn.Module):\n"
@@ -109,19 +105,19 @@ class HandWrittenRmsNorm(FormulaRule):
             fixed="import torch\n\n\nclass LlamaRMSNorm(torch.nn.Module):\n"
             "    def _norm(self, x):\n        return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, self.eps)\n\n"
             "    def forward(self, x):\n        output = self._norm(x.float()).type_as(x)\n"
-            "        return output * self.weight\n",
+            "        return output * self.weight\n", lines=(6,),
         ),
         Invalid(
             "import torch\ndef adaptive(x, cond_gamma, eps=1e-6):\n"
             "    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (cond_gamma + 1.0)\n",
             fixed="import torch\ndef adaptive(x, cond_gamma, eps=1e-6):\n"
-            "    return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * (cond_gamma + 1.0)\n",
+            "    return torch.nn.functional.rms_norm(x, (x.shape[-1],), None, eps) * (cond_gamma + 1.0)\n", lines=(3,),
         ),
         Invalid(
             "import torch\ndef rms(h, g, eps=1e-6):\n"
             "    return h / torch.sqrt((h * h).sum(-1, keepdim=True) / h.shape[-1] + eps) * g\n",
             fixed="import torch\ndef rms(h, g, eps=1e-6):\n"
-            "    return torch.nn.functional.rms_norm(h, (h.shape[-1],), g, eps)\n",
+            "    return torch.nn.functional.rms_norm(h, (h.shape[-1],), g, eps)\n", lines=(3,),
         ),
         Valid("import torch\ndef l2(x):\n    return x / x.norm(dim=-1, keepdim=True)\n"),
         Valid("import torch\ndef scale(x, eps):\n    return x / (x.abs().mean(-1, keepdim=True) + eps)\n"),

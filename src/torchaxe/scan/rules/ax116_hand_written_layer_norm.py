@@ -48,9 +48,6 @@ class HandWrittenLayerNorm(FormulaRule):
     `sqrt((n - 1) / n)`) is reported without a fix. The usual form, with `mean` and
     `var` locals, gets an unsafe fix that also deletes those statements when nothing
     else reads them.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.layer_norm.html
     """
 
     code = "AX116"
@@ -69,21 +66,21 @@ class HandWrittenLayerNorm(FormulaRule):
             "        mean = x.mean(-1, keepdim=True)\n        var = ((x - mean) ** 2).mean(-1, keepdim=True)\n"
             "        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias\n",
             fixed="import torch\n\n\nclass LayerNorm(torch.nn.Module):\n    def forward(self, x):\n"
-            "        return torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)\n",
+            "        return torch.nn.functional.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)\n", lines=(8,),
         ),
         Invalid(
             "import torch\nimport torch.nn.functional as F\n\n\ndef ln(x, eps=1e-5):\n"
             "    return (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, keepdim=True, unbiased=False) + eps)\n",
             target="cuda",
             fixed="import torch\nimport torch.nn.functional as F\n\n\ndef ln(x, eps=1e-5):\n"
-            "    return F.layer_norm(x, (x.shape[-1],), None, None, eps)\n",
+            "    return F.layer_norm(x, (x.shape[-1],), None, None, eps)\n", lines=(6,),
         ),
         Invalid(
             "import torch\n\n\ndef ln(x, g, b):\n    var, mean = torch.var_mean(x, -1, keepdim=True, unbiased=False)\n"
             "    return g * (x - mean) / (var + 1e-12).sqrt() + b\n",
-            target="npu",
+            target="npu", lines=(6,),
         ),
-        Invalid("import torch\ndef ln(x, eps):\n    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + eps)\n"),
+        Invalid("import torch\ndef ln(x, eps):\n    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + eps)\n", lines=(3,)),
         Valid("import torch\ndef bn(x, eps):\n    return (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + eps)\n"),
         Valid("import torch\ndef centre(x):\n    return x - x.mean(-1, keepdim=True)\n"),
         Valid("import torch.nn.functional as F\ndef ln(x, w, b):\n    return F.layer_norm(x, (x.shape[-1],), w, b)\n"),

@@ -38,9 +38,6 @@ class HandWrittenSoftmax(FormulaRule):
     bits). A formula assembled from several statements gets an unsafe fix that also deletes
     those statements when nothing else reads what they compute and no input is
     reassigned in between; otherwise it is reported without a fix.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.softmax.html
     """
 
     code = "AX117"
@@ -56,18 +53,17 @@ class HandWrittenSoftmax(FormulaRule):
     examples = (
         Invalid(
             "import torch\n\n\ndef softmax(x):\n    return torch.exp(x) / torch.exp(x).sum(dim=-1, keepdim=True)\n",
-            fixed="import torch\n\n\ndef softmax(x):\n    return torch.softmax(x, dim=-1)\n",
+            fixed="import torch\n\n\ndef softmax(x):\n    return torch.softmax(x, dim=-1)\n", lines=(5,),
         ),
         Invalid(
             "import torch\n\n\ndef softmax(logits, dim):\n    e = torch.exp(logits - logits.amax(dim, keepdim=True))\n"
             "    return e / e.sum(dim, keepdim=True)\n",
             target="npu",
-            fixed="import torch\n\n\ndef softmax(logits, dim):\n    return torch.softmax(logits, dim=dim)\n",
+            fixed="import torch\n\n\ndef softmax(logits, dim):\n    return torch.softmax(logits, dim=dim)\n", lines=(6,),
         ),
         Invalid(
             "import torch\nsm = lambda z: (z - torch.logsumexp(z, 1, keepdim=True)).exp()\n",
-            fixed="import torch\nsm = lambda z: torch.softmax(z, dim=1)\n",
-            count=1,
+            fixed="import torch\nsm = lambda z: torch.softmax(z, dim=1)\n", lines=(2,),
         ),
         Valid("import torch\ndef softmax(x):\n    return torch.softmax(x, dim=-1)\n"),
         Valid("import torch\ndef normalise(x):\n    return x / x.sum(dim=-1, keepdim=True)\n"),

@@ -211,10 +211,6 @@ class HandWrittenAttention(FormulaRule):
     means "drop" (a float bias added to the scores, such as ALiBi's, goes to `pse`,
     which is added before the scale); it supports float16 and bfloat16 only. Always advice on npu,
     unverified on Ascend hardware.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html
-    - https://www.hiascend.com/document (torch_npu.npu_fusion_attention)
     """
 
     code = "AX118"
@@ -237,14 +233,14 @@ class HandWrittenAttention(FormulaRule):
             "import math\nimport torch\nimport torch.nn.functional as F\n\n\ndef attention(q, k, v):\n"
             "    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1) @ v\n",
             fixed="import math\nimport torch\nimport torch.nn.functional as F\n\n\ndef attention(q, k, v):\n"
-            "    return F.scaled_dot_product_attention(q, k, v)\n",
+            "    return F.scaled_dot_product_attention(q, k, v)\n", lines=(7,),
         ),
         Invalid(
             "import torch\n\n\ndef attention(q, k, v, scale):\n"
             "    return torch.matmul(torch.softmax(torch.matmul(q, k.transpose(2, 3)) * scale, -1), v)\n",
             target="cuda",
             fixed="import torch\n\n\ndef attention(q, k, v, scale):\n"
-            "    return torch.nn.functional.scaled_dot_product_attention(q * scale, k, v, scale=1.0)\n",
+            "    return torch.nn.functional.scaled_dot_product_attention(q * scale, k, v, scale=1.0)\n", lines=(5,),
         ),
         Invalid(
             "import math\nimport torch\n\n\nclass Attention(torch.nn.Module):\n"
@@ -252,7 +248,7 @@ class HandWrittenAttention(FormulaRule):
             "        scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(self.head_dim)\n"
             "        if mask is not None:\n            scores = scores.masked_fill(mask == 0, float('-inf'))\n"
             "        attn = self.dropout(torch.softmax(scores, dim=-1))\n        return torch.matmul(attn, v)\n",
-            target="npu",
+            target="npu", lines=(11,),
         ),
         Invalid(
             "import math\nimport torch\nimport torch.nn.functional as F\n\n\nclass Attention(torch.nn.Module):\n"
@@ -262,13 +258,13 @@ class HandWrittenAttention(FormulaRule):
             "        weights = torch.softmax(scores, dim=-1)\n        return weights @ v\n",
             fixed="import math\nimport torch\nimport torch.nn.functional as F\n\n\nclass Attention(torch.nn.Module):\n"
             "    def forward(self, q, k, v, mask):\n"
-            "        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0)\n",
+            "        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0)\n", lines=(11,),
         ),
         Invalid(
             "import torch\n\n\ndef attn(q, k, v):\n    w = torch.einsum('bhqd,bhkd->bhqk', q, k) * q.shape[-1] ** -0.5\n"
             "    return torch.einsum('bhqk,bhkd->bhqd', w.softmax(dim=-1), v)\n",
             fixed="import torch\n\n\ndef attn(q, k, v):\n"
-            "    return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n",
+            "    return torch.nn.functional.scaled_dot_product_attention(q, k, v)\n", lines=(6,),
         ),
         Valid("import torch.nn.functional as F\ndef attention(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)\n"),
         Valid("import torch\ndef not_attention(q, k, v):\n    return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v\n"),

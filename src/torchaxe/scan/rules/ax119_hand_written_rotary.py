@@ -49,9 +49,6 @@ class HandWrittenRotary(FormulaRule):
     limits on D; unverified on Ascend hardware. The interleaved and complex forms need
     cos and sin rebuilt (repeat-interleaved real and imaginary parts; recent torch_npu
     versions take `rotary_mode="interleave"`), so they are advice.
-
-    ## References
-    - https://www.hiascend.com/document (torch_npu.npu_rotary_mul)
     """
 
     code = "AX119"
@@ -72,22 +69,21 @@ class HandWrittenRotary(FormulaRule):
             "def apply_rotary_pos_emb(q, k, cos, sin):\n"
             "    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)\n",
             target="npu",
-            count=2,
             fixed="import torch\nimport torch_npu\n\n\ndef rotate_half(x):\n    x1 = x[..., : x.shape[-1] // 2]\n"
             "    x2 = x[..., x.shape[-1] // 2 :]\n    return torch.cat((-x2, x1), dim=-1)\n\n\n"
             "def apply_rotary_pos_emb(q, k, cos, sin):\n"
-            "    return torch_npu.npu_rotary_mul(q, cos, sin), torch_npu.npu_rotary_mul(k, cos, sin)\n",
+            "    return torch_npu.npu_rotary_mul(q, cos, sin), torch_npu.npu_rotary_mul(k, cos, sin)\n", lines=(11, 11),
         ),
         Invalid(
             "import torch\n\n\ndef apply_rotary_emb(xq, freqs_cis):\n"
             "    xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))\n"
             "    return torch.view_as_real(xq_ * freqs_cis).flatten(3).type_as(xq)\n",
-            target="npu",
+            target="npu", lines=(6,),
         ),
         Invalid(
             "import torch\n\n\ndef rope(x, cos, sin):\n    x1, x2 = x.chunk(2, dim=-1)\n"
             "    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)\n",
-            target="npu",
+            target="npu", lines=(6,),
         ),
         Valid(
             "import torch\n\n\ndef rotate_half(x):\n    x1, x2 = x.chunk(2, dim=-1)\n    return torch.cat((-x2, x1), dim=-1)\n\n\n"

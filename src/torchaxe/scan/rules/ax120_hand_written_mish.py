@@ -46,10 +46,6 @@ class HandWrittenMish(FormulaRule):
     A formula assembled from several statements gets an unsafe fix that also deletes
     those statements when nothing else reads what they compute and no input is
     reassigned in between; otherwise it is reported without a fix.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.mish.html
-    - https://www.hiascend.com/document/detail/zh/Pytorch/60RC3/apiref/apilist/ptaoplist_000421.html
     """
 
     code = "AX120"
@@ -69,18 +65,18 @@ class HandWrittenMish(FormulaRule):
             "import torch\nimport torch.nn.functional as F\n\n\nclass Mish(torch.nn.Module):\n"
             "    def forward(self, x):\n        return x * torch.tanh(F.softplus(x))\n",
             fixed="import torch\nimport torch.nn.functional as F\n\n\nclass Mish(torch.nn.Module):\n"
-            "    def forward(self, x):\n        return F.mish(x)\n",
+            "    def forward(self, x):\n        return F.mish(x)\n", lines=(7,),
         ),
         Invalid(
             "import torch\n\n\ndef mish(h):\n    return h * torch.tanh(torch.log1p(torch.exp(h)))\n",
             target="cuda",
-            fixed="import torch\n\n\ndef mish(h):\n    return torch.nn.functional.mish(h)\n",
+            fixed="import torch\n\n\ndef mish(h):\n    return torch.nn.functional.mish(h)\n", lines=(5,),
         ),
         Invalid(
             "import torch\nfrom torch.nn import functional as F\n\n\ndef mish(x):\n"
             "    return x.mul(F.softplus(x).tanh())\n",
             target="npu",
-            fixed="import torch\nfrom torch.nn import functional as F\n\n\ndef mish(x):\n    return F.mish(x)\n",
+            fixed="import torch\nfrom torch.nn import functional as F\n\n\ndef mish(x):\n    return F.mish(x)\n", lines=(6,),
         ),
         Valid("import torch\nimport torch.nn.functional as F\ndef gate(x, y):\n    return x * torch.tanh(F.softplus(y))\n"),
         Valid("import torch\ndef tanh_gate(x):\n    return x * torch.tanh(x)\n"),

@@ -65,10 +65,6 @@ class RecurrentCellLoop(Rule):
     Display-only: the layer's parameters have the cell's shapes under other names
     (`weight_ih` -> `weight_ih_l0`, ...), so checkpoints need their keys renamed, and
     the loop's other work (dropout between steps, masks) must move with it.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.LSTM.html
-    - https://pytorch.org/docs/stable/generated/torch.nn.LSTMCell.html
     """
 
     code = "AX121"
@@ -90,19 +86,19 @@ class RecurrentCellLoop(Rule):
             "        self.cell = nn.LSTMCell(8, 16)\n"
             "    def forward(self, x, h, c):\n        outs = []\n"
             "        for t in range(x.size(1)):\n            h, c = self.cell(x[:, t], (h, c))\n"
-            "            outs.append(h)\n        return torch.stack(outs, 1)\n"
+            "            outs.append(h)\n        return torch.stack(outs, 1)\n", lines=(10,)
         ),
         Invalid(
             "import torch\nfrom torch import nn\ngru = nn.GRUCell(8, 16).cuda()\nh = None\n"
             "for x_t in seq.unbind(0):\n    e = emb(x_t)\n    h = gru(e, h)\n",
-            target="cuda",
+            target="cuda", lines=(7,),
         ),
         # Two cells stacked in the same step.
         Invalid(
             "import torch.nn as nn\nc1 = nn.LSTMCell(8, 16)\nc2 = nn.LSTMCell(16, 16)\n"
             "for i, x_t in enumerate(x.chunk(x.size(1), dim=1)):\n"
             "    h1, s1 = c1(x_t.squeeze(1), (h1, s1))\n    h2, s2 = c2(h1, (h2, s2))\n",
-            target="npu", count=2,
+            target="npu", lines=(5, 6),
         ),
         # The prediction is fed back as the next input.
         Valid(

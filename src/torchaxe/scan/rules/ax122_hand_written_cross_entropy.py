@@ -92,9 +92,6 @@ class HandWrittenCrossEntropy(Rule):
     Display-only: the class indices (or, for a contrastive loss, the positive's index
     with the diagonal masked to `-inf`) are what the written-out form builds, which
     only reading the code can say; the reduction must match (`mean` by default).
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.functional.cross_entropy.html
     """
 
     code = "AX122"
@@ -113,20 +110,20 @@ class HandWrittenCrossEntropy(Rule):
             "    log_probs = F.log_softmax(logits, dim=-1)\n"
             "    true_dist = torch.zeros_like(log_probs).scatter_(1, target.unsqueeze(1), 1)\n"
             "    true_dist = true_dist * (1 - eps) + eps / n\n"
-            "    return (-true_dist * log_probs).sum(dim=-1).mean()\n"
+            "    return (-true_dist * log_probs).sum(dim=-1).mean()\n", lines=(7,), message="one-hot or label-smoothed targets built by hand"
         ),
         Invalid(
             "import torch\nimport torch.nn.functional as F\n"
             "def nll(x, y):\n    p = F.softmax(x, dim=-1)\n"
             "    return -torch.log(p.gather(1, y.unsqueeze(1))).mean()\n",
-            target="npu",
+            target="npu", lines=(5,), message="log-softmax written out",
         ),
         # Label smoothing as a picked log-softmax and its mean over the classes.
         Invalid(
             "import torch.nn.functional as F\n"
             "def ls(x, y, eps):\n    logp = F.log_softmax(x, dim=-1)\n"
             "    nll = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)\n    smooth = -logp.mean(dim=-1)\n"
-            "    return ((1 - eps) * nll + eps * smooth).mean()\n",
+            "    return ((1 - eps) * nll + eps * smooth).mean()\n", lines=(4,),
         ),
         # NT-Xent written out.
         Invalid(
@@ -134,7 +131,7 @@ class HandWrittenCrossEntropy(Rule):
             "def nt_xent(z1, z2, t):\n    out = torch.cat([z1, z2])\n"
             "    sim = torch.exp(out @ out.t() / t)\n    pos = torch.exp((z1 * z2).sum(-1) / t)\n"
             "    pos = torch.cat([pos, pos])\n    return -torch.log(pos / sim.sum(dim=-1)).mean()\n",
-            target="cuda",
+            target="cuda", lines=(7,),
         ),
         # What F.cross_entropy itself computes: nothing to gain.
         Valid(

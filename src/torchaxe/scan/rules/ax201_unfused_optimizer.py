@@ -61,10 +61,6 @@ class UnfusedOptimizer(Rule):
     `**kwargs` may be merged into it. Keywords from anywhere else (a config object, a
     parameter) may already choose an implementation and are not flagged. NPU
     replacements are unverified on Ascend hardware.
-
-    ## References
-    - https://pytorch.org/docs/stable/optim.html#algorithms
-    - https://www.hiascend.com/document (torch_npu.optim.NpuFusedAdamW)
     """
 
     code = "AX201"
@@ -80,34 +76,34 @@ class UnfusedOptimizer(Rule):
     node_types = (ast.Call,)
     references = (
         "https://pytorch.org/docs/stable/optim.html#algorithms",
-        "https://www.hiascend.com/document (torch_npu.optim)",
+        "https://www.hiascend.com/document (torch_npu.optim.NpuFusedAdamW)",
     )
     examples = (
         Invalid(
             "import torch\nopt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n",
-            fixed="import torch\nopt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)\n",
+            fixed="import torch\nopt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)\n", lines=(2,),
         ),
         Invalid(
             "import torch.optim as optim\nopt = optim.SGD(\n    params,\n    lr=0.1,\n)\n",
             target="cuda",
-            fixed="import torch.optim as optim\nopt = optim.SGD(\n    params,\n    lr=0.1,\n    fused=True,\n)\n",
+            fixed="import torch.optim as optim\nopt = optim.SGD(\n    params,\n    lr=0.1,\n    fused=True,\n)\n", lines=(2,),
         ),
         Invalid(
             "from torch.optim import Adam as A\nopt = A(params, foreach=True)\n",
-            fixed="from torch.optim import Adam as A\nopt = A(params, fused=True)\n",
+            fixed="from torch.optim import Adam as A\nopt = A(params, fused=True)\n", lines=(2,),
         ),
         Invalid(
             "import torch\nopt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n",
             target="npu",
-            fixed="import torch\nimport torch_npu\nopt = torch_npu.optim.NpuFusedAdamW(model.parameters(), lr=1e-3)\n",
+            fixed="import torch\nimport torch_npu\nopt = torch_npu.optim.NpuFusedAdamW(model.parameters(), lr=1e-3)\n", lines=(2,),
         ),
-        Invalid("import torch\nopt = torch.optim.RMSprop(params, lr=1e-2, foreach=False)\n", target="npu"),
+        Invalid("import torch\nopt = torch.optim.RMSprop(params, lr=1e-2, foreach=False)\n", target="npu", lines=(2,)),
         Valid("import torch\nopt = torch.optim.AdamW(params, fused=True)\n"),
         Invalid(
             "import torch\ndef make(params, lr):\n    args = dict(lr=lr)\n    args['weight_decay'] = 0.1\n"
             "    return torch.optim.AdamW(params, **args)\n",
             fixed="import torch\ndef make(params, lr):\n    args = dict(lr=lr)\n    args['weight_decay'] = 0.1\n"
-            "    return torch.optim.AdamW(params, **args, fused=True)\n",
+            "    return torch.optim.AdamW(params, **args, fused=True)\n", lines=(5,),
         ),
         Valid("import torch\nopt = torch.optim.AdamW(params, **cfg)\n"),
         Valid("import torch\ndef make(params, cuda):\n    args = dict(fused=True) if cuda else dict()\n"

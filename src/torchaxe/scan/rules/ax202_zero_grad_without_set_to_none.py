@@ -51,10 +51,6 @@ class ZeroGradWithoutSetToNone(Rule):
     rule stays silent in a file that uses a `NpuFused*` optimizer, since those refuse
     `set_to_none=True`; its fix is display-only in a file whose `torch.optim`
     optimizer AX201 would turn into one.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.optim.Optimizer.zero_grad.html
-    - https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-parameter-grad-none-instead-of-model-zero-grad-or-optimizer-zero-grad
     """
 
     code = "AX202"
@@ -67,27 +63,26 @@ class ZeroGradWithoutSetToNone(Rule):
     node_types = (ast.Call,)
     references = (
         "https://pytorch.org/docs/stable/generated/torch.optim.Optimizer.zero_grad.html",
-        "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
+        "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#use-parameter-grad-none-instead-of-model-zero-grad-or-optimizer-zero-grad",
     )
     examples = (
         Invalid(
             "import torch\nopt = torch.optim.SGD(params, lr=0.1)\nopt.zero_grad(set_to_none=False)\n",
-            fixed="import torch\nopt = torch.optim.SGD(params, lr=0.1)\nopt.zero_grad()\n",
+            fixed="import torch\nopt = torch.optim.SGD(params, lr=0.1)\nopt.zero_grad()\n", lines=(3,),
         ),
-        Invalid("import torch\nmodel.zero_grad(False)\n", target="cuda", fixed="import torch\nmodel.zero_grad()\n"),
+        Invalid("import torch\nmodel.zero_grad(False)\n", target="cuda", fixed="import torch\nmodel.zero_grad()\n", lines=(2,)),
         Invalid(
             "import torch\nself.optimizer.zero_grad(\n    set_to_none=False,\n)\n",
-            fixed="import torch\nself.optimizer.zero_grad()\n",
+            fixed="import torch\nself.optimizer.zero_grad()\n", lines=(2,),
         ),
         Invalid(
             "import torch\nfor x in data:\n    model.zero_grad(set_to_none=False)\n    opt.zero_grad(set_to_none=False)\n",
             target="npu",
-            fixed="import torch\nfor x in data:\n    model.zero_grad()\n    opt.zero_grad()\n",
-            count=2,
+            fixed="import torch\nfor x in data:\n    model.zero_grad()\n    opt.zero_grad()\n", lines=(3, 4),
         ),
         Invalid(
             "import torch\nopt = torch.optim.AdamW(params)\nopt.zero_grad(set_to_none=False)\n",
-            target="npu",
+            target="npu", lines=(3,),
         ),
         Valid("import torch\nopt.zero_grad()\n"),
         Valid("import torch\nopt.zero_grad(set_to_none=True)\n"),

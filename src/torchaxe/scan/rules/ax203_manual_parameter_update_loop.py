@@ -64,10 +64,6 @@ class ManualParameterUpdateLoop(Rule):
     step happens, which needs a person. Fused kernels round differently in the last
     bits, and `torch.optim.SGD` skips parameters whose `.grad` is `None` where the
     loop would fail. NPU replacements are unverified on Ascend hardware.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.optim.SGD.html
-    - https://pytorch.org/docs/stable/optim.html#algorithms
     """
 
     code = "AX203"
@@ -86,44 +82,43 @@ class ManualParameterUpdateLoop(Rule):
     )
     examples = (
         Invalid(
-            "import torch\nwith torch.no_grad():\n    for p in model.parameters():\n        p -= lr * p.grad\n"
+            "import torch\nwith torch.no_grad():\n    for p in model.parameters():\n        p -= lr * p.grad\n", lines=(4,)
         ),
-        Invalid("import torch\nfor p in model.parameters():\n    p.data.add_(p.grad, alpha=-0.01)\n", target="cuda"),
+        Invalid("import torch\nfor p in model.parameters():\n    p.data.add_(p.grad, alpha=-0.01)\n", target="cuda", lines=(3,)),
         Invalid(
             "import torch\nfor name, param in net.named_parameters():\n"
             "    if param.grad is not None:\n        param.data.sub_(args.lr * param.grad.data)\n",
-            target="npu",
+            target="npu", lines=(4,),
         ),
         Invalid(
             "import torch\nparams = [p for p in model.parameters() if p.requires_grad]\n"
-            "for p in params:\n    p.data = p.data - lr * p.grad\n    p.data.mul_(1 - wd)\n"
+            "for p in params:\n    p.data = p.data - lr * p.grad\n    p.data.mul_(1 - wd)\n", lines=(4,)
         ),
         Invalid(
             "import torch\nfor p in list(model.parameters()):\n    p.data -= lr * p.grad\n"
-            "for q in model.parameters():\n    q.sub_(q.grad, alpha=lr)\n",
-            count=2,
+            "for q in model.parameters():\n    q.sub_(q.grad, alpha=lr)\n", lines=(3, 5),
         ),
         Invalid(
             "import torch\ndef sgd_step(params, lr):\n    for p in params:\n        p.data.add_(p.grad, alpha=-lr)\n"
-            "sgd_step(model.parameters(), 0.1)\n"
+            "sgd_step(model.parameters(), 0.1)\n", lines=(4,)
         ),
         Invalid(
             "import torch\nbufs = [torch.zeros_like(p) for p in model.parameters()]\nwith torch.no_grad():\n"
             "    for p, buf in zip(model.parameters(), bufs):\n        buf.mul_(0.9).add_(p.grad)\n"
-            "        p.add_(buf, alpha=-lr)\n"
+            "        p.add_(buf, alpha=-lr)\n", lines=(6,)
         ),
         Invalid(
-            "import torch\nfor p in model.parameters():\n    d_p = p.grad + wd * p.data\n    p.data.add_(d_p, alpha=-lr)\n"
+            "import torch\nfor p in model.parameters():\n    d_p = p.grad + wd * p.data\n    p.data.add_(d_p, alpha=-lr)\n", lines=(4,)
         ),
         # Momentum with weight decay, as in torch.optim.SGD: both kept in the replacement.
         Invalid(
             "import torch\nparams = [p for p in model.parameters() if p.requires_grad]\nwith torch.no_grad():\n"
             "    for p, v in zip(params, velocity):\n"
-            "        g = p.grad + args.weight_decay * p\n        v.mul_(args.momentum).add_(g)\n        p.sub_(lr * v)\n"
+            "        g = p.grad + args.weight_decay * p\n        v.mul_(args.momentum).add_(g)\n        p.sub_(lr * v)\n", lines=(7,)
         ),
         Invalid(
             "import torch\nfor i, p in enumerate(model.parameters()):\n    v[i] = 0.9 * v[i] + p.grad\n"
-            "    p.data -= lr * v[i]\n"
+            "    p.data -= lr * v[i]\n", lines=(4,)
         ),
         Valid(
             "import torch\nclass MySGD(torch.optim.Optimizer):\n    def update(self, params, lr):\n"

@@ -121,11 +121,6 @@ class ApexFusedOptimizer(Rule):
     when the file also uses `apex.amp` (it wraps the optimizer), and always for LAMB,
     whose apex and NPU versions differ in gradient clipping and defaults. NPU
     replacements are unverified on Ascend hardware.
-
-    ## References
-    - https://pytorch.org/docs/stable/optim.html#algorithms
-    - https://nvidia.github.io/apex/optimizers.html
-    - https://www.hiascend.com/document (torch_npu.optim.NpuFusedAdamW, NpuFusedLamb)
     """
 
     code = "AX204"
@@ -139,7 +134,7 @@ class ApexFusedOptimizer(Rule):
     references = (
         "https://pytorch.org/docs/stable/optim.html#algorithms",
         "https://nvidia.github.io/apex/optimizers.html",
-        "https://www.hiascend.com/document (torch_npu.optim)",
+        "https://www.hiascend.com/document (torch_npu.optim.NpuFusedAdamW, NpuFusedLamb)",
     )
     examples = (
         Invalid(
@@ -148,7 +143,7 @@ class ApexFusedOptimizer(Rule):
             fixed=(
                 "import apex\nimport torch\n"
                 "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0, fused=True)\n"
-            ),
+            ), lines=(2,),
         ),
         Invalid(
             "import torch\nfrom apex.optimizers import FusedAdam\n"
@@ -157,7 +152,7 @@ class ApexFusedOptimizer(Rule):
             fixed=(
                 "import torch\nfrom apex.optimizers import FusedAdam\n"
                 "opt = torch.optim.Adam(params, lr=1e-3, weight_decay=1e-4, fused=True)\n"
-            ),
+            ), lines=(3,),
         ),
         Invalid(
             "import torch\nfrom apex.optimizers import FusedAdam as FA\nopt = FA(\n    params,\n"
@@ -166,7 +161,7 @@ class ApexFusedOptimizer(Rule):
             fixed=(
                 "import torch\nfrom apex.optimizers import FusedAdam as FA\nimport torch_npu\n"
                 "opt = torch_npu.optim.NpuFusedAdamW(\n    params,\n    lr=1e-3,\n    weight_decay=0,\n)\n"
-            ),
+            ), lines=(3,),
         ),
         Invalid(
             "import torch\nfrom apex.optimizers import FusedSGD\n"
@@ -174,7 +169,7 @@ class ApexFusedOptimizer(Rule):
             fixed=(
                 "import torch\nfrom apex.optimizers import FusedSGD\n"
                 "opt = torch.optim.SGD(params, 0.1, 0.9, weight_decay=5e-4, nesterov=True, fused=True)\n"
-            ),
+            ), lines=(3,),
         ),
         Invalid(
             "import torch\nfrom apex.optimizers import FusedSGD\nopt = FusedSGD(params, lr=0.1, momentum=0.9)\n",
@@ -182,15 +177,15 @@ class ApexFusedOptimizer(Rule):
             fixed=(
                 "import torch\nfrom apex.optimizers import FusedSGD\nimport torch_npu\n"
                 "opt = torch_npu.optim.NpuFusedSGD(params, lr=0.1, momentum=0.9)\n"
-            ),
+            ), lines=(3,),
         ),
-        Invalid("import apex\nopt = apex.optimizers.FusedLAMB(params, lr=1e-3)\n", target="npu"),
-        Invalid("import apex\nopt = apex.optimizers.FusedAdam(params, lr=1e-3, bias_correction=False)\n", target="cuda"),
-        Invalid("import apex\nopt = apex.optimizers.FusedAdam(params, **cfg)\n", target="cuda"),
+        Invalid("import apex\nopt = apex.optimizers.FusedLAMB(params, lr=1e-3)\n", target="npu", lines=(2,)),
+        Invalid("import apex\nopt = apex.optimizers.FusedAdam(params, lr=1e-3, bias_correction=False)\n", target="cuda", lines=(2,)),
+        Invalid("import apex\nopt = apex.optimizers.FusedAdam(params, **cfg)\n", target="cuda", lines=(2,)),
         Invalid(
             "from apex import amp\nfrom apex.optimizers import FusedAdam\nopt = FusedAdam(params)\n"
             "model, opt = amp.initialize(model, opt, opt_level='O2')\n",
-            target="cuda",
+            target="cuda", lines=(3,),
         ),
         Valid("import apex\nopt = apex.optimizers.FusedLAMB(params, lr=1e-3)\n", target="cuda"),
         Valid("import apex\nopt = apex.optimizers.FusedNovoGrad(params, lr=1e-3)\n", target="npu"),

@@ -64,10 +64,6 @@ class PerTensorWeightAverage(Rule):
     averaging uses. Other loops (dicts of averages, state_dict walks that skip integer
     buffers, weights that do not add up to one) are shown, not rewritten. NPU: the
     multi-tensor call is unverified on Ascend hardware.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.lerp.html
-    - https://pytorch.org/docs/stable/optim.html#weight-averaging-swa-and-ema
     """
 
     code = "AX205"
@@ -91,7 +87,7 @@ class PerTensorWeightAverage(Rule):
             "import torch\nwith torch.no_grad():\n    for e, p in zip(ema.parameters(), model.parameters()):\n"
             "        e.mul_(decay).add_(p, alpha=1 - decay)\n",
             fixed="import torch\nwith torch.no_grad():\n    torch._foreach_lerp_([e.detach() for e in ema.parameters()], "
-            "[p.detach() for p in model.parameters()], 1 - decay)\n",
+            "[p.detach() for p in model.parameters()], 1 - decay)\n", lines=(4,),
         ),
         # MoCo's key encoder: a new value assigned to .data, weights read from self.
         Invalid(
@@ -101,7 +97,7 @@ class PerTensorWeightAverage(Rule):
             target="cuda",
             fixed="import torch\nclass MoCo(torch.nn.Module):\n    @torch.no_grad()\n    def _momentum_update(self):\n"
             "        torch._foreach_lerp_([param_k.detach() for param_k in self.encoder_k.parameters()], "
-            "[param_q.detach() for param_q in self.encoder_q.parameters()], 1 - self.m)\n",
+            "[param_q.detach() for param_q in self.encoder_q.parameters()], 1 - self.m)\n", lines=(6,),
         ),
         # A soft target update: the source's weight first.
         Invalid(
@@ -110,7 +106,7 @@ class PerTensorWeightAverage(Rule):
             "        t.data.copy_(t.data * (1.0 - tau) + s.data * tau)\n",
             fixed="import torch\ndef soft_update(target, source, tau):\n"
             "    torch._foreach_lerp_([t.detach() for t in target.parameters()], "
-            "[s.detach() for s in source.parameters()], tau)\n",
+            "[s.detach() for s in source.parameters()], tau)\n", lines=(4,),
         ),
         # DINO's teacher: the source's share made before the add.
         Invalid(
@@ -120,39 +116,39 @@ class PerTensorWeightAverage(Rule):
             target="npu",
             fixed="import torch\nwith torch.no_grad():\n"
             "    torch._foreach_lerp_([param_k.detach() for param_k in teacher.parameters()], "
-            "[param_q.detach() for param_q in student.parameters()], 1 - m)\n",
+            "[param_q.detach() for param_q in student.parameters()], 1 - m)\n", lines=(4,),
         ),
         # Shown, not rewritten: looked up by name in a dict.
         Invalid(
             "import torch\nema_params = dict(ema.named_parameters())\n"
             "for name, param in model.named_parameters():\n"
-            "    ema_params[name].mul_(decay).add_(param.data, alpha=1 - decay)\n"
+            "    ema_params[name].mul_(decay).add_(param.data, alpha=1 - decay)\n", lines=(4,)
         ),
         # A state_dict walk that skips integer buffers, with in-place operators.
         Invalid(
             "import torch\nmsd = model.state_dict()\nfor k, v in ema.state_dict().items():\n"
-            "    if v.dtype.is_floating_point:\n        v *= d\n        v += (1 - d) * msd[k].detach()\n"
+            "    if v.dtype.is_floating_point:\n        v *= d\n        v += (1 - d) * msd[k].detach()\n", lines=(6,)
         ),
         # The difference form, and a dict of averages the loop stores into.
         Invalid(
             "import torch\nfor name, p in model.named_parameters():\n"
-            "    shadow[name].sub_((1 - decay) * (shadow[name] - p))\n"
+            "    shadow[name].sub_((1 - decay) * (shadow[name] - p))\n", lines=(3,)
         ),
         Invalid(
             "import torch\nfor name, param in model.named_parameters():\n    if param.requires_grad:\n"
             "        new_average = (1.0 - self.decay) * param.data + self.decay * self.shadow[name]\n"
-            "        self.shadow[name] = new_average.clone()\n"
+            "        self.shadow[name] = new_average.clone()\n", lines=(5,)
         ),
         Invalid(
             "import torch\nfor p_ema, p_net in zip(ema.parameters(), net.parameters()):\n"
             "    p_ema.copy_(p_net.detach().lerp(p_ema, beta))\n",
             fixed="import torch\ntorch._foreach_lerp_([p_ema.detach() for p_ema in ema.parameters()], "
-            "[p_net.detach() for p_net in net.parameters()], 1 - beta)\n",
+            "[p_net.detach() for p_net in net.parameters()], 1 - beta)\n", lines=(3,),
         ),
         # Weights that need not add up to one: shown, not rewritten.
         Invalid(
             "import torch\nfor a, b in zip(avg.parameters(), model.parameters()):\n"
-            "    a.mul_(decay).add_(b, alpha=step_size)\n"
+            "    a.mul_(decay).add_(b, alpha=step_size)\n", lines=(3,)
         ),
         # Copies, not averages.
         Valid("import torch\nfor t, s in zip(target.parameters(), source.parameters()):\n    t.data.copy_(s.data)\n"),
@@ -168,7 +164,7 @@ class PerTensorWeightAverage(Rule):
         Invalid(
             "import torch\ndef step(self, ema_params, params, decay):\n    if self.foreach:\n"
             "        torch._foreach_lerp_(ema_params, params, 1 - decay)\n    else:\n"
-            "        for e, p in zip(ema_params, params):\n            e.lerp_(p, 1 - decay)\n"
+            "        for e, p in zip(ema_params, params):\n            e.lerp_(p, 1 - decay)\n", lines=(7,)
         ),
         # A step from a share of other tensors (SGD over lists of gradients).
         Valid(

@@ -79,10 +79,6 @@ class HostReadInTrainingLoop(Rule):
     ## Fix safety
     Display-only: moving the read changes what the program prints and when; the
     finding shows the replacement, a person makes it.
-
-    ## References
-    - https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution
-    - https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid-unnecessary-cpu-gpu-synchronization
     """
 
     code = "AX301"
@@ -103,7 +99,7 @@ class HostReadInTrainingLoop(Rule):
             "import torch\n\n\ndef train_step(x, y):\n    loss = criterion(model(x), y)\n    loss.backward()\n"
             "    opt.step()\n    return loss.item()\n\n\ndef evaluate(x, y):\n    return criterion(model(x), y).item()\n\n\n"
             "for x, y in loader:\n    print(train_step(x, y))\nprint(evaluate(x, y))\n",
-            target="cuda",
+            target="cuda", lines=(8,),
         ),
         Invalid(
             "import torch\n"
@@ -112,7 +108,7 @@ class HostReadInTrainingLoop(Rule):
             "    loss.backward()\n"
             "    opt.step()\n"
             "    total += loss.item()\n",
-            target="cuda",
+            target="cuda", lines=(6,),
         ),
         Invalid(
             "def train(model, loader, optimizer):\n"
@@ -122,8 +118,7 @@ class HostReadInTrainingLoop(Rule):
             "        optimizer.step()\n"
             "        preds = out.logits.argmax(-1).cpu().numpy()\n"
             "        losses.append(out.loss.detach().cpu())\n",
-            target="npu",
-            count=2,
+            target="npu", lines=(6, 7),
         ),
         Invalid(
             "import torch as T\n"
@@ -131,7 +126,7 @@ class HostReadInTrainingLoop(Rule):
             "    loss = T.nn.functional.mse_loss(net(x), y)\n"
             "    T.autograd.backward(loss)\n"
             "    history.append(loss.tolist())\n",
-            target="cuda",
+            target="cuda", lines=(5,),
         ),
         Invalid(
             "for step, batch in enumerate(loader):\n"
@@ -142,8 +137,7 @@ class HostReadInTrainingLoop(Rule):
             "        log[name] = value.item()\n"
             "    if step % 2 == 0:\n"
             "        print(loss.to('cpu'))\n",
-            target="cuda",
-            count=2,
+            target="cuda", lines=(6, 8),
         ),
         Valid(
             "import torch\n\n\ndef train_step(x, y):\n    loss = criterion(model(x), y)\n    loss.backward()\n"

@@ -68,10 +68,6 @@ class TensorToPythonInTrainingLoop(Rule):
 
     ## Fix safety
     Display-only: where and how often to log is the user's decision.
-
-    ## References
-    - https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution
-    - https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid-unnecessary-cpu-gpu-synchronization
     """
 
     code = "AX302"
@@ -98,7 +94,7 @@ class TensorToPythonInTrainingLoop(Rule):
             "    opt.step()\n"
             "    mloss = (mloss * i + items) / (i + 1)\n"
             "    pbar.set_description(('%10s' + '%10.4g' * 3) % (f'{i}', *mloss))\n",
-            target="cuda",
+            target="cuda", lines=(8,),
         ),
         Invalid(
             "import torch\n"
@@ -107,7 +103,7 @@ class TensorToPythonInTrainingLoop(Rule):
             "    loss.backward()\n"
             "    opt.step()\n"
             "    print(f'loss {loss:.4f}')\n",
-            target="cuda",
+            target="cuda", lines=(6,),
         ),
         Invalid(
             "import math\n"
@@ -121,8 +117,7 @@ class TensorToPythonInTrainingLoop(Rule):
             "        total += float(loss)\n"
             "        correct += int((logits.argmax(1) == y).sum())\n"
             "        print('ppl', math.exp(loss), step)\n",
-            target="npu",
-            count=3,
+            target="npu", lines=(9, 10, 11),
         ),
         Invalid(
             "import torch as T\n"
@@ -135,8 +130,7 @@ class TensorToPythonInTrainingLoop(Rule):
             "    pbar.set_postfix(loss=out.loss)\n"
             "    log('loss %.3f' % out.loss)\n"
             "    log('{} {}'.format(epoch, out.loss))\n",
-            target="cuda",
-            count=4,
+            target="cuda", lines=(7, 8, 9, 10),
         ),
         Invalid(
             "while True:\n"
@@ -145,7 +139,7 @@ class TensorToPythonInTrainingLoop(Rule):
             "    opt.step()\n"
             "    if step % 5 == 0:\n"
             "        print(l)\n",
-            target="cuda",
+            target="cuda", lines=(6,),
         ),
         Valid(
             "for x, y in loader:\n"

@@ -63,10 +63,6 @@ class TensorConditionInTrainingLoop(Rule):
 
     ## Fix safety
     Display-only: the rewrite changes control flow and is the user's to make.
-
-    ## References
-    - https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution
-    - https://pytorch.org/docs/stable/generated/torch.where.html
     """
 
     code = "AX303"
@@ -91,7 +87,7 @@ class TensorConditionInTrainingLoop(Rule):
             "        continue\n"
             "    loss.backward()\n"
             "    opt.step()\n",
-            target="cuda",
+            target="cuda", lines=(4,),
         ),
         Invalid(
             "import torch as T\n"
@@ -105,12 +101,11 @@ class TensorConditionInTrainingLoop(Rule):
             "        optimizer.step()\n"
             "        assert loss.abs() < 1e6, 'diverged'\n"
             "        best = loss if loss < best else best\n",
-            target="npu",
-            count=3,
+            target="npu", lines=(7, 10, 11),
         ),
         Invalid(
             "while loss > tol:\n    loss = loss_fn(model(x), y)\n    loss.backward()\n    opt.step()\n",
-            target="cuda",
+            target="cuda", lines=(1,),
         ),
         Valid(
             "import torch\n"

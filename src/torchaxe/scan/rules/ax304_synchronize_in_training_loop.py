@@ -116,10 +116,6 @@ class SynchronizeInTrainingLoop(Rule):
     ## Fix safety
     Display-only: code after a synchronize may rely on it (reading a tensor copied to
     the host with `non_blocking=True`, timing), so removing it is the user's call.
-
-    ## References
-    - https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution
-    - https://pytorch.org/docs/stable/generated/torch.cuda.Event.html
     """
 
     code = "AX304"
@@ -143,7 +139,7 @@ class SynchronizeInTrainingLoop(Rule):
             "    loss.backward()\n"
             "    opt.step()\n"
             "    torch.cuda.synchronize()\n",
-            target="cuda",
+            target="cuda", lines=(6,),
         ),
         Invalid(
             "import torch\n"
@@ -154,8 +150,7 @@ class SynchronizeInTrainingLoop(Rule):
             "        optimizer.step()\n"
             "        torch.npu.synchronize()\n"
             "        torch_npu.npu.current_stream().synchronize()\n",
-            target="npu",
-            count=2,
+            target="npu", lines=(7, 8),
         ),
         Invalid(
             "import torch as T\n"
@@ -168,8 +163,7 @@ class SynchronizeInTrainingLoop(Rule):
             "    end.record()\n"
             "    end.synchronize()\n"
             "    synchronize()\n",
-            target="cuda",
-            count=2,
+            target="cuda", lines=(9, 10),
         ),
         Valid(
             "import torch\n"

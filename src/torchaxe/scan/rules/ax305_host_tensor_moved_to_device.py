@@ -162,10 +162,6 @@ class HostTensorMovedToDevice(Rule):
     `device="cpu"`. Skipped: factories with `**kwargs`, `out=`, `pin_memory=` or
     `generator=` (a CPU generator cannot draw on the device), and random factories
     told `device="cpu"` (drawn on the CPU on purpose, for the same numbers everywhere).
-
-    ## References
-    - https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#create-tensors-directly-on-the-target-device
-    - https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers
     """
 
     code = "AX305"
@@ -185,28 +181,27 @@ class HostTensorMovedToDevice(Rule):
         Invalid(
             "import torch\nmask = torch.ones(n, n).tril().cuda()\nx = torch.tensor(data).cuda()\n",
             target="cuda",
-            fixed='import torch\nmask = torch.ones(n, n, device="cuda").tril()\nx = torch.tensor(data, device="cuda")\n',
-            count=2,
+            fixed='import torch\nmask = torch.ones(n, n, device="cuda").tril()\nx = torch.tensor(data, device="cuda")\n', lines=(2, 3),
         ),
         Invalid(
             "import torch as T\npos = T.arange(seq).long().to(device)\n",
             target="npu",
-            fixed="import torch as T\npos = T.arange(seq, device=device).long()\n",
+            fixed="import torch as T\npos = T.arange(seq, device=device).long()\n", lines=(2,),
         ),
         Invalid(
             "from torch import zeros\nbuf = zeros(3, dtype=torch.float16).npu()\n",
             target="npu",
-            fixed='from torch import zeros\nbuf = zeros(3, dtype=torch.float16, device="npu")\n',
+            fixed='from torch import zeros\nbuf = zeros(3, dtype=torch.float16, device="npu")\n', lines=(2,),
         ),
         Invalid(
             "import torch\nnoise = torch.randn(\n    batch,\n    dim,\n).to(device=args.device)\n",
             target="cuda",
-            fixed="import torch\nnoise = torch.randn(\n    batch,\n    dim,\n    device=args.device,\n)\n",
+            fixed="import torch\nnoise = torch.randn(\n    batch,\n    dim,\n    device=args.device,\n)\n", lines=(2,),
         ),
         Invalid(
             "import torch\nw = torch.zeros(3, requires_grad=True).to('cuda:0')\n",
             target="cuda",
-            fixed="import torch\nw = torch.zeros(3, requires_grad=True, device='cuda:0')\n",
+            fixed="import torch\nw = torch.zeros(3, requires_grad=True, device='cuda:0')\n", lines=(2,),
         ),
         Invalid(
             "import torch\n"
@@ -215,8 +210,7 @@ class HostTensorMovedToDevice(Rule):
             "    y = torch.tensor(a).to(device, non_blocking=True)\n"
             "    z = torch.zeros(3, device='cpu').cuda()\n"
             "    i = torch.arange(4).cuda(rank)\n",
-            target="cuda",
-            count=4,
+            target="cuda", lines=(3, 4, 5, 6),
         ),
         Valid("import torch\nx = torch.tensor(data).cuda()\n", target="cpu"),
         Valid(

@@ -215,10 +215,6 @@ class BlockingBatchCopy(Rule):
     the pinned buffer is not reused until the copy is done. Unsafe for the batch object
     itself or its attributes (`batch.to(device)`): it may be a custom class whose
     `.to()` takes no `non_blocking` (older Hugging Face `BatchEncoding`).
-
-    ## References
-    - https://pytorch.org/docs/stable/notes/cuda.html#use-pinned-memory-buffers
-    - https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html
     """
 
     code = "AX306"
@@ -244,14 +240,13 @@ class BlockingBatchCopy(Rule):
             "    loss.backward()\n"
             "    opt.step()\n",
             target="cuda",
-            count=2,
             fixed="from torch.utils.data import DataLoader\n"
             "loader = DataLoader(ds, batch_size=64, pin_memory=True)\n"
             "for x, y in loader:\n"
             "    x, y = x.to(device, non_blocking=True), y.cuda(non_blocking=True)\n"
             "    loss = criterion(model(x), y)\n"
             "    loss.backward()\n"
-            "    opt.step()\n",
+            "    opt.step()\n", lines=(4, 4),
         ),
         Invalid(
             "import torch\n"
@@ -265,7 +260,6 @@ class BlockingBatchCopy(Rule):
             "        model(**batch).loss.backward()\n"
             "        optimizer.step()\n",
             target="npu",
-            count=2,
             fixed="import torch\n"
             "train_loader = torch.utils.data.DataLoader(ds, pin_memory=args.pin)\n"
             "def train(model, train_loader, optimizer):\n"
@@ -276,7 +270,7 @@ class BlockingBatchCopy(Rule):
             "            non_blocking=True,\n"
             "        )\n"
             "        model(**batch).loss.backward()\n"
-            "        optimizer.step()\n",
+            "        optimizer.step()\n", lines=(5, 6),
         ),
         Invalid(
             "import torch as T\n"
@@ -295,7 +289,7 @@ class BlockingBatchCopy(Rule):
             "    batch = next(it)\n"
             "    batch = batch.to(local_rank, non_blocking=True)\n"
             "    model(batch).backward()\n"
-            "    opt.step()\n",
+            "    opt.step()\n", lines=(6,),
         ),
         Valid(
             "from torch.utils.data import DataLoader\n"

@@ -73,10 +73,6 @@ class DataLoaderWithoutWorkers(Rule):
     loader over a dataset class of the same file whose `__getitem__` (or `__iter__`)
     moves tensors to a device (`.cuda()`, `.to(device)`): CUDA cannot be initialised
     in a forked worker.
-
-    ## References
-    - https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading
-    - https://pytorch.org/docs/stable/notes/randomness.html#dataloader
     """
 
     code = "AX401"
@@ -94,12 +90,12 @@ class DataLoaderWithoutWorkers(Rule):
     examples = (
         Invalid(
             "import torch\nloader = torch.utils.data.DataLoader(train_set, batch_size=64)\n",
-            fixed="import torch\nloader = torch.utils.data.DataLoader(train_set, batch_size=64, num_workers=4)\n",
+            fixed="import torch\nloader = torch.utils.data.DataLoader(train_set, batch_size=64, num_workers=4)\n", lines=(2,),
         ),
         Invalid(
             "from torch.utils.data import DataLoader as DL\nloader = DL(ds, batch_size=8, num_workers=0)\n",
             target="cuda",
-            fixed="from torch.utils.data import DataLoader as DL\nloader = DL(ds, batch_size=8, num_workers=4)\n",
+            fixed="from torch.utils.data import DataLoader as DL\nloader = DL(ds, batch_size=8, num_workers=4)\n", lines=(2,), message="(num_workers=0)",
         ),
         Invalid(
             "import torch.utils.data as tud\nloader = tud.DataLoader(\n    ds,\n    batch_size=8,\n    shuffle=True,\n)\n",
@@ -107,15 +103,15 @@ class DataLoaderWithoutWorkers(Rule):
             fixed=(
                 "import torch.utils.data as tud\nloader = tud.DataLoader(\n    ds,\n    batch_size=8,\n"
                 "    shuffle=True,\n    num_workers=4,\n)\n"
-            ),
+            ), lines=(2,),
         ),
         Invalid(
             "from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 0)\n",
-            fixed="from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 4)\n",
+            fixed="from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 4)\n", lines=(2,),
         ),
         Invalid(
             "from torch.utils import data\nloader = data.DataLoader(ds)\n",
-            fixed="from torch.utils import data\nloader = data.DataLoader(ds, num_workers=4)\n",
+            fixed="from torch.utils import data\nloader = data.DataLoader(ds, num_workers=4)\n", lines=(2,),
         ),
         Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, batch_size=64, num_workers=8)\n"),
         Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=args.workers)\n"),
@@ -125,7 +121,7 @@ class DataLoaderWithoutWorkers(Rule):
         Valid("import torch\nloader = torch.utils.data.DataLoader(ds)  # noqa: AX401\n"),
         Invalid(
             "from torch.utils.data import DataLoader, IterableDataset\n\n\nclass Stream(IterableDataset):\n"
-            "    def __iter__(self):\n        yield from range(8)\n\n\nloader = DataLoader(Stream(), batch_size=4)\n",
+            "    def __iter__(self):\n        yield from range(8)\n\n\nloader = DataLoader(Stream(), batch_size=4)\n", lines=(9,),
         ),
         Invalid(
             "import torch\n\n\nclass Shards(torch.utils.data.IterableDataset):\n    def __iter__(self):\n"
@@ -133,12 +129,12 @@ class DataLoaderWithoutWorkers(Rule):
             "loader = torch.utils.data.DataLoader(Shards(), batch_size=4)\n",
             fixed="import torch\n\n\nclass Shards(torch.utils.data.IterableDataset):\n    def __iter__(self):\n"
             "        info = torch.utils.data.get_worker_info()\n        yield from range(info.id if info else 0, 8, 2)\n\n\n"
-            "loader = torch.utils.data.DataLoader(Shards(), batch_size=4, num_workers=4)\n",
+            "loader = torch.utils.data.DataLoader(Shards(), batch_size=4, num_workers=4)\n", lines=(10,),
         ),
         Invalid(
             "import torch\nfrom torch.utils.data import DataLoader, Dataset\n\n\nclass Pairs(Dataset):\n"
             "    def __len__(self):\n        return 64\n\n    def __getitem__(self, i):\n"
-            "        return torch.randn(8).to(device), i\n\n\nloader = DataLoader(Pairs(), batch_size=8)\n",
+            "        return torch.randn(8).to(device), i\n\n\nloader = DataLoader(Pairs(), batch_size=8)\n", lines=(13,),
         ),
         Invalid(
             "import torch\nfrom torch.utils.data import DataLoader, Dataset\n\n\nclass Pairs(Dataset):\n"
@@ -148,7 +144,7 @@ class DataLoaderWithoutWorkers(Rule):
             fixed="import torch\nfrom torch.utils.data import DataLoader, Dataset\n\n\nclass Pairs(Dataset):\n"
             "    def __len__(self):\n        return 64\n\n    def __getitem__(self, i):\n"
             "        return torch.randn(8).to(torch.float16), i\n\n\ntrain = Pairs()\n"
-            "loader = DataLoader(train, batch_size=8, num_workers=4)\n",
+            "loader = DataLoader(train, batch_size=8, num_workers=4)\n", lines=(14,),
         ),
         Valid(
             "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"

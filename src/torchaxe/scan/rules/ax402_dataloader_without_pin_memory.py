@@ -46,10 +46,6 @@ class DataLoaderWithoutPinMemory(Rule):
     file is therefore not flagged, nor are calls with `*args`/`**kwargs` or a
     non-literal `pin_memory`. On npu, pinning goes through torch_npu and is
     unverified on Ascend hardware.
-
-    ## References
-    - https://pytorch.org/docs/stable/data.html#memory-pinning
-    - https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html
     """
 
     code = "AX402"
@@ -69,22 +65,22 @@ class DataLoaderWithoutPinMemory(Rule):
         Invalid(
             "import torch\nloader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=4)\n",
             target="cuda",
-            fixed="import torch\nloader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=4, pin_memory=True)\n",
+            fixed="import torch\nloader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=4, pin_memory=True)\n", lines=(2,),
         ),
         Invalid(
             "from torch.utils.data import DataLoader as DL\nloader = DL(ds, num_workers=2, pin_memory=False)\n",
             target="npu",
-            fixed="from torch.utils.data import DataLoader as DL\nloader = DL(ds, num_workers=2, pin_memory=True)\n",
+            fixed="from torch.utils.data import DataLoader as DL\nloader = DL(ds, num_workers=2, pin_memory=True)\n", lines=(2,),
         ),
         Invalid(
             "import torch.utils.data as tud\nloader = tud.DataLoader(\n    ds,\n    batch_size=8,\n)\n",
             target="cuda",
-            fixed="import torch.utils.data as tud\nloader = tud.DataLoader(\n    ds,\n    batch_size=8,\n    pin_memory=True,\n)\n",
+            fixed="import torch.utils.data as tud\nloader = tud.DataLoader(\n    ds,\n    batch_size=8,\n    pin_memory=True,\n)\n", lines=(2,),
         ),
         Invalid(
             "from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 4, None, False)\n",
             target="cuda",
-            fixed="from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 4, None, True)\n",
+            fixed="from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 4, None, True)\n", lines=(2,),
         ),
         Valid("import torch\nloader = torch.utils.data.DataLoader(ds, batch_size=64)\n", target="cpu"),
         Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, pin_memory=True)\n", target="cuda"),

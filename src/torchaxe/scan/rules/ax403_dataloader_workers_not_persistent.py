@@ -53,9 +53,6 @@ class DataLoaderWorkersNotPersistent(Rule):
     `*args`/`**kwargs` or a non-literal `persistent_workers` are not flagged, nor is
     a loader whose sampler draws with replacement a literal `num_samples` of 10^8 or
     more (an endless stream iterated once, as minGPT's trainer builds it).
-
-    ## References
-    - https://pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader
     """
 
     code = "AX403"
@@ -70,25 +67,25 @@ class DataLoaderWorkersNotPersistent(Rule):
     examples = (
         Invalid(
             "import torch\nloader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=8)\n",
-            fixed="import torch\nloader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=8, persistent_workers=True)\n",
+            fixed="import torch\nloader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=8, persistent_workers=True)\n", lines=(2,),
         ),
         Invalid(
             "from torch.utils.data import DataLoader as DL\nloader = DL(ds, num_workers=args.workers)\n",
             target="cuda",
-            fixed="from torch.utils.data import DataLoader as DL\nloader = DL(ds, num_workers=args.workers, persistent_workers=args.workers > 0)\n",
+            fixed="from torch.utils.data import DataLoader as DL\nloader = DL(ds, num_workers=args.workers, persistent_workers=args.workers > 0)\n", lines=(2,),
         ),
         Invalid(
             "from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=n or 2, persistent_workers=False)\n",
             target="npu",
-            fixed="from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=n or 2, persistent_workers=(n or 2) > 0)\n",
+            fixed="from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=n or 2, persistent_workers=(n or 2) > 0)\n", lines=(2,),
         ),
         Invalid(
             "import torch.utils.data as tud\nloader = tud.DataLoader(\n    ds,\n    num_workers=4,\n)\n",
-            fixed="import torch.utils.data as tud\nloader = tud.DataLoader(\n    ds,\n    num_workers=4,\n    persistent_workers=True,\n)\n",
+            fixed="import torch.utils.data as tud\nloader = tud.DataLoader(\n    ds,\n    num_workers=4,\n    persistent_workers=True,\n)\n", lines=(2,),
         ),
         Invalid(
             "from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 6)\n",
-            fixed="from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 6, persistent_workers=True)\n",
+            fixed="from torch.utils.data import DataLoader\nloader = DataLoader(ds, 32, True, None, None, 6, persistent_workers=True)\n", lines=(2,),
         ),
         Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=4, persistent_workers=True)\n"),
         Valid("from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=4, persistent_workers=keep)\n"),

@@ -60,10 +60,6 @@ class PilDecodeInDataset(Rule):
     (`torchvision.transforms.v2` accept tensors; `ToTensor` must become a dtype
     conversion), and decoders differ in the last bits of some pixels (JPEG IDCT,
     chroma upsampling), which can shift accuracy slightly: measure before and after.
-
-    ## References
-    - https://pytorch.org/vision/stable/io.html#image-decoding
-    - https://docs.opencv.org/4.x/d4/da8/group__imgcodecs.html
     """
 
     code = "AX404"
@@ -83,7 +79,7 @@ class PilDecodeInDataset(Rule):
         Invalid(
             "import torch\nfrom PIL import Image\n\n\nclass Images(torch.utils.data.Dataset):\n"
             "    def __getitem__(self, i):\n"
-            "        return Image.open(self.paths[i]).convert('RGB'), self.labels[i]\n"
+            "        return Image.open(self.paths[i]).convert('RGB'), self.labels[i]\n", lines=(7,)
         ),
         Invalid(
             "import PIL.Image\n\n\nclass Images:\n"
@@ -92,7 +88,7 @@ class PilDecodeInDataset(Rule):
             "            img = PIL.Image.open(f)\n"
             "            img = img.convert('L')\n"
             "        return img\n",
-            target="cuda",
+            target="cuda", lines=(7,),
         ),
         Invalid(
             "from PIL import Image as I\nfrom torch.utils.data import Dataset\n\n\nclass Images(Dataset):\n"
@@ -100,18 +96,18 @@ class PilDecodeInDataset(Rule):
             "        return I.open(path)\n\n"
             "    def __getitem__(self, i):\n"
             "        return self._load(self.paths[i])\n",
-            target="npu",
+            target="npu", lines=(7,),
         ),
         Invalid(
             "from PIL import Image\nfrom torch.utils.data import Dataset\n\n\n"
             "def pil_loader(path):\n    return Image.open(path).convert('RGB')\n\n\n"
             "class Folder(Dataset):\n"
             "    def __init__(self, paths, loader=pil_loader):\n        self.loader = loader\n\n"
-            "    def __getitem__(self, i):\n        return self.loader(self.paths[i])\n"
+            "    def __getitem__(self, i):\n        return self.loader(self.paths[i])\n", lines=(6,), message="which Fold"
         ),
         Invalid(
             "from torchvision.datasets.folder import pil_loader\n\n\nclass Folder:\n"
-            "    def __getitem__(self, i):\n        return pil_loader(self.paths[i])\n"
+            "    def __getitem__(self, i):\n        return pil_loader(self.paths[i])\n", lines=(6,)
         ),
         Valid(
             "from PIL import Image\n\n\ndef show(path):\n    Image.open(path).show()\n"

@@ -117,10 +117,6 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
     holds its own partial sum, so code that reads gradients on those micro-batches
     sees other values. With accelerate the advice is `accelerator.accumulate(model)`
     or `accelerator.no_sync(model)`, shown only.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html#torch.nn.parallel.DistributedDataParallel.no_sync
-    - https://huggingface.co/docs/accelerate/usage_guides/gradient_accumulation
     """
 
     code = "AX601"
@@ -155,7 +151,7 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             "        loss.backward()\n"
             "    if (i + 1) % accum == 0:\n"
             "        opt.step()\n"
-            "        opt.zero_grad()\n",
+            "        opt.zero_grad()\n", lines=(7,),
         ),
         Invalid(
             _HEAD + "step = 0\n"
@@ -177,7 +173,7 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             "    step += 1\n"
             "    if step % args.grad_accum_steps != 0:\n"
             "        continue\n"
-            "    scaler.step(optimizer)\n",
+            "    scaler.step(optimizer)\n", lines=(9,), message="a step skipped (`continue`)",
         ),
         Invalid(
             _HEAD + "for batch in loader:\n"
@@ -190,7 +186,7 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             "        with (model.no_sync() if micro != accum - 1 else contextlib.nullcontext()):\n"
             "            loss = model(batch[micro]).sum()\n"
             "            loss.backward()\n"
-            "    opt.step()\n",
+            "    opt.step()\n", lines=(8,), message="an inner loop over micro-batches",
         ),
         Invalid(
             _HEAD + "for i, (x, y) in enumerate(loader):\n"
@@ -199,7 +195,7 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             fixed=_HEAD + "for i, (x, y) in enumerate(loader):\n"
             "    with (model.no_sync() if (i + 1) % accum != 0 else contextlib.nullcontext()):\n"
             "        loss = loss_fn(model(x), y) / accum\n"
-            "        loss_scaler(loss, opt, parameters=model.parameters(), update_grad=(i + 1) % accum == 0)\n",
+            "        loss_scaler(loss, opt, parameters=model.parameters(), update_grad=(i + 1) % accum == 0)\n", lines=(7,), message="`loss_scaler(...)` runs the backward",
         ),
         # The loss is computed in another function: advice only.
         Invalid(
@@ -207,7 +203,7 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             "    loss = compute_loss(batch)\n"
             "    loss.backward()\n"
             "    if (i + 1) % accum == 0:\n"
-            "        opt.step()\n",
+            "        opt.step()\n", lines=(7,),
         ),
         # The counter changes in a way that cannot be undone in the condition.
         Invalid(
@@ -216,7 +212,7 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             "    loss.backward()\n"
             "    seen += batch.size(0)\n"
             "    if seen % accum == 0:\n"
-            "        opt.step()\n",
+            "        opt.step()\n", lines=(7,),
         ),
         Invalid(
             "from accelerate import Accelerator\naccelerator = Accelerator()\n"
@@ -225,7 +221,7 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             "    loss = model(**batch).loss / args.gradient_accumulation_steps\n"
             "    accelerator.backward(loss)\n"
             "    if step % args.gradient_accumulation_steps == 0 or step == len(loader) - 1:\n"
-            "        opt.step()\n",
+            "        opt.step()\n", lines=(6,),
         ),
         Valid(_HEAD + "for x in loader:\n    model(x).sum().backward()\n    opt.step()\n"),
         Valid(

@@ -53,9 +53,6 @@ class DistributedSamplerWithoutSetEpoch(Rule):
     files that call `set_epoch` anywhere (on the sampler, the loader's
     `.sampler`, or a wrapper), are not flagged; nor is a file that only builds the
     sampler and trains elsewhere.
-
-    ## References
-    - https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler
     """
 
     code = "AX602"
@@ -69,11 +66,11 @@ class DistributedSamplerWithoutSetEpoch(Rule):
         Invalid(
             "from torch.utils.data import DataLoader, DistributedSampler\n"
             "sampler = DistributedSampler(train_set)\nloader = DataLoader(train_set, sampler=sampler)\n"
-            "for epoch in range(10):\n" + "\n".join("    " + line for line in _TRAIN.splitlines()) + "\n",
+            "for epoch in range(10):\n" + "\n".join("    " + line for line in _TRAIN.splitlines()) + "\n", lines=(2,),
         ),
         Invalid(
             "import torch\nsampler = torch.utils.data.distributed.DistributedSampler(ds, shuffle=True)\n" + _TRAIN,
-            target="cuda",
+            target="cuda", lines=(2,),
         ),
         Valid(
             "from torch.utils.data import DistributedSampler\nsampler = DistributedSampler(train_set)\n"

@@ -77,9 +77,6 @@ class CollectiveOnlyForLogging(Rule):
     reduce it every N steps, which changes what is printed. Collectives under an
     `if` that does not step the optimizer (a logging or evaluation branch) are not
     flagged; `if args.distributed:`-style guards do not count as such a branch.
-
-    ## References
-    - https://pytorch.org/docs/stable/distributed.html#collective-functions
     """
 
     code = "AX603"
@@ -104,22 +101,22 @@ class CollectiveOnlyForLogging(Rule):
             "            reduced = loss.detach().clone()\n            dist.all_reduce(reduced)\n"
             "            if self.step % 10 == 0:\n                print(reduced.item())\n"
             "        return reduced.item()\n\n    def train(self, epochs):\n        for epoch in range(epochs):\n"
-            "            last = self._run_epoch()\n        print(f'final loss {last:.4f}')\n",
+            "            last = self._run_epoch()\n        print(f'final loss {last:.4f}')\n", lines=(10,),
         ),
         Invalid(
             _HEAD + "for step, (x, y) in enumerate(loader):\n    loss = model(x).sum()\n    loss.backward()\n"
             "    opt.step()\n    reported = loss.detach()\n    dist.all_reduce(reported)\n"
-            "    if step % 10 == 0:\n        print(f'loss {reported.item():.3f}')\n",
+            "    if step % 10 == 0:\n        print(f'loss {reported.item():.3f}')\n", lines=(8,),
         ),
         Invalid(
             _HEAD + "def reduce_tensor(t):\n    rt = t.clone()\n    dist.all_reduce(rt)\n    return rt / 2\n\n"
             "def train():\n    for x in loader:\n        loss = model(x).sum()\n        loss.backward()\n"
             "        optimizer.step()\n        if args.distributed:\n            reduced = reduce_tensor(loss.data)\n"
             "        value = reduced.item()\n        losses.update(value, x.size(0))\n",
-            target="cuda",
+            target="cuda", lines=(14,),
         ),
         Invalid(
-            _HEAD + "for x in loader:\n    model(x).sum().backward()\n    opt.step()\n    dist.barrier()\n",
+            _HEAD + "for x in loader:\n    model(x).sum().backward()\n    opt.step()\n    dist.barrier()\n", lines=(6,), message="every rank waits for the slowest",
         ),
         Valid(
             _HEAD + "for step, x in enumerate(loader):\n    loss = model(x).sum()\n    loss.backward()\n"

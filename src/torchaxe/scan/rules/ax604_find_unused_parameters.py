@@ -42,9 +42,6 @@ class FindUnusedParameters(Rule):
     at the next iteration instead of giving wrong results, so the test is safe. If
     the set of used parameters never changes, `static_graph=True` keeps the
     correctness and drops most of the cost.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html
     """
 
     code = "AX604"
@@ -56,9 +53,9 @@ class FindUnusedParameters(Rule):
     references = ("https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",)
     examples = (
         Invalid("from torch.nn.parallel import DistributedDataParallel as DDP\n"
-                "model = DDP(model, device_ids=[rank], find_unused_parameters=True)\n"),
+                "model = DDP(model, device_ids=[rank], find_unused_parameters=True)\n", lines=(2,)),
         Invalid("import torch\nmodel = torch.nn.parallel.DistributedDataParallel(\n    model,\n"
-                "    find_unused_parameters=True,\n)\n", target="cuda"),
+                "    find_unused_parameters=True,\n)\n", target="cuda", lines=(4,)),
         Valid("from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(model)\n"),
         Valid("from torch.nn.parallel import DistributedDataParallel as DDP\n"
               "model = DDP(model, find_unused_parameters=args.find_unused)\n"),

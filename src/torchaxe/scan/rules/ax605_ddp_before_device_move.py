@@ -54,9 +54,6 @@ class DdpBeforeDeviceMove(Rule):
     that certainly runs after the wrapping is flagged: in the same function, later
     in the same block or in a block that follows it, on the name bound to the
     wrapper, on its `.module`, or on the module given to it.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html
     """
 
     code = "AX605"
@@ -66,11 +63,11 @@ class DdpBeforeDeviceMove(Rule):
     requires_text = ("DistributedDataParallel",)
     references = ("https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html",)
     examples = (
-        Invalid(_HEAD + "def main():\n    model = DDP(net)\n    model.cuda()\n"),
-        Invalid(_HEAD + "def main():\n    ddp = DDP(net, device_ids=[0])\n    net.to('cuda:0')\n", target="cuda"),
+        Invalid(_HEAD + "def main():\n    model = DDP(net)\n    model.cuda()\n", lines=(5,)),
+        Invalid(_HEAD + "def main():\n    ddp = DDP(net, device_ids=[0])\n    net.to('cuda:0')\n", target="cuda", lines=(5,)),
         Invalid(_HEAD + "def main():\n    if distributed:\n        model = DDP(model)\n"
-                "    model = model.to(device)\n"),
-        Invalid(_HEAD + "model = DDP(model)\nmodel.module.half()\n"),
+                "    model = model.to(device)\n", lines=(6,)),
+        Invalid(_HEAD + "model = DDP(model)\nmodel.module.half()\n", lines=(4,)),
         Valid(_HEAD + "def main():\n    model = net.cuda()\n    model = DDP(model, device_ids=[0])\n"),
         Valid(_HEAD + "def main():\n    if distributed:\n        model = DDP(model)\n    else:\n"
               "        model = model.cuda()\n"),

@@ -51,10 +51,6 @@ class CompileWrapsDistributedWrapper(Rule):
     Advice only: reordering changes which object the rest of the script holds
     (`model.module`, checkpoints' key prefixes). FSDP2's `fully_shard`, which
     works in place on the module, is not flagged.
-
-    ## References
-    - https://pytorch.org/docs/stable/compile/programming_model.where_to_apply_compile.html
-    - https://pytorch.org/docs/stable/fsdp.html
     """
 
     code = "AX606"
@@ -66,11 +62,11 @@ class CompileWrapsDistributedWrapper(Rule):
     node_types = (ast.Call,)
     references = (_WHERE, _FSDP_DOC)
     examples = (
-        Invalid(_DDP + "def main():\n    model = DDP(net, device_ids=[rank])\n    model = torch.compile(model)\n"),
-        Invalid(_DDP + "model = torch.compile(DDP(net))\n", target="cuda"),
-        Invalid(_DDP + "model = DDP(net)\nmodel.compile()\n"),
-        Invalid(_FSDP + "net = torch.compile(net)\nmodel = FSDP(net)\n"),
-        Invalid(_FSDP + "model = FSDP(net, use_orig_params=True)\nmodel = torch.compile(model)\n"),
+        Invalid(_DDP + "def main():\n    model = DDP(net, device_ids=[rank])\n    model = torch.compile(model)\n", lines=(5,)),
+        Invalid(_DDP + "model = torch.compile(DDP(net))\n", target="cuda", lines=(3,)),
+        Invalid(_DDP + "model = DDP(net)\nmodel.compile()\n", lines=(4,)),
+        Invalid(_FSDP + "net = torch.compile(net)\nmodel = FSDP(net)\n", lines=(4,), message="without use_orig_params=True"),
+        Invalid(_FSDP + "model = FSDP(net, use_orig_params=True)\nmodel = torch.compile(model)\n", lines=(4,)),
         Valid(_DDP + "def main():\n    model = torch.compile(net)\n    model = DDP(model, device_ids=[rank])\n"),
         Valid(_DDP + "net.compile()\nmodel = DDP(net)\n"),
         Valid(_FSDP + "net = torch.compile(net)\nmodel = FSDP(net, use_orig_params=True)\n"),

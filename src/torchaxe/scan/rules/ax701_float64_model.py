@@ -45,10 +45,6 @@ class Float64Model(Rule):
     Display-only: the inputs, the buffers the code creates (`torch.zeros(..., dtype=torch.double)`)
     and any tolerance tuned for float64 must change with it, and some problems need
     float64's range or precision: measure the loss in float32 before keeping it.
-
-    ## References
-    - https://pytorch.org/docs/stable/amp.html#ops-that-can-autocast-to-float32
-    - https://pytorch.org/docs/stable/generated/torch.set_default_dtype.html
     """
 
     code = "AX701"
@@ -64,18 +60,18 @@ class Float64Model(Rule):
         "https://pytorch.org/docs/stable/generated/torch.set_default_dtype.html",
     )
     examples = (
-        Invalid("import torch\nimport torch.nn as nn\nmodel = nn.LSTM(4, 8).double()\n"),
+        Invalid("import torch\nimport torch.nn as nn\nmodel = nn.LSTM(4, 8).double()\n", lines=(3,)),
         Invalid(
             "import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    pass\nnet = Net()\nnet.double()\n",
-            target="cuda",
+            target="cuda", lines=(6,),
         ),
         Invalid(
             "import torch\nimport torch.nn as nn\nclass Net(nn.Module):\n    pass\nnet = Net().to(torch.float64)\n",
-            target="npu",
+            target="npu", lines=(5,),
         ),
-        Invalid("import torch\ntorch.set_default_dtype(torch.float64)\n"),
-        Invalid("import torch\ntorch.set_default_tensor_type(torch.DoubleTensor)\n"),
-        Invalid("import torch\nmodel = torch.nn.Linear(4, 2)\nmodel.to(dtype=torch.double)\n"),
+        Invalid("import torch\ntorch.set_default_dtype(torch.float64)\n", lines=(2,)),
+        Invalid("import torch\ntorch.set_default_tensor_type(torch.DoubleTensor)\n", lines=(2,)),
+        Invalid("import torch\nmodel = torch.nn.Linear(4, 2)\nmodel.to(dtype=torch.double)\n", lines=(3,)),
         # Tensors, not the model.
         Valid("import torch\nx = torch.randn(4).double()\ny = batch.to(torch.float64)\n"),
         Valid("import torch\nloss = criterion(out, target.double())\n"),

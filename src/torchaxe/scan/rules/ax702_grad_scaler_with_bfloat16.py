@@ -70,10 +70,6 @@ class GradScalerWithBfloat16(Rule):
     Unsafe: with the scaler off, a step whose gradients hold inf or NaN is no longer
     skipped (the check that skipped it is what costs the sync), and the gradients
     differ from the scaled ones by rounding. NPU: unverified on Ascend hardware.
-
-    ## References
-    - https://pytorch.org/docs/stable/amp.html#gradient-scaling
-    - https://pytorch.org/docs/stable/notes/amp_examples.html
     """
 
     code = "AX702"
@@ -95,14 +91,14 @@ class GradScalerWithBfloat16(Rule):
             "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)\n",
             target="cuda",
             fixed="import torch\nscaler = torch.amp.GradScaler('cuda', enabled=False)\n"
-            "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)\n",
+            "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = model(x)\n", lines=(2,),
         ),
         # CPU autocast computes in bfloat16 unless told otherwise.
         Invalid(
             "import torch\nscaler = torch.amp.GradScaler('cpu')\nwith torch.autocast(device_type='cpu'):\n"
             "    loss = model(x)\n",
             fixed="import torch\nscaler = torch.amp.GradScaler('cpu', enabled=False)\n"
-            "with torch.autocast(device_type='cpu'):\n    loss = model(x)\n",
+            "with torch.autocast(device_type='cpu'):\n    loss = model(x)\n", lines=(2,),
         ),
         # The old spellings, and the dtype through a name assigned once.
         Invalid(
@@ -110,21 +106,21 @@ class GradScalerWithBfloat16(Rule):
             "scaler = GradScaler()\nwith autocast(dtype=AMP_DTYPE):\n    loss = model(x)\n",
             target="cuda",
             fixed="import torch\nfrom torch.cuda.amp import GradScaler, autocast\nAMP_DTYPE = torch.bfloat16\n"
-            "scaler = GradScaler(enabled=False)\nwith autocast(dtype=AMP_DTYPE):\n    loss = model(x)\n",
+            "scaler = GradScaler(enabled=False)\nwith autocast(dtype=AMP_DTYPE):\n    loss = model(x)\n", lines=(4,),
         ),
         Invalid(
             "import torch\nscaler = torch.cuda.amp.GradScaler(enabled=True)\n"
             "with torch.cuda.amp.autocast(dtype=torch.bfloat16):\n    loss = model(x)\n",
             target="npu",
             fixed="import torch\nscaler = torch.cuda.amp.GradScaler(enabled=False)\n"
-            "with torch.cuda.amp.autocast(dtype=torch.bfloat16):\n    loss = model(x)\n",
+            "with torch.cuda.amp.autocast(dtype=torch.bfloat16):\n    loss = model(x)\n", lines=(2,),
         ),
         # The scaler built elsewhere, used only under the flag that makes autocast bfloat16.
         Invalid(
             "import torch\nwith torch.cuda.amp.autocast(dtype=torch.bfloat16, enabled=use_bfloat16):\n"
             "    loss = model(x)\nif use_bfloat16:\n    scaler.scale(loss).backward()\n    scaler.step(opt)\n"
             "else:\n    loss.backward()\n",
-            target="cuda",
+            target="cuda", lines=(5,), message="only when `use_bfloat16` is set",
         ),
         Valid(
             "import torch\nwith torch.cuda.amp.autocast(dtype=torch.float16, enabled=use_bfloat16):\n"

@@ -65,10 +65,6 @@ class BinaryCrossEntropyOnSigmoid(Rule):
     inside the call; where it is a model's last layer, the model must return logits
     and everything that reads its output as a probability (accuracy, logging) must
     apply the sigmoid itself: shown, not rewritten. NPU: unverified on Ascend hardware.
-
-    ## References
-    - https://pytorch.org/docs/stable/generated/torch.nn.BCEWithLogitsLoss.html
-    - https://pytorch.org/docs/stable/amp.html#ops-that-can-autocast-to-float32
     """
 
     code = "AX703"
@@ -87,20 +83,20 @@ class BinaryCrossEntropyOnSigmoid(Rule):
     examples = (
         Invalid(
             "import torch\nimport torch.nn.functional as F\nloss = F.binary_cross_entropy(torch.sigmoid(z), y)\n",
-            fixed="import torch\nimport torch.nn.functional as F\nloss = F.binary_cross_entropy_with_logits(z, y)\n",
+            fixed="import torch\nimport torch.nn.functional as F\nloss = F.binary_cross_entropy_with_logits(z, y)\n", lines=(3,),
         ),
         Invalid(
             "import torch\nimport torch.nn.functional as F\n"
             "loss = F.binary_cross_entropy((a + b).sigmoid().view(-1), y, reduction='sum')\n",
             target="cuda",
             fixed="import torch\nimport torch.nn.functional as F\n"
-                  "loss = F.binary_cross_entropy_with_logits((a + b).view(-1), y, reduction='sum')\n",
+                  "loss = F.binary_cross_entropy_with_logits((a + b).view(-1), y, reduction='sum')\n", lines=(3,),
         ),
         # Through a name, and an nn.BCELoss criterion: shown.
         Invalid(
             "import torch\nimport torch.nn as nn\ncriterion = nn.BCELoss()\n"
             "def step(model, x, y):\n    logits = model(x)\n    probs = torch.sigmoid(logits)\n"
-            "    return criterion(probs, y)\n"
+            "    return criterion(probs, y)\n", lines=(7,)
         ),
         # DCGAN: the discriminator's Sequential ends in nn.Sigmoid().
         Invalid(
@@ -110,7 +106,7 @@ class BinaryCrossEntropyOnSigmoid(Rule):
             "    def forward(self, x):\n        return self.main(x)\n"
             "netD = D().to('cpu')\ncriterion = nn.BCELoss()\n"
             "for x, label in data:\n    output = netD(x).view(-1)\n    err = criterion(output, label)\n",
-            target="npu",
+            target="npu", lines=(13,), message="whose forward() ends in a sig",
         ),
         # A VAE's decoder ends in a sigmoid; the loss function takes its output.
         Invalid(
@@ -118,7 +114,7 @@ class BinaryCrossEntropyOnSigmoid(Rule):
             "class VAE(nn.Module):\n    def decode(self, z):\n        return torch.sigmoid(self.fc(z))\n"
             "    def forward(self, x):\n        z = self.enc(x)\n        return self.decode(z), z\n"
             "def loss_function(recon_x, x):\n    return F.binary_cross_entropy(recon_x, x, reduction='sum')\n"
-            "model = VAE()\nrecon, z = model(x)\nloss = loss_function(recon, x)\n"
+            "model = VAE()\nrecon, z = model(x)\nloss = loss_function(recon, x)\n", lines=(11,)
         ),
         Valid("import torch\nimport torch.nn.functional as F\nloss = F.binary_cross_entropy_with_logits(z, y)\n"),
         # Probabilities that are not a sigmoid's, or of unknown origin.

@@ -34,16 +34,20 @@ class Valid:
 
 @dataclass(frozen=True)
 class Invalid:
-    """Code the rule must flag ``count`` times on ``target``.
+    """Code the rule must flag on ``target``, once on each of ``lines`` (1-based; a line
+    listed twice is flagged twice).
 
     ``fixed`` is the whole source after applying this rule's fixes (unsafe ones
-    included); ``None`` means the rule offers no applicable fix for it.
+    included); ``None`` means the rule offers no applicable fix for it. ``message``,
+    when set, is text every finding's message must contain (for rules whose message
+    depends on the case).
     """
 
     code: str
     target: str = "cpu"
     fixed: str | None = None
-    count: int = 1
+    lines: tuple[int, ...] = ()
+    message: str | None = None
 
 
 class Rule:
@@ -90,8 +94,13 @@ class Rule:
     # ------------------------------------------------------------ metadata
     @classmethod
     def docs(cls) -> dict[str, str]:
-        """The documentation sections parsed from the class docstring."""
-        return parse_doc_sections(inspect.getdoc(cls) or "")
+        """The documentation sections parsed from the class docstring, with the
+        References section made from ``references`` (its one source: the docstring
+        does not repeat it, so the two cannot drift apart)."""
+        sections = parse_doc_sections(inspect.getdoc(cls) or "")
+        if cls.references:
+            sections["References"] = "\n".join(f"- {ref}" for ref in cls.references)
+        return sections
 
     @classmethod
     def has_fix(cls) -> bool:
