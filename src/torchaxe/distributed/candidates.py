@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
-from torchaxe.units import bytes_text
+from torchaxe.units import bytes_text, duration
 
 AXIS = "distributed"
 #: DDP's bucket size when the script gives none (MiB).
@@ -53,7 +53,7 @@ def _exact(detail: str) -> Accuracy:
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms"
+    return duration(seconds, 1)
 
 
 def comm_share(profile: dict[str, Any], dist: dict[str, Any]) -> tuple[float, str] | None:

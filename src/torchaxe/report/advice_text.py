@@ -283,7 +283,7 @@ def _hanging(console: Console, text: str, indent: int, more: int) -> None:
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{1000 * value:.1f} ms"
+    return duration(value, 1, missing="-")
 
 
 def _render_ranks(console: Console, advice: Advice) -> None:
