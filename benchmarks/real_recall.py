@@ -80,6 +80,8 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "cell_loop": ("AX121",),
     # benchmarks/real_corpus_xent.toml: cross-entropies written by hand (AX122).
     "hand_xent": ("AX122",),
+    # benchmarks/real_corpus_heldout.toml: the classes above, and optimizers left unfused.
+    "unfused_optimizer": ("AX201",),
 }
 KINDS = ("positive", "lookalike")
 
