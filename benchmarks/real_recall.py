@@ -48,7 +48,8 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "rotary_apply": ("AX119",),
     "channel_layer_norm": ("AX116",),
     "optimizer_kwargs": ("AX201",),
-    "loop_sync_helper": ("AX30",),
+    # The host syncs (AX301-AX304); AX305/AX306 are copies, not syncs, and have no class.
+    "loop_sync_helper": ("AX301", "AX302", "AX303", "AX304"),
     "ddp_accumulation": ("AX601",),
     "sampler_epoch": ("AX602",),
     "collective_logging": ("AX603",),
@@ -69,7 +70,7 @@ CLASSES: dict[str, tuple[str, ...]] = {
     # benchmarks/real_corpus_review.toml: operators named after a fused one (AX103), read
     # by name; and the host syncs of training loops (AX301-AX304).
     "fused_op_name": ("AX103",),
-    "loop_sync": ("AX30",),
+    "loop_sync": ("AX301", "AX302", "AX303", "AX304"),
     # benchmarks/real_corpus_averages.toml: moving averages of weights kept one tensor at
     # a time (AX205), and gradient scalers beside bfloat16 autocast (AX702).
     "ema_loop": ("AX205",),
@@ -236,12 +237,13 @@ def render_text(data: dict[str, Any], command: str, out: TextIO) -> None:
     w(f"machine: {data['machine']}\n")
     w(f"corpus: {corpus['positives']} positives and {corpus['lookalikes']} look-alikes in {corpus['files']} files of "
       f"{corpus['repositories']} repositories, target {data['target']}, scanned in {data['seconds']:.2f} s\n\n")
-    w(f"{'class':<21} {'rules':<6} {'positives':>9} {'found':>6} {'recall':>7}   {'look-alikes':>11} {'false +':>8}\n")
+    w(f"{'class':<21} {'rules':<11} {'positives':>9} {'found':>6} {'recall':>7}   {'look-alikes':>11} {'false +':>8}\n")
     for name, c in data["classes"].items():
-        w(f"{name:<21} {','.join(c['rules']):<6} {c['positives']:>9} {c['found']:>6} {_pct(c['recall']):>7}   "
+        rules = c["rules"][0] if len(c["rules"]) == 1 else f"{c['rules'][0]}-{c['rules'][-1]}"
+        w(f"{name:<21} {rules:<11} {c['positives']:>9} {c['found']:>6} {_pct(c['recall']):>7}   "
           f"{c['lookalikes']:>11} {c['false_positives']:>8}\n")
     o = data["overall"]
-    w(f"{'all':<21} {'':<6} {corpus['positives']:>9} {o['found']:>6} {_pct(o['recall']):>7}   "
+    w(f"{'all':<21} {'':<11} {corpus['positives']:>9} {o['found']:>6} {_pct(o['recall']):>7}   "
       f"{corpus['lookalikes']:>11} {o['false_positives']:>8}\n")
     for name, c in data["classes"].items():
         for miss in c["misses"]:

@@ -1340,3 +1340,101 @@ def test_an_rms_norm_by_f_normalize_is_fixed_with_an_eps_that_keeps_zero_rows_ze
     finding, = [f for f in scan(source, target="cuda").findings if f.code == "AX115"]
     assert finding.replacement == "F.rms_norm(x, (x.shape[-1],), self.g, 1e-24)"
     assert "a row of zeros stays zeros, not NaN" in finding.message
+
+
+@pytest.mark.parametrize("target", ["cpu", "npu"])
+def test_attention_whose_query_comes_from_a_complex_rotary_helper(target):
+    # pytorch-llama: on npu the rotary helper is read (and inlined) for the NPU's rotary
+    # rule; the attention on its output is still found, and the rotary beside it.
+    source = """
+import math
+import torch
+import torch.nn.functional as F
+
+
+def apply_rotary_embeddings(x, freqs_complex, device):
+    x_complex = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    freqs_complex = freqs_complex.unsqueeze(0).unsqueeze(2)
+    x_out = torch.view_as_real(x_complex * freqs_complex).reshape(*x.shape)
+    return x_out.type_as(x).to(device)
+
+
+def attend(xq, keys, values, head_dim, freqs_complex):
+    xq = apply_rotary_embeddings(xq, freqs_complex, device=xq.device)
+    xq, keys, values = xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
+    scores = torch.matmul(xq, keys.transpose(2, 3)) / math.sqrt(head_dim)
+    scores = F.softmax(scores.float(), dim=-1).type_as(xq)
+    return torch.matmul(scores, values)
+"""
+    found = sorted((m.category, m.line) for m in matches(source, target))
+    expected = [("attention", 19)] + ([("rotary", 10)] if target == "npu" else [])
+    assert found == sorted(expected)
+
+
+def test_a_silu_inside_a_swiglu_stays_the_swiglus_on_npu():
+    source = """
+import torch
+import torch.nn.functional as F
+
+
+def apply_rotary(x, cos, sin):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def gate(h):
+    a, b = torch.split(h, h.shape[-1] // 2, dim=-1)
+    return a * torch.sigmoid(a) * b
+"""
+    assert sorted(m.category for m in matches(source, "npu")) == ["rotary", "swiglu"]
+
+
+def test_gpt2s_zero_one_mask_written_as_arithmetic():
+    # The first GPT-2 code: w * b + -1e9 * (1 - b) with b a triangle of ones.
+    source = """
+import math
+import torch
+import torch.nn as nn
+
+
+class Attention(nn.Module):
+    def _attn(self, q, k, v):
+        w = torch.matmul(q, k) / math.sqrt(v.size(-1))
+        b = self.b[:, :, :w.size(-2), :w.size(-1)]
+        w = w * b + -1e9 * (1 - b)
+        w = nn.Softmax(dim=-1)(w)
+        return torch.matmul(w, v)
+
+    def _attn_subtracted(self, q, k, v):
+        w = torch.matmul(q, k) / math.sqrt(v.size(-1))
+        b = self.bias[:, :, :w.size(-2), :w.size(-1)]
+        w = w * b - 1e10 * (1 - b)
+        return torch.matmul(torch.softmax(w, dim=-1), v)
+"""
+    found = [m for m in matches(source, "cpu") if m.category == "attention"]
+    assert [m.line for m in found] == [13, 19]
+    assert all(m.params["masked"] for m in found)
+
+
+def test_attention_over_the_channels_of_an_image_projection_split_in_three():
+    # Restormer's transposed attention: qkv.chunk(3, dim=1) of a convolution, each
+    # piece rearranged from (b, (head c), h, w), a learned temperature as the scale.
+    source = """
+import torch
+from einops import rearrange
+
+
+class Attention(torch.nn.Module):
+    def forward(self, x):
+        qkv = self.qkv_dwconv(self.qkv(x))
+        q, k, v = qkv.chunk(3, dim=1)
+        q = rearrange(q, 'b (head c) h w -> b head c (h w)', head=self.num_heads)
+        k = rearrange(k, 'b (head c) h w -> b head c (h w)', head=self.num_heads)
+        v = rearrange(v, 'b (head c) h w -> b head c (h w)', head=self.num_heads)
+        q = torch.nn.functional.normalize(q, dim=-1)
+        k = torch.nn.functional.normalize(k, dim=-1)
+        attn = (q @ k.transpose(-2, -1)) * self.temperature
+        attn = attn.softmax(dim=-1)
+        return attn @ v
+"""
+    assert [m.category for m in matches(source, "cpu") if m.category == "attention"] == ["attention"]

@@ -228,7 +228,7 @@ def _definitions(body: list[ast.stmt], cls: ast.ClassDef | None) -> Iterator[tup
                 yield from _definitions(handler.body, cls)
 
 
-def _plan(ctx: FileContext) -> tuple[list[tuple[ast.AST, ast.ClassDef | None]], list[int], set[int]]:
+def _plan(ctx: FileContext, npu_words: bool) -> tuple[list[tuple[ast.AST, ast.ClassDef | None]], list[int], set[int]]:
     """The scopes to read, the relevant lines, and the definitions worth inlining.
 
     A definition holding a formula word is *hot*; a line that calls a hot
@@ -236,7 +236,7 @@ def _plan(ctx: FileContext) -> tuple[list[tuple[ast.AST, ast.ClassDef | None]], 
     scope is read and the call inlined there.
     """
     source = ctx.source
-    strong_words = STRONG_WORDS + NPU_WORDS if ctx.target == "npu" else STRONG_WORDS
+    strong_words = STRONG_WORDS + NPU_WORDS if npu_words else STRONG_WORDS
     strong = _word_offsets(strong_words, source)
     weak = _word_offsets(WEAK_WORDS, source)
     scaled = _word_offsets(NORMALIZE_WORDS, source) if "normalize(" in source else []
@@ -316,7 +316,34 @@ def _scope_name(scope: ast.AST, cls: ast.ClassDef | None) -> str:
 
 # ---------------------------------------------------------------- analysis
 def _analyse(ctx: FileContext) -> list[FormulaMatch]:
-    scopes, relevant, hot = _plan(ctx)
+    """The matches of the file for its target. The NPU's own formulas (rotary, SwiGLU)
+    need more definitions read and inlined; inlined, a helper can turn another formula's
+    input into a tree the probes cannot evaluate (a complex rotary feeding the query of
+    an attention). So when those words change the plan, the file is also read with the
+    plan every target uses, and a formula found only that way is added where it lies
+    outside every formula of the wider reading (a SiLU inside a SwiGLU stays the
+    SwiGLU's)."""
+    if ctx.target != "npu":
+        return _analyse_plan(ctx, _plan(ctx, npu_words=False), categories_for(ctx.target))
+    wide = _plan(ctx, npu_words=True)
+    narrow = _plan(ctx, npu_words=False)
+    found = _analyse_plan(ctx, wide, ALL_CATEGORIES)
+    if wide[1] == narrow[1] and wide[2] == narrow[2]:
+        return found
+    taken: set[int] = set()
+    for m in found:
+        taken.update(range(m.line, m.end_line + 1))
+        for first, last in m.plan.delete if m.plan is not None else ():
+            taken.update(range(first, last + 1))
+    kinds = {(m.scope_name, m.category) for m in found}
+    more = [m for m in _analyse_plan(ctx, narrow, ALL_CATEGORIES - NPU_ONLY)
+            if (m.scope_name, m.category) not in kinds and not taken.intersection(range(m.line, m.end_line + 1))]
+    return sorted(found + more, key=lambda m: (m.line, m.node.col_offset, m.category)) if more else found
+
+
+def _analyse_plan(ctx: FileContext, plan: tuple[list[tuple[ast.AST, ast.ClassDef | None]], list[int], set[int]],
+                  categories: frozenset[str]) -> list[FormulaMatch]:
+    scopes, relevant, hot = plan
     if not scopes:
         return []
     unit = FileUnit(ctx.imports, ctx.qualified_name, ctx.text, ctx.tree, ctx.lines, relevant, hot)
@@ -336,7 +363,6 @@ def _analyse(ctx: FileContext) -> list[FormulaMatch]:
     candidates = [(r, n) for r, n in roots if r.node.size >= 3 and r.node.vars and anchored(r.node)]
     if not candidates:
         return []
-    categories = categories_for(ctx.target)
     results = _fingerprints([r.node for r, _ in candidates], categories)
     found: list[FormulaMatch] = []
     reported: set[tuple[int, int]] = set()

@@ -28,6 +28,11 @@ COMPLEX_RE, COMPLEX_IM = "complex_re", "complex_im"
 #: Unit complex numbers of two and three dimensions: ``freqs_cis[None, :T, None, :]``
 #: indexes a matrix of them (the frequencies of each position).
 COMPLEX_MATRIX, COMPLEX_CUBE = "complex2", "complex3"
+#: A mask of zeros and ones in floating point, kept where it is one: the scores of
+#: GPT-2's first code, ``w * b + -1e9 * (1 - b)``, with ``b`` a lower triangle of ones.
+MASK01 = "mask01"
+#: A constant at least this large stands for minus infinity beside ``1 - mask``.
+_MASK_FILL = 1e3
 #: Operations whose extra arguments are sizes (a whole shape may stand in one of them).
 _SIZE_ARGS = frozenset({"view", "reshape", "expand", "repeat", "unflatten", "rearrange", "einops_repeat"})
 #: einops calls: their keyword arguments are axis lengths (``h=self.heads``).
@@ -171,6 +176,7 @@ def infer_roles(root: Node) -> dict[str, str]:
     arithmetic: set[str] = set()
     ranks: dict[str, set[int]] = {}
     masked: list[Node] = []
+    zero_one: set[str] = set()
     #: Variables passed as one of several sizes to a view (``q.reshape(b * h, -1,
     #: self.head_width)``): a single size each, not a whole shape.
     single_sizes: set[str] = set()
@@ -216,6 +222,23 @@ def infer_roles(root: Node) -> dict[str, str]:
                 ranks.setdefault(name, set()).add(node.args[1].value + 1)
         if node.op == "masked_fill" and len(node.args) >= 2:
             masked.append(node)
+        if node.op == "mul" and len(node.args) == 2:
+            # -1e9 * (1 - b): b is kept where it is one and filled with a very negative
+            # number elsewhere, a mask of zeros and ones.
+            for fill, kept in (node.args, node.args[::-1]):
+                if (fill.op == CONST and isinstance(fill.value, (int, float)) and not isinstance(fill.value, bool)
+                        and fill.value <= -_MASK_FILL and kept.op == "sub" and len(kept.args) == 2
+                        and kept.args[0].op == CONST and kept.args[0].value == 1):
+                    zero_one |= _through_mask(kept.args[1])
+        if node.op == "sub" and len(node.args) == 2 and node.args[1].op == "mul" and len(node.args[1].args) == 2:
+            # w * b - 1e10 * (1 - b): the same, subtracted.
+            fill, kept = node.args[1].args
+            if fill.op != CONST:
+                fill, kept = kept, fill
+            if (fill.op == CONST and isinstance(fill.value, (int, float)) and not isinstance(fill.value, bool)
+                    and fill.value >= _MASK_FILL and kept.op == "sub" and len(kept.args) == 2
+                    and kept.args[0].op == CONST and kept.args[0].value == 1):
+                zero_one |= _through_mask(kept.args[1])
         mask = node.args[1] if node.op == "masked_fill" and len(node.args) >= 2 else \
             node.args[0] if node.op == "where" and node.args else None
         if mask is not None:
@@ -266,6 +289,8 @@ def infer_roles(root: Node) -> dict[str, str]:
                 frozenset(ranks.get(name, ())), COMPLEX)
         elif name in bools:
             role = BOOL_CUBE if name in cube_masks else BOOL
+        elif name in zero_one:
+            role = MASK01
         elif name in scalars and name not in data:
             role = SCALAR
         elif name in cubes:
@@ -530,11 +555,29 @@ def widened_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
             # a tensor of that rank (MPT's ``self.Wqkv(x).chunk(3, dim=2)`` of a
             # (batch, sequence, 3 * width) projection).
             changed[name] = f"{_LAST_OF_RANK[dim.value]}{WIDE}{count.value}"
+        elif dim.value == 1 and roles[name] == FULL and not added and _images_split(root, node):
+            # The channels of an image's projection (Restormer's ``qkv.chunk(3, dim=1)``
+            # of a (batch, 3 * channels, height, width) convolution, each piece
+            # rearranged from four axes).
+            changed[name] = f"{FULL}{WIDE}{count.value}{AT}1"
     for name, cuts in halves.items():
         bounds = {b for side, b in cuts if side == "below"} & {b for side, b in cuts if side == "above"}
         if bounds and roles.get(name) in (FULL, CUBE) and name not in changed:
             changed[name] = f"{roles[name]}{WIDE}2"
     return {**roles, **changed} if changed else None
+
+
+def _images_split(root: Node, chunk: Node) -> bool:
+    """Whether a piece of ``chunk`` is rearranged by an einops pattern of four axes
+    (``'b (head c) h w -> b head c (h w)'``): the split tensor is an image batch."""
+    for node in walk(root):
+        if node.op in _EINOPS and node.args and _einops_rank(node) == 4:
+            source = node.args[0]
+            while source.op == "getitem" and source.args:
+                source = source.args[0]
+            if source is chunk:
+                return True
+    return False
 
 
 def _last_dim_cut(node: Node) -> tuple[str, str, str] | None:
@@ -639,8 +682,10 @@ _WIDTH_KEEPING = frozenset({"unsqueeze", "cast", "contiguous", "detach", "clone"
 #: The widened role of a tensor split along dimension ``d`` counted from the front,
 #: taken for its last: a cube for 2, a full tensor for 3.
 _LAST_OF_RANK = {2: CUBE, 3: FULL}
-#: Marks a widened role: ``"full*2"`` is a full tensor twice as wide in its last dimension.
+#: Marks a widened role: ``"full*2"`` is a full tensor twice as wide in its last dimension,
+#: ``"full*3@1"`` three times as wide in its dimension 1.
 WIDE = "*"
+AT = "@"
 
 
 def _generator(torch: Any, probe: Probe, name: str) -> Any:
@@ -668,7 +713,9 @@ def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
             env[name] = torch.randn(_fitted_shape(role, n), generator=g, dtype=dtype) * probe.sigma
         elif WIDE in role:
             base, factor = role.split(WIDE)
-            size = (n, n, n, n * int(factor)) if base == FULL else (n, n, n * int(factor))
+            factor, _, at = factor.partition(AT)
+            size = [n, n, n, n] if base == FULL else [n, n, n]
+            size[int(at) if at else -1] *= int(factor)
             env[name] = torch.randn(size, generator=g, dtype=dtype) * probe.sigma
         elif role == FULL:
             env[name] = torch.randn(shape, generator=g, dtype=dtype) * probe.sigma
@@ -688,12 +735,13 @@ def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
             env[name] = n // 2  # a slice bound: half the width, like a half-width tensor
         elif role == SIZE:
             env[name] = n
-        elif role in (BOOL, BOOL_CUBE):
+        elif role in (BOOL, BOOL_CUBE, MASK01):
             # Every row keeps a True and a False, so that a softmax masked with it
             # or with its inverse never masks a whole row.
-            mask = torch.rand(shape if role == BOOL else (n, n, n), generator=g) < 0.5
+            mask = torch.rand(shape if role != BOOL_CUBE else (n, n, n), generator=g) < 0.5
             eye = torch.eye(n, dtype=torch.bool)
-            env[name] = (mask | eye) & ~torch.roll(eye, 1, dims=-1)
+            mask = (mask | eye) & ~torch.roll(eye, 1, dims=-1)
+            env[name] = mask.to(dtype) if role == MASK01 else mask
         elif role == MATRIX:
             env[name] = torch.randn((n, n), generator=g, dtype=dtype) * probe.sigma
         elif role == CUBE:

@@ -109,8 +109,9 @@ class FormulaRule(Rule):
             branches = _branches_left_out(ctx, match)
             if branches:
                 example = " (a mask as attn_mask= or is_causal=, for instance)" if match.category == "attention" else ""
-                message += (f"; the code also changes {branches} only on some runs, which the formula above and "
-                            f"the replacement leave out: carry it over by hand{example} or keep the hand-written form")
+                message += (f"; the code also changes {branches} on some runs only, and the replacement is one "
+                            f"fixed computation: make it follow that condition by hand{example} or keep the "
+                            "hand-written form")
         if "torch_npu" in proposal.replacement and UNVERIFIED not in message:
             message += f"; {UNVERIFIED}"
         fix = ctx.fix(

@@ -54,28 +54,43 @@ def rarely_run(ctx: FileContext, loop: ast.AST, *nodes: ast.AST) -> bool:
             in_body = any(child is s for s in body)
             if (side == "body" and in_body) or (side == "orelse" and not in_body):
                 branch = body if in_body else parent.orelse
-                if _runs_backward(branch) and not _backward_outside(loop, parent):  # type: ignore[arg-type]
-                    continue  # the training step itself runs there (``if step % train_frequency == 0``)
+                if _runs_the_step(ctx, loop, parent, branch):
+                    # The training step itself runs there (``if step % train_frequency
+                    # == 0``), or its update (``if (step + 1) % accumulation == 0:
+                    # optimizer.step()``): what else runs there runs once a step.
+                    continue
                 return True
     return False
 
 
-def _backward_outside(loop: ast.AST, branch: ast.AST) -> bool:
-    """Whether ``loop`` calls ``.backward()`` outside the ``if`` statement ``branch``:
-    then the branch is an extra step (StyleGAN2's lazy regularisation every 4 or 16
-    iterations), rarer than the training steps."""
-    inside = {id(n) for n in ast.walk(branch)}
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
-               and id(n) not in inside for n in ast.walk(loop))
+def _runs_the_step(ctx: FileContext, loop: ast.AST, guard: ast.AST, branch) -> bool:
+    """Whether ``branch`` (a body of the ``if`` statement ``guard``) makes a kind of
+    training call (a backward pass, an optimizer's step) that ``loop`` makes nowhere
+    else: then the branch is the step, or the update of accumulated gradients. A branch
+    whose calls the loop also makes outside it is an extra step (StyleGAN2's lazy
+    regularisation every 4 or 16 iterations), rarer than the training steps."""
+    statements = branch if isinstance(branch, list) else [branch]
+    inside = {id(n) for s in statements for n in ast.walk(s)}
+    guarded = {id(n) for n in ast.walk(guard)}
+    kinds_in: set[str] = set()
+    kinds_out: set[str] = set()
+    for node in ast.walk(loop):
+        if isinstance(node, ast.Call) and ctx.is_training_call(node):
+            if id(node) in inside:
+                kinds_in.add(_training_kind(node))
+            elif id(node) not in guarded:
+                kinds_out.add(_training_kind(node))
+    return bool(kinds_in - kinds_out)
 
 
-def _runs_backward(statements) -> bool:
-    """Whether ``statements`` call ``.backward()``: the branch is a training step, so a
-    guard around it does not make what else runs there rarer than the steps."""
-    if not isinstance(statements, list):
-        statements = [statements]
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
-               for s in statements for n in ast.walk(s))
+def _training_kind(call: ast.Call) -> str:
+    """``backward``, ``step``, or ``helper`` for a call given a loss and an optimizer
+    (apex's ``amp.scale_loss(loss, optimizer)``, timm's ``loss_scaler(loss, optimizer)``)."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name in ("backward", "manual_backward"):
+        return "backward"
+    return "step" if name == "step" else "helper"
 
 
 def assigned_in(scope: ast.AST, name: str) -> list[ast.expr]:

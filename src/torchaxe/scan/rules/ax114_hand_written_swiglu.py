@@ -7,7 +7,7 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import fast_walk
-from torchaxe.scan.rules._formula import FormulaRule, Proposal
+from torchaxe.scan.rules._formula import FormulaRule, Proposal, innermost
 from torchaxe.scan.rules.base import Invalid, Valid
 
 #: Tables and factories that pick an activation by name at run time.
@@ -111,6 +111,14 @@ class HandWrittenSwiglu(FormulaRule):
             "    def forward(self, x):\n        return self.down(self.act_fn(self.up(x)))\n",
             target="npu",
         ),
+        # Mamba's own gate: y is the selective scan's result, a method of the class.
+        Valid(
+            "import torch\nimport torch.nn.functional as F\n\n\nclass MambaBlock(torch.nn.Module):\n"
+            "    def forward(self, x):\n        xz = self.in_proj(x)\n        x, z = xz.chunk(2, dim=-1)\n"
+            "        y = self.ssm(F.silu(x), z)\n        z = F.silu(z)\n        return self.out_proj(y * z)\n\n"
+            "    def ssm(self, x, z):\n        return torch.cumsum(x, dim=1) * self.D\n",
+            target="npu",
+        ),
         # A gate on a recurrence's output (Mamba): one factor is no projection.
         Valid(
             "import torch\nfrom transformers.activations import ACT2FN\n\n\nclass Mixer(torch.nn.Module):\n"
@@ -123,7 +131,10 @@ class HandWrittenSwiglu(FormulaRule):
     )
 
     def check_module(self, ctx) -> Iterable[Finding]:
-        found = list(super().check_module(ctx))
+        from torchaxe.scan.formulas.analysis import formula_matches
+
+        found = [self.report(ctx, match) for match in formula_matches(ctx)
+                 if match.category == self.category and not _gates_a_method_result(ctx, match)]
         yield from found
         if any(t in ctx.source for t in _BY_NAME_TABLES + _BY_NAME_FACTORIES):
             covered = [(f.line, f.end_line) for f in found]
@@ -213,6 +224,35 @@ def _config_gates(tree: ast.AST) -> Iterable[tuple[ast.BinOp, str]]:
                 if gated is not None and not isinstance(other, ast.Constant) and _projected(other, this, method) \
                         and _projected(gated, this, method):
                     yield node, next(a for a in sides if a is not None)
+
+
+def _gates_a_method_result(ctx, match) -> bool:
+    """Whether one factor of a two-input gate is, by every assignment in its method, the
+    result of another method of the class (Mamba's ``y = self.ssm(x, z)``; ``y * silu(z)``):
+    a gate on a computed state, not two projections that one linear layer could make."""
+    if match.params.get("single_input"):
+        return False
+    cls = innermost(ctx, match.line, (ast.ClassDef,))
+    method = innermost(ctx, match.line, (ast.FunctionDef,))
+    if cls is None or method is None or not method.args.args:
+        return False
+    methods = {s.name for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    me = method.args.args[0].arg
+    for role in ("a", "b"):
+        text = match.inputs.get(role) or ""
+        if not text.isidentifier():
+            continue
+        values = [stmt.value for stmt in fast_walk(method) if isinstance(stmt, ast.Assign) and any(
+            isinstance(n, ast.Name) and n.id == text for target in stmt.targets for n in fast_walk(target))]
+        if values and all(_method_call(v, me, methods) for v in values):
+            return True
+    return False
+
+
+def _method_call(node: ast.expr, me: str, methods: set[str]) -> bool:
+    """``self.<m>(...)`` with ``m`` a method the class defines (not a layer it holds)."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == me and node.func.attr in methods)
 
 
 def _projected(node: ast.expr, me: str, method: ast.FunctionDef, depth: int = 0) -> bool:

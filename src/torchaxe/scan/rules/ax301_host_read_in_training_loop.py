@@ -139,6 +139,34 @@ class HostReadInTrainingLoop(Rule):
             "        print(loss.to('cpu'))\n",
             target="cuda", lines=(6, 8),
         ),
+        Invalid(
+            # The update of accumulated gradients runs under the modulo guard: a read
+            # there runs on every optimizer step (ViT-pytorch's train.py).
+            "from apex import amp\n"
+            "for step, (x, y) in enumerate(loader):\n"
+            "    loss = model(x, y)\n"
+            "    with amp.scale_loss(loss, optimizer) as scaled_loss:\n"
+            "        scaled_loss.backward()\n"
+            "    if (step + 1) % args.gradient_accumulation_steps == 0:\n"
+            "        losses.update(loss.item())\n"
+            "        optimizer.step()\n"
+            "        optimizer.zero_grad()\n",
+            target="cuda", lines=(7,),
+        ),
+        Valid(
+            # A second backward and step every 16 iterations beside the main ones (lazy
+            # regularisation): rarer than the steps.
+            "for i, (x, y) in enumerate(loader):\n"
+            "    loss = model(x, y)\n"
+            "    loss.backward()\n"
+            "    optimizer.step()\n"
+            "    if i % 16 == 0:\n"
+            "        reg = penalty(model)\n"
+            "        reg.backward()\n"
+            "        optimizer.step()\n"
+            "        log['reg'] = reg.item()\n",
+            target="cuda",
+        ),
         Valid(
             "import torch\n\n\ndef train_step(x, y):\n    loss = criterion(model(x), y)\n    loss.backward()\n"
             "    opt.step()\n    return loss.item()\n\n\ntrain_step(x, y)  # once, not in a loop\n",
