@@ -37,11 +37,13 @@ def add_save_options(parser: argparse.ArgumentParser) -> None:
 
 
 def git_commit(root: Path = ROOT) -> str | None:
-    """The short commit of ``root``, with ``+dirty`` when tracked files differ from it."""
+    """The short commit of ``root``, with ``+dirty`` when tracked files differ from it
+    (other than the saved results themselves: saving one run leaves the next clean)."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                               text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)benchmarks/results", ":(exclude)benchmarks/RESULTS.md"], cwd=root,
                                capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
