@@ -327,7 +327,26 @@ class FileContext:
             # (``self._log_grad_norm()`` at the top of ``optimize``).
             return function.name in self._called_from_step_functions(unconditionally=True)
         return function.name == "training_step" or function.name in self.called_in_loops() \
-            or function.name in self._called_from_step_functions()
+            or function.name in self._called_from_step_functions() or self._whole_update_called_elsewhere(function)
+
+    def _whole_update_called_elsewhere(self, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        """Whether a function's own body runs a whole update, a backward pass and an
+        optimizer's step (or a helper given both), and the file never calls it: its loop
+        is in another file (an RL agent's ``learn()``, a loss object's ``__call__``
+        that also steps)."""
+        kinds: set[str] = set()
+        for node in _own_body(function):
+            if isinstance(node, ast.Call) and self.is_training_call(node):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+                kinds.add("backward" if name in ("backward", "manual_backward") or self.qualified_name(func)
+                          == "torch.autograd.backward" else "step" if name == "step" else "both")
+        if not ("both" in kinds or {"backward", "step"} <= kinds):
+            return False
+        key = "called_names"
+        if key not in self.cache:
+            self.cache[key] = frozenset(called_names(fast_walk(self.tree)))
+        return function.name not in self.cache[key]
 
     def _called_from_step_functions(self, unconditionally: bool = False) -> frozenset[str]:
         if unconditionally:

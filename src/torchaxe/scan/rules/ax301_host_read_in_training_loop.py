@@ -35,7 +35,9 @@ class HostReadInTrainingLoop(Rule):
     Flags `.item()`, `.cpu()`, `.numpy()`, `.tolist()` and a blocking `.to("cpu")`
     inside a training loop (a loop whose own body calls `backward()` or an optimizer's
     `step()`, or the body of a step function that does, such as `def train_step(batch)`,
-    that the file calls in a loop or from another step function; a loss scaler called with the
+    that the file calls in a loop or from another step function, or that runs a whole
+    update (a backward pass and an optimizer's step) and is never called in the file, its
+    loop being in another one (an RL agent's `learn()`); a loss scaler called with the
     loss and the optimizer, `scaler.step(opt)`, `accelerator.backward(loss)` and a
     Lightning `training_step` that steps by hand count as steps), on the GPU and NPU targets.
 
@@ -50,8 +52,10 @@ class HostReadInTrainingLoop(Rule):
     Not reported on the `cpu` target, where a tensor already lives in host memory and
     there is no queue to drain. Not reported when the read runs on a few steps only:
     inside an `if step % N == 0:` branch (N a literal of 10 or more, or a name the file
-    does not set only to smaller literals: `log_interval = 1` reads every step), an
-    `except` handler or a `raise`; that is the remedy, not the problem. Evaluation
+    does not set only to smaller literals: `log_interval = 1` reads every step; a branch
+    that holds the loop's only optimizer step, `if (step + 1) % accumulation == 0:`, is
+    the update and runs every step), an `except` handler or a `raise`; that is the
+    remedy, not the problem. Evaluation
     loops (no `backward()`/`step()` in their own body) are not reported, even inside
     an epoch loop, nor are functions defined in the loop. Receivers known to be host
     values (numpy arrays, batches straight from a DataLoader) are skipped.
@@ -152,6 +156,28 @@ class HostReadInTrainingLoop(Rule):
             "        optimizer.step()\n"
             "        optimizer.zero_grad()\n",
             target="cuda", lines=(7,),
+        ),
+        Invalid(
+            # A whole update in a method the file never calls: its loop is in another
+            # file (a loss object that also steps, an RL agent's learn()).
+            "class LossCompute:\n"
+            "    def __call__(self, logits, y):\n"
+            "        loss = self.criterion(logits, y).sum()\n"
+            "        loss.backward()\n"
+            "        self.opt.step()\n"
+            "        self.opt.zero_grad()\n"
+            "        return loss.item()\n",
+            target="cuda", lines=(7,),
+        ),
+        Valid(
+            # The same update called once by the file: not a step of a loop.
+            "def fit_once(model, opt, x, y):\n"
+            "    loss = model(x, y)\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    return loss.item()\n\n\n"
+            "print(fit_once(model, opt, x, y))\n",
+            target="cuda",
         ),
         Valid(
             # A second backward and step every 16 iterations beside the main ones (lazy
