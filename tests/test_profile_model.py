@@ -245,3 +245,17 @@ def test_merge_warns_about_missing_ranks_and_failed_ones():
 def test_merge_refuses_files_that_do_not_belong_together(profiles, message):
     with pytest.raises(TorchaxeError, match=message):
         merge_profiles(profiles)
+
+
+def test_host_syncs_of_a_run_without_steps_keep_their_heading():
+    import io
+
+    from torchaxe.report.profile_text import render_profile_summary
+
+    profile = make_profile(seconds=(), status="completed")
+    out = io.StringIO()
+    render_profile_summary(profile, None, out)
+    text = out.getvalue()
+    assert "steps       none on cpu" in text
+    assert "  host syncs  by line, over the whole run (no measured step to count them by):" in text
+    assert "train.py:12 .item() x4" in text

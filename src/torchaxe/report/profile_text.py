@@ -66,7 +66,10 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
         out.write(f"  host syncs  {syncs} per step{note}\n")
     if profile.host_syncs:
         # A warm-up step's reads (an evaluation pass at step 0) are in the counts, not in the per-step figure.
-        out.write("                by line, over the whole run (warm-up steps included):\n")
+        if s.steps_measured:
+            out.write("                by line, over the whole run (warm-up steps included):\n")
+        else:
+            out.write("  host syncs  by line, over the whole run (no measured step to count them by):\n")
     for site in profile.host_syncs[:TOP_SYNCS]:
         code = f"  {site.code}" if site.code else ""
         via = f"  (read in {site.via})" if site.via else ""

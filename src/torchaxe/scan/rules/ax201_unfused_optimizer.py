@@ -53,7 +53,8 @@ class UnfusedOptimizer(Rule):
     ## Fix safety
     Unsafe. The fused kernels round differently in the last bits, `fused=True` raises
     at the first step when a parameter is not a floating-point tensor on a supported
-    device, and the NPU optimizers accept fp16/fp32 parameters only, refuse
+    device or has a sparse gradient (a file that builds an embedding with `sparse=` set
+    gets advice only: split that embedding's parameters off first), and the NPU optimizers accept fp16/fp32 parameters only, refuse
     `zero_grad(set_to_none=True)` and must keep the same parameter objects. A call with
     `**opt_args` is flagged only when `opt_args` is a dict built earlier in the same
     function (a literal or `dict(...)`, then item assignments, `setdefault`, `pop`) and
@@ -112,6 +113,19 @@ class UnfusedOptimizer(Rule):
               "    return torch.optim.AdamW(params, **args)\n"),
         Valid("import torch\nopt = torch.optim.AdamW(params, differentiable=True)\n"),
         Valid("import torch\nopt = torch.optim.RMSprop(params)\n", target="cuda"),
+        Invalid(
+            # Sparse gradients: fused kernels refuse them, so the fix is advice only.
+            "import torch\nimport torch.nn as nn\n"
+            "emb = nn.EmbeddingBag(1000, 64, sparse=True)\n"
+            "opt = torch.optim.SGD(emb.parameters(), lr=4.0)\n",
+            lines=(4,), message="refuses sparse gradients",
+        ),
+        Invalid(
+            "import torch\nimport torch.nn as nn\n"
+            "emb = nn.Embedding(1000, 64, sparse=args.sparse)\n"
+            "opt = torch.optim.SGD(emb.parameters(), lr=4.0)\n",
+            target="npu", lines=(4,), message="refuses sparse gradients when it is set",
+        ),
         Valid("import torch\nopt = torch.optim.AdamW(params)  # noqa: AX201\n"),
         Valid("from mylib import AdamW\nopt = AdamW(params)\n"),
     )
@@ -134,10 +148,18 @@ class UnfusedOptimizer(Rule):
             return  # fused= is the user's choice
         if _is_true(keywords.get("differentiable")):
             return  # fused kernels do not support differentiable=True
+        sparse = _sparse_gradients(ctx)
         if ctx.target == "npu":
+            if sparse:
+                yield from self._sparse(node, ctx, cls, f"torch_npu.optim.{NPU_FUSED[cls][0]}", sparse) \
+                    if cls in NPU_FUSED else ()
+                return
             yield from self._npu(node, ctx, cls, {**keywords, **dict.fromkeys(spread)})
             return
         if cls not in ctx.capabilities.get("fused_optimizers", ()):
+            return
+        if sparse:
+            yield from self._sparse(node, ctx, cls, "fused=True", sparse)
             return
         if "foreach" in keywords:
             edits = [ctx.replace(keywords["foreach"], "fused=True")]
@@ -150,6 +172,22 @@ class UnfusedOptimizer(Rule):
             f"in one kernel per step (torch {_release(ctx.capabilities.get('torch_version'))} supports it)",
             replacement=f"torch.optim.{cls}(..., fused=True)",
             fix=ctx.fix(self, edits, title="pass fused=True"),
+        )
+
+    def _sparse(self, node: ast.Call, ctx: FileContext, cls: str, fused: str, sparse: list[tuple[int, bool]]
+                ) -> Iterable[Finding]:
+        """Advice only: the file makes sparse gradients, which fused kernels refuse."""
+        line, certain = sparse[0]
+        when = "" if certain else " when it is set"
+        yield ctx.finding(
+            self, node,
+            f"torch.optim.{cls} runs unfused, but this file builds an embedding with sparse=True (line {line}): "
+            f"{fused} refuses sparse gradients{when} and would fail at the first step; give the sparse embedding "
+            f"its own optimizer and fuse the one for the other parameters",
+            replacement=(f"torch.optim.{cls}(<the dense parameters>, ..., fused=True)" if fused == "fused=True"
+                         else f"{fused}(<the dense parameters>, ...)"),
+            fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY,
+                        title="split the sparse embedding's parameters off, then fuse the rest"),
         )
 
     def _npu(self, node: ast.Call, ctx: FileContext, cls: str, keywords: dict) -> Iterable[Finding]:
@@ -171,6 +209,26 @@ class UnfusedOptimizer(Rule):
         else:
             fix = ctx.fix(self, [ctx.replace(node.func, replacement)], imports=("import torch_npu",), title=f"use {replacement}")
         yield ctx.finding(self, node, message, replacement=f"{replacement}(...)", fix=fix)
+
+
+def _sparse_gradients(ctx: FileContext) -> list[tuple[int, bool]]:
+    """Where the file builds an embedding with ``sparse=`` set (``nn.EmbeddingBag(n, d,
+    sparse=True)``, ``F.embedding(..., sparse=True)``), and whether it is the literal
+    True (else a value that may be): such modules make sparse gradients."""
+    key = "ax201.sparse"
+    if key not in ctx.cache:
+        found: list[tuple[int, bool]] = []
+        if "sparse" in ctx.source:
+            for node in ctx.nodes(ast.Call):
+                name = ctx.call_name(node) or ""
+                if not name.rsplit(".", 1)[-1].lower().startswith("embedding"):
+                    continue
+                keyword = next((k for k in node.keywords if k.arg == "sparse"), None)
+                if keyword is None or (isinstance(keyword.value, ast.Constant) and not keyword.value.value):
+                    continue
+                found.append((node.lineno, _is_true(keyword)))
+        ctx.cache[key] = sorted(found, key=lambda f: (not f[1], f[0]))
+    return ctx.cache[key]
 
 
 #: Stands for the keys of a ``**kwargs`` parameter merged into an optimizer's dict.
