@@ -233,6 +233,8 @@ def test_a_set_not_paid_back_within_the_jobs_steps_is_not_chosen(script: Path) -
     (["--trainer.max_iters=300"], (300, "--trainer.max_iters 300")),
     (["trainer.max_steps=100"], (100, "trainer.max_steps 100")),
     (["trainer.max_steps", "100"], None),  # a bare word without "=" is no option
+    (["--maxIters", "80"], (80, "--maxIters 80")),  # camelCase
+    (["--numSteps=12"], (12, "--numSteps 12")),
 ])
 def test_the_jobs_length_is_read_from_the_command(command, expected) -> None:
     from torchaxe.runtime.job_command import job_steps_in
@@ -291,6 +293,8 @@ def test_a_length_in_steps_of_a_job_that_accumulates_says_the_command_may_count_
     (["--epochs", "2", "--epochs=3"], None),
     (["--epochs", "many"], None),
     (["trainer.max_epochs=3"], (3.0, "trainer.max_epochs 3")),
+    (["--nEpochs", "8"], (8.0, "--nEpochs 8")),  # pytorch/examples' super_resolution
+    (["--numTrainEpochs=2"], (2.0, "--numTrainEpochs 2")),
 ])
 def test_the_jobs_length_in_epochs_is_read_from_the_command(command, expected) -> None:
     from torchaxe.runtime.job_command import job_epochs_in

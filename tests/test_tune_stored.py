@@ -50,8 +50,9 @@ def test_winners_of_another_project_s_model_are_not_offered(tmp_path, monkeypatc
     _kb_with(tmp_path, monkeypatch, ("SmallResNet", (32, 3, 32, 32)), ("ResBlock", (32, 16, 32, 32)))
     notes: list[str] = []
     assert stored_candidates(["python", "train.py"], True, notes, _run(("MLP", (8, 32)), ("Linear", (8, 32)))) == []
-    assert any(n.startswith("none of the knowledge base's 2 tuned signatures (ResBlock, SmallResNet) has a winner "
-                            "for a module this run called") for n in notes), notes
+    # The knowledge base is the machine's: the other project's module names are not
+    # listed in this one's advice (seen in a review: a GCN's in every later project's).
+    assert not any("ResBlock" in n or "knowledge base" in n for n in notes), notes
     # The modules unknown (no shapes in the profile): offered as before.
     assert [c.key for c in stored_candidates(["python", "train.py"], True, [], None)] == ["knob:tune"]
 
@@ -62,7 +63,8 @@ def test_a_class_every_model_has_matches_only_on_its_inputs(tmp_path, monkeypatc
     _kb_with(tmp_path, monkeypatch, ("Linear", (32, 320)))
     notes: list[str] = []
     assert stored_candidates(["python", "train.py"], True, notes, _run(("Linear", (8, 128, 192)))) == []
-    assert notes and "none of the knowledge base's 1 tuned signature (Linear)" in notes[0]
+    assert notes and notes[0].startswith("the knowledge base holds 1 tuned signature of this run's Linear, none "
+                                         "with a winner for the inputs this run called them with")
     assert [c.key for c in stored_candidates(["python", "train.py"], True, [], _run(("Linear", (32, 320))))] \
         == ["knob:tune"]
 

@@ -683,8 +683,8 @@ class Advisor:
                     f"the original's run under another seed lands {self.noise.loss:.1%} away in training loss (too "
                     "few of its own runs went through to say whether they agree): a change to the numerics whose "
                     "loss lands within that cannot be told from chance, so the accuracy check judges little; a "
-                    "longer --budget compares the original's own runs, and a script that does not fix its random "
-                    "state (torch.manual_seed) should")
+                    "longer --budget compares the original's own runs too, and fixing the script's random state "
+                    "(torch.manual_seed), if it does not, narrows the noise")
             else:
                 self.advice.notes.append(
                     f"the original's training loss differs by {self.noise.loss:.1%} between its own runs (does the "
@@ -975,9 +975,11 @@ class Advisor:
         even = rec.break_even_steps
         if even is not None and even <= steps:
             return
-        pays = f"pays off only after {even:,} steps" if even is not None else "is never paid back (no step saved)"
-        why = (f"its one-time cost ({once:.1f} s, before its first fast step) {pays}, more than the job's "
-               f"{steps:,} ({self.job_source}): not chosen; {apply_only(rec)} applies it")
+        if even is not None:
+            pays = f"pays off only after {even:,} steps, more than the job's {steps:,} ({self.job_source})"
+        else:
+            pays = f"is never paid back: it saves no time per step (the job runs {steps:,} steps, {self.job_source})"
+        why = f"its one-time cost ({once:.1f} s, before its first fast step) {pays}: not chosen; {apply_only(rec)} applies it"
         rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 
     def _compare_memory(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:

@@ -238,10 +238,12 @@ class ChangeSearch:
                               f"--memory-limit ({bytes_text(self.memory_limit)}): only {best.rec.key} is kept")
         elif late is not None:
             once, even = late
-            pays = f"pays off only after {even:,} steps" if even is not None else "is never paid back"
+            if even is not None:
+                pays = f"pays off only after {even:,} steps, more than the job's {self.job_steps:,} ({self.job_source})"
+            else:
+                pays = f"is never paid back, as they save no time per step ({self.job_source})"
             self.notes.append(f"the {len(chosen)} chosen changes together cost {once:.1f} s once, before their first "
-                              f"fast step, which {pays}, more than the job's {self.job_steps:,} ({self.job_source}): "
-                              f"only {best.rec.key} is kept")
+                              f"fast step, which {pays}: only {best.rec.key} is kept")
         elif loss is not None:
             self.notes.append(f"the {len(chosen)} chosen changes together changed the training loss by {loss:+.2%}, "
                               f"beyond the run-to-run loss noise by more than the {self.loss_tolerance:.1%} "

@@ -14,10 +14,11 @@ from typing import Any, Iterable, Iterator, Sequence
 #: Hydra's ``trainer.max_steps=300`` without the dashes).
 _PREFIX = r"^(?:--(?:[\w-]+\.)*|(?:[\w-]+\.)+)"
 #: A bare ``--steps`` or ``--iters`` too, and ``--num_batches`` (benchmark-style loops).
-_LENGTH_OPTIONS = re.compile(_PREFIX + r"(((max|num|total|train)([-_]train(ing)?)?[-_])?(steps|iters|iterations)"
-                             r"|(max|num|total)[-_]batches)$")
+#: Any case, camelCase too (``--maxIters``, ``--nEpochs`` of pytorch/examples' super_resolution).
+_LENGTH_OPTIONS = re.compile(_PREFIX + r"(((max|num|total|train)([-_]?train(ing)?)?[-_]?)?(steps|iters|iterations)"
+                             r"|(max|num|total)[-_]?batches)$", re.IGNORECASE)
 #: Options that give it in epochs (``--epochs 2``, ``--num_train_epochs 3``, ``--max-epochs``).
-_EPOCH_OPTIONS = re.compile(_PREFIX + r"((max|num|n|total|train)[-_]?)?(train[-_])?epochs$")
+_EPOCH_OPTIONS = re.compile(_PREFIX + r"((max|num|n|total|train)[-_]?)?(train[-_]?)?epochs$", re.IGNORECASE)
 
 
 def _options(command: Sequence[str], names: re.Pattern) -> Iterator[tuple[str, str | None, bool]]:

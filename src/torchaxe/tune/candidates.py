@@ -36,12 +36,15 @@ def stored_candidates(command: Sequence[str], static_shapes: bool | None, notes:
     if modules_run is not None:
         seen = _inputs_run(modules_run)
         mine = {sig for sig, rows in by_signature.items() if sig in winning and _matches(rows[-1].describe, seen)}
-        if signatures and not mine:
-            others = sorted({str(r.describe.get("module")) for r in records if r.describe.get("module")})
-            notes.append(f"none of the knowledge base's {units.plural(len(signatures), 'tuned signature')} "
-                         f"({', '.join(others[:4])}{', ...' if len(others) > 4 else ''}) has a winner for a module "
-                         "this run called with the same inputs: `torchaxe run` would swap nothing in, so the tune "
-                         "knob was not tried")
+        # The knowledge base is the machine's: another project's modules are no news here,
+        # only this run's module classes that were tuned (on other inputs, or to eager).
+        shared = sorted({str(r.describe.get("module")) for r in records if r.describe.get("module")} & set(seen))
+        if signatures and not mine and shared:
+            count = sum(1 for rows in by_signature.values() if str(rows[-1].describe.get("module")) in shared)
+            notes.append(f"the knowledge base holds {units.plural(count, 'tuned signature')} of this run's "
+                         f"{', '.join(shared[:4])}{', ...' if len(shared) > 4 else ''}, none with a winner for the "
+                         "inputs this run called them with: `torchaxe run` would swap nothing in, so the tune knob "
+                         "was not tried")
         signatures = mine
     tuned = len(signatures)
     if not tuned:
