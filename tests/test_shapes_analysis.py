@@ -321,3 +321,22 @@ def test_chunk_sites_leave_alone_divided_ends_constant_steps_and_loops_that_do_n
     assert chunk_sites(tmp_path / "missing.py") == []
     (tmp_path / "bad.py").write_text("def (:\n")
     assert chunk_sites(tmp_path / "bad.py") == []
+
+
+def test_a_packed_batch_varies_in_total_length_not_in_batch_size():
+    # A review's text classifier (nn.EmbeddingBag with offsets): the collate function
+    # concatenates 16 samples into one 1-D tensor whose length changed every batch, and
+    # "the batch size varies: 20 sizes from 876 to 1260" was said, with a fixed-size
+    # sampler as the fix.
+    lengths = [876, 931, 1040, 1260, 990, 1102]
+    loader = LoaderInfo(collate="generate_batch", collate_location="t.py:48", batch_size=16, drop_last=False,
+                        dataset_length=96, batches=[((n,), (16,), (16,)) for n in lengths])
+    op = tally("aten._embedding_bag.default", {s: [((100, 32), (n,), (16,))] for s, n in enumerate(lengths, 1)})
+    analysis = analyse(observation([op], [loader]))
+    assert [c.kind for c in analysis.causes] == ["packed"]
+    packed = analysis.causes[0]
+    assert "tensor 0 of each batch is one long sequence" in packed.message and "batch size is 16" in packed.message
+    assert "a fixed batch size changes nothing" in packed.fix
+    dims = [d for s in analysis.subjects for d in s.dims]
+    assert dims and all(d.cause == packed.id for d in dims)
+    assert not analysis.batch_sources  # no padding offered: it would break the offsets

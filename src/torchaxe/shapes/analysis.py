@@ -9,6 +9,8 @@ Every varying dimension is traced, where it can be, to a cause:
 - ``collate``: the collate function pads each batch to its own longest sample, so a
   non-batch dimension of the batches varies; bucketing is the fix;
 - ``batch-size``: the batch size varies otherwise (a batch sampler);
+- ``packed``: the samples are concatenated into one 1-D tensor whose total length
+  varies (nn.EmbeddingBag with offsets); dynamic shapes, or samples of one length;
 - ``last-chunk``: without a DataLoader telling it, one step an epoch is shorter than
   all the others (a stream cut into chunks of a fixed length with a remainder: a
   language model's last BPTT chunk); leaving it out or padding it is the fix;
@@ -246,6 +248,29 @@ def _batch_dim(shapes: list, loader: LoaderInfo) -> int:
     return 0
 
 
+def _packed_tensors(batches: list, loader: LoaderInfo) -> tuple[int, list[int]]:
+    """The tensor of each batch that holds its samples along dimension 0 (0 unless the
+    first is packed), and the packed ones: one-dimensional, of varying length, never the
+    batch size, beside a tensor whose first dimension always is."""
+    if not loader.batch_size or not batches or len({len(b) for b in batches}) != 1:
+        return 0, []
+    sizes = {loader.batch_size} | ({loader.remainder} if loader.remainder else set())
+    width = len(batches[0])
+
+    def firsts(t: int) -> set[int] | None:
+        shapes = [b[t] for b in batches]
+        if any(s is None or not s for s in shapes):
+            return None
+        return {s[0] for s in shapes}
+
+    holders = [t for t in range(width) if (f := firsts(t)) is not None and f <= sizes]
+    if not holders:
+        return 0, []
+    packed = [t for t in range(width) if (f := firsts(t)) is not None and len(f) > 1 and not f & sizes
+              and all(len(b[t]) == 1 for b in batches)]
+    return (holders[0] if packed else 0), packed
+
+
 def _loader_causes(index: int, loader: LoaderInfo) -> tuple[list[Cause], list[BatchSource]]:
     causes: list[Cause] = []
     sources: list[BatchSource] = []
@@ -253,9 +278,25 @@ def _loader_causes(index: int, loader: LoaderInfo) -> tuple[list[Cause], list[Ba
     if len(set(batches)) < 2:
         return causes, sources
     where = f" ({loader.collate_location})" if loader.collate_location else ""
+    # A one-dimensional tensor whose length never is the batch size while another tensor
+    # of the batch holds it: the samples concatenated into one sequence (a packed batch,
+    # as nn.EmbeddingBag with offsets takes); the batch size is read from the other.
+    holder, packed = _packed_tensors(batches, loader)
+    for t in packed:
+        lengths = Counter(b[t][0] for b in batches)
+        causes.append(Cause(
+            id=f"loader{index}:packed:{t}", kind="packed", sizes=tuple(sorted(lengths)), counts=lengths,
+            message=f"tensor {t} of each batch is one long sequence whose length varies ({len(lengths)} lengths from "
+                    f"{min(lengths)} to {max(lengths)}) while the batch size is {loader.batch_size}: the collate "
+                    f"function{where} concatenates the samples (a packed batch, as nn.EmbeddingBag with offsets "
+                    "takes), so the total length changes with every batch",
+            fix="keep the shapes dynamic (torch.compile(dynamic=True)), or give every sample one length (truncate "
+                "or pad each to a fixed or bucketed length) and pass a two-dimensional batch; a fixed batch size "
+                "changes nothing"))
     # the batch dimension (dim 0, but for sequence-first batches)
-    first = _batch_dim([b[0] for b in batches if b and b[0]], loader)
-    sizes0 = Counter(b[0][first] for b in batches if b and b[0] and len(b[0]) > first)
+    first = _batch_dim([b[holder] for b in batches if b and len(b) > holder and b[holder]], loader)
+    sizes0 = Counter(b[holder][first] for b in batches if b and len(b) > holder and b[holder]
+                     and len(b[holder]) > first)
     products: set[int] = set()
     for b in batches:
         if b and b[0]:
@@ -533,9 +574,11 @@ def _similarity(values: Counter, counts: Counter | None) -> float:
 
 def _batch_dim_cause(d: DimVariation, causes: list[Cause]) -> str | None:
     for cause in causes:
+        index = re.match(r"tensor (\d+)", d.position)
+        if d.dim == 0 and cause.kind == "packed" and index and cause.id.endswith(f":{index.group(1)}"):
+            return cause.id
         if d.dim == 0 and cause.kind in ("partial-batch", "batch-size") and explains(d.values, cause.sizes):
             return cause.id
-        index = re.match(r"tensor (\d+)", d.position)
         if d.dim != 0 and cause.kind == "collate" and index and cause.id.endswith(f":{index.group(1)}"):
             return cause.id
     return None

@@ -216,7 +216,7 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
             reasons.append(f"but {varied} and the set settled early: "
                            f"compiling a few shapes once each may pay off; measure (--try)")
         for cause in analysis.causes:
-            if cause.kind in ("partial-batch", "last-chunk", "collate", "batch-size"):
+            if cause.kind in ("partial-batch", "last-chunk", "collate", "batch-size", "packed"):
                 reasons.append(f"cause: {cause.message}")
 
     # The epoch's last batch, smaller, may come after the steps watched (a few steps
