@@ -96,7 +96,9 @@ def test_sequence_first_batches_vary_in_length_not_in_batch_size():
                                      in c.message for c in collate)
 
 
-def test_partial_batch_only_is_mixed_with_drop_last():
+def test_partial_batch_only_is_static_with_drop_last():
+    # The same verdict whether or not the steps watched reach the epoch's end (a review
+    # saw "mixed" for a 13-batch epoch and "static" for a 63-batch one, same script).
     batches = [((4, 6),)] * 3 + [((2, 6),)] + [((4, 6),)] * 3 + [((2, 6),)]
     loader = LoaderInfo(collate="torch.utils.data.default_collate", collate_location=None, batch_size=4,
                         drop_last=False, dataset_length=14, batches=batches)
@@ -105,7 +107,10 @@ def test_partial_batch_only_is_mixed_with_drop_last():
     cause = next(c for c in analysis.causes if c.kind == "partial-batch")
     assert "14 samples in batches of 4 leave 2" in cause.message
     verdict = decide(analysis)
-    assert verdict.verdict == "mixed" and verdict.picks["cpu"] is None
+    assert verdict.verdict == "static" and verdict.picks["cpu"] == "compile-static"
+    assert verdict.reasons[0].startswith("static but for the epoch's last, smaller batch")
+    cpu = next(r for r in verdict.recommendations if r.target == "cpu" and r.kind == "compile")
+    assert cpu.setting == "model = torch.compile(model, dynamic=False)" and "drop_last=True avoids it" in cpu.reason
     assert any(r.kind == "drop-last" and "drop_last=True" in r.setting for r in verdict.recommendations)
 
 

@@ -366,6 +366,11 @@ def test_a_module_called_at_several_places_with_fixed_shapes_is_static(tmp_path)
     observation, analysis = run(tmp_path, varying, steps=6)
     act = next(m for m in observation.profile.shapes.modules if m.type == "ReLU")
     assert act.step_sets == 3 and act.dynamic and decide(analysis).verdict in ("dynamic", "mixed")
+    # Its width (12 at one place, 4 at the other, every step) is no varying dimension:
+    # only the batch is (seen in a review: "Net.relu input 0 dim 1 2 sizes 32..64").
+    assert act.steady == [[0, 1]]
+    relu = next(s for s in analysis.subjects if s.kind == "module" and s.type == "ReLU")
+    assert [(d.position, d.dim) for d in relu.dims] == [("input 0", 0)]
 
 
 def test_boolean_mask_and_item_sizes_are_found_with_their_lines(tmp_path):

@@ -1139,18 +1139,41 @@ class ShapeTallier:
             if seen is not None:
                 seen.add(signature)
 
-    def step_sets(self) -> int | None:
-        """How many different sets of signatures the finished steps saw (the first
-        left out when there are others: it runs one-off work); None when not tallied
-        per step or no step finished."""
+    def _considered(self) -> list[int]:
+        """The finished steps compared (the first left out when there are others: it
+        runs one-off work)."""
         if self.step_of is None:
-            return None
+            return []
         current = self.step_of()  # in progress: perhaps cut short
         finished = sorted(s for s in self.per_step if s < current)
-        considered = [s for s in finished if s >= 2] or finished
+        return [s for s in finished if s >= 2] or finished
+
+    def step_sets(self) -> int | None:
+        """How many different sets of signatures the finished steps saw; None when not
+        tallied per step or no step finished."""
+        considered = self._considered()
         if not considered:
             return None
         return len({frozenset(self.per_step[s]) for s in considered})
+
+    def steady_dims(self) -> list[list[int]]:
+        """``[input, dim]`` pairs that take several sizes within each compared step, the
+        same sizes every step (inputs numbered without those that are no tensor)."""
+        considered = self._considered()
+        if len(considered) < 2:
+            return []
+        per_step = []
+        for s in considered:
+            values: dict[tuple[int, int], set] = {}
+            for sig in self.per_step[s]:
+                shapes = [shape for shape, _ in sig if shape is not None]
+                for i, shape in enumerate(shapes):
+                    for d, v in enumerate(shape):
+                        values.setdefault((i, d), set()).add(v)
+            per_step.append(values)
+        first = per_step[0]
+        return [list(key) for key in sorted(first)
+                if len(first[key]) > 1 and all(step.get(key) == first[key] for step in per_step[1:])]
 
     def tally(self, name: str, type_name: str) -> ShapeTally:
         signatures = [
@@ -1159,7 +1182,7 @@ class ShapeTallier:
             for sig, count in sorted(self.counts.items(), key=lambda kv: -kv[1])
         ]
         return ShapeTally(name=name, type=type_name, calls=self.calls, signatures=signatures, truncated=self.truncated,
-                          step_sets=self.step_sets())
+                          step_sets=self.step_sets(), steady=self.steady_dims())
 
 
 class ModuleShapeProbe:

@@ -450,6 +450,10 @@ class ShapeTally:
     step_sets: int | None = None
     #: Elements of the module's parameters (its children's included); None when not read.
     parameters: int | None = None
+    #: ``[input, dim]`` (inputs numbered without those that are no tensor) that take
+    #: several sizes within each step, the same ones every step: a module called at
+    #: several places (a ReLU after convolutions of two widths), not a changing shape.
+    steady: list[list[int]] = field(default_factory=list)
 
     @property
     def dynamic(self) -> bool:
@@ -470,6 +474,7 @@ class ShapeTally:
             "dynamic": self.dynamic,
             "truncated": self.truncated,
             "signatures": [s.to_dict() for s in self.signatures],
+            "steady": [list(pair) for pair in self.steady],
         }
 
     @classmethod
@@ -483,7 +488,14 @@ class ShapeTally:
             truncated=r.bool("truncated"),
             step_sets=r.int("step_sets", optional=True, minimum=1),
             parameters=r.int("parameters", optional=True, minimum=0),
+            steady=r.list("steady", _dim_pair),
         )
+
+
+def _dim_pair(value: Any, where: str) -> list[int]:
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value)):
+        raise ProfileFormatError(f"{where}: expected [input, dim], got {_kind(value)}")
+    return list(value)
 
 
 @dataclass

@@ -455,6 +455,10 @@ def analyse(observation: Observation) -> ShapeAnalysis:
         counted = Counter({tuple(tuple(s) if s is not None else None for s in sig.shapes): sig.count
                            for sig in module.signatures})
         rank_varies, dims = variations(Counter({tuple(s for s in k if s is not None): v for k, v in counted.items()}))
+        # Sizes the module takes at its several places every step (a shared ReLU after
+        # convolutions of 32 and 64 channels) are no change from step to step.
+        steady = {(f"input {i}", d) for i, d in module.steady}
+        dims = [d for d in dims if (d.position, d.dim) not in steady]
         subjects.append(Subject(kind="module", name=module.name, calls=module.calls,
                                 distinct=len(module.signatures), truncated=module.truncated,
                                 rank_varies=rank_varies, dims=dims, type=module.type,

@@ -218,6 +218,16 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
         for cause in analysis.causes:
             if cause.kind in ("partial-batch", "last-chunk", "collate", "batch-size", "packed"):
                 reasons.append(f"cause: {cause.message}")
+        varying = dynamic_ops + dynamic_modules + varying_batches
+        if (not data_causes and not truncated and any(c.kind == "partial-batch" for c in analysis.causes)
+                and all(s.dims and not s.rank_varies and set(s.causes) <= partial_only for s in varying)):
+            # Only the epoch's smaller last batch changed the shapes: the same verdict as
+            # when the steps watched end before it (static, compiled once more for it),
+            # not one that depends on whether the profile reached the epoch's end.
+            verdict = "static"
+            reasons[:] = [r for r in reasons if not r.startswith("but every dimension took")]
+            reasons.insert(0, "static but for the epoch's last, smaller batch: every other step saw the same "
+                              "shapes")
 
     # The epoch's last batch, smaller, may come after the steps watched (a few steps
     # of a long epoch): static so far, but compiled code compiles once more for it.
@@ -227,6 +237,8 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
                       and not (job_batches is not None and loader.batch_size
                                and job_batches <= loader.dataset_length // loader.batch_size)]
     last_batch = ""
+    if verdict == "static" and seen_partial:
+        last_batch = next(c.message for c in analysis.causes if c.kind == "partial-batch")
     for _, loader in unseen_partial[:1]:
         last_batch = (f"the last batch of each epoch has {loader.remainder} samples, not {loader.batch_size} "
                       f"({loader.dataset_length} samples, drop_last=False), after the steps watched: compiled "
@@ -285,6 +297,10 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
                                                "fixed shapes: cuDNN picks its fastest convolution algorithm once "
                                                "per shape, so once; mode=\"reduce-overhead\" (CUDA graphs) also "
                                                "replays one recorded graph", "compile-static"))
+            if last_batch:
+                recs.append(Recommendation(target, "drop-last", "DataLoader(..., drop_last=True)",
+                                           f"{last_batch}: with drop_last=True every batch has the same size",
+                                           None, npu))
             continue
         if cheap_buckets and verdict == "dynamic" and not eager:
             b = cheap_buckets[0]
