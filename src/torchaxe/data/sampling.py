@@ -82,6 +82,14 @@ class StageTimer:
         self.opened = []
 
     def install(self) -> None:
+        if "PIL.Image" in sys.modules and "PIL.ImageFile" not in sys.modules:
+            # PIL decodes lazily, in ImageFile.load (at .convert(), .load(), ...), and
+            # imports that module with its first image plugin: in a script whose images
+            # were opened in worker processes only, not yet in this one.
+            try:
+                import PIL.ImageFile  # noqa: F401
+            except ImportError:
+                pass
         for module_name, owner_path, attribute in DECODE_ENTRY_POINTS:
             module = sys.modules.get(module_name)
             if module is None:
