@@ -257,6 +257,16 @@ def test_the_budget_said_to_measure_them_all_counts_first_compiles(script: Path)
     assert "about --budget 3m would measure them all, at 13 s per run" in note, note
 
 
+def test_late_changes_need_no_room_for_a_combined_run_while_nothing_is_clearly_faster(script: Path) -> None:
+    # Seen in a review: "the --budget fits 1 of 5 changes" and 89 s of 180 left unused,
+    # kept for measuring the chosen changes together when none had been chosen.
+    same = {"code:AX110": 0.1, "knob:compile": 0.1, "knob:autocast-bf16": 0.1, "combined": 0.1}
+    clock = Clock()
+    advice = run_advice(script, TimedRuns(clock, 1.0, times=same), budget=20.0, clock=clock, profile_seconds=3.0)
+    assert [r.status for r in advice.recommendations].count("not_measured") == 0
+    assert not any(n.startswith("the --budget fits") for n in advice.notes)
+
+
 def test_changes_the_first_fit_left_out_are_measured_when_runs_prove_shorter(script: Path) -> None:  # noqa: F811
     # The profiled run took 2 s (a busy machine, a slow first start), so 20 s seemed to
     # hold one change; the runs then take 0.5 s, and the budget left measures the rest,

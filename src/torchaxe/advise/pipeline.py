@@ -697,10 +697,13 @@ class Advisor:
         """Measure the changes the budget's first fit left out (``cut``, most
         promising first), in further rounds against ``base`` with the A/A arm, as
         many at a time as the budget left holds at the run times measured so far,
-        keeping room for the combined run. Each measured one joins ``arms`` and
-        ``results``. False when the deadline cut a round short."""
+        keeping room for the combined run when a change measured so far is clearly
+        faster (with none, a late change would be measured with nothing: the room is
+        better spent measuring it). Each measured one joins ``arms`` and ``results``.
+        False when the deadline cut a round short."""
         late: list[tuple[Candidate, ArmResult]] = []
-        reserve = 2 * repeats
+        self._set_noise(noise_arm)
+        reserve = 2 * repeats if any(r.ok and self.noise.beaten_by(r.ratios) for r in results) else 0
         for c in cut:
             knobs = self.arms.of_change(c)
             if knobs is None:
