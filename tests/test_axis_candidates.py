@@ -88,6 +88,17 @@ def test_compile_is_static_when_the_epochs_smaller_last_batch_came_after_the_ste
         (plain,) = [c for c in shapes.candidates({**WAITING, "shapes": seen}, "cpu", {"loader_epochs": epochs})
                     if c.key == "knob:compile"]
         assert plain.knobs == {"compile": {"mode": "default"}}
+    # The last batch among the steps watched, and all that varied (a review's 13-batch
+    # epoch got dynamic=True where a 63-batch epoch got dynamic=False): the same choice.
+    varied = {**_batches(64, 40), "static": False, "modules": [{"name": "Net", "dynamic": True, "step_sets": 2}]}
+    found = {c.key: c for c in shapes.candidates({**WAITING, "shapes": varied}, "cpu", {"loader_epochs": [epoch]})}
+    assert "knob:compile-dynamic" not in found
+    assert found["knob:compile"].knobs == {"compile": {"mode": "default", "dynamic": False}}
+    assert "reached within the steps profiled" in found["knob:compile"].rec.detail
+    # Shapes that vary otherwise too (a module with more sets of shapes): dynamic.
+    busy = {**varied, "modules": [{"name": "Net", "dynamic": True, "step_sets": 5}]}
+    assert "knob:compile-dynamic" in {c.key for c in shapes.candidates({**WAITING, "shapes": busy}, "cpu",
+                                                                        {"loader_epochs": [epoch]})}
     # Another loader's batch size (an evaluation loader): not the training batches.
     assert shapes.unseen_last_batch({"shapes": _batches(64)}, {"loader_epochs": [{**epoch, "batch_size": 32}]}) is None
     # The compile of the dropout axis follows the same rule.

@@ -17,7 +17,8 @@ from typing import Any, Sequence
 
 from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
 from torchaxe.runtime.opstats import op_share
-from torchaxe.shapes.candidates import COMPILE_ACCURACY_DETAIL, compile_knob, last_batch_text, unseen_last_batch
+from torchaxe.shapes.candidates import (COMPILE_ACCURACY_DETAIL, compile_knob, last_batch_text, seen_last_batch,
+                                       unseen_last_batch)
 from torchaxe.units import PACKAGE_FOLDERS, package_path
 
 #: The operator torch's CPU dropout spends its time in (one Bernoulli draw an element).
@@ -102,7 +103,10 @@ def dropout_candidates(profile: dict[str, Any], target: str, settings: dict[str,
     if not settings.get("compiled_graphs"):
         shapes = profile.get("shapes") or {}
         dynamic = True if shapes and not shapes.get("static", True) else None
-        last = unseen_last_batch(profile, settings) if dynamic is None else None
+        seen = seen_last_batch(profile, settings) if dynamic else None
+        if seen is not None:
+            dynamic = None  # only the epoch's last batch varied: as if the steps had ended before it
+        last = seen or unseen_last_batch(profile, settings) if dynamic is None else None
         if last is not None:
             dynamic = False
         out.append(knob_candidate(

@@ -101,11 +101,43 @@ def unseen_last_batch(profile: dict[str, Any], settings: dict[str, Any]) -> dict
     return None
 
 
+def seen_last_batch(profile: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The epoch of a DataLoader whose smaller last batch the profile saw, when it is
+    all that made the shapes vary: the batches had two signatures, alike but for their
+    first dimension (the batch size and the last batch's), and no module saw more than
+    two sets of shapes over the steps (the full batches' and the last one's). Then the
+    shapes are as static as when the steps end before that batch, and the compile
+    choice must not depend on whether a short profile reached it."""
+    shapes = profile.get("shapes") or {}
+    signatures = [s.get("shapes") for s in (shapes.get("batches") or {}).get("signatures") or []]
+    if len(signatures) != 2 or not all(signatures) or len(signatures[0]) != len(signatures[1]):
+        return None
+    firsts: set[int] = set()
+    for a, b in zip(*signatures):
+        if (a is None) != (b is None):
+            return None
+        if a is None:
+            continue
+        if len(a) != len(b) or not a or a[1:] != b[1:]:
+            return None
+        firsts |= {a[0], b[0]}
+    if any(m.get("dynamic") and (m.get("step_sets") or 3) > 2 for m in shapes.get("modules") or []):
+        return None
+    for epoch in settings.get("loader_epochs") or []:
+        if epoch.get("last_batch_samples") and {epoch.get("batch_size"), epoch["last_batch_samples"]} == firsts:
+            return {**epoch, "seen": True}
+    return None
+
+
 def last_batch_text(epoch: dict[str, Any]) -> str:
     """The sentence that says what an epoch's smaller last batch does to compiled code."""
+    when = ("reached within the steps profiled" if epoch.get("seen") else
+            "after the steps measured: compiled code compiles once more for it, which the measured one-time cost "
+            "leaves out;")
     return (f"the last batch of each epoch has {epoch['last_batch_samples']} samples, not {epoch['batch_size']} "
-            f"({epoch['samples']} samples, drop_last=False), after the steps measured: compiled code compiles once "
-            f"more for it, which the measured one-time cost leaves out; dynamic=False compiles it as a graph of its "
+            f"({epoch['samples']} samples, drop_last=False), {when}"
+            + (": compiled code compiles once more for it;" if epoch.get("seen") else "")
+            + " dynamic=False compiles it as a graph of its "
             f"own and keeps the full batches on their static kernels (torch would otherwise recompile the model for "
             f"any batch size); DataLoader(..., drop_last=True) keeps every batch one size")
 
@@ -139,6 +171,8 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
     out: list[Candidate] = []
     shapes = profile.get("shapes") or {}
     dynamic = bool(shapes) and not shapes.get("static", True)
+    seen = seen_last_batch(profile, settings) if dynamic else None
+    dynamic = dynamic and seen is None
     bucketing = bucketing_knob(shapes.get("batches") or {}) if dynamic else None
     compile_accuracy = Accuracy(kind="unknown", detail=COMPILE_ACCURACY_DETAIL)
     first = len(out)
@@ -158,7 +192,7 @@ def candidates(profile: dict[str, Any], target: str, settings: dict[str, Any]) -
                     kind="unknown", detail="padding changes results unless the script masks it; "
                     "the training loss is compared with the original's"), priority=1.9,
                 detail="few distinct shapes: each compiles once, then every batch reuses one of them"))
-        last = None if dynamic else unseen_last_batch(profile, settings)
+        last = None if dynamic else seen or unseen_last_batch(profile, settings)
         detail = "fuses the model's operators into generated kernels; the first steps pay the compile time"
         if last is not None:
             out.append(knob_candidate(
