@@ -170,3 +170,17 @@ def test_the_text_report_says_what_to_run_next_when_a_winner_would_be_swapped_in
     out = io.StringIO()
     render(TuneReport(kb="kb.sqlite"), out, command=["python", "train.py"])
     assert "next:" not in out.getvalue()
+
+
+def test_tuning_on_shared_cores_says_its_timings_may_mislead():
+    # Seen in a review: beside another session's tests, a Dropout was timed at 31 ms
+    # fwd+bwd (0.9 ms on the idle machine) and max-autotune "won" for it.
+    from torchaxe.runtime.other_load import OtherLoad
+    from torchaxe.tune.cli import busy_tuning_note
+
+    busy = OtherLoad(cores=1.2, usable=2, seconds=25.0, busiest=(("pytest", 4242, 1.1),))
+    note = busy_tuning_note(busy)
+    assert note.startswith("other processes kept 1.2 of the 2 usable cores busy while this tuned (busiest: pytest "
+                           "(pid 4242))") and "--retune" in note
+    assert busy_tuning_note(OtherLoad(cores=0.05, usable=2, seconds=25.0, busiest=())) is None
+    assert busy_tuning_note(None) is None

@@ -11,6 +11,7 @@ import click
 
 from torchaxe.backends import TARGET_CHOICES
 from torchaxe.console import CONTEXT
+from torchaxe.runtime.other_load import OtherLoad, OtherLoadWatch
 from torchaxe.runtime.torchrun import in_ranks
 from torchaxe.errors import TorchaxeError
 from torchaxe.tune.strategies import ALL as STRATEGIES
@@ -83,14 +84,26 @@ def tune(budget, kb_path, depth, whole_model, strategies, steps, repeats, min_ga
         from torchaxe.kb import KnowledgeBase
 
         KnowledgeBase.open(kb_path).close()  # a bad file is reported before the script runs
-    report = tune_script(script, options, steps=steps, timeout=timeout, err=sys.stderr)
+    report = tune_script(script, options, steps=steps, timeout=timeout, err=sys.stderr, watch=OtherLoadWatch())
     if as_json:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:
         render(report, sys.stdout, command=list(command), kb=kb_path)
 
 
-def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None, err: TextIO):
+def busy_tuning_note(load: OtherLoad | None) -> str | None:
+    """A note for the report when other processes shared the cores while tuning: the
+    timings then mislead (a Dropout measured at 31 ms fwd+bwd that takes 0.9 ms)."""
+    if load is None or not load.busy:
+        return None
+    return (f"other processes kept {load.cores:.1f} of the {load.usable} usable cores busy while this tuned "
+            f"(busiest: {load.describe()}): timings on shared cores are slower and noisier, by far more than the "
+            "share taken, and a winner may be the machine's; tune again on an idle machine with --retune for "
+            "winners to rely on")
+
+
+def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None, err: TextIO,
+                watch: OtherLoadWatch | None = None):
     """Watch the script's first steps, capture its model, tune it."""
     from torchaxe.runtime.harness import DEFAULT_FIRST_STEP_TIMEOUT, Harness, HarnessOptions
     from torchaxe.runtime.dynamo import compiled_by_script, eager_stance
@@ -133,8 +146,16 @@ def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None,
         raise TorchaxeError(f"the script failed: {profile.detail}")
     _ensure_process_group()
     subgraphs = recorder.subgraphs()
-    with _Progress(err) as progress:
-        report = tune_subgraphs(subgraphs, options, progress=progress.update, log=lambda line: progress.log(line))
+    if watch is not None:
+        watch.start()
+    try:
+        with _Progress(err) as progress:
+            report = tune_subgraphs(subgraphs, options, progress=progress.update, log=lambda line: progress.log(line))
+    finally:
+        load = watch.stop() if watch is not None else None
+    busy = busy_tuning_note(load)
+    if busy is not None:
+        report.notes.append(busy)
     if "compiled" in holder:
         root = next((sg.name for sg in subgraphs if sg.depth == 0), holder["compiled"])
         report.notes.append(compiled_note(report, root, holder["compiled"]))
