@@ -29,6 +29,7 @@ left behind as a daemon.
 from __future__ import annotations
 
 import builtins
+import importlib
 import io
 import os
 import queue
@@ -87,7 +88,7 @@ class StageTimer:
             # imports that module with its first image plugin: in a script whose images
             # were opened in worker processes only, not yet in this one.
             try:
-                import PIL.ImageFile  # noqa: F401
+                importlib.import_module("PIL.ImageFile")
             except ImportError:
                 pass
         for module_name, owner_path, attribute in DECODE_ENTRY_POINTS:

@@ -137,9 +137,9 @@ def last_batch_text(epoch: dict[str, Any]) -> str:
     return (f"the last batch of each epoch has {epoch['last_batch_samples']} samples, not {epoch['batch_size']} "
             f"({epoch['samples']} samples, drop_last=False), {when}"
             + (": compiled code compiles once more for it;" if epoch.get("seen") else "")
-            + " dynamic=False compiles it as a graph of its "
-            f"own and keeps the full batches on their static kernels (torch would otherwise recompile the model for "
-            f"any batch size); DataLoader(..., drop_last=True) keeps every batch one size")
+            + " dynamic=False compiles it as a graph of its own and keeps the full batches on their static kernels "
+              "(torch would otherwise recompile the model for any batch size); DataLoader(..., drop_last=True) keeps "
+              "every batch one size")
 
 
 def trial_settings(target: str, bucketing: dict[str, Any] | None = None,
