@@ -259,3 +259,24 @@ def test_host_syncs_of_a_run_without_steps_keep_their_heading():
     assert "steps       none on cpu" in text
     assert "  host syncs  by line, over the whole run (no measured step to count them by):" in text
     assert "train.py:12 .item() x4" in text
+
+
+def test_an_uneven_optimizer_time_shows_its_mean_beside_the_median():
+    # Seen in a review: "optimizer 6.3% of step time in optimizer.step() (median 0.71 ms
+    # per step)" on 400 ms steps, four of ten updates taking 70 ms.
+    import io
+
+    from torchaxe.report.profile_text import render_profile_summary
+
+    profile = make_profile(seconds=(0.5,) + (0.4,) * 10)
+    for i, step in enumerate(profile.steps[1:]):
+        step.optimizer_seconds = 0.07 if i % 5 in (1, 3) else 0.0007
+    out = io.StringIO()
+    render_profile_summary(profile, None, out)
+    line = next(l for l in out.getvalue().splitlines() if l.startswith("  optimizer"))
+    assert "median 0.70 ms per step, mean 28.4 ms: a few steps' updates took far longer" in line, line
+    for step in profile.steps[1:]:
+        step.optimizer_seconds = 0.0007
+    out = io.StringIO()
+    render_profile_summary(profile, None, out)
+    assert "mean" not in next(l for l in out.getvalue().splitlines() if l.startswith("  optimizer"))

@@ -55,8 +55,13 @@ def render_profile_summary(profile: Profile, path: str | None, out: TextIO) -> N
             out.write(f"  no-grad     {s.no_grad_passes_per_step:.1f} passes per step without gradients (evaluation or "
                       f"generation under no_grad/inference_mode): {percent(s.no_grad_fraction)} of step time\n")
         if s.optimizer_seconds_median is not None and s.optimizer_fraction is not None:
+            # The share is of all the time; when a few steps' updates took far longer than
+            # the usual one, the median alone would not add up to it: say so.
+            mean = s.optimizer_fraction * s.step_seconds_mean if s.step_seconds_mean else None
+            uneven = (f", mean {duration(mean)}: a few steps' updates took far longer"
+                      if mean is not None and mean > 2 * s.optimizer_seconds_median + 1e-4 else "")
             out.write(f"  optimizer   {percent(s.optimizer_fraction)} of step time in optimizer.step() "
-                      f"(median {duration(s.optimizer_seconds_median)} per step)\n")
+                      f"(median {duration(s.optimizer_seconds_median)} per step{uneven})\n")
         if s.data_wait_fraction is not None or run.source == "harness":
             out.write(f"  data wait   {percent(s.data_wait_fraction)} of step time "
                       f"(median {duration(s.data_wait_seconds_median)} per step)\n")
