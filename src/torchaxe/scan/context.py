@@ -334,14 +334,8 @@ class FileContext:
         optimizer's step (or a helper given both), and the file never calls it: its loop
         is in another file (an RL agent's ``learn()``, a loss object's ``__call__``
         that also steps)."""
-        kinds: set[str] = set()
-        for node in _own_body(function):
-            if isinstance(node, ast.Call) and self.is_training_call(node):
-                func = node.func
-                name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-                kinds.add("backward" if name in ("backward", "manual_backward") or self.qualified_name(func)
-                          == "torch.autograd.backward" else "step" if name == "step" else "both")
-        if not ("both" in kinds or {"backward", "step"} <= kinds):
+        kinds = {self.training_kind(node) for node in _own_body(function)}
+        if not ("helper" in kinds or {"backward", "step"} <= kinds):
             return False
         key = "called_names"
         if key not in self.cache:
@@ -445,6 +439,19 @@ class FileContext:
                     return False
                 return "opt" in name.lower() or name in self.optimizer_names()
         return self.qualified_name(func) == "torch.autograd.backward"
+
+    def training_kind(self, node: ast.AST) -> str | None:
+        """What a training call does (see :meth:`is_training_call`): ``backward``, an
+        optimizer's ``step``, or ``helper`` for a call given the loss and an optimizer
+        that may do both (apex's ``amp.scale_loss``, timm's ``loss_scaler``); None for
+        any other node."""
+        if not self.is_training_call(node):
+            return None
+        func = node.func  # type: ignore[attr-defined]
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name in ("backward", "manual_backward") or self.qualified_name(func) == "torch.autograd.backward":
+            return "backward"
+        return "step" if name == "step" else "helper"
 
     def _names_optimizer(self, node: ast.AST) -> bool:
         """An argument that holds an optimizer: a name assigned from an optimizer

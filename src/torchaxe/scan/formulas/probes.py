@@ -225,20 +225,10 @@ def infer_roles(root: Node) -> dict[str, str]:
         if node.op == "mul" and len(node.args) == 2:
             # -1e9 * (1 - b): b is kept where it is one and filled with a very negative
             # number elsewhere, a mask of zeros and ones.
-            for fill, kept in (node.args, node.args[::-1]):
-                if (fill.op == CONST and isinstance(fill.value, (int, float)) and not isinstance(fill.value, bool)
-                        and fill.value <= -_MASK_FILL and kept.op == "sub" and len(kept.args) == 2
-                        and kept.args[0].op == CONST and kept.args[0].value == 1):
-                    zero_one |= _through_mask(kept.args[1])
+            zero_one |= _one_minus_filled(node, -1.0)
         if node.op == "sub" and len(node.args) == 2 and node.args[1].op == "mul" and len(node.args[1].args) == 2:
             # w * b - 1e10 * (1 - b): the same, subtracted.
-            fill, kept = node.args[1].args
-            if fill.op != CONST:
-                fill, kept = kept, fill
-            if (fill.op == CONST and isinstance(fill.value, (int, float)) and not isinstance(fill.value, bool)
-                    and fill.value >= _MASK_FILL and kept.op == "sub" and len(kept.args) == 2
-                    and kept.args[0].op == CONST and kept.args[0].value == 1):
-                zero_one |= _through_mask(kept.args[1])
+            zero_one |= _one_minus_filled(node.args[1], 1.0)
         mask = node.args[1] if node.op == "masked_fill" and len(node.args) >= 2 else \
             node.args[0] if node.op == "where" and node.args else None
         if mask is not None:
@@ -565,6 +555,18 @@ def widened_roles(root: Node, roles: dict[str, str]) -> dict[str, str] | None:
         if bounds and roles.get(name) in (FULL, CUBE) and name not in changed:
             changed[name] = f"{roles[name]}{WIDE}2"
     return {**roles, **changed} if changed else None
+
+
+def _one_minus_filled(product: Node, sign: float) -> set[str]:
+    """The mask variables of ``fill * (1 - mask)`` (either order) whose constant fill is
+    at least :data:`_MASK_FILL` in size, with the sign ``sign`` (-1: added, as in
+    ``-1e9 * (1 - b)``; 1: subtracted)."""
+    for fill, kept in (product.args, product.args[::-1]):
+        if (fill.op == CONST and isinstance(fill.value, (int, float)) and not isinstance(fill.value, bool)
+                and sign * fill.value >= _MASK_FILL and kept.op == "sub" and len(kept.args) == 2
+                and kept.args[0].op == CONST and kept.args[0].value == 1):
+            return _through_mask(kept.args[1])
+    return set()
 
 
 def _images_split(root: Node, chunk: Node) -> bool:

@@ -75,22 +75,13 @@ def _runs_the_step(ctx: FileContext, loop: ast.AST, guard: ast.AST, branch) -> b
     kinds_in: set[str] = set()
     kinds_out: set[str] = set()
     for node in ast.walk(loop):
-        if isinstance(node, ast.Call) and ctx.is_training_call(node):
+        kind = ctx.training_kind(node)
+        if kind is not None:
             if id(node) in inside:
-                kinds_in.add(_training_kind(node))
+                kinds_in.add(kind)
             elif id(node) not in guarded:
-                kinds_out.add(_training_kind(node))
+                kinds_out.add(kind)
     return bool(kinds_in - kinds_out)
-
-
-def _training_kind(call: ast.Call) -> str:
-    """``backward``, ``step``, or ``helper`` for a call given a loss and an optimizer
-    (apex's ``amp.scale_loss(loss, optimizer)``, timm's ``loss_scaler(loss, optimizer)``)."""
-    func = call.func
-    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-    if name in ("backward", "manual_backward"):
-        return "backward"
-    return "step" if name == "step" else "helper"
 
 
 def assigned_in(scope: ast.AST, name: str) -> list[ast.expr]:
