@@ -51,17 +51,17 @@ class UnfusedOptimizer(Rule):
     ```
 
     ## Fix safety
-    Unsafe. The fused kernels round differently in the last bits, `fused=True` raises
-    at the first step when a parameter is not a floating-point tensor on a supported
-    device or has a sparse gradient (a file that builds an embedding with `sparse=` set
-    gets advice only: split that embedding's parameters off first), and the NPU optimizers accept fp16/fp32 parameters only, refuse
-    `zero_grad(set_to_none=True)` and must keep the same parameter objects. A call with
-    `**opt_args` is flagged only when `opt_args` is a dict built earlier in the same
-    function (a literal or `dict(...)`, then item assignments, `setdefault`, `pop`) and
-    nothing in that function gives it `fused` or `foreach`; the function's own
-    `**kwargs` may be merged into it. Keywords from anywhere else (a config object, a
-    parameter) may already choose an implementation and are not flagged. NPU
-    replacements are unverified on Ascend hardware.
+    Unsafe. The fused kernels round differently in the last bits, `fused=True` raises at
+    the first step when a parameter is not a floating-point tensor on a supported device
+    or has a sparse gradient (a file that builds an embedding with `sparse=` set gets
+    advice only: split that embedding's parameters off first), and the NPU optimizers
+    accept fp16/fp32 parameters only, refuse `zero_grad(set_to_none=True)` and must keep
+    the same parameter objects. A call with `**opt_args` is flagged only when `opt_args`
+    is a dict built earlier in the same function (a literal or `dict(...)`, then item
+    assignments, `setdefault`, `pop`) and nothing in that function gives it `fused` or
+    `foreach`; the function's own `**kwargs` may be merged into it. Keywords from
+    anywhere else (a config object, a parameter) may already choose an implementation
+    and are not flagged. NPU replacements are unverified on Ascend hardware.
     """
 
     code = "AX201"
@@ -124,7 +124,7 @@ class UnfusedOptimizer(Rule):
             "import torch\nimport torch.nn as nn\n"
             "emb = nn.Embedding(1000, 64, sparse=args.sparse)\n"
             "opt = torch.optim.SGD(emb.parameters(), lr=4.0)\n",
-            target="npu", lines=(4,), message="refuses sparse gradients when it is set",
+            target="npu", lines=(4,), message="refuses sparse gradients (when it is true)",
         ),
         Valid("import torch\nopt = torch.optim.AdamW(params)  # noqa: AX201\n"),
         Valid("from mylib import AdamW\nopt = AdamW(params)\n"),
@@ -178,12 +178,13 @@ class UnfusedOptimizer(Rule):
                 ) -> Iterable[Finding]:
         """Advice only: the file makes sparse gradients, which fused kernels refuse."""
         line, certain = sparse[0]
-        when = "" if certain else " when it is set"
+        built = "with sparse=True" if certain else "whose sparse= is chosen at run time"
+        when = "" if certain else " (when it is true)"
         yield ctx.finding(
             self, node,
-            f"torch.optim.{cls} runs unfused, but this file builds an embedding with sparse=True (line {line}): "
-            f"{fused} refuses sparse gradients{when} and would fail at the first step; give the sparse embedding "
-            f"its own optimizer and fuse the one for the other parameters",
+            f"torch.optim.{cls} runs unfused, but this file builds an embedding {built} (line {line}): {fused} "
+            f"refuses sparse gradients{when} and would fail at the first step; give the sparse embedding its own "
+            "optimizer and fuse the one for the other parameters",
             replacement=(f"torch.optim.{cls}(<the dense parameters>, ..., fused=True)" if fused == "fused=True"
                          else f"{fused}(<the dense parameters>, ...)"),
             fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY,
