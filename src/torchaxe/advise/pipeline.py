@@ -982,7 +982,8 @@ class Advisor:
             pays = f"pays off only after {even:,} steps, more than the job's {steps:,} ({self.job_source})"
         else:
             pays = f"is never paid back: it saves no time per step (the job runs {steps:,} steps, {self.job_source})"
-        why = f"its one-time cost ({once:.1f} s, before its first fast step) {pays}: not chosen; {apply_only(rec)} applies it"
+        why = (f"its one-time cost ({once:.1f} s, before its first fast step) {pays}: not chosen; "
+               f"{apply_only(rec)} applies it")
         rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 
     def _compare_memory(self, rec: Recommendation, arm: ArmResult, base: ArmResult) -> None:
