@@ -153,12 +153,12 @@ def tune_script(script: Any, options: Any, *, steps: int, timeout: float | None,
             report = tune_subgraphs(subgraphs, options, progress=progress.update, log=lambda line: progress.log(line))
     finally:
         load = watch.stop() if watch is not None else None
-    busy = busy_tuning_note(load)
-    if busy is not None:
-        report.notes.append(busy)
     if "compiled" in holder:
         root = next((sg.name for sg in subgraphs if sg.depth == 0), holder["compiled"])
         report.notes.append(compiled_note(report, root, holder["compiled"]))
+    busy = busy_tuning_note(load)
+    if busy is not None:
+        report.notes.append(busy)  # last: it qualifies every figure above
     return report
 
 
