@@ -1438,3 +1438,37 @@ class Attention(torch.nn.Module):
         return attn @ v
 """
     assert [m.category for m in matches(source, "cpu") if m.category == "attention"] == ["attention"]
+
+
+def test_a_mask_written_into_the_scores_in_place_is_part_of_the_attention(scan):
+    # score.masked_fill_(mask, -1e9) changed the scores, yet the replacement left the
+    # mask out: the scores were read as they were before the in-place write.
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        def attend(q, k, v, mask):
+            score = torch.matmul(q, k.transpose(2, 3)) / 8.0
+            score.masked_fill_(mask, -1e9)
+            return torch.matmul(F.softmax(score, -1), v)
+    """)
+    assert attention_finding(scan, source, "cpu").replacement == \
+        "F.scaled_dot_product_attention(q, k, v, scale=1 / 8.0, attn_mask=~mask)"
+
+
+def test_conformers_relative_attention_with_its_sqrt_dim_divisor():
+    # sooftware/conformer: (content + position scores) / self.sqrt_dim, the position
+    # scores a bias of their own.
+    source = """
+import torch
+import torch.nn.functional as F
+
+
+class RelativeAttention(torch.nn.Module):
+    def forward(self, query, key, value, pos_embedding):
+        content_score = torch.matmul((query + self.u_bias).transpose(1, 2), key.transpose(2, 3))
+        pos_score = torch.matmul((query + self.v_bias).transpose(1, 2), pos_embedding.permute(0, 2, 3, 1))
+        score = (content_score + pos_score) / self.sqrt_dim
+        return torch.matmul(F.softmax(score, -1), value)
+"""
+    found = [m for m in matches(source, "cpu") if m.category == "attention"]
+    assert len(found) == 1 and found[0].params["mask_added"]

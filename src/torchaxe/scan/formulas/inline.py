@@ -663,7 +663,15 @@ class Scope:
         relevant = isinstance(stmt, (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)) and (
             self._relevant(stmt))
         if isinstance(stmt, ast.Expr):
-            if relevant and not isinstance(stmt.value, ast.Constant):
+            written = _written_in_place(stmt.value)
+            if written is not None and written[0] in self.env:
+                # score.masked_fill_(mask, -1e9): score's new value is what the method
+                # without its underscore returns (a mask the formula must not leave out).
+                name, out_of_place = written
+                self.bind(ast.Name(id=name, ctx=ast.Store()), self._value(stmt, out_of_place, relevant))
+                if relevant:
+                    self.hot.add(name)
+            elif relevant and not isinstance(stmt.value, ast.Constant):
                 self._value(stmt, stmt.value, True)
         elif isinstance(stmt, ast.Assign):
             value = self._value(stmt, stmt.value, relevant)
@@ -940,6 +948,19 @@ def _may_be_constant(node: ast.expr) -> bool:
         if count > 24 or not isinstance(part, _CONSTANT_PARTS):
             return False
     return True
+
+
+def _written_in_place(value: ast.expr) -> tuple[str, ast.Call] | None:
+    """``(name, name.method(args))`` for a statement ``name.method_(args)`` that writes a
+    tensor in place (a method ending in one underscore), else None."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+            and isinstance(value.func.value, ast.Name)):
+        return None
+    attr = value.func.attr
+    if not attr.endswith("_") or attr.startswith("_") or len(attr) < 3:
+        return None
+    func = ast.copy_location(ast.Attribute(value=value.func.value, attr=attr[:-1], ctx=ast.Load()), value.func)
+    return value.func.value.id, ast.copy_location(ast.Call(func=func, args=value.args, keywords=value.keywords), value)
 
 
 def _names_in(target: ast.AST) -> Iterator[str]:

@@ -42,7 +42,9 @@ _EINOPS = frozenset({"rearrange", "einops_repeat"})
 #: that where an ``eps`` sits in a formula changes the result.
 SCALAR_VALUE = 0.37
 
-_SCALAR_NAMES = re.compile(r"(eps|epsilon|scale|scaling|temperature|norm_factor|inv_freq_scale)$", re.IGNORECASE)
+#: ``self.sqrt_dim`` (Conformer's score divisor), ``sqrt_dk``: the square root of a size.
+_SCALAR_NAMES = re.compile(r"(eps|epsilon|scale|scaling|temperature|norm_factor|inv_freq_scale)$|^sqrt_d\w*$",
+                           re.IGNORECASE)
 _SIZE_NAMES = re.compile(
     r"(^|_)(d_model|d_k|d_head|head_dim|hidden_size|hidden_dim|embed_dim|n_embd|model_dim|dim_head|"
     r"head_size|kv_dim|qk_dim)$",
