@@ -196,9 +196,20 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
         # Late shapes count unless the epoch's smaller last batch is all that caused them.
         late = [s for s in dynamic_ops if s.late and not (s.causes and set(s.causes) <= partial_only)]
         truncated = [s for s in dynamic_ops + dynamic_modules if s.truncated]
+        varying = dynamic_ops + dynamic_modules + varying_batches
+        # Only the epoch's smaller last batch changed the shapes: the same verdict as when
+        # the steps watched end before it (static, compiled once more for it), not one
+        # that depends on whether the profile reached the epoch's end.
+        last_batch_only = (not data_causes and not truncated
+                           and any(c.kind == "partial-batch" for c in analysis.causes)
+                           and all(s.dims and not s.rank_varies and set(s.causes) <= partial_only for s in varying))
+        if last_batch_only:
+            reasons.append("static but for the epoch's last, smaller batch: every other step saw the same shapes")
         reasons.append(f"{len(dynamic_ops)} of {len(ops)} operators and {len(dynamic_modules)} of {len(modules)} "
                        f"modules saw more than one input shape over {analysis.steps} steps")
-        if widest > FEW_SHAPES or late or truncated or data_causes:
+        if last_batch_only:
+            verdict = "static"
+        elif widest > FEW_SHAPES or late or truncated or data_causes:
             verdict = "dynamic"
             if widest > FEW_SHAPES:
                 reasons.append(f"a dimension took {widest} different sizes (more than {FEW_SHAPES})")
@@ -218,16 +229,6 @@ def decide(analysis: ShapeAnalysis, max_shapes: int = 4, job_batches: int | None
         for cause in analysis.causes:
             if cause.kind in ("partial-batch", "last-chunk", "collate", "batch-size", "packed"):
                 reasons.append(f"cause: {cause.message}")
-        varying = dynamic_ops + dynamic_modules + varying_batches
-        if (not data_causes and not truncated and any(c.kind == "partial-batch" for c in analysis.causes)
-                and all(s.dims and not s.rank_varies and set(s.causes) <= partial_only for s in varying)):
-            # Only the epoch's smaller last batch changed the shapes: the same verdict as
-            # when the steps watched end before it (static, compiled once more for it),
-            # not one that depends on whether the profile reached the epoch's end.
-            verdict = "static"
-            reasons[:] = [r for r in reasons if not r.startswith("but every dimension took")]
-            reasons.insert(0, "static but for the epoch's last, smaller batch: every other step saw the same "
-                              "shapes")
 
     # The epoch's last batch, smaller, may come after the steps watched (a few steps
     # of a long epoch): static so far, but compiled code compiles once more for it.
