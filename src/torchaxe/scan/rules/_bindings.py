@@ -1,11 +1,13 @@
 """Where a module or a value of a file comes from, for rules that follow one to its
 construction: the values a class binds to ``self.<attr>``, the arguments a file's
-calls pass to a function's parameter, the function holding a node, and the methods
-that return the module they are called on."""
+calls pass to a function's parameter, the function holding a node, the methods that
+return the module they are called on, and the assignments a name may hold the value
+of at a line (:func:`reaching`), the one reading of that every rule shares."""
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from torchaxe.scan.context import FileContext, walk_scope
 
@@ -142,3 +144,122 @@ def argument_of(call: ast.Call, function: ast.FunctionDef | ast.AsyncFunctionDef
     if position < 0 or any(isinstance(a, ast.Starred) for a in call.args[:position + 1]):
         return None
     return call.args[position] if position < len(call.args) else None
+
+
+# ---------------------------------------------------------------- the value of a name at a line
+
+#: Statements that bind names (``ast.NamedExpr`` is an expression that does too).
+_BINDERS = (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.AsyncFor, ast.With, ast.AsyncWith, ast.NamedExpr)
+
+
+def binding_targets(statement: ast.AST) -> list[ast.AST]:
+    """The targets a statement binds (assignments, ``for``, ``with ... as``, ``:=``)."""
+    if isinstance(statement, ast.Assign):
+        return list(statement.targets)
+    if isinstance(statement, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.NamedExpr)):
+        return [statement.target]
+    if isinstance(statement, (ast.With, ast.AsyncWith)):
+        return [item.optional_vars for item in statement.items if item.optional_vars is not None]
+    return []
+
+
+def bound_names(statement: ast.AST) -> set[str]:
+    """The plain names a statement binds (``h, c = ...`` binds ``h`` and ``c``)."""
+    return {n.id for t in binding_targets(statement) for n in ast.walk(t)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One statement binding a name: its ``value`` (``x * s`` for ``x *= s``; None
+    when it is not an assignment: a loop target, ``with ... as`` or ``:=``), and
+    ``index``, the name's position when an assignment unpacks a tuple into it."""
+
+    statement: ast.AST
+    value: ast.expr | None
+    index: int | None = None
+
+
+def _binding(node: ast.AST, name: str, ctx: FileContext) -> Binding | None:
+    if not isinstance(node, _BINDERS) or name not in bound_names(node):
+        return None
+    if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+        return Binding(node, _augmented_value(node, ctx))
+    if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+            if isinstance(target, ast.Name) and target.id == name:
+                return Binding(node, node.value)
+            if isinstance(target, (ast.Tuple, ast.List)):
+                position = next((i for i, e in enumerate(target.elts) if isinstance(e, ast.Name) and e.id == name), None)
+                if position is not None:
+                    return Binding(node, node.value, position)
+    return Binding(node, None)
+
+
+def _augmented_value(node: ast.AugAssign, ctx: FileContext) -> ast.expr:
+    """``x * s`` for ``x *= s``: the name, read on the statement's line (so that it
+    holds the value before it), and the operand; one node per statement."""
+    key = ("bindings.augmented", id(node))
+    value = ctx.cache.get(key)
+    if value is None:
+        read = ast.copy_location(ast.Name(id=node.target.id, ctx=ast.Load()), node.target)  # type: ignore[attr-defined]
+        value = ctx.cache[key] = ast.copy_location(ast.BinOp(left=read, op=node.op, right=node.value), node)
+    return value
+
+
+def bindings_before(name: str, scope: ast.AST, line: int, ctx: FileContext) -> list[Binding]:
+    """Every binding of ``name`` in ``scope`` (nested functions and classes aside) on
+    a line before ``line``, in source order."""
+    key = ("bindings.binders", id(scope))
+    binders = ctx.cache.get(key)
+    if binders is None:
+        binders = ctx.cache[key] = sorted((n for n in walk_scope(scope) if isinstance(n, _BINDERS)),
+                                         key=lambda n: (n.lineno, n.col_offset))
+    found = (_binding(n, name, ctx) for n in binders if n.lineno < line)
+    return [b for b in found if b is not None]
+
+
+def reaching(name: str, scope: ast.AST, line: int, ctx: FileContext) -> list[Binding] | None:
+    """The assignments whose value ``name`` may hold when ``line`` of ``scope`` runs:
+    the last binding before it alone when it always runs before that line (see
+    :func:`dominates`), else every one before it. Empty when nothing in ``scope``
+    binds ``name`` before ``line`` (a parameter, a global); None when one of those is
+    not an assignment (a loop target, ``with``, ``:=``: its value is not read)."""
+    found = bindings_before(name, scope, line, ctx)
+    if found and dominates(found[-1].statement, line, scope, ctx):
+        found = found[-1:]
+    return None if any(b.value is None for b in found) else found
+
+
+def dominates(statement: ast.AST, line: int, scope: ast.AST, ctx: FileContext) -> bool:
+    """Whether ``statement`` of ``scope`` runs whenever ``line`` (after it) does: the
+    block holding it also holds the line, or it sits in ``with`` blocks whose
+    enclosing block holds the line."""
+    blocks = _blocks(scope, ctx)
+    node: ast.AST = statement
+    while id(node) in blocks:
+        block, owner = blocks[id(node)]
+        if any(s.lineno <= line <= (s.end_lineno or s.lineno) for s in block if s is not node):
+            return True
+        if not isinstance(owner, (ast.With, ast.AsyncWith)):
+            return False
+        node = owner
+    return False
+
+
+def _blocks(scope: ast.AST, ctx: FileContext) -> dict[int, tuple[list[ast.stmt], ast.AST]]:
+    """Each statement of ``scope`` (by id): the statement list holding it and the
+    node owning that list."""
+    key = ("bindings.blocks", id(scope))
+    table = ctx.cache.get(key)
+    if table is None:
+        table = ctx.cache[key] = {}
+        owners = [scope, *(n for n in walk_scope(scope) if isinstance(n, (ast.stmt, ast.excepthandler, ast.match_case)))]
+        for owner in owners:
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                block = getattr(owner, field, None)
+                if isinstance(block, list):
+                    for statement in block:
+                        if isinstance(statement, ast.stmt):
+                            table[id(statement)] = (block, owner)
+    return table

@@ -8,6 +8,7 @@ import ast
 from dataclasses import dataclass
 
 from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, child_fields, child_nodes, fast_walk
+from torchaxe.scan.rules._bindings import binding_targets
 
 #: Qualified names of torch's DistributedDataParallel.
 DDP_NAMES = frozenset({
@@ -165,19 +166,6 @@ def dotted_name(node: ast.AST) -> str | None:
         return None
     parts.append(node.id)
     return ".".join(reversed(parts))
-
-
-def binding_targets(statement: ast.stmt) -> list[ast.AST]:
-    """The targets a statement binds (assignments, ``for``, ``with ... as``)."""
-    if isinstance(statement, ast.Assign):
-        return list(statement.targets)
-    if isinstance(statement, (ast.AugAssign, ast.AnnAssign)):
-        return [statement.target]
-    if isinstance(statement, (ast.For, ast.AsyncFor)):
-        return [statement.target]
-    if isinstance(statement, (ast.With, ast.AsyncWith)):
-        return [item.optional_vars for item in statement.items if item.optional_vars is not None]
-    return []
 
 
 def wrapper_bound_at(ctx: FileContext, scope: ast.AST, name: str, line: int) -> Wrap | None:

@@ -8,7 +8,7 @@ from typing import Iterable
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import BOUNDARY_TYPES, LOOP_TYPES, FileContext, walk_scope
 from torchaxe.scan.rules._bindings import (
-    argument_of, calls_of, owner_of, parameter_arguments, scope_of, self_bindings, unmoved,
+    argument_of, bound_names, calls_of, owner_of, parameter_arguments, reaching, scope_of, self_bindings, unmoved,
 )
 from torchaxe.scan.rules._distributed import function_of, parent_map
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
@@ -130,7 +130,7 @@ class RecurrentCellLoop(Rule):
         if statement is None:
             return
         loop = next((p for p in reversed(ctx.parents) if isinstance(p, (*LOOP_TYPES, *BOUNDARY_TYPES))), None)
-        if isinstance(loop, ast.For) and isinstance(node.func, ast.Name) and node.func.id in _assigned(loop):
+        if isinstance(loop, ast.For) and isinstance(node.func, ast.Name) and node.func.id in bound_names(loop):
             stepped = _layers_stepped(node, statement, loop, ctx)
         elif isinstance(loop, ast.For):
             stepped = _steps_over_known_sequence(node, node.args[0], _state_argument(node), statement, loop, ctx)
@@ -186,15 +186,15 @@ def _layer_of(value: ast.AST, scope: ast.AST, line: int, ctx: FileContext, depth
 
 def _name_layer(name: str, scope: ast.AST, line: int, ctx: FileContext, depth: int) -> str | None:
     loops = [f for f in walk_scope(scope) if isinstance(f, ast.For) and f.lineno <= line
-             and name in _assigned(f) and (f.end_lineno or f.lineno) >= line]
+             and name in bound_names(f) and (f.end_lineno or f.lineno) >= line]
     if loops:  # ``for i, rnn in enumerate(self.layers)``: a cell of the container
         loop = max(loops, key=lambda f: f.lineno)
         return _element_layer(loop, name, scope, ctx, depth + 1)
-    local = [a for a in _scope_assignments(scope, ctx) if name in _assigned(a) and a.lineno < line]
+    local = reaching(name, scope, line, ctx)
+    if local is None or any(b.index is not None for b in local):
+        return None  # bound by a loop, ``with``, ``+=`` or an unpacked tuple: not followed
     if local:
-        last = max(local, key=lambda a: a.lineno)
-        single = isinstance(last, ast.Assign) and len(last.targets) == 1 and isinstance(last.targets[0], ast.Name)
-        return _layer_of(last.value, scope, last.lineno, ctx, depth + 1) if single else None
+        return _single({_layer_of(b.value, scope, b.statement.lineno, ctx, depth + 1) for b in local})
     if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         arguments = parameter_arguments(scope, name, ctx)
         if arguments is not None:
@@ -305,20 +305,6 @@ def _names(node: ast.AST | None) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} if node is not None else set()
 
 
-def _assigned(stmt: ast.AST) -> set[str]:
-    """Names a statement binds."""
-    targets: list[ast.AST] = []
-    if isinstance(stmt, ast.Assign):
-        targets = list(stmt.targets)
-    elif isinstance(stmt, (ast.AugAssign, ast.AnnAssign)):
-        targets = [stmt.target]
-    elif isinstance(stmt, (ast.For, ast.AsyncFor)):
-        targets = [stmt.target]
-    elif isinstance(stmt, (ast.With, ast.AsyncWith)):
-        targets = [i.optional_vars for i in stmt.items if i.optional_vars is not None]
-    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-
-
 def _body_statements(loop: ast.For) -> list[ast.stmt]:
     """The loop body's statements in source order, nested blocks included (not
     nested functions)."""
@@ -346,7 +332,7 @@ def _steps_over_known_sequence(call: ast.Call, cell_input: ast.AST, hx: ast.AST 
     function that steps the cell (see :func:`_helper_stepped_in_loop`)."""
     scope = scope_of(loop, ctx)
     body = _body_statements(loop)
-    state = _assigned(statement)
+    state = bound_names(statement)
     if not state:
         return False
     # ``state = cell(x, (h, c)); h = state[0]; c = state[1]``: names unpacked from the
@@ -354,13 +340,13 @@ def _steps_over_known_sequence(call: ast.Call, cell_input: ast.AST, hx: ast.AST 
     unpacked: set[int] = set()
     for stmt in body:
         if stmt.lineno > statement.lineno and isinstance(stmt, ast.Assign) and _unpacks(stmt.value, state):
-            state |= _assigned(stmt)
+            state |= bound_names(stmt)
             unpacked.add(id(stmt))
     if hx is not None and not (isinstance(hx, (ast.Name, ast.Tuple, ast.Constant)) and
                                _names(hx) <= state):
         return False  # the state passed in is made from something else (masked, reset)
     for stmt in body:
-        if stmt is not statement and id(stmt) not in unpacked and _assigned(stmt) & state:
+        if stmt is not statement and id(stmt) not in unpacked and bound_names(stmt) & state:
             return False  # the state is rebound elsewhere in the loop
     loop_names = _names(loop.target)
     by_line = [s for s in body if isinstance(s, (ast.Assign, ast.AnnAssign, ast.AugAssign))]
@@ -370,7 +356,7 @@ def _steps_over_known_sequence(call: ast.Call, cell_input: ast.AST, hx: ast.AST 
         step, whether they vary with the loop)."""
         varies = bool(names & loop_names)
         for name in names:
-            writers = [s for s in by_line if name in _assigned(s)]
+            writers = [s for s in by_line if name in bound_names(s)]
             if not writers:
                 continue  # known before the loop (or a global)
             earlier = [s for s in writers if s.lineno < before]
@@ -420,7 +406,7 @@ def _helper_stepped_in_loop(call: ast.Call, statement: ast.Assign, function: ast
     sequence, its input read from the parameters the cell's input is made from and
     its state from those it passes as the cell's state."""
     returns = [n for n in walk_scope(function) if isinstance(n, ast.Return)]
-    state = _assigned(statement)
+    state = bound_names(statement)
     if len(returns) != 1 or not isinstance(returns[0].value, (ast.Name, ast.Tuple)) or \
             not _names(returns[0].value) or not _names(returns[0].value) <= state:
         return False
@@ -467,7 +453,7 @@ def _parameters_read(names: set[str], before: int, function: ast.AST, params: se
         if name in seen:
             continue
         seen.add(name)
-        writers = [a for a in assignments if name in _assigned(a)]
+        writers = [a for a in assignments if name in bound_names(a)]
         if not writers:
             if name in params:
                 found.add(name)
@@ -490,8 +476,8 @@ def _layers_stepped(call: ast.Call, statement: ast.Assign, layers: ast.For, ctx:
                  if isinstance(p, (*LOOP_TYPES, *BOUNDARY_TYPES))), None) if layers in ctx.parents else None
     if not isinstance(time, ast.For):
         return False
-    state = _assigned(statement)
-    index = _assigned(layers) - {call.func.id}  # type: ignore[attr-defined]
+    state = bound_names(statement)
+    index = bound_names(layers) - {call.func.id}  # type: ignore[attr-defined]
     hx = _state_argument(call)
     parts = hx.elts if isinstance(hx, ast.Tuple) else [hx]
     lists = set()
@@ -508,16 +494,16 @@ def _layers_stepped(call: ast.Call, statement: ast.Assign, layers: ast.For, ctx:
             return False
     inputs = _names(call.args[0])
     for stmt in layer_body:
-        if stmt is not statement and _assigned(stmt) & inputs and not (_names(getattr(stmt, "value", None)) & state):
+        if stmt is not statement and bound_names(stmt) & inputs and not (_names(getattr(stmt, "value", None)) & state):
             return False  # the next layer's input is not the layer below's output
     inside = {id(s) for s in layer_body} | {id(layers)}
     time_body = [s for s in _body_statements(time) if id(s) not in inside]
-    carried = {n for s in time_body if s.lineno > layers.lineno for n in _assigned(s)} | state | lists
-    if any(_assigned(s) & lists for s in time_body):
+    carried = {n for s in time_body if s.lineno > layers.lineno for n in bound_names(s)} | state | lists
+    if any(bound_names(s) & lists for s in time_body):
         return False  # the states are reset or changed between steps
     varies = False
     for name in inputs:
-        writers = [s for s in time_body if name in _assigned(s) and s.lineno < layers.lineno]
+        writers = [s for s in time_body if name in bound_names(s) and s.lineno < layers.lineno]
         for writer in writers:
             read = _names(getattr(writer, "value", None))
             if read & carried:

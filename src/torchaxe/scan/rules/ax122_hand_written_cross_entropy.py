@@ -8,7 +8,7 @@ from typing import Iterable, Iterator
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, walk_scope
-from torchaxe.scan.rules._bindings import VALUE_KEEPING_METHODS, owner_of, self_bindings, unmoved
+from torchaxe.scan.rules._bindings import VALUE_KEEPING_METHODS, owner_of, reaching, self_bindings, unmoved
 from torchaxe.scan.rules._distributed import parent_map
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
@@ -175,22 +175,18 @@ class _Scope:
         self.nodes = list(walk_scope(scope))
         self.statements = sorted((n for n in self.nodes if isinstance(n, ast.stmt)),
                                  key=lambda s: (s.lineno, s.col_offset))
-        self.assigns: dict[str, list[ast.Assign]] = {}
-        for node in self.nodes:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                self.assigns.setdefault(node.targets[0].id, []).append(node)
         self._parents: dict[int, ast.AST] | None = None
 
     # ------------------------------------------------------------------ reading values
 
     def value(self, name: str, line: int) -> tuple[ast.expr, int] | None:
-        """The value of the last assignment to ``name`` before ``line`` (None when a
-        statement other than a plain assignment binds it before then)."""
-        earlier = [a for a in self.assigns.get(name, ()) if a.lineno < line]
-        if not earlier:
+        """The value of the last assignment to ``name`` before ``line`` that it may
+        hold there (:func:`reaching`); None when it is bound another way (a loop,
+        ``+=``, an unpacked tuple) or not in this scope."""
+        found = reaching(name, self.scope, line, self.ctx)
+        if not found or found[-1].index is not None:
             return None
-        last = max(earlier, key=lambda a: a.lineno)
-        return last.value, last.lineno
+        return found[-1].value, found[-1].statement.lineno
 
     def resolved(self, node: ast.AST, line: int) -> tuple[ast.AST, int]:
         """``node``, or the value a name it is holds at ``line`` (through names)."""

@@ -16,10 +16,14 @@ READ_METHODS = frozenset({"item", "cpu", "numpy", "tolist"})
 
 def _is_read(ctx: FileContext, node: ast.AST) -> bool:
     """A call that copies a tensor to host memory: ``.item()``, ``.cpu()``,
-    ``.numpy()``, ``.tolist()``, or a blocking ``.to("cpu")``."""
+    ``.numpy(force=True)``, ``.tolist()``, or a blocking ``.to("cpu")``."""
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
         return False
     attr = node.func.attr
+    if attr == "numpy":
+        # ``t.numpy()`` raises on a device tensor: unless ``force=True`` copies it, the
+        # tensor is on the host already (a copy before it, ``t.cpu().numpy()``, is the read).
+        return T.is_true(getattr(T.keyword(node, "force"), "value", None))
     if attr in READ_METHODS:
         return True
     if attr == "to" and not T.is_true(getattr(T.keyword(node, "non_blocking"), "value", None)):
@@ -268,6 +272,23 @@ class HostReadInTrainingLoop(Rule):
             "        acc += (model(x).argmax(1) == y).float().mean().item()\n",
             target="npu",
         ),
+        # ``.numpy()`` raises on a device tensor: one that runs is on the host already.
+        Valid(
+            "for x, y in loader:\n"
+            "    loss = model(x.cuda(), y.cuda())\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    state, reward, done, _ = env.step(action.numpy())\n",
+            target="cuda",
+        ),
+        Invalid(
+            "for x, y in loader:\n"
+            "    loss = model(x.cuda(), y.cuda())\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    losses.append(loss.detach().numpy(force=True))\n",
+            target="cuda", lines=(5,), message="total += loss.detach()",
+        ),
     )
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
@@ -285,7 +306,7 @@ class HostReadInTrainingLoop(Rule):
             return
         what = T.describe(ctx, node)
         # The tensor read, as written (``output.mean()``), when it is short enough to show.
-        text = ctx.text(receiver)
+        text = ctx.text(receiver).removesuffix(".detach()")
         value = text if len(text) <= 40 and "\n" not in text else "loss"
         consumer = T.needed_now(ctx, node, loop)
         if consumer is not None:

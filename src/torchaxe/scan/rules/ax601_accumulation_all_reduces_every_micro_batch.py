@@ -8,9 +8,9 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Edit, Finding, Position
 from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, fast_walk, imported_module_names, walk_scope
+from torchaxe.scan.rules._bindings import binding_targets
 from torchaxe.scan.rules._distributed import (
     dotted_name,
-    binding_targets,
     enclosing_class,
     header_nodes,
     parent_map,

@@ -7,8 +7,8 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext
+from torchaxe.scan.rules._bindings import binding_targets
 from torchaxe.scan.rules._distributed import (
-    binding_targets,
     dotted_name,
     parent_map,
     statements,

@@ -8,7 +8,7 @@ from typing import Iterable
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext, walk_scope
 from torchaxe.scan.rules._bindings import (
-    MODULE_METHODS, VALUE_KEEPING_METHODS, method, parameter_arguments, self_bindings, unmoved,
+    MODULE_METHODS, VALUE_KEEPING_METHODS, method, parameter_arguments, reaching, self_bindings, unmoved,
 )
 from torchaxe.scan.rules._distributed import enclosing, function_of
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
@@ -258,58 +258,17 @@ def _sigmoid_source(node: ast.AST, scope: ast.AST | None, ctx: FileContext, dept
 
 def _name_source(name: str, scope: ast.AST, ctx: FileContext, depth: int, index: int | None,
                  owner: ast.ClassDef | None, line: int) -> str | None:
-    """A local name read on ``line``: the assignments to it before that line give a
-    sigmoid's output (the last one alone when it always runs, else every one; an
-    element of an unpacked tuple counts by its position); a parameter: every call of
-    the function in the file passes one."""
-    sources: list[tuple[ast.AST, int | None, ast.stmt]] = []
-    for node in walk_scope(scope):
-        if isinstance(node, (ast.AugAssign, ast.For, ast.With, ast.NamedExpr)) and name in _stored_names(node):
-            return None  # bound another way: not followed
-        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None or node.lineno >= line:
-            continue
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        for target in targets:
-            if isinstance(target, ast.Name) and target.id == name:
-                sources.append((node.value, index, node))
-            elif isinstance(target, (ast.Tuple, ast.List)):
-                for i, element in enumerate(target.elts):
-                    if isinstance(element, ast.Name) and element.id == name:
-                        if index is not None:
-                            return None
-                        sources.append((node.value, i, node))
+    """A local name read on ``line``: every assignment it may hold the value of there
+    (:func:`reaching`) gives a sigmoid's output (an element of an unpacked tuple counts
+    by its position); a parameter: every call of the function in the file passes one."""
+    sources = reaching(name, scope, line, ctx)
+    if sources is None or (index is not None and any(b.index is not None for b in sources)):
+        return None  # bound another way, or an element of an element: not followed
     if sources:
-        sources.sort(key=lambda source: source[2].lineno)
-        if sources[-1][2] in _straight_line(scope):
-            sources = sources[-1:]
-        found = [_sigmoid_source(value, scope, ctx, depth + 1, i, owner) for value, i, _ in sources]
+        found = [_sigmoid_source(b.value, scope, ctx, depth + 1, b.index if b.index is not None else index, owner)
+                 for b in sources]
         return found[-1] if all(found) else None
     return _parameter_source(name, scope, ctx, depth, index)
-
-
-def _straight_line(scope: ast.AST) -> list[ast.stmt]:
-    """The statements of a body that run whenever it runs (``with`` bodies included)."""
-    out: list[ast.stmt] = []
-    stack = list(scope.body)  # type: ignore[attr-defined]
-    while stack:
-        stmt = stack.pop()
-        out.append(stmt)
-        if isinstance(stmt, (ast.With, ast.AsyncWith)):
-            stack.extend(stmt.body)
-    return out
-
-
-def _stored_names(node: ast.AST) -> set[str]:
-    targets: list[ast.AST] = []
-    if isinstance(node, ast.AugAssign):
-        targets = [node.target]
-    elif isinstance(node, ast.For):
-        targets = [node.target]
-    elif isinstance(node, ast.With):
-        targets = [item.optional_vars for item in node.items if item.optional_vars is not None]
-    elif isinstance(node, ast.NamedExpr):
-        targets = [node.target]
-    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
 
 
 def _parameter_source(name: str, scope: ast.AST, ctx: FileContext, depth: int, index: int | None) -> str | None:
