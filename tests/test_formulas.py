@@ -1472,3 +1472,63 @@ class RelativeAttention(torch.nn.Module):
 """
     found = [m for m in matches(source, "cpu") if m.category == "attention"]
     assert len(found) == 1 and found[0].params["mask_added"]
+
+
+def test_a_head_count_divides_a_size_read_from_the_input():
+    # XLM: dim_per_head = dim // n_heads, dim from input.size(): a count, not a tensor.
+    source = """
+import math
+import torch
+import torch.nn.functional as F
+
+
+class MultiHeadAttention(torch.nn.Module):
+    def forward(self, input, k, v, mask):
+        bs, qlen, dim = input.size()
+        dim_per_head = dim // self.n_heads
+        q = self.q_lin(input) / math.sqrt(dim_per_head)
+        scores = torch.matmul(q, k.transpose(2, 3))
+        scores.masked_fill_(mask, -float('inf'))
+        weights = F.softmax(scores.float(), dim=-1).type_as(scores)
+        return torch.matmul(weights, v)
+"""
+    assert [m.category for m in matches(source, "cpu")] == ["attention"]
+
+
+def test_a_complex_rotary_whose_table_is_viewed_to_the_inputs_sizes():
+    # DeepSeek-V3: freqs_cis.view(1, x.size(1), 1, x.size(-1)) of a complex x.
+    source = """
+import torch
+
+
+def apply_rotary_emb(x, freqs_cis):
+    dtype = x.dtype
+    x = torch.view_as_complex(x.float().view(*x.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis.view(1, x.size(1), 1, x.size(-1))
+    y = torch.view_as_real(x * freqs_cis).flatten(3)
+    return y.to(dtype)
+"""
+    assert [m.category for m in matches(source, "npu")] == ["rotary"]
+
+
+def test_a_fallback_bound_only_for_old_torch_is_not_reported():
+    source = """
+import torch
+import torch.nn.functional as F
+
+
+def _silu_python(x):
+    return x * torch.sigmoid(x)
+
+
+def swish(x):
+    return x * torch.sigmoid(x)
+
+
+if torch.__version__ < "1.7":
+    silu = _silu_python
+else:
+    silu = F.silu
+ACT = {"swish": swish}
+"""
+    assert [(m.category, m.scope_name) for m in matches(source, "cpu")] == [("silu", "swish")]

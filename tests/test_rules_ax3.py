@@ -731,3 +731,28 @@ def test_a_guarded_extra_backward_beside_the_main_step_stays_rare(scan):
         "        mean_len = reg.item()\n"
     )
     assert scan(source, target="cuda", select=("AX301",)).findings == []
+
+
+def test_a_helper_every_training_iteration_calls_syncs_every_step(scan):
+    # StarGAN v2: the loss helper reads its parts with .item() and the loop calls it
+    # outside any branch, before backward(); a helper called only when logging does not.
+    source = (
+        "import torch\n"
+        "def compute_d_loss(nets, x, y):\n"
+        "    loss_real = nets.D(x).mean()\n"
+        "    loss_fake = nets.D(nets.G(y)).mean()\n"
+        "    loss = loss_real + loss_fake\n"
+        "    return loss, {'real': loss_real.item(), 'fake': loss_fake.item()}\n"
+        "def report(loss):\n"
+        "    return loss.item()\n"
+        "def train(nets, opt, loader):\n"
+        "    for i, (x, y) in enumerate(loader):\n"
+        "        d_loss, parts = compute_d_loss(nets, x.cuda(), y.cuda())\n"
+        "        opt.zero_grad()\n"
+        "        d_loss.backward()\n"
+        "        opt.step()\n"
+        "        if i % 100 == 0:\n"
+        "            print(report(d_loss))\n"
+    )
+    found = scan(source, target="cuda", select=("AX301",)).findings
+    assert [f.line for f in found] == [6, 6]

@@ -324,7 +324,7 @@ class FileContext:
         optimisation: ``self.manual_backward(loss)``, ``opt.step()``)."""
         if not self.runs_training_step(function):
             # A helper every step runs: called outside any branch of a step function
-            # (``self._log_grad_norm()`` at the top of ``optimize``).
+            # (``self._log_grad_norm()`` at the top of ``optimize``) or of a training loop.
             return function.name in self._called_from_step_functions(unconditionally=True)
         return function.name == "training_step" or function.name in self.called_in_loops() \
             or function.name in self._called_from_step_functions() or self._whole_update_called_elsewhere(function)
@@ -351,6 +351,11 @@ class FileContext:
                     for function in self.functions().get(name, ()):
                         if self.runs_training_step(function):
                             names |= _unconditional_calls(function) & set(self.functions())
+                # ... or outside any branch of a training loop's body (StarGAN v2's
+                # ``compute_d_loss(...)`` before ``d_loss.backward()``).
+                for loop in self.nodes(*LOOP_TYPES):
+                    if self.runs_training_step(loop):
+                        names |= _unconditional_calls(loop) & set(self.functions())
                 self.cache[key] = frozenset(names)
             return self.cache[key]
         key = "called_from_step_functions"

@@ -375,6 +375,8 @@ def _analyse_plan(ctx: FileContext, plan: tuple[list[tuple[ast.AST, ast.ClassDef
                 continue
             if _has_fused_call(ctx, root.scope, match.category, fused_seen) and not _other_layout(match):
                 continue
+            if _old_torch_only(ctx, root.scope):
+                continue
             if (match.params.get("sign_folded") or match.params.get("fitted")) and match.category == "rotary" \
                     and not _ROTARY_NAME.search(scope_name):
                 # x * c + swap(x) * s, or a pair mix with a table viewed to fit: as likely
@@ -458,6 +460,27 @@ def _has_fused_call(ctx: FileContext, scope: ast.AST, category: str, seen: dict[
         seen[key] = any(call in text for call in calls) or any(
             _calls_bare(text, name) for name in _imported_fused_names(ctx, calls))
     return seen[key]
+
+
+def _old_torch_only(ctx: FileContext, scope: ast.AST) -> bool:
+    """Whether ``scope`` is a function of the module used only where torch is older
+    than a version (``if torch.__version__ < "1.4.0": gelu = _gelu_python``, or the
+    ``else`` of a ``>=``): a fallback that current torch never runs."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or scope not in ctx.tree.body:
+        return False
+    uses = [n for n in ctx.nodes(ast.Name) if n.id == scope.name and isinstance(n.ctx, ast.Load)]
+    if not uses:
+        return False
+    old: list[tuple[int, int]] = []
+    for branch in ctx.tree.body:
+        test = branch.test if isinstance(branch, ast.If) else None
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and "__version__" in ctx.text(test.left)):
+            continue
+        body = branch.body if isinstance(test.ops[0], (ast.Lt, ast.LtE)) else \
+            branch.orelse if isinstance(test.ops[0], (ast.Gt, ast.GtE)) else []
+        if body:
+            old.append((body[0].lineno, body[-1].end_lineno or body[-1].lineno))
+    return all(any(first <= n.lineno <= last for first, last in old) for n in uses)
 
 
 def _other_layout(match: Match) -> bool:

@@ -137,6 +137,15 @@ def _through_layout(node: Node) -> set[str]:
     return {node.value} if node.op == VAR else set()
 
 
+def _complex_data(node: Node) -> bool:
+    """Whether ``node``'s values (under slices, views and casts; not the sizes a view
+    is given, ``f.view(1, x.size(1), 1, x.size(-1))`` of a complex ``x``) come from a
+    ``view_as_complex``."""
+    while node.op in V.LAYOUT and node.args:
+        node = node.args[0]
+    return "view_as_complex" in node.ops
+
+
 #: Operations a boolean mask keeps its values through: a causal mask is often the
 #: triangle of a boolean tensor made with ``torch.ones(T, T, dtype=torch.bool)``.
 _MASK_SHAPING = frozenset({"tril", "triu"})
@@ -182,11 +191,15 @@ def infer_roles(root: Node) -> dict[str, str]:
     #: Variables passed as one of several sizes to a view (``q.reshape(b * h, -1,
     #: self.head_width)``): a single size each, not a whole shape.
     single_sizes: set[str] = set()
+    counts: set[str] = set()
     for node in walk(root):
         if node.op in ("reshape", "view") and len(node.args) >= 3:
             single_sizes.update(a.value for a in node.args[1:] if a.op == VAR)
         if node.op in ("add", "sub", "mul", "div", "floordiv", "mod", "pow"):
             arithmetic.update(a.value for a in node.args if a.op == VAR)
+            if node.op == "floordiv" and any(a.op != VAR and scalarish(a) for a in node.args):
+                # dim // self.n_heads, of dim = x.size(2): a count of heads or groups.
+                counts.update(a.value for a in node.args if a.op == VAR)
         elif node.op in _EINOPS:
             # An axis length is a count (of heads, of groups), as ``C // self.n_head`` is.
             arithmetic.update(a.value for _, a in node.kwargs if a.op == VAR)
@@ -295,7 +308,7 @@ def infer_roles(root: Node) -> dict[str, str]:
             role = FULL
         elif name in bounds and name not in data:
             role = BOUND
-        elif name in ints and name in arithmetic:
+        elif (name in ints and name in arithmetic) or (name in counts and name not in data):
             role = COUNT  # a size that is also computed with (C // self.n_head)
         elif name in ints and name not in dims and name not in single_sizes:
             role = SHAPE  # x.view(self.shape): a whole shape
@@ -443,7 +456,7 @@ def _collect(root: Node) -> tuple[set[str], ...]:
             for mine, other in ((args[0], args[1]), (args[1], args[0])):
                 if _strip(other).op in V.MATMULS and not mine.ops & V.MATMULS and mine.vars:
                     scalars |= mine.vars
-                if "view_as_complex" in other.ops and "view_as_complex" not in mine.ops:
+                if "view_as_complex" in other.ops and not _complex_data(mine):
                     complexes |= _through_layout(mine)
         if op == "masked_fill" and len(args) >= 2:
             bools |= _through_mask(args[1])
@@ -488,7 +501,7 @@ def _complex_parts(root: Node) -> dict[str, str]:
         if node.op not in ("mul", "div") or len(node.args) != 2:
             continue
         for mine, other in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
-            if "view_as_complex" not in other.ops or "view_as_complex" in mine.ops:
+            if "view_as_complex" not in other.ops or _complex_data(mine):
                 continue
             while mine.op in V.LAYOUT and mine.args:
                 mine = mine.args[0]

@@ -269,7 +269,18 @@ class HandWrittenAttention(FormulaRule):
         Valid("import torch.nn.functional as F\ndef attention(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)\n"),
         Valid("import torch\ndef not_attention(q, k, v):\n    return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v\n"),
         Valid("import torch\ndef gate(x, w, v):\n    return torch.softmax(x @ w, dim=-1) @ v\n"),
+        # The weights flow into the result again (VITS's relative values): not SDPA's product.
+        Valid("import torch\ndef attend(q, k, v, e_v):\n"
+              "    p = torch.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1)\n    out = p @ v\n"
+              "    rel = to_relative(p)\n    out = out + rel @ e_v\n    return out\n"),
     )
+
+    def check_module(self, ctx):
+        from torchaxe.scan.formulas.analysis import formula_matches
+
+        for match in formula_matches(ctx):
+            if match.category == self.category and not _weights_feed_output(ctx, match):
+                yield self.report(ctx, match)
 
     def propose(self, ctx, match):
         proposal = self._propose(ctx, match)
@@ -438,6 +449,54 @@ def _weights_read_after(ctx, match) -> tuple[list[str], int] | None:
     after the attention reads them (``return x, attn``), with that statement's line.
     The weights are the names the attention reads that were last assigned a softmax (or
     something made from a name holding one: ``attn = self.attn_drop(attn)``)."""
+    found = _weights(ctx, match)
+    if found is None:
+        return None
+    function, weights, end = found
+    later = [n for n in fast_walk(function) if isinstance(n, ast.Name) and n.id in weights
+             and isinstance(n.ctx, ast.Load) and (n.lineno, n.col_offset) > end]
+    rebound = [n.lineno for n in fast_walk(function) if isinstance(n, ast.Name) and n.id in weights
+               and isinstance(n.ctx, ast.Store) and (n.lineno, n.col_offset) > end]
+    first_rebound = min(rebound, default=None)
+    later = [n for n in later if first_rebound is None or n.lineno <= first_rebound]
+    if not later:
+        return None
+    return sorted({n.id for n in later}), min(n.lineno for n in later)
+
+
+def _weights_feed_output(ctx, match) -> bool:
+    """Whether the attention weights also flow, after the attention, into the name its
+    result is assigned to (VITS's relative attention: ``output = p_attn @ value`` then
+    ``output = output + rel(p_attn) @ e_v``): the weights are needed anyway, and the
+    whole is not softmax(q @ k^T) @ v."""
+    found = _weights(ctx, match)
+    if found is None:
+        return False
+    function, weights, end = found
+    holder = next((n for n in fast_walk(function) if isinstance(n, ast.Assign) and len(n.targets) == 1
+                   and isinstance(n.targets[0], ast.Name) and n.value.lineno <= match.node.lineno
+                   and (n.value.end_lineno or n.value.lineno) >= (match.node.end_lineno or match.node.lineno)
+                   and n.lineno <= match.node.lineno), None)
+    if holder is None:
+        return False
+    output = holder.targets[0].id  # type: ignore[attr-defined]
+    tainted = set(weights)
+    later = sorted((n for n in fast_walk(function) if isinstance(n, (ast.Assign, ast.AugAssign))
+                    and (n.lineno, n.col_offset) > end), key=lambda n: (n.lineno, n.col_offset))
+    for stmt in later:
+        if not {n.id for n in fast_walk(stmt.value) if isinstance(n, ast.Name)} & tainted:
+            continue
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        names = {n.id for t in targets for n in fast_walk(t) if isinstance(n, ast.Name)}
+        if output in names:
+            return True
+        tainted |= names
+    return False
+
+
+def _weights(ctx, match) -> tuple[ast.AST, set[str], tuple[int, int]] | None:
+    """The function of a matched attention, the names holding its softmax weights
+    (see :func:`_weights_read_after`), and where the attention ends."""
     function = innermost(ctx, match.node.lineno, (ast.FunctionDef, ast.AsyncFunctionDef))
     if function is None:
         return None
@@ -464,15 +523,7 @@ def _weights_read_after(ctx, match) -> tuple[list[str], int] | None:
     weights &= read
     if not weights:
         return None
-    later = [n for n in fast_walk(function) if isinstance(n, ast.Name) and n.id in weights
-             and isinstance(n.ctx, ast.Load) and (n.lineno, n.col_offset) > end]
-    rebound = [n.lineno for n in fast_walk(function) if isinstance(n, ast.Name) and n.id in weights
-               and isinstance(n.ctx, ast.Store) and (n.lineno, n.col_offset) > end]
-    first_rebound = min(rebound, default=None)
-    later = [n for n in later if first_rebound is None or n.lineno <= first_rebound]
-    if not later:
-        return None
-    return sorted({n.id for n in later}), min(n.lineno for n in later)
+    return function, weights, end
 
 
 def _npu_layout(params, q: str, k: str, v: str) -> tuple[str, str, str, str, str, str, str]:

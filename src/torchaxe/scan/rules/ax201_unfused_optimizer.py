@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
@@ -128,6 +129,8 @@ class UnfusedOptimizer(Rule):
         ),
         Valid("import torch\nopt = torch.optim.AdamW(params)  # noqa: AX201\n"),
         Valid("from mylib import AdamW\nopt = AdamW(params)\n"),
+        # The embedding's share of a dense/sparse split (Transformer-XL): no fused form takes it.
+        Valid("import torch\noptimizer_sparse = torch.optim.SGD(sparse_params, lr=0.1)\n"),
     )
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
@@ -148,6 +151,8 @@ class UnfusedOptimizer(Rule):
             return  # fused= is the user's choice
         if _is_true(keywords.get("differentiable")):
             return  # fused kernels do not support differentiable=True
+        if _sparse_parameters(node, ctx):
+            return  # the parameters split off for their sparse gradients: no fused form takes them
         sparse = _sparse_gradients(ctx)
         if ctx.target == "npu":
             if sparse:
@@ -210,6 +215,22 @@ class UnfusedOptimizer(Rule):
         else:
             fix = ctx.fix(self, [ctx.replace(node.func, replacement)], imports=("import torch_npu",), title=f"use {replacement}")
         yield ctx.finding(self, node, message, replacement=f"{replacement}(...)", fix=fix)
+
+
+#: A name for parameters (or their optimizer) kept apart for sparse gradients.
+_SPARSE_NAME = re.compile(r"(^|_)sparse(_|$)", re.IGNORECASE)
+
+
+def _sparse_parameters(node: ast.Call, ctx: FileContext) -> bool:
+    """Whether the optimizer is given parameters split off as sparse (``optim.SGD(
+    sparse_params, ...)``), or is bound to a name saying so (``optimizer_sparse =
+    ...``): the embedding's share of a dense/sparse split."""
+    params = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "params"), None)
+    names = [params.id] if isinstance(params, ast.Name) else []
+    parent = ctx.parents[-1] if ctx.parents else None
+    if isinstance(parent, ast.Assign) and parent.value is node:
+        names += [t.id for t in parent.targets if isinstance(t, ast.Name)]
+    return any(_SPARSE_NAME.search(n) for n in names)
 
 
 def _sparse_gradients(ctx: FileContext) -> list[tuple[int, bool]]:

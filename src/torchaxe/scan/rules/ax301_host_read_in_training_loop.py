@@ -36,12 +36,14 @@ def _is_read(ctx: FileContext, node: ast.AST) -> bool:
 class HostReadInTrainingLoop(Rule):
     """
     ## What it does
-    Flags `.item()`, `.cpu()`, `.numpy()`, `.tolist()` and a blocking `.to("cpu")`
-    inside a training loop (a loop whose own body calls `backward()` or an optimizer's
-    `step()`, or the body of a step function that does, such as `def train_step(batch)`,
-    that the file calls in a loop or from another step function, or that runs a whole
-    update (a backward pass and an optimizer's step) and is never called in the file, its
-    loop being in another one (an RL agent's `learn()`); a loss scaler called with the
+    Flags `.item()`, `.cpu()`, `.numpy(force=True)`, `.tolist()` and a blocking
+    `.to("cpu")` inside a training loop (a loop whose own body calls `backward()` or an
+    optimizer's `step()`, or the body of a step function that does, such as `def
+    train_step(batch)`, that the file calls in a loop or from another step function, or
+    that runs a whole update (a backward pass and an optimizer's step) and is never called
+    in the file, its loop being in another one (an RL agent's `learn()`), or of a helper
+    such a loop or step function calls outside any branch (a loss function returning its
+    parts with `.item()`); a loss scaler called with the
     loss and the optimizer, `scaler.step(opt)`, `accelerator.backward(loss)` and a
     Lightning `training_step` that steps by hand count as steps), on the GPU and NPU targets.
 
@@ -54,7 +56,9 @@ class HostReadInTrainingLoop(Rule):
     dispatched through a task queue that the read drains.
 
     Not reported on the `cpu` target, where a tensor already lives in host memory and
-    there is no queue to drain. Not reported when the read runs on a few steps only:
+    there is no queue to drain, nor for `t.numpy()` alone: it raises on a device tensor,
+    so where it runs the tensor is on the host already (the copy before it, as in
+    `t.cpu().numpy()`, is the read reported). Not reported when the read runs on a few steps only:
     inside an `if step % N == 0:` branch (N a literal of 10 or more, or a name the file
     does not set only to smaller literals: `log_interval = 1` reads every step; a branch
     that holds the loop's only optimizer step, `if (step + 1) % accumulation == 0:`, is

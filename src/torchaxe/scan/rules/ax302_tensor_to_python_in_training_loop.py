@@ -28,8 +28,9 @@ class TensorToPythonInTrainingLoop(Rule):
     loss and the optimizer, `scaler.step(opt)`, `accelerator.backward(loss)` and a
     Lightning `training_step` that steps by hand count as steps), code that turns a tensor
     into a Python value: `float(t)`, `int(t)`, `bool(t)`, `str(t)`, `print(t)`,
-    `f"{t}"`, `"%f" % t`, `"{}".format(t)`, `math.exp(t)`, `writer.add_scalar(tag, t)`
-    and tqdm's `set_postfix(loss=t)`. Only expressions that plausibly hold a tensor
+    `f"{t}"`, `"%f" % t`, `"{}".format(t)`, `math.exp(t)`, `writer.add_scalar(tag, t)`,
+    tqdm's `set_postfix(loss=t)` and `torch.tensor([t1, t2])` (each tensor of the list
+    read as a Python number). Only expressions that plausibly hold a tensor
     count: the result of a model or loss call, of a torch op, of a tensor method such as
     `.sum()` or `.mean()`, or a name that receives `.backward()`; `float(args.lr)` or
     `print(f"epoch {epoch}")` are left alone.
@@ -84,6 +85,18 @@ class TensorToPythonInTrainingLoop(Rule):
         "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#avoid-unnecessary-cpu-gpu-synchronization",
     )
     examples = (
+        # A tensor made of a list of losses: each is read back one number at a time.
+        Invalid(
+            "import torch\n"
+            "for x, y in loader:\n"
+            "    loss_box, loss_cls = criterion(model(x.cuda()), y.cuda())\n"
+            "    loss = loss_box + loss_cls\n"
+            "    loss.backward()\n"
+            "    opt.step()\n"
+            "    items = torch.tensor([loss_box, loss_cls, loss])\n"
+            "    bounds = torch.tensor([0.0, 1.0])\n",
+            target="cuda", lines=(7,), message="torch.stack",
+        ),
         # A progress line built of repeated formats, a tensor's elements unpacked into it.
         Invalid(
             "import torch\n"
@@ -213,6 +226,17 @@ class TensorToPythonInTrainingLoop(Rule):
         else:
             what = f"`{T.describe(ctx, node)}`"
         value = culprit.id if isinstance(culprit, ast.Name) else "loss"
+        if isinstance(node, ast.Call) and ctx.call_name(node) in _TENSOR_FROM_LIST:
+            yield ctx.finding(
+                self,
+                node,
+                f"{what} reads each tensor of the list back to the host, one Python number at a time, inside "
+                f"the training loop: {T.sync_cost(ctx.target)}; `torch.stack` of the tensors keeps them on "
+                "the device",
+                replacement="torch.stack([...])  # of the same tensors, detached where they are only logged",
+                fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY),
+            )
+            return
         yield ctx.finding(
             self,
             culprit if isinstance(node, ast.FormattedValue) else node,
@@ -250,7 +274,22 @@ class TensorToPythonInTrainingLoop(Rule):
                 return [*node.args, *(k.value for k in node.keywords if k.arg is not None)]
         if (ctx.call_name(node) or "").startswith("math.") and node.args:
             return [node.args[0]]
+        if ctx.call_name(node) in _TENSOR_FROM_LIST and node.args:
+            return _listed(node.args[0])
         return []
+
+
+#: Constructors that read a list of tensors one Python number at a time.
+_TENSOR_FROM_LIST = frozenset({"torch.tensor", "torch.as_tensor", "torch.Tensor", "torch.FloatTensor"})
+
+
+def _listed(node: ast.AST) -> list[ast.AST]:
+    """The elements of a list or tuple written out, or a comprehension's element."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return [e for e in node.elts if not isinstance(e, ast.Starred)]
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+        return [node.elt]
+    return []
 
 
 def _text(node: ast.AST) -> bool:
