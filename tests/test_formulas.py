@@ -1532,3 +1532,45 @@ else:
 ACT = {"swish": swish}
 """
     assert [(m.category, m.scope_name) for m in matches(source, "cpu")] == [("silu", "swish")]
+
+
+def test_attention_with_the_heads_last_in_its_weights(scan):
+    # Transformer-XL writes its operands as one tuple, keeps the sequence first and
+    # normalises over dim 1; labml's NeoX keeps the batch first and normalises over
+    # dim -2, its mask filled with a number set in __init__.
+    seq_first = textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        def attend(q, k, v, scale):
+            score = torch.einsum('ibnd,jbnd->ijbn', (q, k))
+            score.mul_(scale)
+            prob = F.softmax(score, dim=1)
+            return torch.einsum('ijbn,jbnd->ibnd', (prob, v))
+    """)
+    finding = attention_finding(scan, seq_first, "cuda")
+    assert finding.replacement == ("F.scaled_dot_product_attention(q.permute(1, 2, 0, 3) * scale, "
+                                   "k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3), scale=1.0).permute(2, 0, 1, 3)")
+    assert finding.fix is None or finding.fix.applicability == Applicability.DISPLAY_ONLY
+    batch_first = textwrap.dedent("""\
+        import torch
+        class Attention(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.softmax = torch.nn.Softmax(dim=-2)
+                self.mask_fill = float('-inf')
+            def forward(self, q, k, v, mask):
+                attn = torch.einsum('bihk,bjhk->bijh', q, k) * self.scale
+                attn.masked_fill_(mask, self.mask_fill)
+                attn = self.softmax(attn)
+                return torch.einsum('bijh,bjhk->bihk', attn, v)
+    """)
+    finding = attention_finding(scan, batch_first, "cuda")
+    assert finding.replacement == ("torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2) * self.scale, "
+                                   "k.transpose(1, 2), v.transpose(1, 2), scale=1.0, attn_mask=~mask).transpose(1, 2)")
+    assert "permuted to (batch, heads, query, key)" in finding.message
+    # Both replacements compute what the code does.
+    q, k, v = (torch.randn(5, 2, 3, 4, dtype=torch.float64) for _ in range(3))
+    code = torch.einsum('ijbn,jbnd->ibnd', torch.einsum('ibnd,jbnd->ijbn', q, k).mul(0.3).softmax(1), v)
+    fused = torch.nn.functional.scaled_dot_product_attention(
+        q.permute(1, 2, 0, 3) * 0.3, k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3), scale=1.0).permute(2, 0, 1, 3)
+    assert torch.allclose(code, fused)

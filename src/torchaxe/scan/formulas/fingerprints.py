@@ -580,6 +580,21 @@ _VALUE_LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] 
 }
 
 
+#: Layouts whose weights keep the heads last and normalise over a middle dimension,
+#: as einsum writes them: SBND, sequence first ('ibhd,jbhd->ijbh', softmax over j =
+#: dim 1; Transformer-XL), and BSND-kh, heads after both positions ('bihd,bjhd->bijh',
+#: softmax over dim 2). Each maps to the dimension the softmax runs over.
+_HEADS_LAST_SCORES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "SBND": lambda q, k: (_rank(q, 4).permute(1, 2, 0, 3) @ _rank(k, 4).permute(1, 2, 3, 0)).permute(2, 3, 0, 1),
+    "BSND-kh": lambda q, k: (_rank(q, 4).transpose(1, 2) @ _rank(k, 4).permute(0, 2, 3, 1)).permute(0, 2, 3, 1),
+}
+_HEADS_LAST_VALUES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "SBND": lambda p, v: (_rank(p, 4).permute(2, 3, 0, 1) @ _rank(v, 4).permute(1, 2, 0, 3)).permute(2, 0, 1, 3),
+    "BSND-kh": lambda p, v: (_rank(p, 4).permute(0, 3, 1, 2) @ _rank(v, 4).transpose(1, 2)).transpose(1, 2),
+}
+_HEADS_LAST_DIM = {"SBND": 1, "BSND-kh": 2}
+
+
 def _filler(node: Node, probing: Any) -> bool:
     """Whether ``node`` is one value everywhere (a fill such as -inf or the dtype's
     minimum, which may read the scores' dtype but not their values)."""
@@ -621,9 +636,13 @@ class AttentionMatcher(Matcher):
         def stochastic(t: torch.Tensor) -> bool:
             return float(t.min()) >= -tol and bool(((t.sum(-1) - 1).abs() <= tol * t.shape[-1]).all())
 
+        # Weights normalised over a middle dimension, heads last (einsum's 'ijbh'): read
+        # with that dimension moved last, the layouts of _HEADS_LAST_VALUES.
+        kdim = next((d for d in (1, 2) if node.op == "einsum" and p.ndim == 4 and not stochastic(p)
+                     and stochastic(p.movedim(d, -1))), None)
         transposed = False
         values_first = (node.args[1] if node.op == "einsum" else node.args[0]) is v_node
-        if values_first and not stochastic(p) and stochastic(p.transpose(-2, -1)):
+        if kdim is None and values_first and not stochastic(p) and stochastic(p.transpose(-2, -1)):
             # The weights transposed and taken from the right, values first (v @ w^T, as
             # LDM's AttnBlock writes it): the softmax before the transpose is the weights.
             weights = p.transpose(-2, -1)
@@ -635,7 +654,9 @@ class AttentionMatcher(Matcher):
             p_node, p, transposed = inner, weights, True
         weights_node, extra_factor, unnormalised = p_node, False, False
         p_raw = p
-        if not stochastic(p):
+        if kdim is not None:
+            p = p.movedim(kdim, -1)
+        elif not stochastic(p):
             # Weights scaled after the softmax (a head mask): find the softmax itself.
             inner = [n for n in walk(p_node) if n is not p_node and n.ops & {"softmax", "exp"}
                      and n.op not in (VAR, CONST)]
@@ -657,27 +678,35 @@ class AttentionMatcher(Matcher):
             else:
                 return None
         layout = None
+        value_layouts = _VALUE_LAYOUTS if kdim is None else {
+            name: apply for name, apply in _HEADS_LAST_VALUES.items() if _HEADS_LAST_DIM[name] == kdim}
         if node.op != "einsum" and not transposed:
             layout = "BNSD"
         else:
-            layout = next((name for name, apply in _VALUE_LAYOUTS.items()
+            layout = next((name for name, apply in value_layouts.items()
                            if (ref := _applied(apply, p_raw, v)) is not None and probing.compare(y, ref)[0]), None)
         if layout is None:
             return None
+
+        def last(t: torch.Tensor) -> torch.Tensor:
+            """A tensor of the weights' layout with the dimension they sum over last."""
+            return t if kdim is None else t.movedim(kdim, -1)
+
         p_node = weights_node
         for s_node in sorted((n for n in walk(p_node) if n.op in ("matmul", "bmm", "einsum") or P.product_sum(n)),
                              key=lambda n: -n.size):
             s_raw = probing.tensor(s_node)
-            if s_raw is None or s_raw.shape[-1:] != p.shape[-1:] or s_raw.numel() != p.numel():
+            if s_raw is None or s_raw.shape[-1:] != p_raw.shape[-1:] or s_raw.numel() != p.numel():
                 continue
             # Scores made per (batch * head) by bmm and viewed back to four dimensions
             # (GPT-NeoX) are the same scores: compared in the weights' shape.
-            s = s_raw.reshape(p.shape)
-            qk = self._split_qk(s_node, s_raw, probing)
+            s = last(s_raw.reshape(p_raw.shape))
+            qk = self._split_qk(s_node, s_raw, probing,
+                                _SCORE_LAYOUTS if kdim is None else {layout: _HEADS_LAST_SCORES[layout]})
             if qk is None:
                 continue
             q_node, k_node, qk_layout = qk
-            fit = self._fit(p_node, s_node, p, s, probing)
+            fit = self._fit(p_node, s_node, p, s, probing, last, p_raw.shape)
             if fit is None:
                 continue
             scale, additive, weight = fit
@@ -739,21 +768,24 @@ class AttentionMatcher(Matcher):
                 text = "exp(q @ k^T * scale - max) @ v, the chunk of a softmax(q @ k^T * scale) @ v"
             logits = scale * s.to(torch.float64)
             if additive is not None:
-                logits = logits + weight * probing.tensor(additive).to(torch.float64).expand_as(logits)
+                logits = logits + weight * last(probing.tensor(additive).to(torch.float64).expand_as(p_raw))
             ref_p = torch.softmax(torch.where(p > 1e-30, logits, torch.full_like(logits, -math.inf)), -1)
             if unnormalised and not _chunk_exponent(p_raw, logits):
                 continue
             if extra_factor:
                 ok, err, rel = probing.compare(p, ref_p)  # the weights; the head mask is the user's
             else:
-                ref = _applied(_VALUE_LAYOUTS[layout], ref_p, v.to(torch.float64))
+                if kdim is not None:
+                    ref_p = ref_p.movedim(-1, kdim)  # back to the code's layout
+                ref = _applied(value_layouts[layout], ref_p, v.to(torch.float64))
                 ok, err, rel = probing.compare(y, ref)
             if not ok:
                 continue
             return Match("attention", node, inputs, params, text, err, rel)
         return None
 
-    def _split_qk(self, s_node: Node, s: torch.Tensor, probing: Probing):
+    def _split_qk(self, s_node: Node, s: torch.Tensor, probing: Probing,
+                  layouts: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = _SCORE_LAYOUTS):
         if P.product_sum(s_node):
             # (q[:, :, 0:1] * k).sum(-1): the scores of one query position (a class
             # token) against every key, q @ k^T without its length-one dimension.
@@ -774,7 +806,7 @@ class AttentionMatcher(Matcher):
             a, b = probing.tensor(a_node), probing.tensor(b_node)
             if a is None or b is None:
                 return None
-            for name, apply in _SCORE_LAYOUTS.items():
+            for name, apply in layouts.items():
                 ref = _applied(apply, a, b)
                 if ref is not None and probing.compare(s, ref)[0]:
                     return a_node, b_node, name
@@ -799,9 +831,12 @@ class AttentionMatcher(Matcher):
         # k.permute(0, 2, 3, 1): transposed while it is moved to heads-first.
         return a_node, kt_node, "BNSD-kt"
 
-    def _fit(self, p_node: Node, s_node: Node, p: torch.Tensor, s: torch.Tensor, probing: Probing):
+    def _fit(self, p_node: Node, s_node: Node, p: torch.Tensor, s: torch.Tensor, probing: Probing,
+             last: Callable[[torch.Tensor], torch.Tensor] | None = None, shape: torch.Size | None = None):
         """The scale c and an additive term M with p = softmax(c * s + M) on the
-        entries softmax keeps; None when no such c > 0 exists."""
+        entries softmax keeps; None when no such c > 0 exists. ``p`` and ``s`` are
+        normalised over their last dimension; ``last`` puts a term of the code's
+        layout (the weights' ``shape`` there) in theirs."""
         p64, s64 = p.to(torch.float64), s.to(torch.float64)
         valid = p64 > 1e-30
         count = valid.sum(-1, keepdim=True).clamp_min(1)
@@ -828,7 +863,8 @@ class AttentionMatcher(Matcher):
             if m is None:
                 continue
             try:
-                cm = centre(m.to(torch.float64).expand_as(p64))
+                m = m.to(torch.float64).expand(shape if shape is not None else p64.shape)
+                cm = centre(last(m) if last is not None else m)
             except RuntimeError:
                 continue
             design = torch.stack((cs[valid], cm[valid]), -1)

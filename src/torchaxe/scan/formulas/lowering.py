@@ -318,6 +318,9 @@ class ExpressionLowering:
                 return self.opaque(node)
         if op == "baddbmm":
             return self._baddbmm(args, kwargs, node)
+        if op == "einsum" and receiver is None and len(args) == 2 and args[1].op == "tuple":
+            # torch.einsum('ibnd,jbnd->ijbn', (q, k)): the operands given as one sequence.
+            args = [args[0], *args[1].args]
         if op == "normalize":
             return self._normalize(args, kwargs, node)
         if op == "tensor":

@@ -31,6 +31,10 @@ COMPLEX_MATRIX, COMPLEX_CUBE = "complex2", "complex3"
 #: A mask of zeros and ones in floating point, kept where it is one: the scores of
 #: GPT-2's first code, ``w * b + -1e9 * (1 - b)``, with ``b`` a lower triangle of ones.
 MASK01 = "mask01"
+#: A number a mask writes into scores where they are masked (``masked_fill``'s value).
+FILL = "fill"
+#: The value a FILL variable takes: a score no softmax keeps.
+FILL_VALUE = -1e9
 #: A constant at least this large stands for minus infinity beside ``1 - mask``.
 _MASK_FILL = 1e3
 #: Operations whose extra arguments are sizes (a whole shape may stand in one of them).
@@ -281,10 +285,14 @@ def infer_roles(root: Node) -> dict[str, str]:
                 cube_masks |= node.args[1].vars
     parts = _complex_parts(root)
     roles: dict[str, str] = {}
+    # The value a masked_fill writes (self.mask_fill = float('-inf')): a very negative number.
+    fills = {node.args[2].value for node in masked if len(node.args) >= 3 and node.args[2].op == VAR}
     for name in root.vars:
         leaf = _leaf_name(name)
         if name in parts and name not in data:
             role = parts[name]
+        elif name in fills and name not in data:
+            role = FILL
         elif _SIZE_NAMES.search(leaf) or (name in (sizes | mask_bounds) and name not in data):
             role = SIZE
         elif _SCALAR_NAMES.search(leaf):
@@ -740,6 +748,8 @@ def make_env(roles: dict[str, str], probe: Probe) -> dict[str, Any]:
             env[name] = torch.rand((n,), generator=g, dtype=dtype) + 0.5
         elif role == SCALAR:
             env[name] = scalar_value(name)
+        elif role == FILL:
+            env[name] = FILL_VALUE
         elif role == INT:
             env[name] = -1
         elif role == SHAPE:

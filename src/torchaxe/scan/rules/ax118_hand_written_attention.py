@@ -149,7 +149,10 @@ class HandWrittenAttention(FormulaRule):
     key/value head shared by every query head, `'b h i d, b j d -> b h i j'`, and
     channels before positions, `'bct,bcs->bts'`, as diffusion U-Nets write it, and
     heads between positions and features throughout, `'...qhd,...khd->...qhk'` with the
-    values written first or second; these are advice only), and one chunk of a memory-efficient attention
+    values written first or second, and weights that keep the heads last and normalise
+    over a middle dimension, sequence first as Transformer-XL writes it,
+    `'ibnd,jbnd->ijbn'` with `softmax(dim=1)`, or batch first, `'bihd,bjhd->bijh'` with
+    `softmax(dim=2)`; these are advice only), and one chunk of a memory-efficient attention
     (`exp(scores - max) @ v` with its sum kept apart for the merge, advice only), a scale written as a
     division by `sqrt(d)` or a multiplication, an additive or `masked_fill` mask and
     dropout on the weights. Scores made with `torch.baddbmm(bias, q, k^T, beta=,
@@ -366,6 +369,10 @@ class HandWrittenAttention(FormulaRule):
             after = ".transpose(-2, -1)"
         elif layout == "BNSD-shared":
             k, v = (f"{atom(t)}.unsqueeze(1)" for t in (k, v))
+        elif layout in ("SBND", "BSND-kh"):
+            after = ".permute(2, 0, 1, 3)" if layout == "SBND" else ".transpose(1, 2)"
+            q, k, v = (f"{atom(t)}.permute(1, 2, 0, 3)" if layout == "SBND" else f"{atom(t)}.transpose(1, 2)"
+                       for t in (q, k, v))
         folded = _scaled_query(match, q, ctx)
         if folded is not None:
             q, scale = folded
@@ -413,6 +420,9 @@ class HandWrittenAttention(FormulaRule):
         elif layout == "BNSD-shared":
             note += ("; the code shares one key/value head among the query heads (multi-query): k and v get a head "
                      "dimension of 1 and enable_gqa=True (torch 2.5 or later) spreads it")
+        elif layout in ("SBND", "BSND-kh"):
+            note += (SEQUENCE_FIRST_NOTE if layout == "SBND" else "; q, k and v go in transposed to (batch, heads, "
+                     "sequence, head_dim), the result comes back so") + HEADS_LAST_NOTE
         elif not layout_ok:
             note += "; q, k and v must be transposed to (batch, heads, sequence, head_dim) first"
         if params.get("v_rank"):
@@ -526,12 +536,24 @@ def _weights(ctx, match) -> tuple[ast.AST, set[str], tuple[int, int]] | None:
     return function, weights, end
 
 
+#: What the code's heads-last layouts ask of a fused call (see :func:`_npu_layout`).
+SEQUENCE_FIRST_NOTE = ("; the code puts the sequence first, (sequence, batch, heads, head_dim): q, k and v go in "
+                       "permuted to (batch, heads, sequence, head_dim), the result comes back so")
+HEADS_LAST_NOTE = ("; its weights keep the heads last and the softmax runs over a middle dimension: a mask "
+                   "written in their layout must be permuted to (batch, heads, query, key) for the fused call")
+
+
 def _npu_layout(params, q: str, k: str, v: str) -> tuple[str, str, str, str, str, str, str]:
     """npu_fusion_attention's arguments for the code's layout: (q, k, v, input_layout,
     head_num, what follows the call, a note)."""
     layout, rank = params.get("layout"), params.get("rank", 4)  # 0: not known
     if layout in ("BSND", "BSND-qhk"):
         return q, k, v, "BSND", "head_num", "", ""
+    if layout == "BSND-kh":
+        return q, k, v, "BSND", "head_num", "", HEADS_LAST_NOTE
+    if layout == "SBND":
+        q, k, v = (f"{atom(t)}.permute(1, 2, 0, 3)" for t in (q, k, v))
+        return q, k, v, "BNSD", "head_num", ".permute(2, 0, 1, 3)", SEQUENCE_FIRST_NOTE + HEADS_LAST_NOTE
     if layout == "BNSD" and rank == 3:
         return q, k, v, "BSH", "1", "", "; (batch * heads, sequence, head_dim) tensors go in as BSH with one head"
     if layout == "BNSD":
