@@ -145,6 +145,12 @@ class PerTensorWeightAverage(Rule):
             fixed="import torch\ntorch._foreach_lerp_([p_ema.detach() for p_ema in ema.parameters()], "
             "[p_net.detach() for p_net in net.parameters()], 1 - beta)\n", lines=(3,),
         ),
+        # Names unpacked from the items of a state dict (hlb-CIFAR10): shown, not rewritten.
+        Invalid(
+            "import torch\nwith torch.no_grad():\n"
+            "    for e, (name, p) in zip(ema.state_dict().values(), net.state_dict().items()):\n"
+            "        e.mul_(decay).add_(p.detach().mul(1. - decay))\n", lines=(4,)
+        ),
         # Weights that need not add up to one: shown, not rewritten.
         Invalid(
             "import torch\nfor a, b in zip(avg.parameters(), model.parameters()):\n"
@@ -727,10 +733,18 @@ class _Update:
 
 
 def _loop_names(target: ast.AST) -> set[str] | None:
+    """The names a loop binds, also from nested tuples (``for e, (name, p) in zip(ema,
+    model.state_dict().items())``); None for other targets (attributes, subscripts)."""
     if isinstance(target, ast.Name):
         return {target.id}
-    if isinstance(target, ast.Tuple) and all(isinstance(e, ast.Name) for e in target.elts):
-        return {e.id for e in target.elts}  # type: ignore[attr-defined]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        names: set[str] = set()
+        for element in target.elts:
+            inner = _loop_names(element)
+            if inner is None:
+                return None
+            names |= inner
+        return names
     return None
 
 
@@ -851,7 +865,8 @@ def _rewrite(loop: ast.For, update: _Update, ctx: FileContext) -> str | None:
     target = loop.target
     if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "zip"
             and "zip" not in ctx.imports and len(call.args) == 2 and not call.keywords
-            and isinstance(target, ast.Tuple) and len(target.elts) == 2):
+            and isinstance(target, ast.Tuple) and len(target.elts) == 2
+            and all(isinstance(e, ast.Name) for e in target.elts)):
         update.why_shown = "looked up by key or walked with other things, which one call cannot take as they are"
         return None
     names = [e.id for e in target.elts]  # type: ignore[attr-defined]

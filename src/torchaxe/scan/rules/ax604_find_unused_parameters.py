@@ -11,11 +11,23 @@ from torchaxe.scan.rules._distributed import wrapper_kind
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 
+#: Classes that hand their keywords to the DDP a framework builds: accelerate's kwargs
+#: handler and Lightning's DDP strategy.
+DDP_SETTINGS = frozenset({
+    "accelerate.DistributedDataParallelKwargs", "accelerate.utils.DistributedDataParallelKwargs",
+    "accelerate.utils.dataclasses.DistributedDataParallelKwargs",
+    "lightning.pytorch.strategies.DDPStrategy", "pytorch_lightning.strategies.DDPStrategy",
+    "lightning.pytorch.strategies.ddp.DDPStrategy", "pytorch_lightning.strategies.ddp.DDPStrategy",
+})
+
+
 class FindUnusedParameters(Rule):
     """
     ## What it does
     Flags `DistributedDataParallel(..., find_unused_parameters=True)` where the
-    `True` is written in the code (not read from a setting).
+    `True` is written in the code (not read from a setting), and the same keyword given
+    to the DDP a framework builds: accelerate's `DistributedDataParallelKwargs` and
+    Lightning's `DDPStrategy`.
 
     ## Why is this bad?
     With it, DDP walks the autograd graph from the forward's outputs after every
@@ -56,6 +68,9 @@ class FindUnusedParameters(Rule):
                 "model = DDP(model, device_ids=[rank], find_unused_parameters=True)\n", lines=(2,)),
         Invalid("import torch\nmodel = torch.nn.parallel.DistributedDataParallel(\n    model,\n"
                 "    find_unused_parameters=True,\n)\n", target="cuda", lines=(4,)),
+        Invalid("from accelerate import Accelerator, DistributedDataParallelKwargs\n"
+                "ddp_kwargs = DistributedDataParallelKwargs(find_unused_parameters=True)\n"
+                "accelerator = Accelerator(kwargs_handlers=[ddp_kwargs])\n", lines=(2,)),
         Valid("from torch.nn.parallel import DistributedDataParallel as DDP\nmodel = DDP(model)\n"),
         Valid("from torch.nn.parallel import DistributedDataParallel as DDP\n"
               "model = DDP(model, find_unused_parameters=args.find_unused)\n"),
@@ -68,7 +83,7 @@ class FindUnusedParameters(Rule):
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
-        if wrapper_kind(ctx, node) != "ddp":
+        if wrapper_kind(ctx, node) != "ddp" and ctx.call_name(node) not in DDP_SETTINGS:
             return
         flag = next((k for k in node.keywords if k.arg == "find_unused_parameters"), None)
         if flag is None or not (isinstance(flag.value, ast.Constant) and flag.value.value is True):
