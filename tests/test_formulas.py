@@ -1574,3 +1574,23 @@ def test_attention_with_the_heads_last_in_its_weights(scan):
     fused = torch.nn.functional.scaled_dot_product_attention(
         q.permute(1, 2, 0, 3) * 0.3, k.permute(1, 2, 0, 3), v.permute(1, 2, 0, 3), scale=1.0).permute(2, 0, 1, 3)
     assert torch.allclose(code, fused)
+
+
+def test_a_partial_rotary_with_sliced_caches_keeps_the_slices(scan):
+    # labml's RoPE: only the first self.d features rotate; the caches are cut to the
+    # sequence's length, which the replacement must keep.
+    source = textwrap.dedent("""\
+        import torch
+        class RotaryPositionalEmbeddings(torch.nn.Module):
+            def _neg_half(self, x):
+                d_2 = self.d // 2
+                return torch.cat([-x[:, :, :, d_2:], x[:, :, :, :d_2]], dim=-1)
+            def forward(self, x):
+                seq_len = x.shape[0]
+                x_rope, x_pass = x[..., :self.d], x[..., self.d:]
+                neg_half_x = self._neg_half(x_rope)
+                x_rope = (x_rope * self.cos_cached[:seq_len]) + (neg_half_x * self.sin_cached[:seq_len])
+                return torch.cat((x_rope, x_pass), dim=-1)
+    """)
+    [finding] = [f for f in scan(source, target="npu").findings if f.code == "AX119"]
+    assert finding.replacement == "torch_npu.npu_rotary_mul(x_rope, self.cos_cached[:seq_len], self.sin_cached[:seq_len])"

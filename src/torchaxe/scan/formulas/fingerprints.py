@@ -1025,19 +1025,42 @@ class RotaryMatcher(Matcher):
         return False if _pair_shared(sin * _rotation_signs(sin, mode), mode) else None
 
     def _holder(self, node: Node, x_node: Node, target: torch.Tensor, probing: Probing) -> Node | None:
-        dependent = depends_on(node, x_node)
+        """The smallest part of ``node``, not made from x, that holds ``target`` (the
+        cos or sin table); a slice of it holding the same on the probes is taken
+        instead (``self.cos_cached[:seq_len]``: the probes' sequence is the table's
+        whole length, the code's need not be)."""
+        memo: dict[int, bool] = {}
+        found: list[Node] = []
         for n in sorted(walk(node), key=lambda n: n.size):
-            if id(n) in dependent or not n.vars:
+            if _reads_values_of(n, x_node, memo) or not n.vars:
                 continue
             v = probing.tensor(n)
             if v is None:
                 continue
             try:
                 if probing.compare(v.expand(target.shape), target)[0]:
-                    return n
+                    found.append(n)
             except RuntimeError:
                 continue
-        return None
+        if not found:
+            return None
+        holder = found[0]
+        while (sliced := next((n for n in found if n.op == "getitem" and n.args and n.args[0] is holder), None)):
+            holder = sliced
+        return holder
+
+
+_SHAPE_READS = frozenset({"shape", "size", "dim", "ndim", "numel"})
+
+
+def _reads_values_of(node: Node, x_node: Node, memo: dict[int, bool]) -> bool:
+    """Whether ``node`` reads the values of ``x_node``, not only its shape
+    (``cos[:, :, :x.shape[2]]`` reads the shape)."""
+    key = id(node)
+    if key not in memo:
+        memo[key] = node is x_node or (node.op not in _SHAPE_READS
+                                       and any(_reads_values_of(c, x_node, memo) for c in node.children()))
+    return memo[key]
 
 
 def _combined_layout(values: str, scores: str) -> str:

@@ -134,6 +134,22 @@ def _data_vars(node: Node, memo: dict[int, frozenset[str]]) -> frozenset[str]:
     return found
 
 
+def _leading_part(node: Node) -> bool:
+    """``x[..., :self.d]``: the leading part of the last dimension of a variable, cut
+    at a bound that is a variable (the rotated share of a partial rotary)."""
+    if node.op != "getitem" or len(node.args) != 2 or node.args[0].op != VAR:
+        return False
+    index = node.args[1]
+    parts = index.args if index.op == "tuple" else (index,)
+    if not parts or parts[-1].op != "slice" or len(parts[-1].args) != 3:
+        return False
+    start, stop, step = parts[-1].args
+    leading = all(p.op == CONST and p.value in (None, Ellipsis) for p in parts[:-1]) or \
+        all(p.op == "slice" and all(a.op == CONST and a.value is None for a in p.args) for p in parts[:-1])
+    return leading and start.op == CONST and start.value is None and step.op == CONST and step.value is None \
+        and stop.op == VAR
+
+
 def _through_layout(node: Node) -> set[str]:
     """The variables ``node`` is (a slice, view or cast of)."""
     while node.op in V.LAYOUT and node.args:
@@ -196,6 +212,7 @@ def infer_roles(root: Node) -> dict[str, str]:
     #: self.head_width)``): a single size each, not a whole shape.
     single_sizes: set[str] = set()
     counts: set[str] = set()
+    halves: set[str] = set()
     for node in walk(root):
         if node.op in ("reshape", "view") and len(node.args) >= 3:
             single_sizes.update(a.value for a in node.args[1:] if a.op == VAR)
@@ -241,6 +258,12 @@ def infer_roles(root: Node) -> dict[str, str]:
                 ranks.setdefault(name, set()).add(node.args[1].value + 1)
         if node.op == "masked_fill" and len(node.args) >= 2:
             masked.append(node)
+        if node.op == "mul" and len(node.args) == 2:
+            # x[..., :self.d] * self.cos_cached[:T]: a table as wide as the slice of x
+            # (a partial rotary), half of the probe's last dimension as the bound is.
+            for sliced, other in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
+                if any(_leading_part(n) for n in walk(sliced)) and not any(_leading_part(n) for n in walk(other)):
+                    halves |= _through_layout(other)
         if node.op == "mul" and len(node.args) == 2:
             # -1e9 * (1 - b): b is kept where it is one and filled with a very negative
             # number elsewhere, a mask of zeros and ones.
@@ -297,6 +320,8 @@ def infer_roles(root: Node) -> dict[str, str]:
             role = SIZE
         elif _SCALAR_NAMES.search(leaf):
             role = SCALAR
+        elif name in halves and name not in bounds and not ranks.get(name):
+            role = HALF
         elif name in complexes:
             role = {frozenset({2}): COMPLEX_MATRIX, frozenset({3}): COMPLEX_CUBE}.get(
                 frozenset(ranks.get(name, ())), COMPLEX)
