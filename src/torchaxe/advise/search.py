@@ -13,8 +13,8 @@ from typing import Any, Callable, Sequence
 from torchaxe.advise.arms import ArmKnobs, merge_knobs
 from torchaxe.advise.candidates import Candidate
 from torchaxe.advise.measure import ArmResult, Measurer
-from torchaxe.advise.stats import (DECIDE_ROUNDS, LOSS_TOLERANCE, MAX_ROUNDS, MIN_GAIN, Noise, clear_gain, loss_delta,
-                                   measured_figures, paired_ratios, promising, with_one_time)
+from torchaxe.advise.stats import (DECIDE_ROUNDS, FEW_ROUNDS_GAIN, LOSS_TOLERANCE, MAX_ROUNDS, MIN_GAIN, Noise,
+                                   clear_gain, loss_delta, measured_figures, paired_ratios, promising, with_one_time)
 from torchaxe.runtime.knobs import KnobSet
 from torchaxe.units import bytes_text
 
@@ -131,8 +131,8 @@ class ChangeSearch:
             self.notes.append(
                 f"{', '.join(c.key for c in few)} {'was' if len(few) == 1 else 'were'} chosen on {rounds} round"
                 f"{'' if rounds == 1 else 's'} (all the budget allowed), each faster in every round by more than "
-                f"the original strayed from itself; a longer --budget measures the {DECIDE_ROUNDS} rounds or more "
-                "that a median needs to confirm it")
+                f"the original strayed from itself and by {FEW_ROUNDS_GAIN:.0%} or more; a longer --budget measures "
+                f"the {DECIDE_ROUNDS} rounds or more that a median needs to confirm it")
         if not chosen and self.original_over_limit:
             fits = [c for c in candidates if c.rec.status == "measured" and c.rec.speedup and c.rec.memory is not None
                     and self._may_choose(c) and not c.rec.changes_optimisation]

@@ -24,6 +24,10 @@ MAX_ROUNDS = 5
 DECIDE_ROUNDS = 3
 #: The share of rounds a change must be faster in (every round, up to four rounds).
 FASTER_SHARE = 0.8
+#: On fewer than DECIDE_ROUNDS rounds, the least a change must save in its worst
+#: round: one or two A/A pairs measure the noise poorly (a Lightning GAN's bf16 autocast
+#: at 1.06x on one round, beside an A/A pair 0.4% apart, was 0.92x over four).
+FEW_ROUNDS_GAIN = 0.10
 #: A change whose rounds rank below the A/A arm's with at most this chance under no
 #: effect (one-sided Mann-Whitney, exact) beats the noise even when a single A/A
 #: round strayed further than its gain.
@@ -67,7 +71,8 @@ def clear_gain(ratios: Sequence[float], noise: float, same: Sequence[float] = ()
     ways: ranked below the A/A arm's ratios (``same``, the original against itself in
     the same rounds) beyond chance (``SIGNIFICANCE``); or faster in every round (one
     slow round in five is let through once the budget has paid for five) by more than
-    the furthest the original strayed from itself (``noise``)."""
+    the furthest the original strayed from itself (``noise``), and on fewer than
+    ``DECIDE_ROUNDS`` rounds by at least ``FEW_ROUNDS_GAIN`` too."""
     if not ratios:
         return False
     # On fewer than DECIDE_ROUNDS rounds a median is one outlier away from anything:
@@ -80,7 +85,8 @@ def clear_gain(ratios: Sequence[float], noise: float, same: Sequence[float] = ()
         # ratios down too, so a change that ranks below them gained on its own.
         return True
     faster = sum(r <= 1.0 - MIN_GAIN / 3 for r in ratios)
-    return faster >= FASTER_SHARE * len(ratios) and gain >= noise
+    floor = noise if len(ratios) >= DECIDE_ROUNDS else max(noise, FEW_ROUNDS_GAIN)
+    return faster >= FASTER_SHARE * len(ratios) and gain >= floor
 
 
 def promising(ratios: Sequence[float]) -> bool:
