@@ -101,6 +101,12 @@ def test_compile_is_static_when_the_epochs_smaller_last_batch_came_after_the_ste
                                                                         {"loader_epochs": [epoch]})}
     # Another loader's batch size (an evaluation loader): not the training batches.
     assert shapes.unseen_last_batch({"shapes": _batches(64)}, {"loader_epochs": [{**epoch, "batch_size": 32}]}) is None
+    # A validation loader of the training batch size whose smaller epoch ends short,
+    # beside a training loader of full batches (ImageNet's example): nothing to say.
+    train = {"batch_size": 64, "samples": 6400, "drop_last": False, "last_batch_samples": None}
+    val = {"batch_size": 64, "samples": 200, "drop_last": False, "last_batch_samples": 8}
+    assert shapes.unseen_last_batch({"shapes": _batches(64)}, {"loader_epochs": [train, val]}) is None
+    assert shapes.unseen_last_batch({"shapes": _batches(64)}, {"loader_epochs": [val]}) == val
     # The compile of the dropout axis follows the same rule.
     packed = [c for c in kernels.candidates(profile, "cpu", {"loader_epochs": [epoch]})
               if c.key == "knob:compile-dropout-packed"]

@@ -92,13 +92,18 @@ def unseen_last_batch(profile: dict[str, Any], settings: dict[str, Any]) -> dict
     """The epoch of a DataLoader whose training batches the profile saw at full size
     only, while its epoch ends in a smaller batch (``drop_last=False``) that came after
     the steps watched: static so far, but compiled code compiles once more for it.
-    None when no such loader was noted (runtime/run_context.py ``loader_epochs``)."""
+    None when no such loader was noted (runtime/run_context.py ``loader_epochs``).
+    Of the loaders whose batch size the steps saw, the largest epoch is taken for the
+    training one: a validation loader of the same batch size, whose smaller epoch ends
+    in a short batch, says nothing of the training steps (ImageNet's example: 2,000
+    training samples in full batches of 16, 200 validation samples ending in 8)."""
     sizes = _batch_sizes(profile)
-    for epoch in settings.get("loader_epochs") or []:
-        last = epoch.get("last_batch_samples")
-        if last and epoch.get("batch_size") in sizes and last not in sizes:
-            return epoch
-    return None
+    epochs = [e for e in settings.get("loader_epochs") or [] if e.get("batch_size") in sizes]
+    if not epochs:
+        return None
+    epoch = max(epochs, key=lambda e: e.get("samples") or 0)
+    last = epoch.get("last_batch_samples")
+    return epoch if last and last not in sizes else None
 
 
 def seen_last_batch(profile: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any] | None:
