@@ -477,3 +477,13 @@ def test_a_one_time_cost_is_called_compiling_only_for_a_change_that_compiles() -
     assert not compiles(loader) and compiles(compiled) and compiles(packed)
     assert one_time_text(9.9, None, compiles(loader)) == "costs 9.9 s once, in its first steps"
     assert one_time_text(9.9, 40, compiles(compiled)).endswith("(compiling); pays off after 40 steps")
+
+
+def test_a_slower_change_is_not_held_back_for_its_one_time_cost(script: Path) -> None:  # noqa: F811
+    # A compile measured slower per step (a review's LSTM: 0.86x) is not chosen for being
+    # slower; "held back ... never paid back ... apply --only" read as yours to decide.
+    advice = run_advice(script, FakeRuns(times={"knob:compile": 0.116}, warmup={"knob:compile": 10.0}),
+                        job_steps=300)
+    compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert not compiled.selected and compiled.speedup < 1.0
+    assert not compiled.held_back

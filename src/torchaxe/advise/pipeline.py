@@ -978,6 +978,8 @@ class Advisor:
         even = rec.break_even_steps
         if even is not None and even <= steps:
             return
+        if even is None and rec.speedup is not None and rec.speedup <= 1.0:
+            return  # slower per step, or no faster: not chosen for that, nothing held back
         if even is not None:
             pays = f"pays off only after {even:,} steps, more than the job's {steps:,} ({self.job_source})"
         else:
