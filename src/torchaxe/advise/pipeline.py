@@ -57,7 +57,7 @@ from torchaxe.runtime.other_load import OtherLoad, busy_note
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
 from torchaxe.shapes.candidates import training_epoch
-from torchaxe.units import bytes_text, counted
+from torchaxe.units import bytes_text, counted, plural
 
 
 def scan_for_advice(folder: Path, project: Path, imported: Sequence[str], scan_installed: bool, target: str,
@@ -522,7 +522,7 @@ class Advisor:
         # Under other seeds: how far its loss lands from the original's is the loss noise
         # a change that draws other random numbers (dropout under compile) is judged by.
         same = self.arms.of(AGAIN, {"seed": {"offset": 1}})
-        self.progress(f"measuring {len(arms)} changes against the original, {repeats} interleaved rounds")
+        self.progress(f"measuring {plural(len(arms), 'change')} against the original, {repeats} interleaved rounds")
         # The chosen changes are measured together afterwards: their rounds are kept
         # in reserve (the run times seen in the first round say whether they fit).
         base_arm, results, complete = measurer.compare(original, [same] + [k for _, k in arms], repeats,
