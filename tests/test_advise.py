@@ -247,24 +247,34 @@ def test_a_budget_that_fits_few_changes_says_how_much_would_fit_them_all(script:
 
 def test_the_budget_said_to_measure_them_all_counts_first_compiles(script: Path) -> None:
     # Runs of 13 s, one round: the warm-up, the original, the A/A arm, the four changes
-    # and the combined run take 117 s, compile's first compile 26 s more: --budget 2m
-    # is short, and the note does not say it would do.
+    # and the combined run take 117 s, compile's first compile at least 30 s more (it
+    # does not shrink with the run): --budget 2m is short, and the note does not say it
+    # would do.
     clock = Clock()
     advice = run_advice(script, TimedRuns(clock, 13.0), budget=120.0, repeats=1, step=0.5, profile_seconds=13.0,
                         clock=clock)
-    assert [r.status for r in advice.recommendations].count("not_measured") == 1
-    note = next(n for n in advice.notes if n.startswith("the --budget fits 3 of 4"))
+    assert [r.status for r in advice.recommendations].count("not_measured") == 2
+    note = next(n for n in advice.notes if n.startswith("the --budget fits 2 of 4"))
     assert "about --budget 3m would measure them all, at 13 s per run" in note, note
 
 
 def test_late_changes_need_no_room_for_a_combined_run_while_nothing_is_clearly_faster(script: Path) -> None:
     # Seen in a review: "the --budget fits 1 of 5 changes" and 89 s of 180 left unused,
-    # kept for measuring the chosen changes together when none had been chosen.
+    # kept for measuring the chosen changes together when none had been chosen. (22 s:
+    # the first run measured is a fix, as compile's first compile does not fit.)
     same = {"code:AX110": 0.1, "knob:compile": 0.1, "knob:autocast-bf16": 0.1, "combined": 0.1}
     clock = Clock()
-    advice = run_advice(script, TimedRuns(clock, 1.0, times=same), budget=20.0, clock=clock, profile_seconds=3.0)
+    advice = run_advice(script, TimedRuns(clock, 1.0, times=same), budget=22.0, clock=clock, profile_seconds=3.0)
     assert [r.status for r in advice.recommendations].count("not_measured") == 0
     assert not any(n.startswith("the --budget fits") for n in advice.notes)
+    # Runs as long as profiled (3 s) and 20 s: too short for compile's first compile,
+    # guessed at 30 s at the least; the fix is measured and compile left out for the
+    # budget rather than started and cut off (a review's minGPT: 0 of 7 measured).
+    clock = Clock()
+    short = run_advice(script, TimedRuns(clock, 3.0, times=same), budget=20.0, clock=clock, profile_seconds=3.0)
+    statuses = {r.key: (r.status, r.not_measured_reason) for r in short.recommendations}
+    assert statuses["knob:compile"] == ("not_measured", "budget")
+    assert statuses["code:AX110"][0] == "measured"
 
 
 def test_changes_the_first_fit_left_out_are_measured_when_runs_prove_shorter(script: Path) -> None:  # noqa: F811
@@ -289,32 +299,33 @@ def test_changes_the_first_fit_left_out_are_measured_when_runs_prove_shorter(scr
 
 def test_a_first_compile_that_does_not_fit_leaves_the_budget_to_a_cheaper_change(script: Path) -> None:
     # Runs of 2 s, 2 rounds: 20 s hold one change's runs, but not a compile's, whose
-    # first run is guessed to take three; the next most promising is measured instead.
+    # first run is guessed to take 30 s more at the least; the next most promising is
+    # measured instead.
     clock = Clock()
     statuses = {r.key: r.status for r in run_advice(script, TimedRuns(clock, 2.0), budget=20.0,
                                                     clock=clock).recommendations}
     assert statuses["knob:compile"] == "not_measured" and statuses["code:AX110"] == "measured"
     clock = Clock()
-    statuses = {r.key: r.status for r in run_advice(script, TimedRuns(clock, 2.0), budget=24.0,
+    statuses = {r.key: r.status for r in run_advice(script, TimedRuns(clock, 2.0), budget=50.0,
                                                     clock=clock).recommendations}
     assert statuses["knob:compile"] == "measured"  # it fits: the most promising first
 
 
 def test_a_compile_a_short_job_would_not_pay_back_is_measured_after_the_others(script: Path) -> None:
-    # Runs of 2 s: a first compile guessed at 4 s more. A job of 20 steps of 0.1 s pays
-    # that back only if each step saves 0.2 s: compile goes last, and 24 s, which hold
-    # it first (above), hold two other changes instead.
+    # Runs of 2 s: a first compile guessed at 30 s more. A job of 20 steps of 0.1 s pays
+    # that back only if each step saves 1.5 s: compile goes last, and 40 s hold the
+    # other changes instead.
     clock = Clock()
-    advice = run_advice(script, TimedRuns(clock, 2.0), budget=24.0, args=("--steps", "20"), clock=clock)
+    advice = run_advice(script, TimedRuns(clock, 2.0), budget=40.0, args=("--steps", "20"), clock=clock)
     statuses = {r.key: r.status for r in advice.recommendations}
     assert statuses["knob:compile"] == "not_measured"
     assert statuses["code:AX110"] == statuses["code:AX201"] == "measured"
     assert any(n.startswith("knob:compile measured after the other changes, and the --budget did not reach it: a "
-                            "first compile (guessed at 4 s, 2 runs' time) is paid back within the job's 20 steps "
-                            "(read from the command: --steps 20) only if each 100 ms step saves 200 ms or more")
+                            "first compile (guessed at 30 s, 15 runs' time) is paid back within the job's 20 steps "
+                            "(read from the command: --steps 20) only if each 100 ms step saves 1500 ms or more")
                for n in advice.notes), advice.notes
     # A job long enough to pay it back at half the step saved: the most promising first.
-    advice = run_advice(script, FakeRuns(), budget=24.0, args=("--steps", "80"))
+    advice = run_advice(script, FakeRuns(), budget=24.0, args=("--steps", "800"))
     assert {r.key: r.status for r in advice.recommendations}["knob:compile"] == "measured"
     assert not any("measured after the other changes" in n for n in advice.notes)
 

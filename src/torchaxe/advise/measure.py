@@ -137,6 +137,20 @@ TogetherRunner = Callable[[Sequence[KnobSet], int, TrialOptions], list[TrialRun]
 #: How many times the original's run a change's first compiled run is guessed to
 #: take before any compiled run was timed (its own or another change's).
 FIRST_COMPILE_GUESS = 3.0
+#: The least a first compile is guessed to add to a run, in seconds: it does not
+#: shrink with the step (30-40 s for a small BERT on 2 cores beside an 8-second run,
+#: more than a minute for minGPT's nano model beside a 9-second one).
+FIRST_COMPILE_SECONDS = 30.0
+
+
+def first_compile_runs(run_seconds: float) -> float:
+    """A change's first compiled run, guessed in runs of ``run_seconds`` (the
+    original's) when the budget is first shared out: ``FIRST_COMPILE_GUESS`` of them,
+    and ``FIRST_COMPILE_SECONDS`` more than one at the least. (Once runs are timed,
+    later rounds guess from those: :meth:`Measurer.expected_seconds`.)"""
+    if run_seconds <= 0:
+        return FIRST_COMPILE_GUESS
+    return max(FIRST_COMPILE_GUESS, 1.0 + FIRST_COMPILE_SECONDS / run_seconds)
 
 #: The least --timeout a run is given when the deadline bounds it.
 MIN_BOUNDED_TIMEOUT = 1.0

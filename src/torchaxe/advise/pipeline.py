@@ -38,7 +38,7 @@ from torchaxe.advise.baseline import (DEFAULT_STEPS, MEASURE_WINDOW, TURNS_MEASU
 from torchaxe.advise.candidates import (OPTIMIZER_RULES, Candidate, code_candidates, installed_candidates,
                                         knob_candidates, run_by_the_job, script_speedups, stored_candidates)
 from torchaxe.advise.evidence import micro_benchmarks
-from torchaxe.advise.measure import AGAIN, FIRST_COMPILE_GUESS, ArmResult, Measurer, TogetherRunner
+from torchaxe.advise.measure import AGAIN, ArmResult, Measurer, TogetherRunner, first_compile_runs
 from torchaxe.advise.options import AdviseOptions
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import LOSS_JUDGED_AXES, ChangeSearch
@@ -467,7 +467,7 @@ class Advisor:
         def cost(c: Candidate) -> float:
             """A change's runs, in rounds: one a round, and a change that compiles pays
             for its first compile once on top (guessed)."""
-            return 1.0 + ((FIRST_COMPILE_GUESS - 1.0) / repeats if pays_once(c.rec.knobs or {}) else 0.0)
+            return 1.0 + ((first_compile_runs(per_run) - 1.0) / repeats if pays_once(c.rec.knobs or {}) else 0.0)
 
         # The most promising first, each while it fits; one that does not fit leaves
         # room for cheaper ones after it. One change needs a warm-up run, the original
@@ -478,7 +478,11 @@ class Advisor:
                 chosen.append(c)
                 room -= cost(c)
         if not chosen and ordered and left >= 3 * per_run:
-            chosen = ordered[:1]
+            # The most promising whose one round (a warm-up, the original, the change and
+            # a first compile where it compiles) ends within the budget: a short budget
+            # measures a fix rather than start a compile it cannot finish.
+            chosen = [next((c for c in ordered if per_run * (2 + (first_compile_runs(per_run) if pays_once(
+                c.rec.knobs or {}) else 1.0)) <= left), ordered[0])]
         elif left < 3 * per_run:
             chosen = []
         taken = {id(c) for c in chosen}
@@ -909,21 +913,21 @@ class Advisor:
                                  base: BaselineProfile) -> tuple[list[Candidate], str]:
         """``ordered`` with the changes that pay once moved last when, with the job's
         length known, their first compile (guessed as for the budget, at
-        ``FIRST_COMPILE_GUESS`` runs) would not be paid back within the job's steps even
+        ``first_compile_runs``) would not be paid back within the job's steps even
         if every step saved ``LIKELY_MOST_SAVED`` of the profiled step: measured only
         when the budget holds them after the others. And why, when they were moved."""
         steps = self.options.job_steps
         median = (base.profile.get("summary") or {}).get("step_seconds_median")
         if steps is None or not median:
             return ordered, ""
-        once = (FIRST_COMPILE_GUESS - 1.0) * per_run
+        once = (first_compile_runs(per_run) - 1.0) * per_run
         if once <= steps * LIKELY_MOST_SAVED * median:
             return ordered, ""
         late = {id(c) for c in ordered if pays_once(c.rec.knobs or {})}
         if not late or len(late) == len(ordered):
             return ordered, ""
-        why = (f"a first compile (guessed at {once:.0f} s, {FIRST_COMPILE_GUESS - 1:g} runs' time) is paid back "
-               f"within the job's {steps:,} steps ({self.job_source}) only if each {median * 1e3:.0f} ms step "
+        why = (f"a first compile (guessed at {once:.0f} s, {first_compile_runs(per_run) - 1:.3g} runs' time) is "
+               f"paid back within the job's {steps:,} steps ({self.job_source}) only if each {median * 1e3:.0f} ms step "
                f"saves {once / steps * 1e3:.0f} ms or more ({LIKELY_MOST_SAVED:.0%} is the most expected)")
         return [c for c in ordered if id(c) not in late] + [c for c in ordered if id(c) in late], why
 
