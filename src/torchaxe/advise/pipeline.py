@@ -158,6 +158,8 @@ class Advisor:
         self.clock = clock
         self.started = clock()
         self._mark = self.started
+        #: The note that the budget did not reach the changes measured last, and their keys.
+        self._late_note: tuple[str | None, list[str]] = (None, [])
         #: The machine's 1-minute load average (None: unknown); the runs a busy machine
         #: makes are slowed unevenly, which advise says.
         self.load = load if load is not None else load_average
@@ -333,6 +335,7 @@ class Advisor:
         self._achieved(base)
         if candidates:
             self._measure(candidates, findings, base)
+            self._drop_late_note(candidates)
         else:
             advice.notes.append("nothing to measure: no fixable finding and no runtime setting to try")
 
@@ -450,6 +453,16 @@ class Advisor:
                         progress=self.progress, together=together, other_loads=self.other_loads,
                         together_limit=self._together_limit(base) if together is not None else None)
 
+    def _drop_late_note(self, candidates: list[Candidate]) -> None:
+        """The note that the budget did not reach the changes measured last goes when
+        later rounds measured them after all (runs that proved shorter)."""
+        note, keys = self._late_note
+        if note is None or note not in self.advice.notes:
+            return
+        status = {c.rec.key: c.rec.status for c in candidates}
+        if all(status.get(k) != "not_measured" for k in keys):
+            self.advice.notes.remove(note)
+
     def _measure(self, candidates: list[Candidate], findings, base: BaselineProfile) -> None:
         advice = self.advice
         repeats = self.options.repeats
@@ -490,6 +503,7 @@ class Advisor:
         if late and left_late:
             advice.notes.append(f"{', '.join(left_late)} measured after the other changes, and the --budget did "
                                 f"not reach {'them' if len(left_late) > 1 else 'it'}: {late}")
+            self._late_note = (advice.notes[-1], left_late)
         for c in ordered:
             if id(c) in taken:
                 continue
