@@ -140,9 +140,9 @@ def _leading_part(node: Node) -> bool:
     if node.op != "getitem" or len(node.args) != 2 or node.args[0].op != VAR:
         return False
     index = node.args[1]
-    parts = index.args if index.op == "tuple" else (index,)
-    if not parts or parts[-1].op != "slice" or len(parts[-1].args) != 3:
-        return False
+    parts = index.args if index.op == "tuple" else ()
+    if len(parts) < 2 or parts[-1].op != "slice" or len(parts[-1].args) != 3:
+        return False  # x[:T] cuts the first dimension, not the last
     start, stop, step = parts[-1].args
     leading = all(p.op == CONST and p.value in (None, Ellipsis) for p in parts[:-1]) or \
         all(p.op == "slice" and all(a.op == CONST and a.value is None for a in p.args) for p in parts[:-1])
