@@ -147,7 +147,7 @@ def first_compile_runs(run_seconds: float) -> float:
     """A change's first compiled run, guessed in runs of ``run_seconds`` (the
     original's) when the budget is first shared out: ``FIRST_COMPILE_GUESS`` of them,
     and ``FIRST_COMPILE_SECONDS`` more than one at the least. (Once runs are timed,
-    later rounds guess from those: :meth:`Measurer.expected_seconds`.)"""
+    later rounds guess from those: :meth:`Measurer.expected_seconds_of`.)"""
     if run_seconds <= 0:
         return FIRST_COMPILE_GUESS
     return max(FIRST_COMPILE_GUESS, 1.0 + FIRST_COMPILE_SECONDS / run_seconds)
