@@ -199,6 +199,11 @@ def test_the_script_s_own_collectives_are_a_note_when_they_cost_time():
     notes: list[str] = []
     candidates(profile, "cpu", {}, notes=notes)
     assert any("own collectives (all_reduce 1 a step) took 20.0 ms of the 100.0 ms step (20%)" in n for n in notes)
+    # Calls a step over few steps print as a count, not as 18.3333 (a review under torchrun).
+    profile["distributed"]["collectives"] = {"all_reduce": {"calls_per_step": 55 / 3, "seconds_per_step": 0.02}}
+    notes = []
+    candidates(profile, "cpu", {}, notes=notes)
+    assert any("own collectives (all_reduce 18.3 a step)" in n for n in notes), notes
     quiet: list[str] = []
     candidates(_profile(), "cpu", {}, notes=quiet)
     assert not any("own collectives" in n for n in quiet)

@@ -255,7 +255,7 @@ def _collective_notes(profile: dict[str, Any], dist: dict[str, Any]) -> list[str
     seconds = sum(c["seconds_per_step"] for c in calls.values())
     if not step or seconds / step < MIN_COMM_SHARE:
         return []
-    which = ", ".join(f"{name} {c.get('calls_per_step') or 0:g} a step" for name, c in sorted(calls.items()))
+    which = ", ".join(f"{name} {c.get('calls_per_step') or 0:.3g} a step" for name, c in sorted(calls.items()))
     return [f"the script's own collectives ({which}) took {_ms(seconds)} of the {_ms(step)} step "
             f"({seconds / step:.0%}): no setting changes them; calling them less often does (a loss all-reduced "
             "only when it is printed)"]
