@@ -64,8 +64,13 @@ class FormulaRule(Rule):
         from torchaxe.scan.formulas.analysis import formula_matches
 
         for match in formula_matches(ctx):
-            if match.category == self.category:
+            if match.category == self.category and self.reports(ctx, match):
                 yield self.report(ctx, match)
+
+    def reports(self, ctx: FileContext, match: FormulaMatch) -> bool:
+        """Whether a match of the rule's formula is reported (a rule may leave out a
+        match that only looks like its formula in context)."""
+        return True
 
     def propose(self, ctx: FileContext, match: FormulaMatch) -> Proposal:
         raise NotImplementedError

@@ -278,12 +278,8 @@ class HandWrittenAttention(FormulaRule):
               "    rel = to_relative(p)\n    out = out + rel @ e_v\n    return out\n"),
     )
 
-    def check_module(self, ctx):
-        from torchaxe.scan.formulas.analysis import formula_matches
-
-        for match in formula_matches(ctx):
-            if match.category == self.category and not _weights_feed_output(ctx, match):
-                yield self.report(ctx, match)
+    def reports(self, ctx, match):
+        return not _weights_feed_output(ctx, match)
 
     def propose(self, ctx, match):
         proposal = self._propose(ctx, match)
