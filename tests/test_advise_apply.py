@@ -93,6 +93,14 @@ def test_unsafe_fixes_need_the_flag(script: Path, tmp_path: Path) -> None:  # no
     result = apply_advice(data)
     assert result.skipped_unsafe == ["code:AX110"]
     assert "torch.tanh" in script.read_text()
+    # Asked for by name, it is still refused, in one line that says where the rule
+    # explains what the fix may change (numerics or behaviour: AX403's is behaviour).
+    path = tmp_path / "unsafe-advice.json"
+    path.write_text(json.dumps(data))
+    refused = torchaxe("apply", "--only", "code:AX110", "--advice", str(path), cwd=tmp_path)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert ("--only code:AX110 is unsafe (it may change numerics or behaviour; `torchaxe rules AX110` says how); "
+            "add --unsafe-fixes") in refused.stderr
 
 
 def test_only_names_a_recommendation(script: Path, tmp_path: Path) -> None:  # noqa: F811

@@ -312,8 +312,11 @@ def apply(advice_path, unsafe_fixes, keys, diff):
                        "`--only KEY` applies one of them)", err=True)
             return
         if result.skipped_unsafe:
-            reason = ("every chosen change is unsafe (it may change numerics); add --unsafe-fixes to apply it"
-                      if not keys else f"--only {' '.join(keys)} is unsafe (it may change numerics); add --unsafe-fixes")
+            codes = sorted({k.split(":", 1)[1] for k in result.skipped_unsafe if k.startswith("code:")})
+            why = ("it may change numerics or behaviour"
+                   + (f"; `torchaxe rules {codes[0]}` says how" if len(codes) == 1 else ""))
+            reason = (f"every chosen change is unsafe ({why}); add --unsafe-fixes to apply it"
+                      if not keys else f"--only {' '.join(keys)} is unsafe ({why}); add --unsafe-fixes")
         elif result.skipped_outside and not any(not k.startswith("code:") for k in result.asked):
             reason = "the chosen fixes are in installed packages, which are not edited"
         else:
