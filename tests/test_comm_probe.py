@@ -44,16 +44,17 @@ class _SlowFirst(torch.nn.Module):
 
 
 def test_ddp_timing_is_the_mean_of_the_measured_iterations(one_rank_group):
-    measuring = {"on": False}
+    measuring = {"on": None}
     probe = CommProbe(_Sink(), time.perf_counter, lambda: measuring["on"])
     probe.install()
     try:
         ddp = torch.nn.parallel.DistributedDataParallel(_SlowFirst())
         x = torch.randn(4, 8)
         for iteration in range(1, 13):
-            measuring["on"] = iteration > 3  # three warm-up iterations, then nine measured
+            # three warm-up iterations, then nine measured
+            measuring["on"] = iteration if iteration > 3 else None
             ddp(x).sum().backward()
-        info = probe.info(measured_steps=9)
+        info = probe.info(measured=range(4, 13))
     finally:
         probe.uninstall()
     facts = info.ddp
@@ -67,13 +68,13 @@ def test_ddp_timing_is_the_mean_of_the_measured_iterations(one_rank_group):
 
 
 def test_without_measured_samples_a_note_says_the_timing_is_the_warm_up(one_rank_group):
-    probe = CommProbe(_Sink(), time.perf_counter, lambda: False)
+    probe = CommProbe(_Sink(), time.perf_counter, lambda: None)
     probe.install()
     try:
         ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
         for _ in range(4):
             ddp(torch.randn(4, 8)).sum().backward()
-        info = probe.info(measured_steps=0)
+        info = probe.info(measured=())
     finally:
         probe.uninstall()
     assert info.ddp["timed_iterations"] == 0
@@ -81,14 +82,32 @@ def test_without_measured_samples_a_note_says_the_timing_is_the_warm_up(one_rank
 
 
 def test_the_scripts_collectives_count_by_their_median_step(one_rank_group):
-    measuring = {"on": True}
-    probe = CommProbe(_Sink(), time.perf_counter, lambda: measuring["on"])
+    probe = CommProbe(_Sink(), time.perf_counter, lambda: 1)
     probe.install()
     try:
         dist.all_reduce(torch.ones(4))
-        info = probe.info(measured_steps=3, step_comm=[0.001, 0.002, 0.5])
+        info = probe.info(measured=[1, 2, 3], step_comm=[0.001, 0.002, 0.5])
     finally:
         probe.uninstall()
     # one step that waited half a second for a peer does not make every step's wait long
     assert info.comm_exposed_seconds_per_step == pytest.approx(0.002)
     assert info.collectives["all_reduce"]["calls_per_step"] == pytest.approx(1 / 3)
+
+
+def test_collectives_of_a_step_the_script_never_finished_are_not_counted(one_rank_group):
+    # Three measured steps of one all-reduce each, then the script's end (a last
+    # evaluation all-reducing its metrics 55 times) inside a fourth step that never ends.
+    step = {"index": None}
+    probe = CommProbe(_Sink(), time.perf_counter, lambda: step["index"])
+    probe.install()
+    try:
+        for index in (1, 2, 3):
+            step["index"] = index
+            dist.all_reduce(torch.ones(4))
+        step["index"] = 4
+        for _ in range(55):
+            dist.all_reduce(torch.ones(4))
+        info = probe.info(measured=[1, 2, 3])
+    finally:
+        probe.uninstall()
+    assert info.collectives["all_reduce"]["calls_per_step"] == pytest.approx(1.0)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from torchaxe.cpulist import usable_cpus
 from torchaxe.runtime.probes import StepSink, patch_attribute, restore_patches
@@ -57,16 +57,19 @@ class CommProbe:
     """Times the script's collectives, counts DDP's iterations per step, and at the
     end reads DDP's own timing into a :class:`DistributedInfo`."""
 
-    def __init__(self, sink: StepSink, clock: Callable[[], float], measuring: Callable[[], bool]) -> None:
+    def __init__(self, sink: StepSink, clock: Callable[[], float], step: Callable[[], int | None]) -> None:
+        """``step()``: the index of the measured step under way, None outside them."""
         self.sink = sink
         self.clock = clock
-        self.measuring = measuring
+        self.step = step
         self._saved: list = []
         self._local = threading.local()
-        #: name -> [calls, seconds] over the measured steps.
-        self.tally: dict[str, list[float]] = {}
-        self.measured_forwards = 0
-        self.measured_synced = 0
+        #: name -> step index -> [calls, seconds], over the measured steps. Kept by step
+        #: so that a step the run never finished (the script's end: a last evaluation's
+        #: all-reduces, a barrier) is left out of the figures a step.
+        self.tally: dict[str, dict[int, list[float]]] = {}
+        #: step index -> [training forwards, synced ones] of the DDP model.
+        self.forwards: dict[int, list[int]] = {}
         self._ddp: Any = None
         self._buffers_before: list[Any] | None = None
         #: (rank, world size, backend) as first seen while the process group was up.
@@ -108,7 +111,7 @@ class CommProbe:
     def _timed(self, name: str, original: Callable) -> Callable:
         import functools
 
-        local, clock, sink, measuring, tally = self._local, self.clock, self.sink, self.measuring, self.tally
+        local, clock, sink, step, tally = self._local, self.clock, self.sink, self.step, self.tally
         probe = self
 
         @functools.wraps(original)
@@ -124,8 +127,9 @@ class CommProbe:
                 local.inside = False
                 seconds = clock() - start
                 sink.add_comm(seconds)
-                if measuring():
-                    entry = tally.setdefault(name, [0, 0.0])
+                index = step()
+                if index is not None:
+                    entry = tally.setdefault(name, {}).setdefault(index, [0, 0.0])
                     entry[0] += 1
                     entry[1] += seconds
 
@@ -146,10 +150,12 @@ class CommProbe:
                 probe._buffers_before = _buffer_copy(module)
                 _sample_every_iteration_on_cpu(module)
             synced = False
-            if torch.is_grad_enabled() and module.training and probe.measuring():
-                probe.measured_forwards += 1
+            index = probe.step() if torch.is_grad_enabled() and module.training else None
+            if index is not None:
+                counts = probe.forwards.setdefault(index, [0, 0])
+                counts[0] += 1
                 if getattr(module, "require_backward_grad_sync", True):
-                    probe.measured_synced += 1
+                    counts[1] += 1
                     synced = module is probe._ddp
             output = original(module, *args, **kwargs)
             if synced:  # DDP logs the previous iteration's timing in a synced forward
@@ -174,11 +180,13 @@ class CommProbe:
 
     # -------------------------------------------------------------- results
 
-    def info(self, measured_steps: int, step_comm: list[float | None] | None = None) -> DistributedInfo | None:
+    def info(self, measured: Collection[int], step_comm: list[float | None] | None = None) -> DistributedInfo | None:
         """This rank's part, or None when the script set up no process group.
-        ``step_comm``: each measured step's time in the script's collectives; their
-        median is the exposed time per step (as step times are medians, so that one
-        slow step does not make the communication look longer than a step)."""
+        ``measured``: the indexes of the measured steps that ended (what happened in
+        one the script left unfinished is not counted). ``step_comm``: each measured
+        step's time in the script's collectives; their median is the exposed time per
+        step (as step times are medians, so that one slow step does not make the
+        communication look longer than a step)."""
         self._note_group()
         if self._group is None:
             return None
@@ -188,15 +196,20 @@ class CommProbe:
             rank=rank, local_rank=_env_int("LOCAL_RANK"), world_size=world, local_world_size=local_world,
             nnodes=world // local_world if world and local_world and world % local_world == 0 else None,
             host=socket.gethostname(), backend=backend, cpus=usable_cpus())
-        steps = max(measured_steps, 0)
+        ended = set(measured)
+        steps = len(ended)
         per_step = (lambda v: v / steps) if steps else (lambda v: None)
+        totals = {name: [sum(by_step[i][k] for i in by_step if i in ended) for k in (0, 1)]
+                  for name, by_step in sorted(self.tally.items())}
         info.collectives = {name: {"calls_per_step": per_step(calls), "seconds_per_step": per_step(seconds)}
-                            for name, (calls, seconds) in sorted(self.tally.items())}
-        explicit = per_step(sum(seconds for _, seconds in self.tally.values())) if steps else None
+                            for name, (calls, seconds) in totals.items() if calls}
+        explicit = per_step(sum(seconds for _, seconds in totals.values())) if steps else None
         if explicit is not None and step_comm:
             explicit = Samples.of(c or 0.0 for c in step_comm).median
-        info.backwards_per_step = per_step(self.measured_forwards) if self.measured_forwards else None
-        info.synced_backwards_per_step = per_step(self.measured_synced) if self.measured_forwards else None
+        forwards = sum(counts[0] for i, counts in self.forwards.items() if i in ended)
+        synced = sum(counts[1] for i, counts in self.forwards.items() if i in ended)
+        info.backwards_per_step = per_step(forwards) if forwards else None
+        info.synced_backwards_per_step = per_step(synced) if forwards else None
         ddp = self._ddp
         comm = exposed = None
         if ddp is not None:

@@ -229,6 +229,10 @@ class StepRecorder:
         """Whether the step under way is a measured one."""
         return self._start is not None and self.options.phase(len(self.steps) + 1) == "measured"
 
+    def measured_step(self) -> int | None:
+        """The index of the measured step under way, None outside the measured steps."""
+        return len(self.steps) + 1 if self.measuring() else None
+
     def check_stop(self) -> None:
         if self.stop_requested:
             raise StopProfiling("torchaxe: the steps asked for are measured")
@@ -751,7 +755,7 @@ class Harness:
         backward_steps = None if marker else BackwardStepProbe(recorder)
         from torchaxe.runtime.comm import CommProbe
 
-        comm = CommProbe(recorder, clock, recorder.measuring)
+        comm = CommProbe(recorder, clock, recorder.measured_step)
         data_wait = DataWaitProbe(recorder, clock, batch_shapes)
         children = ChildProcessProbe()
         probes: list[Any] = [data_wait, BackwardProbe(recorder, clock), syncs,
@@ -899,7 +903,7 @@ class Harness:
             host_rss_peak_bytes=memory.peak_rss_bytes(),
             step_source=recorder.source if steps else None,
             flops=state.get("flops"),
-            distributed=comm.info(sum(1 for s in steps if s.phase == "measured"),
+            distributed=comm.info([s.index for s in steps if s.phase == "measured"],
                                   [s.comm_seconds for s in steps if s.phase == "measured"]),
         )
         profile.detail = self._detail(profile, command, state)
