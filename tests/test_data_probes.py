@@ -218,6 +218,21 @@ def test_verdict_not_data_bound_and_copies():
     assert any("DevicePrefetcher" in s for s in verdict.suggestions)
 
 
+def test_one_slow_step_does_not_decide_the_verdict():
+    # Nine steps that hardly wait and one that waited 400 ms (a first batch): 29% of all
+    # the step time, but not what the run's steps do.
+    report = _report(_record(num_workers=2), wait=0.0005, compute=0.1, stages=_stages())
+    report.steps[3] = StepSplit(3, 0.5005, 0.4, 0.0)
+    verdict = judge(report)
+    assert verdict.level == "not data-bound"
+    assert verdict.headline.startswith("not data-bound: the step waits for data 0.5% of the time")
+    assert any(r.startswith("one step (step 3) waited 400.0 ms for data") and "--steps" in r for r in verdict.reasons)
+    # The same wait spread over two steps (epoch starts) recurs: it decides.
+    report.steps[7] = StepSplit(7, 0.5005, 0.4, 0.0)
+    assert judge(report).level == "data-bound"
+    assert not any(r.startswith("one step") for r in judge(report).reasons)
+
+
 def test_verdict_without_steps_or_loaders():
     empty = DataReport(command=[], target="cpu", status="error", detail="the script raised", steps=[], loaders=[],
                        stages={}, copies={})

@@ -315,6 +315,29 @@ def estimate(report: DataReport) -> dict[str, Any]:
             "workers": estimate_workers(load, compute, report.cores)}
 
 
+def _level(fraction: float) -> str:
+    if fraction >= DATA_BOUND:
+        return "data-bound"
+    if fraction >= WAIT_TARGET:
+        return "partly data-bound"
+    return "not data-bound"
+
+
+def _one_step_decides(steps: list[StepSplit]) -> tuple[StepSplit, float] | None:
+    """The step whose wait alone sets the level, and the wait fraction of the others;
+    None when the level holds without any one step (or there are too few to say)."""
+    if len(steps) < 3:
+        return None
+    worst = max(steps, key=lambda s: s.wait_seconds)
+    total = sum(s.seconds for s in steps)
+    rest = total - worst.seconds
+    if total <= 0 or rest <= 0:
+        return None
+    fraction = min(1.0, sum(s.wait_seconds for s in steps) / total)
+    others = min(1.0, (sum(s.wait_seconds for s in steps) - worst.wait_seconds) / rest)
+    return (worst, others) if _level(others) != _level(fraction) else None
+
+
 def judge(report: DataReport) -> Verdict:
     """Data-bound or not, and why, from the evidence in the report."""
     fraction = report.wait_fraction
@@ -323,15 +346,22 @@ def judge(report: DataReport) -> Verdict:
     steps = report.steps
     wait = Samples.of(s.wait_seconds for s in steps).median or 0.0
     compute = Samples.of(s.compute_seconds for s in steps).median or 0.0
-    if fraction >= DATA_BOUND:
-        level = "data-bound"
-    elif fraction >= WAIT_TARGET:
-        level = "partly data-bound"
-    else:
-        level = "not data-bound"
+    reasons: list[str] = []
+    level = _level(fraction)
+    outlier = _one_step_decides(steps)
+    if outlier is not None:
+        # One step's wait (a first batch, a stall of the file system) is not what the
+        # run's steps do: the level is what the others say, and the one step is told.
+        worst, others = outlier
+        level = _level(others)
+        reasons.append(f"one step (step {worst.index}) waited {ms(worst.wait_seconds)} for data, "
+                       f"{pct(worst.wait_seconds / sum(s.wait_seconds for s in steps))} of all the waiting: with it "
+                       f"the step waits {pct(fraction)} of the time, without it {pct(others)}; the verdict is the "
+                       "other steps' (a one-off such as a first batch; measure more steps (--steps) to see whether "
+                       "it recurs)")
+        fraction = others
     headline = (f"{level}: the step waits for data {pct(fraction)} of the time "
                 f"(median {ms(wait)} waiting, {ms(compute)} computing per step)")
-    reasons: list[str] = []
     suggestions: list[str] = []
     main = report.main_loader
     if main is None:
