@@ -1824,3 +1824,24 @@ def test_a_near_miss_is_still_tried_on_top_of_the_one_change_kept_when_the_chose
     assert any("knob:autocast-bf16 was added" in n for n in advice.notes)
     # The fix just measured on top of compile is not tried on top of it again.
     assert not any("AX110" in name for name in runs.order[runs.order.index("chosen"):])
+
+
+def test_an_aa_arm_whose_other_seed_changes_the_work_does_not_set_the_noise(script: Path) -> None:
+    # Reinforcement learning: a "step" is an episode whose length the random draws set.
+    # The A/A arm (another seed, the same one each round) takes 4x the original's step
+    # in every round; the changes keep the script's seed, so the original's own runs,
+    # which agree within 2%, are the control: the fused GELU's 20% is chosen.
+    runs = FakeRuns(times={"original": [0.100, 0.102, 0.098], "original-again": [0.41, 0.40, 0.405],
+                           "code:AX110": 0.080, "knob:compile": 0.2, "knob:autocast-bf16": 0.2})
+    advice = run_advice(script, runs)
+    assert advice.baseline["run_to_run_noise_other_seed"] == pytest.approx(3.1, abs=0.05)
+    assert advice.baseline["run_to_run_noise"] < 0.05
+    recs = {r.key: r for r in advice.recommendations}
+    assert recs["code:AX110"].selected
+    assert any(n.startswith("the original's run under another seed took a step time up to") and
+               "the work of a step depends on the random draws" in n for n in advice.notes)
+    # Scattered both ways (the machine's noise), the A/A arm stays the control.
+    noisy = run_advice(script, FakeRuns(times={"original": [0.100, 0.102, 0.098],
+                                               "original-again": [0.06, 0.14, 0.105]}))
+    assert "run_to_run_noise_other_seed" not in noisy.baseline
+    assert noisy.baseline["run_to_run_noise"] > 0.35

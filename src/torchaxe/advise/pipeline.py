@@ -43,7 +43,7 @@ from torchaxe.advise.options import AdviseOptions
 from torchaxe.advise.recommendation import Accuracy, Advice, Recommendation
 from torchaxe.advise.search import LOSS_JUDGED_AXES, ChangeSearch
 from torchaxe.advise.stats import (DECIDE_ROUNDS, MAX_ROUNDS, Noise, loss_delta, loss_noise, measured_figures,
-                                   one_time_cost, promising)
+                                   one_time_cost, own_runs_noise, promising, seed_dependent)
 from torchaxe.environment.checks import environment_checks
 from torchaxe.errors import TorchaxeError
 from torchaxe.findings import Finding
@@ -55,6 +55,7 @@ from torchaxe.runtime.knobs import KnobSet, knob_set_from_dict, pays_once
 from torchaxe.runtime.load import busy, busy_text, load_average
 from torchaxe.runtime.other_load import OtherLoad, busy_note
 from torchaxe.runtime.trials import Runner, TrialOptions, TrialRun, run_in_subprocess
+from torchaxe.runtime.stats import Samples
 from torchaxe.runtime.turns import TurnsRunner, run_in_turns, steps_per_turn
 from torchaxe.shapes.candidates import training_epoch
 from torchaxe.units import bytes_text, counted, plural
@@ -546,7 +547,7 @@ class Advisor:
         base_arm, results, complete = measurer.compare(original, [same] + [k for _, k in arms], repeats,
                                                        "measuring", warm=True, reserve=2 * repeats)
         noise_arm, results = results[0], results[1:]
-        self._set_noise(noise_arm)
+        self._set_noise(noise_arm, base_arm)
         cut = [c for c in ordered if id(c) not in taken]
         if complete and not base_arm.error and cut:
             # The fit guessed each run's length from the profiled run; the rounds just
@@ -566,6 +567,7 @@ class Advisor:
             # comparison on top of it (the original, the chosen set, the small changes).
             complete = self._more_rounds(measurer, base_arm, noise_arm, results, reserve=5 * repeats)
         self._set_loss_noise(base_arm, noise_arm)
+        self._seed_time_note()
         if not complete:
             advice.partial = True
             if not any(r.ok for r in base_arm.runs) and measurer.run_seconds:
@@ -662,11 +664,31 @@ class Advisor:
                                         f"({MEMORY_KINDS.get(peak[1], peak[1])}) is {bytes_text(peak[0])}, above "
                                         f"{bytes_text(limit)}; only changes whose measured peak fits are chosen")
 
-    def _set_noise(self, noise_arm: ArmResult) -> None:
-        if noise_arm.ratios:
-            self.noise = Noise(max(abs(1.0 - r) for r in noise_arm.ratios), list(noise_arm.ratios))
-            self.advice.baseline["run_to_run_noise"] = self.noise.spread
-            self.advice.baseline["aa_ratios"] = [round(r, 4) for r in noise_arm.ratios]
+    def _set_noise(self, noise_arm: ArmResult, base: ArmResult) -> None:
+        if not noise_arm.ratios:
+            return
+        aa = Noise(max(abs(1.0 - r) for r in noise_arm.ratios), list(noise_arm.ratios), self.noise.loss)
+        self.advice.baseline["aa_ratios"] = [round(r, 4) for r in noise_arm.ratios]
+        own = own_runs_noise([Samples.of(r.step_seconds).median or 0.0 for r in base.runs if r.ok])
+        if seed_dependent(aa.same, own):
+            # The changes keep the script's seed: the original's own runs are their
+            # control, not a run whose random draws gave its steps other work.
+            own.loss = self.noise.loss
+            self.noise = own
+            self.advice.baseline["run_to_run_noise_other_seed"] = aa.spread
+        else:
+            self.noise = aa
+            self.advice.baseline.pop("run_to_run_noise_other_seed", None)
+        self.advice.baseline["run_to_run_noise"] = self.noise.spread
+
+    def _seed_time_note(self) -> None:
+        other = self.advice.baseline.get("run_to_run_noise_other_seed")
+        if other is not None:
+            self.advice.notes.append(
+                f"the original's run under another seed took a step time up to {other:.0%} away from the original's "
+                f"while the original's own runs agree within {self.noise.spread:.1%}: the work of a step depends on "
+                "the random draws (an episode's length, a sampled sequence length), so the changes, which keep the "
+                "script's seed, are judged against the original's own runs")
 
     def _set_loss_noise(self, base_arm: ArmResult, noise_arm: ArmResult) -> None:
         """How far apart the original's runs (its own and the A/A arm's) landed in
@@ -720,7 +742,7 @@ class Advisor:
         better spent measuring it). Each measured one joins ``arms`` and ``results``.
         False when the deadline cut a round short."""
         late: list[tuple[Candidate, ArmResult]] = []
-        self._set_noise(noise_arm)
+        self._set_noise(noise_arm, base)
         reserve = 2 * repeats if any(r.ok and self.noise.beaten_by(r.ratios) for r in results) else 0
         for c in cut:
             knobs = self.arms.of_change(c)
@@ -748,7 +770,7 @@ class Advisor:
         try:
             complete = measurer.more_rounds(base, plan, "measuring")
         finally:
-            self._set_noise(noise_arm)
+            self._set_noise(noise_arm, base)
         for c, arm in late:
             if arm.ratios or arm.error:  # recorded with the others (status, figures)
                 c.rec.not_measured_reason = None
@@ -767,7 +789,7 @@ class Advisor:
         together, and the budget is better spent deciding that one. False when the
         deadline cut a round short."""
         def plan() -> list[ArmResult]:
-            self._set_noise(noise_arm)  # the rounds so far
+            self._set_noise(noise_arm, base)  # the rounds so far
             open_arms = [a for a in arms if a.ok and len(a.ratios) < MAX_ROUNDS
                          and ((promising(a.ratios) and (len(a.ratios) < DECIDE_ROUNDS
                                                         or not self.noise.beaten_by(a.ratios)))
@@ -783,7 +805,7 @@ class Advisor:
         try:
             return measurer.more_rounds(base, plan, "measuring")
         finally:
-            self._set_noise(noise_arm)
+            self._set_noise(noise_arm, base)
 
     def _record(self, rec: Recommendation, arm: ArmResult, base: ArmResult, same: ArmResult) -> None:
         seconds = [r.seconds for r in arm.runs if r.seconds is not None]

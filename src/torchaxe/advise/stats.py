@@ -119,6 +119,43 @@ class Noise:
         return max(ratios) - min(ratios) > max(2 * self.spread, 2 * SPLIT_GAP)
 
 
+#: The A/A arm (the original under another seed, the same other seed every round) this
+#: far from the original, on the same side in every round, ...
+SEED_DEPENDENT_SHIFT = 0.30
+#: ... while its rounds agree with each other, and the original's own runs (its seed)
+#: with each other, this many times more closely: the work of a step depends on the
+#: random draws (an episode's length in reinforcement learning, a sampled sequence
+#: length), not on the machine, whose noise scatters the A/A rounds both ways.
+SEED_DEPENDENT_FACTOR = 3.0
+
+
+def own_runs_noise(run_medians: Sequence[float]) -> Noise | None:
+    """The run-to-run noise of the original's own runs (each run's median step), as a
+    :class:`Noise` whose control ratios are each run over their median; None with
+    fewer than two runs."""
+    runs = [m for m in run_medians if m and m > 0]
+    if len(runs) < 2:
+        return None
+    middle = statistics.median(runs)
+    ratios = [m / middle for m in runs]
+    return Noise(max(abs(1.0 - r) for r in ratios), ratios)
+
+
+def seed_dependent(aa: Sequence[float], own: Noise | None) -> bool:
+    """Whether the A/A arm's per-round ratios ``aa`` strayed because its other seed
+    changed the work of a step (see ``SEED_DEPENDENT_SHIFT``): they sit on one side
+    of 1, far from it, and agree with each other as the original's own runs (``own``)
+    do. Two rounds at least."""
+    if own is None or len(aa) < 2:
+        return False
+    middle = statistics.median(aa)
+    shift = abs(middle - 1.0)
+    if shift < SEED_DEPENDENT_SHIFT or not (all(r > 1.0 for r in aa) or all(r < 1.0 for r in aa)):
+        return False
+    scatter = max(abs(r / middle - 1.0) for r in aa)
+    return shift >= SEED_DEPENDENT_FACTOR * max(scatter, own.spread, MIN_GAIN)
+
+
 def paired_ratios(arm: ArmResult, against: Sequence[float]) -> list[float]:
     """An arm's per-round ratios over another's in the same rounds."""
     return [a / b for a, b in zip(arm.ratios, against)]
