@@ -220,12 +220,14 @@ def test_the_run_records_which_functions_a_step_ran_and_where_loaders_were_built
 
     kept, idle = run_by_the_job([finding("AX101", used), finding("AX102", unused), finding("AX401", built),
                                  finding("AX401", not_built), finding("AX501", unused), finding("AX404", decoded),
-                                 finding("AX404", never_read)], context)
+                                 finding("AX404", never_read), finding("AX205", unused)], context)
     # A decode in the class of a dataset a loader was built on (through a Subset)
     # counts, wherever its __getitem__ ran; one in a class no loader used does not.
+    # A weight average (AX205) in code no step ran (timm's EMA, switched off) is idle.
     assert [(f.code, f.line) for f in kept] == [("AX101", used), ("AX401", built), ("AX501", unused),
                                                 ("AX404", decoded)]
-    assert [(f.code, f.line) for f in idle] == [("AX102", unused), ("AX401", not_built), ("AX404", never_read)]
+    assert [(f.code, f.line) for f in idle] == [("AX102", unused), ("AX401", not_built), ("AX404", never_read),
+                                                ("AX205", unused)]
     # An optimizer call in a package that built no optimizer in the run (a framework's
     # demo module the job imported) is left out; the one the run built is kept.
     sgd, adam = _line_of(LOOP, "torch.optim.SGD"), _line_of(LOOP, "torch.optim.Adam")

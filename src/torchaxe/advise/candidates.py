@@ -124,8 +124,10 @@ def _runtime_evidence(group: Sequence[Finding], profile: dict[str, Any],
 
 #: Rules whose finding is a DataLoader call: kept when the run built a loader there.
 _LOADER_CALL_RULES = ("AX401", "AX402", "AX403")
-#: Rules whose code runs in the training step: kept when a counted step executed it.
-_STEP_RULE_PREFIXES = ("AX1", "AX3")
+#: Rules whose code runs in the training step: kept when a counted step executed it
+#: (a moving average of the weights, a hand-written update, a per-step collective,
+#: a loss: a framework's EMA class the job never switched on is not its code).
+_STEP_RULE_PREFIXES = ("AX1", "AX3", "AX202", "AX203", "AX205", "AX601", "AX603", "AX703")
 #: Rules whose findings are in a dataset's code.
 _DATASET_RULES = ("AX404",)
 #: Rules whose finding is an optimizer call: kept (and measured) only where the run
