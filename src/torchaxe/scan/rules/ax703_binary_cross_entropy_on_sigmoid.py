@@ -116,6 +116,21 @@ class BinaryCrossEntropyOnSigmoid(Rule):
             "def loss_function(recon_x, x):\n    return F.binary_cross_entropy(recon_x, x, reduction='sum')\n"
             "model = VAE()\nrecon, z = model(x)\nloss = loss_function(recon, x)\n", lines=(11,)
         ),
+        # ConvE: the model keeps its criterion; the training loop in another file applies
+        # it to forward()'s output.
+        Invalid(
+            "import torch\n"
+            "class ConvE(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.fc = torch.nn.Linear(4, 8)\n        self.loss = torch.nn.BCELoss()\n"
+            "    def forward(self, x):\n        pred = self.fc(x)\n        pred = torch.sigmoid(pred)\n"
+            "        return pred\n", lines=(6,), message="is an nn.BCELoss of ConvE, whose forward() ends in a sig",
+        ),
+        # ... not when the file calls it (that call is judged by its input).
+        Valid("import torch\n"
+              "class M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+              "        self.loss = torch.nn.BCELoss()\n"
+              "    def forward(self, x, y):\n        return torch.sigmoid(x)\n"
+              "    def step(self, p, y):\n        return self.loss(p.clamp(0, 1), y)\n"),
         Valid("import torch\nimport torch.nn.functional as F\nloss = F.binary_cross_entropy_with_logits(z, y)\n"),
         # Probabilities that are not a sigmoid's, or of unknown origin.
         Valid("import torch\nimport torch.nn.functional as F\n"
@@ -135,6 +150,9 @@ class BinaryCrossEntropyOnSigmoid(Rule):
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
+        if ctx.call_name(node) == _BCE_LOSS:
+            yield from self._held_by_model(node, ctx)
+            return
         functional = (ctx.call_name(node) or "") in _BCE_FUNCTIONS
         if not functional and not _is_bce_criterion(node.func, ctx):
             return
@@ -163,6 +181,38 @@ class BinaryCrossEntropyOnSigmoid(Rule):
         else:
             yield ctx.finding(self, node, message + ". Shown, not rewritten: the logits must be passed instead",
                               fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
+
+
+    def _held_by_model(self, node: ast.Call, ctx: FileContext) -> Iterable[Finding]:
+        """``self.loss = nn.BCELoss()`` in the ``__init__`` of a model whose
+        ``forward`` ends in a sigmoid, the criterion called nowhere in the file: the
+        training code elsewhere applies it to the model's output (ConvE's and
+        TuckER's ``model.loss(model.forward(e1, rel), targets)``)."""
+        assign = ctx.parents[-1] if ctx.parents else None
+        if not isinstance(assign, ast.Assign) or len(assign.targets) != 1 or assign.value is not node:
+            return
+        target = assign.targets[0]
+        if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"):
+            return
+        init = enclosing(ctx.parents, (ast.FunctionDef, ast.AsyncFunctionDef))
+        owner = enclosing(ctx.parents, (ast.ClassDef,))
+        if not isinstance(init, ast.FunctionDef) or init.name != "__init__" or not isinstance(owner, ast.ClassDef) \
+                or method(owner, "__init__") is not init:
+            return
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == target.attr
+               for n in ctx.nodes(ast.Call)):
+            return  # called in the file: that call is judged by what it is given
+        how = _method_returns_sigmoid(owner, "forward", ctx, 0, None)
+        if how is None:
+            return
+        yield ctx.finding(
+            self, node,
+            f"`self.{target.attr}` is an nn.BCELoss of {owner.name}, whose forward() ends in a sigmoid: the "
+            "training code applies it to the sigmoid's output, so the sigmoid and the loss are separate kernels "
+            "forward and backward and the log of a saturated probability is clamped at -100 (its gradient lost); "
+            "return the logits from forward(), keep nn.BCEWithLogitsLoss() here, and apply the sigmoid where a "
+            "probability is read (prediction, metrics). Shown, not rewritten",
+            fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
 
 
 def _is_bce_criterion(func: ast.AST, ctx: FileContext) -> bool:
