@@ -132,6 +132,14 @@ def load_manifest(path: Path) -> list[Case]:
     return cases
 
 
+def context_files(path: Path) -> list[tuple[str, str, str]]:
+    """``(repo, commit, path)`` of the manifest's entries with no cases: other files of
+    a labelled repository (the model a training script imports, a helper it calls),
+    scanned with the labelled ones as a scan of the project would, and never counted."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    return [(str(e["repo"]), str(e["commit"]), str(e["path"])) for e in data.get("file", []) if not e.get("cases")]
+
+
 def source_folders(cases: list[Case]) -> dict[tuple[str, str], str]:
     """The folder name of each (repo, commit): ``owner+repo`` for the commit most of
     the repository's files come from, ``owner+repo@COMMIT12`` for any other."""
@@ -148,15 +156,24 @@ def source_folders(cases: list[Case]) -> dict[tuple[str, str], str]:
     return folders
 
 
-def fetch_commands(cases: list[Case], sources: Path) -> str:
-    """Shell commands that clone each repository once and write every listed file at
-    its commit into the ``--sources`` layout."""
+def _context_folders(cases: list[Case], context: list[tuple[str, str, str]]) -> dict[tuple[str, str], str]:
     folders = source_folders(cases)
+    for repo, commit, path in context:
+        if (repo, commit) not in folders:
+            raise BenchmarkError(f"context file {repo}/{path}: no labelled case of {repo} at {commit[:12]}")
+    return folders
+
+
+def fetch_commands(cases: list[Case], sources: Path, context: list[tuple[str, str, str]] = ()) -> str:
+    """Shell commands that clone each repository once and write every listed file at
+    its commit (the context files too) into the ``--sources`` layout."""
+    folders = _context_folders(cases, list(context))
     lines = ["set -e", f"mkdir -p {shlex.quote(str(sources))}", "clones=$(mktemp -d)"]
+    listed = {(c.repo, c.commit, c.path) for c in cases} | set(context)
     for repo in sorted({c.repo for c in cases}):
         clone = "$clones/" + repo.replace("/", "+", 1)
         lines.append(f"git clone --quiet --filter=blob:none https://github.com/{repo}.git \"{clone}\"")
-        for (r, commit, path) in sorted({(c.repo, c.commit, c.path) for c in cases if c.repo == repo}):
+        for (r, commit, path) in sorted(item for item in listed if item[0] == repo):
             target = sources / folders[(r, commit)] / path
             lines.append(f"mkdir -p {shlex.quote(str(target.parent))}")
             lines.append(f"git -C \"{clone}\" show {commit}:{shlex.quote(path)} > {shlex.quote(str(target))}")
@@ -164,15 +181,17 @@ def fetch_commands(cases: list[Case], sources: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(cases: list[Case], sources: Path) -> dict[str, Any]:
+def run(cases: list[Case], sources: Path, context: list[tuple[str, str, str]] = ()) -> dict[str, Any]:
     from torchaxe.scan.engine import ScanOptions, scan_paths
 
     if not sources.is_dir():
         raise BenchmarkError(f"--sources {sources}: not a folder (fill it with --print-fetch)")
-    folders = source_folders(cases)
+    folders = _context_folders(cases, list(context))
     files: dict[Path, list[Case]] = {}
     for case in cases:
         files.setdefault(sources / folders[(case.repo, case.commit)] / case.path, []).append(case)
+    for repo, commit, path in context:
+        files.setdefault(sources / folders[(repo, commit)] / path, [])
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise BenchmarkError(f"--sources {sources}: {len(missing)} listed files are missing, e.g. {missing[0]}")
@@ -213,7 +232,8 @@ def run(cases: list[Case], sources: Path) -> dict[str, Any]:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_line(),
         "target": TARGET,
-        "corpus": {"files": len(files), "repositories": len({c.repo for c in cases}), "positives": len(positives),
+        "corpus": {"files": sum(1 for group in files.values() if group), "context_files": len(context),
+                   "repositories": len({c.repo for c in cases}), "positives": len(positives),
                    "lookalikes": len(lookalikes)},
         "seconds": round(seconds, 3),
         "overall": {"found": found, "recall": recall, "false_positives": false},
@@ -235,8 +255,9 @@ def render_text(data: dict[str, Any], command: str, out: TextIO) -> None:
     w(f"torchaxe real-code recall  {data['date']}\n")
     w(f"command: {command}\n")
     w(f"machine: {data['machine']}\n")
+    extra = f" (and {corpus['context_files']} unlabelled files they import)" if corpus.get("context_files") else ""
     w(f"corpus: {corpus['positives']} positives and {corpus['lookalikes']} look-alikes in {corpus['files']} files of "
-      f"{corpus['repositories']} repositories, target {data['target']}, scanned in {data['seconds']:.2f} s\n\n")
+      f"{corpus['repositories']} repositories{extra}, target {data['target']}, scanned in {data['seconds']:.2f} s\n\n")
     w(f"{'class':<21} {'rules':<11} {'positives':>9} {'found':>6} {'recall':>7}   {'look-alikes':>11} {'false +':>8}\n")
     for name, c in data["classes"].items():
         rules = c["rules"][0] if len(c["rules"]) == 1 else f"{c['rules'][0]}-{c['rules'][-1]}"
@@ -287,11 +308,12 @@ def main(argv: list[str] | None = None, stdout: TextIO | None = None, stderr: Te
     try:
         args = build_parser().parse_args(argv)
         cases = load_manifest(Path(args.manifest))
+        context = context_files(Path(args.manifest))
         if args.print_fetch:
-            out.write(fetch_commands(cases, Path(args.sources)))
+            out.write(fetch_commands(cases, Path(args.sources), context))
             return 0
         err.write(f"real_recall: scanning {len(cases)} labelled cases under {args.sources}\n")
-        data = run(cases, Path(args.sources))
+        data = run(cases, Path(args.sources), context)
     except BenchmarkError as exc:
         err.write(f"real_recall: error: {exc}\n")
         return 2

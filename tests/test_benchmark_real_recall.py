@@ -90,7 +90,7 @@ def test_scores_each_class_and_fails_on_a_miss(bench, tmp_path):
     assert (loops["positives"], loops["found"], loops["lookalikes"], loops["false_positives"]) == (2, 1, 1, 0)
     assert (optimizers["positives"], optimizers["found"]) == (1, 1)
     assert data["overall"]["recall"] == pytest.approx(2 / 3)
-    assert data["corpus"] == {"files": 2, "repositories": 1, "positives": 3, "lookalikes": 1}
+    assert data["corpus"] == {"files": 2, "context_files": 0, "repositories": 1, "positives": 3, "lookalikes": 1}
     assert data["status"] == "FAIL" and code == 1
     assert loops["misses"] == ["someone/trainer/src/train.py:17-17 (an evaluation loop, labelled wrong)"]
 
@@ -113,6 +113,41 @@ def test_print_fetch_names_every_file_at_its_commit(bench, tmp_path):
     assert out.count("git clone") == 1
     assert "show 0123456789abcdef0123456789abcdef01234567:src/train.py > /data/real/someone+trainer/src/train.py" in out
     assert "> /data/real/someone+trainer@fedcba987654/src/train.py" in out
+
+
+def test_context_files_are_fetched_and_scanned_but_not_counted(bench, tmp_path):
+    # A training script whose criterion reads the output of a model another file of
+    # the repository defines: labelled positive, found only with that file scanned.
+    manifest = tmp_path / "corpus.toml"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    manifest.write_text(f"""\
+[[file]]
+repo = "someone/gan"
+commit = "{commit}"
+path = "train.py"
+cases = [{{ lines = [7, 7], class = "bce_on_sigmoid", kind = "positive" }}]
+
+[[file]]
+repo = "someone/gan"
+commit = "{commit}"
+path = "nets.py"
+cases = []
+""")
+    folder = tmp_path / "sources" / "someone+gan"
+    folder.mkdir(parents=True)
+    (folder / "train.py").write_text("import torch\nfrom nets import D\nnet = D()\ncriterion = torch.nn.BCELoss()\n"
+                                     "for x, y in data:\n    p = net(x)\n    loss = criterion(p, y)\n")
+    (folder / "nets.py").write_text("import torch\nclass D(torch.nn.Module):\n    def forward(self, x):\n"
+                                    "        return torch.sigmoid(self.fc(x))\n")
+    code, out, _ = _run(bench, "--manifest", str(manifest), "--sources", str(tmp_path / "sources"), "--json")
+    data = json.loads(out)
+    assert data["corpus"]["files"] == 1 and data["corpus"]["context_files"] == 1
+    assert data["overall"]["found"] == 1 and code == 0
+    code, out, _ = _run(bench, "--manifest", str(manifest), "--sources", "/data/real", "--print-fetch")
+    assert f"show {commit}:nets.py > /data/real/someone+gan/nets.py" in out
+    (folder / "nets.py").unlink()
+    code, _, err = _run(bench, "--manifest", str(manifest), "--sources", str(tmp_path / "sources"))
+    assert code == 2 and "1 listed files are missing" in err
 
 
 @pytest.mark.parametrize("problem", ["no sources", "missing file", "bad manifest", "unknown class"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from torchaxe.findings import Applicability
 from torchaxe.scan.engine import ScanOptions, scan_source
@@ -204,3 +205,88 @@ a = criterion(prob(x), y)
 b = criterion(net(x), y)
 '''
     assert not scan_source(source, "m.py", _options()).findings
+
+
+_DCGAN_MODEL = '''\
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Discriminator(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return F.sigmoid(self.fc(x))
+
+
+class Generator(nn.Module):
+    def forward(self, z):
+        return self.fc(z).tanh()
+'''
+
+_DCGAN_TRAIN = '''\
+import torch
+import torch.nn as nn
+from dcgan import Discriminator, Generator
+
+netD = Discriminator().to("cuda")
+criterion = nn.BCELoss()
+for x, label in data:
+    output = netD(x).view(-1)
+    err = criterion(output, label)
+'''
+
+
+def test_a_model_of_another_file_that_ends_in_a_sigmoid_is_followed_both_ways(tmp_path):
+    from torchaxe.scan.engine import scan_paths
+
+    (tmp_path / "dcgan.py").write_text(_DCGAN_MODEL)
+    (tmp_path / "train.py").write_text(_DCGAN_TRAIN)
+    found = sorted((Path(f.path).name, f.line) for f in scan_paths([tmp_path], _options()).findings)
+    # The criterion's call in train.py, and the Discriminator's forward() in dcgan.py.
+    assert found == [("dcgan.py", 10), ("train.py", 9)]
+    # Alone, neither file says enough: the loss's input is another file's model, the
+    # model's output is read elsewhere.
+    assert scan_paths([tmp_path / "train.py"], _options()).findings == []
+    assert scan_paths([tmp_path / "dcgan.py"], _options()).findings == []
+
+
+def test_the_model_module_is_found_by_how_it_is_imported(tmp_path):
+    from torchaxe.scan.engine import scan_paths
+
+    package = tmp_path / "proj" / "models"
+    package.mkdir(parents=True)
+    (package / "gan.py").write_text(_DCGAN_MODEL)
+    relative = _DCGAN_TRAIN.replace("from dcgan import", "from .models.gan import")
+    (tmp_path / "proj" / "train_rel.py").write_text(relative)
+    dotted = _DCGAN_TRAIN.replace("from dcgan import Discriminator, Generator", "import models.gan as g") \
+                         .replace("Discriminator()", "g.Discriminator()")
+    (tmp_path / "proj" / "train_abs.py").write_text(dotted)
+    # A Generator (its forward ends in tanh) fed to the loss is no finding anywhere.
+    (tmp_path / "proj" / "train_gen.py").write_text(_DCGAN_TRAIN.replace("from dcgan import", "from models.gan import")
+                                                    .replace("Discriminator()", "Generator()"))
+    # Another project's dcgan.py of the same name, whose Discriminator returns logits,
+    # is not the one ``from dcgan import`` in this project reads.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "dcgan.py").write_text(_DCGAN_MODEL.replace("F.sigmoid(self.fc(x))", "self.fc(x)"))
+    (other / "train.py").write_text(_DCGAN_TRAIN)
+    found = sorted((str(Path(f.path).relative_to(tmp_path.resolve())) if Path(f.path).is_absolute()
+                    else f.path, f.line) for f in scan_paths([tmp_path], _options()).findings)
+    names = sorted((Path(p).name, line) for p, line in found)
+    assert names == [("gan.py", 10), ("train_abs.py", 9), ("train_rel.py", 9)]
+
+
+def test_a_model_a_package_re_exports_is_found_in_the_package(tmp_path):
+    # U-2-Net: ``from model import U2NET``, model/__init__.py re-exporting it from
+    # model/u2net.py (the __init__ says nothing of torch, and is not scanned).
+    from torchaxe.scan.engine import scan_paths
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "__init__.py").write_text("from .u2net import Discriminator\n")
+    (tmp_path / "model" / "u2net.py").write_text(_DCGAN_MODEL)
+    (tmp_path / "train.py").write_text(_DCGAN_TRAIN.replace("from dcgan import", "from model import"))
+    found = sorted((Path(f.path).name, f.line) for f in scan_paths([tmp_path], _options()).findings)
+    assert found == [("train.py", 9), ("u2net.py", 10)]

@@ -22,6 +22,25 @@ DEFINITION_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 BOUNDARY_TYPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
+@dataclass(frozen=True)
+class Need:
+    """What a finding of one file needs of another to hold (see :attr:`FileContext.needs`).
+
+    ``kind == "exports"``: the module ``module`` (imported ``level`` dots up, as the
+    file's import statement wrote it) is a scanned file whose ``exports[fact]`` holds
+    ``name`` (train.py's criterion on ``Discriminator(...)``'s output holds when
+    dcgan.py's ``Discriminator`` ends in a sigmoid). ``kind == "used"``: some scanned
+    file's ``uses[fact]`` names ``name`` of this file (dcgan.py's sigmoid holds when
+    a training script applies binary cross-entropy to its output); ``module`` and
+    ``level`` are unused."""
+
+    kind: str
+    fact: str
+    name: str
+    module: str = ""
+    level: int = 0
+
+
 @dataclass
 class FileContext:
     """One parsed file, shared by every rule that looks at it."""
@@ -43,11 +62,46 @@ class FileContext:
     #: Findings that hold only if a scanned file with a property imports this one:
     #: (property, finding). The scan keeps them when one does (engine.py).
     pending: list[tuple[str, Finding]] = field(default_factory=list)
+    #: Names this file defines that have a property (a rule's word, e.g.
+    #: ``"sigmoid-models"`` -> ``["Discriminator"]``), for other files' findings.
+    exports: dict[str, list[str]] = field(default_factory=dict)
+    #: What this file does with names of other files (a rule's word -> ``(module,
+    #: level, name)`` as :meth:`imported_from` gives them), for their findings.
+    uses: dict[str, list[tuple[str, int, str]]] = field(default_factory=dict)
+    #: Findings that hold only when other scanned files say so (see :class:`Need`;
+    #: every need of a finding must hold). The scan keeps them when they do (engine.py).
+    needs: list[tuple[tuple[Need, ...], Finding]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.lines = self.source.splitlines(keepends=True)
         self._line_starts: list[int] | None = None
         self.imports = _collect_imports(self.tree)
+        self._origins: dict[str, tuple[str, int, str | None]] | None = None
+
+    def imported_from(self, node: ast.AST) -> tuple[str, int, str] | None:
+        """``(module, level, name)`` when ``node`` names something another module
+        defines, by this file's imports: ``Discriminator`` after ``from dcgan import
+        Discriminator`` is ``("dcgan", 0, "Discriminator")``; ``commons.clip_grad_value_``
+        after ``import commons`` is ``("commons", 0, "clip_grad_value_")``; ``net.D``
+        after ``from . import net`` is ``("net", 1, "D")``. Whether that module is a
+        file of the project is the engine's to find out. None otherwise."""
+        if self._origins is None:
+            self._origins = _collect_origins(self.tree)
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        origin = self._origins.get(node.id)
+        if origin is None:
+            return None
+        module, level, name = origin
+        chain = ([name] if name is not None else []) + parts[::-1]
+        if not chain:
+            return None
+        dotted = ".".join(p for p in (module, *chain[:-1]) if p)
+        return dotted, level, chain[-1]
 
     # ---------------------------------------------------------------- nodes
     def nodes(self, *types: type) -> list[Any]:
@@ -679,6 +733,26 @@ def _collect_imports(tree: ast.Module) -> dict[str, str]:
                 if block:
                     stack.extend(block)
     return names
+
+
+def _collect_origins(tree: ast.Module) -> dict[str, tuple[str, int, str | None]]:
+    """Each name an import statement binds -> ``(module, level, name)``: the module
+    written (dots stripped, ``level`` of them), and the name taken from it (None for
+    ``import a.b [as x]``, which binds a module)."""
+    origins: dict[str, tuple[str, int, str | None]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    origins.setdefault(alias.asname, (alias.name, 0, None))
+                else:
+                    head = alias.name.split(".", 1)[0]
+                    origins.setdefault(head, (head, 0, None))
+        elif isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name != "*":
+                    origins.setdefault(alias.asname or alias.name, (node.module or "", node.level, alias.name))
+    return origins
 
 
 #: Fields of compound statements that hold statement lists (or handlers/cases).

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 from torchaxe.findings import Diagnostic, Finding, ScanResult
 from torchaxe.cpulist import usable_cpus
 from torchaxe.scan.capabilities import torch_capabilities
-from torchaxe.scan.context import CHILD_FIELDS, FileContext, child_fields
+from torchaxe.scan.context import CHILD_FIELDS, FileContext, Need, child_fields
 from torchaxe.scan.discover import discover
 from torchaxe.scan.formulas import remote
 from torchaxe.scan.rules import Rule, select_rules
@@ -63,6 +63,10 @@ class FileReport:
     #: See :attr:`FileContext.facts` and :attr:`FileContext.pending`.
     facts: dict[str, list[str]] = field(default_factory=dict)
     pending: list[tuple[str, Finding]] = field(default_factory=list)
+    #: See :attr:`FileContext.exports`, :attr:`FileContext.uses` and :attr:`FileContext.needs`.
+    exports: dict[str, list[str]] = field(default_factory=dict)
+    uses: dict[str, list[tuple[str, int, str]]] = field(default_factory=dict)
+    needs: list[tuple[tuple[Need, ...], Finding]] = field(default_factory=list)
 
 
 def display_path(path: Path) -> str:
@@ -131,8 +135,11 @@ def scan_source(
     report = FileReport(path)
     if rules is None:
         rules = [cls() for cls in select_rules(options.select, options.ignore)]
-    active = _applicable(list(rules), source, options.target)
-    if not active:
+    rules = list(rules)
+    active = _applicable(rules, source, options.target)
+    exporters = [r for r in rules if r.export_text and options.target in r.targets
+                 and any(word in source for word in r.export_text)]
+    if not active and not exporters:
         # Nothing any selected rule looks for: not worth parsing (counted as skipped).
         report.skipped = True
         return report
@@ -152,12 +159,17 @@ def scan_source(
             _walk(tree, ctx, dispatcher.by_type, findings, report)
         for rule in active:
             _run(rule, lambda r=rule: r.check_module(ctx), findings, report, path)
+        for rule in exporters:
+            _run(rule, lambda r=rule: r.export(ctx), findings, report, path)
     except RecursionError:
         report.diagnostics.append(Diagnostic("AX907", "file nested too deeply to analyse", path))
     report.findings = _drop_noqa(findings, ctx.lines)
     report.facts = ctx.facts
     kept = set(map(id, _drop_noqa([f for _, f in ctx.pending], ctx.lines)))
     report.pending = [(fact, f) for fact, f in ctx.pending if id(f) in kept]
+    report.exports, report.uses = ctx.exports, ctx.uses
+    kept = set(map(id, _drop_noqa([f for _, f in ctx.needs], ctx.lines)))
+    report.needs = [(needs, f) for needs, f in ctx.needs if id(f) in kept]
     return report
 
 
@@ -351,6 +363,75 @@ def _held(report: FileReport, reports: list[FileReport]) -> list[Finding]:
     return held
 
 
+class _Modules:
+    """The scanned files, found by the module names other files import them by."""
+
+    def __init__(self, reports: list[FileReport]) -> None:
+        self.paths: dict[Path, FileReport] = {}
+        self.by_stem: dict[str, list[Path]] = {}
+        for rep in reports:
+            if rep.skipped:
+                continue
+            path = Path(rep.path).resolve()
+            self.paths[path] = rep
+            self.by_stem.setdefault(_module_stem(path), []).append(path)
+
+    def resolve(self, importer: Path, module: str, level: int) -> list[Path]:
+        """The scanned files ``module`` names when ``importer`` imports it (``level``
+        dots up for a relative import): its own file; or, for a package whose
+        ``__init__.py`` was not scanned (nothing of torch in it: it re-exports), the
+        files of the package's folder. For an absolute name, the match nearest the
+        importer (a project's ``model.py`` beside its ``train.py``, not another's)."""
+        parts = [p for p in module.split(".") if p]
+        if level:
+            base = importer.parent
+            for _ in range(level - 1):
+                base = base.parent
+            folder = base.joinpath(*parts)
+            if parts and folder.with_suffix(".py") in self.paths:
+                return [folder.with_suffix(".py")]
+            return [p for p in self.paths if p.parent == folder and p != importer]
+        if not parts:
+            return []
+        tail = tuple(parts)
+        files = [p for p in self.by_stem.get(parts[-1], ())
+                 if (p.parent.parts if p.name == "__init__.py" else p.with_suffix("").parts)[-len(tail):] == tail
+                 and p != importer]
+        if files:
+            return [max(files, key=lambda p: self._nearness(p, importer))]
+        folders = {p.parent for p in self.paths if p.parent.parts[-len(tail):] == tail}
+        if not folders:
+            return []
+        folder = max(folders, key=lambda f: self._nearness(f / "__init__.py", importer))
+        return [p for p in self.paths if p.parent == folder and p != importer]
+
+    @staticmethod
+    def _nearness(path: Path, importer: Path) -> tuple[int, int]:
+        return len(os.path.commonpath([path, importer]).split(os.sep)), -len(path.parts)
+
+    def holds(self, report: FileReport, need: Need) -> bool:
+        here = Path(report.path).resolve()
+        if need.kind == "exports":
+            return any(need.name in self.paths[there].exports.get(need.fact, ())
+                       for there in self.resolve(here, need.module, need.level))
+        for path, other in self.paths.items():
+            for module, level, name in other.uses.get(need.fact, ()):
+                if name == need.name and path != here and here in self.resolve(path, module, level):
+                    return True
+        return False
+
+
+def _needed(reports: list[FileReport]) -> None:
+    """Add to each report the findings whose needs of other files hold."""
+    if not any(rep.needs for rep in reports):
+        return
+    modules = _Modules(reports)
+    for rep in reports:
+        for needs, finding in rep.needs:
+            if all(modules.holds(rep, need) for need in needs):
+                rep.findings.append(finding)
+
+
 def scan_paths(
     paths: list[str | Path],
     options: ScanOptions,
@@ -405,6 +486,7 @@ def scan_paths(
         finally:
             if evaluator is not None:
                 evaluator.close()
+    _needed(reports)
     for rep in reports:
         rep.findings.extend(_held(rep, reports))
         if rep.skipped:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import FileContext, walk_scope
+from torchaxe.scan.context import FileContext, Need, walk_scope
 from torchaxe.scan.rules._bindings import (
     MODULE_METHODS, VALUE_KEEPING_METHODS, method, parameter_arguments, reaching, self_bindings, unmoved,
 )
@@ -29,6 +30,22 @@ _DATA_PARALLEL = frozenset({"torch.nn.parallel.data_parallel", "torch.nn.paralle
 #: What :func:`_model_class` calls a module that is not a class of the file.
 _SIGMOID_SEQUENTIAL = "sigmoid-sequential"
 _SIGMOID_LAYER = "sigmoid-layer"
+#: What a file tells others (``FileContext.exports``): its models whose forward() ends
+#: in a sigmoid (``D``, or ``D[0]`` for the first element of the tuple it returns).
+SIGMOID_MODELS = "sigmoid-models"
+#: What a file does with other files' models (``FileContext.uses``): binary
+#: cross-entropy on their output.
+BCE_ON_OUTPUT = "bce-on-output"
+#: Where the needs of other files found while reading one loss call are gathered.
+_NEEDS = "ax703.needs"
+
+
+@dataclass(frozen=True)
+class _Imported:
+    """A model built from a class another module defines (one of ``refs``, each
+    ``(module, level, name)`` as ``FileContext.imported_from`` gives it)."""
+
+    refs: tuple[tuple[str, int, str], ...]
 
 
 class BinaryCrossEntropyOnSigmoid(Rule):
@@ -74,7 +91,7 @@ class BinaryCrossEntropyOnSigmoid(Rule):
     fix_title = "use binary_cross_entropy_with_logits on the logits"
     fix_safety = Applicability.UNSAFE
     requires_text = ("binary_cross_entropy", "BCELoss")
-    also_requires_text = ("sigmoid", "Sigmoid", "expit")
+    export_text = ("sigmoid", "Sigmoid", "expit")
     node_types = (ast.Call,)
     references = (
         "https://pytorch.org/docs/stable/generated/torch.nn.BCEWithLogitsLoss.html",
@@ -161,7 +178,9 @@ class BinaryCrossEntropyOnSigmoid(Rule):
             return
         scope = function_of(ctx.parents, ctx.tree)
         owner = enclosing(ctx.parents, (ast.ClassDef,))
+        ctx.cache[_NEEDS] = []
         how = _sigmoid_source(probs, scope, ctx, 0, owner=owner if isinstance(owner, ast.ClassDef) else None)
+        needs: list[tuple[str, int, str]] = ctx.cache.pop(_NEEDS)
         if how is None:
             return
         if ctx.target == "cuda":
@@ -176,12 +195,44 @@ class BinaryCrossEntropyOnSigmoid(Rule):
                    "binary_cross_entropy_with_logits on the logits computes both in one, stably, "
                    f"{cost}")
         edits = _rewrite(node, probs, ctx) if functional else None
-        if edits is not None:
+        if needs:
+            # The model's class is another file's: the finding holds when that file,
+            # scanned too, says its forward() ends in a sigmoid; this file's use of it
+            # is told to that file's finding.
+            finding = ctx.finding(self, node, message + ". Shown, not rewritten: the model must return logits",
+                                  fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
+            ctx.needs.append((tuple(Need("exports", SIGMOID_MODELS, name, module, level)
+                                    for module, level, name in needs), finding))
+            ctx.uses.setdefault(BCE_ON_OUTPUT, []).extend((m, lv, n.split("[")[0]) for m, lv, n in needs)
+        elif edits is not None:
             yield ctx.finding(self, node, message, fix=ctx.fix(self, edits))
         else:
             yield ctx.finding(self, node, message + ". Shown, not rewritten: the logits must be passed instead",
                               fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
 
+
+    def export(self, ctx: FileContext) -> Iterable[Finding]:
+        """The file's models whose forward() ends in a sigmoid, for the training code
+        of other files; each is reported when another file's binary cross-entropy
+        is computed on its output."""
+        for cls in ctx.nodes(ast.ClassDef):
+            forward = method(cls, "forward")
+            if forward is None:
+                continue
+            names = _sigmoid_outputs(cls, ctx)
+            if not names:
+                continue
+            ctx.exports.setdefault(SIGMOID_MODELS, []).extend(names)
+            finding = ctx.finding(
+                self, forward,
+                f"{cls.name}.forward() ends in a sigmoid, and the training code of another file computes binary "
+                "cross-entropy on its output: the sigmoid and the loss are separate kernels forward and backward "
+                "and the log of a saturated probability is clamped at -100 (its gradient lost); return the logits "
+                "and use binary_cross_entropy_with_logits there (the sigmoid applied where a probability is read). "
+                "Shown, not rewritten",
+                fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
+            ctx.needs.append((tuple(Need("used", BCE_ON_OUTPUT, name) for name in names[:1]), finding))
+        return ()
 
     def _held_by_model(self, node: ast.Call, ctx: FileContext) -> Iterable[Finding]:
         """``self.loss = nn.BCELoss()`` in the ``__init__`` of a model whose
@@ -347,6 +398,8 @@ def _call_source(call: ast.Call, scope: ast.AST | None, ctx: FileContext, depth:
         cls = _model_class(func.value, scope, ctx, owner, depth)
         if isinstance(cls, ast.ClassDef) and method(cls, func.attr) is not None:
             return _method_returns_sigmoid(cls, func.attr, ctx, depth, index)
+        if isinstance(cls, _Imported) and func.attr == "forward":
+            func = func.value  # ``model.forward(x)``: the model's call
     elif isinstance(func, ast.Name) and _module_function(func.id, ctx) is not None:
         function = _module_function(func.id, ctx)
         returns = [n.value for n in walk_scope(function) if isinstance(n, ast.Return)]
@@ -356,6 +409,14 @@ def _call_source(call: ast.Call, scope: ast.AST | None, ctx: FileContext, depth:
     kind = _model_class(func, scope, ctx, owner, depth)
     if isinstance(kind, ast.ClassDef):
         return _method_returns_sigmoid(kind, "forward", ctx, depth, index)
+    if isinstance(kind, _Imported):
+        needs = ctx.cache.get(_NEEDS)
+        if needs is None:
+            return None
+        suffix = f"[{index}]" if index is not None else ""
+        needs.extend((module, level, name + suffix) for module, level, name in kind.refs)
+        names = " or ".join(name for _, _, name in kind.refs)
+        return f"the output of {names} (another file's model), whose forward() ends in a sigmoid"
     if kind == _SIGMOID_SEQUENTIAL and index is None:
         return "the output of an nn.Sequential that ends in nn.Sigmoid()"
     if kind == _SIGMOID_LAYER and index is None:
@@ -364,7 +425,7 @@ def _call_source(call: ast.Call, scope: ast.AST | None, ctx: FileContext, depth:
 
 
 def _model_class(node: ast.AST, scope: ast.AST | None, ctx: FileContext, owner: ast.ClassDef | None,
-                 depth: int) -> ast.ClassDef | str | None:
+                 depth: int) -> ast.ClassDef | str | _Imported | None:
     """The class of the file ``node`` is an instance of (a name or ``self.x`` every
     assignment binds to it, through ``.to(device)``, DataParallel and the file's
     functions and methods that build it), the string :data:`_SIGMOID_SEQUENTIAL` for
@@ -388,15 +449,20 @@ def _model_class(node: ast.AST, scope: ast.AST | None, ctx: FileContext, owner: 
     if not values:
         return None
     found = set()
-    result: ast.ClassDef | str | None = None
+    result: ast.ClassDef | str | _Imported | None = None
+    imported: list[tuple[str, int, str]] = []
     for value in values:
         if _wraps_itself(value, node, ctx):
             continue  # ``D = D.to(device)``, ``model = nn.DataParallel(model)``: the others say what it is
         kind = _model_class(value, scope, ctx, owner, depth + 1)
         if kind is None:
             return None
-        found.add(id(kind) if isinstance(kind, ast.ClassDef) else kind)
+        if isinstance(kind, _Imported):
+            imported.extend(r for r in kind.refs if r not in imported)
+        found.add(id(kind) if isinstance(kind, ast.ClassDef) else "imported" if isinstance(kind, _Imported) else kind)
         result = kind
+    if found == {"imported"}:
+        return _Imported(tuple(imported))  # ``net = U2NET(...)`` or ``U2NETP(...)``: both must end in one
     return result if len(found) == 1 else None
 
 
@@ -423,6 +489,10 @@ def _built_class(node: ast.Call, scope: ast.AST | None, ctx: FileContext, owner:
     elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) and \
             node.func.value.id == "self" and owner is not None:
         function = method(owner, node.func.attr)
+    if function is None and not name.startswith("torch"):
+        origin = ctx.imported_from(node.func)
+        if origin is not None and origin[2][:1].isupper():  # a class, by the naming convention
+            return _Imported((origin,))
     if function is None:
         return None
     returns = [n.value for n in walk_scope(function) if isinstance(n, ast.Return)]
@@ -507,6 +577,20 @@ def _constructor_argument(cls: ast.ClassDef, param: str, ctx: FileContext, depth
     if not arguments or any(_model_class(arg, None, ctx, None, depth + 1) != _SIGMOID_LAYER for arg, _ in arguments):
         return None
     return _SIGMOID_LAYER
+
+
+def _sigmoid_outputs(cls: ast.ClassDef, ctx: FileContext) -> list[str]:
+    """``[cls.name]`` when every return of its forward() is a sigmoid's output, else
+    ``cls.name[i]`` for each element ``i`` of the tuples it returns that is (U-2-Net's
+    seven side outputs)."""
+    if _method_returns_sigmoid(cls, "forward", ctx, 0, None):
+        return [cls.name]
+    forward = method(cls, "forward")
+    returns = [n.value for n in walk_scope(forward) if isinstance(n, ast.Return)] if forward is not None else []
+    sizes = {len(r.elts) for r in returns if isinstance(r, ast.Tuple)}
+    if len(sizes) != 1 or not all(isinstance(r, ast.Tuple) for r in returns if r is not None):
+        return []
+    return [f"{cls.name}[{i}]" for i in range(sizes.pop()) if _method_returns_sigmoid(cls, "forward", ctx, 0, i)]
 
 
 def _method_returns_sigmoid(cls: ast.ClassDef, name: str, ctx: FileContext, depth: int,

@@ -78,6 +78,10 @@ class Rule:
     #: A file whose text contains one of these is visited whatever the tests above
     #: say (AX601 records what a DDP-building file imports even when it has no loop).
     sufficient_text: ClassVar[tuple[str, ...]] = ()
+    #: A file whose text contains one of these is parsed for :meth:`export` even when
+    #: no rule looks for findings in it (a model file that defines what another
+    #: file's finding needs).
+    export_text: ClassVar[tuple[str, ...]] = ()
     #: The rule reads formula matches (so a parallel scan starts an evaluator for it).
     uses_formulas: ClassVar[bool] = False
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
@@ -89,6 +93,12 @@ class Rule:
 
     def check_module(self, ctx: FileContext) -> Iterable[Finding]:
         """Whole-file checks (formula recognition works on function bodies)."""
+        return ()
+
+    def export(self, ctx: FileContext) -> Iterable[Finding]:
+        """For files holding one of ``export_text``: record in ``ctx.exports`` what
+        other files' findings may need of this one (and in ``ctx.needs`` findings of
+        this file that need others); findings returned are kept as any."""
         return ()
 
     # ------------------------------------------------------------ metadata
