@@ -290,3 +290,18 @@ def test_a_model_a_package_re_exports_is_found_in_the_package(tmp_path):
     (tmp_path / "train.py").write_text(_DCGAN_TRAIN.replace("from dcgan import", "from model import"))
     found = sorted((Path(f.path).name, f.line) for f in scan_paths([tmp_path], _options()).findings)
     assert found == [("train.py", 9), ("u2net.py", 10)]
+
+
+def test_the_nearest_module_of_the_name_is_the_one_imported(tmp_path):
+    # Two projects side by side: ``from model import D`` in b/ reads b/model/ (a
+    # package re-exporting D from b/model/nets.py), not a/model.py.
+    from torchaxe.scan.engine import scan_paths
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "a" / "model.py").write_text(_DCGAN_MODEL.replace("F.sigmoid(self.fc(x))", "self.fc(x)"))
+    (tmp_path / "b" / "model").mkdir()
+    (tmp_path / "b" / "model" / "nets.py").write_text(_DCGAN_MODEL)
+    (tmp_path / "b" / "train.py").write_text(_DCGAN_TRAIN.replace("from dcgan import", "from model import"))
+    found = sorted((Path(f.path).name, f.line) for f in scan_paths([tmp_path], _options()).findings)
+    assert found == [("nets.py", 10), ("train.py", 9)]

@@ -397,13 +397,11 @@ class _Modules:
         files = [p for p in self.by_stem.get(parts[-1], ())
                  if (p.parent.parts if p.name == "__init__.py" else p.with_suffix("").parts)[-len(tail):] == tail
                  and p != importer]
-        if files:
-            return [max(files, key=lambda p: self._nearness(p, importer))]
         folders = {p.parent for p in self.paths if p.parent.parts[-len(tail):] == tail}
-        if not folders:
-            return []
-        folder = max(folders, key=lambda f: self._nearness(f / "__init__.py", importer))
-        return [p for p in self.paths if p.parent == folder and p != importer]
+        options = [(self._nearness(p, importer), [p]) for p in files]
+        options += [(self._nearness(f / "__init__.py", importer), [p for p in self.paths if p.parent == f and p != importer])
+                    for f in folders]
+        return max(options, key=lambda o: o[0])[1] if options else []
 
     @staticmethod
     def _nearness(path: Path, importer: Path) -> tuple[int, int]:

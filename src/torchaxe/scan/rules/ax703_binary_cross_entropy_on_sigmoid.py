@@ -231,7 +231,7 @@ class BinaryCrossEntropyOnSigmoid(Rule):
                 "and use binary_cross_entropy_with_logits there (the sigmoid applied where a probability is read). "
                 "Shown, not rewritten",
                 fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
-            ctx.needs.append((tuple(Need("used", BCE_ON_OUTPUT, name) for name in names[:1]), finding))
+            ctx.needs.append(((Need("used", BCE_ON_OUTPUT, cls.name),), finding))
         return ()
 
     def _held_by_model(self, node: ast.Call, ctx: FileContext) -> Iterable[Finding]:
