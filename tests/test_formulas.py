@@ -1534,6 +1534,26 @@ ACT = {"swish": swish}
     assert [(m.category, m.scope_name) for m in matches(source, "cpu")] == [("silu", "swish")]
 
 
+def test_a_module_bound_only_where_torch_lacks_the_operator_is_not_reported():
+    # Reformer: ``GELU = nn.GELU if hasattr(nn, 'GELU') else GELU_``; the same class
+    # used anywhere else is reported.
+    source = """
+import math
+import torch
+from torch import nn
+
+
+class GELU_(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+
+
+GELU = nn.GELU if hasattr(nn, 'GELU') else GELU_
+"""
+    assert matches(source, "cpu") == []
+    assert [m.category for m in matches(source + "ACT = GELU_\n", "cpu")] == ["gelu_tanh"]
+
+
 def test_attention_with_the_heads_last_in_its_weights(scan):
     # Transformer-XL writes its operands as one tuple, keeps the sequence first and
     # normalises over dim 1; labml's NeoX keeps the batch first and normalises over

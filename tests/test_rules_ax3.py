@@ -229,6 +229,27 @@ def test_syncs_in_rare_branches_are_not_reported(scan):
     assert codes(scan(source, target="cuda", select=("AX3",))) == []
 
 
+def test_a_flag_set_before_an_accumulation_loop_guards_a_rare_branch(scan):
+    # StyleGAN2: the path-length penalty runs every 32 steps, its flag set before the
+    # loop over accumulated micro-batches; the same read under a flag the loop
+    # reassigns every iteration is not rare.
+    source = (
+        "import numpy as np\nimport torch\n"
+        "def train(self, loader, opt):\n"
+        "    apply_path_penalty = self.steps > 5000 and self.steps % 32 == 0\n"
+        "    for i in range(self.accumulate):\n"
+        "        loss = self.G(next(loader)).mean()\n"
+        "        if apply_path_penalty:\n"
+        "            pl = self.pl(loss)\n"
+        "            avg = np.mean(pl.detach().cpu().numpy())\n"
+        "        loss.backward()\n"
+        "    opt.step()\n"
+    )
+    assert codes(scan(source, target="cuda", select=("AX3",))) == []
+    every = source.replace("        if apply_path_penalty:", "        apply_path_penalty = i >= 0\n        if apply_path_penalty:")
+    assert codes(scan(every, target="cuda", select=("AX3",))) == ["AX301"]
+
+
 def test_a_modulus_the_file_sets_to_a_small_constant_is_no_rare_branch(scan):
     # llama2.c: `log_interval = 1` at the top, `if iter_num % log_interval == 0:` reads
     # the loss every step.

@@ -59,6 +59,7 @@ _CACHE_KEY = "formulas.matches"
 #: Written as attribute calls (``F.gelu(``), so that a helper named ``gelu`` is not one.
 FUSED_CALLS = {
     "attention": (".scaled_dot_product_attention(", ".npu_fusion_attention(", "flash_attn_func(",
+                  "flash_attn_varlen_func(", "flash_attn_qkvpacked_func(", "flash_attn_forward(",
                   ".memory_efficient_attention("),
     "gelu_tanh": (".gelu(",), "gelu_erf": (".gelu(",), "quick_gelu": (".fast_gelu(",),
     "silu": (".silu(",), "mish": (".mish(",), "swiglu": (".npu_swiglu(",), "rms_norm": (".rms_norm(", ".npu_rms_norm("),
@@ -463,24 +464,42 @@ def _has_fused_call(ctx: FileContext, scope: ast.AST, category: str, seen: dict[
 
 
 def _old_torch_only(ctx: FileContext, scope: ast.AST) -> bool:
-    """Whether ``scope`` is a function of the module used only where torch is older
-    than a version (``if torch.__version__ < "1.4.0": gelu = _gelu_python``, or the
-    ``else`` of a ``>=``): a fallback that current torch never runs."""
-    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or scope not in ctx.tree.body:
+    """Whether ``scope`` is a function of the module (or a method of a class of the
+    module) used only where torch is older than a version or lacks the library
+    operator: ``if torch.__version__ < "1.4.0": gelu = _gelu_python`` (or the ``else``
+    of a ``>=``), ``GELU = nn.GELU if hasattr(nn, "GELU") else GELU_``: a fallback
+    that current torch never runs."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
-    uses = [n for n in ctx.nodes(ast.Name) if n.id == scope.name and isinstance(n.ctx, ast.Load)]
+    defined = scope
+    if scope not in ctx.tree.body:
+        defined = next((c for c in ctx.tree.body if isinstance(c, ast.ClassDef) and scope in c.body), None)
+        if defined is None:
+            return False
+    uses = [n for n in ctx.nodes(ast.Name) if n.id == defined.name and isinstance(n.ctx, ast.Load)]
     if not uses:
         return False
     old: list[tuple[int, int]] = []
-    for branch in ctx.tree.body:
-        test = branch.test if isinstance(branch, ast.If) else None
-        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and "__version__" in ctx.text(test.left)):
+    for node in ctx.nodes(ast.If, ast.IfExp):
+        test = node.test
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and "__version__" in ctx.text(test.left) \
+                and isinstance(node, ast.If) and node in ctx.tree.body:
+            body = node.body if isinstance(test.ops[0], (ast.Lt, ast.LtE)) else \
+                node.orelse if isinstance(test.ops[0], (ast.Gt, ast.GtE)) else []
+        elif _has_torch_attribute(ctx, test):
+            body = node.orelse if isinstance(node.orelse, list) else [node.orelse]
+        else:
             continue
-        body = branch.body if isinstance(test.ops[0], (ast.Lt, ast.LtE)) else \
-            branch.orelse if isinstance(test.ops[0], (ast.Gt, ast.GtE)) else []
         if body:
             old.append((body[0].lineno, body[-1].end_lineno or body[-1].lineno))
     return all(any(first <= n.lineno <= last for first, last in old) for n in uses)
+
+
+def _has_torch_attribute(ctx: FileContext, test: ast.AST) -> bool:
+    """``hasattr(nn, "GELU")``, ``hasattr(torch.nn.functional, "silu")``: a test of
+    whether the installed torch has the operator."""
+    return isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "hasattr" \
+        and len(test.args) == 2 and (ctx.qualified_name(test.args[0]) or "").startswith("torch")
 
 
 def _other_layout(match: Match) -> bool:

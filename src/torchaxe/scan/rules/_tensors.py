@@ -48,7 +48,7 @@ def rarely_run(ctx: FileContext, loop: ast.AST, *nodes: ast.AST) -> bool:
         if isinstance(parent, ast.Assert) and child is parent.msg:
             return True
         if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
-            side = modulo_guard(parent.test, lambda name: assigned_in(loop, name),
+            side = modulo_guard(parent.test, lambda name: _flag_values(path[:start + 1], name),
                                 module=lambda name: assigned_in(ctx.tree, name))
             body = parent.body if isinstance(parent.body, list) else [parent.body]
             in_body = any(child is s for s in body)
@@ -61,6 +61,20 @@ def rarely_run(ctx: FileContext, loop: ast.AST, *nodes: ast.AST) -> bool:
                     continue
                 return True
     return False
+
+
+def _flag_values(outer: list[ast.AST], name: str) -> list[ast.expr]:
+    """The values ``name`` may hold in the loop ``outer[-1]``: its assignments in the
+    loop, or, when the loop never binds it, in the function around the loop (StyleGAN2
+    sets ``apply_path_penalty = ... and self.steps % 32 == 0`` before its accumulation
+    loop)."""
+    loop = outer[-1]
+    values = assigned_in(loop, name)
+    if values or any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+                     for n in ast.walk(loop)):
+        return values
+    function = next((n for n in reversed(outer[:-1]) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    return assigned_in(function, name) if function is not None else []
 
 
 def _runs_the_step(ctx: FileContext, loop: ast.AST, guard: ast.AST, branch) -> bool:

@@ -272,6 +272,10 @@ class HandWrittenAttention(FormulaRule):
         Valid("import torch.nn.functional as F\ndef attention(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)\n"),
         Valid("import torch\ndef not_attention(q, k, v):\n    return torch.softmax(q @ k.transpose(-2, -1), dim=-2) @ v\n"),
         Valid("import torch\ndef gate(x, w, v):\n    return torch.softmax(x @ w, dim=-1) @ v\n"),
+        # Ring and tree attention merge shards by the normaliser: a fused call does not return it.
+        Valid("import torch\ndef attend(q, k, v):\n    sim = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5\n"
+              "    lse = sim.logsumexp(dim=-1, keepdim=True)\n    attn = sim.softmax(dim=-1)\n"
+              "    out = attn @ v\n    return out, lse\n"),
         # The weights flow into the result again (VITS's relative values): not SDPA's product.
         Valid("import torch\ndef attend(q, k, v, e_v):\n"
               "    p = torch.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1)\n    out = p @ v\n"
@@ -279,7 +283,7 @@ class HandWrittenAttention(FormulaRule):
     )
 
     def reports(self, ctx, match):
-        return not _weights_feed_output(ctx, match)
+        return not _weights_feed_output(ctx, match) and not _normaliser_read_after(ctx, match)
 
     def propose(self, ctx, match):
         proposal = self._propose(ctx, match)
@@ -498,6 +502,27 @@ def _weights_feed_output(ctx, match) -> bool:
             return True
         tainted |= names
     return False
+
+
+def _normaliser_read_after(ctx, match) -> bool:
+    """Whether the function keeps the softmax's normaliser, a ``logsumexp`` of the
+    scores bound to a name before the attention ends and read after it (Reformer's LSH
+    attention returns it to merge hash rounds; ring and tree attention merge the
+    shards' outputs by it): a fused attention does not return it."""
+    function = innermost(ctx, match.node.lineno, (ast.FunctionDef, ast.AsyncFunctionDef))
+    if function is None:
+        return False
+    end = (match.node.end_lineno, match.node.end_col_offset)
+    kept = set()
+    for node in fast_walk(function):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and (node.lineno, node.col_offset) < end and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, (ast.Attribute, ast.Name))
+                    and (c.func.attr if isinstance(c.func, ast.Attribute) else c.func.id) == "logsumexp"
+                    for c in fast_walk(node.value)):
+            kept.add(node.targets[0].id)
+    return bool(kept) and any(isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in kept
+                              and (n.lineno, n.col_offset) > end for n in fast_walk(function))
 
 
 def _weights(ctx, match) -> tuple[ast.AST, set[str], tuple[int, int]] | None:

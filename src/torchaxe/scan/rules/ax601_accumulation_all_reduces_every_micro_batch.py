@@ -256,6 +256,12 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
             _HEAD + "for i, x in enumerate(loader):\n    model(x).sum().backward()\n"
             "    if i % log_every == 0:\n        print(i)\n    opt.step()\n"
         ),
+        # EDM2: the project's own helper enters no_sync() on all but the last round.
+        Valid(
+            _HEAD + "for x in loader:\n    for r in range(rounds):\n"
+            "        with misc.ddp_sync(model, r == rounds - 1):\n"
+            "            model(x).sum().backward()\n    opt.step()\n"
+        ),
         Valid(
             _HEAD + "for i, (x, y) in enumerate(loader):\n"
             "    loss = loss_fn(model(x), y) / accum\n"
@@ -371,7 +377,20 @@ def _turns_sync_off(scope: ast.AST) -> bool:
             return True
         if isinstance(node, ast.Constant) and node.value in _SYNC_OFF:
             return True
+        if isinstance(node, ast.withitem) and _sync_helper(node.context_expr):
+            return True
     return False
+
+
+def _sync_helper(expr: ast.AST) -> bool:
+    """``with misc.ddp_sync(ddp, last_round):``: a context manager of the project's
+    own, named for the synchronisation and given arguments (EDM2's helper enters
+    ``no_sync()`` unless its flag says this micro-batch synchronises)."""
+    if not isinstance(expr, ast.Call) or not expr.args:
+        return False
+    func = expr.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    return "sync" in name.lower()
 
 
 def _sync_handled(ctx: FileContext, scope: ast.AST, parents: dict) -> bool:
@@ -399,7 +418,7 @@ def _file_turns_sync_off(ctx: FileContext) -> bool:
     ``_SYNC_OFF`` is in its text)."""
     key = "ax601.file_sync_off"
     if key not in ctx.cache:
-        ctx.cache[key] = any(word in ctx.source for word in _SYNC_OFF) and _turns_sync_off(ctx.tree)
+        ctx.cache[key] = any(word in ctx.source for word in (*_SYNC_OFF, "sync(")) and _turns_sync_off(ctx.tree)
     return ctx.cache[key]
 
 
