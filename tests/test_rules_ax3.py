@@ -250,6 +250,29 @@ def test_a_flag_set_before_an_accumulation_loop_guards_a_rare_branch(scan):
     assert codes(scan(every, target="cuda", select=("AX3",))) == ["AX301"]
 
 
+def test_an_item_of_a_batch_dict_moved_to_the_device_is_a_device_tensor(scan):
+    # GaLore counts tokens with ``.item()`` on the batch it moved with a dict
+    # comprehension: a sync every micro-batch. The batch as the loader gave it lives on
+    # the host: no sync.
+    source = (
+        "import torch\n"
+        "def main(dataloader, model, device, pad_idx, optimizer):\n"
+        "    tokens_seen = 0\n"
+        "    for batch in dataloader:\n"
+        "        batch = {k: v.to(device) for k, v in batch.items()}\n"
+        "        tokens_seen += (batch['input_ids'] != pad_idx).sum().item()\n"
+        "        loss = model(**batch).loss\n"
+        "        loss.backward()\n"
+        "        optimizer.step()\n"
+    )
+    assert codes(scan(source, target="cuda", select=("AX3",))) == ["AX301"]
+    on_host = source.replace("        batch = {k: v.to(device) for k, v in batch.items()}\n", "")
+    assert codes(scan(on_host, target="cuda", select=("AX3",))) == []
+    listed = source.replace("{k: v.to(device) for k, v in batch.items()}", "{'input_ids': ids, 'n': len(ids)}")
+    assert codes(scan(listed.replace("for batch in dataloader:", "for ids in dataloader:"),
+                      target="cuda", select=("AX3",))) == []
+
+
 def test_a_modulus_the_file_sets_to_a_small_constant_is_no_rare_branch(scan):
     # llama2.c: `log_interval = 1` at the top, `if iter_num % log_interval == 0:` reads
     # the loss every step.

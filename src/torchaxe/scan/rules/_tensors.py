@@ -584,6 +584,32 @@ class Tensors:
         # nothing (a parameter, a call to an unknown function).
         return node.id in scope.evidence and not any(self._binding_is_host(b) for b in reach)
 
+    def _container_items(self, node: ast.AST) -> list[ast.AST] | None:
+        """The items of the container literal ``node`` is (or a name every binding
+        of which sets to one): a dict's values, a list's, tuple's or set's elements, a
+        comprehension's element; None when it is not known to be one."""
+        if isinstance(node, ast.Dict):
+            return list(node.values)
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            return list(node.elts)
+        if isinstance(node, ast.DictComp):
+            return [node.value]
+        if isinstance(node, (ast.ListComp, ast.SetComp)):
+            return [node.elt]
+        if isinstance(node, ast.Name):
+            found = self._reach(node)
+            if found is None or not found[1]:
+                return None
+            items: list[ast.AST] = []
+            for b in found[1]:
+                inner = self._container_items(b.value) if b.kind == "value" and b.value is not None \
+                    and not isinstance(b.value, ast.Name) else None
+                if inner is None:
+                    return None
+                items.extend(inner)
+            return items
+        return None
+
     def _name_is_host(self, node: ast.Name) -> bool:
         found = self._reach(node)
         if found is None:
@@ -642,6 +668,9 @@ class Tensors:
         if isinstance(node, ast.Subscript):
             if isinstance(node.value, ast.Attribute) and node.value.attr in HOST_ATTRIBUTES:
                 return False
+            items = self._container_items(node.value)
+            if items is not None and any(self.is_tensor(item) for item in items):
+                return True
             return self.is_tensor(node.value) or self._is_forward_call(node.value)
         if isinstance(node, ast.Call):
             return self._call_is_tensor(node)
@@ -752,6 +781,11 @@ class Tensors:
         if isinstance(node, ast.Attribute):
             return node.attr in HOST_ATTRIBUTES
         if isinstance(node, ast.Subscript):
+            items = self._container_items(node.value)
+            if items is not None:
+                # An item of a container written here: host when its items are (a
+                # batch moved with ``{k: v.to(device) for k, v in batch.items()}`` is not).
+                return all(self.is_host(item) for item in items)
             return self.is_host(node.value)
         if isinstance(node, ast.Call):
             func = node.func

@@ -68,6 +68,8 @@ class DdpBeforeDeviceMove(Rule):
         Invalid(_HEAD + "def main():\n    if distributed:\n        model = DDP(model)\n"
                 "    model = model.to(device)\n", lines=(6,)),
         Invalid(_HEAD + "model = DDP(model)\nmodel.module.half()\n", lines=(4,)),
+        Invalid(_HEAD + "def main():\n    model = DDP(model).to(device)\n", lines=(4,)),
+        Valid(_HEAD + "def main():\n    model = DDP(model.to(device), device_ids=[rank]).to(device)\n"),
         Valid(_HEAD + "def main():\n    model = net.cuda()\n    model = DDP(model, device_ids=[0])\n"),
         Valid(_HEAD + "def main():\n    if distributed:\n        model = DDP(model)\n    else:\n"
               "        model = model.cuda()\n"),
@@ -79,6 +81,23 @@ class DdpBeforeDeviceMove(Rule):
     def check_module(self, ctx: FileContext) -> Iterable[Finding]:
         for wrap in wraps(ctx):
             if wrap.kind != "ddp" or wrap.statement is None:
+                continue
+            chained = next((n for n in ast.walk(wrap.statement) if isinstance(n, ast.Call)
+                            and isinstance(n.func, ast.Attribute) and n.func.value is wrap.call
+                            and n.func.attr in _MOVES and (n.func.attr != "to" or n.args or n.keywords)), None)
+            if chained is not None and not any(k.arg == "device_ids" for k in wrap.call.keywords) \
+                    and len(wrap.call.args) < 2:
+                # ``DistributedDataParallel(model).to(device)``. With ``device_ids`` the
+                # module was on that device already (DDP refuses a CPU module given
+                # device ids): the trailing move is a no-op (HiFi-GAN's).
+                yield ctx.finding(
+                    self, chained,
+                    f"`.{chained.func.attr}(...)` changes the parameters of the DistributedDataParallel just built "
+                    "around the model: DDP has already broadcast them, hooked them and laid out its gradient buckets "
+                    "on their old device and dtype; move the model first, `DistributedDataParallel(model.to(device), "
+                    "...)`. Advice only",
+                    replacement="DDP(model.to(device), device_ids=[local_rank])",
+                    fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
                 continue
             names = set()
             if wrap.target:
