@@ -30,7 +30,8 @@ _GUARDS = ("distributed", "world", "is_initialized", "ddp", "multi", "gpu", "dis
 
 _HEAD = "import torch\nimport torch.distributed as dist\n"
 #: Names of helpers, from another module, that reduce a value across ranks and return it.
-_HELPER_NAME = re.compile(r"^(all_)?reduce_(tensor|mean|dict|loss|losses|value|scalar|metric)s?$|^all_reduce_\w+$")
+_HELPER_NAME = re.compile(r"^(all_)?reduce_(tensor|mean|dict|loss|losses|value|scalar|metric)s?$|^all_reduce_\w+$"
+                          r"|^(average|avg|mean)_(all|\w+_across_\w*ranks?)$")
 
 
 class CollectiveOnlyForLogging(Rule):
@@ -41,7 +42,10 @@ class CollectiveOnlyForLogging(Rule):
     only printed or logged (`print`, `logger.info`, `writer.add_scalar`, a meter's
     `update`, possibly through `.item()` and a variable), and a `barrier()` on every
     step. A helper of the same file that all-reduces a tensor and returns it
-    (`reduce_tensor(loss)`) counts as a collective.
+    (`reduce_tensor(loss)`) counts as a collective, as does one of another module
+    named for it (`utils.reduce_mean`, `backend.average_all`,
+    `average_loss_across_dp_cp_ranks`) and accelerate's `accelerator.gather` and
+    `accelerator.reduce`.
 
     ## Why is this bad?
     A collective is a synchronisation point: every rank waits for the slowest one,
@@ -85,8 +89,8 @@ class CollectiveOnlyForLogging(Rule):
     message = "a collective runs every step only to produce a number that is logged"
     # A collective needs torch.distributed imported (``from torch import distributed``
     # too); a reducing helper of another module is named ``reduce_*``/``all_reduce_*``.
-    requires_text = ("distributed", "reduce_")
-    also_requires_text = ("reduce", "gather", "barrier")
+    requires_text = ("distributed", "reduce_", "accelerator.")
+    also_requires_text = ("reduce", "gather", "barrier", "average_", "avg_", "mean_")
     #: Only a file with a training step is reported on (see FileContext.is_training_call):
     #: a backward or step() call, or a helper handed an optimizer (opt, optim, optimizer,
     #: as a whole word or a part of a name between underscores).
@@ -118,10 +122,31 @@ class CollectiveOnlyForLogging(Rule):
         Invalid(
             _HEAD + "for x in loader:\n    model(x).sum().backward()\n    opt.step()\n    dist.barrier()\n", lines=(6,), message="every rank waits for the slowest",
         ),
+        # DALLE-pytorch: a backend's average_all, its result kept in a dict that is logged.
+        Invalid(
+            _HEAD + "for i, x in enumerate(loader):\n    loss = model(x).sum()\n    loss.backward()\n"
+            "    opt.step()\n    avg_loss = backend.average_all(loss)\n    log = {}\n    if i % 10 == 0:\n"
+            "        log = {**log, 'loss': avg_loss.item()}\n        rank0_print(avg_loss.item())\n"
+            "    wandb.log(log)\n", lines=(7,),
+        ),
+        # accelerate: the gathered loss only feeds the running figure printed every N steps.
+        Invalid(
+            "from accelerate import Accelerator\naccelerator = Accelerator()\nrunning = 0.0\n"
+            "for step, x in enumerate(loader):\n    loss = model(x).sum()\n"
+            "    running += accelerator.gather(loss).mean().item()\n    accelerator.backward(loss)\n"
+            "    opt.step()\n    if step % 10 == 0:\n        print(running / 10)\n        running = 0.0\n",
+            lines=(6,),
+        ),
         Valid(
             _HEAD + "for step, x in enumerate(loader):\n    loss = model(x).sum()\n    loss.backward()\n"
             "    opt.step()\n    if step % 10 == 0:\n        r = loss.detach()\n        dist.all_reduce(r)\n"
             "        print(r.item())\n",
+        ),
+        Valid(
+            "from accelerate import Accelerator\naccelerator = Accelerator()\n"
+            "for step, x in enumerate(loader):\n    loss = model(x).sum()\n"
+            "    total = accelerator.gather(loss).mean()\n    accelerator.backward(loss)\n"
+            "    opt.step()\n    if total > 5:\n        break\n",
         ),
         Valid(
             _HEAD + "for x in loader:\n    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n"
@@ -146,7 +171,7 @@ class CollectiveOnlyForLogging(Rule):
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
         name = collective_name(ctx, node)
-        helper = name is None and _reduces(ctx, node)
+        helper = name is None and (_reduces(ctx, node) or _accelerate_collective(ctx, node))
         if name is None and not helper:
             return
         loop = ctx.training_loop()
@@ -197,6 +222,31 @@ def _reduces(ctx: FileContext, call: ast.Call) -> bool:
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
         return False
     return not (ctx.qualified_name(func) or "").startswith("torch.")
+
+
+#: accelerate's ``Accelerator`` methods that gather or reduce a tensor across processes
+#: and return the result.
+_ACCELERATE_COLLECTIVES = frozenset({"gather", "reduce", "gather_for_metrics"})
+
+
+def _accelerate_collective(ctx: FileContext, call: ast.Call) -> bool:
+    """``accelerator.gather(loss)``, ``accelerator.reduce(x)``: a collective of an
+    ``accelerate.Accelerator`` (a name the file binds to one, or named for one)."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr in _ACCELERATE_COLLECTIVES and call.args):
+        return False
+    receiver = dotted_name(func.value) or ""
+    if "accelerator" in receiver.lower():
+        return True
+    leaf = receiver.rsplit(".", 1)[-1]
+    return any(ctx.call_name(v) == "accelerate.Accelerator" for v in _assigned_values(ctx, leaf))
+
+
+def _assigned_values(ctx: FileContext, name: str) -> list[ast.expr]:
+    """The values the file assigns to ``name`` or to an attribute ``name``."""
+    return [n.value for n in ctx.nodes(ast.Assign) if any(
+        (isinstance(t, ast.Name) and t.id == name) or (isinstance(t, ast.Attribute) and t.attr == name)
+        for t in n.targets)]
 
 
 def _reducing_helper(ctx: FileContext, name: str) -> bool:
@@ -251,6 +301,12 @@ def _result_name(node: ast.Call, name: str | None, ctx: FileContext) -> str | No
         if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
                 and isinstance(statement.targets[0], ast.Name):
             return statement.targets[0].id
+        if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
+            return statement.target.id  # ``running_loss += accelerator.gather(loss).mean().item()``
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 \
+                and isinstance(statement.targets[0], ast.Subscript) \
+                and isinstance(statement.targets[0].value, ast.Name):
+            return statement.targets[0].value.id  # ``metrics['loss'] = accelerator.gather(...)``
         return None
     if name not in _RESULT_ARGUMENT:
         return None
@@ -320,6 +376,9 @@ def _only_reported(name: str, scope: ast.AST, parents: dict, after: tuple[int, i
         if isinstance(node, ast.Return) and depth > 0 and _value_of(node.value, use) \
                 and isinstance(scope, ast.FunctionDef) and _returned_only_reported(scope, root, depth - 1):
             continue
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id == name:
+            continue  # ``log = {**log, "loss": loss}``: kept in the same name, whose other reads decide
         if isinstance(node, ast.Assign) and depth > 0 and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id != name:
             if _only_reported(node.targets[0].id, scope, parents, (node.lineno, node.col_offset), depth - 1, root):
@@ -341,20 +400,25 @@ _SAME_VALUE = frozenset({"item", "tolist", "cpu", "detach", "numpy", "float"})
 
 
 def _value_of(expression: ast.AST | None, use: ast.Name) -> bool:
-    """``expression`` is ``use`` itself or its value read out (``use.item()``)."""
+    """``expression`` is ``use`` itself or its value read out (``use.item()``), or a
+    dict that carries its items (``dict(lr=lr, **metrics)``, ``{**metrics}``)."""
     while isinstance(expression, ast.Call) and isinstance(expression.func, ast.Attribute) \
             and expression.func.attr in _SAME_VALUE and not expression.args:
         expression = expression.func.value
+    if isinstance(expression, ast.Call) and isinstance(expression.func, ast.Name) and expression.func.id == "dict":
+        return any(k.arg is None and k.value is use for k in expression.keywords)
+    if isinstance(expression, ast.Dict):
+        return any(key is None and value is use for key, value in zip(expression.keys, expression.values))
     return expression is use
 
 
 def _is_sink(call: ast.Call) -> bool:
     func = call.func
     if isinstance(func, ast.Name):
-        return func.id in _SINKS
+        return func.id in _SINKS or "print" in func.id.lower().split("_")  # ``log_print``, ``rank0_print``
     if not isinstance(func, ast.Attribute):
         return False
-    if func.attr in _SINKS:
+    if func.attr in _SINKS or "print" in func.attr.lower().split("_"):
         return True
     if func.attr in ("update", "append"):
         receiver = (dotted_name(func.value) or "").lower()
