@@ -103,6 +103,21 @@ def test_public_helper_layouts_are_found():
         assert "Display-only" in finding.message and "foreach_lerp_" in finding.message
 
 
+def test_a_target_detached_in_the_loop_is_found_and_shown_only():
+    # DeepRL's soft_update detaches each target parameter in place (it stops requiring
+    # grad) before the average: the average is found, and a rewrite that dropped the
+    # detach_() would change the module, so it is shown, not rewritten.
+    source = (
+        "import torch\nclass Agent:\n    def soft_update(self, target, src):\n"
+        "        for target_param, param in zip(target.parameters(), src.parameters()):\n"
+        "            target_param.detach_()\n"
+        "            target_param.copy_(target_param * (1.0 - self.mix) + param * self.mix)\n"
+    )
+    (finding,) = _findings(source, target="cuda")
+    assert finding.line == 6 and finding.fix.applicability == Applicability.DISPLAY_ONLY
+    assert "updated among other statements of the loop" in finding.message
+
+
 def test_npu_message_says_unverified():
     (finding,) = _findings(SCRIPT.format(update=UPDATES[0]), target="npu")
     assert "unverified on Ascend hardware" in finding.message

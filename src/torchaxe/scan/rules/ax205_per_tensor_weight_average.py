@@ -329,6 +329,8 @@ def _scalar_of(a: Linear) -> Scalar | None:
 
 #: Methods that return the same tensor (a view: writes through it reach the tensor).
 _VIEWS = ("detach",)
+#: In-place methods that leave a tensor's values as they are.
+_KEEP_VALUES = ("detach_", "requires_grad_")
 #: Methods that return the same values (a view, a copy, another device or dtype).
 _SAME = ("detach", "clone", "contiguous", "to", "type_as", "float", "double", "half", "bfloat16", "cuda", "cpu")
 #: The most paths through a loop body (one per branch taken) that are read.
@@ -384,6 +386,8 @@ class _Reader:
         self.indices: set[str] = set()  # names bound to something else made from the loop's
         self.written: dict[str, ast.stmt] = {}
         self.tensor_evidence = False
+        #: A statement that changes the tensors other than by value (``detach_()``).
+        self.other_effects = False
         self.returned: Linear | None = None
 
     def derived(self) -> set[str]:
@@ -643,6 +647,10 @@ class _Reader:
     def statement_(self, stmt: ast.stmt) -> None:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
             func = stmt.value.func
+            if isinstance(func, ast.Attribute) and func.attr in _KEEP_VALUES and self.key(func.value) is not None:
+                self.tensor_evidence = True  # ``target.detach_()`` (DeepRL): the values stay,
+                self.other_effects = True  # but the tensor no longer requires grad: a rewrite must keep it
+                return
             if isinstance(func, ast.Attribute) and func.attr.endswith("_") and self._mentions(func.value):
                 self.inplace(stmt.value, stmt)
                 return
@@ -803,7 +811,8 @@ def _average_in(loop: ast.For, ctx: FileContext) -> _Update | None:
             kind, test = _fallback_of_multi_tensor_path(loop, ctx)
             if kind == "dtype":
                 return None
-            update.only_update = len(paths) == 1 and all(_is_update(s) for s in loop.body)
+            update.only_update = len(paths) == 1 and all(_is_update(s) for s in loop.body) \
+                and not reader.other_effects
             update.setting = test if kind == "setting" else ""
             return update
     return None
