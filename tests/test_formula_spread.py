@@ -559,3 +559,8 @@ def test_a_branch_the_formula_leaves_out_is_named_in_the_advice():
     assert not causal.fix.edits
     biased = next(f for f in findings if "Biased.forward" in f.message)
     assert "the code also changes" not in biased.message  # the guarded mask is in the formula
+    # A mask written in place (``att.masked_fill_``) under the branch is named alike.
+    in_place = source.replace('att = att.masked_fill(~m, float("-inf"))', 'att.masked_fill_(~m, float("-inf"))')
+    _, findings = _fix(in_place, "AX118")
+    causal = next(f for f in findings if "Attention.forward" in f.message)
+    assert "the code also changes att, m under `if self.causal:` (line 9)" in causal.message

@@ -1614,3 +1614,28 @@ def test_a_partial_rotary_with_sliced_caches_keeps_the_slices(scan):
     """)
     [finding] = [f for f in scan(source, target="npu").findings if f.code == "AX119"]
     assert finding.replacement == "torch_npu.npu_rotary_mul(x_rope, self.cos_cached[:seq_len], self.sin_cached[:seq_len])"
+
+
+def test_a_softmax_chosen_by_a_conditional_expression_is_read_with_its_first_choice():
+    # DALLE-pytorch: ``softmax = torch.softmax if not self.stable else stable_softmax``.
+    source = """
+import torch
+
+
+def stable_softmax(t, dim=-1, alpha=32 ** 2):
+    t = t / alpha
+    t = t - torch.amax(t, dim=dim, keepdim=True).detach()
+    return (t * alpha).softmax(dim=dim)
+
+
+class Attention(torch.nn.Module):
+    def forward(self, q, k, v):
+        softmax = torch.softmax if not self.stable else stable_softmax
+        dots = torch.einsum('b h i d, b h j d -> b h i j', q, k) * self.scale
+        attn = softmax(dots, dim=-1)
+        return torch.einsum('b h i j, b h j d -> b h i d', attn, v)
+"""
+    assert [(m.category, m.scope_name) for m in matches(source, "cuda")] == [("attention", "Attention.forward")]
+    # A conditional between something else than callables is not read so.
+    other = source.replace("torch.softmax if not self.stable else stable_softmax", "self.pick(1) if a else None")
+    assert matches(other, "cuda") == []

@@ -475,6 +475,9 @@ class Scope:
         #: After an ``if``, whose bindings win: the branch's (optional features on:
         #: the mask is applied) or the ones before it (the softcapping is off).
         self.take_branches = True
+        #: Callables a name is bound to by a conditional expression, by the marker its
+        #: ``$var`` node holds (see ``_callable_choice``).
+        self.callables: dict[str, ast.expr] = {}
 
     # ------------------------------------------------------------- names
     def lookup(self, name: str) -> Node | None:
@@ -673,6 +676,13 @@ class Scope:
                     self.hot.add(name)
             elif relevant and not isinstance(stmt.value, ast.Constant):
                 self._value(stmt, stmt.value, True)
+        elif isinstance(stmt, ast.Assign) and _callable_choice(stmt) is not None:
+            # ``softmax = torch.softmax if not self.stable else stable_softmax``: read
+            # with the first callable, the one the expression names as its usual value.
+            chosen = _callable_choice(stmt)[0]  # type: ignore[index]
+            marker = f"<callable {stmt.lineno}:{stmt.col_offset}>"
+            self.callables[marker] = chosen
+            self.bind(stmt.targets[0], self.unit.builder.var(marker))
         elif isinstance(stmt, ast.Assign):
             value = self._value(stmt, stmt.value, relevant)
             for target in stmt.targets:
@@ -895,6 +905,17 @@ def _unpacked_count(stmt: ast.stmt) -> int | None:
         if elts and not any(isinstance(e, ast.Starred) for e in elts):
             return len(elts)
     return None
+
+
+def _callable_choice(stmt: ast.Assign) -> tuple[ast.expr, ast.expr] | None:
+    """``name = f if test else g`` with ``f`` and ``g`` plain names or attributes
+    (functions, by how they are written): ``(f, g)``."""
+    value = stmt.value
+    if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name) or not isinstance(value, ast.IfExp):
+        return None
+    if not all(isinstance(e, (ast.Name, ast.Attribute)) for e in (value.body, value.orelse)):
+        return None
+    return value.body, value.orelse
 
 
 def _plain_tuple(node: Node) -> bool:

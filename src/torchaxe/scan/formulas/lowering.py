@@ -241,6 +241,11 @@ class ExpressionLowering:
                 return self._map(node)
             if func.id in self.scope.env:
                 alias = self.scope.lookup(func.id)
+                chosen = self.scope.callables.get(alias.value) if alias is not None and alias.op == "$var" else None
+                if chosen is not None:
+                    # ``softmax(dots, dim=-1)`` with ``softmax`` chosen by a conditional.
+                    return self.lower(ast.copy_location(ast.Call(func=chosen, args=node.args,
+                                                                 keywords=node.keywords), node))
                 if (alias is not None and alias.op == "$var" and alias.value in self.scope.unit.functions
                         and alias.value not in self.scope.env):
                     # rotate_fn = rotate_half (chosen by a branch), then rotate_fn(q).

@@ -185,6 +185,13 @@ def _branches_left_out(ctx: FileContext, match: FormulaMatch) -> str:
                 return
             if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
                 assignments.append((stmt, under))
+            elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) \
+                    and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr.endswith("_") \
+                    and isinstance(stmt.value.func.value, ast.Name):
+                # ``dots.masked_fill_(mask, value)``: a new value of ``dots``.
+                written = ast.Assign(targets=[ast.Name(id=stmt.value.func.value.id, ctx=ast.Store())],
+                                     value=stmt.value)
+                assignments.append((ast.copy_location(written, stmt), under))
             elif isinstance(stmt, ast.If):
                 visit(stmt.body, stmt)
                 visit(stmt.orelse, stmt)
