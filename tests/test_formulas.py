@@ -1639,3 +1639,23 @@ class Attention(torch.nn.Module):
     # A conditional between something else than callables is not read so.
     other = source.replace("torch.softmax if not self.stable else stable_softmax", "self.pick(1) if a else None")
     assert matches(other, "cuda") == []
+
+
+def test_a_helper_defined_inside_the_function_is_inlined():
+    # minimind: ``def rotate_half(x): ...`` written inside apply_rotary_pos_emb.
+    source = """
+import torch
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    def rotate_half(x): return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+    q_embed = (q * cos.unsqueeze(unsqueeze_dim)) + (rotate_half(q) * sin.unsqueeze(unsqueeze_dim))
+    k_embed = (k * cos.unsqueeze(unsqueeze_dim)) + (rotate_half(k) * sin.unsqueeze(unsqueeze_dim))
+    return q_embed, k_embed
+"""
+    found = [(m.category, m.node.lineno) for m in matches(source, "npu")]
+    assert found == [("rotary", 7), ("rotary", 8)]
+    # A helper that is not a rotation is no rotary.
+    scaled = source.replace("return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)",
+                            "return x * 2")
+    assert matches(scaled, "npu") == []

@@ -475,9 +475,10 @@ class Scope:
         #: After an ``if``, whose bindings win: the branch's (optional features on:
         #: the mask is applied) or the ones before it (the softcapping is off).
         self.take_branches = True
-        #: Callables a name is bound to by a conditional expression, by the marker its
-        #: ``$var`` node holds (see ``_callable_choice``).
-        self.callables: dict[str, ast.expr] = {}
+        #: Callables a name is bound to by a conditional expression (see
+        #: ``_callable_choice``), or functions defined in this scope, by the marker
+        #: their name's ``$var`` node holds.
+        self.callables: dict[str, ast.expr | ast.FunctionDef] = {}
 
     # ------------------------------------------------------------- names
     def lookup(self, name: str) -> Node | None:
@@ -741,6 +742,13 @@ class Scope:
             self.env = before
             for name in assigned:
                 self.kill(name)
+        elif isinstance(stmt, _SCOPES) and not stmt.decorator_list:
+            # A function defined here (minimind's ``def rotate_half(x): ...`` inside
+            # ``apply_rotary_pos_emb``): its calls below are inlined as a module's are.
+            marker = f"<def {stmt.name} {stmt.lineno}>"
+            self.callables[marker] = stmt  # type: ignore[assignment]
+            self._bump(stmt.name)
+            self.env[stmt.name] = self.unit.builder.var(marker)
         elif isinstance(stmt, (*_SCOPES, ast.ClassDef)):
             self.kill(stmt.name)
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
@@ -814,6 +822,10 @@ class Scope:
         if callee is None:
             return None
         return self._inline(callee, None, call, low, any_callee)
+
+    def inline_local(self, callee: ast.FunctionDef, call: ast.Call, low: ExpressionLowering) -> Node | None:
+        """A call of a function defined in this scope (a nested ``def``)."""
+        return self._inline(callee, None, call, low)
 
     def inline_method(self, name: str, call: ast.Call, low: ExpressionLowering) -> Node | None:
         if self.cls is None:

@@ -242,6 +242,12 @@ class ExpressionLowering:
             if func.id in self.scope.env:
                 alias = self.scope.lookup(func.id)
                 chosen = self.scope.callables.get(alias.value) if alias is not None and alias.op == "$var" else None
+                if isinstance(chosen, ast.FunctionDef):
+                    inlined = self.scope.inline_local(chosen, node, self)
+                    if inlined is not None:
+                        self.inlined.add(id(inlined))
+                        return inlined
+                    return self.opaque(node)
                 if chosen is not None:
                     # ``softmax(dots, dim=-1)`` with ``softmax`` chosen by a conditional.
                     return self.lower(ast.copy_location(ast.Call(func=chosen, args=node.args,
