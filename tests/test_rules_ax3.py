@@ -800,3 +800,44 @@ def test_a_helper_every_training_iteration_calls_syncs_every_step(scan):
     )
     found = scan(source, target="cuda", select=("AX301",)).findings
     assert [f.line for f in found] == [6, 6]
+
+
+def test_a_helper_of_another_file_that_reads_the_host_is_reported_at_the_call(tmp_path):
+    # VITS: ``commons.clip_grad_value_(net_g.parameters(), None)`` every step, its
+    # ``param_norm.item()`` in commons.py; GNN benchmarks: a metric imported under
+    # another name.
+    from pathlib import Path
+
+    from torchaxe.scan.engine import scan_paths
+
+    (tmp_path / "commons.py").write_text(
+        "import torch\n\n"
+        "def clip_grad_value_(parameters, clip_value):\n"
+        "    total = 0\n"
+        "    for p in parameters:\n"
+        "        norm = p.grad.data.norm(2)\n"
+        "        total += norm.item() ** 2\n"
+        "    return total\n\n"
+        "def maybe_log(loss, every):\n"
+        "    if every:\n"
+        "        print(loss.item())\n"
+    )
+    (tmp_path / "metrics.py").write_text(
+        "import torch\n\ndef accuracy_SBM(scores, targets):\n    S = targets.cpu().numpy()\n    return S.mean()\n")
+    (tmp_path / "train.py").write_text(
+        "import torch\nimport commons\nfrom metrics import accuracy_SBM as accuracy\n\n"
+        "def train(model, loader, opt):\n"
+        "    for x, y in loader:\n"
+        "        loss = model(x).sum()\n"
+        "        loss.backward()\n"
+        "        commons.clip_grad_value_(model.parameters(), None)\n"
+        "        acc = accuracy(model(x), y)\n"
+        "        commons.maybe_log(loss, 0)\n"
+        "        opt.step()\n"
+    )
+    options = ScanOptions(target="cuda", select=("AX301",), capabilities=torch_capabilities("cuda"))
+    found = sorted((Path(f.path).name, f.line) for f in scan_paths([tmp_path], options).findings)
+    # maybe_log reads only under a branch: not every call.
+    assert found == [("train.py", 9), ("train.py", 10)]
+    # The helpers' files not scanned: nothing is known of them.
+    assert scan_paths([tmp_path / "train.py"], options).findings == []

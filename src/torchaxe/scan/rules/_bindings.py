@@ -211,11 +211,15 @@ def bindings_before(name: str, scope: ast.AST, line: int, ctx: FileContext) -> l
     """Every binding of ``name`` in ``scope`` (nested functions and classes aside) on
     a line before ``line``, in source order."""
     key = ("bindings.binders", id(scope))
-    binders = ctx.cache.get(key)
-    if binders is None:
-        binders = ctx.cache[key] = sorted((n for n in walk_scope(scope) if isinstance(n, _BINDERS)),
-                                         key=lambda n: (n.lineno, n.col_offset))
-    found = (_binding(n, name, ctx) for n in binders if n.lineno < line)
+    by_name = ctx.cache.get(key)
+    if by_name is None:
+        # Each name's binding statements, in source order, found once per scope.
+        by_name = ctx.cache[key] = {}
+        for n in sorted((n for n in walk_scope(scope) if isinstance(n, _BINDERS)),
+                        key=lambda n: (n.lineno, n.col_offset)):
+            for bound in bound_names(n):
+                by_name.setdefault(bound, []).append(n)
+    found = (_binding(n, name, ctx) for n in by_name.get(name, ()) if n.lineno < line)
     return [b for b in found if b is not None]
 
 

@@ -185,8 +185,15 @@ def _layer_of(value: ast.AST, scope: ast.AST, line: int, ctx: FileContext, depth
 
 
 def _name_layer(name: str, scope: ast.AST, line: int, ctx: FileContext, depth: int) -> str | None:
-    loops = [f for f in walk_scope(scope) if isinstance(f, ast.For) and f.lineno <= line
-             and name in bound_names(f) and (f.end_lineno or f.lineno) >= line]
+    key = ("ax121.loops", id(scope))
+    by_name = ctx.cache.get(key)
+    if by_name is None:  # each name's for-loops in the scope, found once
+        by_name = ctx.cache[key] = {}
+        for f in walk_scope(scope):
+            if isinstance(f, ast.For):
+                for bound in bound_names(f):
+                    by_name.setdefault(bound, []).append(f)
+    loops = [f for f in by_name.get(name, ()) if f.lineno <= line and (f.end_lineno or f.lineno) >= line]
     if loops:  # ``for i, rnn in enumerate(self.layers)``: a cell of the container
         loop = max(loops, key=lambda f: f.lineno)
         return _element_layer(loop, name, scope, ctx, depth + 1)

@@ -7,11 +7,17 @@ import ast
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import FileContext
+from torchaxe.scan.context import FileContext, Need
 from torchaxe.scan.rules import _tensors as T
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 READ_METHODS = frozenset({"item", "cpu", "numpy", "tolist"})
+#: What a file tells others: its module-level functions that read a tensor they are
+#: given back to the host on every call (``FileContext.exports``).
+HOST_READING_FUNCTIONS = "host-reading-functions"
+#: Modules whose functions are never the project's helpers.
+_LIBRARY_ROOTS = frozenset({"torch", "numpy", "math", "os", "sys", "time", "random", "json", "logging", "re",
+                            "itertools", "functools", "collections", "typing", "copy", "wandb", "tqdm"})
 
 
 def _is_read(ctx: FileContext, node: ast.AST) -> bool:
@@ -46,6 +52,9 @@ class HostReadInTrainingLoop(Rule):
     parts with `.item()`); a loss scaler called with the
     loss and the optimizer, `scaler.step(opt)`, `accelerator.backward(loss)` and a
     Lightning `training_step` that steps by hand count as steps), on the GPU and NPU targets.
+    A training loop's call, every step, of a function of another file of the project
+    that reads a tensor it is given back to the host outside any branch (VITS's
+    `commons.clip_grad_value_`) is reported at the call when that file is scanned too.
 
     ## Why is this bad?
     The device runs kernels asynchronously: the host queues the next step's work while
@@ -100,7 +109,10 @@ class HostReadInTrainingLoop(Rule):
     fix_title = "keep the value on the device and read it every N steps or once per epoch"
     fix_safety = Applicability.DISPLAY_ONLY
     targets = ("cuda", "npu")
-    requires_text = ("item(", "cpu", "numpy(", "tolist(")
+    # ``backward(``/``step(``: a training loop may read the host only through a helper
+    # of another file (see ``_helper_of_another_file``).
+    requires_text = ("item(", "cpu", "numpy(", "tolist(", "backward(", "step(")
+    export_text = ("item(", ".cpu(", "tolist(")
     node_types = (ast.Call,)
     references = (
         "https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution",
@@ -295,9 +307,20 @@ class HostReadInTrainingLoop(Rule):
         ),
     )
 
+    def export(self, ctx: FileContext) -> Iterable[Finding]:
+        """The file's module-level functions that read a tensor derived from their
+        arguments back to the host outside any branch (VITS's
+        ``commons.clip_grad_value_``: ``param_norm.item()`` for every parameter), for
+        the training loops of other files that call them."""
+        for function in ctx.tree.body:
+            if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and _reads_arguments(ctx, function):
+                ctx.exports.setdefault(HOST_READING_FUNCTIONS, []).append(function.name)
+        return ()
+
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
         if not _is_read(ctx, node):
+            self._helper_of_another_file(node, ctx)
             return
         receiver = node.func.value  # type: ignore[attr-defined]
         if _chain_has_read(ctx, receiver):
@@ -333,6 +356,74 @@ class HostReadInTrainingLoop(Rule):
             replacement=f"total += {value}.detach()  # read total.item() every N steps or after the loop",
             fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY),
         )
+
+
+    def _helper_of_another_file(self, node: ast.Call, ctx: FileContext) -> None:
+        """A training loop's call, every step, of a function another module of the
+        project defines: reported, at the call, when that file is scanned too and its
+        function reads a tensor back to the host on every call."""
+        origin = ctx.imported_from(node.func)
+        if origin is None or origin[0].split(".", 1)[0] in _LIBRARY_ROOTS or not node.args:
+            return
+        loop = ctx.training_loop(node)
+        if loop is None or T.rarely_run(ctx, loop, node):
+            return
+        module, level, name = origin
+        finding = ctx.finding(
+            self, node,
+            f"`{name}()` (module {'.' * level}{module}) reads a tensor back to the host on every call, and the "
+            f"training loop calls it every step: {T.sync_cost(ctx.target)}; keep its result on the device and read "
+            "it every N steps or once per epoch (or call it every N steps)",
+            fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
+        ctx.needs.append(((Need("exports", HOST_READING_FUNCTIONS, name, module, level),), finding))
+
+
+def _reads_arguments(ctx: FileContext, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether ``function`` reads back to the host, outside any ``if``/``try``, a value
+    made from its parameters (through its own assignments and loops over them)."""
+    args = function.args
+    tainted = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)} - {"self", "cls"}
+    if not tainted:
+        return False
+
+    def mentions(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Name) and n.id in tainted for n in ast.walk(node))
+
+    def visit(stmts: list[ast.stmt]) -> bool:
+        for stmt in stmts:
+            if isinstance(stmt, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and stmt.value is not None \
+                    and mentions(stmt.value):
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                tainted.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+            if isinstance(stmt, (ast.For, ast.AsyncFor)) and mentions(stmt.iter):
+                tainted.update(n.id for n in ast.walk(stmt.target) if isinstance(n, ast.Name))
+            if isinstance(stmt, (ast.If, ast.Try, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.While)):
+                continue  # a branch, a guarded block, or code that runs elsewhere
+            if isinstance(stmt, (ast.For, ast.AsyncFor, ast.With, ast.AsyncWith)):
+                heads: list[ast.AST] = [stmt.iter] if isinstance(stmt, (ast.For, ast.AsyncFor)) else \
+                    [item.context_expr for item in stmt.items]
+                if any(_reads(ctx, head, mentions) for head in heads) or visit(stmt.body):
+                    return True
+                continue
+            if _reads(ctx, stmt, mentions):
+                return True
+        return False
+
+    return visit(function.body)
+
+
+def _reads(ctx: FileContext, node: ast.AST, mentions) -> bool:
+    """Whether ``node`` holds a host read of a value ``mentions`` accepts (lambdas and
+    conditional expressions, which may not run, left out)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, (ast.Lambda, ast.IfExp, ast.BoolOp)):
+            continue
+        if isinstance(n, ast.Call) and _is_read(ctx, n) and mentions(n.func.value):  # type: ignore[attr-defined]
+            return True
+        stack.extend(ast.iter_child_nodes(n))
+    return False
 
 
 def _chain_has_read(ctx: FileContext, node: ast.AST) -> bool:

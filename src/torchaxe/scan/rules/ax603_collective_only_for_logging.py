@@ -148,6 +148,11 @@ class CollectiveOnlyForLogging(Rule):
             "    total = accelerator.gather(loss).mean()\n    accelerator.backward(loss)\n"
             "    opt.step()\n    if total > 5:\n        break\n",
         ),
+        # A receiver bound to something other than a call (torch's own distributed_c10d).
+        Valid(
+            _HEAD + "group = a or b\nfor x in loader:\n    loss = model(x).sum()\n    loss.backward()\n"
+            "    opt.step()\n    r = group.gather(loss)\n    print(r)\n",
+        ),
         Valid(
             _HEAD + "for x in loader:\n    loss = model(x).sum()\n    loss.backward()\n    opt.step()\n"
             "    stop = torch.tensor(float(loss))\n    dist.all_reduce(stop)\n    if stop > 10:\n        break\n",
@@ -239,7 +244,8 @@ def _accelerate_collective(ctx: FileContext, call: ast.Call) -> bool:
     if "accelerator" in receiver.lower():
         return True
     leaf = receiver.rsplit(".", 1)[-1]
-    return any(ctx.call_name(v) == "accelerate.Accelerator" for v in _assigned_values(ctx, leaf))
+    return any(isinstance(v, ast.Call) and ctx.call_name(v) == "accelerate.Accelerator"
+               for v in _assigned_values(ctx, leaf))
 
 
 def _assigned_values(ctx: FileContext, name: str) -> list[ast.expr]:
