@@ -841,3 +841,21 @@ def test_a_helper_of_another_file_that_reads_the_host_is_reported_at_the_call(tm
     assert found == [("train.py", 9), ("train.py", 10)]
     # The helpers' files not scanned: nothing is known of them.
     assert scan_paths([tmp_path / "train.py"], options).findings == []
+
+
+def test_an_optimizer_wrapper_stepped_with_the_loss_is_a_whole_update(scan):
+    # tianshou: ``self.critic_optim.step(critic_loss)`` runs the backward pass and the
+    # step; the algorithm's update, called from a trainer in another file, returns
+    # its losses read with .item() every update.
+    source = (
+        "import torch\nimport torch.nn.functional as F\n"
+        "class BCQ:\n"
+        "    def _update_with_batch(self, batch):\n"
+        "        critic_loss = F.mse_loss(self.critic(batch.obs), batch.target)\n"
+        "        self.critic_optim.step(critic_loss)\n"
+        "        return {'critic_loss': critic_loss.item()}\n"
+    )
+    assert codes(scan(source, target="cuda", select=("AX3",))) == ["AX301"]
+    # A scheduler's step is no update.
+    plain = source.replace("self.critic_optim.step(critic_loss)", "self.lr_scheduler.step(critic_loss)")
+    assert codes(scan(plain, target="cuda", select=("AX3",))) == []

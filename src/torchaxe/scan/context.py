@@ -510,6 +510,8 @@ class FileContext:
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
         if name in ("backward", "manual_backward") or self.qualified_name(func) == "torch.autograd.backward":
             return "backward"
+        if name == "step" and node.args and _names_loss(node.args[0]):  # type: ignore[attr-defined]
+            return "helper"  # an optimizer wrapper's ``step(loss)`` (tianshou): backward and step
         return "step" if name == "step" else "helper"
 
     def _names_optimizer(self, node: ast.AST) -> bool:
