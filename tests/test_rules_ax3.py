@@ -859,3 +859,21 @@ def test_an_optimizer_wrapper_stepped_with_the_loss_is_a_whole_update(scan):
     # A scheduler's step is no update.
     plain = source.replace("self.critic_optim.step(critic_loss)", "self.lr_scheduler.step(critic_loss)")
     assert codes(scan(plain, target="cuda", select=("AX3",))) == []
+
+
+def test_a_gradient_scalers_scale_read_every_step_is_a_sync(scan):
+    # FastPoseGait compares the scale before and after update() to tell a skipped step.
+    source = (
+        "import torch\n"
+        "def train(model, loader, opt, scaler):\n"
+        "    for x in loader:\n"
+        "        scaler.scale(model(x).sum()).backward()\n"
+        "        scaler.step(opt)\n"
+        "        scale = scaler.get_scale()\n"
+        "        scaler.update()\n"
+        "        if scale != scaler.get_scale():\n"
+        "            print('skipped')\n"
+    )
+    found = scan(source, target="cuda", select=("AX301",)).findings
+    assert [f.line for f in found] == [6, 8] and "get_scale()" in found[0].message
+    assert scan(source, target="cpu", select=("AX301",)).findings == []

@@ -39,11 +39,22 @@ def _is_read(ctx: FileContext, node: ast.AST) -> bool:
     return False
 
 
+def _is_scale_read(node: ast.Call) -> bool:
+    """``scaler.get_scale()`` on something named a scaler (``torch.amp.GradScaler``)."""
+    func = node.func
+    if not (isinstance(func, ast.Attribute) and func.attr == "get_scale") or node.args or node.keywords:
+        return False
+    receiver = func.value
+    name = receiver.attr if isinstance(receiver, ast.Attribute) else receiver.id if isinstance(receiver, ast.Name) \
+        else ""
+    return "scaler" in name.lower()
+
+
 class HostReadInTrainingLoop(Rule):
     """
     ## What it does
-    Flags `.item()`, `.cpu()`, `.numpy(force=True)`, `.tolist()` and a blocking
-    `.to("cpu")` inside a training loop (a loop whose own body calls `backward()` or an
+    Flags `.item()`, `.cpu()`, `.numpy(force=True)`, `.tolist()`, a blocking
+    `.to("cpu")` and a gradient scaler's `get_scale()` inside a training loop (a loop whose own body calls `backward()` or an
     optimizer's `step()`, or the body of a step function that does, such as `def
     train_step(batch)`, that the file calls in a loop or from another step function, or
     that runs a whole update (a backward pass and an optimizer's step) and is never called
@@ -319,6 +330,16 @@ class HostReadInTrainingLoop(Rule):
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
+        if _is_scale_read(node):
+            loop = ctx.training_loop(node)
+            if loop is not None and not T.rarely_run(ctx, loop, node):
+                yield ctx.finding(
+                    self, node,
+                    f"`{ctx.text(node)}` reads the gradient scaler's scale back to the host (torch documents that "
+                    f"it incurs a CPU-GPU sync) inside the training loop: {T.sync_cost(ctx.target)}; to tell a "
+                    "skipped step, compare the scale on the device, or read it every N steps",
+                    fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
+            return
         if not _is_read(ctx, node):
             self._helper_of_another_file(node, ctx)
             return
