@@ -877,3 +877,42 @@ def test_a_gradient_scalers_scale_read_every_step_is_a_sync(scan):
     found = scan(source, target="cuda", select=("AX301",)).findings
     assert [f.line for f in found] == [6, 8] and "get_scale()" in found[0].message
     assert scan(source, target="cpu", select=("AX301",)).findings == []
+
+
+def test_a_tensor_read_before_the_step_moves_it_to_the_device_is_on_the_host(scan):
+    # XLM checks its batch with ``.item()`` and only then moves it with to_cuda().
+    source = (
+        "import torch\n"
+        "def clm_step(self, model, opt):\n"
+        "    x, lengths = self.generate_batch()\n"
+        "    pred_mask = torch.arange(lengths.max())[:, None] < lengths[None] - 1\n"
+        "    assert pred_mask.sum().item() > 0\n"
+        "    x, pred_mask = to_cuda(x, pred_mask)\n"
+        "    loss = model(x, pred_mask)\n"
+        "    loss.backward()\n"
+        "    opt.step()\n"
+        "    print(pred_mask.sum().item())\n"
+    )
+    found = scan(source, target="cuda", select=("AX301",)).findings
+    assert [f.line for f in found] == [10]
+
+
+def test_a_method_that_ends_in_the_files_update_helper_is_a_step(scan):
+    # XLM: ``clm_step`` computes the loss, reads it, and calls ``self.optimize(loss)``,
+    # which runs the backward pass and the steps; the loop is in another file.
+    source = (
+        "import torch\n"
+        "class Trainer:\n"
+        "    def optimize(self, loss):\n"
+        "        self.optimizer.zero_grad()\n"
+        "        loss.backward()\n"
+        "        self.optimizer.step()\n"
+        "    def clm_step(self, x):\n"
+        "        loss = self.model(x)\n"
+        "        self.stats.append(loss.item())\n"
+        "        self.optimize(loss)\n"
+    )
+    assert [f.line for f in scan(source, target="cuda", select=("AX301",)).findings] == [9]
+    # A method the file calls itself is judged where it is called.
+    called = source + "    def run(self, x):\n        self.clm_step(x)\n"
+    assert scan(called, target="cuda", select=("AX301",)).findings == []

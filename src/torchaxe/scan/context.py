@@ -388,13 +388,22 @@ class FileContext:
         optimizer's step (or a helper given both), and the file never calls it: its loop
         is in another file (an RL agent's ``learn()``, a loss object's ``__call__``
         that also steps)."""
-        kinds = {self.training_kind(node) for node in _own_body(function)}
-        if not ("helper" in kinds or {"backward", "step"} <= kinds):
+        if not self._runs_whole_update(function) and not any(
+                self._runs_whole_update(callee) for name in self._own_callees(function)
+                for callee in self.functions().get(name, ()) if callee is not function):
+            # Nor through a helper of the file that does (XLM's ``clm_step`` ends in
+            # ``self.optimize(loss)``, which runs the backward pass and the steps).
             return False
         key = "called_names"
         if key not in self.cache:
             self.cache[key] = frozenset(called_names(fast_walk(self.tree)))
         return function.name not in self.cache[key]
+
+    def _runs_whole_update(self, function: ast.AST) -> bool:
+        """Whether a function's own body runs a backward pass and an optimizer's step
+        (or a helper given both)."""
+        kinds = {self.training_kind(node) for node in _own_body(function)}
+        return "helper" in kinds or {"backward", "step"} <= kinds
 
     def _called_from_step_functions(self, unconditionally: bool = False) -> frozenset[str]:
         if unconditionally:

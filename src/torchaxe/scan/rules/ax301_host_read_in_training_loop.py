@@ -39,6 +39,38 @@ def _is_read(ctx: FileContext, node: ast.AST) -> bool:
     return False
 
 
+#: Calls that move what they are given to the device.
+_MOVES = ("cuda", "to_cuda", "to_device", "to_gpu", "npu")
+
+
+def _moved_after(ctx: FileContext, read: ast.Call, receiver: ast.AST) -> bool:
+    """Whether the tensor read is moved to the device later in the same function,
+    its name bound again from the move (XLM: ``pred_mask.sum().item()`` before ``x,
+    pred_mask = to_cuda(x, pred_mask)``): until then it is on the host."""
+    root = receiver
+    while isinstance(root, (ast.Call, ast.Attribute, ast.Subscript)):
+        root = root.func if isinstance(root, ast.Call) else root.value
+    if not isinstance(root, ast.Name):
+        return False
+    function = next((p for p in reversed(ctx.parents) if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))),
+                    None)
+    if function is None:
+        return False
+    end = read.end_lineno or read.lineno
+    for stmt in ast.walk(function):
+        if not (isinstance(stmt, ast.Assign) and stmt.lineno > end and isinstance(stmt.value, ast.Call)):
+            continue
+        if root.id not in {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}:
+            continue
+        func = stmt.value.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        moved = [func.value] if isinstance(func, ast.Attribute) and name in ("cuda", "npu", "to") else \
+            list(stmt.value.args) if name in _MOVES else []
+        if any(isinstance(m, ast.Name) and m.id == root.id for m in moved):
+            return True
+    return False
+
+
 def _is_scale_read(node: ast.Call) -> bool:
     """``scaler.get_scale()`` on something named a scaler (``torch.amp.GradScaler``)."""
     func = node.func
@@ -350,7 +382,7 @@ class HostReadInTrainingLoop(Rule):
         if loop is None or T.rarely_run(ctx, loop, node):
             return
         tensors = T.tensors_at(ctx)
-        if tensors.is_host(receiver):
+        if tensors.is_host(receiver) or _moved_after(ctx, node, receiver):
             return
         what = T.describe(ctx, node)
         # The tensor read, as written (``output.mean()``), when it is short enough to show.
