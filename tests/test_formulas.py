@@ -1659,3 +1659,37 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     scaled = source.replace("return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)",
                             "return x * 2")
     assert matches(scaled, "npu") == []
+
+
+def test_projections_written_with_f_linear_are_read_as_layer_outputs():
+    # VideoMAE builds its qkv bias by hand and projects with F.linear(input=...,
+    # weight=self.qkv.weight, bias=...); a LLaMA-style feed-forward with F.linear.
+    attention = """
+import torch
+import torch.nn.functional as F
+
+
+class Attention(torch.nn.Module):
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv_bias = None
+        if self.q_bias is not None:
+            qkv_bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias, requires_grad=False), self.v_bias))
+        qkv = F.linear(input=x, weight=self.qkv.weight, bias=qkv_bias)
+        qkv = qkv.reshape(B, N, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        q = q * self.scale
+        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+        return (attn @ v).transpose(1, 2).reshape(B, N, -1)
+"""
+    assert [m.category for m in matches(attention, "cuda")] == ["attention"]
+    feed_forward = """
+import torch
+import torch.nn.functional as F
+
+
+class FeedForward(torch.nn.Module):
+    def forward(self, x):
+        return F.linear(F.silu(F.linear(x, self.w1.weight)) * F.linear(x, self.w3.weight), self.w2.weight)
+"""
+    assert [m.category for m in matches(feed_forward, "npu")] == ["swiglu"]

@@ -223,6 +223,10 @@ class ExpressionLowering:
             op = V.FUNCTIONS.get(qualified)
             if op is None:
                 return self.opaque(node)
+            if op == "linear" and _parameter_weight(node):
+                # ``F.linear(x, self.qkv.weight, bias)``: a layer's projection, read as a
+                # module's output is (its weight's shape is the layer's, not the probes').
+                return self.opaque(node)
             if qualified.startswith(("math.", "numpy.")):
                 # Numbers only (math.sqrt(q.size(-1)), np.sqrt(2 / np.pi)): numpy code on
                 # arrays has no torch replacement.
@@ -474,3 +478,10 @@ class ExpressionLowering:
         if isinstance(node, (ast.Constant, ast.Name)):
             return
         self.subroots.append((node, self.lower(node)))
+
+
+def _parameter_weight(call: ast.Call) -> bool:
+    """The weight of ``F.linear(...)`` (second argument or ``weight=``) is an attribute
+    (``self.qkv.weight``, ``self.w``): a layer's parameter."""
+    weight = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "weight"), None)
+    return isinstance(weight, ast.Attribute)
