@@ -261,3 +261,31 @@ class Decoder(nn.Module):
         return hidden
 '''
     assert lines(source) == [21]
+
+
+def test_a_model_chosen_between_a_recurrent_and_a_plain_class_is_read_as_the_recurrent_one():
+    # Lizhi-sjtu's QMIX: ``Q_network_RNN`` or ``Q_network_MLP`` by a flag; the loop over
+    # the episode's steps only runs with the recurrent one.
+    source = (
+        "import torch.nn as nn\n"
+        "class RNN(nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        self.rnn = nn.GRUCell(8, 8)\n        self.rnn_hidden = None\n"
+        "    def forward(self, x):\n        self.rnn_hidden = self.rnn(x, self.rnn_hidden)\n"
+        "        return self.rnn_hidden\n"
+        "class MLP(nn.Module):\n"
+        "    def forward(self, x):\n        return self.fc(x)\n"
+        "class Agent:\n"
+        "    def __init__(self, use_rnn):\n"
+        "        if use_rnn:\n            self.q = RNN()\n        else:\n            self.q = MLP()\n"
+        "    def train(self, inputs, steps, opt):\n"
+        "        outs = []\n"
+        "        for t in range(steps):\n"
+        "            outs.append(self.q(inputs[:, t]))\n"
+        "        loss = sum(o.sum() for o in outs)\n"
+        "        loss.backward()\n"
+        "        opt.step()\n"
+    )
+    findings = scan_source(source, "q.py", ScanOptions(target="cuda", select=("AX121",))).findings
+    assert [(f.code, f.line) for f in findings] == [("AX121", 22)]
+    assert "RNN's nn.GRUCell once per call" in findings[0].message

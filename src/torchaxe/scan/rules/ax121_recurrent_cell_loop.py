@@ -118,12 +118,33 @@ class RecurrentCellLoop(Rule):
         # Called once: not a loop over time, or not a cell.
         Valid("import torch.nn as nn\ncell = nn.LSTMCell(8, 16)\nh, c = cell(x, (h, c))\n"),
         Valid("import torch.nn as nn\nlstm = nn.LSTM(8, 16)\nfor t in range(T):\n    y, s = lstm(x[t:t+1], s)\n"),
+        # QMIX: the Q network keeps its GRUCell's hidden state on the module; the
+        # training loop feeds it each step of the stored episode.
+        Invalid(
+            "import torch.nn as nn\n"
+            "class QRNN(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.fc = nn.Linear(4, 8)\n        self.rnn = nn.GRUCell(8, 8)\n        self.h = None\n"
+            "    def forward(self, x):\n        self.h = self.rnn(self.fc(x), self.h)\n        return self.h\n"
+            "net = QRNN()\nfor t in range(T):\n    q = net(inputs[:, t].reshape(-1, 4))\n",
+            lines=(13,), message="once per call, its state kept on the module",
+        ),
+        # ... not when the loop feeds it what it decides (an environment's observation).
+        Valid(
+            "import torch.nn as nn\n"
+            "class QRNN(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.rnn = nn.GRUCell(8, 8)\n        self.h = None\n"
+            "    def forward(self, x):\n        self.h = self.rnn(x, self.h)\n        return self.h\n"
+            "net = QRNN()\nfor t in range(T):\n    q = net(obs)\n    obs = env.step(q)\n",
+        ),
     )
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
         scope = function_of(ctx.parents, ctx.tree)
         layer = _layer_of(node.func, scope, node.lineno, ctx)
+        if layer is None and node.args:
+            yield from self._module_held_state(node, scope, ctx)
+            return
         if layer is None or not node.args:
             return
         statement = _statement_of(node, ctx)
@@ -149,6 +170,87 @@ class RecurrentCellLoop(Rule):
                    + ") with the same parameters under other names (weight_ih -> weight_ih_l0, ...). "
                    "Display-only: move the loop's other work with it and rename checkpoint keys")
         yield ctx.finding(self, node, message, fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
+
+
+    def _module_held_state(self, node: ast.Call, scope: ast.AST, ctx: FileContext) -> Iterable[Finding]:
+        """A model of the file whose ``forward`` steps a cell once, its state kept on
+        the module (``self.h = self.rnn(x, self.h)``), called in a loop with the
+        loop's element of a sequence the loop is given (QMIX's ``self.eval_Q_net(
+        inputs[:, t])`` for every ``t``)."""
+        loop = next((p for p in reversed(ctx.parents) if isinstance(p, (*LOOP_TYPES, *BOUNDARY_TYPES))), None)
+        if not isinstance(loop, ast.For) or not _indexes_with(node.args[0], bound_names(loop)):
+            return
+        # Several classes (``Q_network_RNN(...) if args.use_rnn else Q_network_MLP(...)``):
+        # the one that steps a cell is the one such a loop runs.
+        stepping = [(c, h) for c in _models_of(node.func, scope, ctx) for h in [_held_state_step(c, ctx)] if h]
+        if len(stepping) != 1:
+            return
+        cls, (layer, state) = stepping[0]
+        message = (f"`{ctx.text(node.func)}` steps {cls.name}'s {layer}Cell once per call, its state kept on the "
+                   f"module (`self.{state}`), and the loop calls it with each step of a sequence it is given: "
+                   f"each step is its own small matrix products and gate kernels launched from Python; {layer} over "
+                   "the whole sequence runs the steps in native code in one call (the layers around the cell "
+                   "applied to every step at once). Display-only: the module and its callers change together")
+        yield ctx.finding(self, node, message, fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
+
+
+def _indexes_with(value: ast.AST, names: set[str]) -> bool:
+    """``inputs[:, t]`` (through ``.reshape(...)`` and the like): an element of a
+    sequence taken at a loop variable."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+        value = value.func.value
+    return isinstance(value, ast.Subscript) and any(
+        isinstance(n, ast.Name) and n.id in names for n in ast.walk(value.slice))
+
+
+def _models_of(func: ast.AST, scope: ast.AST, ctx: FileContext) -> list[ast.ClassDef]:
+    """The classes of the file that ``self.<attr>`` (the values its class gives it) or
+    a name (its assignments in the file) is built from; none when one of them is
+    something else."""
+    if _is_self_attribute(func):
+        values = [v for v, _ in _self_values(func, scope, ctx)]  # type: ignore[arg-type]
+    elif isinstance(func, ast.Name):
+        values = [a.value for a in ctx.nodes(ast.Assign) if any(isinstance(t, ast.Name) and t.id == func.id
+                                                              for t in a.targets)]
+    else:
+        return []
+    classes: dict[int, ast.ClassDef] = {}
+    for value in values:
+        value = unmoved(value, ctx)
+        if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
+            return []
+        found = [c for c in ctx.nodes(ast.ClassDef) if c.name == value.func.id]
+        if len(found) != 1:
+            return []
+        classes[id(found[0])] = found[0]
+    return list(classes.values())
+
+
+def _held_state_step(cls: ast.ClassDef, ctx: FileContext) -> tuple[str, str] | None:
+    """(layer, state attribute) when ``cls.forward`` steps a cell of the class once,
+    ``self.<state> = self.<cell>(x, self.<state>)``, outside any loop."""
+    forward = next((f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and f.name == "forward"), None)
+    if forward is None:
+        return None
+    found = None
+    for stmt in walk_scope(forward):
+        if isinstance(stmt, LOOP_TYPES):
+            return None
+        if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and _is_self_attribute(stmt.targets[0])
+                and isinstance(stmt.value, ast.Call) and _is_self_attribute(stmt.value.func)
+                and len(stmt.value.args) == 2 and _is_self_attribute(stmt.value.args[1])):
+            continue
+        state = stmt.targets[0].attr  # type: ignore[attr-defined]
+        if stmt.value.args[1].attr != state:  # type: ignore[attr-defined]
+            continue
+        layers = {_constructed_layer(v, ctx) if isinstance(v, ast.Call) else None
+                  for v in (unmoved(v, ctx) for v in self_bindings(cls, stmt.value.func.attr, ctx))}  # type: ignore
+        layer = _single(layers)
+        if layer is None or found is not None:
+            return None
+        found = (layer, state)
+    return found
 
 
 #: How many hops (an assignment, a parameter, a closure) a cell is followed through.
