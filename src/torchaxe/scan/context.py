@@ -87,17 +87,12 @@ class FileContext:
         file of the project is the engine's to find out. None otherwise."""
         if self._origins is None:
             self._origins = _collect_origins(self.tree)
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
-            return None
-        origin = self._origins.get(node.id)
+        split = _attribute_chain(node)
+        origin = self._origins.get(split[0]) if split is not None else None
         if origin is None:
             return None
         module, level, name = origin
-        chain = ([name] if name is not None else []) + parts[::-1]
+        chain = ([name] if name is not None else []) + split[1]  # type: ignore[index]
         if not chain:
             return None
         dotted = ".".join(p for p in (module, *chain[:-1]) if p)
@@ -133,17 +128,11 @@ class FileContext:
         ``A`` after ``from torch.optim import AdamW as A`` is ``torch.optim.AdamW``.
         Names that no import binds resolve to ``None``.
         """
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
-            return None
-        base = self.imports.get(node.id)
+        split = _attribute_chain(node)
+        base = self.imports.get(split[0]) if split is not None else None
         if base is None:
             return None
-        parts.append(base)
-        return ".".join(reversed(parts))
+        return ".".join([base, *split[1]])  # type: ignore[index]
 
     def call_name(self, call: ast.Call) -> str | None:
         return self.qualified_name(call.func)
@@ -744,6 +733,15 @@ def _collect_imports(tree: ast.Module) -> dict[str, str]:
                 if block:
                     stack.extend(block)
     return names
+
+
+def _attribute_chain(node: ast.AST) -> tuple[str, list[str]] | None:
+    """``a.b.c`` -> ``("a", ["b", "c"])``; None unless a name heads the chain."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return (node.id, parts[::-1]) if isinstance(node, ast.Name) else None
 
 
 def _collect_origins(tree: ast.Module) -> dict[str, tuple[str, int, str | None]]:
