@@ -149,3 +149,29 @@ def test_profile_names_a_busy_process_beside_the_measured_steps(tmp_path: Path) 
         spin.wait()
     assert run.returncode == 0, run.stderr
     assert "other processes kept" in run.stderr, run.stderr
+
+
+def test_a_torchrun_rank_counts_its_sibling_ranks_as_its_own_job():
+    # Under torchrun each rank's harness watches the machine: the job's other ranks
+    # (children of the same launcher) are not other load. This test process plays the
+    # launcher; a child of it plays a rank, another child its sibling.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from torchaxe.runtime.other_load import own_family
+
+    code = "import json; from torchaxe.runtime.other_load import own_family; print(json.dumps(sorted(own_family())))"
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        plain = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_RUN_ID"}
+        rank = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                              env={**plain, "TORCHELASTIC_RUN_ID": "job"})
+        assert {sibling.pid, os.getpid()} <= set(json.loads(rank.stdout))
+        alone = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=plain)
+        assert sibling.pid not in set(json.loads(alone.stdout))
+    finally:
+        sibling.kill()
+        sibling.wait()
+    assert os.getpid() in own_family({})

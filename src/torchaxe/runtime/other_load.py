@@ -84,13 +84,18 @@ def all_processes() -> dict[int, tuple[str, float, float]]:
     return out
 
 
-def own_family() -> set[int]:
-    """This process and every process below it."""
+def own_family(environ: Mapping[str, str] | None = None) -> set[int]:
+    """This process and every process below it; for a rank that torchrun started
+    (``TORCHELASTIC_RUN_ID`` in its environment), the launcher and everything below it:
+    the job's other ranks and their loader workers are the job, not other load."""
     import psutil
 
+    environ = os.environ if environ is None else environ
     try:
-        me = psutil.Process(os.getpid())
-        return {me.pid, *(child.pid for child in me.children(recursive=True))}
+        root = psutil.Process(os.getpid())
+        if environ.get("TORCHELASTIC_RUN_ID") and root.parent() is not None:
+            root = root.parent()
+        return {root.pid, *(child.pid for child in root.children(recursive=True))}
     except psutil.Error:
         return {os.getpid()}
 
