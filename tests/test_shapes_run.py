@@ -659,3 +659,16 @@ def test_the_padding_switch_is_read_from_argparse_or_an_argument_dataclass(tmp_p
     script.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--max_length')\n")
     assert own_padding_switch(["python", str(script)]) is None
     assert own_padding_switch(["python", "-m", "torchaxe_missing_module"]) is None
+
+
+def test_a_script_that_raises_after_its_first_steps_is_said_to_have_raised(tmp_path, capsys):
+    # Seen in a review: exit 0 and a verdict, the exception nowhere.
+    crashing = FIXED.replace("    opt.step()\n", "    opt.step()\n    if globals().setdefault('n', [0]).append(1) or "
+                             "len(globals()['n']) == 3:\n        raise RuntimeError('boom at step 3')\n")
+    script = write_script(tmp_path, crashing)
+    code = main(["shapes", "--steps", "6", "--target", "cpu", "--format", "json", "--", "python", str(script)])
+    captured = capsys.readouterr()
+    assert code == 3, captured.err
+    report = json.loads(captured.out)
+    assert report["warnings"][0].startswith("the script raised RuntimeError at ")
+    assert "boom at step 3; the shapes are those of the steps before it" in report["warnings"][0]

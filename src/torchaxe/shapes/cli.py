@@ -15,7 +15,7 @@ import click
 from torchaxe.backends import TARGET_CHOICES
 from torchaxe.console import CONTEXT, progress_printer, write_output
 from torchaxe.runtime.torchrun import in_ranks
-from torchaxe.errors import TorchaxeError
+from torchaxe.errors import TorchaxeError, first_line
 
 EPILOG = """\b
 Exit codes:
@@ -24,6 +24,8 @@ Exit codes:
   2    torchaxe could not do it: bad option, script not found, the script raised or
        exited before its first step, no step was seen (try --step-marker), a trace
        without shapes
+  3    the script raised after its first steps: the shapes of the steps before it are
+       reported, with the exception
 """
 
 
@@ -230,7 +232,13 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
         for rec in verdict.recommendations:
             if rec.kind == "compile" and "torch.compile(" in rec.setting:
                 rec.reason += f"; the script compiles {name} already: keep its call, with this setting"
-    if observation.steps < steps:
+    error = observation.profile.error
+    if error is not None:
+        # The steps before it were recorded; the run did not end as the script meant it to.
+        where = f" at {error.location}" if error.location else ""
+        warnings.insert(0, f"the script raised {error.type}{where} after {observation.steps} of the {steps} steps "
+                           f"asked for: {first_line(error.message)}; the shapes are those of the steps before it")
+    elif observation.steps < steps:
         warnings.append(f"the script ended after {observation.steps} steps of the {steps} asked for")
     extra = {}
     if "torch_npu" in sys.modules:  # the script ran on the NPU: which compile mode it ran under
@@ -241,7 +249,7 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
             warnings.append(f"the run used jit_compile={extra['npu_compile_mode']['jit_compile_in_effect']} "
                             "(read back with torch_npu.npu.is_jit_compile_false)")
     trial = None
-    code = 0
+    code = 3 if error is not None else 0
     if try_:
         from torchaxe.shapes.measure import run_compile_trial
 
@@ -250,7 +258,7 @@ def _run(command, steps, max_shapes, target, timeout, step_marker, try_, try_ste
                                    timeout=timeout, backend=backend, progress=progress)
         trial = result.to_dict()
         if any(not r.ok for r in result.results):
-            code = 1
+            code = code or 1
     report = build_report(command=command, target=target, verdict=verdict, analysis=analysis,
                           steps=observation.steps, max_shapes=max_shapes, warnings=warnings, trial=trial,
                           extra=extra)
