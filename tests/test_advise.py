@@ -1606,6 +1606,25 @@ def test_a_formula_in_code_no_step_ran_is_listed_not_measured(script: Path) -> N
     assert next(r for r in ran.recommendations if r.key == "code:AX110").status == "measured"
 
 
+def test_a_weight_average_in_a_class_no_step_ran_is_listed_not_measured(script: Path) -> None:
+    # A review's DDPM: an EMA class of the script's module that the script never builds
+    # was queued for measurement, with the optimizer's time as its evidence.
+    import os
+
+    text = script.read_text().replace(
+        "class Net(nn.Module):",
+        "class EMA:\n    def update(self, ema_model, model, beta=0.99):\n"
+        "        for e, p in zip(ema_model.parameters(), model.parameters()):\n"
+        "            e.data = beta * e.data + (1 - beta) * p.data\n\n\nclass Net(nn.Module):")
+    script.write_text(text)
+    loop = next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith("class Net"))
+    runs = FakeRuns()
+    advice = run_advice(script, runs, context={"step_functions": {os.path.realpath(script): [[loop, loop + 40]]}})
+    ema = next(r for r in advice.recommendations if r.key == "code:AX205")
+    assert ema.status == "not_measured" and "no training step of this run ran this code" in ema.detail
+    assert "code:AX205" not in runs.order
+
+
 def test_the_loss_noise_line_says_why_it_is_missing(script: Path) -> None:
     # Runs take 10 s: after the warm-up run, the original's first run does not fit.
     clock = Clock()

@@ -102,6 +102,8 @@ DDP_COMM_KNOBS = ("knob:ddp-comm-", "knob:ddp-bucket-cap-", "knob:ddp-static-gra
 #: The changes that make optimizers' ``step()`` faster (a fused or foreach
 #: implementation): their saving is bounded by the time in ``step()``, where that time
 #: is the optimizer's whole cost (the cpu: on a device the host only launches kernels).
+#: Rules whose findings in the user's code count only where a training step ran them.
+_RAN_CODE_RULES = ("AX1", "AX203", "AX205")
 OPTIMIZER_KNOBS = ("knob:fused-optimizer",) + tuple(f"code:{code}" for code in OPTIMIZER_RULES)
 #: The loader changes (worker processes): bounded by the time the step waited for data
 #: (not when they pin memory, which speeds up the copy to the device after the wait).
@@ -885,17 +887,19 @@ class Advisor:
 
     def _run_in_steps(self, findings: list[Finding], context: dict[str, Any],
                       settings: dict[str, Any]) -> tuple[list[Finding], list[Finding]]:
-        """Formula findings split into those in code a counted training step ran and
-        those in code none did (a model class the command line did not choose): a fix
-        there cannot change this run's speed, and is listed only. Not when the script
-        compiles its model itself: compiled code runs without the Python frames that
-        say what ran."""
+        """Formula findings, and weight averages and hand-written updates, split into
+        those in code a counted training step ran and those in code none did (a model
+        class the command line did not choose, an EMA class the script never builds): a
+        fix there cannot change this run's speed, and is listed only. Not when the
+        script compiles its model itself: compiled code runs without the Python frames
+        that say what ran."""
         from torchaxe.runtime.run_context import executed
 
         if settings.get("compiled_graphs"):
             return findings, []
         return self._listed_only(
-            findings, lambda f: f.code.startswith("AX1") and executed(context, f.path, f.line, f.end_line) is False,
+            findings, lambda f: f.code.startswith(_RAN_CODE_RULES) and executed(context, f.path, f.line,
+                                                                                  f.end_line) is False,
             lambda n, first: f"{n} finding(s) in code no training step of this run ran are listed but not measured "
             f"(e.g. {first.path}:{first.line} {first.code}; another model or option of the script runs it)")
 
