@@ -239,10 +239,11 @@ def test_a_busy_neighbour_of_the_measured_steps_is_named(tmp_path, monkeypatch):
     # Other processes slow steps unevenly: what they used of the cores while the steps
     # were measured is read at the first measured step and at the end.
     from torchaxe import cpulist
-    from torchaxe.runtime import other_load
+    from torchaxe.runtime import load, other_load
 
     monkeypatch.setattr(cpulist, "usable_cpus", lambda: 2)
     monkeypatch.setattr(other_load, "machine_cores", lambda: 2)
+    monkeypatch.setattr(load, "load_average", lambda: 1.0)  # a quiet machine, whatever this one is doing
     source = PRELUDE + "import time\nfor _ in range(6):\n    step()\n    time.sleep(0.05)\n"
     started = time.time()
     # A neighbour (pid 4242) that uses 1.5 cores for every second that passes.
@@ -254,6 +255,11 @@ def test_a_busy_neighbour_of_the_measured_steps_is_named(tmp_path, monkeypatch):
     assert not any("1-minute load" in w for w in profile.warnings)
     monkeypatch.setattr(other_load, "all_processes", lambda: {4242: ("trainer", 1.0, started - 10.0)})
     assert not any("busy" in w for w in run_script(tmp_path, source, steps=3, warmup=1).warnings)
+    # Processes that came and went between the watch's two samples (a test run's
+    # workers) are not seen by it: the load average the run ended under says so.
+    monkeypatch.setattr(load, "load_average", lambda: 4.0)
+    warnings = run_script(tmp_path, source, steps=3, warmup=1).warnings
+    assert any(w.startswith("the machine was busy (1-minute load 4.0 on 2 cores at the end)") for w in warnings)
 
 
 def test_a_busy_machine_is_said_beside_the_figures(tmp_path, monkeypatch):

@@ -994,13 +994,15 @@ class Harness:
 
         watch = recorder.other_load
         others = watch.stop() if watch is not None and measured else None
-        if others is not None:
-            if others.busy:
-                out.append(f"other processes kept {others.cores:.1f} of the {others.usable} usable cores busy while "
-                           f"the steps were measured (busiest: {others.describe()}): steps on shared cores are "
-                           "slower and noisier, by far more than the share taken; profile again on an idle machine "
-                           "to confirm the figures")
+        if others is not None and others.busy:
+            out.append(f"other processes kept {others.cores:.1f} of the {others.usable} usable cores busy while "
+                       f"the steps were measured (busiest: {others.describe()}): steps on shared cores are "
+                       "slower and noisier, by far more than the share taken; profile again on an idle machine "
+                       "to confirm the figures")
             return self._swallowed(out, state)
+        # The watch samples the processes at the start and the end of the measured steps
+        # only: processes that came and went between (a test run's workers) show in the
+        # load average.
         load, cores = machine.load_average(), cpulist.usable_cpus()
         if measured and load is not None and machine.busy(load, cores):
             out.append(f"the machine was busy ({machine.busy_text(load, cores)} at the end): other "
