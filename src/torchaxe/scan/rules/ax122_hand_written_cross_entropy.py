@@ -100,7 +100,7 @@ class HandWrittenCrossEntropy(Rule):
     message = "cross-entropy computed by hand from a log-softmax, softmax or exp"
     fix_title = "use F.cross_entropy (class indices with label_smoothing=, or the logits of a contrastive loss)"
     fix_safety = Applicability.DISPLAY_ONLY
-    requires_text = ("softmax", "Softmax", "exp", "logsumexp")
+    requires_text = ("softmax", "Softmax", "exp(", "logsumexp")
     also_requires_text = ("log",)
     references = ("https://pytorch.org/docs/stable/generated/torch.nn.functional.cross_entropy.html",)
     examples = (
@@ -176,7 +176,7 @@ def _may_hold(function: ast.AST, ctx: FileContext) -> bool:
     """Whether a function's text names a log and a softmax or an exp (the words the
     rule asks of the file): the others, most functions of a large file, are not read."""
     text = "".join(ctx.lines[function.lineno - 1:function.end_lineno or function.lineno])  # type: ignore[attr-defined]
-    return "log" in text and any(word in text for word in ("softmax", "Softmax", "exp"))
+    return "log" in text and any(word in text for word in ("softmax", "Softmax", "exp("))
 
 
 class _Scope:

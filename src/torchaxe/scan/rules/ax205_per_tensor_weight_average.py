@@ -765,11 +765,18 @@ _WRITES = ("mul_", "add_", "sub_", "lerp_", "copy_", "div_")
 _WRITE_TEXT = tuple(f"{m}(" for m in _WRITES) + (".data =", "] =", "+=", "-=", "*=", "/=", "out=")
 
 
+#: A loop longer than this is no weight average (the longest labelled one, with its
+#: function, spans 24 lines).
+_MOST_LINES = 40
+
+
 def _may_write(loop: ast.For, ctx: FileContext) -> bool:
     """A cheap first look at a loop's text: something that can write a tensor (see
     :data:`_WRITE_TEXT`, or a call of one of the file's own functions that computes,
     :func:`_computes`)
     and no gradient (an optimizer's loop, AX203)."""
+    if (loop.end_lineno or loop.lineno) - loop.lineno > _MOST_LINES:
+        return False
     text = ctx.snippet(loop)
     if ".grad" in text.replace(".grad_fn", "").replace(".gradient", ""):
         return False
