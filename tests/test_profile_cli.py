@@ -96,6 +96,9 @@ def test_profile_is_listed_by_torchaxe_help(capsys):
     (["profile", "merge"], "Missing argument"),
     (["profile", "--", "sh", "x.py"], "sh is not a Python script: torchaxe runs Python training commands"),
     (["profile", "--", "/bin/sh"], "/bin/sh is not a Python script"),  # a binary given as the script
+    # A misspelt interpreter is not a missing script.
+    (["profile", "--", "pyhton", "x.py"], "pyhton: no such script or program (did you mean `python`?)"),
+    (["profile", "--", "train", "x.py"], "train: no such script or program: torchaxe runs `python train.py`"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, argv, message):
     monkeypatch.chdir(tmp_path)

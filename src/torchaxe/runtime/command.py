@@ -156,6 +156,15 @@ def parse_command(argv: Sequence[str], cwd: str | None = None) -> ScriptCommand:
     if _other_program(first, path):
         raise TorchaxeError(f"{first} is not a Python script: torchaxe runs Python training commands "
                             "(`python train.py`, `python -m package.train`, `train.py`, `torchrun ... train.py`)")
+    if not path.exists() and path.suffix != ".py" and len(tokens) > 1:
+        # ``pyhton train.py``: a misspelt program, not a missing script.
+        import difflib
+
+        close = difflib.get_close_matches(first, ("python", "python3", "torchrun"), n=1)
+        raise TorchaxeError(f"{first}: no such script or program"
+                            + (f" (did you mean `{close[0]}`?)" if close else "")
+                            + ": torchaxe runs `python train.py`, `python -m package.train`, `train.py` or "
+                              "`torchrun ... train.py`")
     if not path.exists():
         raise TorchaxeError(f"script not found: {path}")
     if path.is_dir() and not (path / "__main__.py").exists():
