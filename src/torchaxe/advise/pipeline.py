@@ -485,20 +485,30 @@ class Advisor:
             for its first compile once on top (guessed)."""
             return 1.0 + ((first_compile_runs(per_run) - 1.0) / repeats if pays_once(c.rec.knobs or {}) else 0.0)
 
-        # The most promising first, each while it fits; one that does not fit leaves
-        # room for cheaper ones after it. One change needs a warm-up run, the original
-        # and the change at the least: the best is measured whenever that fits.
+        # When they all fit, all of them, the most promising first. When not, the most
+        # promise for the runs they cost first, each while it fits: a short budget
+        # measures several changes of one run a round rather than spend itself on
+        # first compiles (a review's accelerate loop: two compiles stopped before their
+        # first step, five cheap changes never tried). One change needs a warm-up run,
+        # the original and the change at the least: the best is measured whenever that
+        # fits.
         chosen: list[Candidate] = []
-        for c in ordered:
-            if cost(c) <= room + 1e-9:
-                chosen.append(c)
-                room -= cost(c)
+        if sum(cost(c) for c in ordered) <= room + 1e-9:
+            chosen = list(ordered)
+        else:
+            for c in sorted(ordered, key=lambda c: -c.priority / cost(c)):
+                if cost(c) <= room + 1e-9:
+                    chosen.append(c)
+                    room -= cost(c)
+            rank = {id(c): n for n, c in enumerate(ordered)}
+            chosen.sort(key=lambda c: rank[id(c)])
         if not chosen and ordered and left >= 3 * per_run:
-            # The most promising whose one round (a warm-up, the original, the change and
-            # a first compile where it compiles) ends within the budget: a short budget
-            # measures a fix rather than start a compile it cannot finish.
-            chosen = [next((c for c in ordered if per_run * (2 + (first_compile_runs(per_run) if pays_once(
-                c.rec.knobs or {}) else 1.0)) <= left), ordered[0])]
+            # The most promise for its runs whose one round (a warm-up, the original, the
+            # change and a first compile where it compiles) ends within the budget: a
+            # short budget measures a fix rather than start a compile it cannot finish.
+            dense = sorted(ordered, key=lambda c: -c.priority / cost(c))
+            chosen = [next((c for c in dense if per_run * (2 + (first_compile_runs(per_run) if pays_once(
+                c.rec.knobs or {}) else 1.0)) <= left), dense[0])]
         elif left < 3 * per_run:
             chosen = []
         taken = {id(c) for c in chosen}
@@ -551,11 +561,17 @@ class Advisor:
         noise_arm, results = results[0], results[1:]
         self._set_noise(noise_arm, base_arm)
         cut = [c for c in ordered if id(c) not in taken]
-        if complete and not base_arm.error and cut:
+        ended_early = measurer.ended_early
+        late_keys: list[str] = []
+        if (complete or ended_early is not None) and not base_arm.error and cut:
             # The fit guessed each run's length from the profiled run; the rounds just
             # run say how long runs take. Changes the guess left out are measured now,
-            # against the same original, while the budget holds them.
-            complete = self._measure_late(measurer, base_arm, noise_arm, cut, arms, results, repeats)
+            # against the same original, while the budget holds them: also when the
+            # budget held no second round of the first ones (it may hold a first round
+            # of those never measured, which says more than another of those that were).
+            done = self._measure_late(measurer, base_arm, noise_arm, cut, arms, results, repeats)
+            complete = complete and done
+            late_keys = [c.rec.key for c in cut if c.rec.not_measured_reason != "budget"]
             if not any(c.rec.not_measured_reason == "budget" for c in cut):
                 if fit_note in advice.notes:
                     advice.notes.remove(fit_note)
@@ -581,17 +597,25 @@ class Advisor:
                        f"change" if left is not None else "")
                     + " (a slow start, or a busy machine: runs take longer than the profiled one); a larger "
                       "--budget, or --skip for the slowest changes (knob:compile), measures them")
-            elif measurer.ended_early is not None:
-                done, left, need = measurer.ended_early
+            elif ended_early is not None:
+                done, left, need = ended_early
+                instead = (f"; it measured {', '.join(late_keys)}, which the first rounds left out, in the time "
+                           f"left instead" if late_keys else "")
                 advice.notes.append(
                     f"the --budget ended the rounds after {done} of {repeats}: the {left:.0f} s left held no further "
                     f"round (about {need:.0f} s at the run times so far, with room kept to measure the chosen changes "
-                    f"together): some figures rest on fewer rounds")
+                    f"together){instead}: some figures rest on fewer rounds")
             else:
                 advice.notes.append("the --budget ran out before every planned run: some figures rest on fewer "
                                     "rounds")
         if measurer.stopped:
             names = sorted(set(measurer.stopped))
+            for n, note in enumerate(advice.notes):
+                if fit_note is not None and note.startswith(fit_note):
+                    # The guess proved short: the runs stopped took longer than it.
+                    advice.notes[n] = (f"{note} (guessed from the profiled run: {', '.join(names[:4])} took longer "
+                                       f"than that and {'was' if len(names) == 1 else 'were'} stopped, so a larger "
+                                       "--budget than this is needed)")
             advice.notes.append(
                 f"the end of the --budget stopped {len(measurer.stopped)} run(s) before their first measured step "
                 f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}; a first compile, a slow start or an "
@@ -743,29 +767,40 @@ class Advisor:
         faster (with none, a late change would be measured with nothing: the room is
         better spent measuring it). Each measured one joins ``arms`` and ``results``.
         False when the deadline cut a round short."""
-        late: list[tuple[Candidate, ArmResult]] = []
         self._set_noise(noise_arm, base)
-        reserve = 2 * repeats if any(r.ok and self.noise.beaten_by(r.ratios) for r in results) else 0
-        for c in cut:
-            knobs = self.arms.of_change(c)
-            if knobs is None:
-                continue
-            trial = [*(a for _, a in late), ArmResult(knobs.name, knobs)]
-            # A round of the original, the A/A arm and each late change, ``repeats`` times.
-            seconds = repeats * (2 * measurer.expected_run_seconds()
-                                 + sum(measurer.expected_seconds_of(a.knobs) for a in trial))
-            left = measurer.remaining()
-            if left is not None and left < seconds + reserve * measurer.expected_run_seconds():
-                continue
-            late.append((c, trial[-1]))
+        winning = any(r.ok and self.noise.beaten_by(r.ratios) for r in results)
+        sets = [(c, knobs) for c in cut if (knobs := self.arms.of_change(c)) is not None]
+
+        def fit(rounds: int, keep: bool = True) -> list[tuple[Candidate, ArmResult]]:
+            # Room for the combined run (``keep``), as many rounds as the late ones get.
+            reserve = 2 * rounds if winning and keep else 0
+            late: list[tuple[Candidate, ArmResult]] = []
+            for c, knobs in sets:
+                trial = [*(a for _, a in late), ArmResult(knobs.name, knobs)]
+                # A round of the original, the A/A arm and each late change, ``rounds`` times.
+                seconds = rounds * (2 * measurer.expected_run_seconds()
+                                    + sum(measurer.expected_seconds_of(a.knobs) for a in trial))
+                left = measurer.remaining()
+                if left is not None and left < seconds + reserve * measurer.expected_run_seconds():
+                    continue
+                late.append((c, trial[-1]))
+            return late
+
+        # As many rounds as the others had (fewer than asked when the budget ended
+        # theirs); else one round without the room for a combined run: a change
+        # measured once, ranked and perhaps kept alone, says more than one never tried.
+        rounds = max(1, min(repeats, len(base.runs)))
+        late = fit(rounds)
+        if not late:
+            rounds, late = 1, fit(1, keep=False)
         if not late:
             return True
         started = len(base.runs)
-        self.progress(f"the budget holds more than the first guess: measuring "
+        self.progress(f"the budget left holds more changes: measuring "
                       f"{', '.join(c.rec.key for c, _ in late)} too")
 
         def plan() -> list[ArmResult]:
-            if len(base.runs) - started >= repeats:
+            if len(base.runs) - started >= rounds:
                 return []
             return [noise_arm] + [a for _, a in late if not a.error]
 

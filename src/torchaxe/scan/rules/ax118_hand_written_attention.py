@@ -196,8 +196,9 @@ class HandWrittenAttention(FormulaRule):
     keeps its gradient that way). Unsafe with a mask, dropout or dtype casts on the way:
     - `masked_fill(cond, -inf)` becomes `attn_mask=` the opposite condition (SDPA's
       boolean mask is True where attention is allowed), and an added float mask is
-      passed as it is; a row masked everywhere gives NaN by hand and may not in SDPA,
-      and a float32 mask with half-precision scores (no autocast) is refused by SDPA;
+      passed as it is; a query row masked everywhere (a padded query) comes out of
+      SDPA as zeros, where the code gave NaN (`-inf`) or the mean of v (a finite fill
+      such as `-1e4`): the same wherever the loss ignores padded positions; and a float32 mask with half-precision scores (no autocast) is refused by SDPA;
     - dropout on the weights, from an `nn.Dropout` set in `__init__` or `F.dropout`,
       becomes `dropout_p=(p if self.training else 0.0)`: the same rate, other random
       draws.
@@ -438,7 +439,9 @@ class HandWrittenAttention(FormulaRule):
         elif params.get("masked") and not params.get("mask_added"):
             note += ("; attn_mask is True where attention is allowed" + (
                 "" if params.get("mask_keeps") else ", the opposite of masked_fill's mask") + " (when it is the causal "
-                "mask of a self-attention, is_causal=True instead lets cuda use its flash kernel)")
+                "mask of a self-attention, is_causal=True instead lets cuda use its flash kernel); a query row with "
+                "every score masked (a padded query) comes out as zeros, where the code gave the mean of v (a "
+                "finite fill) or NaN (-inf)")
         if params.get("dropout"):
             note += "; dropout_p must follow self.training"
         if advice:
