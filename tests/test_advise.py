@@ -351,7 +351,7 @@ def test_a_short_budget_measures_cheap_changes_before_a_first_compile(script: Pa
     clock = Clock()
     runs = CompileStopped(clock, 10.0)
     run_advice(script, runs, budget=60.0, clock=clock, profile_seconds=10.0, skip=("knob:autocast",),
-                        step=1.0)
+               step=1.0)
     assert "knob:compile" not in runs.order and "code:AX110" in runs.order
 
 
