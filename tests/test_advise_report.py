@@ -285,6 +285,31 @@ def test_a_length_in_steps_of_a_job_that_accumulates_says_the_command_may_count_
     assert not any(n.startswith("a step here is one optimizer step") for n in advise(1).notes)
 
 
+def test_a_trainers_max_steps_counts_optimizer_steps_without_a_hedge(script: Path) -> None:  # noqa: F811
+    # Seen in a review: "if --max_steps 80 counts batches, the job is 40 steps" under
+    # Hugging Face's Trainer, whose max_steps counts optimizer steps.
+    from torchaxe.advise.options import AdviseOptions
+    from torchaxe.advise.pipeline import Advisor
+
+    from test_advise import Clock, fake_profile
+    from torchaxe.advise.baseline import BaselineProfile
+
+    def advise(modules: list[str]):
+        profile = fake_profile(script, step=0.1)
+        for step in profile["steps"]:
+            step["batches"] = 2
+        context = {"modules": modules, "settings": {"num_threads": 2, "allowed_cpus": 2}}
+        return Advisor(["python", str(script), "--max_steps", "80"], AdviseOptions(target="cpu", budget=600.0),
+                       runner=FakeRuns(), profiler=lambda command, o, target, knobs=None: BaselineProfile(
+                           profile, context, 2.0), clock=Clock()).run()
+
+    hedge = "a step here is one optimizer step"
+    assert not any(n.startswith(hedge) for n in advise(["/venv/lib/site-packages/transformers/trainer.py"]).notes)
+    assert not any(n.startswith(hedge) for n in advise(
+        ["/venv/lib/site-packages/lightning/pytorch/trainer/trainer.py"]).notes)
+    assert any(n.startswith(hedge + ", which took 2 batches") for n in advise([]).notes)
+
+
 @pytest.mark.parametrize("command, expected", [
     (["--epochs", "2"], (2.0, "--epochs 2")),
     (["--num_train_epochs=3.0"], (3.0, "--num_train_epochs 3.0")),

@@ -124,6 +124,14 @@ LIKELY_MOST_SAVED = 0.5
 NO_GRAD_NOTE_SHARE = 0.2
 
 
+def _counts_optimizer_steps(path: str) -> bool:
+    """Whether ``path`` is the trainer module of a framework whose ``max_steps``
+    counts optimizer steps, however many batches each accumulates."""
+    path = path.replace(os.sep, "/")
+    return path.endswith("/transformers/trainer.py") or "/lightning/pytorch/trainer/" in path \
+        or "/pytorch_lightning/trainer/" in path
+
+
 class Advisor:
     """One ``advise`` run, phase by phase: baseline, candidates, each measured alone,
     the search over them, the advice. Collaborators are injectable for tests:
@@ -275,7 +283,7 @@ class Advisor:
 
         settings = base.context.get("settings") or {}
         self.cores = settings.get("allowed_cpus")
-        self._job_epochs(base.profile, settings)
+        self._job_epochs(base.profile, settings, base.context.get("modules") or [])
         checks, env_candidates = environment_checks(settings, base.profile, findings, self.target, folder)
         advice.environment = checks
 
@@ -1006,13 +1014,13 @@ class Advisor:
                f"saves {once / steps * 1e3:.0f} ms or more ({LIKELY_MOST_SAVED:.0%} is the most expected)")
         return [c for c in ordered if id(c) not in late] + [c for c in ordered if id(c) in late], why
 
-    def _job_epochs(self, profile: dict[str, Any], settings: dict[str, Any]) -> None:
+    def _job_epochs(self, profile: dict[str, Any], settings: dict[str, Any], modules: Sequence[str] = ()) -> None:
         """A command that gives the job's length in epochs (``--epochs 2``) gives it in
         steps too, with the training loader's batches an epoch and the batches a step
         the profile saw: a compile that the job never pays back is then held back. Not
         when the steps drew no batch from a loader."""
         if self.options.job_steps is not None:
-            self._steps_of_batches(profile)
+            self._steps_of_batches(profile, modules)
             return
         stated = job_epochs_in(self.command)
         epoch = training_epoch(profile, settings) if stated is not None else None
@@ -1033,11 +1041,15 @@ class Advisor:
             + (f", {per_step:g} batches a step" if per_step != 1 else "") + "); a change whose one-time cost is "
             "not paid back within them is held back (--job-steps N says otherwise)")
 
-    def _steps_of_batches(self, profile: dict[str, Any]) -> None:
+    def _steps_of_batches(self, profile: dict[str, Any], modules: Sequence[str] = ()) -> None:
         """A job length read from the command's steps, in a run whose optimizer step
         takes several batches (gradient accumulation): the command may count batches.
-        Said, with the length it would then be."""
+        Said, with the length it would then be; not for the ``max_steps`` of a trainer
+        that counts optimizer steps by it (Hugging Face's ``Trainer``, Lightning's)."""
         if self.stated_steps is None:
+            return
+        if "max_steps" in self.stated_steps[1].replace("-", "_") and any(
+                _counts_optimizer_steps(path) for path in modules):
             return
         drawn = batches_per_step(s.get("batches") for s in profile.get("steps") or [] if s.get("phase") == "measured")
         if drawn is None or drawn < 2:

@@ -312,8 +312,7 @@ def _name_layer(name: str, scope: ast.AST, line: int, ctx: FileContext, depth: i
             outer = scope_of(scope, ctx)
             if outer is not ctx.tree:  # a variable of the function the nested one is defined in
                 return _name_layer(name, outer, scope.lineno, ctx, depth + 1)
-    values = [a.value for a in ctx.nodes(ast.Assign)
-              if len(a.targets) == 1 and isinstance(a.targets[0], ast.Name) and a.targets[0].id == name]
+    values = ctx.name_values().get(name, ())
     return _single({_layer_of(v, ctx.tree, v.lineno, ctx, depth + 1) for v in values})
 
 

@@ -219,9 +219,7 @@ class _Scope:
             values = [func]
         elif isinstance(func, ast.Name):
             found = self.value(func.id, line)
-            values = [found[0]] if found else [a.value for a in self.ctx.nodes(ast.Assign)
-                                               if len(a.targets) == 1 and isinstance(a.targets[0], ast.Name)
-                                               and a.targets[0].id == func.id]
+            values = [found[0]] if found else list(self.ctx.name_values().get(func.id, ()))
         elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
             cls = owner_of(self.scope, self.ctx)
             values = self_bindings(cls, func.attr, self.ctx) if cls is not None else []

@@ -77,6 +77,10 @@ class PerTensorWeightAverage(Rule):
     requires_text = ("mul_(", "add_(", "sub_(", "lerp_(", "lerp(", "copy_(", "div_(", ".data =", "*=", "shadow",
                      "decay")
     also_requires_text = ("for ",)
+    #: Two weights that add up to one are written with a ``1 -`` somewhere in the file
+    #: (``1 - decay``, ``1. - self.m``); other averages are a lerp or begin with an
+    #: in-place multiply (``e.mul_(d).add_(p, alpha=w)``).
+    requires_pattern = re.compile(r"\b1(?:\.0*)?\s*-|lerp|mul_\(")
     node_types = (ast.For,)
     references = (
         "https://pytorch.org/docs/stable/generated/torch.lerp.html",

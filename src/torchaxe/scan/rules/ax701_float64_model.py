@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
@@ -54,6 +55,10 @@ class Float64Model(Rule):
     fix_title = "train in float32 (model and inputs)"
     fix_safety = Applicability.DISPLAY_ONLY
     requires_text = ("double", "float64", "DoubleTensor")
+    #: What ``visit`` reports, as text: a default dtype or tensor type, ``.double()``,
+    #: or ``.to()`` whose first argument or ``dtype=`` names float64.
+    requires_pattern = re.compile(r"set_default_(?:dtype|tensor_type)|\.double\(\s*\)|\.to\(\s*[\w.]*(?:float64|double)\b"
+                                  r"|\.to\([^)]*dtype\s*=\s*[\w.]*(?:float64|double)\b")
     node_types = (ast.Call,)
     references = (
         "https://pytorch.org/docs/stable/amp.html#ops-that-can-autocast-to-float32",
