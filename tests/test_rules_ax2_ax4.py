@@ -204,10 +204,10 @@ def test_pin_memory_fix_keeps_layout(source, fixed):
 
 def test_loader_rules_skip_unpacked_arguments_and_other_loaders():
     source = (
-        "import torch\nfrom torch_geometric.loader import DataLoader as GeoLoader\n"
+        "import torch\nfrom monai.data import DataLoader as MonaiLoader\n"
         "a = torch.utils.data.DataLoader(ds, *rest)\n"
         "b = torch.utils.data.DataLoader(ds, **cfg, num_workers=0)\n"
-        "c = GeoLoader(ds)\n"
+        "c = MonaiLoader(ds)\n"  # its second position is num_workers: not read by torch's
     )
     assert _scan(source, "cuda") == []
 
@@ -629,3 +629,28 @@ def test_ax401_gives_advice_only_for_a_dataset_that_moves_its_samples_to_the_dev
                  "torch.zeros(8, device='cpu') + x"):
         kept = source.replace("x.cuda(non_blocking=True)", stay)
         assert "num_workers=4" in _fix(kept, target="cuda", select=("AX401",)), stay
+
+
+PYG_LOOP = '''import torch
+from torch_geometric.loader import DataLoader
+
+loader = DataLoader(dataset, 32, True, None, None, persistent_workers=False)
+model = torch.nn.Linear(16, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(3):
+    for data in loader:
+        opt.zero_grad()
+        model(data.x).sum().backward()
+        opt.step()
+'''
+
+
+def test_pytorch_geometric_loaders_are_read_by_their_own_positions():
+    # Seen in a review: PyG's DataLoader (a subclass that passes num_workers on to
+    # torch's) waited 26-30% of each step for its collate, and AX401 said nothing.
+    findings = _scan(PYG_LOOP, select=("AX401", "AX402"), target="cuda")
+    assert sorted(f.code for f in findings) == ["AX401", "AX402"]
+    # Its fourth and fifth positions are follow_batch and exclude_keys, not sampler and
+    # num_workers: the fix adds keywords and leaves them be.
+    fixed = _fix(PYG_LOOP, select=("AX401",))
+    assert "DataLoader(dataset, 32, True, None, None, persistent_workers=False, num_workers=" in fixed

@@ -25,6 +25,31 @@ VALUE_KEEPING_METHODS = frozenset({"view", "reshape", "squeeze", "unsqueeze", "f
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
+def assigned_values(ctx: FileContext) -> dict[str, list[ast.expr]]:
+    """Every value the file assigns to a name or to an attribute of that name
+    (``x = ...``, ``self.x = ...``, ``x: T = ...``, and each element of ``a, b = A(),
+    B()``), by name, scope-blind; indexed once per file."""
+    key = "bindings.assigned_values"
+    if key not in ctx.cache:
+        values: dict[str, list[ast.expr]] = {}
+        for node in ctx.nodes(ast.Assign, ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is None:
+                continue
+            for target in targets:
+                pairs = [(target, node.value)]
+                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) and \
+                        len(target.elts) == len(node.value.elts):
+                    pairs = list(zip(target.elts, node.value.elts))
+                for name, value in pairs:
+                    if isinstance(name, ast.Name):
+                        values.setdefault(name.id, []).append(value)
+                    elif isinstance(name, ast.Attribute):
+                        values.setdefault(name.attr, []).append(value)
+        ctx.cache[key] = values
+    return ctx.cache[key]
+
+
 def unmoved(value: ast.AST, ctx: FileContext) -> ast.AST:
     """``Net()`` for ``Net().to(device).train()``: the value under a chain of
     :data:`MODULE_METHODS` (a call that resolves to an import, such as

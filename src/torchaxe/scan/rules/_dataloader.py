@@ -32,6 +32,17 @@ POSITIONS = (
     "generator",
 )
 
+#: DataLoader subclasses that hand every setting they do not take themselves on to
+#: torch's (``**kwargs``), with their own positional order: PyTorch Geometric's
+#: (``DataLoader(dataset, batch_size=1, shuffle=False, follow_batch=None,
+#: exclude_keys=None, **kwargs)``, its collate batching graphs).
+_PYG = ("dataset", "batch_size", "shuffle", "follow_batch", "exclude_keys")
+SUBCLASS_POSITIONS: dict[str, tuple[str, ...]] = {
+    "torch_geometric.loader.DataLoader": _PYG,
+    "torch_geometric.loader.dataloader.DataLoader": _PYG,
+    "torch_geometric.data.DataLoader": _PYG,
+}
+
 _NO_VALUE = object()
 
 
@@ -56,14 +67,16 @@ class LoaderCall:
     """A DataLoader call whose arguments can all be read (no ``*args``/``**kwargs``)."""
 
     call: ast.Call
+    #: The loader's positional order: torch's, or a subclass's (``SUBCLASS_POSITIONS``).
+    positions: tuple[str, ...] = POSITIONS
 
     def argument(self, name: str) -> ast.expr | None:
         """The expression passed for ``name``, by keyword or by position, or None."""
         for kw in self.call.keywords:
             if kw.arg == name:
                 return kw.value
-        if name in POSITIONS:
-            index = POSITIONS.index(name)
+        if name in self.positions:
+            index = self.positions.index(name)
             if index < len(self.call.args):
                 return self.call.args[index]
         return None
@@ -80,12 +93,12 @@ class LoaderCall:
 
 def dataloader_kind(ctx: FileContext, call: ast.Call) -> str | None:
     """Which DataLoader ``call`` builds: ``"torch"`` for torch's own (through any
-    import alias), ``"other"`` for another callable named ``DataLoader`` (a subclass
+    import alias) or a subclass that passes torch's settings on (``SUBCLASS_POSITIONS``), ``"other"`` for another callable named ``DataLoader`` (a subclass
     such as MONAI's, or a name no import binds), None for anything else. Rules that
     edit arguments by torch's positions take only the first; rules that ask whether
     batches come from a host-side loader take both."""
     name = ctx.call_name(call)
-    if name in LOADER_NAMES:
+    if name in LOADER_NAMES or name in SUBCLASS_POSITIONS:
         return "torch"
     if (name or ast.unparse(call.func)).rsplit(".", 1)[-1] == "DataLoader":
         return "other"
@@ -105,7 +118,7 @@ def loader_call(node: ast.AST, ctx: FileContext) -> LoaderCall | None:
         return None
     if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
         return None
-    return LoaderCall(node)
+    return LoaderCall(node, SUBCLASS_POSITIONS.get(ctx.call_name(node) or "", POSITIONS))
 
 
 def literal_value(node: ast.AST) -> object:

@@ -35,7 +35,10 @@ class DataLoaderWithoutWorkers(Rule):
     """
     ## What it does
     Flags a `torch.utils.data.DataLoader` built without worker processes
-    (`num_workers` missing or the literal `0`), through any import alias.
+    (`num_workers` missing or the literal `0`), through any import alias, and
+    PyTorch Geometric's `torch_geometric.loader.DataLoader`, which passes the
+    setting on to it (read by its own positions: `dataset, batch_size, shuffle,
+    follow_batch, exclude_keys`).
 
     ## Why is this bad?
     With no workers the training process itself runs the dataset's `__getitem__`

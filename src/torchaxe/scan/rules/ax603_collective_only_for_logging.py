@@ -8,6 +8,7 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, fast_walk, walk_scope
+from torchaxe.scan.rules._bindings import assigned_values
 from torchaxe.scan.rules._distributed import collective_name, dotted_name, function_of, parent_map
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
@@ -245,14 +246,7 @@ def _accelerate_collective(ctx: FileContext, call: ast.Call) -> bool:
         return True
     leaf = receiver.rsplit(".", 1)[-1]
     return any(isinstance(v, ast.Call) and ctx.call_name(v) == "accelerate.Accelerator"
-               for v in _assigned_values(ctx, leaf))
-
-
-def _assigned_values(ctx: FileContext, name: str) -> list[ast.expr]:
-    """The values the file assigns to ``name`` or to an attribute ``name``."""
-    return [n.value for n in ctx.nodes(ast.Assign) if any(
-        (isinstance(t, ast.Name) and t.id == name) or (isinstance(t, ast.Attribute) and t.attr == name)
-        for t in n.targets)]
+               for v in assigned_values(ctx).get(leaf, ()))
 
 
 def _reducing_helper(ctx: FileContext, name: str) -> bool:

@@ -9,7 +9,8 @@ from typing import Iterable
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext, Need, walk_scope
 from torchaxe.scan.rules._bindings import (
-    MODULE_METHODS, VALUE_KEEPING_METHODS, method, parameter_arguments, reaching, self_bindings, unmoved,
+    MODULE_METHODS, VALUE_KEEPING_METHODS, assigned_values, method, parameter_arguments, reaching, self_bindings,
+    unmoved,
 )
 from torchaxe.scan.rules._distributed import enclosing, function_of
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
@@ -274,32 +275,8 @@ def _is_bce_criterion(func: ast.AST, ctx: FileContext) -> bool:
     name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
     if name is None:
         return False
-    values = [unmoved(v, ctx) for v in _bindings(ctx).get(name) or ()]
+    values = [unmoved(v, ctx) for v in assigned_values(ctx).get(name) or ()]
     return bool(values) and all(isinstance(v, ast.Call) and ctx.call_name(v) == _BCE_LOSS for v in values)
-
-
-def _bindings(ctx: FileContext) -> dict[str, list[ast.expr]]:
-    """Every value the file assigns to a name or an attribute name (``x = ...``,
-    ``self.x = ...``, ``a, b = A(), B()``), scope-blind."""
-    key = "ax703_bindings"
-    if key not in ctx.cache:
-        values: dict[str, list[ast.expr]] = {}
-        for node in ctx.nodes(ast.Assign, ast.AnnAssign):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if node.value is None:
-                continue
-            for target in targets:
-                pairs = [(target, node.value)]
-                if isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple) and \
-                        len(target.elts) == len(node.value.elts):
-                    pairs = list(zip(target.elts, node.value.elts))  # ``a, b = A(), B()``
-                for name, value in pairs:
-                    if isinstance(name, ast.Name):
-                        values.setdefault(name.id, []).append(value)
-                    elif isinstance(name, ast.Attribute):
-                        values.setdefault(name.attr, []).append(value)
-        ctx.cache[key] = values
-    return ctx.cache[key]
 
 
 def _strip_values_kept(node: ast.AST, ctx: FileContext) -> ast.AST:
@@ -441,11 +418,11 @@ def _model_class(node: ast.AST, scope: ast.AST | None, ctx: FileContext, owner: 
         return _built_class(node, scope, ctx, owner, depth)
     values: list[ast.expr] | None = None
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-        values = self_bindings(owner, node.attr, ctx) if owner is not None else _bindings(ctx).get(node.attr)
+        values = self_bindings(owner, node.attr, ctx) if owner is not None else assigned_values(ctx).get(node.attr)
     elif isinstance(node, ast.Name):
         if owner is not None and _init_parameter(owner, node.id):
             return _constructor_argument(owner, node.id, ctx, depth)
-        values = _bindings(ctx).get(node.id)
+        values = assigned_values(ctx).get(node.id)
     if not values:
         return None
     found = set()
