@@ -618,11 +618,12 @@ class Advisor:
                                     "rounds")
         if measurer.stopped:
             names = sorted(set(measurer.stopped))
+            changes = [n for n in names if n not in ("original", AGAIN)]
             for n, note in enumerate(advice.notes):
-                if fit_note is not None and note.startswith(fit_note):
-                    # The guess proved short: the runs stopped took longer than it.
-                    advice.notes[n] = (f"{note} (guessed from the profiled run: {', '.join(names[:4])} took longer "
-                                       f"than that and {'was' if len(names) == 1 else 'were'} stopped, so a larger "
+                if fit_note is not None and note.startswith(fit_note) and changes:
+                    # The guess proved short: the changes stopped took longer than it.
+                    advice.notes[n] = (f"{note} (guessed from the profiled run: {', '.join(changes[:4])} took longer "
+                                       f"than that and {'was' if len(changes) == 1 else 'were'} stopped, so a larger "
                                        "--budget than this is needed)")
             advice.notes.append(
                 f"the end of the --budget stopped {len(measurer.stopped)} run(s) before their first measured step "
@@ -781,9 +782,13 @@ class Advisor:
 
         def fit(rounds: int, keep: bool = True) -> list[tuple[Candidate, ArmResult]]:
             # Room for the combined run (``keep``), as many rounds as the late ones get.
+            # Without that room (the last round the budget holds), no first compile: a
+            # guess it outruns stops every run of the round with it.
             reserve = 2 * rounds if winning and keep else 0
             late: list[tuple[Candidate, ArmResult]] = []
             for c, knobs in sets:
+                if not keep and pays_once(knobs.values) and not measurer.seconds_of.get(knobs.name):
+                    continue
                 trial = [*(a for _, a in late), ArmResult(knobs.name, knobs)]
                 # A round of the original, the A/A arm and each late change, ``rounds`` times.
                 seconds = rounds * (2 * measurer.expected_run_seconds()
