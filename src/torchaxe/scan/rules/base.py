@@ -82,6 +82,9 @@ class Rule:
     #: no rule looks for findings in it (a model file that defines what another
     #: file's finding needs).
     export_text: ClassVar[tuple[str, ...]] = ()
+    #: The rule also reads files that never say "torch" (which the scan skips for every
+    #: other rule): a helper module that averages tensors handed to it, say.
+    reads_files_without_torch: ClassVar[bool] = False
     #: The rule reads formula matches (so a parallel scan starts an evaluator for it).
     uses_formulas: ClassVar[bool] = False
     node_types: ClassVar[tuple[type[ast.AST], ...]] = ()
