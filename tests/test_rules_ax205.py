@@ -253,3 +253,16 @@ def test_an_update_through_a_name_bound_to_the_averaged_tensor_is_read():
     numbers = source.replace("stored -= diff", "stored -= diff\n                print(stored)").replace(
         "stored = state_dict[k]", "stored = float(state_dict[k])")
     assert _findings(numbers) == []
+
+
+def test_the_fix_reaches_a_helper_module_that_never_names_torch(tmp_path):
+    # The fix reads files as the scan does: the average is rewritten, `import torch` added.
+    from torchaxe.scan.fix import fix_paths
+
+    path = tmp_path / "ema.py"
+    path.write_text("def update(ema, model, decay):\n"
+                    "    for e, p in zip(ema.parameters(), model.parameters()):\n"
+                    "        e.mul_(decay).add_(p, alpha=1 - decay)\n")
+    fix_paths([path], _options(), unsafe=True, write=True)
+    fixed = path.read_text()
+    assert fixed.startswith("import torch\n") and "torch._foreach_lerp_(" in fixed

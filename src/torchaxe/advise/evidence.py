@@ -44,7 +44,8 @@ class RuntimeEvidence:
         share = f" ({self.share:.1%} of all operator time)" if self.share is not None else ""
         shape = f" on {', '.join(str(s) for s in self.shapes[:2])}" if self.shapes else ""
         return (f"{self.function}: {self.calls_per_step:g} forward operator calls per step ({top}), "
-                f"{duration(self.seconds_per_step, 2)} of operator host time per profiled step{share}{shape}")
+                f"{duration(self.seconds_per_step, 2)} of operator host time per profiled step (operators "
+                f"recorded: slower than a plain run){share}{shape}")
 
 
 @lru_cache(maxsize=256)
@@ -95,7 +96,8 @@ def optimizer_evidence(finding: Finding, profile: dict[str, Any]) -> str | None:
         return None
     seconds = sum(op.get("total_seconds") or 0.0 for op in ranges) / steps
     names = ", ".join(sorted({op["name"] for op in ranges}))
-    return f"{names}: {duration(seconds, 2)} host time per profiled step"
+    return (f"{names}: {duration(seconds, 2)} host time per profiled step (operators recorded: slower than a "
+            "plain run)")
 
 
 def evidence_for(finding: Finding, profile: dict[str, Any], base: str = ".") -> RuntimeEvidence | None:

@@ -225,7 +225,10 @@ def fix_paths(
         except OSError as exc:
             result.diagnostics.append(Diagnostic("AX903", f"cannot read: {exc.strerror or exc}", shown))
             continue
-        if b"torch" in data:
+        # As the scan reads them: a file that never says "torch" only by the rules
+        # that read such files.
+        file_rules = rules if b"torch" in data else [r for r in rules if r.reads_files_without_torch]
+        if file_rules:
             try:
                 source = decode_source(data)
             except (UnicodeDecodeError, LookupError):
@@ -236,7 +239,7 @@ def fix_paths(
             except (SyntaxError, ValueError) as exc:
                 result.diagnostics.append(Diagnostic("AX901", f"cannot parse: {getattr(exc, 'msg', exc)}", shown))
                 continue
-            ff = fix_source(source, shown, options, unsafe, rules)
+            ff = fix_source(source, shown, options, unsafe, file_rules)
             if ff.error:
                 result.diagnostics.append(Diagnostic("AX908", ff.error, shown))
             elif ff.changed and write:

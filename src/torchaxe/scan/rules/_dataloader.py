@@ -93,8 +93,9 @@ class LoaderCall:
 
 def dataloader_kind(ctx: FileContext, call: ast.Call) -> str | None:
     """Which DataLoader ``call`` builds: ``"torch"`` for torch's own (through any
-    import alias) or a subclass that passes torch's settings on (``SUBCLASS_POSITIONS``), ``"other"`` for another callable named ``DataLoader`` (a subclass
-    such as MONAI's, or a name no import binds), None for anything else. Rules that
+    import alias) or a subclass that passes torch's settings on
+    (``SUBCLASS_POSITIONS``), ``"other"`` for another callable named ``DataLoader``
+    (a subclass such as MONAI's, or a name no import binds), None for anything else. Rules that
     edit arguments by torch's positions take only the first; rules that ask whether
     batches come from a host-side loader take both."""
     name = ctx.call_name(call)

@@ -57,7 +57,8 @@ class Float64Model(Rule):
     requires_text = ("double", "float64", "DoubleTensor")
     #: What ``visit`` reports, as text: a default dtype or tensor type, ``.double()``,
     #: or ``.to()`` whose first argument or ``dtype=`` names float64.
-    requires_pattern = re.compile(r"set_default_(?:dtype|tensor_type)|\.double\(\s*\)|\.to\(\s*[\w.]*(?:float64|double)\b"
+    requires_pattern = re.compile(r"set_default_(?:dtype|tensor_type)|\.double\(\s*\)"
+                                  r"|\.to\(\s*[\w.]*(?:float64|double)\b"
                                   r"|\.to\([^)]*dtype\s*=\s*[\w.]*(?:float64|double)\b")
     node_types = (ast.Call,)
     references = (
