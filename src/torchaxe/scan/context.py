@@ -522,17 +522,21 @@ class FileContext:
         """Names assigned from a ``torch.optim`` (or torch_npu/apex) optimizer."""
         return self._assigned_from(_is_optimizer_name)
 
-    def name_values(self) -> dict[str, list[ast.expr]]:
+    def name_values(self, chains: bool = False) -> dict[str, list[ast.expr]]:
         """Every value the file assigns to a name by a plain ``name = value`` (one
-        target), by name, in the order of :meth:`nodes`. Scope-blind."""
+        target), by name, in the order of :meth:`nodes`. Scope-blind. With ``chains``,
+        each name of ``a = b = value`` too."""
         key = "name_values"
         if key not in self.cache:
-            values: dict[str, list[ast.expr]] = {}
+            single: dict[str, list[ast.expr]] = {}
+            chained: dict[str, list[ast.expr]] = {}
             for node in self.nodes(ast.Assign):
                 if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                    values.setdefault(node.targets[0].id, []).append(node.value)
-            self.cache[key] = values
-        return self.cache[key]
+                    single.setdefault(node.targets[0].id, []).append(node.value)
+                for name in {t.id for t in node.targets if isinstance(t, ast.Name)}:
+                    chained.setdefault(name, []).append(node.value)
+            self.cache[key] = (single, chained)
+        return self.cache[key][1 if chains else 0]
 
     def single_assignments(self) -> dict[str, ast.expr]:
         """Names bound exactly once in the file by a plain ``name = value``, with

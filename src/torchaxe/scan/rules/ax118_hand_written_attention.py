@@ -198,7 +198,8 @@ class HandWrittenAttention(FormulaRule):
       boolean mask is True where attention is allowed), and an added float mask is
       passed as it is; a query row masked everywhere (a padded query) comes out of
       SDPA as zeros, where the code gave NaN (`-inf`) or the mean of v (a finite fill
-      such as `-1e4`): the same wherever the loss ignores padded positions; and a float32 mask with half-precision scores (no autocast) is refused by SDPA;
+      such as `-1e4`): the same wherever the loss ignores padded positions; and a
+      float32 mask with half-precision scores (no autocast) is refused by SDPA;
     - dropout on the weights, from an `nn.Dropout` set in `__init__` or `F.dropout`,
       becomes `dropout_p=(p if self.training else 0.0)`: the same rate, other random
       draws.

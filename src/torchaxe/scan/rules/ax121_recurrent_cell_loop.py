@@ -210,7 +210,7 @@ def _models_of(func: ast.AST, scope: ast.AST, ctx: FileContext) -> list[ast.Clas
     if _is_self_attribute(func):
         values = [v for v, _ in _self_values(func, scope, ctx)]  # type: ignore[arg-type]
     elif isinstance(func, ast.Name):
-        values = _plain_assignments(ctx).get(func.id, [])
+        values = ctx.name_values(chains=True).get(func.id, [])
     else:
         return []
     classes: dict[int, ast.ClassDef] = {}
@@ -223,19 +223,6 @@ def _models_of(func: ast.AST, scope: ast.AST, ctx: FileContext) -> list[ast.Clas
             return []
         classes[id(found[0])] = found[0]
     return list(classes.values())
-
-
-def _plain_assignments(ctx: FileContext) -> dict[str, list[ast.expr]]:
-    """The values of the file's plain assignments by each name they bind
-    (``a = b = X()`` binds both), indexed once per file."""
-    key = "ax121.plain_assignments"
-    if key not in ctx.cache:
-        values: dict[str, list[ast.expr]] = {}
-        for a in ctx.nodes(ast.Assign):
-            for name in {t.id for t in a.targets if isinstance(t, ast.Name)}:
-                values.setdefault(name, []).append(a.value)
-        ctx.cache[key] = values
-    return ctx.cache[key]
 
 
 def _held_state_step(cls: ast.ClassDef, ctx: FileContext) -> tuple[str, str] | None:
