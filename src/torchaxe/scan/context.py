@@ -105,11 +105,8 @@ class FileContext:
         in each rule was most of a scan's time on large files)."""
         index = self.cache.get("nodes")
         if index is None:
-            index = self.cache["nodes"] = {}
-            everything = list(fast_walk(self.tree))
-            index[()] = everything
-            for node in everything:
-                index.setdefault(type(node), []).append(node)
+            self.index_nodes(*preorder(self.tree))
+            index = self.cache["nodes"]
         if not types:
             return index[()]
         if len(types) == 1:
@@ -119,6 +116,19 @@ class FileContext:
             wanted = set(types)
             found = index[types] = [n for n in index[()] if type(n) in wanted]
         return found
+
+    def index_nodes(self, order: list[ast.AST], depths: list[int]) -> None:
+        """Index the file's nodes for :meth:`nodes` from a :func:`preorder` of its tree
+        (the engine's one walk), in :func:`ast.walk`'s order."""
+        everything = [order[i] for i in sorted(range(len(order)), key=depths.__getitem__)]
+        index: dict[Any, list[Any]] = {(): everything}
+        for node in everything:
+            found = index.get(type(node))
+            if found is None:
+                index[type(node)] = [node]
+            else:
+                found.append(node)
+        self.cache["nodes"] = index
 
     # ---------------------------------------------------------------- names
     def qualified_name(self, node: ast.AST) -> str | None:
@@ -656,26 +666,39 @@ def _is_optimizer_name(qualified: str) -> bool:
 
 #: For each node type, the fields that can hold child nodes (found on first use).
 CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+#: Fields that hold a name, a number or a flag in every node type that has them, never
+#: a node (``ctx``, Load/Store, carries nothing a rule looks at either).
+_SCALAR_FIELDS = frozenset({
+    "ctx", "name", "id", "attr", "arg", "asname", "module", "level", "kind", "type_comment",
+    "conversion", "is_async", "simple", "tag", "lineno", "rest", "kwd_attrs",
+})
+#: Node types whose remaining fields hold constants, not nodes.
+_CONSTANT_TYPES = frozenset(t for t in (getattr(ast, n, None) for n in (
+    "Constant", "Num", "Str", "Bytes", "NameConstant", "MatchSingleton", "Global", "Nonlocal")) if t)
 
 
 def child_fields(node_type: type) -> tuple[str, ...]:
-    """The fields of a node type that can hold child nodes: all but ``ctx``
-    (Load/Store), which carries nothing a rule looks at."""
+    """The fields of a node type that can hold child nodes: not the ones that only ever
+    hold names, numbers and flags, nor ``ctx``."""
     fields = CHILD_FIELDS.get(node_type)
     if fields is None:
-        fields = CHILD_FIELDS[node_type] = tuple(f for f in node_type._fields if f != "ctx")
+        fields = CHILD_FIELDS[node_type] = () if node_type in _CONSTANT_TYPES else tuple(
+            f for f in node_type._fields if f not in _SCALAR_FIELDS)
     return fields
 
 
 def child_nodes(node: ast.AST) -> list[ast.AST]:
     """The direct children of a node, in :func:`ast.iter_child_nodes`' order less
     ``ctx``, at a fraction of its cost."""
+    fields = CHILD_FIELDS.get(type(node))
+    if fields is None:
+        fields = child_fields(type(node))
     children: list[ast.AST] = []
-    for name in CHILD_FIELDS.get(type(node)) or child_fields(type(node)):
+    for name in fields:
         value = getattr(node, name, None)
         if value is None:
             continue
-        if isinstance(value, list):
+        if type(value) is list:
             children.extend(item for item in value if isinstance(item, ast.AST))
         elif isinstance(value, ast.AST):
             children.append(value)
@@ -691,6 +714,44 @@ def fast_walk(node: ast.AST) -> Iterator[ast.AST]:
         i += 1
         queue.extend(child_nodes(current))
         yield current
+
+
+def preorder(tree: ast.AST) -> tuple[list[ast.AST], list[int]]:
+    """Every node of a tree in source (depth-first) order, and the depth of each (the
+    root's is 0). Sorting these nodes by depth, stably, gives :func:`ast.walk`'s order."""
+    order: list[ast.AST] = []
+    depths: list[int] = []
+    stack: list[ast.AST] = [tree]
+    stack_depths: list[int] = [0]
+    fields_of = CHILD_FIELDS
+    AST = ast.AST
+    while stack:
+        node = stack.pop()
+        depth = stack_depths.pop()
+        order.append(node)
+        depths.append(depth)
+        node_type = type(node)
+        fields = fields_of.get(node_type)
+        if fields is None:
+            fields = child_fields(node_type)
+        if not fields:
+            continue
+        children: list[ast.AST] = []
+        for name in fields:
+            value = getattr(node, name, None)
+            if value is None:
+                continue
+            if type(value) is list:
+                for item in value:
+                    if isinstance(item, AST):
+                        children.append(item)
+            elif isinstance(value, AST):
+                children.append(value)
+        if children:
+            children.reverse()
+            stack.extend(children)
+            stack_depths.extend([depth + 1] * len(children))
+    return order, depths
 
 
 def walk_scope(node: ast.AST) -> Iterator[ast.AST]:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 from torchaxe.findings import Diagnostic, Finding, ScanResult
 from torchaxe.cpulist import usable_cpus
 from torchaxe.scan.capabilities import torch_capabilities
-from torchaxe.scan.context import CHILD_FIELDS, FileContext, Need, child_fields
+from torchaxe.scan.context import FileContext, Need, preorder
 from torchaxe.scan.discover import discover
 from torchaxe.scan.formulas import remote
 from torchaxe.scan.rules import Rule, select_rules
@@ -188,13 +188,14 @@ def _rule_failed(rule: Rule, exc: Exception, report: FileReport, path: str) -> N
 
 def _walk(tree: ast.AST, ctx: FileContext, by_type: dict[type, list[Rule]], out: list[Finding], report: FileReport) -> None:
     """One depth-first pass in source order, keeping ``ctx.parents`` current and
-    calling each rule registered for the node's type."""
+    calling each rule registered for the node's type. The same walk indexes the
+    file's nodes for :meth:`FileContext.nodes`."""
+    order, depths = preorder(tree)
+    ctx.index_nodes(order, depths)
     parents = ctx.parents
-    AST = ast.AST
-
-    def visit(node: ast.AST) -> None:
-        node_type = type(node)
-        rules = by_type.get(node_type)
+    for node, depth in zip(order, depths):
+        del parents[depth:]
+        rules = by_type.get(type(node))
         if rules:
             for rule in rules:
                 try:
@@ -206,19 +207,7 @@ def _walk(tree: ast.AST, ctx: FileContext, by_type: dict[type, list[Rule]], out:
                 except Exception as exc:  # a bug in one rule must not stop the scan
                     _rule_failed(rule, exc, report, ctx.path)
         parents.append(node)
-        for name in CHILD_FIELDS.get(node_type) or child_fields(node_type):
-            value = getattr(node, name, None)
-            if value is None:
-                continue
-            if isinstance(value, list):
-                for item in value:
-                    if isinstance(item, AST):
-                        visit(item)
-            elif isinstance(value, AST):
-                visit(value)
-        parents.pop()
-
-    visit(tree)
+    parents.clear()
 
 
 def _drop_noqa(findings: list[Finding], lines: list[str]) -> list[Finding]:
