@@ -214,3 +214,59 @@ def test_prefilter_reads_accumulation_files_and_every_ddp_building_file():
     assert reads("from torch.nn.parallel import DistributedDataParallel\nimport engine\n")
     assert not reads("def accumulate(xs):\n    return sum(xs)\n")
     assert not reads("loss.backward()\nopt.step()\n")
+
+
+def test_word_finder_agrees_with_substring_search_with_or_without_the_automaton():
+    """The prefilter finds every rule's words in one pass; without pyahocorasick it
+    searches word by word. Both read every word as a plain substring, overlapping and
+    nested ones included."""
+    from torchaxe.scan.engine import _WordFinder
+
+    words = ["gelu", "new_gelu", "softmax(", ".softmax\n", "for ", "opt", "optim", "ab", "b"]
+    texts = ["def new_gelu(x):\n    for i in y: x.softmax\n", "optimizer = 1", "", "abab", "nothing"]
+    automaton = _WordFinder(words)
+    assert automaton.automaton is not None
+    plain = _WordFinder(words)
+    plain.automaton = None
+    for text in texts:
+        expected = {w for w in words if w in text}
+        for finder in (automaton, plain):
+            holds = finder.finder(text)
+            assert {w for w in words if holds(w)} == expected, (text, finder.automaton)
+    assert _WordFinder([]).finder("gelu")("gelu") is True  # no words: word by word
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ("class NewGELUActivation(nn.Module):\n", True),
+    ("    def gelu(x):\n", True),
+    ("\tasync def attention(q, k, v):\n", True),
+    ("def RMSNorm(x):\n", True),  # any case
+    ("x = 1  # def gelu(x) would be nice\n", False),
+    ("def gelu_approximate(x):\n", False),
+    ("def  silu (x):\n", True),
+    ("print('class gelu')\n", False),
+])
+def test_ax103_definition_pattern(text, found):
+    from torchaxe.scan.rules import get_rule
+
+    assert bool(get_rule("AX103").requires_pattern.search("import torch\n" + text)) is found
+
+
+@pytest.mark.parametrize(("code", "text", "found"), [
+    ("AX205", "ema = d * ema + (1 - d) * p\n", True),
+    ("AX205", "ema = d * ema + (1.0-d) * p\n", True),
+    ("AX205", "x = 11 - d\n", False),
+    ("AX205", "x = a1 - d\n", False),
+    ("AX205", "x = y.lerp(z, 0.1)\n", True),
+    ("AX603", "loss.backward ()\n", True),
+    ("AX603", "self.optimizers[0]\n", True),
+    ("AX603", "readoptions = 1\n", False),
+    ("AX603", "opts = [a]\n", True),
+    ("AX603", "x.opt.zero_grad()\n", True),
+    ("AX603", "adopt = 1\noptional = 2\n", False),
+    ("AX603", "optimiser = make()\n", True),
+])
+def test_rewritten_text_patterns_keep_their_word_boundaries(code, text, found):
+    from torchaxe.scan.rules import get_rule
+
+    assert bool(get_rule(code).requires_pattern.search(text)) is found

@@ -101,16 +101,68 @@ class _Dispatcher:
                 self.by_type.setdefault(node_type, []).append(rule)
 
 
-def _applicable(rules: list[Rule], source: str, target: str) -> list[Rule]:
-    # Rules share many words ("sigmoid(", "DataLoader"): each is looked for once per file.
-    present: dict[str, bool] = {}
+class _WordFinder:
+    """Which of the rules' prefilter words a file's text holds, found in one pass over
+    the text (an Aho-Corasick automaton over every word) instead of one substring
+    search per word: most files hold none of most rules' words, so searching word by
+    word read each file about a hundred times (4.4 s of a 15 s scan of torch's tree)."""
+
+    def __init__(self, words: Iterable[str]) -> None:
+        self.words = frozenset(w for w in words if w)
+        self.automaton: Any = None
+        if not self.words:
+            return
+        try:
+            import ahocorasick
+        except ImportError:  # word by word, as before (slower, same answers)
+            return
+        automaton = ahocorasick.Automaton()
+        for word in self.words:
+            automaton.add_word(word, word)
+        automaton.make_automaton()
+        self.automaton = automaton
+
+    def finder(self, source: str) -> Callable[[str], bool]:
+        """``word -> whether source holds it``, for this finder's words."""
+        if self.automaton is None:
+            memo: dict[str, bool] = {}
+
+            def holds(word: str) -> bool:
+                found = memo.get(word)
+                if found is None:
+                    found = memo[word] = word in source
+                return found
+
+            return holds
+        present = {word for _, word in self.automaton.iter(source)}
+        return present.__contains__
+
+
+#: One finder per set of rule classes (a scan uses one; workers build their own).
+_FINDERS: dict[tuple[type, ...], _WordFinder] = {}
+
+
+def _finder(rules: list[Rule], source: str) -> Callable[[str], bool]:
+    key = tuple(type(rule) for rule in rules)
+    found = _FINDERS.get(key)
+    if found is None:
+        words: set[str] = set()
+        for rule in rules:
+            words.update(rule.requires_text, rule.also_requires_text, rule.sufficient_text, rule.export_text)
+        found = _FINDERS[key] = _WordFinder(words)
+    return found.finder(source)
+
+
+def _applicable(rules: list[Rule], source: str, target: str,
+                holds: Callable[[str], bool] | None = None) -> list[Rule]:
+    """The rules whose prefilters a file's text passes. ``holds``: a
+    :meth:`_WordFinder.finder` of the text, when the caller has one."""
+    if holds is None:
+        holds = _finder(rules, source)
 
     def has(words: tuple[str, ...]) -> bool:
         for word in words:
-            found = present.get(word)
-            if found is None:
-                found = present[word] = word in source
-            if found:
+            if holds(word):
                 return True
         return False
 
@@ -121,7 +173,7 @@ def _applicable(rules: list[Rule], source: str, target: str) -> list[Rule]:
         and ((r.sufficient_text and has(r.sufficient_text)) or (
             (not r.requires_text or has(r.requires_text))
             and (not r.also_requires_text or has(r.also_requires_text))
-            and (r.requires_pattern is None or r.requires_pattern.search(source) is not None)))
+            and (r.requires_pattern is None or r.requires_pattern.search(source))))
     ]
 
 
@@ -136,9 +188,10 @@ def scan_source(
     if rules is None:
         rules = [cls() for cls in select_rules(options.select, options.ignore)]
     rules = list(rules)
-    active = _applicable(rules, source, options.target)
+    holds = _finder(rules, source)
+    active = _applicable(rules, source, options.target, holds)
     exporters = [r for r in rules if r.export_text and options.target in r.targets
-                 and any(word in source for word in r.export_text)]
+                 and any(holds(word) for word in r.export_text)]
     if not active and not exporters:
         # Nothing any selected rule looks for: not worth parsing (counted as skipped).
         report.skipped = True

@@ -93,11 +93,29 @@ OPS = (
 )
 
 _BY_NAME = {name: op for op in OPS for name in op.names}
-#: The rule looks only at definitions with these names: a file without one is not parsed.
-_DEFINITION = re.compile(
-    r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+(?:" + "|".join(sorted(_BY_NAME)) + r")\b",
-    re.IGNORECASE | re.MULTILINE,
-)
+class _Definitions:
+    """The rule looks only at definitions with these names (any case): a file without
+    one is not parsed. ``search(text)`` is whether a line of ``text`` starts, after
+    indentation and an optional ``async``, with ``def NAME`` or ``class NAME``. Two
+    patterns that start with the keyword's literal text, each match checked for the
+    line's start, find that several times faster than one pattern anchored at
+    every line."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        alternatives = "|".join(sorted(names))
+        self.patterns = tuple(re.compile(keyword + r"[ \t]+(?i:" + alternatives + r")\b") for keyword in ("def", "class"))
+
+    def search(self, text: str) -> bool:
+        for pattern in self.patterns:
+            for match in pattern.finditer(text):
+                start = text.rfind("\n", 0, match.start()) + 1
+                if _LINE_HEAD.fullmatch(text, start, match.start()):
+                    return True
+        return False
+
+
+_LINE_HEAD = re.compile(r"[ \t]*(?:async[ \t]+)?")
+_DEFINITION = _Definitions(_BY_NAME)
 
 # A file is only parsed for this rule when one of these appears in it: the names
 # above as they are spelled in code (plain substring tests are cheap; a regex over

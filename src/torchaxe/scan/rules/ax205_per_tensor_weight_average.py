@@ -80,7 +80,7 @@ class PerTensorWeightAverage(Rule):
     #: Two weights that add up to one are written with a ``1 -`` somewhere in the file
     #: (``1 - decay``, ``1. - self.m``); other averages are a lerp or begin with an
     #: in-place multiply (``e.mul_(d).add_(p, alpha=w)``).
-    requires_pattern = re.compile(r"\b1(?:\.0*)?\s*-|lerp|mul_\(")
+    requires_pattern = re.compile(r"1(?<!\w1)(?:\.0*)?\s*-|lerp|mul_\(")
     #: An EMA helper class handed the model needs no import of torch (fast-autoaugment's
     #: ``EMA.__call__(module)`` over ``module.state_dict().items()``).
     reads_files_without_torch = True

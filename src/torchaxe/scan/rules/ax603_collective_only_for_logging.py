@@ -95,7 +95,7 @@ class CollectiveOnlyForLogging(Rule):
     #: Only a file with a training step is reported on (see FileContext.is_training_call):
     #: a backward or step() call, or a helper handed an optimizer (opt, optim, optimizer,
     #: as a whole word or a part of a name between underscores).
-    requires_pattern = re.compile(r"backward\s*\(|step\s*\(|(?<![A-Za-z0-9])(?:opt|optim|optimi[sz]er)s?(?![A-Za-z0-9])")
+    requires_pattern = re.compile(r"backward\s*\(|step\s*\(|opt(?<![A-Za-z0-9]opt)(?:imi[sz]er|im)?s?(?![A-Za-z0-9])")
     node_types = (ast.Call,)
     references = ("https://pytorch.org/docs/stable/distributed.html#collective-functions",)
     examples = (

@@ -13,7 +13,7 @@ import ast
 import inspect
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Protocol
 
 from torchaxe.backends import TARGETS
 from torchaxe.findings import Applicability, Finding
@@ -22,6 +22,13 @@ if TYPE_CHECKING:
     from torchaxe.scan.context import FileContext
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Fix safety", "References")
+
+
+class TextSearch(Protocol):
+    """What :attr:`Rule.requires_pattern` holds: a compiled regex, or any object whose
+    ``search(text)`` is truthy when the text can hold what the rule reports."""
+
+    def search(self, text: str) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -73,8 +80,11 @@ class Rule:
     #: first word is common (``optim`` is in every file that says "optimize").
     also_requires_text: ClassVar[tuple[str, ...]] = ()
     #: And, when set, a match of this pattern: run only on files that passed the
-    #: substring tests, for rules that look for a few exact definitions.
-    requires_pattern: ClassVar[re.Pattern[str] | None] = None
+    #: substring tests, for rules that look for a few exact definitions. Anything
+    #: with a regex's ``search(text)`` (truthy when found) will do. Python's regex
+    #: engine is fast only where a pattern starts with literal text: a pattern that
+    #: starts with ``\b`` or a look-behind is tried at every character of the file.
+    requires_pattern: ClassVar[TextSearch | None] = None
     #: A file whose text contains one of these is visited whatever the tests above
     #: say (AX601 records what a DDP-building file imports even when it has no loop).
     sufficient_text: ClassVar[tuple[str, ...]] = ()
