@@ -270,3 +270,22 @@ def test_rewritten_text_patterns_keep_their_word_boundaries(code, text, found):
     from torchaxe.scan.rules import get_rule
 
     assert bool(get_rule(code).requires_pattern.search(text)) is found
+
+
+def test_a_file_no_formula_rule_asks_about_needs_no_evaluator_on_the_next_scan():
+    """A parallel scan starts the evaluator (which imports torch) unless every file's
+    formula results are stored. AX103 reads a file with ``def gelu`` but asks for the
+    file's formula matches only when the body does math: such a file is marked, so
+    that scanning it again starts no evaluator for nothing."""
+    from torchaxe.scan.engine import all_stored, scan_source
+
+    source = "import torch\ndef gelu(x: int) -> torch.dtype:\n    return torch.float32  # v2\n"
+    assert not all_stored([(source, ["AX103"])], "cpu")
+    scan_source(source, "m.py", ScanOptions(select=("AX103",)))
+    assert all_stored([(source, ["AX103"])], "cpu")
+    assert not all_stored([(source, ["AX103", "AX110"])], "cpu")  # other rules may ask
+    assert not all_stored([(source, ["AX103"])], "npu")
+
+    math = "import torch\ndef gelu(x):\n    return 0.5 * x * (1 + torch.erf(x / 1.4142135623730951))\n"
+    scan_source(math, "g.py", ScanOptions(select=("AX103", "AX111")))
+    assert all_stored([(math, ["AX103", "AX111"])], "cpu")  # its results, stored

@@ -214,6 +214,9 @@ def scan_source(
             _run(rule, lambda r=rule: r.check_module(ctx), findings, report, path)
         for rule in exporters:
             _run(rule, lambda r=rule: r.export(ctx), findings, report, path)
+        formula_codes = [r.code for r in active if r.uses_formulas]
+        if formula_codes and not report.diagnostics:
+            _mark_unneeded(ctx, formula_codes)
     except RecursionError:
         report.diagnostics.append(Diagnostic("AX907", "file nested too deeply to analyse", path))
     report.findings = _drop_noqa(findings, ctx.lines)
@@ -310,13 +313,26 @@ def scan_file(path: Path, options: ScanOptions, rules: list[Rule], data: bytes |
     return scan_source(source, shown, options, rules)
 
 
-def all_stored(sources: Iterable[str], target: str) -> bool:
-    """Whether the formula results of every one of these files (those a formula rule
-    looks at) are stored already, so that scanning them evaluates nothing and needs
-    no torch. Stops at the first that is not: a cold scan reads one file here."""
-    from torchaxe.scan.formulas.analysis import STORE, file_key
+def all_stored(sources: Iterable[tuple[str, list[str]]], target: str) -> bool:
+    """Whether the formula results of every one of these files (each with the codes of
+    the formula rules that read it) are stored already, or a scan found that those
+    rules never ask for them, so that scanning them evaluates nothing and needs no
+    torch. Stops at the first that is neither: a cold scan reads one file here."""
+    from torchaxe.scan.formulas import analysis
+    from torchaxe.scan.formulas.store import file_key, unneeded_key
 
-    return all(STORE.get_file(file_key(source, target)) is not None for source in sources)
+    return all(analysis.STORE.get_many([file_key(source, target), unneeded_key(source, target, codes)])
+               for source, codes in sources)
+
+
+def _mark_unneeded(ctx: FileContext, codes: list[str]) -> None:
+    """Store that no formula rule of these asked for this file's formula matches (see
+    :func:`all_stored`)."""
+    from torchaxe.scan.formulas import analysis
+    from torchaxe.scan.formulas.store import unneeded_key
+
+    if not analysis.analysed(ctx):
+        analysis.STORE.put_file(unneeded_key(ctx.source, ctx.target, codes), [])
 
 
 def _torch_sources(files: list[str], keep: dict[str, bytes] | None = None) -> Iterator[str]:
@@ -502,8 +518,9 @@ def scan_paths(
         formula_rules = [r for r in rules if r.uses_formulas]
         small = _source_bytes(files) < WARM_IN_PROCESS_BYTES
         needs_evaluator = bool(formula_rules) and not all_stored(
-            (source for source in _torch_sources(files, read if small else None)
-             if _applicable(formula_rules, source, options.target)),
+            ((source, [r.code for r in reading])
+             for source in _torch_sources(files, read if small else None)
+             if (reading := _applicable(formula_rules, source, options.target))),
             options.target)
         if not needs_evaluator and small:
             jobs = 1  # scanned here, from the bytes just read

@@ -152,6 +152,11 @@ def formula_matches(ctx: FileContext) -> list[FormulaMatch]:
     return cached
 
 
+def analysed(ctx: FileContext) -> bool:
+    """Whether a rule asked for the file's formula matches during this scan."""
+    return _CACHE_KEY in ctx.cache
+
+
 def covers(ctx: FileContext, definition: ast.AST) -> bool:
     """Whether a formula match lies inside a function or class definition (the
     name-level rule AX103 then leaves it to the formula rules)."""

@@ -21,7 +21,7 @@ import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from torchaxe.scan.formulas.ir import Node, normalised, walk
 from torchaxe.config import home
@@ -93,6 +93,15 @@ def _code_version() -> str:
 def file_key(source: str, target: str) -> str:
     """A file's result depends on its text and the target only."""
     return "file:" + hashlib.sha1(f"{target}\0{source}".encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def unneeded_key(source: str, target: str, codes: Iterable[str]) -> str:
+    """The key of a mark that a scan of this text, with these formula rules reading it,
+    never asked for its formula matches (AX103 asks only for a definition whose name
+    and body look like an operator's): a parallel scan of the text again needs no
+    evaluator for it."""
+    text = f"{target}\0{','.join(sorted(codes))}\0{source}"
+    return "unneeded:" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class FingerprintStore:

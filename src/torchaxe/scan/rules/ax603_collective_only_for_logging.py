@@ -261,12 +261,22 @@ def _reducing_helper(ctx: FileContext, name: str) -> bool:
                 found.setdefault(f.name, []).append(f)
         ctx.cache[key] = found
     functions = ctx.cache[key].get(name)
-    if not functions:
+    if not functions or not _calls_a_collective(ctx):
         return False
     decided = ("ax603.helper", name)
     if decided not in ctx.cache:
         ctx.cache[decided] = any(_returns_reduced(ctx, f) for f in functions)
     return ctx.cache[decided]
+
+
+def _calls_a_collective(ctx: FileContext) -> bool:
+    """Whether the file calls torch.distributed's collectives anywhere (a helper of it
+    can reduce only then): asked once per file, before reading any helper's body."""
+    key = "ax603.calls_collective"
+    found = ctx.cache.get(key)
+    if found is None:
+        found = ctx.cache[key] = any(collective_name(ctx, call) for call in ctx.nodes(ast.Call))
+    return found
 
 
 def _returns_reduced(ctx: FileContext, function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
