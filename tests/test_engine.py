@@ -272,20 +272,25 @@ def test_rewritten_text_patterns_keep_their_word_boundaries(code, text, found):
     assert bool(get_rule(code).requires_pattern.search(text)) is found
 
 
-def test_a_file_no_formula_rule_asks_about_needs_no_evaluator_on_the_next_scan():
-    """A parallel scan starts the evaluator (which imports torch) unless every file's
-    formula results are stored. AX103 reads a file with ``def gelu`` but asks for the
-    file's formula matches only when the body does math: such a file is marked, so
-    that scanning it again starts no evaluator for nothing."""
-    from torchaxe.scan.engine import all_stored, scan_source
+def test_files_no_formula_rule_asks_about_need_no_evaluator_on_the_next_scan(tmp_path):
+    """A parallel scan starts the evaluator (which imports torch) unless every file is
+    known to need no formula evaluation. A file no formula rule reads, and one AX103
+    reads for ``def gelu`` without asking for formula matches (the body does no math),
+    are marked so by the scan that finds it; a file whose formulas were analysed has
+    its results stored."""
+    from torchaxe.scan.engine import all_stored
+    from torchaxe.scan.rules import all_rules
 
-    source = "import torch\ndef gelu(x: int) -> torch.dtype:\n    return torch.float32  # v2\n"
-    assert not all_stored([(source, ["AX103"])], "cpu")
-    scan_source(source, "m.py", ScanOptions(select=("AX103",)))
-    assert all_stored([(source, ["AX103"])], "cpu")
-    assert not all_stored([(source, ["AX103", "AX110"])], "cpu")  # other rules may ask
-    assert not all_stored([(source, ["AX103"])], "npu")
-
-    math = "import torch\ndef gelu(x):\n    return 0.5 * x * (1 + torch.erf(x / 1.4142135623730951))\n"
-    scan_source(math, "g.py", ScanOptions(select=("AX103", "AX111")))
-    assert all_stored([(math, ["AX103", "AX111"])], "cpu")  # its results, stored
+    sources = [
+        "import torch\ndef gelu(x: int) -> torch.dtype:\n    return torch.float32  # v3\n",
+        "import torch\nopt = torch.optim.AdamW(p)  # v3\n",
+        "import torch\ndef gelu(x):\n    return 0.5 * x * (1 + torch.erf(x / 1.4142135623730951))  # v3\n",
+    ]
+    for i, source in enumerate(sources):
+        write(tmp_path / f"m{i}.py", source)
+    codes = sorted(r.code for r in all_rules() if r.uses_formulas)
+    assert not any(all_stored([source], "cpu", codes) for source in sources)
+    scan_paths([tmp_path], ScanOptions(jobs=1))
+    assert all_stored(sources, "cpu", codes)
+    assert not all_stored(sources[:2], "cpu", codes[:-1])  # another selection of rules
+    assert not all_stored(sources[:2], "npu", codes)

@@ -19,6 +19,7 @@ from torchaxe.cpulist import usable_cpus
 from torchaxe.scan.capabilities import torch_capabilities
 from torchaxe.scan.context import FileContext, Need, preorder
 from torchaxe.scan.discover import discover
+from torchaxe.scan.formulas.store import file_key, unneeded_key
 from torchaxe.scan.formulas import remote
 from torchaxe.scan.rules import Rule, select_rules
 
@@ -67,6 +68,9 @@ class FileReport:
     exports: dict[str, list[str]] = field(default_factory=dict)
     uses: dict[str, list[tuple[str, int, str]]] = field(default_factory=dict)
     needs: list[tuple[tuple[Need, ...], Finding]] = field(default_factory=list)
+    #: When the selected formula rules never asked for the file's formula matches: the
+    #: store key that says so (see :func:`all_stored`), stored once the scan ends.
+    unneeded: str | None = None
 
 
 def display_path(path: Path) -> str:
@@ -192,9 +196,11 @@ def scan_source(
     active = _applicable(rules, source, options.target, holds)
     exporters = [r for r in rules if r.export_text and options.target in r.targets
                  and any(holds(word) for word in r.export_text)]
+    formula_codes = sorted(r.code for r in rules if r.uses_formulas)
     if not active and not exporters:
         # Nothing any selected rule looks for: not worth parsing (counted as skipped).
         report.skipped = True
+        report.unneeded = _unneeded(source, options.target, formula_codes)
         return report
     try:
         tree = ast.parse(source, filename=path)
@@ -214,9 +220,8 @@ def scan_source(
             _run(rule, lambda r=rule: r.check_module(ctx), findings, report, path)
         for rule in exporters:
             _run(rule, lambda r=rule: r.export(ctx), findings, report, path)
-        formula_codes = [r.code for r in active if r.uses_formulas]
-        if formula_codes and not report.diagnostics:
-            _mark_unneeded(ctx, formula_codes)
+        if formula_codes and not _analysed(ctx):
+            report.unneeded = _unneeded(source, options.target, formula_codes)
     except RecursionError:
         report.diagnostics.append(Diagnostic("AX907", "file nested too deeply to analyse", path))
     report.findings = _drop_noqa(findings, ctx.lines)
@@ -313,26 +318,36 @@ def scan_file(path: Path, options: ScanOptions, rules: list[Rule], data: bytes |
     return scan_source(source, shown, options, rules)
 
 
-def all_stored(sources: Iterable[tuple[str, list[str]]], target: str) -> bool:
-    """Whether the formula results of every one of these files (each with the codes of
-    the formula rules that read it) are stored already, or a scan found that those
-    rules never ask for them, so that scanning them evaluates nothing and needs no
-    torch. Stops at the first that is neither: a cold scan reads one file here."""
+def all_stored(sources: Iterable[str], target: str, codes: list[str]) -> bool:
+    """Whether every one of these files is known to need no formula evaluation from the
+    formula rules ``codes``: its formula results are stored, or a scan with those rules
+    found that none of them asked for them (most files: no formula rule's words, or
+    AX103's definitions that do no math). Scanning them then evaluates nothing and
+    needs no torch. Stops at the first that is neither: a cold scan reads one file."""
     from torchaxe.scan.formulas import analysis
-    from torchaxe.scan.formulas.store import file_key, unneeded_key
 
     return all(analysis.STORE.get_many([file_key(source, target), unneeded_key(source, target, codes)])
-               for source, codes in sources)
+               for source in sources)
 
 
-def _mark_unneeded(ctx: FileContext, codes: list[str]) -> None:
-    """Store that no formula rule of these asked for this file's formula matches (see
+def _analysed(ctx: FileContext) -> bool:
+    from torchaxe.scan.formulas.analysis import analysed
+
+    return analysed(ctx)
+
+
+def _unneeded(source: str, target: str, codes: list[str]) -> str | None:
+    return unneeded_key(source, target, codes) if codes else None
+
+
+def _store_unneeded(reports: list[FileReport]) -> None:
+    """Store, in one write, the files whose formula rules asked nothing (see
     :func:`all_stored`)."""
-    from torchaxe.scan.formulas import analysis
-    from torchaxe.scan.formulas.store import unneeded_key
+    keys = {r.unneeded: [] for r in reports if r.unneeded}
+    if keys:
+        from torchaxe.scan.formulas import analysis
 
-    if not analysis.analysed(ctx):
-        analysis.STORE.put_file(unneeded_key(ctx.source, ctx.target, codes), [])
+        analysis.STORE.put_many(keys)
 
 
 def _torch_sources(files: list[str], keep: dict[str, bytes] | None = None) -> Iterator[str]:
@@ -518,10 +533,8 @@ def scan_paths(
         formula_rules = [r for r in rules if r.uses_formulas]
         small = _source_bytes(files) < WARM_IN_PROCESS_BYTES
         needs_evaluator = bool(formula_rules) and not all_stored(
-            ((source, [r.code for r in reading])
-             for source in _torch_sources(files, read if small else None)
-             if (reading := _applicable(formula_rules, source, options.target))),
-            options.target)
+            _torch_sources(files, read if small else None), options.target,
+            sorted(r.code for r in formula_rules))
         if not needs_evaluator and small:
             jobs = 1  # scanned here, from the bytes just read
     if jobs <= 1 or total <= _CHUNK:
@@ -547,6 +560,7 @@ def scan_paths(
         finally:
             if evaluator is not None:
                 evaluator.close()
+    _store_unneeded(reports)
     _needed(reports)
     for rep in reports:
         rep.findings.extend(_held(rep, reports))
