@@ -86,7 +86,7 @@ class FileContext:
         after ``from . import net`` is ``("net", 1, "D")``. Whether that module is a
         file of the project is the engine's to find out. None otherwise."""
         if self._origins is None:
-            self._origins = _collect_origins(self.tree)
+            self._origins = _collect_origins(self.nodes(ast.Import, ast.ImportFrom))
         split = _attribute_chain(node)
         origin = self._origins.get(split[0]) if split is not None else None
         if origin is None:
@@ -764,13 +764,13 @@ def walk_scope(node: ast.AST) -> Iterator[ast.AST]:
             stack.extend(child_nodes(child))
 
 
-def imported_module_names(tree: ast.Module) -> list[str]:
+def imported_module_names(ctx: FileContext) -> list[str]:
     """Every name an import statement of the file could be a module of this project
     by: each part of ``import a.b``, of ``from a.b import c`` (``c`` too: it may be a
     module) and of relative imports (``from . import engine``, ``from .engine import
     train``), sorted."""
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ctx.nodes(ast.Import, ast.ImportFrom):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 names.update(alias.name.split("."))
@@ -821,12 +821,13 @@ def _attribute_chain(node: ast.AST) -> tuple[str, list[str]] | None:
     return (node.id, parts[::-1]) if isinstance(node, ast.Name) else None
 
 
-def _collect_origins(tree: ast.Module) -> dict[str, tuple[str, int, str | None]]:
+def _collect_origins(imports: list[ast.Import | ast.ImportFrom]) -> dict[str, tuple[str, int, str | None]]:
     """Each name an import statement binds -> ``(module, level, name)``: the module
     written (dots stripped, ``level`` of them), and the name taken from it (None for
-    ``import a.b [as x]``, which binds a module)."""
+    ``import a.b [as x]``, which binds a module). ``imports``: the file's import
+    statements in :func:`ast.walk`'s order (the first binding of a name wins)."""
     origins: dict[str, tuple[str, int, str | None]] = {}
-    for node in ast.walk(tree):
+    for node in imports:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:

@@ -280,7 +280,7 @@ class AccumulationAllReducesEveryMicroBatch(Rule):
         if ddp or accelerate:
             # The files this one imports may hold the training loop (``main.py``
             # builds DDP and calls ``engine.train_one_epoch``).
-            ctx.facts[DISTRIBUTED] = imported_module_names(ctx.tree)
+            ctx.facts[DISTRIBUTED] = imported_module_names(ctx)
         calls = [n for n in ctx.nodes(ast.Call) if isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
                  or _scaler_update(n) is not None]
         if not calls:
