@@ -320,3 +320,38 @@ def test_ax603_reports_a_loop_whose_only_training_call_is_a_helper_given_the_opt
               "for x, y in loader:\n    loss = loss_fn(model(x), y)\n    loss_scaler(loss, opt)\n"
               "    reported = loss.detach()\n    dist.all_reduce(reported)\n    print(reported.item())\n")
     assert [f.code for f in _scan(source, ("AX603",))] == ["AX603"]
+
+
+_GATHERED_TOTAL = """import torch
+import distributed as dist
+
+def train(loader, model, optimizer):
+    mse_sum = 0
+    mse_n = 0
+    for i, (img, label) in enumerate(loader):
+        model.zero_grad()
+        loss = model(img)
+        loss.backward()
+        optimizer.step()
+        comm = {"mse_sum": loss.item() * img.shape[0], "mse_n": img.shape[0]}
+        comm = dist.all_gather(comm)
+        for part in comm:
+            mse_sum += part["mse_sum"]
+            mse_n += part["mse_n"]
+{tail}
+"""
+
+
+@pytest.mark.parametrize(("tail", "reported"), [
+    # vq-vae-2's loop: the gathered parts only add up to a running total shown in the bar.
+    ('        loader.set_description(f"avg mse: {mse_sum / mse_n:.5f}")', True),
+    # the total decides something: it is not only shown
+    ('        if mse_sum / mse_n < 0.01:\n            break', False),
+    ('        loader.set_description(f"avg mse: {mse_sum / mse_n:.5f}")\n    return mse_sum', False),
+])
+def test_ax603_follows_a_gathered_result_through_a_loop_over_its_parts_into_a_shown_total(tail, reported):
+    """A project's own ``all_gather(data)`` (a list of every rank's object, as
+    detectron2's and vq-vae-2's helpers return) every step, whose parts only add up
+    to a total that is printed."""
+    findings = _scan(_GATHERED_TOTAL.replace("{tail}", tail), ("AX603",))
+    assert [f.snippet.strip() for f in findings] == (["comm = dist.all_gather(comm)"] if reported else [])

@@ -31,7 +31,7 @@ _GUARDS = ("distributed", "world", "is_initialized", "ddp", "multi", "gpu", "dis
 
 _HEAD = "import torch\nimport torch.distributed as dist\n"
 #: Names of helpers, from another module, that reduce a value across ranks and return it.
-_HELPER_NAME = re.compile(r"^(all_)?reduce_(tensor|mean|dict|loss|losses|value|scalar|metric)s?$|^all_reduce_\w+$"
+_HELPER_NAME = re.compile(r"^(all_)?reduce_(tensor|mean|dict|loss|losses|value|scalar|metric)s?$|^all_reduce_\w+$|^all_gather$"
                           r"|^(average|avg|mean)_(all|\w+_across_\w*ranks?)$")
 
 
@@ -363,9 +363,11 @@ def _returned_only_reported(function: ast.FunctionDef, root: ast.Module, depth: 
 
 
 def _only_reported(name: str, scope: ast.AST, parents: dict, after: tuple[int, int], depth: int,
-                   root: ast.Module) -> bool:
+                   root: ast.Module, outer: ast.AST | None = None) -> bool:
     """Whether every read of ``name`` in ``scope`` after ``after`` only feeds a
-    report, directly or through a variable it is assigned to (``depth`` levels)."""
+    report, directly or through a variable it is assigned to or added into (``depth``
+    levels). ``outer``: the function, when ``scope`` is a loop over the result whose
+    variable is read (a running total there lives in the function)."""
     uses = [n for n in fast_walk(scope) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)
             and (n.lineno, n.col_offset) > after]
     if not uses:
@@ -392,6 +394,18 @@ def _only_reported(name: str, scope: ast.AST, parents: dict, after: tuple[int, i
         if isinstance(node, ast.Assign) and depth > 0 and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) and node.targets[0].id != name:
             if _only_reported(node.targets[0].id, scope, parents, (node.lineno, node.col_offset), depth - 1, root):
+                continue
+        # ``mse_sum += part["mse_sum"]``: a running total, shown and nothing else.
+        if isinstance(node, ast.AugAssign) and depth > 0 and isinstance(node.target, ast.Name) \
+                and node.target.id != name:
+            if _only_reported(node.target.id, outer or scope, parents, (node.lineno, node.col_offset), depth - 1,
+                              root):
+                continue
+        # ``for part in gathered: ...``: each rank's part, read as the loop variable.
+        if isinstance(node, (ast.For, ast.AsyncFor)) and depth > 0 and node.iter is use \
+                and isinstance(node.target, ast.Name) and node.target.id != name:
+            if _only_reported(node.target.id, node, parents, (node.lineno, node.col_offset), depth - 1, root,
+                              outer or scope):
                 continue
         return False
     return True
