@@ -20,7 +20,9 @@ class DistributedSamplerWithoutSetEpoch(Rule):
     """
     ## What it does
     Flags a shuffling `torch.utils.data.DistributedSampler` in a file that trains
-    (calls `backward()` or an optimizer's `step()`) and never calls `set_epoch`.
+    (calls `backward()` or an optimizer's `step()`) and never calls `set_epoch`; also
+    a call of another module's sampler helper told whether the run is distributed,
+    with `shuffle=True` (`dist.data_sampler(ds, shuffle=True, distributed=...)`).
 
     ## Why is this bad?
     A `DistributedSampler` shuffles with a generator seeded from `seed + epoch`, and
@@ -59,7 +61,7 @@ class DistributedSamplerWithoutSetEpoch(Rule):
     name = "sampler-without-set-epoch"
     category = "sampler_epoch"
     message = "DistributedSampler.set_epoch is never called: every epoch sees the same order"
-    requires_text = ("DistributedSampler",)
+    requires_text = ("DistributedSampler", "distributed=")
     node_types = (ast.Call,)
     references = ("https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler",)
     examples = (
@@ -89,31 +91,54 @@ class DistributedSamplerWithoutSetEpoch(Rule):
         Valid("from torch.utils.data import DistributedSampler\n\ndef make(ds):\n"
               "    return DistributedSampler(ds)\n"),
         Valid("from mylib import DistributedSampler\nsampler = DistributedSampler(ds)\n" + _TRAIN),
+        Invalid("import torch\nimport distributed as dist\n"
+                "sampler = dist.data_sampler(ds, shuffle=True, distributed=args.distributed)\n" + _TRAIN, lines=(3,)),
+        Valid("import torch\nimport distributed as dist\n"
+              "sampler = dist.data_sampler(ds, shuffle=False, distributed=args.distributed)\n" + _TRAIN),
         Valid("from torch.utils.data import DistributedSampler\nsampler = DistributedSampler(ds)  # noqa: AX602\n"
               + _TRAIN),
     )
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
-        if ctx.call_name(node) not in _SAMPLERS:
+        helper = ctx.call_name(node) not in _SAMPLERS
+        if helper and not _sampler_helper(ctx, node):
             return
         shuffle = next((k.value for k in node.keywords if k.arg == "shuffle"), None)
-        if shuffle is None and len(node.args) > _SHUFFLE_POSITION:
+        if shuffle is None and len(node.args) > _SHUFFLE_POSITION and not helper:
             shuffle = node.args[_SHUFFLE_POSITION]
-        if shuffle is not None and not (isinstance(shuffle, ast.Constant) and shuffle.value is True):
-            return  # shuffle=False, or decided at run time
+        if (shuffle is not None or helper) and not (isinstance(shuffle, ast.Constant) and shuffle.value is True):
+            return  # shuffle=False, or decided at run time (a helper: unless it says shuffle=True)
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             return
         if not _trains_without_set_epoch(ctx):
             return
+        built = (f"`{ctx.text(node.func)}(..., shuffle=True, distributed=...)` builds a DistributedSampler when the "
+                 "run is distributed; it") if helper else "DistributedSampler"
         message = (
-            "DistributedSampler shuffles with seed + epoch, and nothing in this file calls set_epoch: every epoch "
+            f"{built} shuffles with seed + epoch, and nothing in this file calls set_epoch: every epoch "
             "sees the same order and each rank the same shard, which usually costs accuracy (a correctness bug, "
             "not a speed one); call sampler.set_epoch(epoch) at the start of each epoch, before iterating the "
             "loader. Advice only"
         )
         yield ctx.finding(self, node, message, replacement="sampler.set_epoch(epoch) at the start of each epoch",
                           fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
+
+
+def _sampler_helper(ctx: FileContext, call: ast.Call) -> bool:
+    """A sampler-making helper of another module told whether the run is distributed
+    (``dist.data_sampler(dataset, shuffle=True, distributed=args.distributed)``, as
+    rosinality's stylegan2 and vq-vae-2 write it): it returns a DistributedSampler
+    then. One this file defines is read where it builds the sampler."""
+    func = call.func
+    leaf = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if "sampler" not in leaf.lower() or not any(k.arg == "distributed" for k in call.keywords):
+        return False
+    if isinstance(func, ast.Name) and func.id in ctx.functions():
+        return False
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
+        return False
+    return not (ctx.qualified_name(func) or "").startswith("torch.")
 
 
 def _trains_without_set_epoch(ctx: FileContext) -> bool:
