@@ -916,3 +916,59 @@ def test_a_method_that_ends_in_the_files_update_helper_is_a_step(scan):
     # A method the file calls itself is judged where it is called.
     called = source + "    def run(self, x):\n        self.clm_step(x)\n"
     assert scan(called, target="cuda", select=("AX301",)).findings == []
+
+
+_STEP_FACTORY = """import torch
+
+def make_step(G, D, config):
+    def train(x, y):
+        for step_index in range(config["num_D_steps"]):
+            D.optim.zero_grad()
+            for accumulation_index in range(config["num_D_accumulations"]):
+                d_loss = D(x) - D(G(y))
+                d_loss.backward()
+            D.optim.step()
+        G.optim.zero_grad()
+        g_loss = -D(G(y))
+        for accumulation_index in range(config["num_G_accumulations"]):
+            g_loss.backward()
+        G.optim.step()
+        return {"G_loss": float(g_loss.item()), "D_loss": float(d_loss.item())}
+    return train
+"""
+
+
+def test_ax301_reads_a_step_function_whose_backward_passes_run_in_its_own_loops():
+    """BigGAN's step function, returned by a factory and called by another file's
+    loop: its backward passes run in its D-steps and accumulation loops, its own body
+    steps G's optimizer once. The reads it returns run every step; ``float()`` around
+    them needs the number no sooner than a log does."""
+    from torchaxe.scan.engine import scan_source
+
+    report = scan_source(_STEP_FACTORY, "train_fns.py",
+                         ScanOptions(target="cuda", select=("AX301",), capabilities=torch_capabilities("cuda")))
+    assert [(f.line, f.snippet.strip()) for f in report.findings] == [
+        (16, 'return {"G_loss": float(g_loss.item()), "D_loss": float(d_loss.item())}')] * 2
+    assert all("accumulate on the device" in f.message for f in report.findings)
+
+
+def test_ax301_leaves_a_function_that_runs_a_whole_training_loop():
+    """A function whose optimizer steps all run in its loops trains for many steps:
+    what its own body reads after them runs once."""
+    from torchaxe.scan.engine import scan_source
+
+    source = ("import torch\n\ndef fit(model, opt, loader):\n    for x, y in loader:\n"
+              "        loss = model(x, y)\n        loss.backward()\n        opt.step()\n"
+              "    return loss.item()\n")
+    report = scan_source(source, "fit.py",
+                         ScanOptions(target="cuda", select=("AX301",), capabilities=torch_capabilities("cuda")))
+    assert report.findings == []
+
+
+def test_ax301_a_converted_read_handed_to_a_call_is_still_needed_now():
+    from torchaxe.scan.engine import scan_source
+
+    source = LOOP_HEAD + "    state, reward, done, _ = env.step(int(policy(state).argmax().item()))\n"
+    report = scan_source(source, "rl.py",
+                         ScanOptions(target="cuda", select=("AX301",), capabilities=torch_capabilities("cuda")))
+    assert len(report.findings) == 1 and "which needs it before the next step" in report.findings[0].message

@@ -400,9 +400,14 @@ class FileContext:
 
     def _runs_whole_update(self, function: ast.AST) -> bool:
         """Whether a function's own body runs a backward pass and an optimizer's step
-        (or a helper given both)."""
+        (or a helper given both). The backward passes may run in a loop of the
+        function when its own body steps (BigGAN's step function: the discriminator's
+        accumulated backward passes in its D-steps loop, then ``G.optim.step()``); a
+        function whose steps are all in loops runs many updates, not one."""
         kinds = {self.training_kind(node) for node in _own_body(function)}
-        return "helper" in kinds or {"backward", "step"} <= kinds
+        if "helper" in kinds or {"backward", "step"} <= kinds:
+            return True
+        return "step" in kinds and any(self.training_kind(node) == "backward" for node in walk_scope(function))
 
     def _called_from_step_functions(self, unconditionally: bool = False) -> frozenset[str]:
         if unconditionally:

@@ -969,7 +969,13 @@ def needed_now(ctx: FileContext, node: ast.AST, loop: ast.AST) -> str | None:
     iteration, when it is: a call other than a recording one takes it (``env.step(action)``)
     or an ``if``/``while`` tests it. Its text, or None (a value only logged or kept)."""
     statement = next((p for p in reversed(ctx.parents) if isinstance(p, ast.stmt)), None)
-    parent = ctx.parents[-1] if ctx.parents else None
+    # ``float(loss.item())`` only converts the number: what takes the conversion decides.
+    at = len(ctx.parents) - 1
+    while at >= 0 and isinstance(ctx.parents[at], ast.Call) and node in ctx.parents[at].args \
+            and _call_name_of(ctx.parents[at]) in _CONVERSIONS and isinstance(ctx.parents[at].func, ast.Name):
+        node = ctx.parents[at]
+        at -= 1
+    parent = ctx.parents[at] if at >= 0 else None
     if isinstance(parent, ast.Call) and node in parent.args and _call_name_of(parent) not in _RECORDING_CALLS:
         return describe(ctx, parent)
     if not isinstance(statement, ast.Assign):
@@ -990,6 +996,10 @@ def needed_now(ctx: FileContext, node: ast.AST, loop: ast.AST) -> str | None:
             if any(isinstance(a, ast.Name) and a.id in names for a in [*call.args, *(k.value for k in call.keywords)]):
                 return f"`{describe(ctx, call)}`"
     return None
+
+
+#: Built-ins that turn the number read into another number, and need it no sooner.
+_CONVERSIONS = frozenset({"float", "int", "bool", "round", "abs"})
 
 
 def _call_name_of(call: ast.Call) -> str:
