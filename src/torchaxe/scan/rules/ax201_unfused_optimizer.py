@@ -8,6 +8,7 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext, walk_scope
+from torchaxe.scan.rules._bindings import reaching, scope_of
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: torch.optim class -> (torch_npu.optim replacement, keywords the replacement accepts).
@@ -60,9 +61,13 @@ class UnfusedOptimizer(Rule):
     the same parameter objects. A call with `**opt_args` is flagged only when `opt_args`
     is a dict built earlier in the same function (a literal or `dict(...)`, then item
     assignments, `setdefault`, `pop`) and nothing in that function gives it `fused` or
-    `foreach`; the function's own `**kwargs` may be merged into it. Keywords from
+    `foreach`; the function's own `**kwargs` may be merged into it. A dict given keys
+    read at run time (`kwargs[key] = value`, options parsed from the command line) gets
+    advice only: set `fused` as a default those keys can override. Keywords from
     anywhere else (a config object, a parameter) may already choose an implementation
-    and are not flagged. NPU replacements are unverified on Ascend hardware.
+    and are not flagged. A class called through a local name is read from the one
+    assignment that reaches the call (`optimizer_class = torch.optim.SGD`). NPU
+    replacements are unverified on Ascend hardware.
     """
 
     code = "AX201"
@@ -108,6 +113,19 @@ class UnfusedOptimizer(Rule):
             "    return torch.optim.AdamW(params, **args, fused=True)\n", lines=(5,),
         ),
         Valid("import torch\nopt = torch.optim.AdamW(params, **cfg)\n"),
+        Invalid("import torch\ndef make(params):\n    optimizer_class = torch.optim.AdamW\n"
+                "    return optimizer_class(params, lr=1e-4)\n", lines=(4,), message="fused=True",
+                fixed="import torch\ndef make(params):\n    optimizer_class = torch.optim.AdamW\n"
+                      "    return optimizer_class(params, lr=1e-4, fused=True)\n"),
+        Valid("import torch\ndef make(params, name):\n    optimizer_class = torch.optim.AdamW\n"
+              "    if name == 'sgd':\n        optimizer_class = torch.optim.SGD\n"
+              "    return optimizer_class(params, lr=1e-4, fused=True)\n"),
+        # kohya's sd-scripts: --optimizer_args parsed into the dict at run time.
+        Invalid(
+            "import torch\ndef make(params, args):\n    kw = {}\n    for arg in args.optimizer_args:\n"
+            "        key, value = arg.split('=')\n        kw[key] = value\n"
+            "    return torch.optim.AdamW(params, lr=1e-4, **kw)\n", lines=(7,), message="setdefault",
+        ),
         Valid("import torch\ndef make(params, cuda):\n    args = dict(fused=True) if cuda else dict()\n"
               "    return torch.optim.AdamW(params, **args)\n"),
         Valid("import torch\ndef make(params):\n    args = {'lr': 1e-3}\n    args['fused'] = True\n"
@@ -135,7 +153,7 @@ class UnfusedOptimizer(Rule):
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         assert isinstance(node, ast.Call)
-        name = ctx.call_name(node)
+        name = ctx.call_name(node) or _class_held(node, ctx)
         if not name or not name.startswith("torch.optim.") or name.count(".") != 2:
             return
         cls = name.rsplit(".", 1)[1]
@@ -149,6 +167,11 @@ class UnfusedOptimizer(Rule):
                 spread |= known
         if "fused" in keywords or spread & {"fused", "foreach", "differentiable"}:
             return  # fused= is the user's choice
+        if RUN_TIME_KEYS in spread:
+            if ctx.target != "npu":
+                yield from self._run_time_keys(node, ctx, cls)
+                return
+            spread = (spread - {RUN_TIME_KEYS}) | {UNKNOWN_KEYS}  # the NPU optimizer's keywords: advice only
         if _is_true(keywords.get("differentiable")):
             return  # fused kernels do not support differentiable=True
         if _sparse_parameters(node, ctx):
@@ -177,6 +200,25 @@ class UnfusedOptimizer(Rule):
             f"in one kernel per step (torch {_release(ctx.capabilities.get('torch_version'))} supports it)",
             replacement=f"torch.optim.{cls}(..., fused=True)",
             fix=ctx.fix(self, edits, title="pass fused=True"),
+        )
+
+    def _run_time_keys(self, node: ast.Call, ctx: FileContext, cls: str) -> Iterable[Finding]:
+        """Advice only: the keywords spread into the call are set at run time (parsed
+        from the command line), and may choose fused there; passing ``fused=True`` as
+        well would then fail with a repeated keyword."""
+        if cls not in ctx.capabilities.get("fused_optimizers", ()) or _sparse_gradients(ctx):
+            return
+        spread = next(k.value for k in node.keywords if k.arg is None and _dict_keys(k.value, ctx) is not None)
+        name = ctx.text(spread)
+        yield ctx.finding(
+            self, node,
+            f"torch.optim.{cls} runs unfused on {ctx.target} unless the keys the run puts in `{name}` (set from "
+            "values read at run time) choose it: fused=True updates all parameters in one kernel per step; make "
+            f"it a default those keys can override, `{name}.setdefault(\"fused\", True)` before this call "
+            "(fused=True beside them would fail when they hold it too)",
+            replacement=f'{name}.setdefault("fused", True)',
+            fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY,
+                        title=f'{name}.setdefault("fused", True) before the call'),
         )
 
     def _sparse(self, node: ast.Call, ctx: FileContext, cls: str, fused: str, sparse: list[tuple[int, bool]]
@@ -217,6 +259,18 @@ class UnfusedOptimizer(Rule):
         yield ctx.finding(self, node, message, replacement=f"{replacement}(...)", fix=fix)
 
 
+def _class_held(node: ast.Call, ctx: FileContext) -> str | None:
+    """The class a local name holds when it is called (``optimizer_class =
+    torch.optim.SGD`` then ``optimizer_class(params, ...)``, as kohya's sd-scripts picks
+    one per branch): the dotted name of the one assignment that reaches the call."""
+    if not isinstance(node.func, ast.Name) or node.func.id not in ctx.source:
+        return None
+    found = reaching(node.func.id, scope_of(node, ctx), node.lineno, ctx)
+    if not found or len(found) != 1:
+        return None
+    return ctx.qualified_name(found[0].value)
+
+
 #: A name for parameters (or their optimizer) kept apart for sparse gradients.
 _SPARSE_NAME = re.compile(r"(^|_)sparse(_|$)", re.IGNORECASE)
 
@@ -255,6 +309,9 @@ def _sparse_gradients(ctx: FileContext) -> list[tuple[int, bool]]:
 
 #: Stands for the keys of a ``**kwargs`` parameter merged into an optimizer's dict.
 UNKNOWN_KEYS = "**"
+#: Stands for keys the function sets at run time (``kwargs[key] = value``, kohya's
+#: ``--optimizer_args`` parsed into the dict): the run may choose fused there.
+RUN_TIME_KEYS = "[]"
 
 
 def _dict_keys(value: ast.expr, ctx: FileContext) -> set[str] | None:
@@ -289,9 +346,12 @@ def _dict_keys(value: ast.expr, ctx: FileContext) -> set[str] | None:
                 elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) \
                         and target.value.id == name:
                     key = target.slice
-                    if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+                    if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                        keys.add(key.value)
+                    elif isinstance(key, ast.Name):
+                        keys.add(RUN_TIME_KEYS)
+                    else:
                         return None
-                    keys.add(key.value)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == name:
             method = node.func.attr
@@ -301,7 +361,7 @@ def _dict_keys(value: ast.expr, ctx: FileContext) -> set[str] | None:
                     keys.add(node.args[0].value)
             elif method == "update" and not node.args and all(k.arg for k in node.keywords):
                 keys.update(k.arg for k in node.keywords if k.arg)
-            else:
+            elif method not in ("items", "keys", "values", "copy"):  # those only read it
                 return None
         elif isinstance(node, (ast.Global, ast.Nonlocal)) and name in node.names:
             return None
