@@ -1693,3 +1693,27 @@ class FeedForward(torch.nn.Module):
         return F.linear(F.silu(F.linear(x, self.w1.weight)) * F.linear(x, self.w3.weight), self.w2.weight)
 """
     assert [m.category for m in matches(feed_forward, "npu")] == ["swiglu"]
+
+
+def test_channel_first_attention_of_feature_maps_is_kept_whatever_the_key_is_called():
+    """SAGAN's non-local block: softmax(theta^T phi) then g @ beta^T, channels before
+    positions throughout and no scale. A key used as written is kept only when named
+    like a key, unless the values are channel-first too and the query was made
+    positions-first on the spot (layout "BDS-q"); a product with a weight matrix is
+    still left alone."""
+    sagan = """
+    import torch
+    import torch.nn.functional as F
+    def attn(theta, phi, g):
+        beta = F.softmax(torch.bmm(theta.transpose(1, 2), phi), -1)
+        return torch.bmm(g, beta.transpose(1, 2))
+    """
+    [found] = [m for m in matches(sagan, "cuda") if m.category == "attention"]
+    assert found.params["layout"] == "BDS-q" and found.params["scale"] == pytest.approx(1.0)
+    gate = """
+    import torch
+    import torch.nn.functional as F
+    def gated(x, w, v):
+        return torch.bmm(F.softmax(torch.bmm(x, w), -1), v)
+    """
+    assert not [m for m in matches(gate, "cuda") if m.category == "attention"]

@@ -426,8 +426,14 @@ _KEY_NAME = re.compile(r"^(k|kt|k_t|keys?|keys?_t|key_?states|key_?layer|keys?_?
 def _key_named(match: FormulaMatch) -> bool:
     """An attention match whose key is used as written (``q.matmul(k)``, k of shape
     (b, h, d, s)) is the same product as ``softmax(x @ w) @ v`` with a weight: it is
-    kept only when the key operand is named like a key."""
+    kept only when the key operand is named like a key, or when the whole formula is
+    channel-first (layout "BDS-q")."""
     if match.category != "attention" or not match.params.get("key_as_written"):
+        return True
+    if match.params.get("layout") == "BDS-q":
+        # Channel-first values too (v @ w^T) after a query made positions-first on the
+        # spot: the attention of conv feature maps (SAGAN's theta^T phi, LDM's q^T k),
+        # whatever the key is called.
         return True
     text = match.inputs.get("k") or ""
     text = text.split("(", 1)[0].split("[", 1)[0].strip()
