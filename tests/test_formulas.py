@@ -1717,3 +1717,35 @@ def test_channel_first_attention_of_feature_maps_is_kept_whatever_the_key_is_cal
         return torch.bmm(F.softmax(torch.bmm(x, w), -1), v)
     """
     assert not [m for m in matches(gate, "cuda") if m.category == "attention"]
+
+
+_FULL_ATTENTION = """
+import torch
+from math import sqrt
+
+class FullAttention(torch.nn.Module):
+    def forward(self, queries, keys, values):
+        N, L, H, E = queries.shape
+        softmax_temp = self.softmax_temp or 1. / sqrt(E)
+        queries = queries * softmax_temp
+        QK = torch.einsum("nlhe,nshe->nhls", queries, keys)
+        {top}
+        A = self.dropout(torch.softmax(QK, dim=-1))
+        return torch.einsum("nhls,nshd->nlhd", A, values).contiguous()
+"""
+
+
+def test_a_scale_chosen_with_or_is_a_number():
+    """fast-transformers: ``self.softmax_temp or 1./sqrt(E)`` scales the queries; an
+    ``or`` whose last value is a number is read as a number (``math_or``), not as a
+    tensor the queries are multiplied by."""
+    [found] = [m for m in matches(_FULL_ATTENTION.replace("{top}", "pass"), "cuda") if m.category == "attention"]
+    assert found.params["layout"] == "BSND"
+
+
+def test_top_k_sparsified_attention_is_left_alone():
+    """Exact top-k attention masks all but each row's top scores: it needs the score
+    matrix a fused attention never makes."""
+    top = ("QK = QK + torch.zeros_like(QK).scatter(-1, torch.topk(QK, 4, dim=-1)[1], 1.0)"
+           ".log()")
+    assert not [m for m in matches(_FULL_ATTENTION.replace("{top}", top), "cuda") if m.category == "attention"]

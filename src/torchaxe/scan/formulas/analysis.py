@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
-from torchaxe.scan.context import fast_walk
+from torchaxe.scan.context import fast_walk, walk_scope
 from torchaxe.scan.formulas import remote
 from torchaxe.scan.formulas.inline import (
     FileUnit, Root, activation_attributes, activation_tables, has_activation_words, read_scope,
@@ -383,6 +383,8 @@ def _analyse_plan(ctx: FileContext, plan: tuple[list[tuple[ast.AST, ast.ClassDef
                 continue
             if _old_torch_only(ctx, root.scope):
                 continue
+            if match.category == "attention" and _keeps_top_scores(ctx, root.scope):
+                continue
             if (match.params.get("sign_folded") or match.params.get("fitted")) and match.category == "rotary" \
                     and not _ROTARY_NAME.search(scope_name):
                 # x * c + swap(x) * s, or a pair mix with a table viewed to fit: as likely
@@ -438,6 +440,24 @@ def _key_named(match: FormulaMatch) -> bool:
     text = match.inputs.get("k") or ""
     text = text.split("(", 1)[0].split("[", 1)[0].strip()
     return bool(_KEY_NAME.match(text.rsplit(".", 1)[-1]))
+
+
+#: Calls that pick the largest scores (a top-k sparsified attention masks all others
+#: out, so it needs the score matrix a fused attention never makes).
+_TOP_SCORES = frozenset({"topk", "kthvalue"})
+
+
+def _keeps_top_scores(ctx: FileContext, scope: ast.AST) -> bool:
+    """Whether the function picks its top scores (fast-transformers' exact top-k
+    attention: ``torch.topk(QK, k)``, then a -inf mask of all but those)."""
+    key = ("formulas.top_scores", id(scope))
+    found = ctx.cache.get(key)
+    if found is None:
+        found = ctx.cache[key] = any(
+            isinstance(n, ast.Call) and (n.func.attr if isinstance(n.func, ast.Attribute) else
+                                         n.func.id if isinstance(n.func, ast.Name) else "") in _TOP_SCORES
+            for n in walk_scope(scope)) if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else False
+    return found
 
 
 _WRAPPERS = frozenset({"cast", "dropout", "contiguous", "clone", "detach"})

@@ -296,6 +296,16 @@ _OPS: dict[str, Callable[..., Any]] = {
     "finfo": _finfo, "float": float, "int": int,
     "rearrange": _einops(False), "einops_repeat": _einops(True),
 }
+def _or(*values: Any) -> Any:
+    """``a or b`` of numbers: the first that is not zero (or None), else the last."""
+    for value in values[:-1]:
+        if isinstance(value, torch.Tensor) and value.numel() != 1:
+            raise EvaluationError("`or` of a tensor")
+        if value is not None and bool(value):
+            return value
+    return values[-1]
+
+
 def _scalar_function(fn: Callable[[float], float]) -> Callable[[Any], float]:
     def apply(value: Any) -> float:
         if isinstance(value, torch.Tensor) and value.numel() != 1:
@@ -307,6 +317,7 @@ def _scalar_function(fn: Callable[[float], float]) -> Callable[[Any], float]:
 
 for _name in V.SCALAR_FUNCTIONS:
     _OPS["math_" + _name] = _scalar_function(getattr(math, _name) if _name != "abs" else abs)
+_OPS["math_or"] = _or
 
 #: Layout operations pass their input through when they fail on the probes.
 _PASS_THROUGH = frozenset(V.LAYOUT) - {"tuple", "slice", "size", "shape", "dim", "ndim", "numel", "dtype", "device"}

@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING, Callable
 
 from torchaxe.scan.formulas import vocabulary as V
-from torchaxe.scan.formulas.ir import Builder, Node
+from torchaxe.scan.formulas.ir import CONST, VAR, Builder, Node
 from torchaxe.scan.formulas.probes import scalarish
 
 if TYPE_CHECKING:
@@ -192,6 +192,18 @@ class ExpressionLowering:
             return self.lower(node)
         self.made.setdefault(id(result), node)
         return result
+
+    def _BoolOp(self, node: ast.BoolOp) -> Node:
+        """``self.softmax_temp or 1. / sqrt(E)``: a number chosen at run time, when its
+        last value is one (its first value, when set, is then a number too), read as
+        ``math_or`` of the values; anything else stays opaque."""
+        if isinstance(node.op, ast.Or):
+            last = self.lower(node.values[-1])
+            if scalarish(last):
+                values = [self.lower(v) for v in node.values[:-1]]
+                if all(v.op in (VAR, CONST) or scalarish(v) for v in values):
+                    return self.b.op("math_or", [*values, last])
+        return self.opaque(node)
 
     def _IfExp(self, node: ast.IfExp) -> Node:
         self.subroot(node.body)
