@@ -1749,3 +1749,29 @@ def test_top_k_sparsified_attention_is_left_alone():
     top = ("QK = QK + torch.zeros_like(QK).scatter(-1, torch.topk(QK, 4, dim=-1)[1], 1.0)"
            ".log()")
     assert not [m for m in matches(_FULL_ATTENTION.replace("{top}", top), "cuda") if m.category == "attention"]
+
+
+def test_a_method_that_only_returns_the_scores_product_is_read_into_the_attention():
+    """labml's MultiHeadAttention keeps its scores in ``get_scores`` (to be overridden
+    by relative attention): a method that only returns an einsum, matmul or ``@`` holds
+    no formula word, and is inlined all the same."""
+    source = """
+    import math
+    import torch
+    import torch.nn as nn
+    class MultiHeadAttention(nn.Module):
+        def __init__(self, d_k):
+            super().__init__()
+            self.softmax = nn.Softmax(dim=1)
+            self.scale = 1 / math.sqrt(d_k)
+        def get_scores(self, query, key):
+            \"\"\"Overridden by relative attention.\"\"\"
+            return torch.einsum('ibhd,jbhd->ijbh', query, key)
+        def forward(self, query, key, value):
+            scores = self.get_scores(query, key)
+            scores *= self.scale
+            attn = self.softmax(scores)
+            return torch.einsum("ijbh,jbhd->ibhd", attn, value)
+    """
+    [found] = [m for m in matches(source, "cuda") if m.category == "attention"]
+    assert found.params["layout"] == "SBND"

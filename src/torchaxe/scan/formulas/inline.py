@@ -837,7 +837,7 @@ class Scope:
                                           for d in callee.decorator_list):
             return self._inline(callee, None, call, low)  # self._rotate_half(x) of a staticmethod
         receiver = self.lookup(self.self_name or "") or self.unit.builder.var(self.self_name or "self")
-        return self._inline(callee, receiver, call, low)
+        return self._inline(callee, receiver, call, low, any_callee=_returns_product(callee))
 
     def inline_static(self, class_name: str, name: str, call: ast.Call, low: ExpressionLowering) -> Node | None:
         """``CosSinRoPE._rotate_half(x)`` inside class ``CosSinRoPE``: its staticmethod."""
@@ -953,6 +953,25 @@ def _defaults(args: ast.arguments) -> dict[str, ast.expr]:
     found = dict(zip(positional[len(positional) - len(args.defaults):], args.defaults))
     found.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
     return found
+
+
+#: Calls that multiply two tensors as matrices.
+_PRODUCTS = frozenset({"einsum", "matmul", "bmm"})
+
+
+def _returns_product(callee: ast.FunctionDef) -> bool:
+    """A method that only returns a product of two tensors (labml's ``get_scores``:
+    ``return torch.einsum('ibhd,jbhd->ijbh', query, key)``, kept apart to be
+    overridden): no formula word in it, but it makes an attention's scores."""
+    body = [s for s in callee.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return) or body[0].value is None:
+        return False
+    value = body[0].value
+    if isinstance(value, ast.BinOp):
+        return isinstance(value.op, ast.MatMult)
+    func = value.func if isinstance(value, ast.Call) else None
+    return (func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else "") \
+        in _PRODUCTS
 
 
 def _is_static(fn: ast.AST) -> bool:
