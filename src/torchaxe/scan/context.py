@@ -699,13 +699,16 @@ def child_nodes(node: ast.AST) -> list[ast.AST]:
     if fields is None:
         fields = child_fields(type(node))
     children: list[ast.AST] = []
+    AST = ast.AST
     for name in fields:
         value = getattr(node, name, None)
         if value is None:
             continue
         if type(value) is list:
-            children.extend(item for item in value if isinstance(item, ast.AST))
-        elif isinstance(value, ast.AST):
+            for item in value:
+                if isinstance(item, AST):
+                    children.append(item)
+        elif isinstance(value, AST):
             children.append(value)
     return children
 
@@ -729,29 +732,14 @@ def preorder(tree: ast.AST) -> tuple[list[ast.AST], list[int]]:
     stack: list[ast.AST] = [tree]
     stack_depths: list[int] = [0]
     fields_of = CHILD_FIELDS
-    AST = ast.AST
     while stack:
         node = stack.pop()
         depth = stack_depths.pop()
         order.append(node)
         depths.append(depth)
-        node_type = type(node)
-        fields = fields_of.get(node_type)
-        if fields is None:
-            fields = child_fields(node_type)
-        if not fields:
-            continue
-        children: list[ast.AST] = []
-        for name in fields:
-            value = getattr(node, name, None)
-            if value is None:
-                continue
-            if type(value) is list:
-                for item in value:
-                    if isinstance(item, AST):
-                        children.append(item)
-            elif isinstance(value, AST):
-                children.append(value)
+        if not fields_of.get(type(node), True):
+            continue  # a name or a constant: no children
+        children = child_nodes(node)
         if children:
             children.reverse()
             stack.extend(children)

@@ -136,6 +136,24 @@ def collective_name(ctx: FileContext, call: ast.Call) -> str | None:
     return None
 
 
+def call_leaf(call: ast.Call) -> str:
+    """``reduce_tensor`` of ``utils.reduce_tensor(x)`` or of ``reduce_tensor(x)``."""
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def helper_of_another_module(ctx: FileContext, call: ast.Call) -> bool:
+    """Whether the call's function is neither defined in this file, nor a method of
+    ``self``/``cls``, nor torch's: a helper the project (or a library) defines
+    elsewhere, known by its name only."""
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in ctx.functions():
+        return False
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
+        return False
+    return not (ctx.qualified_name(func) or "").startswith("torch.")
+
+
 def uses_lightning(ctx: FileContext) -> bool:
     return any(origin.split(".", 1)[0] in ("lightning", "pytorch_lightning", "lightning_fabric")
                for origin in ctx.imports.values())

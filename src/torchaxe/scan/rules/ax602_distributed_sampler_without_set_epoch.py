@@ -7,6 +7,7 @@ from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import FileContext
+from torchaxe.scan.rules._distributed import call_leaf, helper_of_another_module
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 _SAMPLERS = frozenset({"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"})
@@ -130,15 +131,9 @@ def _sampler_helper(ctx: FileContext, call: ast.Call) -> bool:
     (``dist.data_sampler(dataset, shuffle=True, distributed=args.distributed)``, as
     rosinality's stylegan2 and vq-vae-2 write it): it returns a DistributedSampler
     then. One this file defines is read where it builds the sampler."""
-    func = call.func
-    leaf = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-    if "sampler" not in leaf.lower() or not any(k.arg == "distributed" for k in call.keywords):
+    if "sampler" not in call_leaf(call).lower() or not any(k.arg == "distributed" for k in call.keywords):
         return False
-    if isinstance(func, ast.Name) and func.id in ctx.functions():
-        return False
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
-        return False
-    return not (ctx.qualified_name(func) or "").startswith("torch.")
+    return helper_of_another_module(ctx, call)
 
 
 def _trains_without_set_epoch(ctx: FileContext) -> bool:

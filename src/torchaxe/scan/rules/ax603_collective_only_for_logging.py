@@ -9,7 +9,8 @@ from typing import Iterable
 from torchaxe.findings import Applicability, Finding
 from torchaxe.scan.context import BOUNDARY_TYPES, FileContext, fast_walk, walk_scope
 from torchaxe.scan.rules._bindings import assigned_values
-from torchaxe.scan.rules._distributed import collective_name, dotted_name, function_of, parent_map
+from torchaxe.scan.rules._distributed import (call_leaf, collective_name, dotted_name, function_of,
+                                              helper_of_another_module, parent_map)
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
 #: The argument each collective writes its result into.
@@ -220,14 +221,9 @@ def _reduces(ctx: FileContext, call: ast.Call) -> bool:
     # Cheapest tests first: this runs for every call of a file that mentions a collective.
     if isinstance(func, ast.Name) and _reducing_helper(ctx, func.id):
         return True
-    leaf = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-    if not call.args or not _HELPER_NAME.match(leaf):
+    if not call.args or not _HELPER_NAME.match(call_leaf(call)):
         return False
-    if isinstance(func, ast.Name) and func.id in ctx.functions():
-        return False
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("self", "cls"):
-        return False
-    return not (ctx.qualified_name(func) or "").startswith("torch.")
+    return helper_of_another_module(ctx, call)
 
 
 #: accelerate's ``Accelerator`` methods that gather or reduce a tensor across processes
