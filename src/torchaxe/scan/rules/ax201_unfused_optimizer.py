@@ -263,7 +263,7 @@ def _class_held(node: ast.Call, ctx: FileContext) -> str | None:
     """The class a local name holds when it is called (``optimizer_class =
     torch.optim.SGD`` then ``optimizer_class(params, ...)``, as kohya's sd-scripts picks
     one per branch): the dotted name of the one assignment that reaches the call."""
-    if not isinstance(node.func, ast.Name) or node.func.id not in ctx.source:
+    if not isinstance(node.func, ast.Name):
         return None
     found = reaching(node.func.id, scope_of(node, ctx), node.lineno, ctx)
     if not found or len(found) != 1:
