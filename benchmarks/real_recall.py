@@ -81,6 +81,8 @@ CLASSES: dict[str, tuple[str, ...]] = {
     "cell_loop": ("AX121",),
     # benchmarks/real_corpus_xent.toml: cross-entropies written by hand (AX122).
     "hand_xent": ("AX122",),
+    # benchmarks/real_corpus_syncs.toml: sizes decided by tensor values on every step (AX307).
+    "mask_index_sync": ("AX307",),
     # benchmarks/real_corpus_heldout.toml: the classes above, and optimizers left unfused.
     "unfused_optimizer": ("AX201",),
 }

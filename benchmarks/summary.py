@@ -311,6 +311,11 @@ ROWS: tuple[Row, ...] = (
         "real_recall_xent", ">= 90% recall, 0 false positives",
         ("src/torchaxe/scan", "benchmarks/real_corpus_xent.toml"), read_real_recall,
         command="python benchmarks/real_recall.py --manifest benchmarks/real_corpus_xent.toml"),
+    Row("Sizes decided by tensor values on every training step in public code (AX307; "
+        "benchmarks/real_corpus_syncs.toml)",
+        "real_recall_syncs", ">= 90% recall, 0 false positives",
+        ("src/torchaxe/scan", "benchmarks/real_corpus_syncs.toml"), read_real_recall,
+        command="python benchmarks/real_recall.py --manifest benchmarks/real_corpus_syncs.toml"),
     Row("Held-out corpus: every scanner class on public code labelled before any scan (benchmarks/real_corpus_heldout.toml)",
         "real_recall_heldout", ">= 90% recall, 0 false positives",
         ("src/torchaxe/scan", "benchmarks/real_corpus_heldout.toml"), read_real_recall,

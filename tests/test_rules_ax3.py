@@ -16,7 +16,7 @@ from torchaxe.scan.rules import all_rules
 from torchaxe.scan.rules._tensors import modulo_guard
 from torchaxe.scan.rules.base import DOC_SECTIONS
 
-SYNC_CODES = ("AX301", "AX302", "AX303", "AX304")
+SYNC_CODES = ("AX301", "AX302", "AX303", "AX304", "AX307")
 
 LOOP_HEAD = (
     "import torch\n"
@@ -41,7 +41,7 @@ def fix(source, target="cuda", unsafe=False, select=("AX3",)):
 # ------------------------------------------------------------------ metadata
 def test_ax3_rules_document_themselves():
     rules = [r for r in all_rules() if r.code.startswith("AX3")]
-    assert [r.code for r in rules] == ["AX301", "AX302", "AX303", "AX304", "AX305", "AX306"]
+    assert [r.code for r in rules] == ["AX301", "AX302", "AX303", "AX304", "AX305", "AX306", "AX307"]
     for rule in rules:
         assert tuple(rule.docs()) == DOC_SECTIONS, rule.code
         assert set(rule.targets) == {"cuda", "npu"}, rule.code
@@ -972,3 +972,65 @@ def test_ax301_a_converted_read_handed_to_a_call_is_still_needed_now():
     report = scan_source(source, "rl.py",
                          ScanOptions(target="cuda", select=("AX301",), capabilities=torch_capabilities("cuda")))
     assert len(report.findings) == 1 and "which needs it before the next step" in report.findings[0].message
+
+
+# ------------------------------------------------------------------ AX307 / AX305 (built before the move)
+def _findings(source, code, target="cuda"):
+    from torchaxe.scan.engine import scan_source
+
+    return scan_source(source, "t.py", ScanOptions(target=target, select=(code,),
+                                                   capabilities=torch_capabilities(target))).findings
+
+
+def test_ax307_a_loader_batch_is_a_device_tensor_only_after_its_move():
+    """A batch straight from a DataLoader is in host memory: masking it costs no device
+    sync; once moved, the same mask is counted on the device."""
+    head = ("import torch\nfrom torch.utils.data import DataLoader\nloader = DataLoader(ds, batch_size=8)\n"
+            "for x, y in loader:\n")
+    tail = "    loss = model(x)[keep].sum()\n    loss.backward()\n    opt.step()\n"
+    assert _findings(head + "    keep = y != 0\n" + tail, "AX307") == []
+    moved = _findings(head + "    y = y.to(device)\n    keep = y != 0\n" + tail, "AX307")
+    assert [f.line for f in moved] == [7]
+    assert "`keep`" in moved[0].message and "GPU" in moved[0].message
+    # The moved batch now counts as a device tensor for the other sync rules too.
+    branch = head + "    y = y.cuda()\n    if y.sum() > 0:\n        pass\n" + tail.replace("[keep]", "")
+    assert [f.line for f in _findings(branch, "AX303")] == [6]
+
+
+def test_ax307_reaches_helpers_of_helpers_the_step_always_calls():
+    source = ("import torch\n\ndef cal_loss(pred, gold):\n    keep = gold.ne(0)\n"
+              "    return torch.log_softmax(pred, -1).masked_select(keep).sum()\n\n"
+              "def cal_performance(pred, gold):\n    return cal_loss(pred, gold)\n\n"
+              "def cal_rare(pred, gold):\n    return torch.log_softmax(pred, -1).masked_select(gold.ne(0)).sum()\n\n"
+              "for x, y in loader:\n    x, y = x.to(device), y.to(device)\n    pred = model(x)\n"
+              "    loss = cal_performance(pred, y)\n    if verbose:\n        cal_rare(pred, y)\n"
+              "    loss.backward()\n    opt.step()\n")
+    assert [f.line for f in _findings(source, "AX307")] == [5]
+
+
+def test_ax307_noqa_and_npu_wording():
+    source = ("import torch\nfor x, y in loader:\n    x = x.npu()\n    out = model(x)\n"
+              "    a = out[out > 0].sum()  # noqa: AX307\n    b = torch.nonzero(out)\n"
+              "    loss = a + b.sum()\n    loss.backward()\n    opt.step()\n")
+    found = _findings(source, "AX307", target="npu")
+    assert [f.line for f in found] == [6]
+    assert "NPU" in found[0].message and found[0].fix.applicability is Applicability.DISPLAY_ONLY
+
+
+def test_ax305_names_the_factory_a_moved_tensor_was_computed_from():
+    source = ("import torch\n\ndef loss_fn(features, device):\n"
+              "    labels = torch.cat([torch.arange(8) for _ in range(2)], dim=0)\n"
+              "    labels = (labels.unsqueeze(0) == labels.unsqueeze(1)).float()\n"
+              "    step = 0\n    while step < 3:\n        step = step + 1\n"
+              "    return labels.to(device), torch.tensor(step).to(device)\n")
+    found = _findings(source, "AX305")
+    assert [f.line for f in found] == [9, 9]
+    built = next(f for f in found if "computed in host memory" in f.message)
+    assert "`torch.arange(8)` (line 4)" in built.message
+    assert built.fix.applicability is Applicability.DISPLAY_ONLY and not built.fix.edits
+
+
+def test_ax305_a_name_computed_from_itself_is_left_alone():
+    source = ("import torch\n\ndef f(device):\n    t = torch.zeros(3)\n    for _ in range(4):\n"
+              "        t = t + 1\n    return t.to(device)\n")
+    assert _findings(source, "AX305") == []

@@ -423,6 +423,14 @@ class FileContext:
                 for loop in self.nodes(*LOOP_TYPES):
                     if self.runs_training_step(loop):
                         names |= _unconditional_calls(loop) & set(self.functions())
+                # ... and what those helpers call outside their branches, in turn (a loss
+                # helper's own ``cal_loss(...)``).
+                todo = list(names)
+                while todo:
+                    for function in self.functions().get(todo.pop(), ()):
+                        more = (_unconditional_calls(function) & set(self.functions())) - names
+                        names |= more
+                        todo.extend(more)
                 self.cache[key] = frozenset(names)
             return self.cache[key]
         key = "called_from_step_functions"

@@ -610,6 +610,15 @@ class Tensors:
             return items
         return None
 
+    def values_of(self, node: ast.Name) -> list[ast.AST] | None:
+        """The values a read of ``node`` may see, when each binding reaching it is a
+        plain assignment (``name = value``); None otherwise (a parameter, a loop
+        variable, an unpacked or augmented binding, an unknown name)."""
+        found = self._reach(node)
+        if found is None or not found[1] or any(b.kind != "value" or b.value is None for b in found[1]):
+            return None
+        return [b.value for b in found[1]]  # type: ignore[misc]
+
     def _name_is_host(self, node: ast.Name) -> bool:
         found = self._reach(node)
         if found is None:
@@ -708,6 +717,9 @@ class Tensors:
         if isinstance(func, ast.Attribute):
             if func.attr in HOST_METHODS:
                 return False
+            if func.attr in ("to", "cuda", "npu") and move_device(self.ctx, node) is not False:
+                # A batch from a loader, on the host before, is on the device after.
+                return not self._is_module(func.value)
             if func.attr in TENSOR_ONLY_METHODS:
                 return not self.is_host(func.value) and not self._is_module(func.value)
             if func.attr in REDUCTION_METHODS:

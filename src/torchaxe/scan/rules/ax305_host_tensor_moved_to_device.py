@@ -212,6 +212,38 @@ class HostTensorMovedToDevice(Rule):
             "    i = torch.arange(4).cuda(rank)\n",
             target="cuda", lines=(3, 4, 5, 6),
         ),
+        # SimCLR's labels, built on the host on every call of the loss.
+        Invalid(
+            "import torch\n\n\nclass SimCLR:\n"
+            "    def info_nce_loss(self, features):\n"
+            "        labels = torch.cat([torch.arange(self.batch_size) for i in range(self.n_views)], dim=0)\n"
+            "        labels = (labels.unsqueeze(0) == labels.unsqueeze(1)).float()\n"
+            "        labels = labels.to(self.device)\n"
+            "        noise = (torch.rand(4) * 2 - 1).cuda()\n"
+            "        return labels, noise\n",
+            target="cuda", lines=(8, 9),
+        ),
+        Valid(
+            "import torch\n"
+            "mask = torch.ones(3) + 1\n"
+            "mask = mask.cuda()\n\n\n"
+            "class Model(torch.nn.Module):\n"
+            "    def __init__(self, n):\n"
+            "        pe = torch.arange(n) * 2\n"
+            "        self.pe = pe.cuda()\n\n"
+            "    def forward(self, x):\n"
+            "        pos = torch.cat([torch.arange(4), x])\n"
+            "        ids = torch.arange(4, device='cpu') + 1\n"
+            "        rows = torch.full((len(x), 8), 0)\n"
+            "        for i, p in enumerate(x):\n"
+            "            rows[i, :len(p)] = torch.tensor(p)\n"
+            "        rows = rows.cuda()\n"
+            "        probe = torch.randn(4, 8)\n"
+            "        expected = self.cpu_model(probe)\n"
+            "        got = self.gpu_model(probe.cuda())\n"
+            "        return pos.to(x.device), ids.to(x.device), (x + 1).cuda()\n",
+            target="cuda",
+        ),
         Valid("import torch\nx = torch.tensor(data).cuda()\n", target="cpu"),
         Valid(
             "import torch\n"
@@ -245,6 +277,7 @@ class HostTensorMovedToDevice(Rule):
         assert isinstance(node.func, ast.Attribute)
         found = _factory_of(ctx, node.func.value)
         if found is None:
+            yield from self._built_before(node, ctx)
             return
         factory, short = found
         if T.has_double_star(factory) or any(T.keyword(factory, k) for k in ("out", "pin_memory", "generator")):
@@ -315,6 +348,156 @@ class HostTensorMovedToDevice(Rule):
         yield ctx.finding(
             self, node, message, replacement=f"torch.{short}(..., device={device_text or 'device'})", fix=fix
         )
+
+
+    def _built_before(self, node: ast.Call, ctx: FileContext) -> Iterable[Finding]:
+        """A move of a tensor the function computed on the host in earlier statements
+        or in one expression from torch factories (SimCLR's labels: ``torch.cat`` of
+        ``arange``s, compared, cast, then moved), in a function that runs more than
+        once: advice to build it on the device."""
+        function = next((p for p in reversed(ctx.parents) if isinstance(p, T.FUNCTION_TYPES)), None)
+        if function is None or getattr(function, "name", "") == "__init__":
+            return
+        assert isinstance(node.func, ast.Attribute)
+        moved = node.func.value
+        statement = next((p for p in reversed(ctx.parents) if isinstance(p, ast.stmt)), None)
+        rebound = isinstance(statement, ast.Assign) and isinstance(moved, ast.Name) and any(
+            isinstance(t, ast.Name) and t.id == moved.id for target in statement.targets for t in fast_walk(target))
+        if isinstance(moved, ast.Name) and _read_elsewhere(ctx, function, moved.id, node.lineno, rebound):
+            return  # the host tensor has other uses (a CPU model's input): it stays on the host anyway
+        factory = _host_built(ctx, T.tensors_at(ctx), moved, 0, frozenset(_filled_in(ctx, function)))
+        if factory is None:
+            return
+        dev = T.DEVICE_WORD[ctx.target]
+        short = (ctx.call_name(factory) or "torch.?").split(".", 1)[1]
+        yield ctx.finding(
+            self,
+            node,
+            f"`{T.describe(ctx, moved, 30)}` is computed in host memory from `{T.describe(ctx, factory, 40)}` "
+            f"(line {factory.lineno}) "
+            f"and then copied to the {dev}{_repeated(ctx, _enclosing_loop(ctx)) or ' each time the function runs'}; "
+            f"pass device= to the factories so it is computed on the {dev}, with no host work and no copy"
+            + (f" (the {dev}'s generator draws other numbers)" if short in RANDOM else ""),
+            replacement=f"torch.{short}(..., device=device)",
+            fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY, title="build it on the device with device="),
+        )
+
+
+def _filled_in(ctx: FileContext, function: ast.AST) -> set[str]:
+    """Names the function changes in place: a store into an item (``t[i] = ...``) or an
+    in-place method (``t.scatter_(...)``). A tensor filled from host data row by row is
+    best built on the host and copied once."""
+    key = ("ax305.filled", id(function))
+    if key not in ctx.cache:
+        names = set()
+        for node in fast_walk(function):
+            if isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    while isinstance(target, (ast.Subscript, ast.Attribute)):
+                        target = target.value
+                        if isinstance(target, ast.Name):
+                            names.add(target.id)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr.endswith("_") and not node.func.attr.startswith("_") \
+                    and isinstance(node.func.value, ast.Name):
+                names.add(node.func.value.id)
+        ctx.cache[key] = names
+    return ctx.cache[key]
+
+
+def _read_elsewhere(ctx: FileContext, function: ast.AST, name: str, move_line: int, rebound: bool) -> bool:
+    """Whether the function reads the host value of ``name`` other than in the move and
+    in the statements that assign it (where it is built from itself): on any other line
+    before the move, or after it unless the move's result took the name
+    (``labels = labels.to(device)``)."""
+    key = ("ax305.reads", id(function))
+    if key not in ctx.cache:
+        reads: dict[str, set[int]] = {}
+        assigned: dict[str, set[int]] = {}
+        for node in fast_walk(function):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                reads.setdefault(node.id, set()).add(node.lineno)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                lines = set(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+                for target in targets:
+                    for n in fast_walk(target):
+                        if isinstance(n, ast.Name):
+                            assigned.setdefault(n.id, set()).update(lines)
+        ctx.cache[key] = (reads, assigned)
+    reads, assigned = ctx.cache[key]
+    others = reads.get(name, set()) - assigned.get(name, set()) - {move_line}
+    return any(line < move_line or not rebound for line in others)
+
+
+#: Functions that combine tensors without moving them.
+_COMBINING = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "where", "outer"})
+#: How deep names are followed to their values.
+_DEPTH = 10
+
+
+def _host_built(ctx: FileContext, tensors: T.Tensors, node: ast.AST, depth: int,
+                seen: frozenset = frozenset()) -> ast.Call | None:
+    """The first torch factory (computed or random, told no device) that ``node`` is
+    computed from on the host, through casts and reshapes, arithmetic and comparisons
+    with numbers, ``torch.cat``/``stack`` of such tensors, and names every assignment of
+    which is such an expression; None when any part may be elsewhere or unknown. ``seen``
+    holds the names not to follow (filled in place) and the values on the way here (to
+    stop at a name computed from itself)."""
+    if depth > _DEPTH:
+        return None
+    if isinstance(node, ast.Name):
+        if node.id in seen:
+            return None  # filled in place (``t[i, :n] = torch.tensor(row)``): data, copied once
+        values = tensors.values_of(node)
+        if not values or any(v in seen for v in values):
+            return None  # unknown, or a value computed from itself (``x = x + 1`` in a loop)
+        seen = seen | set(values)
+        found = [_host_built(ctx, tensors, v, depth + 1, seen) for v in values]
+        return found[0] if all(f is not None for f in found) else None
+    if isinstance(node, ast.BinOp):
+        return _combined(ctx, tensors, [node.left, node.right], depth, seen)
+    if isinstance(node, ast.Compare) and len(node.comparators) == 1:
+        return _combined(ctx, tensors, [node.left, node.comparators[0]], depth, seen)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Invert)):
+        return _host_built(ctx, tensors, node.operand, depth + 1, seen)
+    if not isinstance(node, ast.Call):
+        return None
+    func = node.func
+    if isinstance(func, ast.Attribute) and func.attr in SAME_VALUES and ctx.qualified_name(func) is None:
+        return _host_built(ctx, tensors, func.value, depth + 1, seen)
+    found = _factory_of(ctx, node)
+    if found is not None:
+        factory, short = found
+        if short not in COMPUTED | RANDOM or T.has_double_star(factory) \
+                or any(T.keyword(factory, k) for k in ("device", "out", "generator")):
+            return None
+        return factory
+    name = ctx.call_name(node) or ""
+    if name.startswith("torch.") and name.split(".", 1)[1] in _COMBINING and node.args \
+            and all(k.arg == "dim" for k in node.keywords):
+        first = node.args[0]
+        parts = [first.elt] if isinstance(first, (ast.ListComp, ast.GeneratorExp)) else \
+            list(first.elts) if isinstance(first, (ast.List, ast.Tuple)) else [first, *node.args[1:]]
+        return _combined(ctx, tensors, parts, depth, seen)
+    return None
+
+
+def _combined(ctx: FileContext, tensors: T.Tensors, parts: list[ast.AST], depth: int,
+              seen: frozenset) -> ast.Call | None:
+    """The first factory of ``parts`` when each is a number or computed on the host and
+    at least one is a tensor."""
+    first = None
+    for part in parts:
+        if isinstance(part, ast.Constant) and isinstance(part.value, (int, float, bool)) or \
+                isinstance(part, ast.UnaryOp) and isinstance(part.operand, ast.Constant):
+            continue
+        found = _host_built(ctx, tensors, part, depth + 1, seen)
+        if found is None:
+            return None
+        first = first or found
+    return first
 
 
 def _exact_on_device(ctx: FileContext, factory: ast.Call, short: str) -> bool:
