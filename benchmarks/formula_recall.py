@@ -1,4 +1,4 @@
-"""How well the formula rules (AX110-AX120) find hand-written math, by meaning.
+"""How well the formula rules (AX110-AX120, AX123) find hand-written math, by meaning.
 
 Scans a labelled corpus (default ``tests/formula_corpus``; see its README) with only the
 formula rules and reports, per category:
@@ -98,7 +98,7 @@ def run(corpus: Path, target: str) -> dict[str, Any]:
     if not cases:
         raise BenchmarkError(f"--corpus {corpus}: no labelled cases")
     started = time.perf_counter()
-    result = scan_paths([corpus], ScanOptions(target=target, select=("AX11", "AX120"), jobs=1))
+    result = scan_paths([corpus], ScanOptions(target=target, select=("AX11", "AX120", "AX123"), jobs=1))
     seconds = time.perf_counter() - started
     crashes = [f"{d.path}: {d.message}" for d in result.diagnostics]
     looked_for = sorted(categories_for(target))

@@ -1,4 +1,4 @@
-"""SiLU and SwiGLU written by hand, and gates that only look like them."""
+"""SiLU, SwiGLU and GLU written by hand, and gates that only look like them."""
 
 import torch
 import torch.nn as nn
@@ -82,14 +82,65 @@ def swiglu_gate_up(gate, up):  # formula: swiglu
     return F.silu(gate) * up
 
 
-# ----------------------------------------------------------------------- look-alikes
-def gated_by_other(x, y):  # lookalike: silu
-    return x * torch.sigmoid(y)
-
-
-def glu(x):  # lookalike: silu
+def glu(x):  # formula: glu
     a, b = x.chunk(2, dim=-1)
     return a * torch.sigmoid(b)
+
+
+class ConformerGLU(nn.Module):  # formula: glu
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, inputs):
+        outputs, gate = inputs.chunk(2, dim=self.dim)
+        return outputs * gate.sigmoid()
+
+
+def glu_slices(x):  # formula: glu
+    h = x.shape[-1] // 2
+    return x[..., :h] * torch.sigmoid(x[..., h:])
+
+
+def glu_split_channels(x):  # formula: glu
+    a, b = torch.split(x, x.shape[1] // 2, dim=1)
+    return a * b.sigmoid()
+
+
+def glu_torch_chunk(x):  # formula: glu
+    parts = torch.chunk(x, 2, 1)
+    return parts[0] * torch.sigmoid(parts[1])
+
+
+# ----------------------------------------------------------------------- look-alikes
+def glu_reversed(x):  # lookalike: glu
+    a, b = x.chunk(2, dim=-1)
+    return torch.sigmoid(a) * b
+
+
+def wavenet_gate(x):  # lookalike: glu
+    a, b = x.chunk(2, dim=1)
+    return torch.tanh(a) * torch.sigmoid(b)
+
+
+class GatedConv(nn.Module):  # lookalike: glu
+    def forward(self, x):
+        return self.conv(x) * torch.sigmoid(self.gate(x))
+
+
+def glu_fused(x):  # lookalike: glu
+    return F.glu(x, dim=-1)
+
+
+def lstm_output(gates, c):  # lookalike: glu
+    i, f, g, o = gates.chunk(4, 1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c)
+
+
+
+def gated_by_other(x, y):  # lookalike: silu
+    return x * torch.sigmoid(y)
 
 
 def doubled_sigmoid(x):  # lookalike: silu

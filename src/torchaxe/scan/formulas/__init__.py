@@ -5,7 +5,7 @@ A function body is lowered to small expression trees (``ir``, ``lowering``,
 become opaque free variables. Candidate trees are evaluated with torch on random
 probes (``interpreter``, ``probes``) and compared with reference functions
 (``references``, ``fingerprints``); ``analysis`` turns the matches of one file into
-locations and rewrites for the formula rules (AX110-AX120), and ``verify`` measures
+locations and rewrites for the formula rules (AX110-AX120, AX123), and ``verify`` measures
 each replacement against its hand-written form.
 
 Nothing here imports torch until a file holds a candidate that passes the structural

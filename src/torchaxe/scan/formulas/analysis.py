@@ -51,7 +51,7 @@ SUM_WORDS = ("sum",)
 _ROOT_POWER = ("** -0.5", "**-0.5", "** 0.5", "**0.5", "** (-0.5)", "**(-0.5)", "** (0.5)")
 #: Categories with a fused operator on npu only (torch has none for them).
 NPU_ONLY = frozenset({"swiglu", "rotary", "quick_gelu"})
-ALL_CATEGORIES = frozenset({"attention", "rotary", "swiglu", "layer_norm", "rms_norm", "softmax", "gelu_tanh",
+ALL_CATEGORIES = frozenset({"attention", "rotary", "swiglu", "glu", "layer_norm", "rms_norm", "softmax", "gelu_tanh",
                             "gelu_erf", "quick_gelu", "silu", "mish"})
 _CACHE_KEY = "formulas.matches"
 #: A scope that already calls the fused operator keeps the hand-written form as a
@@ -62,7 +62,7 @@ FUSED_CALLS = {
                   "flash_attn_varlen_func(", "flash_attn_qkvpacked_func(", "flash_attn_forward(",
                   ".memory_efficient_attention("),
     "gelu_tanh": (".gelu(",), "gelu_erf": (".gelu(",), "quick_gelu": (".fast_gelu(",),
-    "silu": (".silu(",), "mish": (".mish(",), "swiglu": (".npu_swiglu(",), "rms_norm": (".rms_norm(", ".npu_rms_norm("),
+    "silu": (".silu(",), "mish": (".mish(",), "swiglu": (".npu_swiglu(",), "glu": (".glu(",), "rms_norm": (".rms_norm(", ".npu_rms_norm("),
     "layer_norm": (".layer_norm(",), "rotary": (".npu_rotary_mul(",), "softmax": (),
 }
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef)

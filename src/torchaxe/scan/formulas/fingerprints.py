@@ -33,7 +33,7 @@ from torchaxe.scan.formulas.probes import (
 )
 from torchaxe.scan.formulas.store import Match
 
-CATEGORIES = ("attention", "rotary", "swiglu", "layer_norm", "rms_norm", "softmax", "gelu_tanh", "gelu_erf",
+CATEGORIES = ("attention", "rotary", "swiglu", "glu", "layer_norm", "rms_norm", "softmax", "gelu_tanh", "gelu_erf",
               "quick_gelu", "silu", "mish")
 
 
@@ -1221,7 +1221,65 @@ class SwigluMatcher(Matcher):
         return None
 
 
-MATCHERS: tuple[Matcher, ...] = (AttentionMatcher(), RotaryMatcher(), SwigluMatcher(), NormMatcher(),
+class GluMatcher(Matcher):
+    """a * sigmoid(b) with a and b the two halves of one tensor along one dimension
+    (chunk, split, slices): F.glu. A gate on two separate tensors (a gated convolution's
+    two branches, an attention output gated by its own projection) is not one."""
+
+    categories = ("glu",)
+
+    def precheck(self, node):
+        return P.glu(node)
+
+    def check(self, node, probing, allowed):
+        y = probing.tensor(node)
+        if y is None:
+            return None
+        for gate, a_node in (node.args, node.args[::-1]):
+            if gate.op != "sigmoid" or not gate.args:
+                continue
+            b_node = gate.args[0]
+            a, b = probing.tensor(a_node), probing.tensor(b_node)
+            if a is None or b is None or a.shape != b.shape or a_node is b_node or not a.dim():
+                continue
+            ok, err, rel = probing.compare(y, a * torch.sigmoid(b))
+            if not ok or probing.compare(a, b)[0]:
+                continue  # a * sigmoid(a) is SiLU (AX113)
+            shared = {id(n) for n in walk(b_node)}
+            wholes = sorted((n for n in walk(a_node) if id(n) in shared and n.vars and n.op not in _NOT_WHOLE),
+                            key=lambda n: -n.size)
+            for z_node in wholes[:6]:
+                z = probing.tensor(z_node)
+                if z is None or z.dim() != a.dim():
+                    continue
+                for dim in range(z.dim()):
+                    if z.shape[dim] != 2 * a.shape[dim] or not probing.compare(y, R.glu(z, dim))[0]:
+                        continue
+                    params: dict[str, Any] = {"dim_from_probe": dim - z.dim()}
+                    split = _split_dim(a_node, z_node)
+                    if split is not None and split.op == CONST and isinstance(split.value, int):
+                        params["dim_text"] = repr(split.value)
+                    elif split is not None and split.op == VAR and isinstance(split.value, str) \
+                            and split.value.replace(".", "").isidentifier():
+                        params["dim_text"] = split.value  # chunk(2, dim=self.dim)
+                    return Match("glu", node, {"z": z_node}, params, "a * sigmoid(b)", err, rel)
+        return None
+
+
+#: Nodes that are pieces of the split or its sizes, never the tensor split.
+_NOT_WHOLE = frozenset({"split", "chunk", "unbind", "tensor_split", "shape", "size", "floordiv", "tuple"})
+
+
+def _split_dim(half: Node, z_node: Node) -> Node | None:
+    """The dimension argument of the chunk or split of ``z_node`` that ``half`` is a
+    piece of (``z.chunk(2, dim=self.dim)[0]``), when it is written as one."""
+    for n in walk(half):
+        if n.op in ("chunk", "split") and n.args and n.args[0] is z_node:
+            return n.args[2] if len(n.args) > 2 else n.kwarg("dim")
+    return None
+
+
+MATCHERS: tuple[Matcher, ...] = (AttentionMatcher(), RotaryMatcher(), SwigluMatcher(), GluMatcher(), NormMatcher(),
                                  SoftmaxMatcher(), ActivationMatcher())
 
 # ------------------------------------------------------------------ driver

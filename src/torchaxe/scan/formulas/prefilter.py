@@ -181,9 +181,13 @@ def swiglu(node: Node) -> bool:
     return node.op == "mul" and len(node.args) == 2 and bool(node.ops & {"silu", "sigmoid", "exp"})
 
 
+def glu(node: Node) -> bool:
+    return node.op == "mul" and len(node.args) == 2 and any(a.op == "sigmoid" for a in node.args)
+
+
 #: The test of each category.
 TESTS: dict[str, Callable[[Node], bool]] = {
-    "attention": attention, "rotary": rotary, "swiglu": swiglu, "layer_norm": norm, "rms_norm": norm,
+    "attention": attention, "rotary": rotary, "swiglu": swiglu, "glu": glu, "layer_norm": norm, "rms_norm": norm,
     "softmax": softmax, "gelu_tanh": activation, "gelu_erf": activation, "quick_gelu": activation,
     "silu": activation, "mish": activation,
 }

@@ -45,6 +45,12 @@ def swiglu(z: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return silu(a) * b
 
 
+def glu(z: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """F.glu's formula: halves A, B of z along dim, A * sigmoid(B)."""
+    a, b = z.chunk(2, dim)
+    return a * torch.sigmoid(b)
+
+
 def rms_normalise(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
@@ -172,6 +178,11 @@ def _swiglu_hand(x):
     return a * torch.sigmoid(a) * b
 
 
+def _glu_hand(x):
+    a, b = x.chunk(2, -1)
+    return a * torch.sigmoid(b)
+
+
 def _rotary_hand(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
@@ -191,6 +202,8 @@ FORMS: dict[str, VerifyForm] = {
         VerifyForm("swiglu", "a, b = x.chunk(2, -1); a * sigmoid(a) * b", (8, 256, 2048), _one, _swiglu_hand,
                    "F.silu(a) * b", lambda x: F.silu(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1],
                    "torch_npu.npu_swiglu(x, dim=-1)"),
+        VerifyForm("glu", "a, b = x.chunk(2, -1); a * sigmoid(b)", (8, 256, 2048), _one, _glu_hand,
+                   "F.glu(x, dim=-1)", lambda x: F.glu(x, -1)),
         VerifyForm("rms_norm", "x * rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w", (8, 256, 1024),
                    _norm_inputs, _rms_hand, "F.rms_norm(x, (x.shape[-1],), w, 1e-6)", _rms_fused,
                    "torch_npu.npu_rms_norm(x, w, epsilon=1e-6)[0]",

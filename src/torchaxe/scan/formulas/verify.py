@@ -115,7 +115,7 @@ def formula_rules(codes: tuple[str, ...] = ()) -> list[type]:
     chosen = select_rules(codes, what="torchaxe verify") if codes else select_rules(("AX1",))
     rules = [r for r in chosen if issubclass(r, FormulaRule)]
     if not rules:
-        raise TorchaxeError(f"{', '.join(codes)}: no formula rule to verify (formula rules are AX110-AX120)")
+        raise TorchaxeError(f"{', '.join(codes)}: no formula rule to verify (formula rules are AX110-AX120 and AX123)")
     return rules
 
 

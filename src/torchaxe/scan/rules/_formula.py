@@ -1,4 +1,4 @@
-"""Shared machinery of the formula rules (AX110-AX120): each rule reports the
+"""Shared machinery of the formula rules (AX110-AX120, AX123): each rule reports the
 matches of one category that ``torchaxe.scan.formulas.analysis`` found in the file
 and proposes the fused replacement for the target.
 
