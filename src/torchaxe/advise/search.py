@@ -218,7 +218,11 @@ class ChangeSearch:
         loss = self._loss_beyond(arm, base_arm)
         over = None if arm.error else self._over_limit(arm)
         late = self._not_repaid(entry) if arm.ratio else None
-        if arm.ratio and 1.0 / arm.ratio >= (best.rec.speedup or 0.0) * (1.0 - MIN_GAIN) and loss is None \
+        # Together they must not be slower than the best of them alone by more than the
+        # runs' own noise allows: one round of the set against the best's rounds, on a
+        # machine whose original strays by 20%, differs by more than 3% by chance alone.
+        slack = 1.0 + max(MIN_GAIN, self.noise / 2)
+        if arm.ratio and slack / arm.ratio >= (best.rec.speedup or 0.0) and loss is None \
                 and over is None and late is None:
             self.combined = entry
             # The refining runs measure the same set again: its fixed files are reused.
