@@ -1255,13 +1255,8 @@ class GluMatcher(Matcher):
                 for dim in range(z.dim()):
                     if z.shape[dim] != 2 * a.shape[dim] or not probing.compare(y, R.glu(z, dim))[0]:
                         continue
-                    params: dict[str, Any] = {"dim_from_probe": dim - z.dim()}
-                    split = _split_dim(a_node, z_node)
-                    if split is not None and split.op == CONST and isinstance(split.value, int):
-                        params["dim_text"] = repr(split.value)
-                    elif split is not None and split.op == VAR and isinstance(split.value, str) \
-                            and split.value.replace(".", "").isidentifier():
-                        params["dim_text"] = split.value  # chunk(2, dim=self.dim)
+                    text = _split_dim_text(a_node, z_node)
+                    params: dict[str, Any] = {"dim_text": text} if text is not None else {}
                     return Match("glu", node, {"z": z_node}, params, "a * sigmoid(b)", err, rel)
         return None
 
@@ -1270,12 +1265,31 @@ class GluMatcher(Matcher):
 _NOT_WHOLE = frozenset({"split", "chunk", "unbind", "tensor_split", "shape", "size", "floordiv", "tuple"})
 
 
-def _split_dim(half: Node, z_node: Node) -> Node | None:
-    """The dimension argument of the chunk or split of ``z_node`` that ``half`` is a
-    piece of (``z.chunk(2, dim=self.dim)[0]``), when it is written as one."""
+def _split_dim_text(half: Node, z_node: Node) -> str | None:
+    """How the code names the dimension ``z_node`` is split along, read from the split
+    that ``half`` is a piece of: a chunk's or split's dimension argument (``0`` when it
+    has none; ``self.dim`` as written), ``-1`` for ``z[..., :h]``, the position of the
+    one sliced index after full slices (``z[:, :h]``: ``1``). None when it is written
+    otherwise: the probes' rank need not be the code's."""
     for n in walk(half):
         if n.op in ("chunk", "split") and n.args and n.args[0] is z_node:
-            return n.args[2] if len(n.args) > 2 else n.kwarg("dim")
+            dim = n.args[2] if len(n.args) > 2 else n.kwarg("dim")
+            if dim is None:
+                return "0"
+            if dim.op == CONST and isinstance(dim.value, int) and not isinstance(dim.value, bool):
+                return repr(dim.value)
+            if dim.op == VAR and isinstance(dim.value, str) and dim.value.replace(".", "").isidentifier():
+                return dim.value
+            return None
+        if n.op == "getitem" and len(n.args) == 2 and n.args[0] is z_node:
+            index = n.args[1]
+            items = index.args if index.op == "tuple" else (index,)
+            if len(items) == 2 and items[0].op == CONST and items[0].value is Ellipsis:
+                return "-1"
+            full = [i.op == "slice" and all(a.op == CONST and a.value is None for a in i.args) for i in items]
+            if full and not full[-1] and all(full[:-1]) and items[-1].op == "slice":
+                return str(len(items) - 1)
+            return None
     return None
 
 

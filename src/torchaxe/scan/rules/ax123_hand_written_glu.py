@@ -49,8 +49,9 @@ class HandWrittenGlu(FormulaRule):
     its pieces (`h = x.shape[-1] // 2`), the fix also deletes them and is unsafe
     because it deletes code. Halves unpacked into two names (`out, gate =
     x.chunk(2, dim)`, the usual form) are advice with the exact replacement: the
-    unpacking statement is not deleted automatically. Split by slicing along another
-    dimension than the last, the dimension is not read from the code: advice only.
+    unpacking statement is not deleted automatically. The dimension is read from the
+    split as written (`chunk(2)` splits along 0); where it cannot be (a computed
+    dimension, mixed indexing), the finding is advice.
     """
 
     code = "AX123"
@@ -83,6 +84,12 @@ class HandWrittenGlu(FormulaRule):
             target="npu",
             fixed="import torch\n\n\ndef gated(x):\n    return torch.nn.functional.glu(x, dim=-1)\n", lines=(6,),
         ),
+        Invalid(
+            "import torch\n\n\ndef glu_rows(x):\n    return x.chunk(2)[0] * x.chunk(2)[1].sigmoid()\n\n\n"
+            "def glu_channels(x):\n    h = x.shape[1] // 2\n    return x[:, :h] * torch.sigmoid(x[:, h:])\n",
+            fixed="import torch\n\n\ndef glu_rows(x):\n    return torch.nn.functional.glu(x, dim=0)\n\n\n"
+            "def glu_channels(x):\n    return torch.nn.functional.glu(x, dim=1)\n", lines=(5, 10),
+        ),
         Valid("import torch\ndef gate(x):\n    a, b = x.chunk(2, dim=-1)\n    return torch.sigmoid(a) * b\n"),
         Valid("import torch\ndef wavenet(x):\n    a, b = x.chunk(2, dim=1)\n    return torch.tanh(a) * torch.sigmoid(b)\n"),
         Valid("import torch\ndef swish(x):\n    return x * torch.sigmoid(x)\n"),
@@ -99,8 +106,6 @@ class HandWrittenGlu(FormulaRule):
         fn, imports = functional(ctx, match.node.lineno)
         z = match.inputs["z"]
         dim = match.params.get("dim_text")
-        if dim is None and match.params.get("dim_from_probe") == -1:
-            dim = "-1"  # sliced along the last dimension, whatever the rank
         if dim is None:
             return Proposal(
                 f"{fn}.glu({z}, dim=...)",
