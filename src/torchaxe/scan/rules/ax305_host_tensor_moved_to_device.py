@@ -349,7 +349,6 @@ class HostTensorMovedToDevice(Rule):
             self, node, message, replacement=f"torch.{short}(..., device={device_text or 'device'})", fix=fix
         )
 
-
     def _built_before(self, node: ast.Call, ctx: FileContext) -> Iterable[Finding]:
         """A move of a tensor the function computed on the host in earlier statements
         or in one expression from torch factories (SimCLR's labels: ``torch.cat`` of

@@ -37,7 +37,7 @@ _COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _DEPTH = 4
 
 
-class DataDependentSizeInTrainingLoop(Rule):
+class DataSizedOpInTrainingLoop(Rule):
     """
     ## What it does
     Flags, inside a training loop (a loop whose own body calls `backward()` or an
@@ -94,7 +94,7 @@ class DataDependentSizeInTrainingLoop(Rule):
     """
 
     code = "AX307"
-    name = "data-dependent-size-in-training-loop"
+    name = "data-sized-op-in-training-loop"
     category = "host_sync_in_loop"
     message = "an operation whose result's size depends on tensor values runs on every training step"
     fix_title = "keep the shape fixed (a mask weight, torch.where, ignore_index) or build the indices once"
