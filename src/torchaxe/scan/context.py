@@ -404,7 +404,7 @@ class FileContext:
         function when its own body steps (BigGAN's step function: the discriminator's
         accumulated backward passes in its D-steps loop, then ``G.optim.step()``); a
         function whose steps are all in loops runs many updates, not one."""
-        kinds = {self.training_kind(node) for node in _own_body(function)}
+        kinds = {self.training_kind(node) for node in self._body(function)}
         if "helper" in kinds or {"backward", "step"} <= kinds:
             return True
         return "step" in kinds and any(self.training_kind(node) == "backward" for node in walk_scope(function))
@@ -467,8 +467,16 @@ class FileContext:
     def _own_callees(self, scope: ast.AST) -> set[str]:
         """Names the scope's own body calls (not nested loops or functions) that the
         file defines."""
-        calls = [n for n in _own_body(scope) if isinstance(n, ast.Call)]
+        calls = [n for n in self._body(scope) if isinstance(n, ast.Call)]
         return called_names(calls) & set(self.functions())
+
+    def _body(self, scope: ast.AST) -> list[ast.AST]:
+        """:func:`_own_body` of ``scope``, read once per file (each training-step
+        question asks it again of the same loops and functions)."""
+        key = ("own_body", id(scope))
+        if key not in self.cache:
+            self.cache[key] = _own_body(scope)
+        return self.cache[key]
 
     def runs_training_step(self, loop: ast.AST) -> bool:
         """Whether the loop's (or function's) own body, not nested loops or
@@ -481,7 +489,7 @@ class FileContext:
         key = ("runs_training_step", id(scope), depth)
         if key not in self.cache:
             self.cache[key] = False  # a function that calls itself does not train through that call
-            body = _own_body(scope)
+            body = self._body(scope)
             found = any(self.is_training_call(node) for node in body)
             if not found and depth > 0:
                 found = any(self._trains(function, depth - 1) for name in self._own_callees(scope)

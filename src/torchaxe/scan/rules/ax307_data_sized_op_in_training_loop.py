@@ -196,16 +196,19 @@ class DataSizedOpInTrainingLoop(Rule):
 
     def visit(self, node: ast.AST, ctx: FileContext) -> Iterable[Finding]:
         if isinstance(node, ast.Subscript):
-            found = self._masked_index(node, ctx)
-        else:
-            assert isinstance(node, ast.Call)
-            found = self._sized_call(node, ctx)
-        if found is None:
+            if not _may_be_masked(node, ctx):
+                return
+        elif not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and (node.func.attr in SIZED_BY_DATA or node.func.attr == "where")):
+            return
+        # Whether the node runs every step is cheaper to ask than what its index holds.
+        loop = ctx.training_loop(node)
+        if loop is None:
+            return
+        found = self._masked_index(node, ctx) if isinstance(node, ast.Subscript) else self._sized_call(node, ctx)
+        if found is None or T.rarely_run(ctx, loop, node):
             return
         what, operand = found
-        loop = ctx.training_loop(node)
-        if loop is None or T.rarely_run(ctx, loop, node):
-            return
         tensors = T.tensors_at(ctx)
         if operand is not None and (not tensors.is_tensor(operand) or _on_host(operand, tensors)):
             return
@@ -223,13 +226,7 @@ class DataSizedOpInTrainingLoop(Rule):
 
     @staticmethod
     def _masked_index(node: ast.Subscript, ctx: FileContext) -> tuple[str, ast.AST] | None:
-        # ``x[mask] -= 1`` reads ``x[mask]`` first; a plain store of a number does not.
-        parent = ctx.parents[-1] if ctx.parents else None
-        if not isinstance(node.ctx, ast.Load) and not (isinstance(parent, ast.AugAssign) and parent.target is node):
-            return None
         parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        if not any(isinstance(p, (ast.Compare, ast.UnaryOp, ast.BinOp, ast.Call, ast.Name)) for p in parts):
-            return None
         tensors = T.tensors_at(ctx)
         mask = next((p for p in parts if _is_mask(ctx, tensors, p, 0)), None)
         if mask is None:
@@ -253,6 +250,45 @@ class DataSizedOpInTrainingLoop(Rule):
         if func.attr in SIZED_BY_DATA:
             return f"is .{func.attr}()", func.value
         return None
+
+
+def _may_be_masked(node: ast.Subscript, ctx: FileContext) -> bool:
+    """What the syntax alone says, before any reading of values: a read (``x[mask] -= 1``
+    reads ``x[mask]`` first; a plain store of a number does not) with an index part
+    shaped like a mask, or a name the function assigns from one."""
+    parent = ctx.parents[-1] if ctx.parents else None
+    if not isinstance(node.ctx, ast.Load) and not (isinstance(parent, ast.AugAssign) and parent.target is node):
+        return False
+    parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    return any(_mask_shaped(part) or isinstance(part, ast.Name) and part.id in _mask_shaped_names(ctx)
+               for part in parts)
+
+
+def _mask_shaped(node: ast.AST) -> bool:
+    """An expression whose form can make a mask: a comparison, ``~``, ``&``/``|``/``^``/
+    ``*``, or a call of a mask-making or mask-keeping method or factory."""
+    if isinstance(node, ast.Compare):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return isinstance(node.op, ast.Invert)
+    if isinstance(node, ast.BinOp):
+        return isinstance(node.op, (ast.BitAnd, ast.BitOr, ast.BitXor, ast.Mult))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr in _MASK_CALLS
+    return False
+
+
+_MASK_CALLS = MASK_OPS | MASK_KEEPING | BOOL_FACTORIES | {"bool"}
+
+
+def _mask_shaped_names(ctx: FileContext) -> frozenset[str]:
+    """The names the file assigns a mask-shaped expression to, anywhere (a filter only:
+    which assignment reaches a read is asked later)."""
+    key = "ax307.mask_names"
+    if key not in ctx.cache:
+        ctx.cache[key] = frozenset(t.id for node in ctx.nodes(ast.Assign) if _mask_shaped(node.value)
+                                   for t in node.targets if isinstance(t, ast.Name))
+    return ctx.cache[key]
 
 
 def _torch_function(ctx: FileContext, call: ast.Call) -> str | None:
