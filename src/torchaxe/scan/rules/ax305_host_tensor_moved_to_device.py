@@ -382,38 +382,15 @@ class HostTensorMovedToDevice(Rule):
         )
 
 
-def _filled_in(ctx: FileContext, function: ast.AST) -> set[str]:
-    """Names the function changes in place: a store into an item (``t[i] = ...``) or an
-    in-place method (``t.scatter_(...)``). A tensor filled from host data row by row is
-    best built on the host and copied once."""
-    key = ("ax305.filled", id(function))
-    if key not in ctx.cache:
-        names = set()
-        for node in fast_walk(function):
-            if isinstance(node, (ast.Assign, ast.AugAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                for target in targets:
-                    while isinstance(target, (ast.Subscript, ast.Attribute)):
-                        target = target.value
-                        if isinstance(target, ast.Name):
-                            names.add(target.id)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr.endswith("_") and not node.func.attr.startswith("_") \
-                    and isinstance(node.func.value, ast.Name):
-                names.add(node.func.value.id)
-        ctx.cache[key] = names
-    return ctx.cache[key]
-
-
-def _read_elsewhere(ctx: FileContext, function: ast.AST, name: str, move_line: int, rebound: bool) -> bool:
-    """Whether the function reads the host value of ``name`` other than in the move and
-    in the statements that assign it (where it is built from itself): on any other line
-    before the move, or after it unless the move's result took the name
-    (``labels = labels.to(device)``)."""
-    key = ("ax305.reads", id(function))
+def _names_used(ctx: FileContext, function: ast.AST) -> tuple[dict[str, set[int]], dict[str, set[int]], set[str]]:
+    """One walk of a function, kept per file: the lines each name is read on, the lines
+    of the statements assigning each name, and the names changed in place (a store into
+    an item, ``t[i] = ...``, or an in-place method, ``t.scatter_(...)``)."""
+    key = ("ax305.names", id(function))
     if key not in ctx.cache:
         reads: dict[str, set[int]] = {}
         assigned: dict[str, set[int]] = {}
+        filled: set[str] = set()
         for node in fast_walk(function):
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 reads.setdefault(node.id, set()).add(node.lineno)
@@ -424,8 +401,32 @@ def _read_elsewhere(ctx: FileContext, function: ast.AST, name: str, move_line: i
                     for n in fast_walk(target):
                         if isinstance(n, ast.Name):
                             assigned.setdefault(n.id, set()).update(lines)
-        ctx.cache[key] = (reads, assigned)
-    reads, assigned = ctx.cache[key]
+                    if isinstance(node, ast.AnnAssign):
+                        continue
+                    while isinstance(target, (ast.Subscript, ast.Attribute)):
+                        target = target.value
+                        if isinstance(target, ast.Name):
+                            filled.add(target.id)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr.endswith("_") and not node.func.attr.startswith("_") \
+                    and isinstance(node.func.value, ast.Name):
+                filled.add(node.func.value.id)
+        ctx.cache[key] = (reads, assigned, filled)
+    return ctx.cache[key]
+
+
+def _filled_in(ctx: FileContext, function: ast.AST) -> set[str]:
+    """Names the function changes in place. A tensor filled from host data row by row is
+    best built on the host and copied once."""
+    return _names_used(ctx, function)[2]
+
+
+def _read_elsewhere(ctx: FileContext, function: ast.AST, name: str, move_line: int, rebound: bool) -> bool:
+    """Whether the function reads the host value of ``name`` other than in the move and
+    in the statements that assign it (where it is built from itself): on any other line
+    before the move, or after it unless the move's result took the name
+    (``labels = labels.to(device)``)."""
+    reads, assigned, _ = _names_used(ctx, function)
     others = reads.get(name, set()) - assigned.get(name, set()) - {move_line}
     return any(line < move_line or not rebound for line in others)
 

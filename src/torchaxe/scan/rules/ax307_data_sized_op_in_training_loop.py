@@ -25,13 +25,7 @@ MASK_KEEPING = frozenset(
 #: Factories that make a mask when given ``dtype=torch.bool``.
 BOOL_FACTORIES = frozenset("ones zeros full empty eye ones_like zeros_like full_like empty_like tril triu".split())
 #: torch functions and tensor methods whose result's size the data decides.
-SIZED_BY_DATA = {
-    "nonzero": "nonzero",
-    "argwhere": "argwhere",
-    "masked_select": "masked_select",
-    "unique": "unique",
-    "unique_consecutive": "unique_consecutive",
-}
+SIZED_BY_DATA = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"})
 _COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 #: How deep names are followed to their values.
 _DEPTH = 4
@@ -236,8 +230,7 @@ class DataSizedOpInTrainingLoop(Rule):
     @staticmethod
     def _sized_call(node: ast.Call, ctx: FileContext) -> tuple[str, ast.AST | None] | None:
         func = node.func
-        if not isinstance(func, ast.Attribute):
-            return None
+        assert isinstance(func, ast.Attribute)  # visit asked
         if ctx.call_name(node) is not None:
             short = _torch_function(ctx, node)
             if short == "where":
@@ -255,7 +248,7 @@ class DataSizedOpInTrainingLoop(Rule):
 def _may_be_masked(node: ast.Subscript, ctx: FileContext) -> bool:
     """What the syntax alone says, before any reading of values: a read (``x[mask] -= 1``
     reads ``x[mask]`` first; a plain store of a number does not) with an index part
-    shaped like a mask, or a name the function assigns from one."""
+    shaped like a mask, or a name the file assigns one to."""
     parent = ctx.parents[-1] if ctx.parents else None
     if not isinstance(node.ctx, ast.Load) and not (isinstance(parent, ast.AugAssign) and parent.target is node):
         return False
