@@ -37,6 +37,10 @@ class GradScalerWithBfloat16(Rule):
     once), or a CPU autocast without a dtype (bfloat16 is its default). A scaler built
     with `enabled=` anything, or a file with a float16 autocast or one whose dtype is
     not known from the file (`dtype=ptdtype` read from a config), is left alone. Also
+    flags a scaler built or enabled only when a setting that says bfloat16 holds
+    (`GradScaler() if use_bfloat16 else None`, `GradScaler(enabled=args.bf16)`, under
+    `if cfg.dtype == torch.bfloat16:`), the autocast often being in another file,
+    unless an autocast of the file computes in float16 (the setting misnamed). Also
     flags `scaler.scale(loss).backward()` run only under `if FLAG:` where the file's
     autocast is `dtype=torch.bfloat16, enabled=FLAG` (the scaler built in another
     file): shown, not rewritten.
@@ -79,7 +83,7 @@ class GradScalerWithBfloat16(Rule):
     fix_title = "turn the scaler off (enabled=False): its calls pass through"
     fix_safety = Applicability.UNSAFE
     requires_text = ("GradScaler", ".scale(")
-    also_requires_text = ("autocast",)
+    also_requires_text = ("autocast", "bfloat16", "bf16", "BF16")
     node_types = (ast.Call,)
     references = (
         "https://pytorch.org/docs/stable/amp.html#gradient-scaling",
@@ -121,6 +125,39 @@ class GradScalerWithBfloat16(Rule):
             "    loss = model(x)\nif use_bfloat16:\n    scaler.scale(loss).backward()\n    scaler.step(opt)\n"
             "else:\n    loss.backward()\n",
             target="cuda", lines=(5,), message="only when `use_bfloat16` is set",
+        ),
+        # Built only when a bfloat16 setting holds; the autocast is in another file.
+        Invalid(
+            "import torch\ndef init_opt(model, use_bfloat16=False):\n"
+            "    opt = torch.optim.AdamW(model.parameters())\n"
+            "    scaler = torch.cuda.amp.GradScaler() if use_bfloat16 else None\n    return opt, scaler\n",
+            target="cuda",
+            fixed="import torch\ndef init_opt(model, use_bfloat16=False):\n"
+            "    opt = torch.optim.AdamW(model.parameters())\n"
+            "    scaler = torch.cuda.amp.GradScaler(enabled=False) if use_bfloat16 else None\n    return opt, scaler\n",
+            lines=(4,), message="only when `use_bfloat16` holds",
+        ),
+        Invalid(
+            "import torch\nscaler = torch.amp.GradScaler('cuda', enabled=args.bf16)\n"
+            "if args.amp and args.amp_dtype == 'bfloat16':\n    scaler2 = torch.amp.GradScaler('cuda')\n",
+            target="cuda",
+            fixed="import torch\nscaler = torch.amp.GradScaler('cuda', enabled=False)\n"
+            "if args.amp and args.amp_dtype == 'bfloat16':\n    scaler2 = torch.amp.GradScaler('cuda', enabled=False)\n",
+            lines=(2, 4),
+        ),
+        # The setting is misnamed (the file's autocast is float16), turned round, or the
+        # scaler is built on the other branch.
+        Valid(
+            "import torch\nscaler = torch.cuda.amp.GradScaler() if use_bfloat16 else None\n"
+            "with torch.cuda.amp.autocast(dtype=torch.float16, enabled=use_bfloat16):\n    loss = model(x)\n",
+            target="cuda",
+        ),
+        Valid(
+            "import torch\nscaler = torch.cuda.amp.GradScaler() if not args.bf16 else None\n"
+            "scaler = torch.cuda.amp.GradScaler(enabled=args.no_bf16)\n"
+            "if args.bf16:\n    pass\nelse:\n    scaler = torch.cuda.amp.GradScaler()\n"
+            "scaler = torch.cuda.amp.GradScaler(enabled=args.dtype in ('float16', 'bfloat16'))\n",
+            target="cuda",
         ),
         Valid(
             "import torch\nwith torch.cuda.amp.autocast(dtype=torch.float16, enabled=use_bfloat16):\n"
@@ -166,15 +203,21 @@ class GradScalerWithBfloat16(Rule):
             yield from self._scaled_under_bfloat16_flag(node, ctx)
             return
         enabled = next((k.value for k in node.keywords if k.arg == "enabled"), None)
-        if enabled is not None and not (isinstance(enabled, ast.Constant) and enabled.value is True):
-            return
         if any(k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args):
             return
         if len(node.args) >= _ENABLED_AT.get(name, 4) + 1:
             return  # enabled given by position
+        always_on = enabled is None or isinstance(enabled, ast.Constant) and enabled.value is True
         dtypes = _autocast_dtypes(ctx)
-        if not dtypes or dtypes != {"bfloat16"}:
-            return
+        if always_on and dtypes == {"bfloat16"}:
+            why = "GradScaler with bfloat16 autocast"
+        else:
+            # The scaler is built only when a setting that names bfloat16 holds, and no
+            # autocast of the file computes in another dtype it knows.
+            flag = _bfloat16_guard(node, enabled, ctx)
+            if flag is None or dtypes - {"bfloat16", "unknown"}:
+                return
+            why = f"GradScaler built only when `{flag}` holds, a bfloat16 setting"
         if enabled is not None:
             fix = ctx.fix(self, [ctx.replace(enabled, "False")])
         else:
@@ -182,7 +225,7 @@ class GradScalerWithBfloat16(Rule):
         device = "the host" if ctx.target == "cpu" else f"the {ctx.target} device"
         unverified = " (unverified on Ascend hardware)" if ctx.target == "npu" else ""
         message = (
-            "GradScaler with bfloat16 autocast: bfloat16 keeps float32's exponent range, so gradients do not "
+            f"{why}: bfloat16 keeps float32's exponent range, so gradients do not "
             "underflow and need no loss scaling, but the scaler still scales the loss, checks every gradient for "
             f"inf/NaN and unscales them, and its step() waits for {device} to read that check back every step; "
             f"enabled=False makes scale/step/update pass through{unverified}. Fix is unsafe: steps with inf/NaN "
@@ -219,6 +262,53 @@ class GradScalerWithBfloat16(Rule):
                 yield ctx.finding(self, node, message, replacement="loss.backward()",
                                   fix=ctx.fix(self, [], applicability=Applicability.DISPLAY_ONLY))
                 return
+
+
+#: Words of a setting's name that turn its meaning round (``no_bf16``, ``disable_bf16``).
+_NEGATING = frozenset({"no", "not", "disable", "disabled", "without", "skip"})
+_BFLOAT16_WORDS = frozenset({"bf16", "bfloat16"})
+
+
+def _bfloat16_guard(node: ast.Call, enabled: ast.expr | None, ctx: FileContext) -> str | None:
+    """The text of the test that says bfloat16 and under which the scaler is built or
+    enabled: ``GradScaler(enabled=args.bf16)``, ``GradScaler() if use_bfloat16 else
+    None``, ``if cfg.dtype == torch.bfloat16: scaler = GradScaler()``. None when no
+    such test holds the scaler."""
+    if enabled is not None:
+        return ast.unparse(enabled) if _says_bfloat16(enabled, ctx) else None
+    chain = [*ctx.parents, node]
+    for parent, child in zip(reversed(chain[:-1]), reversed(chain[1:])):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            return None
+        if isinstance(parent, ast.IfExp) and child is parent.body and _says_bfloat16(parent.test, ctx):
+            return ast.unparse(parent.test)
+        if isinstance(parent, ast.If) and child in parent.body and _says_bfloat16(parent.test, ctx):
+            return ast.unparse(parent.test)
+    return None
+
+
+def _says_bfloat16(test: ast.expr, ctx: FileContext) -> bool:
+    """Whether a test holds only for bfloat16: a setting named for it (``use_bfloat16``,
+    ``args.bf16``, not ``no_bf16``), a comparison equal to ``torch.bfloat16`` or
+    ``"bfloat16"``/``"bf16"``, or an ``and`` with one such part."""
+    if isinstance(test, ast.BoolOp):
+        return isinstance(test.op, ast.And) and any(_says_bfloat16(v, ctx) for v in test.values)
+    if isinstance(test, (ast.Name, ast.Attribute)):
+        words = set((test.id if isinstance(test, ast.Name) else test.attr).lower().split("_"))
+        return bool(words & _BFLOAT16_WORDS) and not words & _NEGATING
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        op, right = test.ops[0], test.comparators[0]
+        if isinstance(op, ast.Eq):
+            return _names_bfloat16(test.left, ctx) or _names_bfloat16(right, ctx)
+        if isinstance(op, ast.In) and isinstance(right, (ast.Tuple, ast.List, ast.Set)) and right.elts:
+            return all(_names_bfloat16(e, ctx) for e in right.elts)
+    return False
+
+
+def _names_bfloat16(node: ast.expr, ctx: FileContext) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value.lower() in _BFLOAT16_WORDS
+    return ctx.qualified_name(node) == "torch.bfloat16"
 
 
 def _bfloat16_flags(ctx: FileContext) -> frozenset[str]:
