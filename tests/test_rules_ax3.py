@@ -1034,3 +1034,22 @@ def test_ax305_a_name_computed_from_itself_is_left_alone():
     source = ("import torch\n\ndef f(device):\n    t = torch.zeros(3)\n    for _ in range(4):\n"
               "        t = t + 1\n    return t.to(device)\n")
     assert _findings(source, "AX305") == []
+
+
+def test_ax307_reads_a_loss_forward_but_not_its_nested_functions_or_other_forwards():
+    """A module's forward that computes a loss runs on every training step; a forward
+    returning no loss, a function defined inside one, and a reassigned argument moved
+    to the host are not read as one."""
+    source = ("import torch\nfrom torch import nn\n\n\nclass Contrastive(nn.Module):\n"
+              "    def forward(self, q, labels):\n"
+              "        if not self.training:\n            return self.knn(q)\n"
+              "        sim = q @ q.t()\n"
+              "        pos = sim[labels.unsqueeze(0) == labels.unsqueeze(1)]\n"
+              "        def later(t):\n            return t[t > 0]\n"
+              "        labels = labels.cpu()\n        kept = labels[labels > 0]\n"
+              "        total_loss = -pos.mean() + kept.float().mean()\n"
+              "        return total_loss\n\n\n"
+              "class Backbone(nn.Module):\n"
+              "    def forward(self, x, valid):\n        return self.proj(x[valid > 0])\n")
+    assert [f.line for f in _findings(source, "AX307")] == [10]
+    assert _findings(source, "AX307", target="cpu") == []

@@ -7,7 +7,7 @@ import ast
 from typing import Iterable
 
 from torchaxe.findings import Applicability, Finding
-from torchaxe.scan.context import FileContext
+from torchaxe.scan.context import BOUNDARY_TYPES, FileContext
 from torchaxe.scan.rules import _tensors as T
 from torchaxe.scan.rules.base import Invalid, Rule, Valid
 
@@ -26,6 +26,8 @@ MASK_KEEPING = frozenset(
 BOOL_FACTORIES = frozenset("ones zeros full empty eye ones_like zeros_like full_like empty_like tril triu".split())
 #: torch functions and tensor methods whose result's size the data decides.
 SIZED_BY_DATA = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive"})
+#: torch.nn.functional's losses whose names do not say so.
+_FUNCTIONAL_LOSSES = frozenset({"cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"})
 _COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 #: How deep names are followed to their values.
 _DEPTH = 4
@@ -43,7 +45,11 @@ class DataSizedOpInTrainingLoop(Rule):
     and `unique()`. A mask is recognised from how it is made (a comparison of a tensor,
     `~`, `&` and `|` of masks, `.bool()`, `isnan`-like tests, a factory with
     `dtype=torch.bool`), also through a name assigned in the same function; an index
-    tensor of positions (`x[idx]`) is not a mask and is not reported.
+    tensor of positions (`x[idx]`) is not a mask and is not reported. A module's
+    `forward` that computes a loss (a class named for one, or a forward returning a
+    value named `loss`, an `F.*` loss or `self.criterion(...)`) runs on every
+    training step wherever the loop is, so it is read too, its arguments taken as
+    tensors.
 
     ## Why is this bad?
     The result's size is the number of `True` elements, which only the device knows:
@@ -94,7 +100,7 @@ class DataSizedOpInTrainingLoop(Rule):
     fix_title = "keep the shape fixed (a mask weight, torch.where, ignore_index) or build the indices once"
     fix_safety = Applicability.DISPLAY_ONLY
     targets = ("cuda", "npu")
-    requires_text = ("backward", "step(")
+    requires_text = ("backward", "step(", "def forward")
     node_types = (ast.Subscript, ast.Call)
     references = (
         "https://pytorch.org/docs/stable/notes/cuda.html#asynchronous-execution",
@@ -151,6 +157,38 @@ class DataSizedOpInTrainingLoop(Rule):
             "    train_step(batch)\n",
             target="npu", lines=(4, 5, 6, 7, 9),
         ),
+        # A loss module (annotated-transformer's label smoothing), and a model that
+        # returns its training loss; no loop in the file.
+        Invalid(
+            "import torch\nfrom torch import nn\n\n\nclass LabelSmoothing(nn.Module):\n"
+            "    def forward(self, x, target):\n"
+            "        dist = x.data.clone()\n"
+            "        pad = torch.nonzero(target.data == self.padding_idx)\n"
+            "        dist.index_fill_(0, pad.squeeze(), 0.0)\n"
+            "        return self.criterion(x, dist)\n\n\n"
+            "class Contrastive(nn.Module):\n"
+            "    def forward(self, q, k):\n"
+            "        sim = torch.mm(q, k.t())\n"
+            "        mask = ~torch.eye(q.shape[0], dtype=torch.bool, device=q.device)\n"
+            "        neg = sim.masked_select(mask).view(q.shape[0], -1)\n"
+            "        loss = -torch.log(sim.diag() / neg.sum(-1)).mean()\n"
+            "        return q, loss\n",
+            target="cuda", lines=(8, 17),
+        ),
+        # A forward that returns no loss (a detector's post-processing may be
+        # inference only), and a loss forward's host tensors.
+        Valid(
+            "import torch\nfrom torch import nn\n\n\nclass Head(nn.Module):\n"
+            "    def forward(self, x):\n"
+            "        scores = self.cls(x)\n"
+            "        return x[scores > 0.5]\n\n\n"
+            "class CountLoss(nn.Module):\n"
+            "    def forward(self, x, target):\n"
+            "        t = target.cpu()\n"
+            "        kept = t[t > 0]\n"
+            "        return (x.sum() - kept.numel()) ** 2\n",
+            target="cuda",
+        ),
         Valid(
             "import torch\nimport torch.nn.functional as F\n"
             "for x, labels in loader:\n"
@@ -196,14 +234,17 @@ class DataSizedOpInTrainingLoop(Rule):
                   and (node.func.attr in SIZED_BY_DATA or node.func.attr == "where")):
             return
         # Whether the node runs every step is cheaper to ask than what its index holds.
-        loop = ctx.training_loop(node)
+        loop = ctx.training_loop(node) or _loss_forward(ctx)
         if loop is None:
             return
-        found = self._masked_index(node, ctx) if isinstance(node, ast.Subscript) else self._sized_call(node, ctx)
+        tensors: T.Tensors | _ForwardTensors = T.tensors_at(ctx)
+        if _is_module_forward(ctx, loop):
+            tensors = _ForwardTensors(tensors, loop)
+        found = (self._masked_index(node, ctx, tensors) if isinstance(node, ast.Subscript)
+                 else self._sized_call(node, ctx))
         if found is None or T.rarely_run(ctx, loop, node):
             return
         what, operand = found
-        tensors = T.tensors_at(ctx)
         if operand is not None and (not tensors.is_tensor(operand) or _on_host(operand, tensors)):
             return
         dev = T.DEVICE_WORD[ctx.target]
@@ -219,9 +260,9 @@ class DataSizedOpInTrainingLoop(Rule):
         )
 
     @staticmethod
-    def _masked_index(node: ast.Subscript, ctx: FileContext) -> tuple[str, ast.AST] | None:
+    def _masked_index(node: ast.Subscript, ctx: FileContext, tensors: T.Tensors | _ForwardTensors
+                      ) -> tuple[str, ast.AST] | None:
         parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        tensors = T.tensors_at(ctx)
         mask = next((p for p in parts if _is_mask(ctx, tensors, p, 0)), None)
         if mask is None:
             return None
@@ -243,6 +284,108 @@ class DataSizedOpInTrainingLoop(Rule):
         if func.attr in SIZED_BY_DATA:
             return f"is .{func.attr}()", func.value
         return None
+
+
+def _is_module_forward(ctx: FileContext, loop: ast.AST) -> bool:
+    """Whether the training step found is a class's ``forward`` method."""
+    if not (isinstance(loop, ast.FunctionDef) and loop.name == "forward"):
+        return False
+    at = next((i for i, parent in enumerate(ctx.parents) if parent is loop), 0)
+    return at > 0 and isinstance(ctx.parents[at - 1], ast.ClassDef)
+
+
+def _loss_forward(ctx: FileContext) -> ast.FunctionDef | None:
+    """The ``forward`` method around the visited node when it computes a loss (a
+    loss module's, or a model's that returns its training loss): it runs on every
+    training step wherever the loop is. Its nested functions are not it."""
+    for i in range(len(ctx.parents) - 1, 0, -1):
+        parent = ctx.parents[i]
+        if isinstance(parent, BOUNDARY_TYPES):
+            owner = ctx.parents[i - 1]
+            if isinstance(parent, ast.FunctionDef) and parent.name == "forward" and isinstance(owner, ast.ClassDef) \
+                    and _computes_loss(ctx, owner, parent):
+                return parent
+            return None
+    return None
+
+
+def _computes_loss(ctx: FileContext, owner: ast.ClassDef, forward: ast.FunctionDef) -> bool:
+    """Whether a module's ``forward`` is a loss: the class is named for one
+    (``LabelSmoothingLoss``, ``Criterion``), or a value it returns is a loss by name
+    (``loss``, ``total_loss``) or by what computes it (``F.cross_entropy(...)``,
+    ``self.criterion(...)``, ``self.loss_fn(...)``)."""
+    key = ("ax307.computes_loss", id(forward))
+    if key not in ctx.cache:
+        low = owner.name.lower()
+        found = "loss" in low or "criterion" in low
+        stack: list[ast.AST] = list(forward.body)
+        while stack and not found:
+            node = stack.pop()
+            if isinstance(node, ast.Return) and node.value is not None:
+                values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+                found = any(_is_loss_value(ctx, v) for v in values)
+            if not isinstance(node, BOUNDARY_TYPES):
+                stack.extend(ast.iter_child_nodes(node))
+        ctx.cache[key] = found
+    return ctx.cache[key]
+
+
+def _is_loss_value(ctx: FileContext, node: ast.AST) -> bool:
+    if isinstance(node, ast.Name):
+        return "loss" in node.id.lower()
+    if not isinstance(node, ast.Call):
+        return False
+    qualified = ctx.call_name(node) or ""
+    if qualified.startswith("torch.nn.functional."):
+        short = qualified.rsplit(".", 1)[1]
+        return "loss" in short or short in _FUNCTIONAL_LOSSES
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    low = name.lower()
+    return not name[:1].isupper() and ("loss" in low or "criterion" in low)
+
+
+class _ForwardTensors:
+    """What :class:`_tensors.Tensors` knows, and also that a loss ``forward``'s
+    arguments are tensors (``forward(self, logits, target)``): ``target.data ==
+    pad`` is a mask there."""
+
+    def __init__(self, tensors: T.Tensors, forward: ast.FunctionDef) -> None:
+        self.tensors = tensors
+        arguments = forward.args
+        self.params = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs][1:]}
+
+    def values_of(self, node: ast.Name) -> list[ast.AST] | None:
+        return self.tensors.values_of(node)
+
+    def is_tensor(self, node: ast.AST | None) -> bool:
+        return self.tensors.is_tensor(node) or self._from_argument(node, 0)
+
+    def _from_argument(self, node: ast.AST | None, depth: int) -> bool:
+        """An argument itself, its ``.data``, a comparison or arithmetic of it, or what
+        a tensor method of it returns."""
+        if node is None or depth > _DEPTH:
+            return False
+        if isinstance(node, ast.Name):
+            if node.id in self.params:
+                return not self.tensors.values_of(node)  # never reassigned in the function
+            values = self.tensors.values_of(node)
+            return bool(values) and all(self._from_argument(v, depth + 1) for v in values)
+        if isinstance(node, ast.Attribute):
+            return node.attr == "data" and self._from_argument(node.value, depth + 1)
+        if isinstance(node, ast.Compare):
+            return any(self._from_argument(side, depth + 1) for side in (node.left, *node.comparators))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):
+            return self._from_argument(node.operand, depth + 1)
+        if isinstance(node, ast.BinOp):
+            return self._from_argument(node.left, depth + 1) or self._from_argument(node.right, depth + 1)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            return node.func.attr not in _NOT_TENSOR_METHODS and self._from_argument(node.func.value, depth + 1)
+        return False
+
+
+#: Tensor methods whose result is not a tensor.
+_NOT_TENSOR_METHODS = frozenset("item tolist size dim numel numpy nelement element_size data_ptr".split())
 
 
 def _may_be_masked(node: ast.Subscript, ctx: FileContext) -> bool:
@@ -293,7 +436,7 @@ def _torch_function(ctx: FileContext, call: ast.Call) -> str | None:
     return qualified.split(".", 1)[1]
 
 
-def _is_mask(ctx: FileContext, tensors: T.Tensors, node: ast.AST, depth: int) -> bool:
+def _is_mask(ctx: FileContext, tensors: T.Tensors | _ForwardTensors, node: ast.AST, depth: int) -> bool:
     """Whether ``node`` is a boolean tensor by how it is made (positive evidence only)."""
     if depth > _DEPTH:
         return False
@@ -333,7 +476,7 @@ def _is_mask(ctx: FileContext, tensors: T.Tensors, node: ast.AST, depth: int) ->
     return False
 
 
-def _on_host(node: ast.AST, tensors: T.Tensors, depth: int = 0) -> bool:
+def _on_host(node: ast.AST, tensors: T.Tensors | _ForwardTensors, depth: int = 0) -> bool:
     """Whether the indexed tensor was moved to the host (``.cpu()``), directly or by
     every assignment of the name holding it."""
     while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
