@@ -564,3 +564,57 @@ def test_a_branch_the_formula_leaves_out_is_named_in_the_advice():
     _, findings = _fix(in_place, "AX118")
     causal = next(f for f in findings if "Attention.forward" in f.message)
     assert "the code also changes att, m under `if self.causal:` (line 9)" in causal.message
+
+
+GLU_UNPACKED = '''\
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+
+class Gate(nn.Module):
+    def forward(self, x):
+        out, gate = x.chunk(2, dim=1)
+        return out * torch.sigmoid(gate)
+'''
+
+
+def test_halves_unpacked_into_two_names_go_with_the_formula(tmp_path):
+    fixed, findings = _fix(GLU_UNPACKED, "AX123")
+    assert len(findings) == 1 and "also deletes line 8" in findings[0].message
+    assert "out, gate" not in fixed and "return F.glu(x, dim=1)" in fixed
+    before, after = _before_after(tmp_path, GLU_UNPACKED, fixed, "glu_unpacked")
+    x = torch.randn(3, 8)
+    assert torch.equal(before.Gate()(x), after.Gate()(x))
+
+
+def test_an_unpacking_whose_half_is_read_again_stays():
+    source = GLU_UNPACKED.replace("        return out * torch.sigmoid(gate)\n",
+                                  "        y = out * torch.sigmoid(gate)\n        return y + gate\n")
+    fixed, findings = _fix(source, "AX123")
+    assert len(findings) == 1 and "no automatic fix" in findings[0].message
+    assert fixed == source
+
+
+RMS_CAST_LAST = '''\
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def forward(self, x):
+        t, dtype = x.float(), x.dtype
+        t = t * torch.rsqrt(torch.mean(t**2, dim=-1, keepdim=True) + self.eps)
+        return (t * self.scale).to(dtype)
+'''
+
+
+def test_a_norm_whose_weighted_result_is_cast_back_is_advice():
+    """gpt-oss's RMSNorm casts after its weight: F.rms_norm(x) * self.scale would come
+    out in the product's dtype, not x's, so the fix is left to the user."""
+    fixed, findings = _fix(RMS_CAST_LAST, "AX115")
+    assert len(findings) == 1 and "casts the weighted result back" in findings[0].message
+    assert fixed == RMS_CAST_LAST
+    llama = RMS_CAST_LAST.replace("(t * self.scale).to(dtype)", "t.to(dtype) * self.weight")
+    fixed, findings = _fix(llama, "AX115")
+    assert "rms_norm(x, (x.shape[-1],), self.weight, self.eps)" in fixed and "t, dtype" not in fixed

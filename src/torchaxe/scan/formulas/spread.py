@@ -8,7 +8,8 @@ says whether deleting them is sound, from the syntax alone:
 
 * walking back from the reported expression through its block, each local it reads
   that is not an input of the replacement must be bound by a plain ``name = value``
-  statement of the same block (nothing in a loop or unpacked, and nothing conditional
+  statement of the same block, or an unpacking into plain names all of which the
+  formula reads (``a, b = x.chunk(2, -1)``; nothing in a loop, and nothing conditional
   but one ``if NAME is not None:`` around a single assignment, where NAME is read by an
   input: an optional mask, which the rule must then pass only when it is not None);
   those statements are the *chain*, and the engine has already matched every
@@ -181,17 +182,17 @@ def plan(scope: ast.AST, expr: ast.AST, sources: dict[str, ast.AST], lines: list
         if not hit:
             continue
         assign = stmt
-        if _simple_target(stmt) is None:
+        if _targets(stmt) is None:
             # ``if mask is not None: scores = scores.masked_fill(...)``: an optional mask.
             guarded = _guarded(stmt)
             if guarded is None or guard is not None or guarded[0] not in inputs:
                 return None
             guard, assign = guarded
-        target = _simple_target(assign)
-        if target is None or hit != {target}:
-            return None
+        targets = _targets(assign)
+        if targets is None or hit != targets:
+            return None  # it also binds a name the formula does not read
         chain.append(stmt)
-        need.discard(target)
+        need -= targets
         need |= _loads(assign.value) - inputs  # type: ignore[attr-defined]
     chain.reverse()
     if not chain:
@@ -256,9 +257,23 @@ def _guarded(stmt: ast.stmt) -> tuple[str, ast.stmt] | None:
     return None
 
 
-def _chain_target(stmt: ast.stmt) -> str | None:
+def _chain_targets(stmt: ast.stmt) -> set[str]:
     guarded = _guarded(stmt)
-    return _simple_target(guarded[1] if guarded else stmt)
+    return _targets(guarded[1] if guarded else stmt) or set()
+
+
+def _targets(stmt: ast.stmt) -> set[str] | None:
+    """The names a plain ``name = value`` binds, or an unpacking into plain names
+    (``a, b = x.chunk(2, -1)``); None for any other statement."""
+    single = _simple_target(stmt)
+    if single is not None:
+        return {single}
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], (ast.Tuple, ast.List)):
+        elts = stmt.targets[0].elts
+        if elts and all(isinstance(e, ast.Name) for e in elts):
+            names = {e.id for e in elts}  # type: ignore[attr-defined]
+            return names if len(names) == len(elts) else None
+    return None
 
 
 def _simple_target(stmt: ast.stmt) -> str | None:
@@ -272,7 +287,7 @@ def _simple_target(stmt: ast.stmt) -> str | None:
 
 def _chain_is_private(scope: ast.AST, chain: list[ast.stmt], expr: ast.AST) -> bool:
     """No chain name is read, written or declared outside the chain and ``expr``."""
-    names = {_chain_target(s) for s in chain}
+    names = set().union(*(_chain_targets(s) for s in chain))
     places = [*chain, expr]
     for node in fast_walk(scope):
         if isinstance(node, ast.Name) and node.id in names:
@@ -287,7 +302,7 @@ def _reshapes_the_chain(chain: list[ast.stmt], expr: ast.AST) -> bool:
     """Whether an intermediate result is reshaped on the way (``scores.view(b, h, l,
     s)`` between two ``bmm``): the engine reads through it, but a mask or a fused call
     would then broadcast over other dimensions than the hand-written code did."""
-    names = {_chain_target(s) for s in chain}
+    names = set().union(*(_chain_targets(s) for s in chain))
     for place in (*chain, expr):
         for node in fast_walk(place):
             if not isinstance(node, ast.Call):

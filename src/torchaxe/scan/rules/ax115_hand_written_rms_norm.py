@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 import re
 
 from torchaxe.findings import Applicability
@@ -184,7 +186,8 @@ class HandWrittenRmsNorm(FormulaRule):
         scalar = match.params.get("scalar_weight", False)
         size_of = x if is_name(x) else weight if is_name(weight) and not scalar else None
         shape = f"({atom(size_of)}.shape[-1],)" if size_of else "(x.shape[-1],)"
-        if weight and (scalar or not _STORED.match(weight)):
+        factor = bool(weight and (scalar or not _STORED.match(weight)))
+        if factor:
             # One number for every channel, or a weight computed in the forward (from a
             # condition: (b, 1, d), not F.rms_norm's (d,)): a factor on the output.
             replacement = f"{fn}.rms_norm({x}, {shape}, None, {eps}) * {atom(weight)}"
@@ -198,11 +201,37 @@ class HandWrittenRmsNorm(FormulaRule):
                 "`torchaxe verify AX115` measures it)" if ctx.target == "cpu" else
                 f"{replacement} computes it in one fused kernel")
         safe = exact(match) and not casts
-        if casts:
+        cast_last = casts and factor and _ends_in_cast(ctx.lines, match.node)
+        if cast_last:
+            # ``(t * self.scale).to(dtype)``: the result has the cast's dtype, the
+            # replacement the product's (a float32 factor would promote it).
+            note += (" (the hand-written form normalises in another dtype and casts the weighted result back: "
+                     "cast the replacement's result the same way)")
+        elif casts:
             note += " (the hand-written form normalises in another dtype and casts back; the fused kernel keeps the input dtype)"
         if outside:
             note += f"; the hand-written form {where}, F.rms_norm adds it inside (differs for tiny activations)"
         if zero_eps:
             note += f"; eps {ZERO_EPS_TEXT} where the hand-written form has none to see: a row of zeros stays zeros, not NaN"
         return Proposal(replacement, note, "use F.rms_norm", Applicability.SAFE if safe else Applicability.UNSAFE,
-                        edit=not outside and size_of is not None, imports=imports)
+                        edit=not outside and not cast_last and size_of is not None, imports=imports)
+
+
+#: Tensor methods that change a tensor's dtype.
+_CASTS = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double"})
+
+
+def _ends_in_cast(lines: list[str], span) -> bool:
+    """Whether the replaced expression's last operation is a dtype cast
+    (``(t * self.scale).to(dtype)``)."""
+    first, last = span.lineno - 1, span.end_lineno - 1
+    if not 0 <= first <= last < len(lines):
+        return False
+    raw = [line.encode("utf-8") for line in lines[first:last + 1]]
+    raw[-1] = raw[-1][:span.end_col_offset]
+    raw[0] = raw[0][span.col_offset:]
+    try:
+        node = ast.parse("(" + b"\n".join(raw).decode("utf-8") + ")", mode="eval").body
+    except (SyntaxError, UnicodeDecodeError):
+        return False
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS

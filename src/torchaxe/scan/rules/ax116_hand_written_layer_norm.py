@@ -79,6 +79,8 @@ class HandWrittenLayerNorm(FormulaRule):
             "import torch\n\n\ndef ln(x, g, b):\n    var, mean = torch.var_mean(x, -1, keepdim=True, unbiased=False)\n"
             "    return g * (x - mean) / (var + 1e-12).sqrt() + b\n",
             target="npu", lines=(6,),
+            fixed="import torch\n\n\ndef ln(x, g, b):\n"
+            "    return torch.nn.functional.layer_norm(x, (x.shape[-1],), g, b, 1e-12)\n",
         ),
         Invalid("import torch\ndef ln(x, eps):\n    return (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + eps)\n", lines=(3,)),
         Valid("import torch\ndef bn(x, eps):\n    return (x - x.mean(0)) / torch.sqrt(x.var(0, unbiased=False) + eps)\n"),

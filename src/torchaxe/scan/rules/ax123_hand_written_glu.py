@@ -47,9 +47,10 @@ class HandWrittenGlu(FormulaRule):
     Safe when the split and the product are one expression: `F.glu` computes the same
     function (rounding differs in the last bits). When statements before it only build
     its pieces (`h = x.shape[-1] // 2`), the fix also deletes them and is unsafe
-    because it deletes code. Halves unpacked into two names (`out, gate =
-    x.chunk(2, dim)`, the usual form) are advice with the exact replacement: the
-    unpacking statement is not deleted automatically. The dimension is read from the
+    because it deletes code; so are halves unpacked into two names (`out, gate =
+    x.chunk(2, dim)`, the usual form), whose unpacking goes with the formula when
+    nothing else reads either half (otherwise the finding is advice with the exact
+    replacement). The dimension is read from the
     split as written (`chunk(2)` splits along 0); where it cannot be (a computed
     dimension, mixed indexing), the finding is advice.
     """
@@ -76,7 +77,10 @@ class HandWrittenGlu(FormulaRule):
             "    def __init__(self, dim):\n        super().__init__()\n        self.dim = dim\n\n"
             "    def forward(self, inputs):\n        outputs, gate = inputs.chunk(2, dim=self.dim)\n"
             "        return outputs * gate.sigmoid()\n",
-            target="cuda", lines=(12,), message="torch.nn.functional.glu(inputs, dim=self.dim)",
+            target="cuda", lines=(12,), message="also deletes line 11",
+            fixed="import torch\nfrom torch import nn\n\n\nclass GLU(nn.Module):\n"
+            "    def __init__(self, dim):\n        super().__init__()\n        self.dim = dim\n\n"
+            "    def forward(self, inputs):\n        return torch.nn.functional.glu(inputs, dim=self.dim)\n",
         ),
         Invalid(
             "import torch\n\n\ndef gated(x):\n    h = x.shape[-1] // 2\n"
