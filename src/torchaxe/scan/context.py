@@ -7,6 +7,7 @@ Nothing here imports or runs the scanned code.
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
@@ -357,12 +358,17 @@ class FileContext:
         key = "called_in_loops"
         if key not in self.cache:
             names: set[str] = set()
-            for loop in self.nodes(*LOOP_TYPES):
+            covered: set[int] = set()  # loops read with the loop around them
+            for loop in self.nodes(*LOOP_TYPES):  # outer loops first
+                if id(loop) in covered:
+                    continue
                 body: list[ast.AST] = []
                 stack: list[ast.AST] = list(loop.body)
                 while stack:
                     node = stack.pop()
                     body.append(node)
+                    if isinstance(node, LOOP_TYPES):
+                        covered.add(id(node))
                     if not isinstance(node, BOUNDARY_TYPES):
                         stack.extend(child_nodes(node))
                 names |= called_names(body)
@@ -489,13 +495,32 @@ class FileContext:
         key = ("runs_training_step", id(scope), depth)
         if key not in self.cache:
             self.cache[key] = False  # a function that calls itself does not train through that call
-            body = self._body(scope)
-            found = any(self.is_training_call(node) for node in body)
+            calls = self._training_calls()
+            if not calls:
+                return False  # nothing in the file trains: no body to read
+            found = self._spans_a_training_call(scope, calls) and any(
+                self.is_training_call(node) for node in self._body(scope))
             if not found and depth > 0:
                 found = any(self._trains(function, depth - 1) for name in self._own_callees(scope)
                             for function in self.functions()[name])
             self.cache[key] = found
         return self.cache[key]
+
+    def _training_calls(self) -> list[tuple[int, int]]:
+        """Where the file's training calls (:meth:`is_training_call`) start, sorted."""
+        key = "training_calls"
+        if key not in self.cache:
+            self.cache[key] = sorted((n.lineno, n.col_offset) for n in self.nodes(ast.Call) if self.is_training_call(n))
+        return self.cache[key]
+
+    @staticmethod
+    def _spans_a_training_call(scope: ast.AST, calls: list[tuple[int, int]]) -> bool:
+        """Whether a training call starts within the scope's text (its own body, or a
+        nested loop's or function's): a body without one need not be read."""
+        start = (scope.lineno, scope.col_offset)  # type: ignore[attr-defined]
+        end = (scope.end_lineno, scope.end_col_offset)  # type: ignore[attr-defined]
+        at = bisect.bisect_left(calls, start)
+        return at < len(calls) and calls[at] <= end
 
     def is_training_call(self, node: ast.AST) -> bool:
         """A ``backward()`` call (``accelerator.backward(loss)``, Lightning's
