@@ -1053,3 +1053,13 @@ def test_ax307_reads_a_loss_forward_but_not_its_nested_functions_or_other_forwar
               "    def forward(self, x, valid):\n        return self.proj(x[valid > 0])\n")
     assert [f.line for f in _findings(source, "AX307")] == [10]
     assert _findings(source, "AX307", target="cpu") == []
+
+
+def test_ax307_leaves_a_loss_forward_s_evaluation_branch_alone():
+    source = ("import torch\nfrom torch import nn\n\n\nclass Loss(nn.Module):\n"
+              "    def forward(self, logits, target):\n"
+              "        keep = target != -100\n"
+              "        if not self.training:\n            self.acc = (logits.argmax(-1)[keep] == target[keep]).float()\n"
+              "        if self.training:\n            pass\n        else:\n            self.n = target[keep].numel()\n"
+              "        return self.ce(logits[keep], target[keep])\n")
+    assert [f.line for f in _findings(source, "AX307")] == [14, 14]

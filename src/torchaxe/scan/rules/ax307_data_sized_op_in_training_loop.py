@@ -49,7 +49,7 @@ class DataSizedOpInTrainingLoop(Rule):
     `forward` that computes a loss (a class named for one, or a forward returning a
     value named `loss`, an `F.*` loss or `self.criterion(...)`) runs on every
     training step wherever the loop is, so it is read too, its arguments taken as
-    tensors.
+    tensors (not its branches under `if not self.training:`).
 
     ## Why is this bad?
     The result's size is the number of `True` elements, which only the device knows:
@@ -242,7 +242,7 @@ class DataSizedOpInTrainingLoop(Rule):
             tensors = _ForwardTensors(tensors, loop)
         found = (self._masked_index(node, ctx, tensors) if isinstance(node, ast.Subscript)
                  else self._sized_call(node, ctx))
-        if found is None or T.rarely_run(ctx, loop, node):
+        if found is None or T.rarely_run(ctx, loop, node) or _evaluation_only(ctx, loop):
             return
         what, operand = found
         if operand is not None and (not tensors.is_tensor(operand) or _on_host(operand, tensors)):
@@ -292,6 +292,28 @@ def _is_module_forward(ctx: FileContext, loop: ast.AST) -> bool:
         return False
     at = next((i for i, parent in enumerate(ctx.parents) if parent is loop), 0)
     return at > 0 and isinstance(ctx.parents[at - 1], ast.ClassDef)
+
+
+def _evaluation_only(ctx: FileContext, loop: ast.AST) -> bool:
+    """Whether the visited node runs only in evaluation mode: under ``if not
+    self.training:``, or in the ``else`` of ``if self.training:`` (a metric a loss
+    module computes when it is not training)."""
+    path = ctx.parents  # an If's child on the way is a statement, so among them
+    at = next((i for i, parent in enumerate(path) if parent is loop), None)
+    if at is None:
+        return False
+    for parent, child in zip(path[at:], path[at + 1:]):
+        if not isinstance(parent, ast.If):
+            continue
+        test, negated = parent.test, False
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test, negated = test.operand, True
+        if not (isinstance(test, ast.Attribute) and test.attr == "training"):
+            continue
+        in_body = any(child is s for s in parent.body)
+        if in_body == negated:
+            return True
+    return False
 
 
 def _loss_forward(ctx: FileContext) -> ast.FunctionDef | None:
