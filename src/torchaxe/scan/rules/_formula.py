@@ -130,7 +130,7 @@ class FormulaRule(Rule):
 
 
 # ---------------------------------------------------------------- helpers
-def _expression_at(root: ast.AST, span) -> ast.expr | None:
+def expression_at(root: ast.AST, span) -> ast.expr | None:
     """The outermost expression under ``root`` that spans exactly ``span``."""
     where = (span.lineno, span.col_offset, span.end_lineno, span.end_col_offset)
     return next((n for n in fast_walk(root) if isinstance(n, ast.expr)
@@ -139,7 +139,7 @@ def _expression_at(root: ast.AST, span) -> ast.expr | None:
 
 def _in_place(ctx: FileContext, match: FormulaMatch) -> str | None:
     """The in-place method (``mul_``) the matched expression ends with, if any."""
-    node = _expression_at(ctx.tree, match.node)
+    node = expression_at(ctx.tree, match.node)
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         attr = node.func.attr
         return attr if attr.endswith("_") and not attr.endswith("__") else None
@@ -199,7 +199,7 @@ def _branches_left_out(ctx: FileContext, match: FormulaMatch) -> str:
                 visit(stmt.body, under)
 
     visit(function.body, None)
-    expression = _expression_at(function, match.node)
+    expression = expression_at(function, match.node)
     if expression is None:
         return ""
     # The names the formula's inputs are written with: a branch about one of them

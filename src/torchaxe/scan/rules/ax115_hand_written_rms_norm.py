@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import ast
-
 import re
 
 from torchaxe.findings import Applicability
 from torchaxe.scan.rules._formula import (
-    FormulaRule, Proposal, atom, eps_text, exact, functional, is_name, moved_last, over_named_dim,
-    torch_version_at_least,
+    FormulaRule, Proposal, atom, eps_text, exact, expression_at, functional, innermost, is_name, moved_last,
+    over_named_dim, torch_version_at_least,
 )
 from torchaxe.scan.rules.base import Invalid, Valid
 
@@ -201,7 +200,7 @@ class HandWrittenRmsNorm(FormulaRule):
                 "`torchaxe verify AX115` measures it)" if ctx.target == "cpu" else
                 f"{replacement} computes it in one fused kernel")
         safe = exact(match) and not casts
-        cast_last = casts and factor and _ends_in_cast(ctx.lines, match.node)
+        cast_last = casts and factor and _ends_in_cast(ctx, match.node)
         if cast_last:
             # ``(t * self.scale).to(dtype)``: the result has the cast's dtype, the
             # replacement the product's (a float32 factor would promote it).
@@ -221,17 +220,9 @@ class HandWrittenRmsNorm(FormulaRule):
 _CASTS = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double"})
 
 
-def _ends_in_cast(lines: list[str], span) -> bool:
+def _ends_in_cast(ctx, span) -> bool:
     """Whether the replaced expression's last operation is a dtype cast
     (``(t * self.scale).to(dtype)``)."""
-    first, last = span.lineno - 1, span.end_lineno - 1
-    if not 0 <= first <= last < len(lines):
-        return False
-    raw = [line.encode("utf-8") for line in lines[first:last + 1]]
-    raw[-1] = raw[-1][:span.end_col_offset]
-    raw[0] = raw[0][span.col_offset:]
-    try:
-        node = ast.parse("(" + b"\n".join(raw).decode("utf-8") + ")", mode="eval").body
-    except (SyntaxError, UnicodeDecodeError):
-        return False
+    scope = innermost(ctx, span.lineno, (ast.FunctionDef, ast.AsyncFunctionDef)) or ctx.tree
+    node = expression_at(scope, span)
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS

@@ -245,12 +245,9 @@ class GradScalerWithBfloat16(Rule):
         flags = _bfloat16_flags(ctx)
         if not flags:
             return
-        chain = [*ctx.parents, node]
-        for parent, child in zip(reversed(chain[:-1]), reversed(chain[1:])):
-            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                return
-            if isinstance(parent, ast.If) and child in parent.body and ast.unparse(parent.test) in flags:
-                flag = ast.unparse(parent.test)
+        for test in _guards(ctx, node, statements_only=True):
+            if ast.unparse(test) in flags:
+                flag = ast.unparse(test)
                 unverified = " (unverified on Ascend hardware)" if ctx.target == "npu" else ""
                 message = (
                     f"loss scaling only when `{flag}` is set, which is when this file's autocast computes in "
@@ -276,15 +273,21 @@ def _bfloat16_guard(node: ast.Call, enabled: ast.expr | None, ctx: FileContext) 
     such test holds the scaler."""
     if enabled is not None:
         return ast.unparse(enabled) if _says_bfloat16(enabled, ctx) else None
+    return next((ast.unparse(test) for test in _guards(ctx, node) if _says_bfloat16(test, ctx)), None)
+
+
+def _guards(ctx: FileContext, node: ast.AST, statements_only: bool = False) -> Iterable[ast.expr]:
+    """The tests of the ``if`` statements (and, unless ``statements_only``, the
+    conditional expressions) whose true branch holds ``node``, innermost first, up to
+    the enclosing definition."""
     chain = [*ctx.parents, node]
     for parent, child in zip(reversed(chain[:-1]), reversed(chain[1:])):
-        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            return None
-        if isinstance(parent, ast.IfExp) and child is parent.body and _says_bfloat16(parent.test, ctx):
-            return ast.unparse(parent.test)
-        if isinstance(parent, ast.If) and child in parent.body and _says_bfloat16(parent.test, ctx):
-            return ast.unparse(parent.test)
-    return None
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return
+        if isinstance(parent, ast.If) and child in parent.body:
+            yield parent.test
+        elif not statements_only and isinstance(parent, ast.IfExp) and child is parent.body:
+            yield parent.test
 
 
 def _says_bfloat16(test: ast.expr, ctx: FileContext) -> bool:
