@@ -1147,6 +1147,30 @@ def test_with_nothing_clear_alone_the_small_changes_are_tried_together(script: P
         r.detail for r in advice.recommendations if r.key == "code:AX110")
 
 
+def test_with_nothing_clear_alone_a_change_that_saved_nothing_alone_is_not_tried_with_the_others(
+        script: Path) -> None:
+    # The original strays 12% from itself; compile took the original's time alone. Its
+    # rounds would only add noise (and its compile) to the set: the two fixes that were
+    # faster alone are tried together without it.
+    runs = FakeRuns(times={"original-again": 0.088, "code:AX110": 0.092, "code:AX201": 0.095,
+                           "knob:compile": 0.0995, "chosen+code-AX110+code-AX201": 0.075,
+                           "chosen+code-AX110+code-AX201+knob-compile": 0.07})
+    advice = run_advice(script, runs)
+    assert "chosen+code-AX110+code-AX201" in runs.order
+    assert not any("compile" in name for name in runs.order if name.startswith("chosen"))
+    assert {r.key for r in advice.recommendations if r.selected} == {"code:AX110", "code:AX201"}
+
+
+def test_with_nothing_clear_alone_one_change_faster_alone_is_not_tried_again_with_ones_that_were_not(
+        script: Path) -> None:
+    # bfloat16 at 0.93 alone, compile at 1.00: nothing is left to try together.
+    runs = FakeRuns(times={"original-again": 0.088, "code:AX110": 0.093, "knob:compile": 0.1,
+                           "chosen+code-AX110+knob-compile": 0.08})
+    advice = run_advice(script, runs)
+    assert not any(name.startswith("chosen") for name in runs.order)
+    assert not any(r.selected for r in advice.recommendations)
+
+
 def test_small_changes_tried_together_and_not_clearly_faster_are_said_so(script: Path) -> None:
     # Together they take 0.97 of the step: within the 12% the original strays; the
     # report's table shows no details, so a note says what was tried and how it went.
