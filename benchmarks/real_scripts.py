@@ -117,8 +117,10 @@ def framework_scripts(steps: int) -> list[Script]:
         Script("hf_trainer", FRAMEWORK_SCRIPTS, "hf_trainer.py", each, ("transformers", "accelerate")),
         Script("hf_custom_loop", FRAMEWORK_SCRIPTS, "hf_custom_loop.py", each, ("transformers",)),
         Script("lightning_trainer", FRAMEWORK_SCRIPTS, "lightning_trainer.py", each, ("lightning",)),
-        Script("accelerate_accumulation", FRAMEWORK_SCRIPTS, "accelerate_accumulation.py",
-               ["--steps", str(max(steps // 2, 20))], ("accelerate",)),
+        # Its --steps counts optimizer steps of four batches each: at half the others'
+        # count advise's runs ended before the 10 + 64 steps they ask for ("give it
+        # more steps"), and its rounds strayed 28% from each other.
+        Script("accelerate_accumulation", FRAMEWORK_SCRIPTS, "accelerate_accumulation.py", each, ("accelerate",)),
         Script("manual_sgd", FRAMEWORK_SCRIPTS, "manual_sgd.py", each),
         Script("dropout_gpt", FRAMEWORK_SCRIPTS, "dropout_gpt.py", each),
     ]
