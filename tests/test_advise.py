@@ -1958,3 +1958,19 @@ def test_an_aa_arm_whose_other_seed_changes_the_work_does_not_set_the_noise(scri
                                                "original-again": [0.06, 0.14, 0.105]}))
     assert "run_to_run_noise_other_seed" not in noisy.baseline
     assert noisy.baseline["run_to_run_noise"] > 0.35
+
+
+def test_a_compile_the_job_can_never_pay_back_gets_no_further_rounds(script: Path) -> None:
+    # 50 steps of 0.1 s: the whole job is 5 s of steps, and compile's first steps took
+    # 10 s more than the original's. Whatever it saves a step, it is held back: the
+    # rounds that decide the others do not include it.
+    runs = FakeRuns(warmup={"knob:compile": 10.0})
+    advice = run_advice(script, runs, repeats=2, job_steps=50)
+    assert runs.order.count("code:AX110") == 3
+    assert runs.order.count("knob:compile") == 2
+    compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert not compiled.selected and "more than the job's 50" in compiled.held_back
+    # A job long enough to pay it back decides it on as many rounds as the others.
+    runs = FakeRuns(warmup={"knob:compile": 10.0})
+    run_advice(script, runs, repeats=2, job_steps=5000)
+    assert runs.order.count("knob:compile") == runs.order.count("code:AX110") == 3

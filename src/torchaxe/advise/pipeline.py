@@ -840,11 +840,12 @@ class Advisor:
         deadline cut a round short."""
         def plan() -> list[ArmResult]:
             self._set_noise(noise_arm, base)  # the rounds so far
-            open_arms = [a for a in arms if a.ok and len(a.ratios) < MAX_ROUNDS
+            live = [a for a in arms if a.ok and not self._beyond_repaying(a, base, noise_arm)]
+            open_arms = [a for a in live if len(a.ratios) < MAX_ROUNDS
                          and ((promising(a.ratios) and (len(a.ratios) < DECIDE_ROUNDS
                                                         or not self.noise.beaten_by(a.ratios)))
                               or self.noise.split(a.ratios))]
-            clear = [a for a in arms if a.ok and self.noise.beaten_by(a.ratios)]
+            clear = [a for a in live if self.noise.beaten_by(a.ratios)]
             kept = reserve if len({id(a) for a in open_arms + clear}) >= 2 else 0
             if not open_arms or not measurer.fits(2 + len(open_arms) + kept):
                 return []
@@ -856,6 +857,18 @@ class Advisor:
             return measurer.more_rounds(base, plan, "measuring")
         finally:
             self._set_noise(noise_arm, base)
+
+    def _beyond_repaying(self, arm: ArmResult, base: ArmResult, same: ArmResult) -> bool:
+        """Whether a change's measured one-time cost (a first compile) exceeds the time
+        all of the job's --job-steps take in the original: no saving per step could pay
+        it back, so further rounds cannot change its verdict (held back) and are better
+        spent on the changes still undecided (a 120-step Trainer job, 4 s of steps,
+        gave two 11 s compiles as many rounds as the fixes it could choose)."""
+        steps = self.options.job_steps
+        if steps is None or not base.median or not arm.ratios:
+            return False
+        once = one_time_cost(arm, base, 0.0, same).get("one_time_seconds")
+        return bool(once) and once > steps * base.median
 
     def _record(self, rec: Recommendation, arm: ArmResult, base: ArmResult, same: ArmResult) -> None:
         seconds = [r.seconds for r in arm.runs if r.seconds is not None]
