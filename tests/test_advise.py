@@ -1960,14 +1960,14 @@ def test_an_aa_arm_whose_other_seed_changes_the_work_does_not_set_the_noise(scri
     assert noisy.baseline["run_to_run_noise"] > 0.35
 
 
-def test_a_compile_the_job_can_never_pay_back_gets_no_further_rounds(script: Path) -> None:
+def test_a_compile_the_job_can_never_pay_back_sits_out_the_later_rounds(script: Path) -> None:
     # 50 steps of 0.1 s: the whole job is 5 s of steps, and compile's first steps took
     # 10 s more than the original's. Whatever it saves a step, it is held back: the
     # rounds that decide the others do not include it.
     runs = FakeRuns(warmup={"knob:compile": 10.0})
     advice = run_advice(script, runs, repeats=2, job_steps=50)
     assert runs.order.count("code:AX110") == 3
-    assert runs.order.count("knob:compile") == 2
+    assert runs.order.count("knob:compile") == 1  # its first round measured the cost
     compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
     assert not compiled.selected and "more than the job's 50" in compiled.held_back
     # A job long enough to pay it back decides it on as many rounds as the others.

@@ -275,26 +275,34 @@ class Measurer:
             self._compiling.add(knobs.name)
 
     def compare(self, baseline: KnobSet, arms: Sequence[KnobSet], repeats: int,
-                what: str = "measuring", warm: bool = False,
-                reserve: int = 0) -> tuple[ArmResult, list[ArmResult], bool]:
+                what: str = "measuring", warm: bool = False, reserve: int = 0,
+                settled: Callable[[ArmResult, ArmResult, Sequence[ArmResult]], bool] | None = None,
+                ) -> tuple[ArmResult, list[ArmResult], bool]:
         """Run ``repeats`` interleaved rounds. Returns the baseline, the arms and
         whether every planned run happened (False: the deadline cut it short).
         ``warm``: one unmeasured run of the baseline first, so that the first round
         does not pay for cold file and compiler caches on one side only.
         ``reserve``: runs that must still fit after this comparison; a round after
         the first is not started when, at the run times seen so far, it would eat
-        into them."""
+        into them. ``settled(arm, baseline, arms)``: after the first round, whether an
+        arm's verdict can no longer change (it then sits out the later rounds)."""
         base = ArmResult(baseline.name, baseline)
         results = [ArmResult(k.name, k) for k in arms]
         self.shortened = False
+
+        def planned(repeat: int) -> list[ArmResult]:
+            if settled is None or repeat <= 1:
+                return [base, *results]
+            return [base, *(a for a in results if not settled(a, base, results))]
+
         try:
             if warm:
                 self._run(baseline, 0, f"{what}: warming the caches (not measured)")
             # Without a baseline nothing can be compared: its failure ends the rounds.
             label = (lambda repeat: f"{what}: round {repeat}/{repeats}")
-            complete = interleave([base, *results], self._recorder(base, label), _failed, rounds=repeats,
+            complete = interleave(planned, self._recorder(base, label), _failed, rounds=repeats,
                                   required=[base], reserve=reserve,
-                                  stop=lambda repeat, runs: self._out_of_rounds(repeat, runs, [base, *results]),
+                                  stop=lambda repeat, runs: self._out_of_rounds(repeat, runs, planned(repeat)),
                                   together=self._together(base, label))
         except OutOfTime:
             return base, results, False

@@ -564,8 +564,9 @@ class Advisor:
         self.progress(f"measuring {plural(len(arms), 'change')} against the original, {repeats} interleaved rounds")
         # The chosen changes are measured together afterwards: their rounds are kept
         # in reserve (the run times seen in the first round say whether they fit).
-        base_arm, results, complete = measurer.compare(original, [same] + [k for _, k in arms], repeats,
-                                                       "measuring", warm=True, reserve=2 * repeats)
+        base_arm, results, complete = measurer.compare(
+            original, [same] + [k for _, k in arms], repeats, "measuring", warm=True, reserve=2 * repeats,
+            settled=lambda arm, base, all_arms: arm is not all_arms[0] and self._beyond_repaying(arm, base, all_arms[0]))
         noise_arm, results = results[0], results[1:]
         self._set_noise(noise_arm, base_arm)
         cut = [c for c in ordered if id(c) not in taken]
@@ -861,9 +862,10 @@ class Advisor:
     def _beyond_repaying(self, arm: ArmResult, base: ArmResult, same: ArmResult) -> bool:
         """Whether a change's measured one-time cost (a first compile) exceeds the time
         all of the job's --job-steps take in the original: no saving per step could pay
-        it back, so further rounds cannot change its verdict (held back) and are better
+        it back, so later rounds cannot change its verdict (held back) and are better
         spent on the changes still undecided (a 120-step Trainer job, 4 s of steps,
-        gave two 11 s compiles as many rounds as the fixes it could choose)."""
+        gave two 11 s compiles as many rounds as the fixes it could choose, and the
+        budget ended before a third round of any). ``same``: the A/A arm."""
         steps = self.options.job_steps
         if steps is None or not base.median or not arm.ratios:
             return False
