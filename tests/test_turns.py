@@ -443,3 +443,47 @@ def test_trial_turns_refuse_a_torchrun_job_in_one_line(tmp_path) -> None:
                           timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--turns: runs take turns one process each" in proc.stderr
+
+
+def test_a_run_waiting_for_its_turn_stops_its_own_child_processes_until_the_turn_comes_back(tmp_path) -> None:
+    # A run's DataLoader workers that went on loading through the other runs' turns
+    # made a loader with two workers measure 3.30x where it ran slower applied.
+    import socket
+    import subprocess
+
+    import psutil
+
+    path = str(tmp_path / "turns.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    seen: dict[str, str] = {}
+
+    def coordinator() -> None:
+        conn, _ = server.accept()
+        reader = conn.makefile("rb")
+        assert reader.readline().strip() == b"hello 1"
+        assert reader.readline().strip() == b"wait"
+        deadline = time.monotonic() + 5.0  # a stop signal takes effect when delivered
+        while psutil.Process(child.pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen["while waiting"] = psutil.Process(child.pid).status()
+        conn.sendall(b"go\n")
+        reader.readline()  # the connection closes with the client
+        conn.close()
+
+    thread = threading.Thread(target=coordinator, daemon=True)
+    thread.start()
+    client = TurnClient(TurnPlan(path, 2, 1))
+    try:
+        client.wait()
+        assert client.plan is not None  # told "go": still taking turns
+        assert psutil.Process(child.pid).status() != psutil.STATUS_STOPPED  # its turn: it runs again
+        assert seen["while waiting"] == psutil.STATUS_STOPPED
+    finally:
+        client.close()
+        thread.join(timeout=10)
+        child.kill()
+        child.wait()
+        server.close()
