@@ -675,6 +675,21 @@ def test_the_accuracy_options_on_the_command_line(script: Path, tmp_path: Path, 
         assert "--loss-tolerance" in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_the_command_separator_is_not_taken_for_the_advice_files_name(script: Path, tmp_path: Path, monkeypatch,
+                                                                       capsys) -> None:
+    # `advise --save -- python train.py` wrote the advice to a file named `--`, and the
+    # `apply` that followed found no advice.
+    from torchaxe.cli import main
+
+    seen = advise_options_seen(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    for option in ("--save", "--out", "--html"):
+        assert main(["advise", option, "--", "python", str(script)]) == 2
+        err = capsys.readouterr().err
+        assert f"{option} takes a file name, not '--'" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not seen and not (tmp_path / "--").exists()
+
+
 def test_skip_leaves_candidates_out(script: Path) -> None:
     runs = FakeRuns()
     advice = run_advice(script, runs, skip=("knob:",))

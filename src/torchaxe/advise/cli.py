@@ -186,6 +186,10 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, turns, warm
                             memory_limit=parse_size(memory_limit) if memory_limit is not None else None,
                             allow_batch_change=allow_batch_change, turns=turns, job_steps=job_steps, flops=flops)
     for option, path in (("--out", out), ("--html", html_out), ("--save", save)):
+        if path and str(path).startswith("--"):
+            # `--save -- python train.py` took the separator for the file's name.
+            raise TorchaxeError(f"{option} takes a file name, not {path!r}: give one (`{option} advice.json`) "
+                                f"or leave {option} out; the command goes after `--`")
         if path and not Path(path).resolve().parent.is_dir():
             raise TorchaxeError(f"{option} {path}: folder does not exist")
     from torchaxe.runtime.nodes import leading
