@@ -246,8 +246,8 @@ class GradScalerWithBfloat16(Rule):
         if not flags:
             return
         for test in _guards(ctx, node, statements_only=True):
-            if ast.unparse(test) in flags:
-                flag = ast.unparse(test)
+            flag = ast.unparse(test)
+            if flag in flags:
                 unverified = " (unverified on Ascend hardware)" if ctx.target == "npu" else ""
                 message = (
                     f"loss scaling only when `{flag}` is set, which is when this file's autocast computes in "
