@@ -311,3 +311,51 @@ def test_a_class_the_profile_never_saw_run_is_not_measured(tmp_path: Path) -> No
     assert [c.knobs for c in seen] == [{"replace": {"fakeact.act:TanhGELU.forward": "gelu_tanh"}}]
     unseen, why = replace_candidates(findings, {"Linear"})
     assert unseen == [] and list(why.values()) == ["no TanhGELU module ran in the profiled steps"]
+
+
+def _pip_target(folder: Path) -> Path:
+    """What ``pip install --target folder`` leaves: a package, a single module, and
+    the distributions' .dist-info folders listing them (a script placed in ../bin)."""
+    (folder / "vision" / "datasets").mkdir(parents=True)
+    (folder / "vision" / "__init__.py").write_text("")
+    (folder / "vision" / "datasets" / "coco.py").write_text("x = 1\n")
+    (folder / "six.py").write_text("x = 1\n")
+    info = folder / "vision-0.1.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_text("vision/__init__.py,sha256=abc,0\nvision/datasets/coco.py,sha256=def,6\n"
+                                 "vision-0.1.dist-info/RECORD,,\n../../bin/vision-tool,sha256=x,9\n")
+    six = folder / "six-1.0.dist-info"
+    six.mkdir()
+    (six / "top_level.txt").write_text("six\n")  # no RECORD: its top-level names
+    return folder
+
+
+def test_a_pip_target_folder_is_installed_code_whatever_its_name(tmp_path: Path) -> None:
+    from torchaxe.installs import install_folder
+    from torchaxe.runtime.probes import CodeMap
+    from torchaxe.scan.discover import discover, in_environment, project_of
+    from torchaxe.units import package_path
+
+    review = tmp_path / "review"
+    pylib = _pip_target(review / "pylib")
+    (pylib / "notes.py").write_text("x = 1\n")  # not pip's: the user's own file beside the packages
+    script = review / "dcgan" / "main.py"
+    script.parent.mkdir()
+    script.write_text("import vision\n")
+    coco = pylib / "vision" / "datasets" / "coco.py"
+    assert install_folder(coco) == str(pylib.resolve())
+    assert install_folder(script) is None and install_folder(pylib / "notes.py") is None
+    assert in_environment(coco) and not in_environment(script)
+    # The run imported it from beside the script's folder: not the script's project.
+    assert project_of(script.parent, [str(coco)]) == script.parent.resolve()
+    # A folder walked for a scan leaves pip's packages out, the user's files in.
+    found = {p.name for p in discover([review]).files}
+    assert found == {"main.py", "notes.py"}
+    # Classified and shown as an installed package's file in the run.
+    code = CodeMap(internal=(), library=(), installed=(), cwd=str(review))
+    assert code.kind(str(coco)) == "library" and code.is_installed(str(coco))
+    assert code.kind(str(script)) == "user" and not code.is_installed(str(script))
+    assert code.kind(str(pylib / "six.py")) == "library"
+    assert code.show_library(str(coco), 3) == "vision/datasets/coco.py:3"
+    assert package_path(f"{coco}:43") == "vision/datasets/coco.py:43"
+    assert package_path(f"{script}:1") == f"{script}:1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 
@@ -91,4 +92,14 @@ def package_path(location: str) -> str:
     for folder in PACKAGE_FOLDERS:
         if folder in location:
             return location.rsplit(folder, 1)[1]
+    if os.path.isabs(location):  # pip install --target FOLDER, whatever its name
+        from torchaxe.installs import install_folder
+
+        path, sep, line = location.rpartition(":")
+        if not (sep and line.isdigit()):
+            path, line = location, ""
+        root = install_folder(path)
+        if root is not None:
+            shown = os.path.relpath(os.path.realpath(path), root)
+            return f"{shown}:{line}" if line else shown
     return location

@@ -19,7 +19,7 @@ from torchaxe.runtime.candidate import Accuracy, Candidate, knob_candidate
 from torchaxe.runtime.opstats import op_share
 from torchaxe.shapes.candidates import (COMPILE_ACCURACY_DETAIL, compile_knob, last_batch_text, seen_last_batch,
                                        unseen_last_batch)
-from torchaxe.units import PACKAGE_FOLDERS, package_path
+from torchaxe.units import package_path
 
 #: The operator torch's CPU dropout spends its time in (one Bernoulli draw an element).
 DROPOUT_DRAW = "aten::bernoulli_"
@@ -65,7 +65,7 @@ def fused_optimizer_candidates(target: str, settings: dict[str, Any],
         return []
     names = ", ".join(sorted({f"torch.optim.{o['class']}" for o in unfused}))
     site = unfused[0]["site"]
-    installed = any(f in site for f in PACKAGE_FOLDERS)
+    installed = package_path(site) != site  # site-packages, or a folder pip installed into
     shown = package_path(site) if installed else _local(site)
     where = (f"in an installed package ({shown}), which no code fix edits" if installed else
              f"at {shown}, where the scan has no fix to make (its keywords come from elsewhere, or the call is "

@@ -21,6 +21,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from torchaxe.installs import install_folder
 from torchaxe.runtime.dynamo import (OneShotModuleHook, add_global_forward_pre_hook, compiling, compiling_check,
                                      refresh_tensor_attributes)
 from torchaxe.runtime.profile import HostSyncSite, InputSignature, ShapeTally
@@ -152,18 +153,25 @@ class CodeMap:
             return "internal"
         if real.startswith(self._library):
             return "library"
+        if install_folder(real) is not None:
+            return "library"  # pip install --target FOLDER on the path, whatever its name
         return "user"
 
     def is_installed(self, filename: str) -> bool:
-        """Whether a library file belongs to an installed package (site-packages), not
-        to the standard library."""
-        return os.path.realpath(filename).startswith(self._installed)
+        """Whether a library file belongs to an installed package (site-packages, or a
+        folder pip installed into with ``--target``), not to the standard library."""
+        real = os.path.realpath(filename)
+        return real.startswith(self._installed) or (
+            not real.startswith(self._library) and install_folder(real) is not None)
 
     def show_library(self, filename: str, line: int) -> str:
         """A library's line as ``package/module.py:line``: relative to its library
         folder (``transformers/trainer.py:2345``, ``logging/__init__.py:1534``)."""
         real = os.path.realpath(filename)
         root = next((p for p in self._library if real.startswith(p)), None)
+        if root is None:
+            folder = install_folder(real)
+            root = folder.rstrip(os.sep) + os.sep if folder else None
         return f"{real[len(root):] if root else self.show(filename)}:{line}"
 
     def show(self, filename: str) -> str:
@@ -199,7 +207,8 @@ def _rebuilt_from(loader: Any, found: list[str]) -> list[str]:
     (``accelerator.prepare(train_loader)``, a trainer adding a distributed sampler) is
     that loader for the run's purposes, so that batches it feeds to training count for
     the line the user wrote. Nothing for a loader built by the user's own code."""
-    if not found or not any(part in found[0] for part in _PACKAGE_DIRS):
+    if not found or not (any(part in found[0] for part in _PACKAGE_DIRS)
+                         or install_folder(found[0].rsplit(":", 1)[0]) is not None):
         return []
     dataset = getattr(loader, "dataset", None)
     inherited: list[str] = []

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from torchaxe.errors import TorchaxeError
 from torchaxe.findings import Diagnostic
+from torchaxe.installs import installed_names, is_installed_file
 
 DEFAULT_EXCLUDES = (
     ".git",
@@ -76,7 +77,7 @@ def discover(paths: list[str | Path], exclude: tuple[str, ...] = (), use_default
         if not path.exists() and not path.is_symlink():
             raise TorchaxeError(f"no such file or folder: {raw}")
         if path.is_dir():
-            _walk(path, patterns, result, seen_files, set())
+            _walk(path, patterns, result, seen_files, set(), use_default_excludes)
         elif path.is_symlink() and not path.exists():
             result.diagnostics.append(Diagnostic("AX904", "broken symbolic link", str(path)))
         else:
@@ -87,7 +88,11 @@ def discover(paths: list[str | Path], exclude: tuple[str, ...] = (), use_default
     return result
 
 
-def _walk(folder: Path, patterns: tuple[str, ...], result: FileSet, seen_files: set[Path], active: set[Path]) -> None:
+def _walk(folder: Path, patterns: tuple[str, ...], result: FileSet, seen_files: set[Path], active: set[Path],
+          skip_installed: bool = True) -> None:
+    """Collect the ``.py`` files below ``folder``; with ``skip_installed``, also leave
+    out what pip installed there (the packages a ``.dist-info`` beside them lists:
+    ``pip install --target``), as the default excludes leave out site-packages."""
     try:
         real = folder.resolve(strict=True)
     except (OSError, RuntimeError):
@@ -108,9 +113,11 @@ def _walk(folder: Path, patterns: tuple[str, ...], result: FileSet, seen_files: 
         except OSError as exc:
             result.diagnostics.append(Diagnostic("AX903", f"cannot list folder: {exc.strerror}", str(folder)))
             return
+        installed = installed_names(str(real)) if skip_installed and any(
+            e.name.endswith(".dist-info") for e in entries) else frozenset()
         for entry in entries:
             path = Path(entry.path)
-            if _excluded(path, patterns):
+            if _excluded(path, patterns) or entry.name in installed:
                 continue
             try:
                 is_dir = entry.is_dir()
@@ -119,7 +126,7 @@ def _walk(folder: Path, patterns: tuple[str, ...], result: FileSet, seen_files: 
                 result.diagnostics.append(Diagnostic("AX905", f"cannot follow: {exc.strerror}", str(path)))
                 continue
             if is_dir:
-                _walk(path, patterns, result, seen_files, active)
+                _walk(path, patterns, result, seen_files, active, skip_installed)
             elif is_file and entry.name.endswith(".py"):
                 key = path.resolve()
                 if key not in seen_files:
@@ -219,7 +226,9 @@ def in_environment(path: str | Path) -> bool:
     folders = real.parts[:-1]
     if any(part in ENVIRONMENT_PARTS for part in folders):
         return True
-    return any((Path(*folders[:i]) / "pyvenv.cfg").is_file() for i in range(2, len(folders) + 1))
+    if any((Path(*folders[:i]) / "pyvenv.cfg").is_file() for i in range(2, len(folders) + 1)):
+        return True
+    return is_installed_file(real)  # pip install --target FOLDER, whatever its name
 
 
 def project_of(folder: str | Path, imported: Sequence[str] = ()) -> Path:
@@ -261,4 +270,6 @@ def in_project(path: str | Path, root: str | Path) -> bool:
     folders = parts[:-1]
     if any(part in ENVIRONMENT_PARTS for part in folders):
         return False
-    return not any((base.joinpath(*folders[:i]) / "pyvenv.cfg").is_file() for i in range(1, len(folders) + 1))
+    if any((base.joinpath(*folders[:i]) / "pyvenv.cfg").is_file() for i in range(1, len(folders) + 1)):
+        return False
+    return not is_installed_file(real)
