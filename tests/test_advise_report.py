@@ -102,7 +102,8 @@ def test_an_installed_packages_file_is_shown_from_the_package_down(advice, monke
     render_advice_text(advice, out)
     text = out.getvalue()
     assert "torchvision/datasets/coco.py:43" in text and "site-packages" not in text
-    assert max(len(line) for line in text.splitlines()) <= advice_text.REPORT_WIDTH  # a log: the fixed width
+    command = " ".join(advice.command)  # a command is never wrapped, to be copied whole
+    assert max(len(line) for line in text.splitlines() if command not in line) <= advice_text.REPORT_WIDTH
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -512,3 +513,24 @@ def test_a_slower_change_is_not_held_back_for_its_one_time_cost(script: Path) ->
     compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
     assert not compiled.selected and compiled.speedup < 1.0
     assert not compiled.held_back
+
+
+def test_a_report_written_to_a_file_wraps_between_words_under_its_own_indent(advice) -> None:
+    from torchaxe.report import advice_text
+
+    advice.baseline["run_to_run_noise"] = 0.181
+    advice.command += ["--outf", "out"] + [f"--option-{n} value-{n}" for n in range(12)]
+    out = io.StringIO()
+    render_advice_text(advice, out)  # not a terminal: the fixed width
+    lines = out.getvalue().splitlines()
+    command = " ".join(advice.command)
+    # The commands stay on one line each, to be copied whole.
+    assert any(line.startswith("torchaxe advise ") and command in line for line in lines)
+    assert any(line == f"  torchaxe run -- {command}" for line in lines)
+    rest = [line for line in lines if command not in line]
+    assert max(len(line) for line in rest) <= advice_text.REPORT_WIDTH
+    # A sentence longer than the width goes on under its own indent, never from column 0.
+    first = next(n for n, line in enumerate(lines) if line.startswith("  run-to-run noise   18.1%"))
+    assert lines[first + 1].startswith(" " * 21) and not lines[first + 1][21].isspace()
+    sentence = " ".join(line.strip() for line in lines[first:first + 3])
+    assert "beyond chance)" in sentence and "a change is chosen when it is faster" in sentence

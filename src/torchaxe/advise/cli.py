@@ -207,7 +207,7 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, turns, warm
         write_text_atomic(html_out, _render(result, "html"))
         if not quiet:
             click.echo(f"torchaxe advise: HTML report written to {html_out}", err=True)
-    text = _render(result, fmt)
+    text = _render(result, fmt, to_terminal=not out)
     if out:
         write_text_atomic(out, text)
         click.echo(f"torchaxe advise: report written to {out}", err=True)
@@ -217,7 +217,9 @@ def advise(budget, target, fmt, out, html_out, save, repeats, steps, turns, warm
         click.echo(f"torchaxe advise: advice kept in {save} (for `torchaxe apply`)", err=True)
 
 
-def _render(result, fmt: str) -> str:
+def _render(result, fmt: str, to_terminal: bool = False) -> str:
+    """The report as text; ``to_terminal``: it goes to standard output, whose width
+    the text takes when that is a terminal (a file or a pipe gets the fixed width)."""
     import io
 
     if fmt == "json":
@@ -226,10 +228,10 @@ def _render(result, fmt: str) -> str:
         from torchaxe.report.advice_html import render_advice_html
 
         return render_advice_html(result)
-    from torchaxe.report.advice_text import render_advice_text
+    from torchaxe.report.advice_text import render_advice_text, report_width
 
     buffer = io.StringIO()
-    render_advice_text(result, buffer)
+    render_advice_text(result, buffer, width=report_width(sys.stdout) if to_terminal else None)
     return buffer.getvalue()
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from torchaxe.advise.recommendation import Advice, Recommendation
 from torchaxe.advise.where import describe
@@ -75,22 +77,27 @@ def report_width(out: TextIO, width: int | None = None) -> int:
 
 def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | None = None) -> None:
     console = Console(file=out, width=report_width(out, width), highlight=False, soft_wrap=False)
+
+    def say(markup: str, more: int | None = None) -> None:
+        _say(console, markup, more)
+
     base = advice.baseline
-    console.print(f"[bold]torchaxe advise[/bold] {' '.join(advice.command)}  (target {advice.target})")
+    console.print(f"[bold]torchaxe advise[/bold] {escape(' '.join(advice.command))}  (target {advice.target})",
+                  soft_wrap=True)
     peak, limit = base.get("peak_memory_bytes"), advice.memory_limit
     if base.get("over_memory_limit"):
-        console.print(f"  [red]the original exceeds --memory-limit:[/red] peak {bytes_text(peak)} above "
-                      f"{bytes_text(limit)}; only changes that fit are chosen")
+        say(f"  [red]the original exceeds --memory-limit:[/red] peak {bytes_text(peak)} above "
+            f"{bytes_text(limit)}; only changes that fit are chosen")
     profiled = "trial runs" not in str(base.get("source") or "trial runs")
-    console.print(f"  original step time  median {duration(base.get('step_seconds_median'), 2)}"
-                  + (f", data wait {base['data_wait_fraction']:.1%}" if base.get("data_wait_fraction") is not None
-                     else "")
-                  # Not measured in trial runs: the profiled run's, slowed by its op recording.
-                  + (" (the profiled run's, with op recording on some steps: slower than the script runs)"
-                     if profiled else ""))
+    say(f"  original step time  median {duration(base.get('step_seconds_median'), 2)}"
+        + (f", data wait {base['data_wait_fraction']:.1%}" if base.get("data_wait_fraction") is not None
+           else "")
+        # Not measured in trial runs: the profiled run's, slowed by its op recording.
+        + (" (the profiled run's, with op recording on some steps: slower than the script runs)"
+           if profiled else ""))
     if peak is not None:
-        console.print(f"  original peak memory {bytes_text(peak)} ({MEMORY_KINDS.get(base.get('memory_kind'), 'n/a')})"
-                      + (f", --memory-limit {bytes_text(limit)}" if limit is not None else ""))
+        say(f"  original peak memory {bytes_text(peak)} ({MEMORY_KINDS.get(base.get('memory_kind'), 'n/a')})"
+            + (f", --memory-limit {bytes_text(limit)}" if limit is not None else ""))
     mfu = advice.mfu
     if mfu is not None:
         before = mfu_sentence(mfu["before"]["mfu_table"], mfu["before"]["mfu_measured"])
@@ -100,32 +107,32 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             after_text = "; with the chosen changes " + (mfu_sentence(after["mfu_table"], after["mfu_measured"])
                                                           or "n/a").removeprefix("MFU ")
         over = max(mfu["before"].get("mfu_measured") or 0.0, (after or {}).get("mfu_measured") or 0.0) > 1.0
-        console.print(f"  {before}{after_text}" + (" (above 100% of the measured peak: the FLOP count holds work the "
-                                                  "steps did not do, and the MFU figures are not reliable)"
-                                                  if over else ""))
+        say(f"  {before}{after_text}" + (" (above 100% of the measured peak: the FLOP count holds work the "
+                                        "steps did not do, and the MFU figures are not reliable)"
+                                        if over else ""))
     if advice.distributed:
         _render_ranks(console, advice)
     if base.get("run_to_run_noise") is not None:
-        console.print(f"  run-to-run noise   {base['run_to_run_noise']:.1%} (the furthest the original strayed from "
-                      "itself in a round: a change is chosen when it is faster by more than that in every round, or "
-                      "when its rounds rank below the original-against-itself rounds beyond chance)")
+        say(f"  run-to-run noise   {base['run_to_run_noise']:.1%} (the furthest the original strayed from "
+            "itself in a round: a change is chosen when it is faster by more than that in every round, or "
+            "when its rounds rank below the original-against-itself rounds beyond chance)", 21)
     if base.get("loss_tolerance") is not None:
         noise = base.get("loss_noise")
         if noise is None:
             why = ("no training loss in the original's runs" if "trial runs" in str(base.get("source") or "")
                    else "the original's runs did not fit the budget")
-            console.print(f"  loss noise         not recorded ({why})")
+            say(f"  loss noise         not recorded ({why})")
         else:
             same = base.get("loss_noise_same_seed")
             own = f"; its own runs, same seed: {same:.2%}" if same is not None else ""
-            console.print(f"  loss noise         {noise:.2%} (the original's runs, one under another seed{own}); "
-                          f"changes to the numerics are chosen within it + {base['loss_tolerance']:.1%}")
+            say(f"  loss noise         {noise:.2%} (the original's runs, one under another seed{own}); "
+                f"changes to the numerics are chosen within it + {base['loss_tolerance']:.1%}", 21)
     if advice.partial:
         unmeasured = sum(1 for r in advice.recommendations
                          if r.status == "not_measured" and r.not_measured_reason == "budget")
         what = (f"{plural(unmeasured, 'change')} not measured for the --budget" if unmeasured else
                 "not every planned run was made: some figures rest on fewer rounds")
-        console.print(f"  [yellow]partial advice:[/yellow] {what} (see the notes below)")
+        say(f"  [yellow]partial advice:[/yellow] {what} (see the notes below)")
     ranked = advice.ranked()
     if ranked:
         table = Table(title="Recommendations, by measured time saved per step", title_justify="left",
@@ -159,72 +166,72 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                           memory, accuracy, status)
         console.print(table)
         if len(ranked) > top:
-            console.print(f"  ... {len(ranked) - top} more in --format json or html")
+            say(f"  ... {len(ranked) - top} more in --format json or html")
         if any(r.selected for r in ranked):
-            console.print("  * chosen: faster beyond the run-to-run noise; together below")
+            say("  * chosen: faster beyond the run-to-run noise; together below")
         if any(r.memory for r in ranked[:top]):
-            console.print("  memory: the change of the peak memory against the original's, measured in the same "
-                          "rounds (-35%: 35% less)" + ("; ~: no more than the runs' own peaks differ from one "
-                                                       "another" if any(r.memory and r.memory.within_noise
-                                                                        for r in ranked[:top]) else ""))
+            say("  memory: the change of the peak memory against the original's, measured in the same "
+                "rounds (-35%: 35% less)" + ("; ~: no more than the runs' own peaks differ from one "
+                                             "another" if any(r.memory and r.memory.within_noise
+                                                              for r in ranked[:top]) else ""))
         failed = [r for r in ranked[:top] if r.status == "failed" and r.error]
         if failed:
             # In full: a status column cut to its width hides what the user must fix.
-            console.print("  failed:")
+            say("  failed:")
             for r in failed:
                 lines = [line.strip() for line in r.error.splitlines() if line.strip()]
-                console.print(f"    {r.key}: {lines[0] if lines else ''}".replace("[", "\\["), overflow="fold")
+                say(f"    {r.key}: {lines[0] if lines else ''}".replace("[", "\\["))
         held = [r for r in ranked[:top] if r.held_back]
         if held:
-            console.print("  held back (not chosen, yours to decide):")
+            say("  held back (not chosen, yours to decide):")
             for r in held:
                 _hanging(console, f"{r.key}: {r.held_back}", 4, 6)
         if any(r.changes_optimisation for r in ranked[:top]):
-            console.print("  changes the optimisation: a larger micro-batch, ranked by samples per second; fewer "
-                          "optimizer steps per epoch, so check convergence before keeping it")
+            say("  changes the optimisation: a larger micro-batch, ranked by samples per second; fewer "
+                "optimizer steps per epoch, so check convergence before keeping it")
     combined = advice.combined
     if combined:
         together = combined.get("together")
         if combined.get("status") == "measured" and together:
             # The set was cut to its best change: its own figure, and what the set measured.
             rounds = len(combined.get("ratios") or [])
-            console.print(f"[bold]Chosen alone:[/bold] {', '.join(combined.get('keys') or [])}, "
-                          f"{combined['speedup']:.2f}x faster in its own {rounds} round{'s' if rounds != 1 else ''} "
-                          f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step); "
-                          f"{together_text(together)}")
+            say(f"[bold]Chosen alone:[/bold] {', '.join(combined.get('keys') or [])}, "
+                f"{combined['speedup']:.2f}x faster in its own {rounds} round{'s' if rounds != 1 else ''} "
+                f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step); "
+                f"{together_text(together)}")
         elif combined.get("status") == "measured":
-            console.print(f"[bold]All chosen changes together:[/bold] {combined['speedup']:.2f}x faster "
-                          f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step), measured "
-                          "interleaved with the original")
+            say(f"[bold]All chosen changes together:[/bold] {combined['speedup']:.2f}x faster "
+                f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step), measured "
+                "interleaved with the original")
             if combined.get("one_time_seconds"):
-                console.print("  " + one_time_text(combined["one_time_seconds"], combined.get("break_even_steps")))
+                say("  " + one_time_text(combined["one_time_seconds"], combined.get("break_even_steps")))
             job = job_text(advice)
             if job:
-                console.print("  " + job)
+                say("  " + job)
         else:
-            console.print(f"All chosen changes together: {combined.get('status')} {combined.get('error') or ''}")
+            say(f"All chosen changes together: {combined.get('status')} {combined.get('error') or ''}")
     if advice.achieved:
         a = advice.achieved
         if a.get("speedup"):
             rounds = ", ".join(f"{1 / r:.2f}x" for r in a.get("ratios") or [] if r)
-            console.print(f"[bold]Gain achieved since `torchaxe apply`:[/bold] {a['speedup']:.2f}x, the median of "
-                          f"the interleaved rounds ({rounds}); step medians over all rounds: now "
-                          f"{duration(a.get('step_seconds_median'), 2)}, "
-                          f"original {duration(a.get('original_step_seconds_median'), 2)}")
+            say(f"[bold]Gain achieved since `torchaxe apply`:[/bold] {a['speedup']:.2f}x, the median of "
+                f"the interleaved rounds ({rounds}); step medians over all rounds: now "
+                f"{duration(a.get('step_seconds_median'), 2)}, "
+                f"original {duration(a.get('original_step_seconds_median'), 2)}")
         elif a.get("error"):
-            console.print(f"Gain achieved since `torchaxe apply`: not measured ({a['error']})")
+            say(f"Gain achieved since `torchaxe apply`: not measured ({a['error']})")
         if a.get("where"):
-            console.print("  where it came from (the original files and the script now, each profiled once):")
+            say("  where it came from (the original files and the script now, each profiled once):")
             for item in a["where"]:
-                console.print(f"    {describe(item)}")
+                say(f"    {describe(item)}")
         if a.get("where_note"):
-            console.print(f"  {a['where_note']}")
+            say(f"  {a['where_note']}")
     if advice.environment:
-        console.print("[bold]Environment checks[/bold]")
+        say("[bold]Environment checks[/bold]")
         by_key = {r.key: r for r in advice.recommendations}
         for check in advice.environment:
             where = f" ({check.location})" if check.location else ""
-            console.print(f"  - {check.name}: {check.message}{where}{_measured_text(by_key.get(check.recommendation))}")
+            say(f"  - {check.name}: {check.message}{where}{_measured_text(by_key.get(check.recommendation))}")
     installed = advice.scanned.get("installed_findings") or []
     if installed:
         ran = [i for i in installed if i.get("executed", True)]
@@ -234,42 +241,70 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             which = f", {len(ran)} in code its steps ran (listed first; the others left out, see the note)"
         else:
             which = ", none in code its steps ran (left out, see the note)"
-        console.print(f"  {plural(len(installed), 'finding')} in installed packages the run imported{which} "
-                      "(all of them in the JSON advice, scanned.installed_findings):")
+        say(f"  {plural(len(installed), 'finding')} in installed packages the run imported{which} "
+            "(all of them in the JSON advice, scanned.installed_findings):")
         installed = ran + [i for i in installed if not i.get("executed", True)]
         for item in installed[:3]:
-            console.print(f"    {package_path(str(item.get('path')))}:{item.get('line')} {item.get('code')} "
-                          f"{item.get('category', '').replace('_', ' ')}")
+            say(f"    {package_path(str(item.get('path')))}:{item.get('line')} {item.get('code')} "
+                f"{item.get('category', '').replace('_', ' ')}")
         if len(installed) > 3:
-            console.print(f"    ... {len(installed) - 3} more")
+            say(f"    ... {len(installed) - 3} more")
     for note in advice.notes:
         _hanging(console, f"note: {note}", 2, 4)
-    console.print("[bold]Next[/bold]")
+    say("[bold]Next[/bold]")
     chosen = [r for r in ranked if r.selected]
     if any(r.applies == "code" for r in chosen):
         verdicts = [loss_checked(r.to_dict()) for r in chosen if r.applies == "code" and r.unsafe]
         unsafe, checked = not all(verdicts), any(verdicts)
-        console.print("  torchaxe apply --diff" + (" --unsafe-fixes" if unsafe else "")
-                      + "   (shows the changes; without --diff it makes them"
-                      + (", --unsafe-fixes takes the fixes that may change numerics too" if unsafe else "")
-                      + ("; the unsafe fixes chosen with their loss checked here are applied without it"
-                         if checked and unsafe else
-                         "; the unsafe fixes chosen are applied: their loss was checked on this run" if checked
-                         else "") + ")")
+        say("  torchaxe apply --diff" + (" --unsafe-fixes" if unsafe else "")
+            + "   (shows the changes; without --diff it makes them"
+            + (", --unsafe-fixes takes the fixes that may change numerics too" if unsafe else "")
+            + ("; the unsafe fixes chosen with their loss checked here are applied without it"
+               if checked and unsafe else
+               "; the unsafe fixes chosen are applied: their loss was checked on this run" if checked
+               else "") + ")")
     elif any(r.applies == "knob" for r in chosen):
-        console.print("  torchaxe apply   (writes the knobs to torchaxe.toml)")
+        say("  torchaxe apply   (writes the knobs to torchaxe.toml)")
     if chosen:
-        console.print("  torchaxe run -- " + " ".join(advice.command))
+        console.print("  torchaxe run -- " + " ".join(advice.command), markup=False, soft_wrap=True)
     else:
-        console.print("  nothing measured clearly faster; see the table for what was tried")
+        say("  nothing measured clearly faster; see the table for what was tried")
     measured = [r for r in advice.recommendations if r.status == "measured"]
     tried = [r for r in advice.recommendations if r.status in ("measured", "failed", "not_measured")]
     rounds = max((len(r.ratios or []) for r in measured), default=0)
     spent = ", ".join(f"{name} {seconds:.0f} s" for name, seconds in advice.phases.items() if seconds >= 1)
-    console.print(f"  ({advice.elapsed_seconds:.0f} s of a {advice.budget_seconds:.0f} s budget"
-                  + (f": {spent}" if spent else "") + "; "
-                  f"{len(measured)} of {len(tried)} changes measured"
-                  + (f", in up to {rounds} interleaved round{'s' if rounds != 1 else ''} each)" if measured else ")"))
+    say(f"  ({advice.elapsed_seconds:.0f} s of a {advice.budget_seconds:.0f} s budget"
+        + (f": {spent}" if spent else "") + "; "
+        f"{len(measured)} of {len(tried)} changes measured"
+        + (f", in up to {rounds} interleaved round{'s' if rounds != 1 else ''} each)" if measured else ")"))
+
+
+def _say(console: Console, markup: str, more: int | None = None) -> None:
+    """A line of the report (rich markup) wrapped between words at the report's width,
+    its continuation lines indented past the line's own indent (by ``more`` columns in
+    all when given), so that a sentence written to a file or a narrow terminal still
+    reads as one item."""
+    import textwrap
+
+    text = Text.from_markup(markup)
+    plain = text.plain
+    lead = len(plain) - len(plain.lstrip(" "))
+    more = lead + 2 if more is None else more
+    if len(plain) <= console.width or console.width - more < 30 or "\n" in plain:
+        console.print(text, soft_wrap=True)
+        return
+    pieces, cursor = [], 0
+    for n, line in enumerate(textwrap.wrap(plain, width=console.width, subsequent_indent=" " * more,
+                                           break_on_hyphens=False)):
+        words = line if n == 0 else line[more:]
+        start = plain.find(words, cursor)
+        if start < 0:  # not a piece of the line as written (textwrap changed a space): unwrapped
+            console.print(text, soft_wrap=True)
+            return
+        cursor = start + len(words)
+        pieces.append(text[start:cursor] if n == 0 else Text(" " * more) + text[start:cursor])
+    for piece in pieces:
+        console.print(piece, soft_wrap=True)
 
 
 def _hanging(console: Console, text: str, indent: int, more: int) -> None:
