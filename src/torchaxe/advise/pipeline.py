@@ -542,7 +542,8 @@ class Advisor:
                     f"left after the profile ({max(left, 0):.0f} s) holds no measurement (one change takes three "
                     f"runs: a warm-up, the original and the change)")
             fit_note = (f"the --budget {fits}; about --budget {math.ceil(needed / 60)}m would measure them "
-                        f"all, at {per_run:.0f} s per run")
+                        f"all, at {per_run:.0f} s per run ({plural(repeats, 'interleaved round')}, each running the "
+                        "original twice and every change once)")
             advice.notes.append(fit_note)
         if not chosen:
             advice.partial = True
