@@ -16,6 +16,7 @@ from torchaxe.data.knob import DataLoaderOverride
 from torchaxe.runtime.knobs import KnobError, KnobSet, knob_set_from_dict, load_knob_set
 from torchaxe.runtime.trials import TrialOptions, TrialRun, run_trials, unique_names, child_environment, bootstrap_argv
 from torchaxe.report.trial_text import render_trial_report
+from torchaxe.runtime.stats import Samples
 
 FULL = {
     "name": "fused",
@@ -122,6 +123,28 @@ def test_runs_are_interleaved_and_ratios_are_per_repeat():
     kb = data["knob_sets"][1]
     assert kb["status"] == "ok" and kb["ratio"]["min"] == pytest.approx(0.5) and kb["ratio"]["max"] == pytest.approx(0.6)
     assert kb["runs"][0]["step_seconds"] == pytest.approx([0.0045, 0.005, 0.0055])
+
+
+def test_runs_are_compared_by_their_steps_mean_without_the_extremes_not_by_the_median():
+    # A loader's two workers deliver batches in bursts: fast steps between steps that
+    # wait. Its median lands on the fast ones (0.02 s) though the run takes as long
+    # as the original's even steps; one spike in the original's is set aside.
+    bursty = [0.02, 0.18] * 5 + [0.02] * 2
+    even = [0.085] * 11 + [0.9]
+
+    def run(knobs: KnobSet, command, options, repeat):
+        steps = bursty if knobs.name == "workers" else even
+        return TrialRun(knobs.name, repeat, ok=True, step_seconds=list(steps), returncode=0, status="stopped")
+
+    report = run_trials(sets("original", "workers"), ["python", "t.py"], TrialOptions(repeats=2), runner=run)
+    workers = report.results[1]
+    assert Samples.of(bursty).median / Samples.of(even).median < 0.3  # what a median would have said
+    # Each: the mean of the ten steps left (six fast, four slow) over 0.085 s.
+    assert workers.ratio.per_repeat == pytest.approx([(6 * 0.02 + 4 * 0.18) / 10 / 0.085] * 2)
+    assert Samples.of([1.0, 2.0, 3.0]).trimmed_mean(0.1) == pytest.approx(2.0)  # a handful: nothing set aside
+    assert Samples.of(list(range(10))).trimmed_mean(0.1) == pytest.approx(4.5)
+    with pytest.raises(ValueError):
+        Samples.of([1.0]).trimmed_mean(0.5)
 
 
 def test_runs_of_one_set_far_apart_are_said_so():

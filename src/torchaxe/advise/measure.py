@@ -341,8 +341,8 @@ class Measurer:
         def run(arm: ArmResult, repeat: int) -> None:
             latest = self._run(arm.knobs, repeat, f"{label(repeat)}: {'original' if arm is base else arm.name}")
             arm.runs.append(latest)
-            against = base.runs[-1].median_per_sample_unit
-            mine = latest.median_per_sample_unit
+            against = base.runs[-1].typical_per_sample_unit
+            mine = latest.typical_per_sample_unit
             if arm is not base and latest.ok and mine and against:
                 arm.ratios.append(mine / against)
 
@@ -415,11 +415,11 @@ class Measurer:
                 if id(arm) not in cut:
                     latest.knobs = arm.knobs.name
                     arm.runs.append(latest)
-            against = base.runs[-1].median_per_sample_unit if base in arms else None
+            against = base.runs[-1].typical_per_sample_unit if base in arms else None
             for arm in arms:
                 if id(arm) in cut or not arm.runs:
                     continue
-                mine = arm.runs[-1].median_per_sample_unit
+                mine = arm.runs[-1].typical_per_sample_unit
                 if arm is not base and arm.runs[-1].ok and mine and against:
                     arm.ratios.append(mine / against)
 

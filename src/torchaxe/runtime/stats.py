@@ -70,6 +70,20 @@ class Samples:
     def mean(self) -> float | None:
         return math.fsum(self.values) / len(self.values) if self.values else None
 
+    def trimmed_mean(self, cut: float = 0.1) -> float | None:
+        """The mean of the values left when the lowest and the highest ``cut`` of them
+        are set aside (a whole value at a time; none of a handful of values): a rare
+        spike weighs no more than in the median, while values that alternate (fast
+        steps between slow ones) all count, as they do in the time a run takes."""
+        if not self.values:
+            return None
+        if not 0.0 <= cut < 0.5:
+            raise ValueError(f"trimmed mean cut {cut} outside [0, 0.5)")
+        ordered = sorted(self.values)
+        drop = int(len(ordered) * cut)
+        kept = ordered[drop:len(ordered) - drop]
+        return math.fsum(kept) / len(kept)
+
     @property
     def total(self) -> float:
         return math.fsum(self.values)

@@ -48,7 +48,8 @@ def trial(knob_files, repeats, steps, warmup, timeout, target, turns, as_json, c
     under the profile harness and stops it after --warmup + --steps steps. Runs are
     interleaved A B A B ... for --repeats rounds. The report gives each set's median
     and p90 step time and the ratio to the first set (median of the per-round ratios,
-    min..max). Progress goes to stderr, the report to stdout.
+    min..max; a round compares each run's mean step, its fastest and slowest tenth set
+    aside). Progress goes to stderr, the report to stdout.
 
     \b
     Examples:

@@ -10,8 +10,9 @@ tuning, ``shapes --try``).
 
 Per knob set the result keeps every measured step time (raw samples, by repeat) and
 gives their median, p90 and spread; the **ratio** to the first knob set (the
-baseline) is computed per repeat, from the medians of the two runs of that round,
-and quoted as the median of those ratios with their min..max. A ratio below 1 means
+baseline) is computed per repeat, from the two runs of that round (each by its steps'
+mean less the fastest and slowest tenth: ``TrialRun.typical``), and quoted as the
+median of those ratios with their min..max. A ratio below 1 means
 faster steps than the baseline.
 
 A knob set whose run breaks (the script raises, exits non-zero, times out, or no step
@@ -42,6 +43,9 @@ from torchaxe.runtime.stats import Samples
 from torchaxe.units import duration
 
 SCHEMA = "torchaxe.trial/1"
+#: The share of a run's measured steps set aside at each end (the fastest, the
+#: slowest) before their mean is taken to compare it with another run.
+TRIM = 0.1
 #: Lines of a failed run's stderr kept in the report.
 STDERR_TAIL_LINES = 15
 #: Beyond ``--timeout``, how long the subprocess gets (start-up, writing the profile)
@@ -122,11 +126,20 @@ class TrialRun:
         return float(scale) if isinstance(scale, (int, float)) and scale > 0 else 1.0
 
     @property
-    def median_per_sample_unit(self) -> float | None:
-        """The median step time per original batch of samples (the median when the
-        batch was not changed): what runs with different batch sizes compare by."""
-        median = self.median
-        return None if median is None else median / self.samples_scale
+    def typical(self) -> float | None:
+        """The step time runs are compared by: the mean of the measured steps less the
+        fastest and the slowest tenth (:data:`TRIM`). Not the median: where steps
+        alternate, fast ones between ones that wait (a loader's workers delivering
+        batches in bursts), the median lands on one kind and says nothing of the time
+        the run takes; a rare spike is still set aside."""
+        return Samples.of(self.step_seconds).trimmed_mean(TRIM)
+
+    @property
+    def typical_per_sample_unit(self) -> float | None:
+        """:attr:`typical` per original batch of samples (itself when the batch was
+        not changed): what runs with different batch sizes compare by."""
+        typical = self.typical
+        return None if typical is None else typical / self.samples_scale
 
     def to_dict(self) -> dict[str, Any]:
         return {"repeat": self.repeat, "ok": self.ok, "status": self.status, "returncode": self.returncode,
@@ -325,12 +338,12 @@ def run_trials(knob_sets: Sequence[KnobSet], command: Sequence[str], options: Tr
 
 def _ratios(results: list[KnobResult]) -> None:
     baseline = results[0]
-    by_repeat = {r.repeat: r.median for r in baseline.runs if r.ok and r.median}
+    by_repeat = {r.repeat: r.typical for r in baseline.runs if r.ok and r.typical}
     for result in results:
         if not result.ok:
             continue
-        ratios = [run.median / by_repeat[run.repeat] for run in result.runs
-                  if run.ok and run.median is not None and by_repeat.get(run.repeat)]
+        ratios = [run.typical / by_repeat[run.repeat] for run in result.runs
+                  if run.ok and run.typical is not None and by_repeat.get(run.repeat)]
         result.ratio = Ratio(ratios) if ratios else None
 
 
