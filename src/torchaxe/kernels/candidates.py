@@ -65,8 +65,10 @@ def fused_optimizer_candidates(target: str, settings: dict[str, Any],
         return []
     names = ", ".join(sorted({f"torch.optim.{o['class']}" for o in unfused}))
     site = unfused[0]["site"]
-    installed = package_path(site) != site  # site-packages, or a folder pip installed into
-    shown = package_path(site) if installed else _local(site)
+    shown = package_path(site)
+    installed = shown != site  # site-packages, or a folder pip installed into
+    if not installed:
+        shown = _local(site)
     where = (f"in an installed package ({shown}), which no code fix edits" if installed else
              f"at {shown}, where the scan has no fix to make (its keywords come from elsewhere, or the call is "
              "not one it reads)")
