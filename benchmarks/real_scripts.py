@@ -373,7 +373,7 @@ def compare_profiled(spec: Script, tuned: Path, outcome: Outcome, repeats: int, 
 
 
 def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
-            skip: tuple[str, ...] = (), one_by_one: bool = False) -> Outcome:
+            skip: tuple[str, ...] = (), one_by_one: bool = False, keep: Path | None = None) -> Outcome:
     outcome = Outcome(spec.name)
     original, tuned = work / spec.name / "original", work / spec.name / "tuned"
     for copy in (original, tuned):
@@ -390,6 +390,11 @@ def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
         outcome.error = "advise: " + (advised.stderr.strip().splitlines() or ["failed"])[-1]
         return outcome
     advice = json.loads(advised.stdout)
+    if keep is not None:
+        # The work folder goes at the end: what advise saw (its profile's top operators,
+        # every candidate and note) stays readable after a surprising choice.
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / f"{spec.name}-advice.json").write_text(advised.stdout, encoding="utf-8")
     outcome.chosen = [r["key"] for r in advice["recommendations"] if r["selected"]]
     outcome.measured = {r["key"]: round(r["speedup"], 3) for r in advice["recommendations"]
                         if r["status"] == "measured" and r.get("speedup")}
@@ -437,6 +442,8 @@ def main() -> int:
     parser.add_argument("--one-by-one", action="store_true",
                         help="run the original and the tuned copy one after the other, each to its end, instead "
                              "of side by side taking turns (alternate.py)")
+    parser.add_argument("--keep", metavar="DIR", help="write each script's advice (JSON: the profile's top "
+                        "operators, every candidate with its rounds, the notes) to DIR/NAME-advice.json")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_save_options(parser)
     args = parser.parse_args()
@@ -481,7 +488,7 @@ def main() -> int:
                 # The thread count set by --threads is the benchmark's condition, not a change to try.
                 skip = ("env:OMP_NUM_THREADS",) if args.threads is not None else ()
                 outcomes.append(measure(spec, work, args.budget, args.repeats, args.timeout, skip,
-                                        args.one_by_one))
+                                        args.one_by_one, Path(args.keep) if args.keep else None))
                 log(outcomes[-1].line().strip())
         finally:
             shutil.rmtree(work, ignore_errors=True)

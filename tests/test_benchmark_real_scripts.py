@@ -93,8 +93,9 @@ def test_a_script_advised_to_change_nothing_keeps_why(bench, tmp_path, monkeypat
     folder.mkdir()
     (folder / "train.py").write_text("print('step 1: loss 1.0, time 1.00 ms')\n")
     spec = bench.Script("s", folder, "train.py", [])
-    outcome = bench.measure(spec, tmp_path / "work", "1m", 1, 60.0)
+    outcome = bench.measure(spec, tmp_path / "work", "1m", 1, 60.0, keep=tmp_path / "kept")
     assert outcome.chosen == [] and outcome.speedup == 1.0 and outcome.judge == "nothing applied"
+    assert json.loads((tmp_path / "kept" / "s-advice.json").read_text()) == advice  # kept to be read afterwards
     saved = outcome.to_dict()
     assert saved["rounds"] == {"knob:compile": {"ratios": [0.7, 0.72, 1.02], "held_back": None}}
     assert saved["notes"] == advice["notes"]
