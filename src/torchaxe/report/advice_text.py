@@ -283,7 +283,7 @@ def _say(console: Console, markup: str, more: int | None = None) -> None:
     """A line of the report (rich markup) wrapped between words at the report's width,
     its continuation lines indented past the line's own indent (by ``more`` columns in
     all when given), so that a sentence written to a file or a narrow terminal still
-    reads as one item."""
+    reads as one item. A word longer than the width (a path) is kept whole."""
     import textwrap
 
     text = Text.from_markup(markup)
@@ -295,7 +295,7 @@ def _say(console: Console, markup: str, more: int | None = None) -> None:
         return
     pieces, cursor = [], 0
     for n, line in enumerate(textwrap.wrap(plain, width=console.width, subsequent_indent=" " * more,
-                                           break_on_hyphens=False)):
+                                           break_long_words=False, break_on_hyphens=False)):
         words = line if n == 0 else line[more:]
         start = plain.find(words, cursor)
         if start < 0:  # not a piece of the line as written (textwrap changed a space): unwrapped
@@ -308,13 +308,9 @@ def _say(console: Console, markup: str, more: int | None = None) -> None:
 
 
 def _hanging(console: Console, text: str, indent: int, more: int) -> None:
-    """``text`` (plain, no markup) wrapped at the report's width between words, its
-    lines after the first indented further, so that a long note reads as one item."""
-    import textwrap
-
-    for line in textwrap.wrap(text, width=console.width, initial_indent=" " * indent, subsequent_indent=" " * more,
-                              break_long_words=False, break_on_hyphens=False):
-        console.print(line, markup=False, soft_wrap=True)
+    """``text`` (plain, no markup) after ``indent`` spaces, wrapped as :func:`_say`
+    wraps a line, its lines after the first at ``more`` columns."""
+    _say(console, escape(" " * indent + text), more)
 
 
 def _ms(value: float | None) -> str:
