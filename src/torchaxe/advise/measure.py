@@ -62,8 +62,28 @@ class ArmResult:
 
     @property
     def warmup_seconds(self) -> float | None:
-        """The median wall time of its runs' warm-up steps."""
-        return Samples.of(r.warmup_seconds for r in self.runs if r.ok and r.warmup_seconds is not None).median
+        """The wall time of its warm-up steps as a run after advise pays it: the median
+        over its runs after the first, else its one run's. A first compile fills torch's
+        compile caches on this machine (a GPT block's compile took 21 s cold, 2 s from the
+        cache), which its later runs read, and so does the user's job run here next."""
+        seconds = self._warmups()
+        return Samples.of(seconds[1:] if len(seconds) > 1 else seconds).median
+
+    @property
+    def first_warmup_seconds(self) -> float | None:
+        """The wall time of its first run's warm-up steps: on a machine whose caches did
+        not yet hold its compiled kernels."""
+        seconds = self._warmups()
+        return seconds[0] if seconds else None
+
+    @property
+    def warm_runs(self) -> int:
+        """How many of its runs came after its first: their warm-up read what the
+        first one left in the caches."""
+        return max(0, len(self._warmups()) - 1)
+
+    def _warmups(self) -> list[float]:
+        return [r.warmup_seconds for r in self.runs if r.ok and r.warmup_seconds is not None]
 
     @property
     def losses(self) -> list[list[float]]:

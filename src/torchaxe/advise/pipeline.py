@@ -866,12 +866,16 @@ class Advisor:
         it back, so later rounds cannot change its verdict (held back) and are better
         spent on the changes still undecided (a 120-step Trainer job, 4 s of steps,
         gave two 11 s compiles as many rounds as the fixes it could choose, and the
-        budget ended before a third round of any). ``same``: the A/A arm."""
+        budget ended before a third round of any). ``same``: the A/A arm.
+
+        Decided on a run after its first: the first fills torch's compile caches, and
+        the job run here after advise reads them (a 21 s compile took 2 s from them)."""
         steps = self.options.job_steps
         if steps is None or not base.median or not arm.ratios:
             return False
-        once = one_time_cost(arm, base, 0.0, same).get("one_time_seconds")
-        return bool(once) and once > steps * base.median
+        cost = one_time_cost(arm, base, 0.0, same)
+        once = cost.get("one_time_seconds")
+        return bool(once) and not cost.get("one_time_cold_only") and once > steps * base.median
 
     def _record(self, rec: Recommendation, arm: ArmResult, base: ArmResult, same: ArmResult) -> None:
         seconds = [r.seconds for r in arm.runs if r.seconds is not None]
@@ -909,6 +913,8 @@ class Advisor:
         if pays_once(rec.knobs or {}):
             cost = one_time_cost(arm, base, rec.measured_seconds_saved_per_step or 0.0, same)
             rec.one_time_seconds, rec.break_even_steps = cost.get("one_time_seconds"), cost.get("break_even_steps")
+            rec.one_time_seconds_first = cost.get("one_time_seconds_first")
+            rec.one_time_cold_only = bool(cost.get("one_time_cold_only"))
         if self.options.check_accuracy and rec.accuracy.changes_numerics:
             # Against the original's own runs (same seed): the A/A arm ran under other seeds.
             self._compare_loss(rec, loss_delta(arm, base), min(sum(1 for l in arm.losses if l),
@@ -1096,7 +1102,9 @@ class Advisor:
             pays = f"pays off only after {even:,} steps, more than the job's {steps:,} ({self.job_source})"
         else:
             pays = f"is never paid back: it saves no time per step (the job runs {steps:,} steps, {self.job_source})"
-        why = (f"its one-time cost ({once:.1f} s, before its first fast step) {pays}: not chosen; "
+        cold = (", measured on its first run alone, which filled torch's compile caches: a longer --budget "
+                "measures what a later run pays" if rec.one_time_cold_only else "")
+        why = (f"its one-time cost ({once:.1f} s, before its first fast step{cold}) {pays}: not chosen; "
                f"{apply_only(rec)} applies it")
         rec.held_back = f"{rec.held_back}; {why}" if rec.held_back else why
 

@@ -577,8 +577,9 @@ def alone(c: Candidate) -> dict[str, Any]:
 def _members_one_time(figures: dict[str, Any], members: Sequence[Candidate]) -> dict[str, Any]:
     """A set's figures with a one-time cost when its own runs showed none but one of
     its changes did alone: the set's runs come after the changes' own, whose compiles
-    warmed the compiler's caches, while a fresh job compiles again. The largest of the
-    members' costs, and the steps the set's saving takes to pay it back."""
+    filled the compiler's caches, while a job compiles again (from those caches, on
+    this machine: the members' costs are what their runs after the first paid). The
+    largest of the members' costs, and the steps the set's saving takes to pay it back."""
     if figures.get("one_time_seconds"):
         return figures
     once = max((m.rec.one_time_seconds or 0.0 for m in members), default=0.0)

@@ -220,15 +220,31 @@ def one_time_cost(arm: ArmResult, base: ArmResult, saved_per_step: float,
     after which the time it saves per step has paid that back (a short job may end
     first). Empty when the warm-up took about as long as the original's, or than
     twice as far as the original's own second run (``same``, the A/A arm) strayed from
-    it: a busy machine slows one warm-up more than another."""
+    it: a busy machine slows one warm-up more than another.
+
+    The cost is the one a run after advise pays on this machine, its warm-up once
+    torch's compile caches hold the change's kernels (its runs after the first, see
+    ``ArmResult.warmup_seconds``); ``one_time_seconds_first`` is what its first run
+    paid, filling them, where that was more; ``one_time_cold_only`` marks a cost
+    known from that first run alone, which a later run may pay much less of."""
     mine, original = arm.warmup_seconds, base.warmup_seconds
     if mine is None or original is None:
         return {}
-    extra = mine - original
     strayed = abs(same.warmup_seconds - original) if same is not None and same.warmup_seconds is not None else 0.0
-    if extra < max(ONE_TIME_MIN_SECONDS, ONE_TIME_MIN_STEPS * (base.median or 0.0), 2 * strayed):
-        return {}
-    return with_one_time({}, extra, saved_per_step)
+    least = max(ONE_TIME_MIN_SECONDS, ONE_TIME_MIN_STEPS * (base.median or 0.0), 2 * strayed)
+    extra, first = mine - original, (arm.first_warmup_seconds or mine) - original
+    if extra < least:
+        if not arm.warm_runs or first < least:
+            return {}
+        # Paid only where torch's compile caches do not yet hold its kernels: another
+        # machine, or this one after its caches are cleared.
+        return {"one_time_seconds_first": first}
+    out = with_one_time({}, extra, saved_per_step)
+    if not arm.warm_runs:
+        out["one_time_cold_only"] = True  # its only run filled the caches: a later run pays less
+    elif first - extra >= least:
+        out["one_time_seconds_first"] = first
+    return out
 
 
 def with_one_time(figures: dict[str, Any], once: float, saved_per_step: float) -> dict[str, Any]:

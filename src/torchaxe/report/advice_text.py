@@ -16,10 +16,18 @@ from torchaxe.runtime.candidate import MEMORY_KINDS, loss_checked
 from torchaxe.units import bytes_text, duration, mfu_sentence, package_path, plural
 
 
-def one_time_text(seconds: float, break_even: int | None, compiles: bool = True) -> str:
+def one_time_text(seconds: float, break_even: int | None, compiles: bool = True, first: float | None = None,
+                  cold_only: bool = False) -> str:
     """A change's one-time cost (compiling, or another start-up such as loader
-    workers') and when the job has paid it back."""
-    text = f"costs {seconds:.1f} s once, in its first steps" + (" (compiling)" if compiles else "")
+    workers') and when the job has paid it back. ``first``: what its first run paid,
+    filling torch's compile caches; ``cold_only``: the cost is known from that run
+    alone."""
+    why = ["compiling"] if compiles else []
+    if first:
+        why.append(f"{first:.1f} s the first time on a machine, before torch's compile caches hold its kernels")
+    elif cold_only:
+        why.append("measured on its first run, which filled torch's compile caches: a later run here may pay less")
+    text = f"costs {seconds:.1f} s once, in its first steps" + (f" ({'; '.join(why)})" if why else "")
     return text + (f"; pays off after {break_even:,} steps" if break_even else "")
 
 
@@ -159,8 +167,9 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             if rec.applied_to:
                 where += f"\n  [dim]{rec.applied_to} (the modules with parameters the loop itself called)[/dim]"
             if rec.status == "measured" and rec.one_time_seconds:
-                where += (f"\n  [dim]{one_time_text(rec.one_time_seconds, rec.break_even_steps, compiles(rec))}"
-                          "[/dim]")
+                once = one_time_text(rec.one_time_seconds, rec.break_even_steps, compiles(rec),
+                                     rec.one_time_seconds_first, rec.one_time_cold_only)
+                where += f"\n  [dim]{once}[/dim]"
             accuracy = rec.accuracy.text if rec.accuracy.kind != "unknown" or rec.status == "measured" else "-"
             table.add_row(str(n), kind.replace("[", "\\[") + rec.title.replace("[", "\\[") + where, saved, speedup,
                           memory, accuracy, status)
@@ -204,7 +213,9 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                 f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step), measured "
                 "interleaved with the original")
             if combined.get("one_time_seconds"):
-                say("  " + one_time_text(combined["one_time_seconds"], combined.get("break_even_steps")))
+                say("  " + one_time_text(combined["one_time_seconds"], combined.get("break_even_steps"),
+                                         first=combined.get("one_time_seconds_first"),
+                                         cold_only=bool(combined.get("one_time_cold_only"))))
             job = job_text(advice)
             if job:
                 say("  " + job)

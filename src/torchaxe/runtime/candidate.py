@@ -184,6 +184,13 @@ class Recommendation:
     one_time_seconds: float | None = None
     #: The steps after which the time it saves has paid ``one_time_seconds`` back.
     break_even_steps: int | None = None
+    #: What its first run paid once, filling torch's compile caches, where that was
+    #: more than ``one_time_seconds`` (its later runs, and a job run here next, read
+    #: them): the cost on another machine.
+    one_time_seconds_first: float | None = None
+    #: ``one_time_seconds`` comes from its first run alone, which filled the caches: a
+    #: later run on this machine may pay much less.
+    one_time_cold_only: bool = False
     #: Which module a model-wrapping knob took as the model in its runs ("compile
     #: applied to Discriminator"): a script that trains two models learns which.
     applied_to: str = ""
@@ -206,6 +213,7 @@ class Recommendation:
             "memory": self.memory.to_dict() if self.memory else None,
             "changes_optimisation": self.changes_optimisation, "ranks": self.ranks,
             "one_time_seconds": self.one_time_seconds, "break_even_steps": self.break_even_steps,
+            "one_time_seconds_first": self.one_time_seconds_first, "one_time_cold_only": self.one_time_cold_only,
         }
 
 
