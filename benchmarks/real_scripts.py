@@ -44,6 +44,13 @@ judged by torchaxe's own step time instead (trial runs of the original files aga
 the applied changes, as ``advise`` measures), and the output says so. When advise
 chooses nothing, nothing is applied and the speedup is 1 (not measured).
 
+The runs are shortened jobs (``--steps``, 120 by default), and advise reads a job's
+length from its command: a compile that 120 steps do not repay is held back, while the
+judge above leaves the first quarter of the steps out. ``--job-steps N`` tells advise the
+length of the job the shortened runs stand for instead (nanoGPT's README runs its CPU
+recipe for 2,000 iterations); each script's line then says what the chosen changes cost
+once and after how many steps they repaid it, as advise measured.
+
 Printed: per script, what advise chose, the speedup with its per-round ratios, the
 loss difference; then the median speedup. Targets: every script gets advice (at least
 one measured change); median delivered speedup >= 1.3x.
@@ -237,6 +244,10 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     #: per measured change, its per-round ratios and why it was held back (if it was)
     rounds: dict[str, dict] = field(default_factory=dict)
+    #: what the chosen changes cost once together (compiling), as advise measured it on
+    #: a run after the first, and the steps their saving takes to pay it back
+    one_time_seconds: float | None = None
+    break_even_steps: int | None = None
 
     @property
     def advised(self) -> bool:
@@ -254,7 +265,8 @@ class Outcome:
                 "tuned_step_s": self.tuned_step, "loss_original": self.loss_original, "loss_tuned": self.loss_tuned,
                 "loss_difference": self.loss_difference, "wall_original_s": self.wall_original,
                 "wall_tuned_s": self.wall_tuned, "advised": self.advised, "error": self.error,
-                "budget_notes": self.budget_notes, "notes": self.notes, "rounds": self.rounds}
+                "budget_notes": self.budget_notes, "notes": self.notes, "rounds": self.rounds,
+                "one_time_seconds": self.one_time_seconds, "break_even_steps": self.break_even_steps}
 
     def line(self) -> str:
         head = f"  {self.name}: "
@@ -270,8 +282,11 @@ class Outcome:
         loss = self.loss_difference
         loss_text = f"loss {100 * loss:+.2f}%" if loss is not None else "loss n/a"
         rounds = ", ".join(f"{r:.2f}" for r in self.ratios)
+        once = (f"; costs {self.one_time_seconds:.1f} s once"
+                + (f", repaid after {self.break_even_steps:,} steps" if self.break_even_steps else "")
+                if self.one_time_seconds else "")
         return (head + f"{self.speedup:.2f}x by {self.judge} ({1e3 * self.original_step:.1f} -> "
-                f"{1e3 * self.tuned_step:.1f} ms/step; rounds {rounds}); {loss_text}; chosen {chosen} "
+                f"{1e3 * self.tuned_step:.1f} ms/step; rounds {rounds}); {loss_text}; chosen {chosen}{once} "
                 f"(advise measured: {measured})")
 
 
@@ -373,7 +388,8 @@ def compare_profiled(spec: Script, tuned: Path, outcome: Outcome, repeats: int, 
 
 
 def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
-            skip: tuple[str, ...] = (), one_by_one: bool = False, keep: Path | None = None) -> Outcome:
+            skip: tuple[str, ...] = (), one_by_one: bool = False, keep: Path | None = None,
+            job_steps: int | None = None) -> Outcome:
     outcome = Outcome(spec.name)
     original, tuned = work / spec.name / "original", work / spec.name / "tuned"
     for copy in (original, tuned):
@@ -383,6 +399,8 @@ def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
     advice_file = tuned / "torchaxe-advice.json"
     log(f"{spec.name}: advise --budget {budget} --turns")
     skips = [arg for key in skip for arg in ("--skip", key)]
+    if job_steps is not None:
+        skips += ["--job-steps", str(job_steps)]
     # --turns: advise's rounds run side by side taking turns, as steady as this machine allows.
     advised = torchaxe("advise", "--budget", budget, "--turns", "--target", "cpu", "--format", "json", "--save",
                        str(advice_file), *skips, "--", *spec.command(tuned), cwd=tuned)
@@ -396,6 +414,9 @@ def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
         keep.mkdir(parents=True, exist_ok=True)
         (keep / f"{spec.name}-advice.json").write_text(advised.stdout, encoding="utf-8")
     outcome.chosen = [r["key"] for r in advice["recommendations"] if r["selected"]]
+    combined = advice.get("combined") or {}
+    outcome.one_time_seconds, outcome.break_even_steps = (combined.get("one_time_seconds"),
+                                                          combined.get("break_even_steps"))
     outcome.measured = {r["key"]: round(r["speedup"], 3) for r in advice["recommendations"]
                         if r["status"] == "measured" and r.get("speedup")}
     outcome.budget_notes = [n for n in advice.get("notes", []) if "--budget" in n]
@@ -429,6 +450,10 @@ def missing_packages(spec: Script) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", default="4m", help="advise's --budget per script (default 4m)")
+    parser.add_argument("--job-steps", type=int, metavar="N",
+                        help="tell advise each job runs N steps (its --job-steps), the job the benchmark's "
+                             "shortened runs stand for; by default advise reads the length from the command "
+                             "(--steps), and holds back a compile that 120 steps do not repay")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of original and tuned runs")
     parser.add_argument("--steps", type=int, default=120, help="steps of each framework script's runs")
     parser.add_argument("--scripts", metavar="DIR", help="a folder of public scripts placed by the reader "
@@ -488,7 +513,8 @@ def main() -> int:
                 # The thread count set by --threads is the benchmark's condition, not a change to try.
                 skip = ("env:OMP_NUM_THREADS",) if args.threads is not None else ()
                 outcomes.append(measure(spec, work, args.budget, args.repeats, args.timeout, skip,
-                                        args.one_by_one, Path(args.keep) if args.keep else None))
+                                        args.one_by_one, Path(args.keep) if args.keep else None,
+                                        args.job_steps))
                 log(outcomes[-1].line().strip())
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -502,6 +528,7 @@ def main() -> int:
         f"budget {args.budget}, {args.repeats} rounds"
         + (", one by one" if args.one_by_one else ", runs taking turns")
         + (f", OMP_NUM_THREADS={args.threads}" if args.threads is not None else "")
+        + (f", advise told jobs of {args.job_steps:,} steps" if args.job_steps is not None else "")
         + f", {time.strftime('%Y-%m-%d')}"
         + (f", 1-minute load {load:.1f} at the end" if load is not None else "") + ")",
         *(o.line() for o in outcomes),
@@ -514,7 +541,7 @@ def main() -> int:
         f"  total {time.perf_counter() - started:.0f} s",
     ]
     text = "\n".join(lines)
-    result = {"budget": args.budget, "repeats": args.repeats, "threads": args.threads,
+    result = {"budget": args.budget, "repeats": args.repeats, "threads": args.threads, "job_steps": args.job_steps,
               "one_by_one": args.one_by_one, "scripts": [o.to_dict() for o in outcomes],
               "skipped": skipped, "median_speedup": median, "every_script_advised": every_advised,
               "targets": {"every_script_advised": every_advised,
