@@ -204,3 +204,16 @@ def test_the_machine_line_says_whether_the_cpu_has_bfloat16_instructions():
     assert saved._cpu_vectors({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}) == "AMX, bf16"
     assert saved._cpu_vectors({"neon"}) == ""
     assert "cores" in saved.machine_line()
+
+
+def test_a_corpus_file_no_python_parses_does_not_fail_the_recall_row(summary, tmp_path):
+    # Old PyTorch code (`.cuda(async=True)`) parses on no Python since 3.7: its labelled
+    # instances count as misses; the scanner itself did not fail.
+    result = {"overall": {"recall": 0.95, "false_positives": 0}, "status": "PASS",
+              "corpus": {"positives": 40, "lookalikes": 20, "files": 30, "repositories": 25},
+              "diagnostics": ["/c/mean-teacher/main.py: cannot parse: invalid syntax"]}
+    _saved(tmp_path, "real_recall", result)
+    assert _row(_rows(summary, tmp_path), "Scanner recall on public code")["status"] == "PASS"
+    result["diagnostics"].append("/c/other.py: rule AX201 failed: KeyError: 'x'")
+    _saved(tmp_path, "real_recall", result)
+    assert _row(_rows(summary, tmp_path), "Scanner recall on public code")["status"] == "FAIL"

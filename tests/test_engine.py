@@ -116,6 +116,18 @@ def test_bad_files_become_diagnostics_and_the_scan_goes_on(tmp_path):
     assert result.exit_code == 3
 
 
+def test_old_pytorch_code_that_no_python_parses_says_why(tmp_path):
+    # PyTorch before 0.4: `.cuda(async=True)`; `async` is a keyword since Python 3.7.
+    write(tmp_path / "train.py", "import torch\nopt = torch.optim.SGD(p)\ny = x.cuda(async=True)\n")
+    result = scan_paths([tmp_path], ScanOptions())
+    (diagnostic,) = result.diagnostics
+    assert diagnostic.code == "AX901" and diagnostic.line == 3
+    assert "`non_blocking=True`" in diagnostic.message and diagnostic.message.startswith("cannot parse: ")
+    write(tmp_path / "train.py", "import torch\nopt = torch.optim.SGD(p)\ndef broken(:\n")
+    (diagnostic,) = scan_paths([tmp_path], ScanOptions()).diagnostics
+    assert "non_blocking" not in diagnostic.message
+
+
 def test_unreadable_file_is_a_diagnostic(tmp_path, monkeypatch):
     write(tmp_path / "ok.py", OPT)
     secret = write(tmp_path / "secret.py", OPT)
@@ -294,3 +306,15 @@ def test_files_no_formula_rule_asks_about_need_no_evaluator_on_the_next_scan(tmp
     assert all_stored(sources, "cpu", codes)
     assert not all_stored(sources[:2], "cpu", codes[:-1])  # another selection of rules
     assert not all_stored(sources[:2], "npu", codes)
+
+
+def test_child_fields_keep_the_name_node_of_a_type_alias():
+    # Python 3.12's `type Vector = list[float]`: TypeAlias.name is a Name node, while a
+    # function's or a class's `name` is a string.
+    import ast
+
+    from torchaxe.scan.context import child_fields
+
+    alias = type("TypeAlias", (ast.stmt,), {"_fields": ("name", "type_params", "value")})
+    assert child_fields(alias) == ("name", "type_params", "value")
+    assert "name" not in child_fields(ast.FunctionDef) and "body" in child_fields(ast.FunctionDef)

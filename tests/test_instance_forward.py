@@ -117,3 +117,41 @@ def test_the_scripts_own_instance_forward_is_what_a_copy_and_a_saved_model_keep(
     assert torch.equal(model(x), 0 * x)
     assert torch.equal(copy.deepcopy(model)(x), 2 * x)
     assert torch.equal(_saved_and_loaded(model)(x), 2 * x)
+
+
+def test_a_librarys_once_only_logging_in_forward_does_not_split_the_compiled_graph(monkeypatch) -> None:
+    # transformers adds Logger.warning_once and calls it from GPT-2's forward (its
+    # loss-type notice): compiled, that call broke the forward into two graphs.
+    import logging
+
+    from torch._dynamo import config
+    from torch._dynamo.utils import counters
+
+    if not isinstance(getattr(config, "ignore_logging_functions", None), set):
+        pytest.skip("this torch has no torch._dynamo.config.ignore_logging_functions")
+    said = []
+
+    def warning_once(self, message):
+        said.append(message)
+
+    monkeypatch.setattr(logging.Logger, "warning_once", warning_once, raising=False)
+    monkeypatch.setattr(config, "ignore_logging_functions", set())
+    logger = logging.getLogger("torchaxe-test-library")
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            x = self.a(x).relu()
+            logger.warning_once("loss_type=None is not recognised")
+            return self.b(x)
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = Block()
+    compile_in_place(model, backend="eager")
+    model(torch.randn(2, 4))
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert warning_once in config.ignore_logging_functions

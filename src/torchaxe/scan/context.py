@@ -718,6 +718,9 @@ _SCALAR_FIELDS = frozenset({
     "ctx", "name", "id", "attr", "arg", "asname", "module", "level", "kind", "type_comment",
     "conversion", "is_async", "simple", "tag", "lineno", "rest", "kwd_attrs",
 })
+#: (node type, field) pairs named like a scalar field that hold a node: Python 3.12's
+#: ``type X = ...`` (``TypeAlias.name`` is a ``Name``).
+_NODE_FIELDS = frozenset({("TypeAlias", "name")})
 #: Node types whose remaining fields hold constants, not nodes.
 _CONSTANT_TYPES = frozenset(t for t in (getattr(ast, n, None) for n in (
     "Constant", "Num", "Str", "Bytes", "NameConstant", "MatchSingleton", "Global", "Nonlocal")) if t)
@@ -729,7 +732,7 @@ def child_fields(node_type: type) -> tuple[str, ...]:
     fields = CHILD_FIELDS.get(node_type)
     if fields is None:
         fields = CHILD_FIELDS[node_type] = () if node_type in _CONSTANT_TYPES else tuple(
-            f for f in node_type._fields if f not in _SCALAR_FIELDS)
+            f for f in node_type._fields if f not in _SCALAR_FIELDS or (node_type.__name__, f) in _NODE_FIELDS)
     return fields
 
 

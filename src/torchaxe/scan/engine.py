@@ -73,6 +73,21 @@ class FileReport:
     unneeded: str | None = None
 
 
+
+#: ``async=`` in a call: PyTorch before 0.4 spelled ``non_blocking`` so, and Python 3.7
+#: made ``async`` a keyword: such a file no longer parses.
+_ASYNC_KEYWORD = re.compile(r"[(,]\s*async\s*=")
+
+
+def parse_failure(exc: SyntaxError | ValueError) -> str:
+    """The AX901 message for a file Python cannot parse, with what old PyTorch code
+    needs where the cause is known (``.cuda(async=True)``)."""
+    text = f"cannot parse: {getattr(exc, 'msg', exc)}"
+    if isinstance(exc, SyntaxError) and exc.text and _ASYNC_KEYWORD.search(exc.text):
+        text += (" (`async` is a keyword since Python 3.7: PyTorch's `async=True` argument is now "
+                 "`non_blocking=True`)")
+    return text
+
 def display_path(path: Path) -> str:
     """Paths under the working folder are shown relative to it, others absolute."""
     try:
@@ -205,7 +220,7 @@ def scan_source(
     try:
         tree = ast.parse(source, filename=path)
     except SyntaxError as exc:
-        report.diagnostics.append(Diagnostic("AX901", f"cannot parse: {exc.msg}", path, exc.lineno))
+        report.diagnostics.append(Diagnostic("AX901", parse_failure(exc), path, exc.lineno))
         return report
     except (ValueError, RecursionError, MemoryError) as exc:
         report.diagnostics.append(Diagnostic("AX901", f"cannot parse: {type(exc).__name__}", path))

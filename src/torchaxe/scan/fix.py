@@ -12,7 +12,7 @@ from typing import Callable
 from torchaxe.atomic import write_text_atomic
 from torchaxe.errors import TorchaxeError
 from torchaxe.findings import Applicability, Diagnostic, Finding, Fix
-from torchaxe.scan.engine import ScanOptions, decode_source, display_path, scan_source
+from torchaxe.scan.engine import ScanOptions, decode_source, display_path, parse_failure, scan_source
 from torchaxe.scan.discover import discover
 from torchaxe.scan.rules import select_rules
 
@@ -237,7 +237,8 @@ def fix_paths(
             try:
                 ast.parse(source)
             except (SyntaxError, ValueError) as exc:
-                result.diagnostics.append(Diagnostic("AX901", f"cannot parse: {getattr(exc, 'msg', exc)}", shown))
+                result.diagnostics.append(Diagnostic("AX901", parse_failure(exc), shown,
+                                                     getattr(exc, "lineno", None)))
                 continue
             ff = fix_source(source, shown, options, unsafe, file_rules)
             if ff.error:
