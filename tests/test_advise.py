@@ -2032,3 +2032,18 @@ def test_a_cost_known_from_a_first_compile_alone_does_not_drop_the_change(script
     assert "measured on its first run, which filled torch's compile caches" in one_time_text(21.0, 420, cold_only=True)
     # Cheap from the caches, dear the first time: no one-time cost here, the first one said.
     assert one_time_cost(arm(21.2, 0.3, 0.2), arm(0.2, 0.2), 0.05) == {"one_time_seconds_first": pytest.approx(21.0)}
+
+
+def test_a_compile_whose_best_round_cannot_repay_its_cost_sits_out_the_later_rounds(script: Path) -> None:
+    # 2,000 steps of 0.1 s: 0.097 s a step saves 6 s over the job, less than the 9.8 s
+    # its warm-up costs in each run: after two rounds it is held back and measured no
+    # further, while the fix goes on to its third round.
+    runs = FakeRuns(times={"knob:compile": 0.097}, warmup={"knob:compile": 10.0})
+    advice = run_advice(script, runs, repeats=3, job_steps=2000)
+    assert runs.order.count("knob:compile") == 2 and runs.order.count("code:AX110") >= 3
+    compiled = next(r for r in advice.recommendations if r.key == "knob:compile")
+    assert not compiled.selected and "more than the job's 2,000" in compiled.held_back
+    # Saving 0.01 s a step (20 s over the job) it could repay: measured in every round.
+    runs = FakeRuns(times={"knob:compile": 0.09}, warmup={"knob:compile": 10.0})
+    run_advice(script, runs, repeats=3, job_steps=2000)
+    assert runs.order.count("knob:compile") == runs.order.count("code:AX110") >= 3
