@@ -2047,3 +2047,22 @@ def test_a_compile_whose_best_round_cannot_repay_its_cost_sits_out_the_later_rou
     runs = FakeRuns(times={"knob:compile": 0.09}, warmup={"knob:compile": 10.0})
     run_advice(script, runs, repeats=3, job_steps=2000)
     assert runs.order.count("knob:compile") == runs.order.count("code:AX110") >= 3
+
+
+def test_with_nothing_clear_alone_a_knob_another_one_makes_and_more_is_not_tried_beside_it(script: Path) -> None:
+    # A Trainer's GPT-2: neither compile (0.97) nor compile with packed dropout (0.93)
+    # is clear alone against an original that strays 12%; tried together with a fix,
+    # compile alone would be listed as chosen beside the knob that already compiles.
+    profile = fake_profile(script)
+    profile["ops"].append({"name": "aten::bernoulli_", "calls": 4, "self_seconds": 0.05, "total_seconds": 0.05})
+    runs = FakeRuns(times={"original-again": 0.088, "code:AX110": 0.095, "knob:compile": 0.097,
+                           "knob:compile-dropout-packed": 0.093, "knob:dropout-packed": 0.101, "code:AX201": 0.1,
+                           "knob:autocast-bf16": 0.101,
+                           "chosen+knob-compile-dropout-packed+code-AX110": 0.075})
+    advice = Advisor(["python", str(script)], AdviseOptions(target="cpu", budget=600.0), runner=runs,
+                     profiler=lambda command, o, target, knobs=None: BaselineProfile(
+                         profile, {"modules": [], "settings": {"num_threads": 2, "allowed_cpus": 2}}, 2.0),
+                     clock=Clock()).run()
+    selected = {r.key for r in advice.recommendations if r.selected}
+    assert selected == {"code:AX110", "knob:compile-dropout-packed"}
+    assert not any(name.startswith("chosen+") and "knob-compile+" in name + "+" for name in runs.order)

@@ -114,14 +114,9 @@ class ChangeSearch:
             group = c.group or c.key
             if group not in winners or (winners[group].rec.speedup or 0) < r.speedup:
                 winners[group] = c
-        chosen = list(winners.values())
-        # knob:compile beside knob:compile-dropout-packed, which compiles too: the
-        # narrower goes (of two alike, the later).
-        covering = {id(c): o for i, c in enumerate(chosen) for j, o in enumerate(chosen)
-                    if i != j and _contains(o, c) and not (j > i and _contains(c, o))}
-        for c in [c for c in chosen if id(c) in covering]:
-            chosen.remove(c)
-            self.notes.append(f"{c.key} is not chosen on its own: {covering[id(c)].key}, chosen, makes the same "
+        chosen, covered = _uncovered(list(winners.values()))
+        for c, wider in covered:
+            self.notes.append(f"{c.key} is not chosen on its own: {wider.key}, chosen, makes the same "
                               "settings and more")
         for c in chosen:
             c.rec.selected = True
@@ -365,7 +360,8 @@ class ChangeSearch:
                 continue
             if group not in pool or statistics.median(c.rec.ratios) < statistics.median(pool[group].rec.ratios):
                 pool[group] = c
-        small = sorted(pool.values(), key=lambda c: statistics.median(c.rec.ratios or [1.0]))
+        # knob:compile beside knob:compile-dropout-packed: tried together, the two are the wider.
+        small = sorted(_uncovered(list(pool.values()))[0], key=lambda c: statistics.median(c.rec.ratios or [1.0]))
         near = [c for c in small if promising(c.rec.ratios or [])][:MAX_NEAR_MISSES]
         variants: list[list[Candidate]] = [small] if len(small) >= 2 else []
         if chosen:  # with nothing chosen, one alone again would only be another round of its own
@@ -557,6 +553,16 @@ class ChangeSearch:
         if r.changes_optimisation and r.accuracy.kind == "unknown":
             return False  # a larger batch without its loss compared
         return not (r.applies == "knob" and r.accuracy.kind == "unknown" and r.axis in LOSS_JUDGED_AXES)
+
+
+def _uncovered(chosen: list[Candidate]) -> tuple[list[Candidate], list[tuple[Candidate, Candidate]]]:
+    """``chosen`` less each knob change that another of them makes and more
+    (knob:compile beside knob:compile-dropout-packed, which compiles too; of two
+    alike, the later goes), and the (left out, wider) pairs."""
+    covering = {id(c): o for i, c in enumerate(chosen) for j, o in enumerate(chosen)
+                if i != j and _contains(o, c) and not (j > i and _contains(c, o))}
+    return ([c for c in chosen if id(c) not in covering],
+            [(c, covering[id(c)]) for c in chosen if id(c) in covering])
 
 
 def _contains(wider: Candidate, c: Candidate) -> bool:
