@@ -73,7 +73,6 @@ class FileReport:
     unneeded: str | None = None
 
 
-
 #: ``async=`` in a call: PyTorch before 0.4 spelled ``non_blocking`` so, and Python 3.7
 #: made ``async`` a keyword: such a file no longer parses.
 _ASYNC_KEYWORD = re.compile(r"[(,]\s*async\s*=")
@@ -87,6 +86,7 @@ def parse_failure(exc: SyntaxError | ValueError) -> str:
         text += (" (`async` is a keyword since Python 3.7: PyTorch's `async=True` argument is now "
                  "`non_blocking=True`)")
     return text
+
 
 def display_path(path: Path) -> str:
     """Paths under the working folder are shown relative to it, others absolute."""
