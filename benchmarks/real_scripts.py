@@ -398,12 +398,12 @@ def measure(spec: Script, work: Path, budget: str, repeats: int, timeout: float,
             spec.prepare(copy)
     advice_file = tuned / "torchaxe-advice.json"
     log(f"{spec.name}: advise --budget {budget} --turns")
-    skips = [arg for key in skip for arg in ("--skip", key)]
+    extra = [arg for key in skip for arg in ("--skip", key)]
     if job_steps is not None:
-        skips += ["--job-steps", str(job_steps)]
+        extra += ["--job-steps", str(job_steps)]
     # --turns: advise's rounds run side by side taking turns, as steady as this machine allows.
     advised = torchaxe("advise", "--budget", budget, "--turns", "--target", "cpu", "--format", "json", "--save",
-                       str(advice_file), *skips, "--", *spec.command(tuned), cwd=tuned)
+                       str(advice_file), *extra, "--", *spec.command(tuned), cwd=tuned)
     if advised.returncode != 0:
         outcome.error = "advise: " + (advised.stderr.strip().splitlines() or ["failed"])[-1]
         return outcome
