@@ -135,7 +135,11 @@ def test_a_librarys_once_only_logging_in_forward_does_not_split_the_compiled_gra
         said.append(message)
 
     monkeypatch.setattr(logging.Logger, "warning_once", warning_once, raising=False)
-    monkeypatch.setattr(config, "ignore_logging_functions", set())
+    # The set itself is torch's setting: emptied for the test and refilled after it
+    # (torch's config module forgets an attribute that is set and set back).
+    ignored = config.ignore_logging_functions
+    saved = set(ignored)
+    ignored.clear()
     logger = logging.getLogger("torchaxe-test-library")
 
     class Block(nn.Module):
@@ -150,8 +154,13 @@ def test_a_librarys_once_only_logging_in_forward_does_not_split_the_compiled_gra
 
     torch._dynamo.reset()
     counters.clear()
-    model = Block()
-    compile_in_place(model, backend="eager")
-    model(torch.randn(2, 4))
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
-    assert warning_once in config.ignore_logging_functions
+    try:
+        model = Block()
+        compile_in_place(model, backend="eager")
+        model(torch.randn(2, 4))
+        assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+        assert warning_once in config.ignore_logging_functions
+    finally:
+        ignored.clear()
+        ignored.update(saved)
+        torch._dynamo.reset()
