@@ -57,25 +57,22 @@ def inner_of_wrapper(module: Any) -> Any:
 ONCE_LOGGING = ("warning_once", "info_once")
 
 
-def ignore_once_logging() -> list[str]:
+def ignore_once_logging() -> None:
     """Have dynamo skip the once-only logger methods a library added (``ONCE_LOGGING``)
     in compiled code, where torch has the setting
-    (``torch._dynamo.config.ignore_logging_functions``); the names so ignored. The
-    message is not printed from compiled code: it says something once, at most."""
+    (``torch._dynamo.config.ignore_logging_functions``). The message is not printed
+    from compiled code: it says something once, at most."""
     import logging
 
     from torch._dynamo import config
 
     ignored = getattr(config, "ignore_logging_functions", None)
     if not isinstance(ignored, set):
-        return []
-    names = []
+        return
     for name in ONCE_LOGGING:
         method = getattr(logging.Logger, name, None)
         if callable(method):
             ignored.add(method)
-            names.append(name)
-    return names
 
 
 def compile_in_place(module: Any, **kwargs: Any) -> str:
