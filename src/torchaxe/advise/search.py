@@ -573,11 +573,16 @@ def _contains(wider: Candidate, c: Candidate) -> bool:
 
 
 def alone(c: Candidate) -> dict[str, Any]:
-    """The ``combined`` entry of one change on its own: its own measured figures."""
+    """The ``combined`` entry of one change on its own: its own measured figures, its
+    one-time cost among them (a compile's, which a job's total counts)."""
     r = c.rec
+    once = {key: value for key, value in (
+        ("one_time_seconds", r.one_time_seconds), ("break_even_steps", r.break_even_steps),
+        ("one_time_seconds_first", r.one_time_seconds_first),
+        ("one_time_cold_only", r.one_time_cold_only or None)) if value is not None}
     return {"keys": [r.key], "speedup": r.speedup, "ratios": r.ratios,
             "measured_seconds_saved_per_step": r.measured_seconds_saved_per_step, "status": "measured",
-            "knobs": c.knobs if r.applies == "knob" else {}, **({"ranks": r.ranks} if r.ranks else {})}
+            "knobs": c.knobs if r.applies == "knob" else {}, **({"ranks": r.ranks} if r.ranks else {}), **once}
 
 
 def _members_one_time(figures: dict[str, Any], members: Sequence[Candidate]) -> dict[str, Any]:

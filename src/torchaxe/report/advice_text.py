@@ -212,6 +212,7 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             say(f"[bold]All chosen changes together:[/bold] {combined['speedup']:.2f}x faster "
                 f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step), measured "
                 "interleaved with the original")
+        if combined.get("status") == "measured":
             if combined.get("one_time_seconds"):
                 say("  " + one_time_text(combined["one_time_seconds"], combined.get("break_even_steps"),
                                          first=combined.get("one_time_seconds_first"),
