@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -1039,6 +1040,13 @@ def test_a_change_kept_alone_brings_its_one_time_cost_into_the_jobs_total(script
     text = out.getvalue()
     assert "costs 2.0 s once, in its first steps (compiling; 12.0 s the first time" in text
     assert "about 48.0 s saved" in text
+    # The HTML page says the same, beside the chosen figure and under the change.
+    from torchaxe.report.advice_html import render_advice_html
+
+    html = render_advice_html(advice)
+    assert re.search(r'id="combined-once">costs 2.0 s once, in its first steps \(compiling; 12.0 s', html)
+    assert re.search(r'id="combined-job">over the job&#39;s 1,000 steps .*about 48.0 s saved', html)
+    assert html.count('class="muted once">costs 2.0 s once') == 1
 
 
 def test_changes_within_the_noise_of_the_best_alone_are_kept_together(script: Path) -> None:
