@@ -136,6 +136,10 @@ class OpWindow:
         self.with_stack = True
         #: Why the window was cut down, for the profile's warnings.
         self.note: str | None = None
+        #: The events read back once the window stopped (``settle``), or why they
+        #: could not be.
+        self._events: list[Any] | None = None
+        self._failure: str | None = None
 
     def plan(self, python_calls: int | None, steps: int, operators: int | None = None) -> int:
         """The steps to record, given the Python calls and the operators a step makes
@@ -199,21 +203,46 @@ class OpWindow:
         with _quiet_stderr():
             self._profiler.stop()
 
+    def settle(self, retry: bool = True) -> int:
+        """Stop the window and read its events back now, while the script still runs.
+
+        Now and then torch.profiler cannot hand them over: one of them carries a name
+        that is not valid UTF-8 (a frame record of the Python tracer; nanoGPT's steps,
+        about one profiled run in six), and the conversion to Python fails for all of
+        them. Then, once and with ``retry``, the window is emptied to record as many
+        steps again without the tracer: the number of steps to add to the op window
+        is returned (0 when the events were read, or could not be: ``table`` then
+        says why)."""
+        if self._profiler is None or self._events is not None or self._failure is not None:
+            return 0
+        self.stop()
+        try:
+            self._events = list(self._profiler.events())
+            return 0
+        except (UnicodeDecodeError, RuntimeError) as exc:
+            failure = f"torch.profiler could not return its events ({type(exc).__name__}: {exc})"
+        if not retry or not self.with_stack or not self.steps:
+            self._failure = failure
+            return 0
+        again = len(self.steps)
+        self.with_stack = False
+        self._profiler, self._search_path, self.steps = None, [], []
+        self.note = "; ".join(filter(None, [self.note, (
+            f"operators recorded without the lines of your code that called them: {failure} with the Python "
+            f"tracer on, and {again} more step{'s were' if again != 1 else ' was'} recorded without it")]))
+        return again
+
     def table(self, codes: CodeMap) -> list[OpStat]:
         """The operators of the window, most host self time first.
 
-        Raises :class:`OpTableError` when torch.profiler cannot hand its events over:
-        now and then one of them carries a name that is not valid UTF-8 (a frame
-        record of the Python tracer), and the conversion to Python fails for all of
-        them. The caller keeps the rest of the profile."""
+        Raises :class:`OpTableError` when torch.profiler cannot hand its events over
+        (``settle``). The caller keeps the rest of the profile."""
         if self._profiler is None:
             return []
-        self.stop()
-        try:
-            recorded = self._profiler.events()
-        except (UnicodeDecodeError, RuntimeError) as exc:
-            raise OpTableError(f"torch.profiler could not return its events ({type(exc).__name__}: {exc})") from None
-        events = [e for e in recorded if not getattr(e, "is_python_function", False)]
+        self.settle(retry=False)
+        if self._failure is not None:
+            raise OpTableError(self._failure)
+        events = [e for e in self._events or [] if not getattr(e, "is_python_function", False)]
         return build_table(events, codes, self._search_path, self.record_shapes)
 
 
