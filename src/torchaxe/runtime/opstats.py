@@ -140,6 +140,8 @@ class OpWindow:
         #: could not be.
         self._events: list[Any] | None = None
         self._failure: str | None = None
+        #: Why the steps are being recorded again without the tracer (``settle``).
+        self._again: str | None = None
 
     def plan(self, python_calls: int | None, steps: int, operators: int | None = None) -> int:
         """The steps to record, given the Python calls and the operators a step makes
@@ -226,10 +228,10 @@ class OpWindow:
             return 0
         again = len(self.steps)
         self.with_stack = False
-        self._profiler, self._search_path, self.steps = None, [], []
+        self._profiler, self._search_path, self.steps, self._again = None, [], [], failure
         self.note = "; ".join(filter(None, [self.note, (
             f"operators recorded without the lines of your code that called them: {failure} with the Python "
-            f"tracer on, and {again} more step{'s were' if again != 1 else ' was'} recorded without it")]))
+            f"tracer on, and the next {again} step{'s were' if again != 1 else ' was'} recorded without it")]))
         return again
 
     def table(self, codes: CodeMap) -> list[OpStat]:
@@ -238,6 +240,9 @@ class OpWindow:
         Raises :class:`OpTableError` when torch.profiler cannot hand its events over
         (``settle``). The caller keeps the rest of the profile."""
         if self._profiler is None:
+            if self._again is not None:
+                raise OpTableError(f"{self._again}, and the run ended before its next steps were recorded again "
+                                   "without the Python tracer")
             return []
         self.settle(retry=False)
         if self._failure is not None:
