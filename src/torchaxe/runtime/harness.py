@@ -353,11 +353,7 @@ class StepRecorder:
                     turns.end()
                 raise StopProfiling("torchaxe: the steps asked for are measured")
         if phase == "ops" and self.options.phase(index + 1) != "ops":
-            again = window.settle()
-            if again:
-                # Its events could not be read with the Python tracer on: the next steps
-                # are recorded again without it, the measured ones after them.
-                self.options = dataclasses.replace(self.options, ops_steps=self.options.ops_steps + again)
+            window.settle()
             now = self.clock()  # nor is its shutdown, nor reading its events back
         if phase != "measured" and self.options.phase(index + 1) == "measured" and self.other_load is None:
             from torchaxe.runtime.other_load import OtherLoadWatch

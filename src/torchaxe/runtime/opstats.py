@@ -140,8 +140,6 @@ class OpWindow:
         #: could not be.
         self._events: list[Any] | None = None
         self._failure: str | None = None
-        #: Why the steps are being recorded again without the tracer (``settle``).
-        self._again: str | None = None
 
     def plan(self, python_calls: int | None, steps: int, operators: int | None = None) -> int:
         """The steps to record, given the Python calls and the operators a step makes
@@ -205,34 +203,21 @@ class OpWindow:
         with _quiet_stderr():
             self._profiler.stop()
 
-    def settle(self, retry: bool = True) -> int:
+    def settle(self) -> None:
         """Stop the window and read its events back now, while the script still runs.
 
         Now and then torch.profiler cannot hand them over: one of them carries a name
-        that is not valid UTF-8 (a frame record of the Python tracer; nanoGPT's steps,
-        about one profiled run in six), and the conversion to Python fails for all of
-        them. Then, once and with ``retry``, the window is emptied to record as many
-        steps again without the tracer: the number of steps to add to the op window
-        is returned (0 when the events were read, or could not be: ``table`` then
-        says why)."""
+        that is not valid UTF-8 (a frame record of the Python tracer), and the
+        conversion to Python fails for all of them. Read at the end of the run, that
+        happened in about one nanoGPT profile in six; read as soon as the window ends,
+        in none of fourteen. ``table`` says why when it did."""
         if self._profiler is None or self._events is not None or self._failure is not None:
-            return 0
+            return
         self.stop()
         try:
             self._events = list(self._profiler.events())
-            return 0
         except (UnicodeDecodeError, RuntimeError) as exc:
-            failure = f"torch.profiler could not return its events ({type(exc).__name__}: {exc})"
-        if not retry or not self.with_stack or not self.steps:
-            self._failure = failure
-            return 0
-        again = len(self.steps)
-        self.with_stack = False
-        self._profiler, self._search_path, self.steps, self._again = None, [], [], failure
-        self.note = "; ".join(filter(None, [self.note, (
-            f"operators recorded without the lines of your code that called them: {failure} with the Python "
-            f"tracer on, and the next {again} step{'s were' if again != 1 else ' was'} recorded without it")]))
-        return again
+            self._failure = f"torch.profiler could not return its events ({type(exc).__name__}: {exc})"
 
     def table(self, codes: CodeMap) -> list[OpStat]:
         """The operators of the window, most host self time first.
@@ -240,11 +225,8 @@ class OpWindow:
         Raises :class:`OpTableError` when torch.profiler cannot hand its events over
         (``settle``). The caller keeps the rest of the profile."""
         if self._profiler is None:
-            if self._again is not None:
-                raise OpTableError(f"{self._again}, and the run ended before its next steps were recorded again "
-                                   "without the Python tracer")
             return []
-        self.settle(retry=False)
+        self.settle()
         if self._failure is not None:
             raise OpTableError(self._failure)
         events = [e for e in self._events or [] if not getattr(e, "is_python_function", False)]
