@@ -258,11 +258,13 @@ class Advisor:
                            "steps_per_turn": self.turn_steps or None}
         advice.profile = plot_data(base.profile)
         advice.flops = base.profile.get("flops")
-        lost = next((w for w in base.profile.get("warnings") or [] if w.startswith("no op table: ")), None)
+        from torchaxe.runtime.opstats import NO_OP_TABLE
+
+        lost = next((w for w in base.profile.get("warnings") or [] if w.startswith(NO_OP_TABLE)), None)
         if lost is not None:
             # The operators' times decide some candidates (bf16 with a fused attention in
             # float32) and tie findings to their time: without them those are not offered.
-            advice.notes.append(f"the profiled run has no op table ({lost.removeprefix('no op table: ')}): the "
+            advice.notes.append(f"the profiled run has no op table ({lost.removeprefix(NO_OP_TABLE)}): the "
                                 "changes the operators' times decide (bf16 with the fused attention in float32) "
                                 "and the time behind each finding are missing; run advise again for them")
         passes, share = summary.get("no_grad_passes_per_step"), summary.get("no_grad_fraction")

@@ -12,8 +12,8 @@ from functools import partial
 from typing import Any
 
 from torchaxe import __version__
-from torchaxe.advise.recommendation import AXIS_TITLES, Advice, Recommendation
-from torchaxe.report.advice_text import compiles, job_text, one_time_text
+from torchaxe.advise.recommendation import AXIS_TITLES, Advice
+from torchaxe.report.advice_text import change_once_text, chosen_once_text, job_text
 from torchaxe.runtime.candidate import MEMORY_KINDS
 from torchaxe.units import bytes_text, duration
 
@@ -64,24 +64,6 @@ def columns(steps: list[float], waits: list[float], width: int = 640, height: in
     return {"width": width, "height": height, "cols": cols}
 
 
-def once_text(rec: Recommendation) -> str:
-    """A measured change's one-time cost, as the text table words it; empty when none."""
-    if rec.status != "measured" or not rec.one_time_seconds:
-        return ""
-    return one_time_text(rec.one_time_seconds, rec.break_even_steps, compiles(rec), rec.one_time_seconds_first,
-                         rec.one_time_cold_only)
-
-
-def combined_once_text(advice: Advice) -> str:
-    """The chosen changes' one-time cost (a change chosen alone, its own); empty when none."""
-    combined = advice.combined or {}
-    if combined.get("status") != "measured" or not combined.get("one_time_seconds"):
-        return ""
-    return one_time_text(combined["one_time_seconds"], combined.get("break_even_steps"),
-                         first=combined.get("one_time_seconds_first"),
-                         cold_only=bool(combined.get("one_time_cold_only")))
-
-
 def render_advice_html(advice: Advice, now: datetime | None = None) -> str:
     from jinja2 import Environment, PackageLoader, StrictUndefined
 
@@ -100,8 +82,8 @@ def render_advice_html(advice: Advice, now: datetime | None = None) -> str:
         "waits": columns(plots.get("step_seconds") or [], plots.get("data_wait_per_step") or []),
         "ops": hbars(top_ops), "gains": hbars(gains[:12]),
         "installed": advice.scanned.get("installed_findings") or [],
-        "bytes": bytes_text, "memory_kinds": MEMORY_KINDS, "once": once_text,
-        "combined_once": combined_once_text(advice),
+        "bytes": bytes_text, "memory_kinds": MEMORY_KINDS, "once": change_once_text,
+        "combined_once": chosen_once_text(advice),
         "job": job_text(advice) if (advice.combined or {}).get("status") == "measured" else None,
     }
     return env.get_template(TEMPLATE).render(**context)

@@ -31,6 +31,24 @@ def one_time_text(seconds: float, break_even: int | None, compiles: bool = True,
     return text + (f"; pays off after {break_even:,} steps" if break_even else "")
 
 
+def change_once_text(rec: Recommendation) -> str:
+    """A measured change's one-time cost (``one_time_text``); empty when none."""
+    if rec.status != "measured" or not rec.one_time_seconds:
+        return ""
+    return one_time_text(rec.one_time_seconds, rec.break_even_steps, compiles(rec), rec.one_time_seconds_first,
+                         rec.one_time_cold_only)
+
+
+def chosen_once_text(advice: Advice) -> str:
+    """The chosen changes' one-time cost (a change chosen alone, its own); empty when none."""
+    combined = advice.combined or {}
+    if combined.get("status") != "measured" or not combined.get("one_time_seconds"):
+        return ""
+    return one_time_text(combined["one_time_seconds"], combined.get("break_even_steps"),
+                         first=combined.get("one_time_seconds_first"),
+                         cold_only=bool(combined.get("one_time_cold_only")))
+
+
 def job_text(advice: Advice) -> str | None:
     """What the chosen changes together save over the whole job, when its length is
     known: the steps' time saved less the one-time costs, beside the steps' time now.
@@ -166,9 +184,8 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
             where = f"\n  [dim]{package_path(rec.location)}[/dim]" if rec.location else ""
             if rec.applied_to:
                 where += f"\n  [dim]{rec.applied_to} (the modules with parameters the loop itself called)[/dim]"
-            if rec.status == "measured" and rec.one_time_seconds:
-                once = one_time_text(rec.one_time_seconds, rec.break_even_steps, compiles(rec),
-                                     rec.one_time_seconds_first, rec.one_time_cold_only)
+            once = change_once_text(rec)
+            if once:
                 where += f"\n  [dim]{once}[/dim]"
             accuracy = rec.accuracy.text if rec.accuracy.kind != "unknown" or rec.status == "measured" else "-"
             table.add_row(str(n), kind.replace("[", "\\[") + rec.title.replace("[", "\\[") + where, saved, speedup,
@@ -213,10 +230,9 @@ def render_advice_text(advice: Advice, out: TextIO, top: int = 10, width: int | 
                 f"({duration(combined.get('measured_seconds_saved_per_step'), 2)} saved per step), measured "
                 "interleaved with the original")
         if combined.get("status") == "measured":
-            if combined.get("one_time_seconds"):
-                say("  " + one_time_text(combined["one_time_seconds"], combined.get("break_even_steps"),
-                                         first=combined.get("one_time_seconds_first"),
-                                         cold_only=bool(combined.get("one_time_cold_only"))))
+            once = chosen_once_text(advice)
+            if once:
+                say("  " + once)
             job = job_text(advice)
             if job:
                 say("  " + job)

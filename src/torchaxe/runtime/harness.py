@@ -853,13 +853,13 @@ class Harness:
 
         ops, ops_steps, ops_failure = [], [], None
         if final and recorder.window is not None:
-            from torchaxe.runtime.opstats import OpTableError
+            from torchaxe.runtime.opstats import NO_OP_TABLE, OpTableError
 
             try:
                 ops = recorder.window.table(codes)
                 ops_steps = list(recorder.window.steps)
             except OpTableError as exc:
-                ops_failure = f"no op table: {exc}"
+                ops_failure = f"{NO_OP_TABLE}{exc}"
         shapes = None
         if final and (module_shapes is not None or batch_shapes is not None):
             shapes = ShapeReport(

@@ -233,6 +233,11 @@ class OpWindow:
         return build_table(events, codes, self._search_path, self.record_shapes)
 
 
+#: How a profile's warnings begin when it has no op table (``OpTableError``'s reason
+#: follows); advise reads it back.
+NO_OP_TABLE = "no op table: "
+
+
 class OpTableError(Exception):
     """The op window's events could not be read: the op table is left out."""
 
